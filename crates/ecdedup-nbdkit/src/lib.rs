@@ -1,0 +1,166 @@
+//! The NBD frontend: an nbdkit plugin that serves one ecdedup volume.
+//!
+//! nbdkit owns the NBD protocol (handshake, request validation, multiple
+//! connections, TLS); this plugin maps its callbacks onto [`Volume`]. The
+//! array is opened (and resynchronised after an unclean stop) in
+//! `config_complete`, before nbdkit accepts a connection; the control socket
+//! and the optional Prometheus listener start in `after_fork`, so they live
+//! in the serving process. What is advertised holds: FUA is native (a FUA
+//! write is durable before the reply), a flush is durable on every device in
+//! service, and multi-conn is safe because a flush on any connection flushes
+//! the whole array.
+//!
+//! Parameters: `dir=ARRAY_FOLDER` (required), `metrics=HOST:PORT` (optional).
+
+use ecdedup::array::Array;
+use ecdedup::volume::Volume;
+use nbdkit::*;
+use std::sync::{Arc, Mutex, OnceLock};
+
+static DIR: Mutex<Option<String>> = Mutex::new(None);
+static METRICS: Mutex<Option<String>> = Mutex::new(None);
+static VOLUME: OnceLock<Arc<Volume>> = OnceLock::new();
+
+fn to_nbd(e: ecdedup::Error) -> Error {
+    Error::new(e.errno(), e.to_string())
+}
+
+fn volume() -> Result<&'static Arc<Volume>> {
+    VOLUME.get().ok_or_else(|| Error::new(libc::EIO, "volume not open"))
+}
+
+struct Handle;
+
+impl Server for Handle {
+    fn name() -> &'static str {
+        "ecdedup"
+    }
+
+    fn description() -> Option<&'static str> {
+        Some("ecdedup erasure-coded volume")
+    }
+
+    fn config_help() -> Option<&'static str> {
+        Some("dir=<ARRAY_FOLDER>  (required) the array to serve\nmetrics=<HOST:PORT>  Prometheus text on this address")
+    }
+
+    fn config(key: &str, value: &str) -> Result<()> {
+        match key {
+            "dir" => *DIR.lock().unwrap() = Some(value.to_owned()),
+            "metrics" => *METRICS.lock().unwrap() = Some(value.to_owned()),
+            _ => return Err(Error::new(libc::EINVAL, format!("unknown parameter {key:?} (dir=, metrics=)"))),
+        }
+        Ok(())
+    }
+
+    fn config_complete() -> Result<()> {
+        let dir = DIR
+            .lock()
+            .unwrap()
+            .clone()
+            .ok_or_else(|| Error::new(libc::EINVAL, "the dir=<ARRAY_FOLDER> parameter is required"))?;
+        let progress: ecdedup::array::ProgressFn = Arc::new(|what: &str, done: u64, total: u64| {
+            if done == total || done % 4096 == 0 {
+                eprintln!("ecdedup: {what}: {done}/{total} stripes");
+            }
+        });
+        let array = Array::open(std::path::Path::new(&dir), Some(progress)).map_err(to_nbd)?;
+        for w in array.warnings() {
+            eprintln!("ecdedup: warning: {w}");
+        }
+        let _ = VOLUME.set(Arc::new(Volume::new(Arc::new(array))));
+        Ok(())
+    }
+
+    fn after_fork() -> Result<()> {
+        let vol = volume()?;
+        ecdedup::control::serve(Arc::clone(vol.array())).map_err(to_nbd)?;
+        if let Some(addr) = METRICS.lock().unwrap().clone() {
+            ecdedup::control::serve_metrics(Arc::clone(vol.array()), &addr).map_err(to_nbd)?;
+        }
+        Ok(())
+    }
+
+    fn unload() {
+        if let Some(vol) = VOLUME.get() {
+            if let Err(e) = vol.array().close() {
+                eprintln!("ecdedup: closing the array: {e}");
+            }
+        }
+    }
+
+    fn open(_readonly: bool) -> Result<Box<dyn Server>> {
+        volume()?;
+        Ok(Box::new(Handle))
+    }
+
+    fn thread_model() -> Result<ThreadModel> {
+        Ok(ThreadModel::Parallel)
+    }
+
+    fn get_size(&self) -> Result<i64> {
+        Ok(volume()?.size() as i64)
+    }
+
+    fn is_rotational(&self) -> Result<bool> {
+        Ok(false)
+    }
+
+    fn can_multi_conn(&self) -> Result<bool> {
+        Ok(true)
+    }
+
+    fn can_flush(&self) -> Result<bool> {
+        Ok(true)
+    }
+
+    fn can_fua(&self) -> Result<FuaFlags> {
+        Ok(FuaFlags::Native)
+    }
+
+    fn can_trim(&self) -> Result<bool> {
+        Ok(true)
+    }
+
+    fn can_zero(&self) -> Result<bool> {
+        Ok(true)
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        volume()?.read(buf, offset).map_err(to_nbd)
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64, flags: Flags) -> Result<()> {
+        volume()?.write(buf, offset, flags.contains(Flags::FUA)).map_err(to_nbd)
+    }
+
+    fn flush(&self) -> Result<()> {
+        volume()?.flush().map_err(to_nbd)
+    }
+
+    fn trim(&self, count: u32, offset: u64, flags: Flags) -> Result<()> {
+        volume()?.write_zeroes(offset, count as u64, flags.contains(Flags::FUA)).map_err(to_nbd)
+    }
+
+    fn zero(&self, count: u32, offset: u64, flags: Flags) -> Result<()> {
+        volume()?.write_zeroes(offset, count as u64, flags.contains(Flags::FUA)).map_err(to_nbd)
+    }
+}
+
+plugin!(Handle {
+    config,
+    config_complete,
+    after_fork,
+    unload,
+    thread_model,
+    is_rotational,
+    can_multi_conn,
+    can_flush,
+    can_fua,
+    can_trim,
+    can_zero,
+    write_at,
+    flush,
+    trim,
+    zero
+});

@@ -1,0 +1,162 @@
+//! Per-block CRC32C tables, one per device, held whole in RAM (4 bytes per
+//! 4 KiB block: 0.1% of the device) and written back page by page.
+//!
+//! On disk an entry stores `crc ^ ZERO_BLOCK_CRC`, so a zero-filled area
+//! (a fresh sparse file, a punched hole) describes all-zero blocks: creating
+//! an array writes no table, and a discard needs no table rewrite beyond the
+//! entries it resets. Entries changed since the last flush are tracked per
+//! 4 KiB table page; the write-intent log covers them until they are flushed
+//! (see docs/format.md).
+
+use crate::counters::{DeviceCounters, IoClass};
+use crate::media::Device;
+use std::io;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::OnceLock;
+
+const ENTRIES_PER_PAGE: u64 = 1024;
+const PAGE_BYTES: usize = 4096;
+
+/// CRC32C of an all-zero block of `block_bytes`.
+pub fn zero_block_crc(block_bytes: usize) -> u32 {
+    static ZERO_4K: OnceLock<u32> = OnceLock::new();
+    assert_eq!(block_bytes, 4096);
+    *ZERO_4K.get_or_init(|| crc32c::crc32c(&[0u8; 4096]))
+}
+
+pub struct ChecksumTable {
+    entries: Vec<AtomicU32>,
+    dirty_pages: Vec<AtomicU64>,
+    offset: u64,
+    zero_crc: u32,
+}
+
+impl ChecksumTable {
+    /// A table for `blocks` blocks, every entry describing a zero block.
+    pub fn new_zeroed(blocks: u64, offset: u64, block_bytes: usize) -> ChecksumTable {
+        let zero_crc = zero_block_crc(block_bytes);
+        let pages = blocks.div_ceil(ENTRIES_PER_PAGE);
+        ChecksumTable {
+            entries: (0..blocks).map(|_| AtomicU32::new(zero_crc)).collect(),
+            dirty_pages: (0..pages.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
+            offset,
+            zero_crc,
+        }
+    }
+
+    /// Loads the table from a device.
+    pub fn load(dev: &dyn Device, counters: &DeviceCounters, blocks: u64, offset: u64, block_bytes: usize) -> io::Result<ChecksumTable> {
+        let table = ChecksumTable::new_zeroed(blocks, offset, block_bytes);
+        let bytes = (blocks * 4).div_ceil(PAGE_BYTES as u64) * PAGE_BYTES as u64;
+        let mut buf = vec![0u8; (1 << 20).min(bytes as usize)];
+        let mut done = 0u64;
+        while done < bytes {
+            let n = (bytes - done).min(buf.len() as u64) as usize;
+            dev.read_at(&mut buf[..n], offset + done)?;
+            counters.read(IoClass::Metadata, n);
+            for (j, chunk) in buf[..n].chunks_exact(4).enumerate() {
+                let i = done / 4 + j as u64;
+                if i < blocks {
+                    let stored = u32::from_le_bytes(chunk.try_into().unwrap());
+                    table.entries[i as usize].store(stored ^ table.zero_crc, Relaxed);
+                }
+            }
+            done += n as u64;
+        }
+        Ok(table)
+    }
+
+    pub fn get(&self, index: u64) -> u32 {
+        self.entries[index as usize].load(Relaxed)
+    }
+
+    pub fn set(&self, index: u64, crc: u32) {
+        self.entries[index as usize].store(crc, Relaxed);
+        let page = index / ENTRIES_PER_PAGE;
+        self.dirty_pages[(page / 64) as usize].fetch_or(1 << (page % 64), Relaxed);
+    }
+
+    pub fn set_zero(&self, index: u64) {
+        self.set(index, self.zero_crc);
+    }
+
+    /// Every entry back to "zero block", all pages dirty (a wiped device).
+    pub fn reset_zeroed(&self) {
+        for e in &self.entries {
+            e.store(self.zero_crc, Relaxed);
+        }
+        for w in &self.dirty_pages {
+            w.store(u64::MAX, Relaxed);
+        }
+    }
+
+    pub fn ram_bytes(&self) -> u64 {
+        (self.entries.len() * 4 + self.dirty_pages.len() * 8) as u64
+    }
+
+    /// Writes every page changed since the last flush. A page's dirty bit is
+    /// cleared before its entries are read, so a concurrent `set` re-marks it.
+    pub fn flush(&self, dev: &dyn Device, counters: &DeviceCounters) -> io::Result<()> {
+        let mut page_buf = vec![0u8; PAGE_BYTES];
+        for (word_index, word) in self.dirty_pages.iter().enumerate() {
+            let bits = word.swap(0, Relaxed);
+            if bits == 0 {
+                continue;
+            }
+            for bit in 0..64 {
+                if bits & (1 << bit) == 0 {
+                    continue;
+                }
+                let page = word_index as u64 * 64 + bit;
+                if page >= self.pages() {
+                    continue;
+                }
+                self.write_page(dev, counters, page, &mut page_buf).inspect_err(|_| {
+                    word.fetch_or(1 << bit, Relaxed);
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    fn pages(&self) -> u64 {
+        (self.entries.len() as u64).div_ceil(ENTRIES_PER_PAGE)
+    }
+
+    fn write_page(&self, dev: &dyn Device, counters: &DeviceCounters, page: u64, buf: &mut [u8]) -> io::Result<()> {
+        let first = page * ENTRIES_PER_PAGE;
+        buf.fill(0);
+        for j in 0..ENTRIES_PER_PAGE {
+            let i = first + j;
+            if i >= self.entries.len() as u64 {
+                break;
+            }
+            let stored = self.entries[i as usize].load(Relaxed) ^ self.zero_crc;
+            buf[j as usize * 4..j as usize * 4 + 4].copy_from_slice(&stored.to_le_bytes());
+        }
+        dev.write_at(buf, self.offset + page * PAGE_BYTES as u64)?;
+        counters.write(IoClass::Metadata, buf.len());
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::media::MemDevice;
+
+    #[test]
+    fn a_zeroed_area_describes_zero_blocks_and_flushed_entries_reload() {
+        let dev = MemDevice::new("t", 64 << 10);
+        let c = DeviceCounters::default();
+        let t = ChecksumTable::load(&dev, &c, 3000, 8192, 4096).unwrap();
+        assert_eq!(t.get(2999), crc32c::crc32c(&[0u8; 4096]));
+        t.set(1500, 0xdead_beef);
+        t.set(7, 1);
+        t.flush(&dev, &c).unwrap();
+        let u = ChecksumTable::load(&dev, &c, 3000, 8192, 4096).unwrap();
+        assert_eq!(u.get(1500), 0xdead_beef);
+        assert_eq!(u.get(7), 1);
+        assert_eq!(u.get(8), zero_block_crc(4096));
+    }
+}

@@ -1,0 +1,243 @@
+//! The write-intent log: how ecdedup closes the RAID write hole.
+//!
+//! The volume is cut into regions of whole stripes. Before the first device
+//! write into a clean region, its byte in the intent map is set and made
+//! durable (`fdatasync`); only then do data, parity and checksum writes go
+//! out. A flush makes every device durable and then clears the regions that
+//! saw no write since the flush began and have none in flight. After an
+//! unclean stop, every dirty region is resynchronised before serving: parity
+//! is recomputed from data and checksums from content, so every stripe's
+//! parity matches its data again (docs/write-hole.md has the argument and
+//! its limits).
+//!
+//! File layout: a 4 KiB header (magic, version, array UUID, stripes per
+//! region, region count, CRC32C), then one byte per region: 0 clean, 1 dirty.
+
+use crate::error::{Error, Result};
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::Mutex;
+
+const MAGIC: [u8; 8] = *b"ECDDIL01";
+const HEADER_BYTES: u64 = 4096;
+const VERSION: u32 = 1;
+/// Volume bytes a region covers, by default.
+pub const REGION_BYTES_DEFAULT: u64 = 64 << 20;
+
+struct RegionState {
+    dirty: bool,
+    in_flight: u32,
+    /// Flush epoch of the last write that entered the region.
+    last_epoch: u64,
+}
+
+struct Inner {
+    regions: Vec<RegionState>,
+    epoch: u64,
+}
+
+pub struct IntentLog {
+    file: File,
+    stripes_per_region: u64,
+    inner: Mutex<Inner>,
+}
+
+/// Dirty regions found at open, as stripe ranges.
+pub struct Recovery {
+    pub dirty_stripe_ranges: Vec<(u64, u64)>,
+}
+
+fn header(array_uuid: &[u8; 16], stripes_per_region: u64, regions: u64) -> Vec<u8> {
+    let mut h = vec![0u8; HEADER_BYTES as usize];
+    h[0..8].copy_from_slice(&MAGIC);
+    h[8..12].copy_from_slice(&VERSION.to_le_bytes());
+    h[16..32].copy_from_slice(array_uuid);
+    h[32..40].copy_from_slice(&stripes_per_region.to_le_bytes());
+    h[40..48].copy_from_slice(&regions.to_le_bytes());
+    let crc = crc32c::crc32c(&h[..4092]);
+    h[4092..].copy_from_slice(&crc.to_le_bytes());
+    h
+}
+
+impl IntentLog {
+    pub fn stripes_per_region(stripe_data_bytes: u64, region_bytes: u64) -> u64 {
+        (region_bytes / stripe_data_bytes).max(1)
+    }
+
+    /// Writes a clean intent map.
+    pub fn create(path: &Path, array_uuid: &[u8; 16], stripes: u64, stripes_per_region: u64) -> Result<()> {
+        let regions = stripes.div_ceil(stripes_per_region);
+        let io = |e| Error::io(format!("writing intent log {}", path.display()), e);
+        let f = File::create(path).map_err(io)?;
+        f.write_all_at(&header(array_uuid, stripes_per_region, regions), 0).map_err(io)?;
+        f.set_len(HEADER_BYTES + regions).map_err(io)?;
+        f.sync_all().map_err(io)?;
+        Ok(())
+    }
+
+    /// Opens the map; a missing or corrupt map means every stripe may be
+    /// inconsistent, which the returned recovery says.
+    pub fn open(path: &Path, array_uuid: &[u8; 16], stripes: u64, stripes_per_region_default: u64) -> Result<(IntentLog, Recovery, Option<String>)> {
+        let io = |e| Error::io(format!("opening intent log {}", path.display()), e);
+        let mut warning = None;
+        let parsed = std::fs::read(path).ok().and_then(|bytes| {
+            if bytes.len() < HEADER_BYTES as usize || bytes[0..8] != MAGIC {
+                return None;
+            }
+            let crc = u32::from_le_bytes(bytes[4092..4096].try_into().unwrap());
+            if crc != crc32c::crc32c(&bytes[..4092]) || bytes[16..32] != array_uuid[..] {
+                return None;
+            }
+            let spr = u64::from_le_bytes(bytes[32..40].try_into().unwrap());
+            let regions = u64::from_le_bytes(bytes[40..48].try_into().unwrap());
+            if spr == 0 || regions != stripes.div_ceil(spr) || bytes.len() as u64 != HEADER_BYTES + regions {
+                return None;
+            }
+            Some((spr, bytes[HEADER_BYTES as usize..].to_vec()))
+        });
+        let (spr, map) = match parsed {
+            Some(p) => p,
+            None => {
+                warning = Some(format!(
+                    "intent log {} is missing or corrupt: resynchronising every stripe",
+                    path.display()
+                ));
+                let spr = stripes_per_region_default;
+                IntentLog::create(path, array_uuid, stripes, spr)?;
+                (spr, vec![1u8; stripes.div_ceil(spr) as usize])
+            }
+        };
+        let file = OpenOptions::new().read(true).write(true).open(path).map_err(io)?;
+        let mut dirty_stripe_ranges = Vec::new();
+        for (r, &b) in map.iter().enumerate() {
+            if b != 0 {
+                let start = r as u64 * spr;
+                dirty_stripe_ranges.push((start, (start + spr).min(stripes)));
+            }
+        }
+        let regions = map
+            .iter()
+            .map(|&b| RegionState { dirty: b != 0, in_flight: 0, last_epoch: 0 })
+            .collect();
+        let log = IntentLog { file, stripes_per_region: spr, inner: Mutex::new(Inner { regions, epoch: 1 }) };
+        Ok((log, Recovery { dirty_stripe_ranges }, warning))
+    }
+
+    /// Announces a write into `stripe`: marks its region dirty (durably) if
+    /// it is clean. Returns whether a mark was written. Pair with `end`.
+    pub fn begin(&self, stripe: u64) -> std::io::Result<bool> {
+        let r = (stripe / self.stripes_per_region) as usize;
+        let mut inner = self.inner.lock().unwrap();
+        let epoch = inner.epoch;
+        let region = &mut inner.regions[r];
+        region.in_flight += 1;
+        region.last_epoch = epoch;
+        if region.dirty {
+            return Ok(false);
+        }
+        let marked = self.file.write_all_at(&[1], HEADER_BYTES + r as u64).and_then(|_| self.file.sync_data());
+        if let Err(e) = marked {
+            inner.regions[r].in_flight -= 1;
+            return Err(e);
+        }
+        inner.regions[r].dirty = true;
+        Ok(true)
+    }
+
+    pub fn end(&self, stripe: u64) {
+        let r = (stripe / self.stripes_per_region) as usize;
+        let mut inner = self.inner.lock().unwrap();
+        assert!(inner.regions[r].in_flight > 0);
+        inner.regions[r].in_flight -= 1;
+    }
+
+    /// Starts a flush; returns its epoch for `finish_flush`.
+    pub fn start_flush(&self) -> u64 {
+        let mut inner = self.inner.lock().unwrap();
+        inner.epoch += 1;
+        inner.epoch
+    }
+
+    /// After every device is durable: clears regions untouched since `epoch`
+    /// began. Clearing is not synced: a lost clear costs only a resync.
+    pub fn finish_flush(&self, epoch: u64) -> std::io::Result<()> {
+        let mut inner = self.inner.lock().unwrap();
+        for (r, region) in inner.regions.iter_mut().enumerate() {
+            if region.dirty && region.in_flight == 0 && region.last_epoch < epoch {
+                self.file.write_all_at(&[0], HEADER_BYTES + r as u64)?;
+                region.dirty = false;
+            }
+        }
+        Ok(())
+    }
+
+    /// Marks everything clean after a full resync, durably.
+    pub fn clear_all(&self) -> std::io::Result<()> {
+        let mut inner = self.inner.lock().unwrap();
+        let zeros = vec![0u8; inner.regions.len()];
+        self.file.write_all_at(&zeros, HEADER_BYTES)?;
+        self.file.sync_data()?;
+        for region in inner.regions.iter_mut() {
+            region.dirty = false;
+        }
+        Ok(())
+    }
+
+    pub fn dirty_regions(&self) -> usize {
+        self.inner.lock().unwrap().regions.iter().filter(|r| r.dirty).count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_region_written_and_not_flushed_is_dirty_after_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("intent");
+        IntentLog::create(&path, &[1; 16], 100, 10).unwrap();
+        let (log, rec, warn) = IntentLog::open(&path, &[1; 16], 100, 10).unwrap();
+        assert!(rec.dirty_stripe_ranges.is_empty() && warn.is_none());
+        assert!(log.begin(35).unwrap());
+        assert!(!log.begin(36).unwrap());
+        log.end(35);
+        log.end(36);
+        drop(log);
+        let (log, rec, _) = IntentLog::open(&path, &[1; 16], 100, 10).unwrap();
+        assert_eq!(rec.dirty_stripe_ranges, vec![(30, 40)]);
+        let e = log.start_flush();
+        log.finish_flush(e).unwrap();
+        drop(log);
+        let (_, rec, _) = IntentLog::open(&path, &[1; 16], 100, 10).unwrap();
+        assert!(rec.dirty_stripe_ranges.is_empty());
+    }
+
+    #[test]
+    fn a_write_in_flight_keeps_its_region_dirty_through_a_flush() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("intent");
+        IntentLog::create(&path, &[1; 16], 100, 10).unwrap();
+        let (log, _, _) = IntentLog::open(&path, &[1; 16], 100, 10).unwrap();
+        log.begin(5).unwrap();
+        let e = log.start_flush();
+        log.finish_flush(e).unwrap();
+        assert_eq!(log.dirty_regions(), 1);
+        log.end(5);
+        let e = log.start_flush();
+        log.finish_flush(e).unwrap();
+        assert_eq!(log.dirty_regions(), 0);
+    }
+
+    #[test]
+    fn a_corrupt_map_means_resync_everything() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("intent");
+        std::fs::write(&path, b"garbage").unwrap();
+        let (_, rec, warn) = IntentLog::open(&path, &[1; 16], 95, 10).unwrap();
+        assert!(warn.unwrap().contains("resynchronising every stripe"));
+        assert_eq!(rec.dirty_stripe_ranges.len(), 10);
+        assert_eq!(rec.dirty_stripe_ranges[9], (90, 95));
+    }
+}

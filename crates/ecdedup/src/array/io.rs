@@ -1,0 +1,520 @@
+//! The array's read and write paths.
+//!
+//! A request is cut at stripe boundaries; each piece runs under its stripe
+//! lock. Reads fetch the data unit's blocks and check each block's CRC32C;
+//! a block on a failed device, or one whose checksum does not match, is
+//! decoded from the other units of its row (and written back when its
+//! device is healthy). Writes pick, per stripe piece:
+//! - full-stripe / reconstruct-write (RCW): read the data blocks of the
+//!   touched rows that the write does not cover, encode parity;
+//! - read-modify-write (RMW): read the old data and parity of the touched
+//!   rows, fold `old ^ new` into parity with ISA-L's delta update;
+//!   whichever reads fewer blocks (ties go to RMW). A stripe with a member
+//!   out of service always takes RCW, which decodes what it cannot read.
+
+use super::{Array, IntentLog};
+use crate::counters::{bump, IoClass};
+use crate::error::{Error, Result};
+use std::ops::Range;
+
+/// One data unit's share of a stripe write.
+struct UnitWrite<'a> {
+    role: usize,
+    /// Byte offset inside the unit.
+    offset: u64,
+    bytes: &'a [u8],
+}
+
+impl UnitWrite<'_> {
+    fn blocks(&self, block: u64) -> Range<u64> {
+        self.offset / block..(self.offset + self.bytes.len() as u64).div_ceil(block)
+    }
+    /// Blocks the write overwrites completely.
+    fn covered(&self, block: u64) -> Range<u64> {
+        let end = self.offset + self.bytes.len() as u64;
+        let start = self.offset.div_ceil(block);
+        let stop = end / block;
+        start..stop.max(start)
+    }
+}
+
+fn class_of(role: usize, k: usize) -> IoClass {
+    if role < k {
+        IoClass::Data
+    } else {
+        IoClass::Parity
+    }
+}
+
+/// Merges block ranges into sorted, disjoint runs.
+fn runs(mut ranges: Vec<Range<u64>>) -> Vec<Range<u64>> {
+    ranges.sort_by_key(|r| r.start);
+    let mut out: Vec<Range<u64>> = Vec::new();
+    for r in ranges {
+        match out.last_mut() {
+            Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+            _ => out.push(r),
+        }
+    }
+    out
+}
+
+fn len_of(r: &Range<u64>) -> u64 {
+    r.end - r.start
+}
+
+/// `a - b` for ranges, as up to two ranges.
+fn subtract(a: Range<u64>, b: &Range<u64>) -> Vec<Range<u64>> {
+    let mut out = Vec::new();
+    if b.start >= b.end || b.end <= a.start || b.start >= a.end {
+        out.push(a);
+        return out;
+    }
+    if a.start < b.start {
+        out.push(a.start..b.start);
+    }
+    if b.end < a.end {
+        out.push(b.end..a.end);
+    }
+    out
+}
+
+impl Array {
+    /// Splits `[offset, offset+len)` of the volume into stripe pieces:
+    /// (stripe, offset in the stripe's data, length).
+    fn pieces(&self, offset: u64, len: u64) -> impl Iterator<Item = (u64, u64, u64)> {
+        let sd = self.geo.stripe_data_bytes();
+        let mut pos = offset;
+        let end = offset + len;
+        std::iter::from_fn(move || {
+            if pos >= end {
+                return None;
+            }
+            let stripe = pos / sd;
+            let within = pos % sd;
+            let n = (sd - within).min(end - pos);
+            pos += n;
+            Some((stripe, within, n))
+        })
+    }
+
+    fn check_range(&self, offset: u64, len: u64) -> Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.volume_bytes => Ok(()),
+            _ => Err(Error::OutOfRange { offset, length: len, size: self.volume_bytes }),
+        }
+    }
+
+    fn lock_index(stripe: u64) -> usize {
+        (stripe % super::STRIPE_LOCKS as u64) as usize
+    }
+
+    pub fn read(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.check_range(offset, buf.len() as u64)?;
+        bump(&self.counters.array.client_reads);
+        self.counters.array.add(&self.counters.array.client_read_bytes, buf.len() as u64);
+        let mut done = 0usize;
+        for (stripe, within, n) in self.pieces(offset, buf.len() as u64) {
+            let _g = self.locks[Self::lock_index(stripe)].read().unwrap();
+            self.read_stripe(stripe, within, &mut buf[done..done + n as usize])?;
+            done += n as usize;
+        }
+        Ok(())
+    }
+
+    fn read_stripe(&self, stripe: u64, within: u64, out: &mut [u8]) -> Result<()> {
+        let unit = self.geo.unit_bytes();
+        let block = self.geo.block();
+        let mut pos = within;
+        let mut done = 0usize;
+        while done < out.len() {
+            let role = (pos / unit) as usize;
+            let in_unit = pos % unit;
+            let n = (unit - in_unit).min((out.len() - done) as u64) as usize;
+            let b0 = in_unit / block;
+            let b1 = (in_unit + n as u64).div_ceil(block);
+            let blocks = self.read_unit_blocks(stripe, role, b0..b1)?;
+            let skip = (in_unit - b0 * block) as usize;
+            out[done..done + n].copy_from_slice(&blocks[skip..skip + n]);
+            done += n;
+            pos += n as u64;
+        }
+        Ok(())
+    }
+
+    /// Reads blocks of one unit, verified; decodes what is missing or bad.
+    /// Caller holds the stripe lock.
+    pub(super) fn read_unit_blocks(&self, stripe: u64, role: usize, blocks: Range<u64>) -> Result<Vec<u8>> {
+        let g = &self.geo;
+        let block = g.block() as usize;
+        let place = g.place(stripe, role);
+        let mut out = vec![0u8; len_of(&blocks) as usize * block];
+        let mut bad = Vec::new();
+        if self.holds(place.device, stripe)
+            && self.dev_read(place.device, class_of(role, g.k()), &mut out, g.device_offset(place.row, blocks.start))
+        {
+            for (j, b) in blocks.clone().enumerate() {
+                let crc = crc32c::crc32c(&out[j * block..(j + 1) * block]);
+                if crc != self.tables[place.device].get(g.checksum_index(place.row, b)) {
+                    bump(&self.counters.array.checksum_mismatches);
+                    bad.push(b);
+                }
+            }
+        } else {
+            bad.extend(blocks.clone());
+        }
+        for b in bad {
+            let row = self.reconstruct_row(stripe, b)?;
+            let j = (b - blocks.start) as usize;
+            out[j * block..(j + 1) * block].copy_from_slice(&row[role]);
+        }
+        Ok(out)
+    }
+
+    /// Decodes block row `b` of `stripe` from every readable, verified unit;
+    /// rewrites units whose device is healthy but whose block was bad.
+    /// Caller holds the stripe lock.
+    pub(super) fn reconstruct_row(&self, stripe: u64, b: u64) -> Result<Vec<Vec<u8>>> {
+        let g = &self.geo;
+        let w = g.width();
+        let block = g.block() as usize;
+        let mut shards = vec![vec![0u8; block]; w];
+        let mut present = vec![false; w];
+        let mut repair = vec![false; w];
+        for role in 0..w {
+            let place = g.place(stripe, role);
+            if !self.holds(place.device, stripe) {
+                continue;
+            }
+            if !self.dev_read(place.device, class_of(role, g.k()), &mut shards[role], g.device_offset(place.row, b)) {
+                continue;
+            }
+            if crc32c::crc32c(&shards[role]) == self.tables[place.device].get(g.checksum_index(place.row, b)) {
+                present[role] = true;
+            } else {
+                repair[role] = true;
+            }
+        }
+        let have = present.iter().filter(|p| **p).count();
+        if have < g.k() {
+            return Err(Error::DataLoss(format!(
+                "stripe {stripe} block {b}: only {have} of {w} units readable and intact, {} needed",
+                g.k()
+            )));
+        }
+        if have < w {
+            let mut refs: Vec<&mut [u8]> = shards.iter_mut().map(|s| s.as_mut_slice()).collect();
+            self.codec
+                .reconstruct(&mut refs, &present)
+                .map_err(|e| Error::DataLoss(format!("stripe {stripe} block {b}: {e}")))?;
+            bump(&self.counters.array.reconstructed_blocks);
+        }
+        for role in (0..w).filter(|&r| repair[r]) {
+            let place = g.place(stripe, role);
+            if self.write_unit_blocks(stripe, role, b, &shards[role]) {
+                bump(&self.counters.array.repaired_blocks);
+                let _ = place;
+            }
+        }
+        Ok(shards)
+    }
+
+    /// Reads from a device, counting; an error fails the device. Returns
+    /// false when nothing was read.
+    pub(super) fn dev_read(&self, d: usize, class: IoClass, buf: &mut [u8], offset: u64) -> bool {
+        let Some(dev) = self.device(d) else { return false };
+        match dev.read_at(buf, offset) {
+            Ok(()) => {
+                self.counters.devices[d].read(class, buf.len());
+                true
+            }
+            Err(e) => {
+                self.latch_failure(d, "read", &e);
+                false
+            }
+        }
+    }
+
+    /// Writes blocks of a unit starting at block `b` and records their
+    /// checksums; skips a device that does not hold the stripe. Returns
+    /// whether the device took the write.
+    pub(super) fn write_unit_blocks(&self, stripe: u64, role: usize, b: u64, bytes: &[u8]) -> bool {
+        let g = &self.geo;
+        let place = g.place(stripe, role);
+        if !self.holds(place.device, stripe) {
+            return false;
+        }
+        let Some(dev) = self.device(place.device) else { return false };
+        match dev.write_at(bytes, g.device_offset(place.row, b)) {
+            Ok(()) => {
+                self.counters.devices[place.device].write(class_of(role, g.k()), bytes.len());
+                let table = &self.tables[place.device];
+                for (j, chunk) in bytes.chunks_exact(g.block() as usize).enumerate() {
+                    table.set(g.checksum_index(place.row, b + j as u64), crc32c::crc32c(chunk));
+                }
+                true
+            }
+            Err(e) => {
+                self.latch_failure(place.device, "write", &e);
+                false
+            }
+        }
+    }
+
+    fn intent_begin(&self, stripe: u64) -> Result<()> {
+        match self.intent.begin(stripe) {
+            Ok(marked) => {
+                if marked {
+                    bump(&self.counters.array.intent_marks);
+                }
+                Ok(())
+            }
+            Err(e) => Err(Error::io("marking the write-intent log (the array folder's disk failed?)", e)),
+        }
+    }
+
+    pub fn write(&self, buf: &[u8], offset: u64, fua: bool) -> Result<()> {
+        self.check_range(offset, buf.len() as u64)?;
+        bump(&self.counters.array.client_writes);
+        self.counters.array.add(&self.counters.array.client_write_bytes, buf.len() as u64);
+        let mut done = 0usize;
+        for (stripe, within, n) in self.pieces(offset, buf.len() as u64) {
+            let _g = self.locks[Self::lock_index(stripe)].write().unwrap();
+            self.intent_begin(stripe)?;
+            let r = self.write_stripe(stripe, within, &buf[done..done + n as usize]);
+            self.intent.end(stripe);
+            r?;
+            done += n as usize;
+        }
+        if fua {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Writes zeroes; whole stripes are discarded on the media instead.
+    pub fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
+        self.check_range(offset, len)?;
+        let sd = self.geo.stripe_data_bytes();
+        let zeroes = vec![0u8; sd.min(len) as usize];
+        for (stripe, within, n) in self.pieces(offset, len) {
+            let _g = self.locks[Self::lock_index(stripe)].write().unwrap();
+            self.intent_begin(stripe)?;
+            let r = if n == sd { self.discard_stripe(stripe) } else { self.write_stripe(stripe, within, &zeroes[..n as usize]) };
+            self.intent.end(stripe);
+            r?;
+        }
+        if fua {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn discard_stripe(&self, stripe: u64) -> Result<()> {
+        let g = &self.geo;
+        for role in 0..g.width() {
+            let place = g.place(stripe, role);
+            if !self.holds(place.device, stripe) {
+                continue;
+            }
+            let Some(dev) = self.device(place.device) else { continue };
+            match dev.discard(g.device_offset(place.row, 0), g.unit_bytes()) {
+                Ok(()) => {
+                    for b in 0..g.blocks_per_unit() {
+                        self.tables[place.device].set_zero(g.checksum_index(place.row, b));
+                    }
+                }
+                Err(e) => self.latch_failure(place.device, "discard", &e),
+            }
+        }
+        bump(&self.counters.array.discarded_stripes);
+        self.check_available()
+    }
+
+    fn check_available(&self) -> Result<()> {
+        let down = self.unavailable_count();
+        if down > self.geo.m() {
+            return Err(Error::Unavailable(format!("{down} devices failed; RS({},{}) survives at most {}", self.geo.k, self.geo.m, self.geo.m)));
+        }
+        Ok(())
+    }
+
+    /// Writes `bytes` at `within` of the stripe's data. Caller holds the
+    /// stripe lock exclusively and has marked the intent.
+    fn write_stripe(&self, stripe: u64, within: u64, bytes: &[u8]) -> Result<()> {
+        let g = &self.geo;
+        let unit = g.unit_bytes();
+        let block = g.block();
+        let mut writes = Vec::new();
+        let mut pos = within;
+        let mut done = 0usize;
+        while done < bytes.len() {
+            let role = (pos / unit) as usize;
+            let offset = pos % unit;
+            let n = (unit - offset).min((bytes.len() - done) as u64) as usize;
+            writes.push(UnitWrite { role, offset, bytes: &bytes[done..done + n] });
+            done += n;
+            pos += n as u64;
+        }
+        let rows = runs(writes.iter().map(|w| w.blocks(block)).collect());
+        let degraded = (0..g.width()).any(|r| !self.holds(g.place(stripe, r).device, stripe));
+        let rmw_reads: u64 = writes.iter().map(|w| len_of(&w.blocks(block))).sum::<u64>()
+            + g.m() as u64 * rows.iter().map(len_of).sum::<u64>();
+        let rcw_reads: u64 = rows
+            .iter()
+            .map(|run| {
+                (0..g.k())
+                    .map(|role| match writes.iter().find(|w| w.role == role) {
+                        Some(w) => subtract(run.clone(), &w.covered(block)).iter().map(len_of).sum(),
+                        None => len_of(run),
+                    })
+                    .sum::<u64>()
+            })
+            .sum();
+        let result = if degraded {
+            bump(&self.counters.array.degraded_writes);
+            self.reconstruct_write(stripe, &writes, &rows)
+        } else if rcw_reads == 0 {
+            bump(&self.counters.array.full_stripe_writes);
+            self.reconstruct_write(stripe, &writes, &rows)
+        } else if rmw_reads <= rcw_reads {
+            bump(&self.counters.array.rmw_writes);
+            self.read_modify_write(stripe, &writes, &rows)
+        } else {
+            bump(&self.counters.array.rcw_writes);
+            self.reconstruct_write(stripe, &writes, &rows)
+        };
+        result?;
+        self.check_available()
+    }
+
+    fn reconstruct_write(&self, stripe: u64, writes: &[UnitWrite], rows: &[Range<u64>]) -> Result<()> {
+        let g = &self.geo;
+        let block = g.block();
+        for run in rows {
+            let run_bytes = (len_of(run) * block) as usize;
+            let mut data: Vec<Vec<u8>> = Vec::with_capacity(g.k());
+            for role in 0..g.k() {
+                let mut buf = vec![0u8; run_bytes];
+                let w = writes.iter().find(|w| w.role == role);
+                let need = match w {
+                    Some(w) => subtract(run.clone(), &w.covered(block)),
+                    None => vec![run.clone()],
+                };
+                for part in need {
+                    let old = self.read_unit_blocks(stripe, role, part.clone())?;
+                    let at = ((part.start - run.start) * block) as usize;
+                    buf[at..at + old.len()].copy_from_slice(&old);
+                }
+                if let Some(w) = w {
+                    overlay(&mut buf, run.start * block, w);
+                }
+                data.push(buf);
+            }
+            let mut parity = vec![vec![0u8; run_bytes]; g.m()];
+            {
+                let d: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+                let mut p: Vec<&mut [u8]> = parity.iter_mut().map(|v| v.as_mut_slice()).collect();
+                self.codec.encode(&d, &mut p);
+            }
+            for w in writes {
+                let touched = intersect(&w.blocks(block), run);
+                if touched.start < touched.end {
+                    let at = ((touched.start - run.start) * block) as usize;
+                    let len = (len_of(&touched) * block) as usize;
+                    self.write_unit_blocks(stripe, w.role, touched.start, &data[w.role][at..at + len]);
+                }
+            }
+            for (j, p) in parity.iter().enumerate() {
+                self.write_unit_blocks(stripe, g.k() + j, run.start, p);
+            }
+        }
+        Ok(())
+    }
+
+    fn read_modify_write(&self, stripe: u64, writes: &[UnitWrite], rows: &[Range<u64>]) -> Result<()> {
+        let g = &self.geo;
+        let block = g.block();
+        let mut parity: Vec<Vec<Vec<u8>>> = Vec::with_capacity(rows.len());
+        for run in rows {
+            let mut per_run = Vec::with_capacity(g.m());
+            for j in 0..g.m() {
+                per_run.push(self.read_unit_blocks(stripe, g.k() + j, run.clone())?);
+            }
+            parity.push(per_run);
+        }
+        let mut new_data = Vec::with_capacity(writes.len());
+        for w in writes {
+            let blocks = w.blocks(block);
+            let old = self.read_unit_blocks(stripe, w.role, blocks.clone())?;
+            let mut new = old.clone();
+            overlay(&mut new, blocks.start * block, w);
+            let delta: Vec<u8> = old.iter().zip(&new).map(|(a, b)| a ^ b).collect();
+            let r = rows.iter().position(|run| run.start <= blocks.start && blocks.end <= run.end).expect("run covers write");
+            let at = ((blocks.start - rows[r].start) * block) as usize;
+            let mut p: Vec<&mut [u8]> = parity[r].iter_mut().map(|v| &mut v[at..at + delta.len()]).collect();
+            self.codec.update(w.role, &delta, &mut p);
+            new_data.push((w.role, blocks.start, new));
+        }
+        for (role, b, bytes) in &new_data {
+            self.write_unit_blocks(stripe, *role, *b, bytes);
+        }
+        for (run, per_run) in rows.iter().zip(&parity) {
+            for (j, p) in per_run.iter().enumerate() {
+                self.write_unit_blocks(stripe, g.k() + j, run.start, p);
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes every acknowledged write durable on every device in service,
+    /// then lets the intent log forget regions that went quiet.
+    pub fn flush(&self) -> Result<()> {
+        bump(&self.counters.array.client_flushes);
+        let epoch = self.intent.start_flush();
+        for d in 0..self.members.len() {
+            let Some(dev) = self.device(d) else { continue };
+            let r = self.tables[d].flush(dev.as_ref(), &self.counters.devices[d]).and_then(|_| dev.sync());
+            match r {
+                Ok(()) => self.counters.devices[d].sync(),
+                Err(e) => self.latch_failure(d, "flush", &e),
+            }
+        }
+        self.check_available()?;
+        self.intent.finish_flush(epoch).map_err(|e| Error::io("updating the write-intent log", e))
+    }
+
+    /// Stripes per intent region (for tests and tools).
+    pub fn stripes_per_region(&self) -> u64 {
+        let cfg = self.config.lock().unwrap();
+        IntentLog::stripes_per_region(self.geo.stripe_data_bytes(), cfg.file.intent_region_bytes)
+    }
+}
+
+fn intersect(a: &Range<u64>, b: &Range<u64>) -> Range<u64> {
+    a.start.max(b.start)..a.end.min(b.end)
+}
+
+/// Copies a unit write into `buf`, which holds the unit's bytes from
+/// `buf_start` on.
+fn overlay(buf: &mut [u8], buf_start: u64, w: &UnitWrite) {
+    let at = (w.offset - buf_start) as usize;
+    buf[at..at + w.bytes.len()].copy_from_slice(w.bytes);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_merge_overlapping_and_touching_ranges() {
+        assert_eq!(runs(vec![4..6, 0..2, 1..3, 6..7]), vec![0..3, 4..7]);
+    }
+
+    #[test]
+    fn subtract_leaves_the_uncovered_edges() {
+        assert_eq!(subtract(0..8, &(2..5)), vec![0..2, 5..8]);
+        assert_eq!(subtract(0..8, &(3..3)), vec![0..8]);
+        assert_eq!(subtract(2..4, &(0..8)), Vec::<Range<u64>>::new());
+    }
+}

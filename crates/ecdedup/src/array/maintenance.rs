@@ -1,0 +1,273 @@
+//! Long operations over whole stripes: resync after an unclean stop, scrub
+//! and rebuild. Each takes one stripe lock at a time, so the volume stays
+//! served while they run, and reports progress.
+
+use super::{Array, MemberState, ProgressFn, TAG_ACTIVE, TAG_REBUILDING};
+use crate::counters::bump;
+use crate::error::{Error, Result};
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::Ordering::SeqCst;
+use std::time::{Duration, Instant};
+
+/// How often a rebuild records its cursor in the superblocks.
+const REBUILD_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(2);
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ScrubReport {
+    pub stripes: u64,
+    pub checksum_mismatches: u64,
+    pub repaired_blocks: u64,
+    pub parity_mismatches: u64,
+    /// Stripes that could not be checked fully because a member is out of service.
+    pub degraded_stripes: u64,
+    pub unrecoverable_blocks: u64,
+}
+
+impl Array {
+    /// Reads every unit of a stripe whole, unverified. None for a unit whose
+    /// device does not hold the stripe or failed to read.
+    fn read_stripe_raw(&self, stripe: u64) -> Vec<Option<Vec<u8>>> {
+        let g = &self.geo;
+        (0..g.width())
+            .map(|role| {
+                let place = g.place(stripe, role);
+                if !self.holds(place.device, stripe) {
+                    return None;
+                }
+                let mut buf = vec![0u8; g.unit_bytes() as usize];
+                let class = if role < g.k() { crate::counters::IoClass::Data } else { crate::counters::IoClass::Parity };
+                self.dev_read(place.device, class, &mut buf, g.device_offset(place.row, 0)).then_some(buf)
+            })
+            .collect()
+    }
+
+    fn encode_parity(&self, units: &[Option<Vec<u8>>]) -> Vec<Vec<u8>> {
+        let g = &self.geo;
+        let d: Vec<&[u8]> = units[..g.k()].iter().map(|u| u.as_deref().expect("all data present")).collect();
+        let mut parity = vec![vec![0u8; g.unit_bytes() as usize]; g.m()];
+        let mut p: Vec<&mut [u8]> = parity.iter_mut().map(|v| v.as_mut_slice()).collect();
+        self.codec.encode(&d, &mut p);
+        parity
+    }
+
+    /// Resynchronises dirty stripes after an unclean stop: parity from data,
+    /// checksums from content. Runs before the array serves.
+    pub(super) fn resync(&self, ranges: &[(u64, u64)], progress: Option<&ProgressFn>) -> Result<()> {
+        let total: u64 = ranges.iter().map(|(a, b)| b - a).sum();
+        let mut done = 0;
+        let mut degraded = 0u64;
+        for &(start, end) in ranges {
+            for stripe in start..end {
+                let _g = self.locks[Self::lock_index_pub(stripe)].write().unwrap();
+                if !self.resync_stripe(stripe) {
+                    degraded += 1;
+                }
+                done += 1;
+                if let Some(p) = progress {
+                    if done % 64 == 0 || done == total {
+                        p("resync", done, total);
+                    }
+                }
+            }
+        }
+        if degraded > 0 {
+            self.warn(format!(
+                "{degraded} stripes were being written during an unclean stop while a device was out of service; \
+                 their missing units are decoded from parity that may predate the last writes (the degraded write hole)"
+            ));
+        }
+        self.flush()?;
+        self.intent.clear_all().map_err(|e| Error::io("clearing the write-intent log", e))?;
+        Ok(())
+    }
+
+    /// Returns false when the stripe is degraded and could only be re-checksummed.
+    fn resync_stripe(&self, stripe: u64) -> bool {
+        let g = &self.geo;
+        let units = self.read_stripe_raw(stripe);
+        bump(&self.counters.array.resync_stripes);
+        let complete = units.iter().all(Option::is_some);
+        if complete {
+            let parity = self.encode_parity(&units);
+            for (j, p) in parity.iter().enumerate() {
+                if units[g.k() + j].as_deref() != Some(p.as_slice()) {
+                    bump(&self.counters.array.parity_mismatches);
+                    self.write_unit_blocks(stripe, g.k() + j, 0, p);
+                } else {
+                    self.record_checksums(stripe, g.k() + j, p);
+                }
+            }
+            for (role, u) in units[..g.k()].iter().enumerate() {
+                self.record_checksums(stripe, role, u.as_deref().unwrap());
+            }
+        } else {
+            for (role, u) in units.iter().enumerate() {
+                if let Some(u) = u {
+                    self.record_checksums(stripe, role, u);
+                }
+            }
+        }
+        complete
+    }
+
+    fn record_checksums(&self, stripe: u64, role: usize, unit: &[u8]) {
+        let g = &self.geo;
+        let place = g.place(stripe, role);
+        for (b, chunk) in unit.chunks_exact(g.block() as usize).enumerate() {
+            self.tables[place.device].set(g.checksum_index(place.row, b as u64), crc32c::crc32c(chunk));
+        }
+    }
+
+    pub(super) fn lock_index_pub(stripe: u64) -> usize {
+        (stripe % super::STRIPE_LOCKS as u64) as usize
+    }
+
+    /// Checks every block's checksum and every stripe's parity; with
+    /// `repair`, rewrites what is wrong from the redundancy.
+    pub fn scrub(&self, repair: bool, progress: Option<ProgressFn>) -> Result<ScrubReport> {
+        self.begin_operation(if repair { "scrub" } else { "scrub (check only)" }, self.geo.stripes)?;
+        let r = self.scrub_inner(repair, progress);
+        self.end_operation(&r);
+        if repair {
+            self.flush()?;
+        }
+        r
+    }
+
+    fn scrub_inner(&self, repair: bool, progress: Option<ProgressFn>) -> Result<ScrubReport> {
+        let g = self.geo;
+        let block = g.block() as usize;
+        let mut report = ScrubReport::default();
+        for stripe in 0..g.stripes {
+            let _g = self.locks[Self::lock_index_pub(stripe)].write().unwrap();
+            let mut units = self.read_stripe_raw(stripe);
+            let mut bad_rows = std::collections::BTreeSet::new();
+            for (role, unit) in units.iter().enumerate() {
+                let Some(unit) = unit else { continue };
+                let place = g.place(stripe, role);
+                for (b, chunk) in unit.chunks_exact(block).enumerate() {
+                    if crc32c::crc32c(chunk) != self.tables[place.device].get(g.checksum_index(place.row, b as u64)) {
+                        report.checksum_mismatches += 1;
+                        bad_rows.insert(b as u64);
+                    }
+                }
+            }
+            if repair {
+                for &b in &bad_rows {
+                    let before = self.counters.array.repaired_blocks.load(SeqCst);
+                    match self.reconstruct_row(stripe, b) {
+                        Ok(row) => {
+                            report.repaired_blocks += self.counters.array.repaired_blocks.load(SeqCst) - before;
+                            for (role, unit) in units.iter_mut().enumerate() {
+                                if let Some(u) = unit {
+                                    u[b as usize * block..(b as usize + 1) * block].copy_from_slice(&row[role]);
+                                }
+                            }
+                        }
+                        Err(_) => report.unrecoverable_blocks += 1,
+                    }
+                }
+            }
+            if units.iter().all(Option::is_some) && (repair || bad_rows.is_empty()) {
+                let parity = self.encode_parity(&units);
+                for (j, p) in parity.iter().enumerate() {
+                    if units[g.k() + j].as_deref() != Some(p.as_slice()) {
+                        report.parity_mismatches += 1;
+                        bump(&self.counters.array.parity_mismatches);
+                        if repair {
+                            self.write_unit_blocks(stripe, g.k() + j, 0, p);
+                        }
+                    }
+                }
+            } else if units.iter().any(Option::is_none) {
+                report.degraded_stripes += 1;
+            }
+            report.stripes += 1;
+            bump(&self.counters.array.scrubbed_stripes);
+            self.progress_operation(stripe + 1);
+            if let Some(p) = &progress {
+                p("scrub", stripe + 1, g.stripes);
+            }
+        }
+        Ok(report)
+    }
+
+    /// Fills every device in the rebuilding state, stripe by stripe, while
+    /// the volume stays served. Resumes from the recorded cursor.
+    pub fn rebuild(&self, progress: Option<ProgressFn>) -> Result<u64> {
+        let targets: Vec<usize> = (0..self.members.len())
+            .filter(|&d| self.members[d].tag.load(SeqCst) == TAG_REBUILDING)
+            .collect();
+        if targets.is_empty() {
+            return Err(Error::Config("no device is waiting for a rebuild; `ecdedup replace POSITION` first".into()));
+        }
+        self.begin_operation("rebuild", self.geo.stripes * targets.len() as u64)?;
+        let r = self.rebuild_inner(&targets, progress);
+        self.end_operation(&r);
+        r
+    }
+
+    fn rebuild_inner(&self, targets: &[usize], progress: Option<ProgressFn>) -> Result<u64> {
+        let g = self.geo;
+        let mut rebuilt = 0u64;
+        for (t, &d) in targets.iter().enumerate() {
+            let start = self.members[d].cursor.load(SeqCst);
+            let mut last_checkpoint = Instant::now();
+            for stripe in start..g.stripes {
+                {
+                    let _g = self.locks[Self::lock_index_pub(stripe)].write().unwrap();
+                    if self.members[d].tag.load(SeqCst) != TAG_REBUILDING {
+                        return Err(Error::Unavailable(format!("device {d} failed during its rebuild")));
+                    }
+                    if let Some(role) = g.role_on(stripe, d) {
+                        let unit = self.reconstruct_unit(stripe, role)?;
+                        self.members[d].cursor.store(stripe + 1, SeqCst);
+                        if !self.write_unit_blocks(stripe, role, 0, &unit) {
+                            return Err(Error::Unavailable(format!("device {d} failed during its rebuild")));
+                        }
+                        rebuilt += 1;
+                        bump(&self.counters.array.rebuilt_stripes);
+                    } else {
+                        self.members[d].cursor.store(stripe + 1, SeqCst);
+                    }
+                }
+                let done = t as u64 * g.stripes + stripe + 1;
+                self.progress_operation(done);
+                if let Some(p) = &progress {
+                    if stripe % 16 == 0 || stripe + 1 == g.stripes {
+                        p("rebuild", done, g.stripes * targets.len() as u64);
+                    }
+                }
+                if last_checkpoint.elapsed() > REBUILD_CHECKPOINT_INTERVAL {
+                    // Checksums and data first, then the cursor that vouches for them.
+                    self.flush()?;
+                    self.persist_superblocks()?;
+                    last_checkpoint = Instant::now();
+                }
+            }
+            self.members[d].tag.store(TAG_ACTIVE, SeqCst);
+            self.flush()?;
+            self.persist_superblocks()?;
+            self.warn(format!("device {d} rebuilt; redundancy restored"));
+        }
+        Ok(rebuilt)
+    }
+
+    /// Decodes a whole unit of `stripe` from the others (per block row, so a
+    /// bad block elsewhere costs only its row). Caller holds the stripe lock.
+    fn reconstruct_unit(&self, stripe: u64, role: usize) -> Result<Vec<u8>> {
+        let g = &self.geo;
+        let block = g.block() as usize;
+        let mut unit = vec![0u8; g.unit_bytes() as usize];
+        for b in 0..g.blocks_per_unit() {
+            let row = self.reconstruct_row(stripe, b)?;
+            unit[b as usize * block..(b as usize + 1) * block].copy_from_slice(&row[role]);
+        }
+        Ok(unit)
+    }
+
+    /// The state of each member (for tests).
+    pub fn member_states(&self) -> Vec<MemberState> {
+        (0..self.members.len()).map(|d| self.member_state(d)).collect()
+    }
+}

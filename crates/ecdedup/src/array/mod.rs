@@ -1,0 +1,730 @@
+//! The erasure-coded array: N devices under one RS(k,m) geometry.
+//!
+//! An [`Array`] owns its devices, the per-block checksum tables, the
+//! write-intent log and the counters. Reads touch only the data unit when it
+//! is healthy and decode from the other units otherwise; writes choose
+//! full-stripe encode, read-modify-write (ISA-L delta update) or
+//! reconstruct-write by whichever reads less (see [`io`]). Long operations
+//! (resync, scrub, rebuild) live in [`maintenance`].
+//!
+//! Invariants:
+//! - a stripe is read or written only under its stripe lock (shared for
+//!   reads, exclusive for writes and maintenance), so the checksum table and
+//!   the media agree whenever a lock is free;
+//! - a device that returned an I/O error is failed at once and stays failed
+//!   (the error is latched, never retried) until `replace` + `rebuild`;
+//! - at most m devices are unavailable, or the array refuses I/O that would
+//!   need more;
+//! - a region of stripes is marked dirty in the intent log, durably, before
+//!   any of its stripes is written, and cleared only after a flush.
+//!
+//! Lock order: stripe lock, then the config lock. Nothing that holds the
+//! config lock takes a stripe lock.
+
+pub mod checksum;
+pub mod intent;
+mod io;
+pub mod layout;
+mod maintenance;
+pub mod superblock;
+
+pub use layout::Geometry;
+pub use maintenance::ScrubReport;
+pub use superblock::MemberState;
+
+use crate::codec::Codec;
+use crate::counters::{Counters, IoClass, Stats};
+use crate::error::{Error, Result};
+use crate::media::{Device, FileDevice};
+use checksum::ChecksumTable;
+use intent::IntentLog;
+use layout::SUPERBLOCK_BYTES;
+use serde::{Deserialize, Serialize};
+use std::fs::File;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::SeqCst};
+use std::sync::{Arc, Mutex, RwLock};
+use superblock::Superblock;
+
+/// Stripe locks are shared by stripes with the same number modulo this.
+pub const STRIPE_LOCKS: usize = 1024;
+pub const CONFIG_FILE: &str = "array.json";
+pub const INTENT_FILE: &str = "intent.map";
+pub const LOCK_FILE: &str = "lock";
+
+const TAG_ACTIVE: u8 = 0;
+const TAG_FAILED: u8 = 1;
+const TAG_REBUILDING: u8 = 2;
+
+/// Reports progress of a long operation: (what, done, total).
+pub type ProgressFn = Arc<dyn Fn(&str, u64, u64) + Send + Sync>;
+
+/// `array.json`: where the devices are. Geometry and state live in the
+/// superblocks; this file only names the members in position order.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ConfigFile {
+    pub format_version: u32,
+    pub array_uuid: uuid::Uuid,
+    pub devices: Vec<PathBuf>,
+    #[serde(default = "default_region_bytes")]
+    pub intent_region_bytes: u64,
+}
+
+fn default_region_bytes() -> u64 {
+    intent::REGION_BYTES_DEFAULT
+}
+
+impl ConfigFile {
+    pub fn load(dir: &Path) -> Result<ConfigFile> {
+        let path = dir.join(CONFIG_FILE);
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                Error::Config(format!("{} holds no array (no {CONFIG_FILE}); run `ecdedup create` first", dir.display()))
+            } else {
+                Error::io(format!("reading {}", path.display()), e)
+            }
+        })?;
+        let cfg: ConfigFile = serde_json::from_str(&text)
+            .map_err(|e| Error::Corrupt(format!("{}: {e}", path.display())))?;
+        if cfg.format_version != 1 {
+            return Err(Error::Corrupt(format!("{}: format version {} unknown", path.display(), cfg.format_version)));
+        }
+        Ok(cfg)
+    }
+
+    /// Writes atomically: temporary file, fsync, rename, fsync of the folder.
+    pub fn store(&self, dir: &Path) -> Result<()> {
+        let path = dir.join(CONFIG_FILE);
+        let tmp = dir.join(format!("{CONFIG_FILE}.tmp"));
+        let io = |e| Error::io(format!("writing {}", path.display()), e);
+        let text = serde_json::to_string_pretty(self).expect("config serialises");
+        std::fs::write(&tmp, text).map_err(io)?;
+        File::open(&tmp).and_then(|f| f.sync_all()).map_err(io)?;
+        std::fs::rename(&tmp, &path).map_err(io)?;
+        File::open(dir).and_then(|f| f.sync_all()).map_err(io)?;
+        Ok(())
+    }
+}
+
+/// What `create` needs.
+#[derive(Clone, Debug)]
+pub struct CreateOptions {
+    /// Device paths in position order; missing files are created sparse.
+    pub devices: Vec<PathBuf>,
+    pub k: u32,
+    pub m: u32,
+    pub stripe_unit_bytes: u32,
+    pub volume_bytes: u64,
+    pub intent_region_bytes: u64,
+}
+
+struct Member {
+    dev: RwLock<Option<Arc<dyn Device>>>,
+    tag: AtomicU8,
+    cursor: AtomicU64,
+}
+
+struct ConfigState {
+    file: ConfigFile,
+    generation: u64,
+    device_uuids: Vec<[u8; 16]>,
+}
+
+/// A long operation in progress, for `status` and progress bars.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct OpProgress {
+    pub op: String,
+    pub done: u64,
+    pub total: u64,
+    pub finished: bool,
+    pub error: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct DeviceStatus {
+    pub position: usize,
+    pub path: PathBuf,
+    #[serde(flatten)]
+    pub state: MemberState,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Status {
+    pub array_uuid: uuid::Uuid,
+    pub devices_total: u32,
+    pub k: u32,
+    pub m: u32,
+    pub stripe_unit_bytes: u32,
+    pub block_bytes: u32,
+    pub stripes: u64,
+    pub volume_bytes: u64,
+    pub generation: u64,
+    pub health: String,
+    pub devices: Vec<DeviceStatus>,
+    pub dirty_regions: usize,
+    pub operation: Option<OpProgress>,
+    pub warnings: Vec<String>,
+}
+
+pub struct Array {
+    dir: PathBuf,
+    geo: Geometry,
+    volume_bytes: u64,
+    codec: Codec,
+    members: Vec<Member>,
+    tables: Vec<ChecksumTable>,
+    intent: IntentLog,
+    locks: Vec<RwLock<()>>,
+    counters: Counters,
+    config: Mutex<ConfigState>,
+    operation: Mutex<Option<OpProgress>>,
+    warnings: Mutex<Vec<String>>,
+    _lock_file: File,
+}
+
+fn lock_dir(dir: &Path) -> Result<File> {
+    let path = dir.join(LOCK_FILE);
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
+    // SAFETY: flock on a valid descriptor.
+    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc != 0 {
+        return Err(Error::Busy(format!(
+            "array {} is in use by another process (is a server running? use its control socket, or stop it)",
+            dir.display()
+        )));
+    }
+    Ok(f)
+}
+
+fn read_superblock(dev: &dyn Device) -> Result<Superblock> {
+    let mut buf = vec![0u8; 2 * SUPERBLOCK_BYTES as usize];
+    dev.read_at(&mut buf, 0).map_err(|e| Error::io(format!("reading superblock of {}", dev.describe()), e))?;
+    let (a, b) = buf.split_at(SUPERBLOCK_BYTES as usize);
+    Superblock::newest(a, b)
+}
+
+/// Creates a new array in `dir` and leaves it clean and closed.
+pub fn create(dir: &Path, opts: &CreateOptions) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    let _lock = lock_dir(dir)?;
+    if dir.join(CONFIG_FILE).exists() {
+        return Err(Error::Config(format!(
+            "{} already holds an array; remove it first or choose another --dir",
+            dir.display()
+        )));
+    }
+    let n = opts.devices.len() as u32;
+    let geo = Geometry::new(n, opts.k, opts.m, opts.stripe_unit_bytes, opts.volume_bytes)?;
+    if opts.volume_bytes % 512 != 0 {
+        return Err(Error::Config(format!("volume size {} is not a multiple of 512 bytes", opts.volume_bytes)));
+    }
+    let mut devices: Vec<Arc<dyn Device>> = Vec::new();
+    for (i, path) in opts.devices.iter().enumerate() {
+        let dev_err = |reason: String| Error::Device { path: path.clone(), reason };
+        let dev = if path.exists() {
+            FileDevice::open(path).map_err(|e| dev_err(format!("cannot open: {e}")))?
+        } else {
+            FileDevice::create_file(path, geo.device_bytes_min()).map_err(|e| dev_err(format!("cannot create: {e}")))?
+        };
+        if dev.size() < geo.device_bytes_min() {
+            return Err(dev_err(format!(
+                "holds {} bytes, but position {i} of this geometry needs {}",
+                dev.size(),
+                geo.device_bytes_min()
+            )));
+        }
+        if let Ok(sb) = read_superblock(&dev) {
+            return Err(dev_err(format!(
+                "already belongs to array {} (position {}); wipe its first 8 KiB to reuse it",
+                uuid::Uuid::from_bytes(sb.array_uuid),
+                sb.position
+            )));
+        }
+        devices.push(Arc::new(dev));
+    }
+    let array_uuid = uuid::Uuid::new_v4();
+    let mut device_uuids = Vec::new();
+    for (i, dev) in devices.iter().enumerate() {
+        let io = |e| Error::io(format!("initialising {}", dev.describe()), e);
+        // Zero everything: parity of zeroes is zeroes, and zeroed checksum
+        // entries describe zero blocks.
+        dev.discard(0, geo.device_bytes_min()).map_err(io)?;
+        let device_uuid = *uuid::Uuid::new_v4().as_bytes();
+        device_uuids.push(device_uuid);
+        let sb = Superblock {
+            array_uuid: *array_uuid.as_bytes(),
+            device_uuid,
+            generation: 1,
+            position: i as u32,
+            geometry: geo,
+            volume_bytes: opts.volume_bytes,
+            states: vec![MemberState::Active; n as usize],
+        };
+        dev.write_at(&sb.encode(), Superblock::slot_offset(1)).map_err(io)?;
+        dev.sync().map_err(io)?;
+    }
+    let spr = IntentLog::stripes_per_region(geo.stripe_data_bytes(), opts.intent_region_bytes);
+    IntentLog::create(&dir.join(INTENT_FILE), array_uuid.as_bytes(), geo.stripes, spr)?;
+    let devices_abs = opts
+        .devices
+        .iter()
+        .map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()))
+        .collect();
+    ConfigFile {
+        format_version: 1,
+        array_uuid,
+        devices: devices_abs,
+        intent_region_bytes: opts.intent_region_bytes,
+    }
+    .store(dir)
+}
+
+impl Array {
+    /// Opens the array in `dir`: takes its lock, assembles the devices,
+    /// resynchronises stripes left dirty by an unclean stop, and returns
+    /// ready to serve.
+    pub fn open(dir: &Path, progress: Option<ProgressFn>) -> Result<Array> {
+        let lock = lock_dir(dir)?;
+        let cfg = ConfigFile::load(dir)?;
+        let mut devices: Vec<Option<Arc<dyn Device>>> = Vec::new();
+        let mut warnings = Vec::new();
+        for (i, path) in cfg.devices.iter().enumerate() {
+            match FileDevice::open(path) {
+                Ok(d) => devices.push(Some(Arc::new(d))),
+                Err(e) => {
+                    warnings.push(format!("device {i} ({}) cannot be opened: {e}", path.display()));
+                    devices.push(None);
+                }
+            }
+        }
+        Array::assemble(dir, lock, cfg, devices, warnings, progress)
+    }
+
+    /// Opens an array over devices the caller supplies (tests, simulators).
+    pub fn open_with_devices(dir: &Path, devices: Vec<Option<Arc<dyn Device>>>, progress: Option<ProgressFn>) -> Result<Array> {
+        let lock = lock_dir(dir)?;
+        let cfg = ConfigFile::load(dir)?;
+        Array::assemble(dir, lock, cfg, devices, Vec::new(), progress)
+    }
+
+    fn assemble(
+        dir: &Path,
+        lock: File,
+        cfg: ConfigFile,
+        mut devices: Vec<Option<Arc<dyn Device>>>,
+        mut warnings: Vec<String>,
+        progress: Option<ProgressFn>,
+    ) -> Result<Array> {
+        let n = cfg.devices.len();
+        if devices.len() != n {
+            return Err(Error::Config(format!("{} devices given, array has {n}", devices.len())));
+        }
+        let mut sbs: Vec<Option<Superblock>> = vec![None; n];
+        for (i, slot) in devices.iter_mut().enumerate() {
+            let Some(dev) = slot else { continue };
+            match read_superblock(dev.as_ref()) {
+                Ok(sb) => {
+                    if sb.array_uuid != *cfg.array_uuid.as_bytes() {
+                        return Err(Error::Device {
+                            path: cfg.devices[i].clone(),
+                            reason: format!(
+                                "belongs to another array ({}), not {}",
+                                uuid::Uuid::from_bytes(sb.array_uuid),
+                                cfg.array_uuid
+                            ),
+                        });
+                    }
+                    if sb.position as usize != i {
+                        return Err(Error::Device {
+                            path: cfg.devices[i].clone(),
+                            reason: format!("is position {} of this array, listed at position {i}: were devices swapped?", sb.position),
+                        });
+                    }
+                    sbs[i] = Some(sb);
+                }
+                Err(e) => {
+                    warnings.push(format!("device {i} ({}) treated as failed: {e}", cfg.devices[i].display()));
+                    *slot = None;
+                }
+            }
+        }
+        let newest = sbs
+            .iter()
+            .flatten()
+            .max_by_key(|sb| sb.generation)
+            .cloned()
+            .ok_or_else(|| Error::Unavailable("no device of the array has a readable superblock".into()))?;
+        let geo = newest.geometry;
+        if geo.devices as usize != n {
+            return Err(Error::Corrupt(format!("superblocks describe {} devices, {CONFIG_FILE} lists {n}", geo.devices)));
+        }
+        for (i, sb) in sbs.iter().enumerate() {
+            if let Some(sb) = sb {
+                if sb.geometry != geo {
+                    return Err(Error::Corrupt(format!("device {i} disagrees with the array's geometry")));
+                }
+            }
+        }
+        let mut states = newest.states.clone();
+        let mut changed = false;
+        for i in 0..n {
+            let usable = devices[i].as_ref().is_some_and(|d| {
+                if d.size() < geo.device_bytes_min() {
+                    warnings.push(format!(
+                        "device {i} ({}) treated as failed: holds {} bytes, needs {}",
+                        cfg.devices[i].display(),
+                        d.size(),
+                        geo.device_bytes_min()
+                    ));
+                    false
+                } else {
+                    true
+                }
+            });
+            if !usable && states[i] != MemberState::Failed {
+                states[i] = MemberState::Failed;
+                changed = true;
+            }
+            if states[i] == MemberState::Failed {
+                devices[i] = None;
+            }
+        }
+        let failed = states.iter().filter(|s| **s != MemberState::Active).count();
+        let unusable = states.iter().filter(|s| **s == MemberState::Failed).count();
+        if unusable > geo.m() {
+            return Err(Error::Unavailable(format!(
+                "{unusable} of {n} devices are failed or missing; RS({},{}) survives at most {}.{}",
+                geo.k,
+                geo.m,
+                geo.m,
+                if warnings.is_empty() { String::new() } else { format!(" {}", warnings.join("; ")) }
+            )));
+        }
+        let _ = failed;
+        let codec = Codec::new(geo.k(), geo.m()).map_err(|e| Error::Config(e.to_string()))?;
+        let counters = Counters::new(n);
+        let mut tables = Vec::with_capacity(n);
+        for i in 0..n {
+            let table = match &devices[i] {
+                Some(d) => ChecksumTable::load(d.as_ref(), &counters.devices[i], geo.blocks_per_device(), layout::CHECKSUM_OFFSET, geo.block() as usize)
+                    .map_err(|e| Error::io(format!("reading checksum table of device {i}"), e))?,
+                None => ChecksumTable::new_zeroed(geo.blocks_per_device(), layout::CHECKSUM_OFFSET, geo.block() as usize),
+            };
+            tables.push(table);
+        }
+        let spr = IntentLog::stripes_per_region(geo.stripe_data_bytes(), cfg.intent_region_bytes);
+        let (intent, recovery, intent_warning) = IntentLog::open(&dir.join(INTENT_FILE), cfg.array_uuid.as_bytes(), geo.stripes, spr)?;
+        warnings.extend(intent_warning);
+        let members = (0..n)
+            .map(|i| {
+                let (tag, cursor) = match states[i] {
+                    MemberState::Active => (TAG_ACTIVE, 0),
+                    MemberState::Failed => (TAG_FAILED, 0),
+                    MemberState::Rebuilding { cursor } => (TAG_REBUILDING, cursor),
+                };
+                Member { dev: RwLock::new(devices[i].clone()), tag: AtomicU8::new(tag), cursor: AtomicU64::new(cursor) }
+            })
+            .collect();
+        let device_uuids = (0..n).map(|i| sbs[i].as_ref().map(|s| s.device_uuid).unwrap_or([0; 16])).collect();
+        let array = Array {
+            dir: dir.to_owned(),
+            geo,
+            volume_bytes: newest.volume_bytes,
+            codec,
+            members,
+            tables,
+            intent,
+            locks: (0..STRIPE_LOCKS).map(|_| RwLock::new(())).collect(),
+            counters,
+            config: Mutex::new(ConfigState { file: cfg, generation: newest.generation, device_uuids }),
+            operation: Mutex::new(None),
+            warnings: Mutex::new(warnings),
+            _lock_file: lock,
+        };
+        if changed || sbs.iter().flatten().any(|sb| sb.generation != newest.generation) {
+            array.persist_superblocks()?;
+        }
+        if !recovery.dirty_stripe_ranges.is_empty() {
+            array.resync(&recovery.dirty_stripe_ranges, progress.as_ref())?;
+        }
+        Ok(array)
+    }
+
+    pub fn geometry(&self) -> &Geometry {
+        &self.geo
+    }
+
+    pub fn volume_bytes(&self) -> u64 {
+        self.volume_bytes
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn warnings(&self) -> Vec<String> {
+        self.warnings.lock().unwrap().clone()
+    }
+
+    fn warn(&self, msg: String) {
+        eprintln!("ecdedup: warning: {msg}");
+        let mut w = self.warnings.lock().unwrap();
+        if w.len() < 100 {
+            w.push(msg);
+        }
+    }
+
+    pub fn stats(&self) -> Stats {
+        let table_bytes = self.tables.iter().map(|t| t.ram_bytes()).sum();
+        self.counters.snapshot(table_bytes)
+    }
+
+    fn member_state(&self, d: usize) -> MemberState {
+        let m = &self.members[d];
+        match m.tag.load(SeqCst) {
+            TAG_ACTIVE => MemberState::Active,
+            TAG_FAILED => MemberState::Failed,
+            _ => MemberState::Rebuilding { cursor: m.cursor.load(SeqCst) },
+        }
+    }
+
+    fn unavailable_count(&self) -> usize {
+        (0..self.members.len()).filter(|&d| self.members[d].tag.load(SeqCst) == TAG_FAILED).count()
+    }
+
+    /// Whether `device` holds current content for `stripe`.
+    fn holds(&self, device: usize, stripe: u64) -> bool {
+        let m = &self.members[device];
+        match m.tag.load(SeqCst) {
+            TAG_ACTIVE => true,
+            TAG_REBUILDING => stripe < m.cursor.load(SeqCst),
+            _ => false,
+        }
+    }
+
+    fn device(&self, d: usize) -> Option<Arc<dyn Device>> {
+        self.members[d].dev.read().unwrap().clone()
+    }
+
+    pub fn status(&self) -> Status {
+        let cfg = self.config.lock().unwrap();
+        let devices: Vec<DeviceStatus> = (0..self.members.len())
+            .map(|d| DeviceStatus { position: d, path: cfg.file.devices[d].clone(), state: self.member_state(d) })
+            .collect();
+        let down = devices.iter().filter(|d| d.state != MemberState::Active).count();
+        let health = match down {
+            0 => "healthy".to_string(),
+            x if x <= self.geo.m() => format!("degraded ({x} of {} devices not in service)", devices.len()),
+            x => format!("failed ({x} devices not in service)"),
+        };
+        Status {
+            array_uuid: cfg.file.array_uuid,
+            devices_total: self.geo.devices,
+            k: self.geo.k,
+            m: self.geo.m,
+            stripe_unit_bytes: self.geo.stripe_unit_bytes,
+            block_bytes: self.geo.block_bytes,
+            stripes: self.geo.stripes,
+            volume_bytes: self.volume_bytes,
+            generation: cfg.generation,
+            health,
+            devices,
+            dirty_regions: self.intent.dirty_regions(),
+            operation: self.operation.lock().unwrap().clone(),
+            warnings: self.warnings(),
+        }
+    }
+
+    /// Writes the current member states to every usable device under a new
+    /// generation. A device that fails here is failed too, and the write is
+    /// repeated for the rest.
+    fn persist_superblocks(&self) -> Result<()> {
+        let mut cfg = self.config.lock().unwrap();
+        self.persist_locked(&mut cfg)
+    }
+
+    fn persist_locked(&self, cfg: &mut ConfigState) -> Result<()> {
+        for _attempt in 0..=self.members.len() {
+            cfg.generation += 1;
+            let states: Vec<MemberState> = (0..self.members.len()).map(|d| self.member_state(d)).collect();
+            let mut newly_failed = false;
+            for d in 0..self.members.len() {
+                if states[d] == MemberState::Failed {
+                    continue;
+                }
+                let Some(dev) = self.device(d) else { continue };
+                let sb = Superblock {
+                    array_uuid: *cfg.file.array_uuid.as_bytes(),
+                    device_uuid: cfg.device_uuids[d],
+                    generation: cfg.generation,
+                    position: d as u32,
+                    geometry: self.geo,
+                    volume_bytes: self.volume_bytes,
+                    states: states.clone(),
+                };
+                let bytes = sb.encode();
+                let r = dev.write_at(&bytes, Superblock::slot_offset(cfg.generation)).and_then(|_| dev.sync());
+                match r {
+                    Ok(()) => {
+                        self.counters.devices[d].write(IoClass::Metadata, bytes.len());
+                        self.counters.devices[d].sync();
+                    }
+                    Err(e) => {
+                        self.counters.devices[d].error();
+                        self.set_failed(d);
+                        self.warn(format!("device {d} failed while writing its superblock: {e}"));
+                        newly_failed = true;
+                    }
+                }
+            }
+            if !newly_failed {
+                break;
+            }
+        }
+        if self.unavailable_count() > self.geo.m() {
+            return Err(Error::Unavailable(format!(
+                "{} devices failed; RS({},{}) survives at most {}",
+                self.unavailable_count(),
+                self.geo.k,
+                self.geo.m,
+                self.geo.m
+            )));
+        }
+        Ok(())
+    }
+
+    fn set_failed(&self, d: usize) {
+        self.members[d].tag.store(TAG_FAILED, SeqCst);
+        *self.members[d].dev.write().unwrap() = None;
+    }
+
+    /// Latches an I/O error: the device is failed from now on.
+    fn latch_failure(&self, d: usize, what: &str, err: &std::io::Error) {
+        self.counters.devices[d].error();
+        if self.members[d].tag.swap(TAG_FAILED, SeqCst) == TAG_FAILED {
+            return;
+        }
+        *self.members[d].dev.write().unwrap() = None;
+        self.warn(format!("device {d} failed ({what}: {err}); continuing degraded"));
+        if let Err(e) = self.persist_superblocks() {
+            self.warn(format!("recording the failure of device {d}: {e}"));
+        }
+    }
+
+    /// Takes a device out of service by hand (`ecdedup fail`).
+    pub fn fail_device(&self, d: usize) -> Result<()> {
+        self.check_position(d)?;
+        if self.members[d].tag.load(SeqCst) == TAG_FAILED {
+            return Err(Error::Config(format!("device {d} is already failed")));
+        }
+        if self.unavailable_count() + 1 > self.geo.m() {
+            return Err(Error::Config(format!(
+                "failing device {d} would leave fewer than k = {} devices; refused",
+                self.geo.k
+            )));
+        }
+        self.set_failed(d);
+        self.warn(format!("device {d} failed by request"));
+        self.persist_superblocks()
+    }
+
+    fn check_position(&self, d: usize) -> Result<()> {
+        if d >= self.members.len() {
+            return Err(Error::Config(format!("no device at position {d}; the array has {}", self.members.len())));
+        }
+        Ok(())
+    }
+
+    /// Puts a blank device in place of a failed one; `rebuild` then fills it.
+    /// `path` None reuses the position's current path (the file is wiped).
+    pub fn replace_device(&self, d: usize, path: Option<&Path>) -> Result<()> {
+        self.check_position(d)?;
+        if self.members[d].tag.load(SeqCst) != TAG_FAILED {
+            return Err(Error::Config(format!("device {d} is in service; `ecdedup fail {d}` it first")));
+        }
+        let mut cfg = self.config.lock().unwrap();
+        let path = path.map(Path::to_owned).unwrap_or_else(|| cfg.file.devices[d].clone());
+        let dev_err = |reason: String| Error::Device { path: path.clone(), reason };
+        let need = self.geo.device_bytes_min();
+        let dev = if path.exists() {
+            FileDevice::open(&path).map_err(|e| dev_err(format!("cannot open: {e}")))?
+        } else {
+            FileDevice::create_file(&path, need).map_err(|e| dev_err(format!("cannot create: {e}")))?
+        };
+        if dev.size() < need {
+            return Err(dev_err(format!("holds {} bytes, needs {need}", dev.size())));
+        }
+        if let Ok(sb) = read_superblock(&dev) {
+            if sb.array_uuid != *cfg.file.array_uuid.as_bytes() {
+                return Err(dev_err(format!(
+                    "belongs to another array ({}); wipe its first 8 KiB to reuse it",
+                    uuid::Uuid::from_bytes(sb.array_uuid)
+                )));
+            }
+        }
+        for (i, other) in cfg.file.devices.iter().enumerate() {
+            if i != d && std::fs::canonicalize(other).ok() == std::fs::canonicalize(&path).ok() {
+                return Err(dev_err(format!("is already device {i} of this array")));
+            }
+        }
+        dev.discard(0, need).map_err(|e| dev_err(format!("cannot wipe: {e}")))?;
+        self.tables[d].reset_zeroed();
+        cfg.device_uuids[d] = *uuid::Uuid::new_v4().as_bytes();
+        cfg.file.devices[d] = std::fs::canonicalize(&path).unwrap_or(path.clone());
+        cfg.file.store(&self.dir)?;
+        self.members[d].cursor.store(0, SeqCst);
+        *self.members[d].dev.write().unwrap() = Some(Arc::new(dev));
+        self.members[d].tag.store(TAG_REBUILDING, SeqCst);
+        self.persist_locked(&mut cfg)
+    }
+
+    fn begin_operation(&self, op: &str, total: u64) -> Result<()> {
+        let mut cur = self.operation.lock().unwrap();
+        if let Some(p) = cur.as_ref() {
+            if !p.finished {
+                return Err(Error::Busy(format!("{} is running ({} of {})", p.op, p.done, p.total)));
+            }
+        }
+        *cur = Some(OpProgress { op: op.into(), done: 0, total, finished: false, error: None });
+        Ok(())
+    }
+
+    fn progress_operation(&self, done: u64) {
+        if let Some(p) = self.operation.lock().unwrap().as_mut() {
+            p.done = done;
+        }
+    }
+
+    fn end_operation(&self, result: &Result<impl Sized>) {
+        if let Some(p) = self.operation.lock().unwrap().as_mut() {
+            p.finished = true;
+            if let Err(e) = result {
+                p.error = Some(e.to_string());
+            } else {
+                p.done = p.total;
+            }
+        }
+    }
+
+    pub fn operation(&self) -> Option<OpProgress> {
+        self.operation.lock().unwrap().clone()
+    }
+
+    /// Clean shutdown: everything durable, intent map clean.
+    pub fn close(&self) -> Result<()> {
+        self.flush()?;
+        self.intent.clear_all().map_err(|e| Error::io("clearing the intent log", e))
+    }
+}
+
+impl Drop for Array {
+    fn drop(&mut self) {
+        let _ = self.flush();
+    }
+}

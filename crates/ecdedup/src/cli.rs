@@ -1,0 +1,412 @@
+//! The `ecdedup` command line: a thin layer over the library. Commands that
+//! change or inspect an array open it directly when no server holds it, and
+//! talk to the server's control socket when one does.
+
+use crate::array::{self, Array, CreateOptions, ProgressFn, Status};
+use crate::control::{self, Request, Response};
+use crate::error::{Error, Result};
+use crate::units::{format_size, parse_size};
+use clap::{Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(name = "ecdedup", version, about = "Erasure-coded, deduplicating block store for flash")]
+struct Cli {
+    /// The array folder (holds array.json, the intent log, sockets, and by
+    /// default the device files).
+    #[arg(long, global = true, default_value = "data")]
+    dir: PathBuf,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create an array: RS(k,m) over N devices (files are created sparse).
+    Create {
+        /// Number of device files to create in the array folder (dev0, dev1, ...).
+        #[arg(long, default_value_t = 6)]
+        devices: u32,
+        /// Use these files or block devices instead, in position order (repeat).
+        #[arg(long = "device")]
+        device_paths: Vec<PathBuf>,
+        #[arg(short, long, default_value_t = 4)]
+        k: u32,
+        #[arg(short, long, default_value_t = 2)]
+        m: u32,
+        /// Bytes a stripe places on one device (4K to 4M, a power of two).
+        #[arg(long, default_value = "32K")]
+        stripe_unit: String,
+        /// Volume size.
+        #[arg(long, default_value = "8G")]
+        size: String,
+        /// Volume bytes covered by one write-intent region.
+        #[arg(long, default_value = "64M")]
+        intent_region: String,
+    },
+    /// Serve the volume over NBD (runs nbdkit with the ecdedup plugin, in the foreground).
+    Serve {
+        /// Unix socket to listen on [default: DIR/nbd.sock].
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        /// Listen on TCP instead, e.g. 127.0.0.1:10809 (loopback unless you say otherwise).
+        #[arg(long)]
+        tcp: Option<String>,
+        /// Expose Prometheus text on this address, e.g. 127.0.0.1:9500.
+        #[arg(long)]
+        metrics: Option<String>,
+        /// nbdkit worker threads.
+        #[arg(long, default_value_t = 16)]
+        threads: u32,
+        /// The plugin library [default: next to this executable].
+        #[arg(long)]
+        plugin: Option<PathBuf>,
+    },
+    /// Show geometry, device states and any running operation.
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the running server's counters (JSON, or Prometheus text).
+    Stats {
+        #[arg(long)]
+        prometheus: bool,
+    },
+    /// Take a device out of service.
+    Fail { position: usize },
+    /// Put a blank device in place of a failed one (then run `rebuild`).
+    Replace {
+        position: usize,
+        /// New file or block device [default: the position's current path, wiped].
+        #[arg(long)]
+        device: Option<PathBuf>,
+    },
+    /// Rebuild replaced devices from the others, with progress.
+    Rebuild,
+    /// Verify every block checksum and every stripe's parity; repair what is wrong.
+    Scrub {
+        /// Report only, change nothing.
+        #[arg(long)]
+        check_only: bool,
+    },
+    /// Make everything written so far durable (on a running server).
+    Flush,
+}
+
+pub fn main() -> i32 {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("ecdedup: error: {e}");
+            1
+        }
+    }
+}
+
+fn progress_bar() -> (ProgressFn, ProgressBar) {
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template("{msg:>8} [{bar:40}] {pos}/{len} stripes {percent}% eta {eta}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    let b = bar.clone();
+    let current = Arc::new(Mutex::new(String::new()));
+    let f: ProgressFn = Arc::new(move |what: &str, done: u64, total: u64| {
+        let mut cur = current.lock().unwrap();
+        if *cur != what {
+            *cur = what.to_string();
+            b.set_message(what.to_string());
+        }
+        b.set_length(total);
+        b.set_position(done);
+    });
+    (f, bar)
+}
+
+/// Opens the array offline, or says that a server holds it.
+fn open_offline(dir: &Path) -> Result<Option<Array>> {
+    let (progress, bar) = progress_bar();
+    match Array::open(dir, Some(progress)) {
+        Ok(a) => {
+            bar.finish_and_clear();
+            for w in a.warnings() {
+                eprintln!("ecdedup: warning: {w}");
+            }
+            Ok(Some(a))
+        }
+        Err(Error::Busy(_)) => {
+            bar.finish_and_clear();
+            Ok(None)
+        }
+        Err(e) => {
+            bar.finish_and_clear();
+            Err(e)
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    let dir = cli.dir;
+    match cli.command {
+        Command::Create { devices, device_paths, k, m, stripe_unit, size, intent_region } => {
+            let stripe_unit_bytes = parse_size(&stripe_unit)?;
+            let stripe_unit_bytes = u32::try_from(stripe_unit_bytes)
+                .map_err(|_| Error::Config(format!("stripe unit {stripe_unit} is too large")))?;
+            let paths = if device_paths.is_empty() {
+                (0..devices).map(|i| dir.join(format!("dev{i}"))).collect()
+            } else {
+                device_paths
+            };
+            let opts = CreateOptions {
+                devices: paths,
+                k,
+                m,
+                stripe_unit_bytes,
+                volume_bytes: parse_size(&size)?,
+                intent_region_bytes: parse_size(&intent_region)?,
+            };
+            array::create(&dir, &opts)?;
+            println!(
+                "created RS({k},{m}) array in {} over {} devices: stripe unit {}, volume {}",
+                dir.display(),
+                opts.devices.len(),
+                format_size(stripe_unit_bytes as u64),
+                format_size(opts.volume_bytes)
+            );
+            Ok(())
+        }
+        Command::Serve { socket, tcp, metrics, threads, plugin } => serve(&dir, socket, tcp, metrics, threads, plugin),
+        Command::Status { json } => {
+            let status = match open_offline(&dir)? {
+                Some(a) => a.status(),
+                None => match control::request(&dir, &Request::Status)? {
+                    Response::Status(s) => *s,
+                    other => return Err(unexpected(other)),
+                },
+            };
+            if json {
+                println!("{}", serde_json::to_string_pretty(&status).expect("serialises"));
+            } else {
+                print_status(&status);
+            }
+            Ok(())
+        }
+        Command::Stats { prometheus } => {
+            let stats = match open_offline(&dir)? {
+                Some(a) => a.stats(),
+                None => match control::request(&dir, &Request::Stats)? {
+                    Response::Stats(s) => *s,
+                    other => return Err(unexpected(other)),
+                },
+            };
+            if prometheus {
+                print!("{}", stats.prometheus());
+            } else {
+                println!("{}", serde_json::to_string_pretty(&stats).expect("serialises"));
+            }
+            Ok(())
+        }
+        Command::Fail { position } => {
+            match open_offline(&dir)? {
+                Some(a) => a.fail_device(position)?,
+                None => expect_ok(control::request(&dir, &Request::Fail { position })?)?,
+            }
+            println!("device {position} failed; the array serves degraded until `replace` and `rebuild`");
+            Ok(())
+        }
+        Command::Replace { position, device } => {
+            match open_offline(&dir)? {
+                Some(a) => a.replace_device(position, device.as_deref())?,
+                None => expect_ok(control::request(&dir, &Request::Replace { position, path: device })?)?,
+            }
+            println!("device {position} replaced with a blank device; run `ecdedup rebuild`");
+            Ok(())
+        }
+        Command::Rebuild => {
+            match open_offline(&dir)? {
+                Some(a) => {
+                    let (progress, bar) = progress_bar();
+                    let r = a.rebuild(Some(progress));
+                    bar.finish();
+                    let n = r?;
+                    a.close()?;
+                    println!("rebuilt {n} stripe units");
+                }
+                None => {
+                    control::request(&dir, &Request::Rebuild)?;
+                    follow(&dir)?;
+                    println!("rebuild finished");
+                }
+            }
+            Ok(())
+        }
+        Command::Scrub { check_only } => {
+            match open_offline(&dir)? {
+                Some(a) => {
+                    let (progress, bar) = progress_bar();
+                    let r = a.scrub(!check_only, Some(progress));
+                    bar.finish();
+                    let report = r?;
+                    a.close()?;
+                    println!("{}", serde_json::to_string_pretty(&report).expect("serialises"));
+                    if check_only && (report.checksum_mismatches > 0 || report.parity_mismatches > 0) {
+                        return Err(Error::Other("scrub found inconsistencies (run without --check-only to repair)".into()));
+                    }
+                }
+                None => {
+                    control::request(&dir, &Request::Scrub { repair: !check_only })?;
+                    follow(&dir)?;
+                    println!("scrub finished (the server's log and `ecdedup stats` have the counts)");
+                }
+            }
+            Ok(())
+        }
+        Command::Flush => match open_offline(&dir)? {
+            Some(a) => a.close(),
+            None => expect_ok(control::request(&dir, &Request::Flush)?),
+        },
+    }
+}
+
+fn unexpected(r: Response) -> Error {
+    Error::Other(format!("unexpected answer from server: {r:?}"))
+}
+
+fn expect_ok(r: Response) -> Result<()> {
+    match r {
+        Response::Ok | Response::Started { .. } => Ok(()),
+        other => Err(unexpected(other)),
+    }
+}
+
+/// Follows a server-side operation with a progress bar until it ends.
+fn follow(dir: &Path) -> Result<()> {
+    let (progress, bar) = progress_bar();
+    loop {
+        let status = match control::request(dir, &Request::Status)? {
+            Response::Status(s) => s,
+            other => return Err(unexpected(other)),
+        };
+        if let Some(op) = status.operation {
+            progress(&op.op, op.done, op.total);
+            if op.finished {
+                bar.finish();
+                return match op.error {
+                    Some(e) => Err(Error::Other(format!("{} failed: {e}", op.op))),
+                    None => Ok(()),
+                };
+            }
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+fn print_status(s: &Status) {
+    println!("array {}  generation {}", s.array_uuid, s.generation);
+    println!(
+        "RS({},{}) over {} devices, stripe unit {}, volume {} ({} stripes)",
+        s.k,
+        s.m,
+        s.devices_total,
+        format_size(s.stripe_unit_bytes as u64),
+        format_size(s.volume_bytes),
+        s.stripes
+    );
+    println!("health: {}", s.health);
+    for d in &s.devices {
+        let state = match d.state {
+            array::MemberState::Active => "active".to_string(),
+            array::MemberState::Failed => "FAILED".to_string(),
+            array::MemberState::Rebuilding { cursor } => format!("rebuilding ({cursor}/{} stripes)", s.stripes),
+        };
+        println!("  device {}: {:<28} {}", d.position, state, d.path.display());
+    }
+    println!("dirty intent regions: {}", s.dirty_regions);
+    if let Some(op) = &s.operation {
+        println!(
+            "operation: {} {}/{}{}",
+            op.op,
+            op.done,
+            op.total,
+            if op.finished { " (finished)" } else { "" }
+        );
+    }
+    for w in &s.warnings {
+        println!("warning: {w}");
+    }
+}
+
+fn plugin_path(explicit: Option<PathBuf>) -> Result<PathBuf> {
+    if let Some(p) = explicit.or_else(|| std::env::var_os("ECDEDUP_PLUGIN").map(PathBuf::from)) {
+        return Ok(p);
+    }
+    let exe = std::env::current_exe().map_err(|e| Error::io("locating the ecdedup executable", e))?;
+    let dir = exe.parent().unwrap_or(Path::new("."));
+    for candidate in [dir.join("libecdedup_nbdkit.so"), dir.join("../libecdedup_nbdkit.so")] {
+        if candidate.exists() {
+            return Ok(candidate);
+        }
+    }
+    Err(Error::Config(format!(
+        "the nbdkit plugin libecdedup_nbdkit.so is not next to {} (build the workspace with `cargo build --release`, or pass --plugin)",
+        exe.display()
+    )))
+}
+
+fn serve(
+    dir: &Path,
+    socket: Option<PathBuf>,
+    tcp: Option<String>,
+    metrics: Option<String>,
+    threads: u32,
+    plugin: Option<PathBuf>,
+) -> Result<()> {
+    use std::os::unix::process::CommandExt;
+    // Fail early, with our own words, on the common mistakes.
+    array::ConfigFile::load(dir)?;
+    if open_offline_probe(dir)? {
+        return Err(Error::Busy(format!("array {} is already being served", dir.display())));
+    }
+    let plugin = plugin_path(plugin)?;
+    let dir_abs = std::fs::canonicalize(dir).map_err(|e| Error::io(format!("resolving {}", dir.display()), e))?;
+    let mut cmd = std::process::Command::new("nbdkit");
+    cmd.arg("--foreground").arg("--threads").arg(threads.to_string());
+    match tcp {
+        Some(addr) => {
+            let (host, port) = addr
+                .rsplit_once(':')
+                .ok_or_else(|| Error::Config(format!("--tcp {addr:?} is not HOST:PORT")))?;
+            cmd.arg("--ipaddr").arg(host.trim_matches(['[', ']'])).arg("--port").arg(port);
+        }
+        None => {
+            let sock = socket.unwrap_or_else(|| dir_abs.join("nbd.sock"));
+            cmd.arg("--unix").arg(sock);
+        }
+    }
+    cmd.arg(&plugin).arg(format!("dir={}", dir_abs.display()));
+    if let Some(m) = metrics {
+        cmd.arg(format!("metrics={m}"));
+    }
+    let err = cmd.exec();
+    Err(Error::Other(format!("cannot run nbdkit ({err}); install it with scripts/install-deps.sh")))
+}
+
+/// True when another process holds the array.
+fn open_offline_probe(dir: &Path) -> Result<bool> {
+    let path = dir.join(array::LOCK_FILE);
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
+    use std::os::unix::io::AsRawFd;
+    // SAFETY: flock on a valid descriptor; released when `f` closes.
+    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    Ok(rc != 0)
+}

@@ -1,0 +1,44 @@
+//! Media: the bottom of the data path. A [`Device`] is a flat, fixed-size
+//! byte space with positioned reads and writes and a durability barrier.
+//! Files and block devices ([`FileDevice`]), memory ([`MemDevice`]) and the
+//! fault-injecting test device ([`FaultyDevice`]) all run under the same code
+//! above them.
+//!
+//! Invariants: reads and writes never extend a device (callers stay below
+//! [`Device::size`]); `sync` returns only when every completed write is
+//! durable. A device reports errors; it never decides what they mean.
+
+mod faulty;
+mod file;
+mod mem;
+
+pub use faulty::{FaultPlan, FaultyDevice};
+pub use file::FileDevice;
+pub use mem::MemDevice;
+
+use std::io;
+
+pub trait Device: Send + Sync {
+    /// Reads exactly `buf.len()` bytes at `offset`.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    /// Writes all of `buf` at `offset`.
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Makes every completed write durable.
+    fn sync(&self) -> io::Result<()>;
+    /// Tells the device that `[offset, offset+len)` now reads as zeroes and
+    /// its space may be released. The default writes zeroes.
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        let zero = vec![0u8; len.min(1 << 20) as usize];
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(zero.len() as u64) as usize;
+            self.write_at(&zero[..n], offset + done)?;
+            done += n as u64;
+        }
+        Ok(())
+    }
+    /// Size in bytes.
+    fn size(&self) -> u64;
+    /// Where this device lives, for messages.
+    fn describe(&self) -> String;
+}
