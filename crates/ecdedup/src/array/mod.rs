@@ -27,6 +27,8 @@ mod io;
 pub mod layout;
 mod maintenance;
 pub mod superblock;
+#[cfg(test)]
+mod tests;
 
 pub use layout::Geometry;
 pub use maintenance::ScrubReport;
@@ -180,6 +182,8 @@ pub struct Array {
     config: Mutex<ConfigState>,
     operation: Mutex<Option<OpProgress>>,
     warnings: Mutex<Vec<String>>,
+    /// Set by `simulate_crash`: drop without flushing, as kill -9 would.
+    crashed: std::sync::atomic::AtomicBool,
     _lock_file: File,
 }
 
@@ -209,8 +213,35 @@ fn read_superblock(dev: &dyn Device) -> Result<Superblock> {
     Superblock::newest(a, b)
 }
 
-/// Creates a new array in `dir` and leaves it clean and closed.
+/// Creates a new array in `dir` over files or block devices and leaves it
+/// clean and closed.
 pub fn create(dir: &Path, opts: &CreateOptions) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    let n = opts.devices.len() as u32;
+    let geo = Geometry::new(n, opts.k, opts.m, opts.stripe_unit_bytes, opts.volume_bytes)?;
+    if dir.join(CONFIG_FILE).exists() {
+        return Err(Error::Config(format!(
+            "{} already holds an array; remove it first or choose another --dir",
+            dir.display()
+        )));
+    }
+    let mut devices: Vec<Arc<dyn Device>> = Vec::new();
+    for path in &opts.devices {
+        let dev_err = |reason: String| Error::Device { path: path.clone(), reason };
+        let dev = if path.exists() {
+            FileDevice::open(path).map_err(|e| dev_err(format!("cannot open: {e}")))?
+        } else {
+            FileDevice::create_file(path, geo.device_bytes_min()).map_err(|e| dev_err(format!("cannot create: {e}")))?
+        };
+        devices.push(Arc::new(dev));
+    }
+    format(dir, opts, devices)
+}
+
+/// Writes a new array onto `devices` (already open, in position order) and
+/// records it in `dir`. Refuses devices that are too small or that belong
+/// to an array.
+pub fn format(dir: &Path, opts: &CreateOptions, devices: Vec<Arc<dyn Device>>) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
     let _lock = lock_dir(dir)?;
     if dir.join(CONFIG_FILE).exists() {
@@ -220,18 +251,13 @@ pub fn create(dir: &Path, opts: &CreateOptions) -> Result<()> {
         )));
     }
     let n = opts.devices.len() as u32;
+    assert_eq!(devices.len(), n as usize);
     let geo = Geometry::new(n, opts.k, opts.m, opts.stripe_unit_bytes, opts.volume_bytes)?;
     if opts.volume_bytes % 512 != 0 {
         return Err(Error::Config(format!("volume size {} is not a multiple of 512 bytes", opts.volume_bytes)));
     }
-    let mut devices: Vec<Arc<dyn Device>> = Vec::new();
-    for (i, path) in opts.devices.iter().enumerate() {
+    for (i, (dev, path)) in devices.iter().zip(&opts.devices).enumerate() {
         let dev_err = |reason: String| Error::Device { path: path.clone(), reason };
-        let dev = if path.exists() {
-            FileDevice::open(path).map_err(|e| dev_err(format!("cannot open: {e}")))?
-        } else {
-            FileDevice::create_file(path, geo.device_bytes_min()).map_err(|e| dev_err(format!("cannot create: {e}")))?
-        };
         if dev.size() < geo.device_bytes_min() {
             return Err(dev_err(format!(
                 "holds {} bytes, but position {i} of this geometry needs {}",
@@ -239,27 +265,23 @@ pub fn create(dir: &Path, opts: &CreateOptions) -> Result<()> {
                 geo.device_bytes_min()
             )));
         }
-        if let Ok(sb) = read_superblock(&dev) {
+        if let Ok(sb) = read_superblock(dev.as_ref()) {
             return Err(dev_err(format!(
                 "already belongs to array {} (position {}); wipe its first 8 KiB to reuse it",
                 uuid::Uuid::from_bytes(sb.array_uuid),
                 sb.position
             )));
         }
-        devices.push(Arc::new(dev));
     }
     let array_uuid = uuid::Uuid::new_v4();
-    let mut device_uuids = Vec::new();
     for (i, dev) in devices.iter().enumerate() {
         let io = |e| Error::io(format!("initialising {}", dev.describe()), e);
         // Zero everything: parity of zeroes is zeroes, and zeroed checksum
         // entries describe zero blocks.
         dev.discard(0, geo.device_bytes_min()).map_err(io)?;
-        let device_uuid = *uuid::Uuid::new_v4().as_bytes();
-        device_uuids.push(device_uuid);
         let sb = Superblock {
             array_uuid: *array_uuid.as_bytes(),
-            device_uuid,
+            device_uuid: *uuid::Uuid::new_v4().as_bytes(),
             generation: 1,
             position: i as u32,
             geometry: geo,
@@ -445,6 +467,7 @@ impl Array {
             config: Mutex::new(ConfigState { file: cfg, generation: newest.generation, device_uuids }),
             operation: Mutex::new(None),
             warnings: Mutex::new(warnings),
+            crashed: std::sync::atomic::AtomicBool::new(false),
             _lock_file: lock,
         };
         if changed || sbs.iter().flatten().any(|sb| sb.generation != newest.generation) {
@@ -645,22 +668,32 @@ impl Array {
     /// `path` None reuses the position's current path (the file is wiped).
     pub fn replace_device(&self, d: usize, path: Option<&Path>) -> Result<()> {
         self.check_position(d)?;
+        let path = match path {
+            Some(p) => p.to_owned(),
+            None => self.config.lock().unwrap().file.devices[d].clone(),
+        };
+        let dev_err = |reason: String| Error::Device { path: path.clone(), reason };
+        let dev = if path.exists() {
+            FileDevice::open(&path).map_err(|e| dev_err(format!("cannot open: {e}")))?
+        } else {
+            FileDevice::create_file(&path, self.geo.device_bytes_min()).map_err(|e| dev_err(format!("cannot create: {e}")))?
+        };
+        self.install_replacement(d, Arc::new(dev), &path)
+    }
+
+    /// Installs an open device as the blank replacement of failed position `d`.
+    pub fn install_replacement(&self, d: usize, dev: Arc<dyn Device>, path: &Path) -> Result<()> {
+        self.check_position(d)?;
         if self.members[d].tag.load(SeqCst) != TAG_FAILED {
             return Err(Error::Config(format!("device {d} is in service; `ecdedup fail {d}` it first")));
         }
         let mut cfg = self.config.lock().unwrap();
-        let path = path.map(Path::to_owned).unwrap_or_else(|| cfg.file.devices[d].clone());
-        let dev_err = |reason: String| Error::Device { path: path.clone(), reason };
+        let dev_err = |reason: String| Error::Device { path: path.to_owned(), reason };
         let need = self.geo.device_bytes_min();
-        let dev = if path.exists() {
-            FileDevice::open(&path).map_err(|e| dev_err(format!("cannot open: {e}")))?
-        } else {
-            FileDevice::create_file(&path, need).map_err(|e| dev_err(format!("cannot create: {e}")))?
-        };
         if dev.size() < need {
             return Err(dev_err(format!("holds {} bytes, needs {need}", dev.size())));
         }
-        if let Ok(sb) = read_superblock(&dev) {
+        if let Ok(sb) = read_superblock(dev.as_ref()) {
             if sb.array_uuid != *cfg.file.array_uuid.as_bytes() {
                 return Err(dev_err(format!(
                     "belongs to another array ({}); wipe its first 8 KiB to reuse it",
@@ -668,18 +701,19 @@ impl Array {
                 )));
             }
         }
+        let canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
         for (i, other) in cfg.file.devices.iter().enumerate() {
-            if i != d && std::fs::canonicalize(other).ok() == std::fs::canonicalize(&path).ok() {
+            if i != d && std::fs::canonicalize(other).unwrap_or_else(|_| other.clone()) == canonical {
                 return Err(dev_err(format!("is already device {i} of this array")));
             }
         }
         dev.discard(0, need).map_err(|e| dev_err(format!("cannot wipe: {e}")))?;
         self.tables[d].reset_zeroed();
         cfg.device_uuids[d] = *uuid::Uuid::new_v4().as_bytes();
-        cfg.file.devices[d] = std::fs::canonicalize(&path).unwrap_or(path.clone());
+        cfg.file.devices[d] = canonical;
         cfg.file.store(&self.dir)?;
         self.members[d].cursor.store(0, SeqCst);
-        *self.members[d].dev.write().unwrap() = Some(Arc::new(dev));
+        *self.members[d].dev.write().unwrap() = Some(dev);
         self.members[d].tag.store(TAG_REBUILDING, SeqCst);
         self.persist_locked(&mut cfg)
     }
@@ -723,8 +757,18 @@ impl Array {
     }
 }
 
+impl Array {
+    /// Test support: stops as kill -9 would, with nothing flushed and the
+    /// intent log left as it is. Every write already issued stays on the media.
+    pub fn simulate_crash(self) {
+        self.crashed.store(true, SeqCst);
+    }
+}
+
 impl Drop for Array {
     fn drop(&mut self) {
-        let _ = self.flush();
+        if !self.crashed.load(SeqCst) {
+            let _ = self.flush();
+        }
     }
 }

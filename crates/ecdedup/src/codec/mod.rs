@@ -206,25 +206,32 @@ impl Codec {
 
         // Missing shards are targets; use their tables in place when they are
         // consecutive targets (always so for one erasure or all m), else gather.
-        let missing: Vec<usize> = (0..plan.targets.len())
-            .filter(|&p| !present[plan.targets[p]])
-            .collect();
-        let (first, last) = (missing[0], missing[missing.len() - 1]);
+        let is_missing = |p: &usize| !present[plan.targets[*p]];
+        let positions = 0..plan.targets.len();
+        let missing_count = total - present_count;
+        let first = positions
+            .clone()
+            .find(is_missing)
+            .expect("a shard is missing");
+        let last = positions
+            .clone()
+            .rfind(is_missing)
+            .expect("a shard is missing");
         let row_bytes = isal::TABLE_BYTES_PER_COEFFICIENT * k;
         let gathered: Vec<u8>;
-        let tables: &[u8] = if last - first + 1 == missing.len() {
+        let tables: &[u8] = if last - first + 1 == missing_count {
             &plan.tables[first * row_bytes..(last + 1) * row_bytes]
         } else {
-            gathered = missing
-                .iter()
-                .flat_map(|&p| &plan.tables[p * row_bytes..(p + 1) * row_bytes])
+            gathered = positions
+                .filter(is_missing)
+                .flat_map(|p| &plan.tables[p * row_bytes..(p + 1) * row_bytes])
                 .copied()
                 .collect();
             &gathered
         };
 
         let mut srcs: Vec<&[u8]> = Vec::with_capacity(k);
-        let mut dsts: Vec<&mut [u8]> = Vec::with_capacity(missing.len());
+        let mut dsts: Vec<&mut [u8]> = Vec::with_capacity(missing_count);
         for (row, shard) in shards.iter_mut().enumerate() {
             if mask_has(&chosen, row) {
                 srcs.push(&**shard);
