@@ -52,7 +52,7 @@ enum Command {
         /// Unix socket to listen on [default: DIR/nbd.sock].
         #[arg(long)]
         socket: Option<PathBuf>,
-        /// Listen on TCP instead, e.g. 127.0.0.1:10809 (loopback unless you say otherwise).
+        /// Listen on TCP instead: PORT (binds 127.0.0.1) or HOST:PORT.
         #[arg(long)]
         tcp: Option<String>,
         /// Expose Prometheus text on this address, e.g. 127.0.0.1:9500.
@@ -378,9 +378,11 @@ fn serve(
     cmd.arg("--foreground").arg("--threads").arg(threads.to_string());
     match tcp {
         Some(addr) => {
-            let (host, port) = addr
-                .rsplit_once(':')
-                .ok_or_else(|| Error::Config(format!("--tcp {addr:?} is not HOST:PORT")))?;
+            // A bare port binds loopback only.
+            let (host, port) = addr.rsplit_once(':').unwrap_or(("127.0.0.1", addr.as_str()));
+            if port.parse::<u16>().is_err() {
+                return Err(Error::Config(format!("--tcp {addr:?} is not PORT or HOST:PORT")));
+            }
             cmd.arg("--ipaddr").arg(host.trim_matches(['[', ']'])).arg("--port").arg(port);
         }
         None => {
