@@ -26,7 +26,9 @@ fn to_nbd(e: ecdedup::Error) -> Error {
 }
 
 fn volume() -> Result<&'static Arc<Volume>> {
-    VOLUME.get().ok_or_else(|| Error::new(libc::EIO, "volume not open"))
+    VOLUME
+        .get()
+        .ok_or_else(|| Error::new(libc::EIO, "volume not open"))
 }
 
 struct Handle;
@@ -48,19 +50,22 @@ impl Server for Handle {
         match key {
             "dir" => *DIR.lock().unwrap() = Some(value.to_owned()),
             "metrics" => *METRICS.lock().unwrap() = Some(value.to_owned()),
-            _ => return Err(Error::new(libc::EINVAL, format!("unknown parameter {key:?} (dir=, metrics=)"))),
+            _ => {
+                return Err(Error::new(
+                    libc::EINVAL,
+                    format!("unknown parameter {key:?} (dir=, metrics=)"),
+                ))
+            }
         }
         Ok(())
     }
 
     fn config_complete() -> Result<()> {
-        let dir = DIR
-            .lock()
-            .unwrap()
-            .clone()
-            .ok_or_else(|| Error::new(libc::EINVAL, "the dir=<ARRAY_FOLDER> parameter is required"))?;
+        let dir = DIR.lock().unwrap().clone().ok_or_else(|| {
+            Error::new(libc::EINVAL, "the dir=<ARRAY_FOLDER> parameter is required")
+        })?;
         let progress: ecdedup::array::ProgressFn = Arc::new(|what: &str, done: u64, total: u64| {
-            if done == total || done % 4096 == 0 {
+            if done == total || done.is_multiple_of(4096) {
                 eprintln!("ecdedup: {what}: {done}/{total} stripes");
             }
         });
@@ -131,7 +136,9 @@ impl Server for Handle {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, flags: Flags) -> Result<()> {
-        volume()?.write(buf, offset, flags.contains(Flags::FUA)).map_err(to_nbd)
+        volume()?
+            .write(buf, offset, flags.contains(Flags::FUA))
+            .map_err(to_nbd)
     }
 
     fn flush(&self) -> Result<()> {
@@ -139,11 +146,15 @@ impl Server for Handle {
     }
 
     fn trim(&self, count: u32, offset: u64, flags: Flags) -> Result<()> {
-        volume()?.write_zeroes(offset, count as u64, flags.contains(Flags::FUA)).map_err(to_nbd)
+        volume()?
+            .write_zeroes(offset, count as u64, flags.contains(Flags::FUA))
+            .map_err(to_nbd)
     }
 
     fn zero(&self, count: u32, offset: u64, flags: Flags) -> Result<()> {
-        volume()?.write_zeroes(offset, count as u64, flags.contains(Flags::FUA)).map_err(to_nbd)
+        volume()?
+            .write_zeroes(offset, count as u64, flags.contains(Flags::FUA))
+            .map_err(to_nbd)
     }
 }
 

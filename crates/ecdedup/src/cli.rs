@@ -13,7 +13,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 #[derive(Parser)]
-#[command(name = "ecdedup", version, about = "Erasure-coded, deduplicating block store for flash")]
+#[command(
+    name = "ecdedup",
+    version,
+    about = "Erasure-coded, deduplicating block store for flash"
+)]
 struct Cli {
     /// The array folder (holds array.json, the intent log, sockets, and by
     /// default the device files).
@@ -110,9 +114,11 @@ pub fn main() -> i32 {
 fn progress_bar() -> (ProgressFn, ProgressBar) {
     let bar = ProgressBar::new(0);
     bar.set_style(
-        ProgressStyle::with_template("{msg:>8} [{bar:40}] {pos}/{len} stripes {percent}% eta {eta}")
-            .expect("valid template")
-            .progress_chars("=> "),
+        ProgressStyle::with_template(
+            "{msg:>8} [{bar:40}] {pos}/{len} stripes {percent}% eta {eta}",
+        )
+        .expect("valid template")
+        .progress_chars("=> "),
     );
     let b = bar.clone();
     let current = Arc::new(Mutex::new(String::new()));
@@ -153,7 +159,15 @@ fn open_offline(dir: &Path) -> Result<Option<Array>> {
 fn run(cli: Cli) -> Result<()> {
     let dir = cli.dir;
     match cli.command {
-        Command::Create { devices, device_paths, k, m, stripe_unit, size, intent_region } => {
+        Command::Create {
+            devices,
+            device_paths,
+            k,
+            m,
+            stripe_unit,
+            size,
+            intent_region,
+        } => {
             let stripe_unit_bytes = parse_size(&stripe_unit)?;
             let stripe_unit_bytes = u32::try_from(stripe_unit_bytes)
                 .map_err(|_| Error::Config(format!("stripe unit {stripe_unit} is too large")))?;
@@ -180,7 +194,13 @@ fn run(cli: Cli) -> Result<()> {
             );
             Ok(())
         }
-        Command::Serve { socket, tcp, metrics, threads, plugin } => serve(&dir, socket, tcp, metrics, threads, plugin),
+        Command::Serve {
+            socket,
+            tcp,
+            metrics,
+            threads,
+            plugin,
+        } => serve(&dir, socket, tcp, metrics, threads, plugin),
         Command::Status { json } => {
             let status = match open_offline(&dir)? {
                 Some(a) => a.status(),
@@ -190,7 +210,10 @@ fn run(cli: Cli) -> Result<()> {
                 },
             };
             if json {
-                println!("{}", serde_json::to_string_pretty(&status).expect("serialises"));
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&status).expect("serialises")
+                );
             } else {
                 print_status(&status);
             }
@@ -207,7 +230,10 @@ fn run(cli: Cli) -> Result<()> {
             if prometheus {
                 print!("{}", stats.prometheus());
             } else {
-                println!("{}", serde_json::to_string_pretty(&stats).expect("serialises"));
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&stats).expect("serialises")
+                );
             }
             Ok(())
         }
@@ -216,13 +242,21 @@ fn run(cli: Cli) -> Result<()> {
                 Some(a) => a.fail_device(position)?,
                 None => expect_ok(control::request(&dir, &Request::Fail { position })?)?,
             }
-            println!("device {position} failed; the array serves degraded until `replace` and `rebuild`");
+            println!(
+                "device {position} failed; the array serves degraded until `replace` and `rebuild`"
+            );
             Ok(())
         }
         Command::Replace { position, device } => {
             match open_offline(&dir)? {
                 Some(a) => a.replace_device(position, device.as_deref())?,
-                None => expect_ok(control::request(&dir, &Request::Replace { position, path: device })?)?,
+                None => expect_ok(control::request(
+                    &dir,
+                    &Request::Replace {
+                        position,
+                        path: device,
+                    },
+                )?)?,
             }
             println!("device {position} replaced with a blank device; run `ecdedup rebuild`");
             Ok(())
@@ -253,15 +287,30 @@ fn run(cli: Cli) -> Result<()> {
                     bar.finish();
                     let report = r?;
                     a.close()?;
-                    println!("{}", serde_json::to_string_pretty(&report).expect("serialises"));
-                    if check_only && (report.checksum_mismatches > 0 || report.parity_mismatches > 0) {
-                        return Err(Error::Other("scrub found inconsistencies (run without --check-only to repair)".into()));
+                    println!(
+                        "{}",
+                        serde_json::to_string_pretty(&report).expect("serialises")
+                    );
+                    if check_only
+                        && (report.checksum_mismatches > 0 || report.parity_mismatches > 0)
+                    {
+                        return Err(Error::Other(
+                            "scrub found inconsistencies (run without --check-only to repair)"
+                                .into(),
+                        ));
                     }
                 }
                 None => {
-                    control::request(&dir, &Request::Scrub { repair: !check_only })?;
+                    control::request(
+                        &dir,
+                        &Request::Scrub {
+                            repair: !check_only,
+                        },
+                    )?;
                     follow(&dir)?;
-                    println!("scrub finished (the server's log and `ecdedup stats` have the counts)");
+                    println!(
+                        "scrub finished (the server's log and `ecdedup stats` have the counts)"
+                    );
                 }
             }
             Ok(())
@@ -322,9 +371,16 @@ fn print_status(s: &Status) {
         let state = match d.state {
             array::MemberState::Active => "active".to_string(),
             array::MemberState::Failed => "FAILED".to_string(),
-            array::MemberState::Rebuilding { cursor } => format!("rebuilding ({cursor}/{} stripes)", s.stripes),
+            array::MemberState::Rebuilding { cursor } => {
+                format!("rebuilding ({cursor}/{} stripes)", s.stripes)
+            }
         };
-        println!("  device {}: {:<28} {}", d.position, state, d.path.display());
+        println!(
+            "  device {}: {:<28} {}",
+            d.position,
+            state,
+            d.path.display()
+        );
     }
     println!("dirty intent regions: {}", s.dirty_regions);
     if let Some(op) = &s.operation {
@@ -345,9 +401,13 @@ fn plugin_path(explicit: Option<PathBuf>) -> Result<PathBuf> {
     if let Some(p) = explicit.or_else(|| std::env::var_os("ECDEDUP_PLUGIN").map(PathBuf::from)) {
         return Ok(p);
     }
-    let exe = std::env::current_exe().map_err(|e| Error::io("locating the ecdedup executable", e))?;
+    let exe =
+        std::env::current_exe().map_err(|e| Error::io("locating the ecdedup executable", e))?;
     let dir = exe.parent().unwrap_or(Path::new("."));
-    for candidate in [dir.join("libecdedup_nbdkit.so"), dir.join("../libecdedup_nbdkit.so")] {
+    for candidate in [
+        dir.join("libecdedup_nbdkit.so"),
+        dir.join("../libecdedup_nbdkit.so"),
+    ] {
         if candidate.exists() {
             return Ok(candidate);
         }
@@ -370,20 +430,33 @@ fn serve(
     // Fail early, with our own words, on the common mistakes.
     array::ConfigFile::load(dir)?;
     if open_offline_probe(dir)? {
-        return Err(Error::Busy(format!("array {} is already being served", dir.display())));
+        return Err(Error::Busy(format!(
+            "array {} is already being served",
+            dir.display()
+        )));
     }
     let plugin = plugin_path(plugin)?;
-    let dir_abs = std::fs::canonicalize(dir).map_err(|e| Error::io(format!("resolving {}", dir.display()), e))?;
+    let dir_abs = std::fs::canonicalize(dir)
+        .map_err(|e| Error::io(format!("resolving {}", dir.display()), e))?;
     let mut cmd = std::process::Command::new("nbdkit");
-    cmd.arg("--foreground").arg("--threads").arg(threads.to_string());
+    cmd.arg("--foreground")
+        .arg("--threads")
+        .arg(threads.to_string());
     match tcp {
         Some(addr) => {
             // A bare port binds loopback only.
-            let (host, port) = addr.rsplit_once(':').unwrap_or(("127.0.0.1", addr.as_str()));
+            let (host, port) = addr
+                .rsplit_once(':')
+                .unwrap_or(("127.0.0.1", addr.as_str()));
             if port.parse::<u16>().is_err() {
-                return Err(Error::Config(format!("--tcp {addr:?} is not PORT or HOST:PORT")));
+                return Err(Error::Config(format!(
+                    "--tcp {addr:?} is not PORT or HOST:PORT"
+                )));
             }
-            cmd.arg("--ipaddr").arg(host.trim_matches(['[', ']'])).arg("--port").arg(port);
+            cmd.arg("--ipaddr")
+                .arg(host.trim_matches(['[', ']']))
+                .arg("--port")
+                .arg(port);
         }
         None => {
             let sock = socket.unwrap_or_else(|| dir_abs.join("nbd.sock"));
@@ -395,7 +468,9 @@ fn serve(
         cmd.arg(format!("metrics={m}"));
     }
     let err = cmd.exec();
-    Err(Error::Other(format!("cannot run nbdkit ({err}); install it with scripts/install-deps.sh")))
+    Err(Error::Other(format!(
+        "cannot run nbdkit ({err}); install it with scripts/install-deps.sh"
+    )))
 }
 
 /// True when another process holds the array.

@@ -27,10 +27,17 @@ pub enum Request {
     Status,
     Stats,
     Flush,
-    Fail { position: usize },
-    Replace { position: usize, path: Option<PathBuf> },
+    Fail {
+        position: usize,
+    },
+    Replace {
+        position: usize,
+        path: Option<PathBuf>,
+    },
     Rebuild,
-    Scrub { repair: bool },
+    Scrub {
+        repair: bool,
+    },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -51,7 +58,8 @@ pub fn socket_path(dir: &Path) -> PathBuf {
 pub fn serve(array: Arc<Array>) -> Result<()> {
     let path = socket_path(array.dir());
     let _ = std::fs::remove_file(&path);
-    let listener = UnixListener::bind(&path).map_err(|e| Error::io(format!("binding {}", path.display()), e))?;
+    let listener = UnixListener::bind(&path)
+        .map_err(|e| Error::io(format!("binding {}", path.display()), e))?;
     use std::os::unix::fs::PermissionsExt;
     let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
     std::thread::Builder::new()
@@ -75,7 +83,9 @@ fn handle(array: &Arc<Array>, conn: UnixStream) -> std::io::Result<()> {
     BufReader::new((&conn).take(REQUEST_BYTES_MAX)).read_line(&mut line)?;
     let response = match serde_json::from_str::<Request>(&line) {
         Ok(req) => execute(array, req),
-        Err(e) => Response::Error { message: format!("malformed request: {e}") },
+        Err(e) => Response::Error {
+            message: format!("malformed request: {e}"),
+        },
     };
     let mut out = serde_json::to_string(&response).expect("response serialises");
     out.push('\n');
@@ -85,7 +95,9 @@ fn handle(array: &Arc<Array>, conn: UnixStream) -> std::io::Result<()> {
 fn result_to_response(r: Result<()>) -> Response {
     match r {
         Ok(()) => Response::Ok,
-        Err(e) => Response::Error { message: e.to_string() },
+        Err(e) => Response::Error {
+            message: e.to_string(),
+        },
     }
 }
 
@@ -95,29 +107,48 @@ fn execute(array: &Arc<Array>, req: Request) -> Response {
         Request::Stats => Response::Stats(Box::new(array.stats())),
         Request::Flush => result_to_response(array.flush()),
         Request::Fail { position } => result_to_response(array.fail_device(position)),
-        Request::Replace { position, path } => result_to_response(array.replace_device(position, path.as_deref())),
+        Request::Replace { position, path } => {
+            result_to_response(array.replace_device(position, path.as_deref()))
+        }
         Request::Rebuild => start(array, "rebuild", |a| a.rebuild(None).map(|_| ())),
-        Request::Scrub { repair } => start(array, "scrub", move |a| a.scrub(repair, None).map(|r: ScrubReport| {
-            eprintln!("ecdedup: scrub finished: {}", serde_json::to_string(&r).unwrap_or_default());
-        })),
+        Request::Scrub { repair } => start(array, "scrub", move |a| {
+            a.scrub(repair, None).map(|r: ScrubReport| {
+                eprintln!(
+                    "ecdedup: scrub finished: {}",
+                    serde_json::to_string(&r).unwrap_or_default()
+                );
+            })
+        }),
     }
 }
 
-fn start(array: &Arc<Array>, name: &str, op: impl FnOnce(&Array) -> Result<()> + Send + 'static) -> Response {
+fn start(
+    array: &Arc<Array>,
+    name: &str,
+    op: impl FnOnce(&Array) -> Result<()> + Send + 'static,
+) -> Response {
     if let Some(p) = array.operation() {
         if !p.finished {
-            return Response::Error { message: format!("{} is already running ({} of {})", p.op, p.done, p.total) };
+            return Response::Error {
+                message: format!("{} is already running ({} of {})", p.op, p.done, p.total),
+            };
         }
     }
     let a = Arc::clone(array);
-    let spawned = std::thread::Builder::new().name(format!("ecdedup-{name}")).spawn(move || {
-        if let Err(e) = op(&a) {
-            eprintln!("ecdedup: {e}");
-        }
-    });
+    let spawned = std::thread::Builder::new()
+        .name(format!("ecdedup-{name}"))
+        .spawn(move || {
+            if let Err(e) = op(&a) {
+                eprintln!("ecdedup: {e}");
+            }
+        });
     match spawned {
-        Ok(_) => Response::Started { operation: name.into() },
-        Err(e) => Response::Error { message: format!("cannot start {name}: {e}") },
+        Ok(_) => Response::Started {
+            operation: name.into(),
+        },
+        Err(e) => Response::Error {
+            message: format!("cannot start {name}: {e}"),
+        },
     }
 }
 
@@ -125,15 +156,23 @@ fn start(array: &Arc<Array>, name: &str, op: impl FnOnce(&Array) -> Result<()> +
 pub fn request(dir: &Path, req: &Request) -> Result<Response> {
     let path = socket_path(dir);
     let conn = UnixStream::connect(&path).map_err(|e| {
-        Error::Unavailable(format!("the array is in use but its server does not answer on {}: {e}", path.display()))
+        Error::Unavailable(format!(
+            "the array is in use but its server does not answer on {}: {e}",
+            path.display()
+        ))
     })?;
     conn.set_read_timeout(Some(IO_TIMEOUT)).ok();
     let mut line = serde_json::to_string(req).expect("request serialises");
     line.push('\n');
-    (&conn).write_all(line.as_bytes()).map_err(|e| Error::io("sending to the server", e))?;
+    (&conn)
+        .write_all(line.as_bytes())
+        .map_err(|e| Error::io("sending to the server", e))?;
     let mut answer = String::new();
-    BufReader::new(&conn).read_line(&mut answer).map_err(|e| Error::io("reading the server's answer", e))?;
-    let resp: Response = serde_json::from_str(&answer).map_err(|e| Error::Other(format!("malformed answer from server: {e}")))?;
+    BufReader::new(&conn)
+        .read_line(&mut answer)
+        .map_err(|e| Error::io("reading the server's answer", e))?;
+    let resp: Response = serde_json::from_str(&answer)
+        .map_err(|e| Error::Other(format!("malformed answer from server: {e}")))?;
     if let Response::Error { message } = resp {
         return Err(Error::Other(message));
     }
@@ -144,7 +183,8 @@ pub fn request(dir: &Path, req: &Request) -> Result<Response> {
 /// connection, request head bounded to 8 KiB, 10 s timeouts).
 pub fn serve_metrics(array: Arc<Array>, addr: &str) -> Result<()> {
     use std::net::TcpListener;
-    let listener = TcpListener::bind(addr).map_err(|e| Error::io(format!("binding metrics address {addr}"), e))?;
+    let listener = TcpListener::bind(addr)
+        .map_err(|e| Error::io(format!("binding metrics address {addr}"), e))?;
     std::thread::Builder::new()
         .name("ecdedup-metrics".into())
         .spawn(move || {

@@ -180,7 +180,12 @@ impl Counters {
     pub fn snapshot(&self, checksum_table_bytes: u64) -> Stats {
         Stats {
             array: self.array.snapshot(),
-            devices: self.devices.iter().enumerate().map(|(i, d)| d.snapshot(i)).collect(),
+            devices: self
+                .devices
+                .iter()
+                .enumerate()
+                .map(|(i, d)| d.snapshot(i))
+                .collect(),
             checksum_table_bytes,
         }
     }
@@ -191,18 +196,30 @@ impl Stats {
     pub fn prometheus(&self) -> String {
         let mut out = String::new();
         self.array.prometheus(&mut out);
-        let families: [(&str, &str, fn(&DeviceStats) -> &ClassSplit); 4] = [
+        type Family = (&'static str, &'static str, fn(&DeviceStats) -> &ClassSplit);
+        let families: [Family; 4] = [
             ("device_read_ops", "device read operations", |d| &d.read_ops),
             ("device_read_bytes", "device bytes read", |d| &d.read_bytes),
-            ("device_write_ops", "device write operations", |d| &d.write_ops),
-            ("device_write_bytes", "device bytes written", |d| &d.write_bytes),
+            ("device_write_ops", "device write operations", |d| {
+                &d.write_ops
+            }),
+            ("device_write_bytes", "device bytes written", |d| {
+                &d.write_bytes
+            }),
         ];
         for (name, help, get) in families {
-            let _ = writeln!(out, "# HELP ecdedup_{name} {help}, by device position and class");
+            let _ = writeln!(
+                out,
+                "# HELP ecdedup_{name} {help}, by device position and class"
+            );
             let _ = writeln!(out, "# TYPE ecdedup_{name} counter");
             for d in &self.devices {
                 let s = get(d);
-                for (class, v) in [("data", s.data), ("parity", s.parity), ("metadata", s.metadata)] {
+                for (class, v) in [
+                    ("data", s.data),
+                    ("parity", s.parity),
+                    ("metadata", s.metadata),
+                ] {
                     let _ = writeln!(
                         out,
                         "ecdedup_{name}{{device=\"{}\",class=\"{class}\"}} {v}",
@@ -214,11 +231,22 @@ impl Stats {
         let _ = writeln!(out, "# HELP ecdedup_device_errors device I/O errors");
         let _ = writeln!(out, "# TYPE ecdedup_device_errors counter");
         for d in &self.devices {
-            let _ = writeln!(out, "ecdedup_device_errors{{device=\"{}\"}} {}", d.position, d.errors);
+            let _ = writeln!(
+                out,
+                "ecdedup_device_errors{{device=\"{}\"}} {}",
+                d.position, d.errors
+            );
         }
-        let _ = writeln!(out, "# HELP ecdedup_checksum_table_bytes RAM held by checksum tables");
+        let _ = writeln!(
+            out,
+            "# HELP ecdedup_checksum_table_bytes RAM held by checksum tables"
+        );
         let _ = writeln!(out, "# TYPE ecdedup_checksum_table_bytes gauge");
-        let _ = writeln!(out, "ecdedup_checksum_table_bytes {}", self.checksum_table_bytes);
+        let _ = writeln!(
+            out,
+            "ecdedup_checksum_table_bytes {}",
+            self.checksum_table_bytes
+        );
         out
     }
 }

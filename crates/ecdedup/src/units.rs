@@ -8,7 +8,9 @@ pub fn parse_size(text: &str) -> Result<u64> {
     let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, suffix) = t.split_at(digits_end);
     if num.is_empty() {
-        return Err(Error::Config(format!("size {text:?} does not start with a number")));
+        return Err(Error::Config(format!(
+            "size {text:?} does not start with a number"
+        )));
     }
     let n: u64 = num
         .parse()
@@ -19,7 +21,11 @@ pub fn parse_size(text: &str) -> Result<u64> {
         "m" | "mib" | "mb" => 20,
         "g" | "gib" | "gb" => 30,
         "t" | "tib" | "tb" => 40,
-        other => return Err(Error::Config(format!("size {text:?} has unknown suffix {other:?}"))),
+        other => {
+            return Err(Error::Config(format!(
+                "size {text:?} has unknown suffix {other:?}"
+            )))
+        }
     };
     n.checked_mul(1u64 << shift)
         .ok_or_else(|| Error::Config(format!("size {text:?} is too large")))
@@ -28,7 +34,7 @@ pub fn parse_size(text: &str) -> Result<u64> {
 /// Formats bytes with the largest binary unit that divides them.
 pub fn format_size(bytes: u64) -> String {
     for (shift, unit) in [(40, "T"), (30, "G"), (20, "M"), (10, "K")] {
-        if bytes >= (1 << shift) && bytes % (1 << shift) == 0 {
+        if bytes >= (1 << shift) && bytes.is_multiple_of(1 << shift) {
             return format!("{}{}", bytes >> shift, unit);
         }
     }

@@ -32,11 +32,17 @@ impl Volume {
 
     fn validate(&self, offset: u64, len: u64) -> Result<()> {
         if len > REQUEST_BYTES_MAX {
-            return Err(Error::InvalidRequest(format!("request of {len} bytes exceeds the {REQUEST_BYTES_MAX}-byte limit")));
+            return Err(Error::InvalidRequest(format!(
+                "request of {len} bytes exceeds the {REQUEST_BYTES_MAX}-byte limit"
+            )));
         }
         match offset.checked_add(len) {
             Some(end) if end <= self.size() => Ok(()),
-            _ => Err(Error::OutOfRange { offset, length: len, size: self.size() }),
+            _ => Err(Error::OutOfRange {
+                offset,
+                length: len,
+                size: self.size(),
+            }),
         }
     }
 

@@ -45,7 +45,13 @@ impl ChecksumTable {
     }
 
     /// Loads the table from a device.
-    pub fn load(dev: &dyn Device, counters: &DeviceCounters, blocks: u64, offset: u64, block_bytes: usize) -> io::Result<ChecksumTable> {
+    pub fn load(
+        dev: &dyn Device,
+        counters: &DeviceCounters,
+        blocks: u64,
+        offset: u64,
+        block_bytes: usize,
+    ) -> io::Result<ChecksumTable> {
         let table = ChecksumTable::new_zeroed(blocks, offset, block_bytes);
         let bytes = (blocks * 4).div_ceil(PAGE_BYTES as u64) * PAGE_BYTES as u64;
         let mut buf = vec![0u8; (1 << 20).min(bytes as usize)];
@@ -111,9 +117,10 @@ impl ChecksumTable {
                 if page >= self.pages() {
                     continue;
                 }
-                self.write_page(dev, counters, page, &mut page_buf).inspect_err(|_| {
-                    word.fetch_or(1 << bit, Relaxed);
-                })?;
+                self.write_page(dev, counters, page, &mut page_buf)
+                    .inspect_err(|_| {
+                        word.fetch_or(1 << bit, Relaxed);
+                    })?;
             }
         }
         Ok(())
@@ -123,7 +130,13 @@ impl ChecksumTable {
         (self.entries.len() as u64).div_ceil(ENTRIES_PER_PAGE)
     }
 
-    fn write_page(&self, dev: &dyn Device, counters: &DeviceCounters, page: u64, buf: &mut [u8]) -> io::Result<()> {
+    fn write_page(
+        &self,
+        dev: &dyn Device,
+        counters: &DeviceCounters,
+        page: u64,
+        buf: &mut [u8],
+    ) -> io::Result<()> {
         let first = page * ENTRIES_PER_PAGE;
         buf.fill(0);
         for j in 0..ENTRIES_PER_PAGE {

@@ -66,11 +66,17 @@ impl IntentLog {
     }
 
     /// Writes a clean intent map.
-    pub fn create(path: &Path, array_uuid: &[u8; 16], stripes: u64, stripes_per_region: u64) -> Result<()> {
+    pub fn create(
+        path: &Path,
+        array_uuid: &[u8; 16],
+        stripes: u64,
+        stripes_per_region: u64,
+    ) -> Result<()> {
         let regions = stripes.div_ceil(stripes_per_region);
         let io = |e| Error::io(format!("writing intent log {}", path.display()), e);
         let f = File::create(path).map_err(io)?;
-        f.write_all_at(&header(array_uuid, stripes_per_region, regions), 0).map_err(io)?;
+        f.write_all_at(&header(array_uuid, stripes_per_region, regions), 0)
+            .map_err(io)?;
         f.set_len(HEADER_BYTES + regions).map_err(io)?;
         f.sync_all().map_err(io)?;
         Ok(())
@@ -78,7 +84,12 @@ impl IntentLog {
 
     /// Opens the map; a missing or corrupt map means every stripe may be
     /// inconsistent, which the returned recovery says.
-    pub fn open(path: &Path, array_uuid: &[u8; 16], stripes: u64, stripes_per_region_default: u64) -> Result<(IntentLog, Recovery, Option<String>)> {
+    pub fn open(
+        path: &Path,
+        array_uuid: &[u8; 16],
+        stripes: u64,
+        stripes_per_region_default: u64,
+    ) -> Result<(IntentLog, Recovery, Option<String>)> {
         let io = |e| Error::io(format!("opening intent log {}", path.display()), e);
         let mut warning = None;
         let parsed = std::fs::read(path).ok().and_then(|bytes| {
@@ -91,7 +102,10 @@ impl IntentLog {
             }
             let spr = u64::from_le_bytes(bytes[32..40].try_into().unwrap());
             let regions = u64::from_le_bytes(bytes[40..48].try_into().unwrap());
-            if spr == 0 || regions != stripes.div_ceil(spr) || bytes.len() as u64 != HEADER_BYTES + regions {
+            if spr == 0
+                || regions != stripes.div_ceil(spr)
+                || bytes.len() as u64 != HEADER_BYTES + regions
+            {
                 return None;
             }
             Some((spr, bytes[HEADER_BYTES as usize..].to_vec()))
@@ -108,7 +122,11 @@ impl IntentLog {
                 (spr, vec![1u8; stripes.div_ceil(spr) as usize])
             }
         };
-        let file = OpenOptions::new().read(true).write(true).open(path).map_err(io)?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(io)?;
         let mut dirty_stripe_ranges = Vec::new();
         for (r, &b) in map.iter().enumerate() {
             if b != 0 {
@@ -118,10 +136,24 @@ impl IntentLog {
         }
         let regions = map
             .iter()
-            .map(|&b| RegionState { dirty: b != 0, in_flight: 0, last_epoch: 0 })
+            .map(|&b| RegionState {
+                dirty: b != 0,
+                in_flight: 0,
+                last_epoch: 0,
+            })
             .collect();
-        let log = IntentLog { file, stripes_per_region: spr, inner: Mutex::new(Inner { regions, epoch: 1 }) };
-        Ok((log, Recovery { dirty_stripe_ranges }, warning))
+        let log = IntentLog {
+            file,
+            stripes_per_region: spr,
+            inner: Mutex::new(Inner { regions, epoch: 1 }),
+        };
+        Ok((
+            log,
+            Recovery {
+                dirty_stripe_ranges,
+            },
+            warning,
+        ))
     }
 
     /// Announces a write into `stripe`: marks its region dirty (durably) if
@@ -136,7 +168,10 @@ impl IntentLog {
         if region.dirty {
             return Ok(false);
         }
-        let marked = self.file.write_all_at(&[1], HEADER_BYTES + r as u64).and_then(|_| self.file.sync_data());
+        let marked = self
+            .file
+            .write_all_at(&[1], HEADER_BYTES + r as u64)
+            .and_then(|_| self.file.sync_data());
         if let Err(e) = marked {
             inner.regions[r].in_flight -= 1;
             return Err(e);
@@ -185,7 +220,13 @@ impl IntentLog {
     }
 
     pub fn dirty_regions(&self) -> usize {
-        self.inner.lock().unwrap().regions.iter().filter(|r| r.dirty).count()
+        self.inner
+            .lock()
+            .unwrap()
+            .regions
+            .iter()
+            .filter(|r| r.dirty)
+            .count()
     }
 }
 

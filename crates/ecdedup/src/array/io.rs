@@ -101,7 +101,11 @@ impl Array {
     fn check_range(&self, offset: u64, len: u64) -> Result<()> {
         match offset.checked_add(len) {
             Some(end) if end <= self.volume_bytes => Ok(()),
-            _ => Err(Error::OutOfRange { offset, length: len, size: self.volume_bytes }),
+            _ => Err(Error::OutOfRange {
+                offset,
+                length: len,
+                size: self.volume_bytes,
+            }),
         }
     }
 
@@ -112,7 +116,9 @@ impl Array {
     pub fn read(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         self.check_range(offset, buf.len() as u64)?;
         bump(&self.counters.array.client_reads);
-        self.counters.array.add(&self.counters.array.client_read_bytes, buf.len() as u64);
+        self.counters
+            .array
+            .add(&self.counters.array.client_read_bytes, buf.len() as u64);
         let mut done = 0usize;
         for (stripe, within, n) in self.pieces(offset, buf.len() as u64) {
             let _g = self.locks[Self::lock_index(stripe)].read().unwrap();
@@ -144,14 +150,24 @@ impl Array {
 
     /// Reads blocks of one unit, verified; decodes what is missing or bad.
     /// Caller holds the stripe lock.
-    pub(super) fn read_unit_blocks(&self, stripe: u64, role: usize, blocks: Range<u64>) -> Result<Vec<u8>> {
+    pub(super) fn read_unit_blocks(
+        &self,
+        stripe: u64,
+        role: usize,
+        blocks: Range<u64>,
+    ) -> Result<Vec<u8>> {
         let g = &self.geo;
         let block = g.block() as usize;
         let place = g.place(stripe, role);
         let mut out = vec![0u8; len_of(&blocks) as usize * block];
         let mut bad = Vec::new();
         if self.holds(place.device, stripe)
-            && self.dev_read(place.device, class_of(role, g.k()), &mut out, g.device_offset(place.row, blocks.start))
+            && self.dev_read(
+                place.device,
+                class_of(role, g.k()),
+                &mut out,
+                g.device_offset(place.row, blocks.start),
+            )
         {
             for (j, b) in blocks.clone().enumerate() {
                 let crc = crc32c::crc32c(&out[j * block..(j + 1) * block]);
@@ -186,10 +202,17 @@ impl Array {
             if !self.holds(place.device, stripe) {
                 continue;
             }
-            if !self.dev_read(place.device, class_of(role, g.k()), &mut shards[role], g.device_offset(place.row, b)) {
+            if !self.dev_read(
+                place.device,
+                class_of(role, g.k()),
+                &mut shards[role],
+                g.device_offset(place.row, b),
+            ) {
                 continue;
             }
-            if crc32c::crc32c(&shards[role]) == self.tables[place.device].get(g.checksum_index(place.row, b)) {
+            if crc32c::crc32c(&shards[role])
+                == self.tables[place.device].get(g.checksum_index(place.row, b))
+            {
                 present[role] = true;
             } else {
                 repair[role] = true;
@@ -222,7 +245,9 @@ impl Array {
     /// Reads from a device, counting; an error fails the device. Returns
     /// false when nothing was read.
     pub(super) fn dev_read(&self, d: usize, class: IoClass, buf: &mut [u8], offset: u64) -> bool {
-        let Some(dev) = self.device(d) else { return false };
+        let Some(dev) = self.device(d) else {
+            return false;
+        };
         match dev.read_at(buf, offset) {
             Ok(()) => {
                 self.counters.devices[d].read(class, buf.len());
@@ -244,13 +269,18 @@ impl Array {
         if !self.holds(place.device, stripe) {
             return false;
         }
-        let Some(dev) = self.device(place.device) else { return false };
+        let Some(dev) = self.device(place.device) else {
+            return false;
+        };
         match dev.write_at(bytes, g.device_offset(place.row, b)) {
             Ok(()) => {
                 self.counters.devices[place.device].write(class_of(role, g.k()), bytes.len());
                 let table = &self.tables[place.device];
                 for (j, chunk) in bytes.chunks_exact(g.block() as usize).enumerate() {
-                    table.set(g.checksum_index(place.row, b + j as u64), crc32c::crc32c(chunk));
+                    table.set(
+                        g.checksum_index(place.row, b + j as u64),
+                        crc32c::crc32c(chunk),
+                    );
                 }
                 true
             }
@@ -269,14 +299,19 @@ impl Array {
                 }
                 Ok(())
             }
-            Err(e) => Err(Error::io("marking the write-intent log (the array folder's disk failed?)", e)),
+            Err(e) => Err(Error::io(
+                "marking the write-intent log (the array folder's disk failed?)",
+                e,
+            )),
         }
     }
 
     pub fn write(&self, buf: &[u8], offset: u64, fua: bool) -> Result<()> {
         self.check_range(offset, buf.len() as u64)?;
         bump(&self.counters.array.client_writes);
-        self.counters.array.add(&self.counters.array.client_write_bytes, buf.len() as u64);
+        self.counters
+            .array
+            .add(&self.counters.array.client_write_bytes, buf.len() as u64);
         let mut done = 0usize;
         for (stripe, within, n) in self.pieces(offset, buf.len() as u64) {
             let _g = self.locks[Self::lock_index(stripe)].write().unwrap();
@@ -300,7 +335,11 @@ impl Array {
         for (stripe, within, n) in self.pieces(offset, len) {
             let _g = self.locks[Self::lock_index(stripe)].write().unwrap();
             self.intent_begin(stripe)?;
-            let r = if n == sd { self.discard_stripe(stripe) } else { self.write_stripe(stripe, within, &zeroes[..n as usize]) };
+            let r = if n == sd {
+                self.discard_stripe(stripe)
+            } else {
+                self.write_stripe(stripe, within, &zeroes[..n as usize])
+            };
             self.intent.end(stripe);
             r?;
         }
@@ -317,7 +356,9 @@ impl Array {
             if !self.holds(place.device, stripe) {
                 continue;
             }
-            let Some(dev) = self.device(place.device) else { continue };
+            let Some(dev) = self.device(place.device) else {
+                continue;
+            };
             match dev.discard(g.device_offset(place.row, 0), g.unit_bytes()) {
                 Ok(()) => {
                     for b in 0..g.blocks_per_unit() {
@@ -334,7 +375,10 @@ impl Array {
     fn check_available(&self) -> Result<()> {
         let down = self.unavailable_count();
         if down > self.geo.m() {
-            return Err(Error::Unavailable(format!("{down} devices failed; RS({},{}) survives at most {}", self.geo.k, self.geo.m, self.geo.m)));
+            return Err(Error::Unavailable(format!(
+                "{down} devices failed; RS({},{}) survives at most {}",
+                self.geo.k, self.geo.m, self.geo.m
+            )));
         }
         Ok(())
     }
@@ -352,7 +396,11 @@ impl Array {
             let role = (pos / unit) as usize;
             let offset = pos % unit;
             let n = (unit - offset).min((bytes.len() - done) as u64) as usize;
-            writes.push(UnitWrite { role, offset, bytes: &bytes[done..done + n] });
+            writes.push(UnitWrite {
+                role,
+                offset,
+                bytes: &bytes[done..done + n],
+            });
             done += n;
             pos += n as u64;
         }
@@ -365,7 +413,10 @@ impl Array {
             .map(|run| {
                 (0..g.k())
                     .map(|role| match writes.iter().find(|w| w.role == role) {
-                        Some(w) => subtract(run.clone(), &w.covered(block)).iter().map(len_of).sum(),
+                        Some(w) => subtract(run.clone(), &w.covered(block))
+                            .iter()
+                            .map(len_of)
+                            .sum(),
                         None => len_of(run),
                     })
                     .sum::<u64>()
@@ -388,7 +439,12 @@ impl Array {
         self.check_available()
     }
 
-    fn reconstruct_write(&self, stripe: u64, writes: &[UnitWrite], rows: &[Range<u64>]) -> Result<()> {
+    fn reconstruct_write(
+        &self,
+        stripe: u64,
+        writes: &[UnitWrite],
+        rows: &[Range<u64>],
+    ) -> Result<()> {
         let g = &self.geo;
         let block = g.block();
         for run in rows {
@@ -422,7 +478,12 @@ impl Array {
                 if touched.start < touched.end {
                     let at = ((touched.start - run.start) * block) as usize;
                     let len = (len_of(&touched) * block) as usize;
-                    self.write_unit_blocks(stripe, w.role, touched.start, &data[w.role][at..at + len]);
+                    self.write_unit_blocks(
+                        stripe,
+                        w.role,
+                        touched.start,
+                        &data[w.role][at..at + len],
+                    );
                 }
             }
             for (j, p) in parity.iter().enumerate() {
@@ -432,7 +493,12 @@ impl Array {
         Ok(())
     }
 
-    fn read_modify_write(&self, stripe: u64, writes: &[UnitWrite], rows: &[Range<u64>]) -> Result<()> {
+    fn read_modify_write(
+        &self,
+        stripe: u64,
+        writes: &[UnitWrite],
+        rows: &[Range<u64>],
+    ) -> Result<()> {
         let g = &self.geo;
         let block = g.block();
         let mut parity: Vec<Vec<Vec<u8>>> = Vec::with_capacity(rows.len());
@@ -450,9 +516,15 @@ impl Array {
             let mut new = old.clone();
             overlay(&mut new, blocks.start * block, w);
             let delta: Vec<u8> = old.iter().zip(&new).map(|(a, b)| a ^ b).collect();
-            let r = rows.iter().position(|run| run.start <= blocks.start && blocks.end <= run.end).expect("run covers write");
+            let r = rows
+                .iter()
+                .position(|run| run.start <= blocks.start && blocks.end <= run.end)
+                .expect("run covers write");
             let at = ((blocks.start - rows[r].start) * block) as usize;
-            let mut p: Vec<&mut [u8]> = parity[r].iter_mut().map(|v| &mut v[at..at + delta.len()]).collect();
+            let mut p: Vec<&mut [u8]> = parity[r]
+                .iter_mut()
+                .map(|v| &mut v[at..at + delta.len()])
+                .collect();
             self.codec.update(w.role, &delta, &mut p);
             new_data.push((w.role, blocks.start, new));
         }
@@ -474,14 +546,18 @@ impl Array {
         let epoch = self.intent.start_flush();
         for d in 0..self.members.len() {
             let Some(dev) = self.device(d) else { continue };
-            let r = self.tables[d].flush(dev.as_ref(), &self.counters.devices[d]).and_then(|_| dev.sync());
+            let r = self.tables[d]
+                .flush(dev.as_ref(), &self.counters.devices[d])
+                .and_then(|_| dev.sync());
             match r {
                 Ok(()) => self.counters.devices[d].sync(),
                 Err(e) => self.latch_failure(d, "flush", &e),
             }
         }
         self.check_available()?;
-        self.intent.finish_flush(epoch).map_err(|e| Error::io("updating the write-intent log", e))
+        self.intent
+            .finish_flush(epoch)
+            .map_err(|e| Error::io("updating the write-intent log", e))
     }
 
     /// Stripes per intent region (for tests and tools).

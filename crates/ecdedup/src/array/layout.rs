@@ -42,7 +42,13 @@ pub struct Place {
 
 impl Geometry {
     /// Builds and checks a geometry for a volume of at least `volume_bytes`.
-    pub fn new(devices: u32, k: u32, m: u32, stripe_unit_bytes: u32, volume_bytes: u64) -> Result<Geometry> {
+    pub fn new(
+        devices: u32,
+        k: u32,
+        m: u32,
+        stripe_unit_bytes: u32,
+        volume_bytes: u64,
+    ) -> Result<Geometry> {
         let g = Geometry {
             devices,
             k,
@@ -71,7 +77,10 @@ impl Geometry {
             return bad("m must be at least 1 (m = 0 has no redundancy)".into());
         }
         if self.k + self.m > 255 {
-            return bad(format!("k + m = {} exceeds 255, the GF(2^8) limit", self.k + self.m));
+            return bad(format!(
+                "k + m = {} exceeds 255, the GF(2^8) limit",
+                self.k + self.m
+            ));
         }
         if self.devices < self.k + self.m {
             return bad(format!(
@@ -83,14 +92,22 @@ impl Geometry {
             ));
         }
         if self.devices > DEVICES_MAX {
-            return bad(format!("at most {DEVICES_MAX} devices per array, {} given", self.devices));
+            return bad(format!(
+                "at most {DEVICES_MAX} devices per array, {} given",
+                self.devices
+            ));
         }
         let su = self.stripe_unit_bytes;
         if !(STRIPE_UNIT_BYTES_MIN..=STRIPE_UNIT_BYTES_MAX).contains(&su) || !su.is_power_of_two() {
-            return bad(format!("stripe unit {su} bytes must be a power of two from 4 KiB to 4 MiB"));
+            return bad(format!(
+                "stripe unit {su} bytes must be a power of two from 4 KiB to 4 MiB"
+            ));
         }
         if self.block_bytes != BLOCK_BYTES_DEFAULT {
-            return bad(format!("block size {} is not supported (4096 only)", self.block_bytes));
+            return bad(format!(
+                "block size {} is not supported (4096 only)",
+                self.block_bytes
+            ));
         }
         if self.stripes == 0 {
             return bad("volume size must be greater than zero".into());
@@ -149,7 +166,10 @@ impl Geometry {
         let w = self.width() as u64;
         let slot = (role as u64 + stripe) % w;
         let p = stripe * w + slot;
-        Place { device: (p % self.devices as u64) as usize, row: p / self.devices as u64 }
+        Place {
+            device: (p % self.devices as u64) as usize,
+            row: p / self.devices as u64,
+        }
     }
 
     /// Role of `device` in `stripe`, if the stripe has a unit there.
@@ -177,14 +197,18 @@ mod tests {
     #[test]
     fn raid6_parity_rotates_across_devices() {
         let g = Geometry::new(6, 4, 2, 32 << 10, 6 * 4 * (32 << 10)).unwrap();
-        let parity_devices: HashSet<usize> =
-            (0..g.stripes).flat_map(|s| [g.place(s, 4).device, g.place(s, 5).device]).collect();
+        let parity_devices: HashSet<usize> = (0..g.stripes)
+            .flat_map(|s| [g.place(s, 4).device, g.place(s, 5).device])
+            .collect();
         assert_eq!(parity_devices.len(), 6);
     }
 
     #[test]
     fn bad_geometries_are_refused_with_reasons() {
-        assert!(Geometry::new(5, 4, 2, 32 << 10, 1 << 30).unwrap_err().to_string().contains("at least 6 devices"));
+        assert!(Geometry::new(5, 4, 2, 32 << 10, 1 << 30)
+            .unwrap_err()
+            .to_string()
+            .contains("at least 6 devices"));
         assert!(Geometry::new(6, 4, 2, 3000, 1 << 30).is_err());
         assert!(Geometry::new(6, 4, 2, 8 << 20, 1 << 30).is_err());
         assert!(Geometry::new(6, 4, 0, 32 << 10, 1 << 30).is_err());

@@ -35,15 +35,23 @@ impl Array {
                     return None;
                 }
                 let mut buf = vec![0u8; g.unit_bytes() as usize];
-                let class = if role < g.k() { crate::counters::IoClass::Data } else { crate::counters::IoClass::Parity };
-                self.dev_read(place.device, class, &mut buf, g.device_offset(place.row, 0)).then_some(buf)
+                let class = if role < g.k() {
+                    crate::counters::IoClass::Data
+                } else {
+                    crate::counters::IoClass::Parity
+                };
+                self.dev_read(place.device, class, &mut buf, g.device_offset(place.row, 0))
+                    .then_some(buf)
             })
             .collect()
     }
 
     fn encode_parity(&self, units: &[Option<Vec<u8>>]) -> Vec<Vec<u8>> {
         let g = &self.geo;
-        let d: Vec<&[u8]> = units[..g.k()].iter().map(|u| u.as_deref().expect("all data present")).collect();
+        let d: Vec<&[u8]> = units[..g.k()]
+            .iter()
+            .map(|u| u.as_deref().expect("all data present"))
+            .collect();
         let mut parity = vec![vec![0u8; g.unit_bytes() as usize]; g.m()];
         let mut p: Vec<&mut [u8]> = parity.iter_mut().map(|v| v.as_mut_slice()).collect();
         self.codec.encode(&d, &mut p);
@@ -52,7 +60,11 @@ impl Array {
 
     /// Resynchronises dirty stripes after an unclean stop: parity from data,
     /// checksums from content. Runs before the array serves.
-    pub(super) fn resync(&self, ranges: &[(u64, u64)], progress: Option<&ProgressFn>) -> Result<()> {
+    pub(super) fn resync(
+        &self,
+        ranges: &[(u64, u64)],
+        progress: Option<&ProgressFn>,
+    ) -> Result<()> {
         let total: u64 = ranges.iter().map(|(a, b)| b - a).sum();
         let mut done = 0;
         let mut degraded = 0u64;
@@ -77,7 +89,9 @@ impl Array {
             ));
         }
         self.flush()?;
-        self.intent.clear_all().map_err(|e| Error::io("clearing the write-intent log", e))?;
+        self.intent
+            .clear_all()
+            .map_err(|e| Error::io("clearing the write-intent log", e))?;
         Ok(())
     }
 
@@ -114,7 +128,8 @@ impl Array {
         let g = &self.geo;
         let place = g.place(stripe, role);
         for (b, chunk) in unit.chunks_exact(g.block() as usize).enumerate() {
-            self.tables[place.device].set(g.checksum_index(place.row, b as u64), crc32c::crc32c(chunk));
+            self.tables[place.device]
+                .set(g.checksum_index(place.row, b as u64), crc32c::crc32c(chunk));
         }
     }
 
@@ -125,7 +140,14 @@ impl Array {
     /// Checks every block's checksum and every stripe's parity; with
     /// `repair`, rewrites what is wrong from the redundancy.
     pub fn scrub(&self, repair: bool, progress: Option<ProgressFn>) -> Result<ScrubReport> {
-        self.begin_operation(if repair { "scrub" } else { "scrub (check only)" }, self.geo.stripes)?;
+        self.begin_operation(
+            if repair {
+                "scrub"
+            } else {
+                "scrub (check only)"
+            },
+            self.geo.stripes,
+        )?;
         let r = self.scrub_inner(repair, progress);
         self.end_operation(&r);
         if repair {
@@ -146,7 +168,9 @@ impl Array {
                 let Some(unit) = unit else { continue };
                 let place = g.place(stripe, role);
                 for (b, chunk) in unit.chunks_exact(block).enumerate() {
-                    if crc32c::crc32c(chunk) != self.tables[place.device].get(g.checksum_index(place.row, b as u64)) {
+                    if crc32c::crc32c(chunk)
+                        != self.tables[place.device].get(g.checksum_index(place.row, b as u64))
+                    {
                         report.checksum_mismatches += 1;
                         bad_rows.insert(b as u64);
                     }
@@ -157,10 +181,12 @@ impl Array {
                     let before = self.counters.array.repaired_blocks.load(SeqCst);
                     match self.reconstruct_row(stripe, b) {
                         Ok(row) => {
-                            report.repaired_blocks += self.counters.array.repaired_blocks.load(SeqCst) - before;
+                            report.repaired_blocks +=
+                                self.counters.array.repaired_blocks.load(SeqCst) - before;
                             for (role, unit) in units.iter_mut().enumerate() {
                                 if let Some(u) = unit {
-                                    u[b as usize * block..(b as usize + 1) * block].copy_from_slice(&row[role]);
+                                    u[b as usize * block..(b as usize + 1) * block]
+                                        .copy_from_slice(&row[role]);
                                 }
                             }
                         }
@@ -199,7 +225,9 @@ impl Array {
             .filter(|&d| self.members[d].tag.load(SeqCst) == TAG_REBUILDING)
             .collect();
         if targets.is_empty() {
-            return Err(Error::Config("no device is waiting for a rebuild; `ecdedup replace POSITION` first".into()));
+            return Err(Error::Config(
+                "no device is waiting for a rebuild; `ecdedup replace POSITION` first".into(),
+            ));
         }
         self.begin_operation("rebuild", self.geo.stripes * targets.len() as u64)?;
         let r = self.rebuild_inner(&targets, progress);
@@ -217,13 +245,17 @@ impl Array {
                 {
                     let _g = self.locks[Self::lock_index_pub(stripe)].write().unwrap();
                     if self.members[d].tag.load(SeqCst) != TAG_REBUILDING {
-                        return Err(Error::Unavailable(format!("device {d} failed during its rebuild")));
+                        return Err(Error::Unavailable(format!(
+                            "device {d} failed during its rebuild"
+                        )));
                     }
                     if let Some(role) = g.role_on(stripe, d) {
                         let unit = self.reconstruct_unit(stripe, role)?;
                         self.members[d].cursor.store(stripe + 1, SeqCst);
                         if !self.write_unit_blocks(stripe, role, 0, &unit) {
-                            return Err(Error::Unavailable(format!("device {d} failed during its rebuild")));
+                            return Err(Error::Unavailable(format!(
+                                "device {d} failed during its rebuild"
+                            )));
                         }
                         rebuilt += 1;
                         bump(&self.counters.array.rebuilt_stripes);
@@ -268,6 +300,8 @@ impl Array {
 
     /// The state of each member (for tests).
     pub fn member_states(&self) -> Vec<MemberState> {
-        (0..self.members.len()).map(|d| self.member_state(d)).collect()
+        (0..self.members.len())
+            .map(|d| self.member_state(d))
+            .collect()
     }
 }

@@ -82,7 +82,10 @@ impl ConfigFile {
         let path = dir.join(CONFIG_FILE);
         let text = std::fs::read_to_string(&path).map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
-                Error::Config(format!("{} holds no array (no {CONFIG_FILE}); run `ecdedup create` first", dir.display()))
+                Error::Config(format!(
+                    "{} holds no array (no {CONFIG_FILE}); run `ecdedup create` first",
+                    dir.display()
+                ))
             } else {
                 Error::io(format!("reading {}", path.display()), e)
             }
@@ -90,7 +93,11 @@ impl ConfigFile {
         let cfg: ConfigFile = serde_json::from_str(&text)
             .map_err(|e| Error::Corrupt(format!("{}: {e}", path.display())))?;
         if cfg.format_version != 1 {
-            return Err(Error::Corrupt(format!("{}: format version {} unknown", path.display(), cfg.format_version)));
+            return Err(Error::Corrupt(format!(
+                "{}: format version {} unknown",
+                path.display(),
+                cfg.format_version
+            )));
         }
         Ok(cfg)
     }
@@ -208,7 +215,8 @@ fn lock_dir(dir: &Path) -> Result<File> {
 
 fn read_superblock(dev: &dyn Device) -> Result<Superblock> {
     let mut buf = vec![0u8; 2 * SUPERBLOCK_BYTES as usize];
-    dev.read_at(&mut buf, 0).map_err(|e| Error::io(format!("reading superblock of {}", dev.describe()), e))?;
+    dev.read_at(&mut buf, 0)
+        .map_err(|e| Error::io(format!("reading superblock of {}", dev.describe()), e))?;
     let (a, b) = buf.split_at(SUPERBLOCK_BYTES as usize);
     Superblock::newest(a, b)
 }
@@ -216,7 +224,8 @@ fn read_superblock(dev: &dyn Device) -> Result<Superblock> {
 /// Creates a new array in `dir` over files or block devices and leaves it
 /// clean and closed.
 pub fn create(dir: &Path, opts: &CreateOptions) -> Result<()> {
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
     let n = opts.devices.len() as u32;
     let geo = Geometry::new(n, opts.k, opts.m, opts.stripe_unit_bytes, opts.volume_bytes)?;
     if dir.join(CONFIG_FILE).exists() {
@@ -227,11 +236,15 @@ pub fn create(dir: &Path, opts: &CreateOptions) -> Result<()> {
     }
     let mut devices: Vec<Arc<dyn Device>> = Vec::new();
     for path in &opts.devices {
-        let dev_err = |reason: String| Error::Device { path: path.clone(), reason };
+        let dev_err = |reason: String| Error::Device {
+            path: path.clone(),
+            reason,
+        };
         let dev = if path.exists() {
             FileDevice::open(path).map_err(|e| dev_err(format!("cannot open: {e}")))?
         } else {
-            FileDevice::create_file(path, geo.device_bytes_min()).map_err(|e| dev_err(format!("cannot create: {e}")))?
+            FileDevice::create_file(path, geo.device_bytes_min())
+                .map_err(|e| dev_err(format!("cannot create: {e}")))?
         };
         devices.push(Arc::new(dev));
     }
@@ -242,7 +255,8 @@ pub fn create(dir: &Path, opts: &CreateOptions) -> Result<()> {
 /// records it in `dir`. Refuses devices that are too small or that belong
 /// to an array.
 pub fn format(dir: &Path, opts: &CreateOptions, devices: Vec<Arc<dyn Device>>) -> Result<()> {
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
     let _lock = lock_dir(dir)?;
     if dir.join(CONFIG_FILE).exists() {
         return Err(Error::Config(format!(
@@ -253,11 +267,17 @@ pub fn format(dir: &Path, opts: &CreateOptions, devices: Vec<Arc<dyn Device>>) -
     let n = opts.devices.len() as u32;
     assert_eq!(devices.len(), n as usize);
     let geo = Geometry::new(n, opts.k, opts.m, opts.stripe_unit_bytes, opts.volume_bytes)?;
-    if opts.volume_bytes % 512 != 0 {
-        return Err(Error::Config(format!("volume size {} is not a multiple of 512 bytes", opts.volume_bytes)));
+    if !opts.volume_bytes.is_multiple_of(512) {
+        return Err(Error::Config(format!(
+            "volume size {} is not a multiple of 512 bytes",
+            opts.volume_bytes
+        )));
     }
     for (i, (dev, path)) in devices.iter().zip(&opts.devices).enumerate() {
-        let dev_err = |reason: String| Error::Device { path: path.clone(), reason };
+        let dev_err = |reason: String| Error::Device {
+            path: path.clone(),
+            reason,
+        };
         if dev.size() < geo.device_bytes_min() {
             return Err(dev_err(format!(
                 "holds {} bytes, but position {i} of this geometry needs {}",
@@ -288,11 +308,17 @@ pub fn format(dir: &Path, opts: &CreateOptions, devices: Vec<Arc<dyn Device>>) -
             volume_bytes: opts.volume_bytes,
             states: vec![MemberState::Active; n as usize],
         };
-        dev.write_at(&sb.encode(), Superblock::slot_offset(1)).map_err(io)?;
+        dev.write_at(&sb.encode(), Superblock::slot_offset(1))
+            .map_err(io)?;
         dev.sync().map_err(io)?;
     }
     let spr = IntentLog::stripes_per_region(geo.stripe_data_bytes(), opts.intent_region_bytes);
-    IntentLog::create(&dir.join(INTENT_FILE), array_uuid.as_bytes(), geo.stripes, spr)?;
+    IntentLog::create(
+        &dir.join(INTENT_FILE),
+        array_uuid.as_bytes(),
+        geo.stripes,
+        spr,
+    )?;
     let devices_abs = opts
         .devices
         .iter()
@@ -320,7 +346,10 @@ impl Array {
             match FileDevice::open(path) {
                 Ok(d) => devices.push(Some(Arc::new(d))),
                 Err(e) => {
-                    warnings.push(format!("device {i} ({}) cannot be opened: {e}", path.display()));
+                    warnings.push(format!(
+                        "device {i} ({}) cannot be opened: {e}",
+                        path.display()
+                    ));
                     devices.push(None);
                 }
             }
@@ -329,7 +358,11 @@ impl Array {
     }
 
     /// Opens an array over devices the caller supplies (tests, simulators).
-    pub fn open_with_devices(dir: &Path, devices: Vec<Option<Arc<dyn Device>>>, progress: Option<ProgressFn>) -> Result<Array> {
+    pub fn open_with_devices(
+        dir: &Path,
+        devices: Vec<Option<Arc<dyn Device>>>,
+        progress: Option<ProgressFn>,
+    ) -> Result<Array> {
         let lock = lock_dir(dir)?;
         let cfg = ConfigFile::load(dir)?;
         Array::assemble(dir, lock, cfg, devices, Vec::new(), progress)
@@ -345,7 +378,10 @@ impl Array {
     ) -> Result<Array> {
         let n = cfg.devices.len();
         if devices.len() != n {
-            return Err(Error::Config(format!("{} devices given, array has {n}", devices.len())));
+            return Err(Error::Config(format!(
+                "{} devices given, array has {n}",
+                devices.len()
+            )));
         }
         let mut sbs: Vec<Option<Superblock>> = vec![None; n];
         for (i, slot) in devices.iter_mut().enumerate() {
@@ -371,7 +407,10 @@ impl Array {
                     sbs[i] = Some(sb);
                 }
                 Err(e) => {
-                    warnings.push(format!("device {i} ({}) treated as failed: {e}", cfg.devices[i].display()));
+                    warnings.push(format!(
+                        "device {i} ({}) treated as failed: {e}",
+                        cfg.devices[i].display()
+                    ));
                     *slot = None;
                 }
             }
@@ -381,15 +420,22 @@ impl Array {
             .flatten()
             .max_by_key(|sb| sb.generation)
             .cloned()
-            .ok_or_else(|| Error::Unavailable("no device of the array has a readable superblock".into()))?;
+            .ok_or_else(|| {
+                Error::Unavailable("no device of the array has a readable superblock".into())
+            })?;
         let geo = newest.geometry;
         if geo.devices as usize != n {
-            return Err(Error::Corrupt(format!("superblocks describe {} devices, {CONFIG_FILE} lists {n}", geo.devices)));
+            return Err(Error::Corrupt(format!(
+                "superblocks describe {} devices, {CONFIG_FILE} lists {n}",
+                geo.devices
+            )));
         }
         for (i, sb) in sbs.iter().enumerate() {
             if let Some(sb) = sb {
                 if sb.geometry != geo {
-                    return Err(Error::Corrupt(format!("device {i} disagrees with the array's geometry")));
+                    return Err(Error::Corrupt(format!(
+                        "device {i} disagrees with the array's geometry"
+                    )));
                 }
             }
         }
@@ -417,7 +463,6 @@ impl Array {
                 devices[i] = None;
             }
         }
-        let failed = states.iter().filter(|s| **s != MemberState::Active).count();
         let unusable = states.iter().filter(|s| **s == MemberState::Failed).count();
         if unusable > geo.m() {
             return Err(Error::Unavailable(format!(
@@ -425,23 +470,41 @@ impl Array {
                 geo.k,
                 geo.m,
                 geo.m,
-                if warnings.is_empty() { String::new() } else { format!(" {}", warnings.join("; ")) }
+                if warnings.is_empty() {
+                    String::new()
+                } else {
+                    format!(" {}", warnings.join("; "))
+                }
             )));
         }
-        let _ = failed;
         let codec = Codec::new(geo.k(), geo.m()).map_err(|e| Error::Config(e.to_string()))?;
         let counters = Counters::new(n);
         let mut tables = Vec::with_capacity(n);
-        for i in 0..n {
-            let table = match &devices[i] {
-                Some(d) => ChecksumTable::load(d.as_ref(), &counters.devices[i], geo.blocks_per_device(), layout::CHECKSUM_OFFSET, geo.block() as usize)
-                    .map_err(|e| Error::io(format!("reading checksum table of device {i}"), e))?,
-                None => ChecksumTable::new_zeroed(geo.blocks_per_device(), layout::CHECKSUM_OFFSET, geo.block() as usize),
+        for (i, device) in devices.iter().enumerate() {
+            let table = match device {
+                Some(d) => ChecksumTable::load(
+                    d.as_ref(),
+                    &counters.devices[i],
+                    geo.blocks_per_device(),
+                    layout::CHECKSUM_OFFSET,
+                    geo.block() as usize,
+                )
+                .map_err(|e| Error::io(format!("reading checksum table of device {i}"), e))?,
+                None => ChecksumTable::new_zeroed(
+                    geo.blocks_per_device(),
+                    layout::CHECKSUM_OFFSET,
+                    geo.block() as usize,
+                ),
             };
             tables.push(table);
         }
         let spr = IntentLog::stripes_per_region(geo.stripe_data_bytes(), cfg.intent_region_bytes);
-        let (intent, recovery, intent_warning) = IntentLog::open(&dir.join(INTENT_FILE), cfg.array_uuid.as_bytes(), geo.stripes, spr)?;
+        let (intent, recovery, intent_warning) = IntentLog::open(
+            &dir.join(INTENT_FILE),
+            cfg.array_uuid.as_bytes(),
+            geo.stripes,
+            spr,
+        )?;
         warnings.extend(intent_warning);
         let members = (0..n)
             .map(|i| {
@@ -450,10 +513,16 @@ impl Array {
                     MemberState::Failed => (TAG_FAILED, 0),
                     MemberState::Rebuilding { cursor } => (TAG_REBUILDING, cursor),
                 };
-                Member { dev: RwLock::new(devices[i].clone()), tag: AtomicU8::new(tag), cursor: AtomicU64::new(cursor) }
+                Member {
+                    dev: RwLock::new(devices[i].clone()),
+                    tag: AtomicU8::new(tag),
+                    cursor: AtomicU64::new(cursor),
+                }
             })
             .collect();
-        let device_uuids = (0..n).map(|i| sbs[i].as_ref().map(|s| s.device_uuid).unwrap_or([0; 16])).collect();
+        let device_uuids = (0..n)
+            .map(|i| sbs[i].as_ref().map(|s| s.device_uuid).unwrap_or([0; 16]))
+            .collect();
         let array = Array {
             dir: dir.to_owned(),
             geo,
@@ -464,13 +533,22 @@ impl Array {
             intent,
             locks: (0..STRIPE_LOCKS).map(|_| RwLock::new(())).collect(),
             counters,
-            config: Mutex::new(ConfigState { file: cfg, generation: newest.generation, device_uuids }),
+            config: Mutex::new(ConfigState {
+                file: cfg,
+                generation: newest.generation,
+                device_uuids,
+            }),
             operation: Mutex::new(None),
             warnings: Mutex::new(warnings),
             crashed: std::sync::atomic::AtomicBool::new(false),
             _lock_file: lock,
         };
-        if changed || sbs.iter().flatten().any(|sb| sb.generation != newest.generation) {
+        if changed
+            || sbs
+                .iter()
+                .flatten()
+                .any(|sb| sb.generation != newest.generation)
+        {
             array.persist_superblocks()?;
         }
         if !recovery.dirty_stripe_ranges.is_empty() {
@@ -513,12 +591,16 @@ impl Array {
         match m.tag.load(SeqCst) {
             TAG_ACTIVE => MemberState::Active,
             TAG_FAILED => MemberState::Failed,
-            _ => MemberState::Rebuilding { cursor: m.cursor.load(SeqCst) },
+            _ => MemberState::Rebuilding {
+                cursor: m.cursor.load(SeqCst),
+            },
         }
     }
 
     fn unavailable_count(&self) -> usize {
-        (0..self.members.len()).filter(|&d| self.members[d].tag.load(SeqCst) == TAG_FAILED).count()
+        (0..self.members.len())
+            .filter(|&d| self.members[d].tag.load(SeqCst) == TAG_FAILED)
+            .count()
     }
 
     /// Whether `device` holds current content for `stripe`.
@@ -538,12 +620,21 @@ impl Array {
     pub fn status(&self) -> Status {
         let cfg = self.config.lock().unwrap();
         let devices: Vec<DeviceStatus> = (0..self.members.len())
-            .map(|d| DeviceStatus { position: d, path: cfg.file.devices[d].clone(), state: self.member_state(d) })
+            .map(|d| DeviceStatus {
+                position: d,
+                path: cfg.file.devices[d].clone(),
+                state: self.member_state(d),
+            })
             .collect();
-        let down = devices.iter().filter(|d| d.state != MemberState::Active).count();
+        let down = devices
+            .iter()
+            .filter(|d| d.state != MemberState::Active)
+            .count();
         let health = match down {
             0 => "healthy".to_string(),
-            x if x <= self.geo.m() => format!("degraded ({x} of {} devices not in service)", devices.len()),
+            x if x <= self.geo.m() => {
+                format!("degraded ({x} of {} devices not in service)", devices.len())
+            }
             x => format!("failed ({x} devices not in service)"),
         };
         Status {
@@ -575,7 +666,9 @@ impl Array {
     fn persist_locked(&self, cfg: &mut ConfigState) -> Result<()> {
         for _attempt in 0..=self.members.len() {
             cfg.generation += 1;
-            let states: Vec<MemberState> = (0..self.members.len()).map(|d| self.member_state(d)).collect();
+            let states: Vec<MemberState> = (0..self.members.len())
+                .map(|d| self.member_state(d))
+                .collect();
             let mut newly_failed = false;
             for d in 0..self.members.len() {
                 if states[d] == MemberState::Failed {
@@ -592,7 +685,9 @@ impl Array {
                     states: states.clone(),
                 };
                 let bytes = sb.encode();
-                let r = dev.write_at(&bytes, Superblock::slot_offset(cfg.generation)).and_then(|_| dev.sync());
+                let r = dev
+                    .write_at(&bytes, Superblock::slot_offset(cfg.generation))
+                    .and_then(|_| dev.sync());
                 match r {
                     Ok(()) => {
                         self.counters.devices[d].write(IoClass::Metadata, bytes.len());
@@ -601,7 +696,9 @@ impl Array {
                     Err(e) => {
                         self.counters.devices[d].error();
                         self.set_failed(d);
-                        self.warn(format!("device {d} failed while writing its superblock: {e}"));
+                        self.warn(format!(
+                            "device {d} failed while writing its superblock: {e}"
+                        ));
                         newly_failed = true;
                     }
                 }
@@ -634,7 +731,9 @@ impl Array {
             return;
         }
         *self.members[d].dev.write().unwrap() = None;
-        self.warn(format!("device {d} failed ({what}: {err}); continuing degraded"));
+        self.warn(format!(
+            "device {d} failed ({what}: {err}); continuing degraded"
+        ));
         if let Err(e) = self.persist_superblocks() {
             self.warn(format!("recording the failure of device {d}: {e}"));
         }
@@ -659,7 +758,10 @@ impl Array {
 
     fn check_position(&self, d: usize) -> Result<()> {
         if d >= self.members.len() {
-            return Err(Error::Config(format!("no device at position {d}; the array has {}", self.members.len())));
+            return Err(Error::Config(format!(
+                "no device at position {d}; the array has {}",
+                self.members.len()
+            )));
         }
         Ok(())
     }
@@ -672,11 +774,15 @@ impl Array {
             Some(p) => p.to_owned(),
             None => self.config.lock().unwrap().file.devices[d].clone(),
         };
-        let dev_err = |reason: String| Error::Device { path: path.clone(), reason };
+        let dev_err = |reason: String| Error::Device {
+            path: path.clone(),
+            reason,
+        };
         let dev = if path.exists() {
             FileDevice::open(&path).map_err(|e| dev_err(format!("cannot open: {e}")))?
         } else {
-            FileDevice::create_file(&path, self.geo.device_bytes_min()).map_err(|e| dev_err(format!("cannot create: {e}")))?
+            FileDevice::create_file(&path, self.geo.device_bytes_min())
+                .map_err(|e| dev_err(format!("cannot create: {e}")))?
         };
         self.install_replacement(d, Arc::new(dev), &path)
     }
@@ -685,10 +791,15 @@ impl Array {
     pub fn install_replacement(&self, d: usize, dev: Arc<dyn Device>, path: &Path) -> Result<()> {
         self.check_position(d)?;
         if self.members[d].tag.load(SeqCst) != TAG_FAILED {
-            return Err(Error::Config(format!("device {d} is in service; `ecdedup fail {d}` it first")));
+            return Err(Error::Config(format!(
+                "device {d} is in service; `ecdedup fail {d}` it first"
+            )));
         }
         let mut cfg = self.config.lock().unwrap();
-        let dev_err = |reason: String| Error::Device { path: path.to_owned(), reason };
+        let dev_err = |reason: String| Error::Device {
+            path: path.to_owned(),
+            reason,
+        };
         let need = self.geo.device_bytes_min();
         if dev.size() < need {
             return Err(dev_err(format!("holds {} bytes, needs {need}", dev.size())));
@@ -703,11 +814,13 @@ impl Array {
         }
         let canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
         for (i, other) in cfg.file.devices.iter().enumerate() {
-            if i != d && std::fs::canonicalize(other).unwrap_or_else(|_| other.clone()) == canonical {
+            if i != d && std::fs::canonicalize(other).unwrap_or_else(|_| other.clone()) == canonical
+            {
                 return Err(dev_err(format!("is already device {i} of this array")));
             }
         }
-        dev.discard(0, need).map_err(|e| dev_err(format!("cannot wipe: {e}")))?;
+        dev.discard(0, need)
+            .map_err(|e| dev_err(format!("cannot wipe: {e}")))?;
         self.tables[d].reset_zeroed();
         cfg.device_uuids[d] = *uuid::Uuid::new_v4().as_bytes();
         cfg.file.devices[d] = canonical;
@@ -722,10 +835,19 @@ impl Array {
         let mut cur = self.operation.lock().unwrap();
         if let Some(p) = cur.as_ref() {
             if !p.finished {
-                return Err(Error::Busy(format!("{} is running ({} of {})", p.op, p.done, p.total)));
+                return Err(Error::Busy(format!(
+                    "{} is running ({} of {})",
+                    p.op, p.done, p.total
+                )));
             }
         }
-        *cur = Some(OpProgress { op: op.into(), done: 0, total, finished: false, error: None });
+        *cur = Some(OpProgress {
+            op: op.into(),
+            done: 0,
+            total,
+            finished: false,
+            error: None,
+        });
         Ok(())
     }
 
@@ -753,7 +875,9 @@ impl Array {
     /// Clean shutdown: everything durable, intent map clean.
     pub fn close(&self) -> Result<()> {
         self.flush()?;
-        self.intent.clear_all().map_err(|e| Error::io("clearing the intent log", e))
+        self.intent
+            .clear_all()
+            .map_err(|e| Error::io("clearing the intent log", e))
     }
 }
 

@@ -21,7 +21,9 @@ pub enum MemberState {
     Active,
     Failed,
     /// Stripes below `cursor` hold rebuilt content.
-    Rebuilding { cursor: u64 },
+    Rebuilding {
+        cursor: u64,
+    },
 }
 
 impl MemberState {
@@ -112,7 +114,9 @@ impl Superblock {
             block_bytes: u32_at(76),
             stripes: u64_at(80),
         };
-        geometry.validate().map_err(|e| Error::Corrupt(format!("superblock geometry: {e}")))?;
+        geometry
+            .validate()
+            .map_err(|e| Error::Corrupt(format!("superblock geometry: {e}")))?;
         if u64_at(96) != geometry.data_offset() {
             return corrupt("data offset does not match geometry");
         }
@@ -190,7 +194,10 @@ mod tests {
         for at in (0..bytes.len()).step_by(7) {
             let mut b = bytes.clone();
             b[at] ^= 0x40;
-            assert!(Superblock::decode(&b).is_err(), "flip at {at} went unnoticed");
+            assert!(
+                Superblock::decode(&b).is_err(),
+                "flip at {at} went unnoticed"
+            );
         }
     }
 
@@ -199,10 +206,18 @@ mod tests {
         let a = sample();
         let mut b = sample();
         b.generation = 6;
-        assert_eq!(Superblock::newest(&a.encode(), &b.encode()).unwrap().generation, 6);
+        assert_eq!(
+            Superblock::newest(&a.encode(), &b.encode())
+                .unwrap()
+                .generation,
+            6
+        );
         let mut torn = b.encode();
         torn[100] ^= 1;
-        assert_eq!(Superblock::newest(&a.encode(), &torn).unwrap().generation, 5);
+        assert_eq!(
+            Superblock::newest(&a.encode(), &torn).unwrap().generation,
+            5
+        );
         assert!(Superblock::newest(&[0; 4096], &[0; 4096]).is_err());
     }
 }

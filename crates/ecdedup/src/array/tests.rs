@@ -21,10 +21,14 @@ impl Rig {
         let dir = tempfile::tempdir().unwrap();
         let volume_bytes = stripes * k as u64 * stripe_unit_bytes as u64;
         let geo = Geometry::new(n, k, m, stripe_unit_bytes, volume_bytes).unwrap();
-        let mems: Vec<MemDevice> = (0..n).map(|i| MemDevice::new(&format!("d{i}"), geo.device_bytes_min())).collect();
+        let mems: Vec<MemDevice> = (0..n)
+            .map(|i| MemDevice::new(&format!("d{i}"), geo.device_bytes_min()))
+            .collect();
         let plans: Vec<Arc<FaultPlan>> = (0..n).map(|_| FaultPlan::new()).collect();
         let opts = CreateOptions {
-            devices: (0..n).map(|i| PathBuf::from(format!("/nonexistent/mem{i}"))).collect(),
+            devices: (0..n)
+                .map(|i| PathBuf::from(format!("/nonexistent/mem{i}")))
+                .collect(),
             k,
             m,
             stripe_unit_bytes,
@@ -32,9 +36,18 @@ impl Rig {
             // Small regions, so the intent log has several.
             intent_region_bytes: 2 * k as u64 * stripe_unit_bytes as u64,
         };
-        let devs = mems.iter().map(|d| Arc::new(d.clone()) as Arc<dyn Device>).collect();
+        let devs = mems
+            .iter()
+            .map(|d| Arc::new(d.clone()) as Arc<dyn Device>)
+            .collect();
         format(dir.path(), &opts, devs).unwrap();
-        let mut rig = Rig { dir, mems, plans, array: None, model: vec![0; volume_bytes as usize] };
+        let mut rig = Rig {
+            dir,
+            mems,
+            plans,
+            array: None,
+            model: vec![0; volume_bytes as usize],
+        };
         rig.open();
         rig
     }
@@ -43,7 +56,9 @@ impl Rig {
         self.mems
             .iter()
             .zip(&self.plans)
-            .map(|(m, p)| Some(Arc::new(FaultyDevice::new(m.clone(), Arc::clone(p))) as Arc<dyn Device>))
+            .map(|(m, p)| {
+                Some(Arc::new(FaultyDevice::new(m.clone(), Arc::clone(p))) as Arc<dyn Device>)
+            })
             .collect()
     }
 
@@ -79,7 +94,11 @@ impl Rig {
     fn assert_matches_model(&self) {
         let mut buf = vec![0u8; self.model.len()];
         self.a().read(&mut buf, 0).unwrap();
-        assert!(buf == self.model, "volume differs from model at byte {:?}", buf.iter().zip(&self.model).position(|(a, b)| a != b));
+        assert!(
+            buf == self.model,
+            "volume differs from model at byte {:?}",
+            buf.iter().zip(&self.model).position(|(a, b)| a != b)
+        );
     }
 
     fn assert_consistent(&self) {
@@ -89,7 +108,11 @@ impl Rig {
     }
 
     fn failed(&self) -> usize {
-        self.a().member_states().iter().filter(|s| **s != MemberState::Active).count()
+        self.a()
+            .member_states()
+            .iter()
+            .filter(|s| **s != MemberState::Active)
+            .count()
     }
 
     fn replace_and_rebuild(&mut self, d: usize) {
@@ -98,7 +121,9 @@ impl Rig {
         self.mems[d] = fresh.clone();
         self.plans[d] = FaultPlan::new();
         let dev = Arc::new(FaultyDevice::new(fresh, Arc::clone(&self.plans[d])));
-        self.a().install_replacement(d, dev, Path::new(&format!("/nonexistent/new{d}"))).unwrap();
+        self.a()
+            .install_replacement(d, dev, Path::new(&format!("/nonexistent/new{d}")))
+            .unwrap();
         self.a().rebuild(None).unwrap();
     }
 
@@ -138,9 +163,23 @@ fn a_small_write_reads_one_data_block_and_the_parity_blocks() {
     let before = rig.a().stats();
     rig.write(4096, &pattern(9, 4096));
     let after = rig.a().stats();
-    let reads = |s: &Stats| -> u64 { s.devices.iter().map(|d| d.read_ops.data + d.read_ops.parity).sum() };
-    let writes = |s: &Stats| -> u64 { s.devices.iter().map(|d| d.write_ops.data + d.write_ops.parity).sum() };
-    assert_eq!(reads(&after) - reads(&before), 3, "RMW of RS(4,2) reads 1 data + 2 parity");
+    let reads = |s: &Stats| -> u64 {
+        s.devices
+            .iter()
+            .map(|d| d.read_ops.data + d.read_ops.parity)
+            .sum()
+    };
+    let writes = |s: &Stats| -> u64 {
+        s.devices
+            .iter()
+            .map(|d| d.write_ops.data + d.write_ops.parity)
+            .sum()
+    };
+    assert_eq!(
+        reads(&after) - reads(&before),
+        3,
+        "RMW of RS(4,2) reads 1 data + 2 parity"
+    );
     assert_eq!(writes(&after) - writes(&before), 3);
 }
 
@@ -152,8 +191,18 @@ fn healthy_reads_touch_only_the_data_unit() {
     let mut buf = vec![0u8; 8192];
     rig.a().read(&mut buf, 8192).unwrap();
     let after = rig.a().stats();
-    let parity_reads: u64 = after.devices.iter().zip(&before.devices).map(|(a, b)| a.read_ops.parity - b.read_ops.parity).sum();
-    let data_reads: u64 = after.devices.iter().zip(&before.devices).map(|(a, b)| a.read_ops.data - b.read_ops.data).sum();
+    let parity_reads: u64 = after
+        .devices
+        .iter()
+        .zip(&before.devices)
+        .map(|(a, b)| a.read_ops.parity - b.read_ops.parity)
+        .sum();
+    let data_reads: u64 = after
+        .devices
+        .iter()
+        .zip(&before.devices)
+        .map(|(a, b)| a.read_ops.data - b.read_ops.data)
+        .sum();
     assert_eq!((data_reads, parity_reads), (1, 0));
 }
 
@@ -164,7 +213,10 @@ fn reads_and_writes_go_on_with_m_failed_devices_and_rebuild_restores_every_block
     rig.write(0, &pattern(11, vol));
     rig.a().fail_device(1).unwrap();
     rig.a().fail_device(4).unwrap();
-    assert!(rig.a().fail_device(5).is_err(), "a third failure must be refused");
+    assert!(
+        rig.a().fail_device(5).is_err(),
+        "a third failure must be refused"
+    );
     rig.assert_matches_model();
     rig.write(5000, &pattern(12, 70000));
     rig.zero(100_000, 40_000);
@@ -190,9 +242,17 @@ fn a_device_that_dies_mid_run_is_latched_failed_and_no_data_is_lost() {
     assert_eq!(rig.a().member_states()[2], MemberState::Failed);
     rig.plans[2].dead.store(false, Ordering::SeqCst);
     rig.assert_matches_model();
-    assert_eq!(rig.a().member_states()[2], MemberState::Failed, "a failure is latched, not forgotten");
+    assert_eq!(
+        rig.a().member_states()[2],
+        MemberState::Failed,
+        "a failure is latched, not forgotten"
+    );
     rig.restart();
-    assert_eq!(rig.a().member_states()[2], MemberState::Failed, "and survives a restart");
+    assert_eq!(
+        rig.a().member_states()[2],
+        MemberState::Failed,
+        "and survives a restart"
+    );
     rig.assert_matches_model();
 }
 
@@ -206,7 +266,10 @@ fn corrupted_blocks_are_detected_repaired_and_counted() {
     }
     rig.assert_matches_model();
     let s = rig.a().stats().array;
-    assert!(s.checksum_mismatches >= 1 && s.repaired_blocks >= 1, "{s:?}");
+    assert!(
+        s.checksum_mismatches >= 1 && s.repaired_blocks >= 1,
+        "{s:?}"
+    );
     let report = rig.a().scrub(true, None).unwrap();
     assert!(report.checksum_mismatches >= 1);
     rig.assert_consistent();
@@ -221,13 +284,20 @@ fn a_crash_in_the_middle_of_a_stripe_update_closes_the_write_hole() {
         rig.write(0, &pattern(41, vol));
         rig.a().flush().unwrap();
         let parity_device = rig.a().geometry().place(1, 4).device;
-        rig.plans[parity_device].writes_before_crash.store(cut_after, Ordering::SeqCst);
+        rig.plans[parity_device]
+            .writes_before_crash
+            .store(cut_after, Ordering::SeqCst);
         let sd = 4 * 8192;
         // A partial write to stripe 1: its parity on that device is left stale.
         rig.write(sd + 8192, &pattern(42, 4096));
-        rig.plans[parity_device].writes_before_crash.store(-1, Ordering::SeqCst);
+        rig.plans[parity_device]
+            .writes_before_crash
+            .store(-1, Ordering::SeqCst);
         rig.crash_and_restart();
-        assert!(rig.a().stats().array.resync_stripes > 0, "the dirty region was resynchronised");
+        assert!(
+            rig.a().stats().array.resync_stripes > 0,
+            "the dirty region was resynchronised"
+        );
         rig.assert_consistent();
         // The data that was not being written survives a later failure of
         // the device holding it.
@@ -245,10 +315,15 @@ fn without_resync_a_torn_stripe_would_be_detected_by_scrub() {
     rig.write(0, &pattern(51, vol));
     rig.a().flush().unwrap();
     let parity_device = rig.a().geometry().place(1, 4).device;
-    rig.plans[parity_device].writes_before_crash.store(0, Ordering::SeqCst);
+    rig.plans[parity_device]
+        .writes_before_crash
+        .store(0, Ordering::SeqCst);
     rig.write(4 * 8192 + 8192, &pattern(52, 4096));
     let report = rig.a().scrub(false, None).unwrap();
-    assert!(report.parity_mismatches > 0 || report.checksum_mismatches > 0, "{report:?}");
+    assert!(
+        report.parity_mismatches > 0 || report.checksum_mismatches > 0,
+        "{report:?}"
+    );
 }
 
 #[test]
@@ -268,8 +343,14 @@ fn out_of_range_requests_are_refused_and_change_nothing() {
     let mut rig = Rig::new(6, 4, 2, 4096, 2);
     let vol = rig.model.len() as u64;
     rig.write(0, &pattern(71, vol as usize));
-    assert!(matches!(rig.a().write(&[1; 4096], vol - 100, false), Err(Error::OutOfRange { .. })));
-    assert!(matches!(rig.a().read(&mut [0; 10], u64::MAX - 3), Err(Error::OutOfRange { .. })));
+    assert!(matches!(
+        rig.a().write(&[1; 4096], vol - 100, false),
+        Err(Error::OutOfRange { .. })
+    ));
+    assert!(matches!(
+        rig.a().read(&mut [0; 10], u64::MAX - 3),
+        Err(Error::OutOfRange { .. })
+    ));
     assert!(rig.a().write_zeroes(vol, 1, false).is_err());
     rig.assert_matches_model();
 }
@@ -277,7 +358,9 @@ fn out_of_range_requests_are_refused_and_change_nothing() {
 #[test]
 fn a_second_open_of_the_same_array_is_refused() {
     let rig = Rig::new(6, 4, 2, 4096, 2);
-    let err = Array::open_with_devices(rig.dir.path(), rig.devices(), None).err().unwrap();
+    let err = Array::open_with_devices(rig.dir.path(), rig.devices(), None)
+        .err()
+        .unwrap();
     assert!(matches!(err, Error::Busy(_)), "{err}");
 }
 
@@ -289,21 +372,42 @@ fn too_many_missing_devices_refuse_to_open_with_a_reason() {
     devs[0] = None;
     devs[3] = None;
     devs[5] = None;
-    let err = Array::open_with_devices(rig.dir.path(), devs, None).err().unwrap();
-    assert!(err.to_string().contains("3 of 6 devices are failed or missing"), "{err}");
+    let err = Array::open_with_devices(rig.dir.path(), devs, None)
+        .err()
+        .unwrap();
+    assert!(
+        err.to_string()
+            .contains("3 of 6 devices are failed or missing"),
+        "{err}"
+    );
 }
 
 #[derive(Clone, Debug)]
 enum Op {
-    Write { at: u64, len: u64, seed: u64, aligned: bool },
-    Zero { at: u64, len: u64 },
+    Write {
+        at: u64,
+        len: u64,
+        seed: u64,
+        aligned: bool,
+    },
+    Zero {
+        at: u64,
+        len: u64,
+    },
     Flush,
-    Fail { d: usize },
-    Die { d: usize },
+    Fail {
+        d: usize,
+    },
+    Die {
+        d: usize,
+    },
     Rebuild,
     Restart,
     Crash,
-    Corrupt { d: usize, at: u64 },
+    Corrupt {
+        d: usize,
+        at: u64,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {

@@ -42,7 +42,7 @@ impl<D: Device> FaultyDevice<D> {
 
     fn check_dead(&self) -> io::Result<()> {
         if self.plan.dead.load(Ordering::SeqCst) {
-            Err(io::Error::new(io::ErrorKind::Other, "injected: device dead"))
+            Err(io::Error::other("injected: device dead"))
         } else {
             Ok(())
         }
@@ -67,7 +67,7 @@ impl<D: Device> Device for FaultyDevice<D> {
         self.check_dead()?;
         if let Some((start, end)) = *self.plan.bad_read_range.lock().unwrap() {
             if offset < end && offset + buf.len() as u64 > start {
-                return Err(io::Error::new(io::ErrorKind::Other, "injected: bad sector"));
+                return Err(io::Error::other("injected: bad sector"));
             }
         }
         self.inner.read_at(buf, offset)

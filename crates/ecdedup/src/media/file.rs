@@ -34,12 +34,22 @@ impl FileDevice {
                 "not a regular file or block device",
             ));
         };
-        Ok(FileDevice { file, path: path.to_owned(), size, is_block_device })
+        Ok(FileDevice {
+            file,
+            path: path.to_owned(),
+            size,
+            is_block_device,
+        })
     }
 
     /// Creates (or extends) a sparse file of `size` bytes and opens it.
     pub fn create_file(path: &Path, size: u64) -> io::Result<FileDevice> {
-        let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path)?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)?;
         if file.metadata()?.len() < size {
             file.set_len(size)?;
         }

@@ -13,7 +13,10 @@ pub struct MemDevice {
 
 impl MemDevice {
     pub fn new(name: &str, size: u64) -> MemDevice {
-        MemDevice { bytes: Arc::new(Mutex::new(vec![0; size as usize])), name: name.to_owned() }
+        MemDevice {
+            bytes: Arc::new(Mutex::new(vec![0; size as usize])),
+            name: name.to_owned(),
+        }
     }
 
     /// Direct access for corruption tests.
@@ -23,11 +26,15 @@ impl MemDevice {
 }
 
 fn range_check(len: usize, offset: u64, size: usize) -> io::Result<std::ops::Range<usize>> {
-    let start = usize::try_from(offset).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let start =
+        usize::try_from(offset).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     let end = start.checked_add(len).filter(|&e| e <= size);
     match end {
         Some(end) => Ok(start..end),
-        None => Err(io::Error::new(io::ErrorKind::UnexpectedEof, "beyond end of device")),
+        None => Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "beyond end of device",
+        )),
     }
 }
 
