@@ -59,7 +59,7 @@ enum Command {
         /// Listen on TCP instead: PORT (binds 127.0.0.1) or HOST:PORT.
         #[arg(long)]
         tcp: Option<String>,
-        /// Expose Prometheus text on this address, e.g. 127.0.0.1:9500.
+        /// Expose Prometheus text at /metrics: PORT (binds 127.0.0.1) or HOST:PORT.
         #[arg(long)]
         metrics: Option<String>,
         /// nbdkit worker threads.
