@@ -475,15 +475,9 @@ fn serve(
 
 /// True when another process holds the array.
 fn open_offline_probe(dir: &Path) -> Result<bool> {
-    let path = dir.join(array::LOCK_FILE);
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
-    use std::os::unix::io::AsRawFd;
-    // SAFETY: flock on a valid descriptor; released when `f` closes.
-    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    Ok(rc != 0)
+    match array::lock_dir(dir) {
+        Ok(_) => Ok(false),
+        Err(Error::Busy(_)) => Ok(true),
+        Err(e) => Err(e),
+    }
 }

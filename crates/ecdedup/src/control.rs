@@ -184,7 +184,11 @@ pub fn request(dir: &Path, req: &Request) -> Result<Response> {
 pub fn serve_metrics(array: Arc<Array>, addr: &str) -> Result<()> {
     use std::net::TcpListener;
     // A bare port binds loopback only.
-    let addr = if addr.contains(':') { addr.to_string() } else { format!("127.0.0.1:{addr}") };
+    let addr = if addr.contains(':') {
+        addr.to_string()
+    } else {
+        format!("127.0.0.1:{addr}")
+    };
     let addr = addr.as_str();
     let listener = TcpListener::bind(addr)
         .map_err(|e| Error::io(format!("binding metrics address {addr}"), e))?;

@@ -109,7 +109,7 @@ impl Array {
         }
     }
 
-    fn lock_index(stripe: u64) -> usize {
+    pub(super) fn lock_index(stripe: u64) -> usize {
         (stripe % super::STRIPE_LOCKS as u64) as usize
     }
 

@@ -70,7 +70,7 @@ impl Array {
         let mut degraded = 0u64;
         for &(start, end) in ranges {
             for stripe in start..end {
-                let _g = self.locks[Self::lock_index_pub(stripe)].write().unwrap();
+                let _g = self.locks[Self::lock_index(stripe)].write().unwrap();
                 if !self.resync_stripe(stripe) {
                     degraded += 1;
                 }
@@ -133,10 +133,6 @@ impl Array {
         }
     }
 
-    pub(super) fn lock_index_pub(stripe: u64) -> usize {
-        (stripe % super::STRIPE_LOCKS as u64) as usize
-    }
-
     /// Checks every block's checksum and every stripe's parity; with
     /// `repair`, rewrites what is wrong from the redundancy.
     pub fn scrub(&self, repair: bool, progress: Option<ProgressFn>) -> Result<ScrubReport> {
@@ -161,7 +157,7 @@ impl Array {
         let block = g.block() as usize;
         let mut report = ScrubReport::default();
         for stripe in 0..g.stripes {
-            let _g = self.locks[Self::lock_index_pub(stripe)].write().unwrap();
+            let _g = self.locks[Self::lock_index(stripe)].write().unwrap();
             let mut units = self.read_stripe_raw(stripe);
             let mut bad_rows = std::collections::BTreeSet::new();
             for (role, unit) in units.iter().enumerate() {
@@ -243,7 +239,7 @@ impl Array {
             let mut last_checkpoint = Instant::now();
             for stripe in start..g.stripes {
                 {
-                    let _g = self.locks[Self::lock_index_pub(stripe)].write().unwrap();
+                    let _g = self.locks[Self::lock_index(stripe)].write().unwrap();
                     if self.members[d].tag.load(SeqCst) != TAG_REBUILDING {
                         return Err(Error::Unavailable(format!(
                             "device {d} failed during its rebuild"

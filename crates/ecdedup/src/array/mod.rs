@@ -194,7 +194,8 @@ pub struct Array {
     _lock_file: File,
 }
 
-fn lock_dir(dir: &Path) -> Result<File> {
+/// Takes the array folder's lock, or says who holds it.
+pub fn lock_dir(dir: &Path) -> Result<File> {
     let path = dir.join(LOCK_FILE);
     let f = std::fs::OpenOptions::new()
         .create(true)

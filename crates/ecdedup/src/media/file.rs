@@ -79,14 +79,7 @@ impl Device for FileDevice {
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         if self.is_block_device {
             // BLKDISCARD does not guarantee zeroes on every device; write them.
-            let zero = vec![0u8; len.min(1 << 20) as usize];
-            let mut done = 0;
-            while done < len {
-                let n = (len - done).min(zero.len() as u64) as usize;
-                self.write_at(&zero[..n], offset + done)?;
-                done += n as u64;
-            }
-            return Ok(());
+            return super::write_zeroes(self, offset, len);
         }
         // SAFETY: fallocate on a valid fd with in-range arguments.
         let rc = unsafe {

@@ -28,17 +28,22 @@ pub trait Device: Send + Sync {
     /// Tells the device that `[offset, offset+len)` now reads as zeroes and
     /// its space may be released. The default writes zeroes.
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
-        let zero = vec![0u8; len.min(1 << 20) as usize];
-        let mut done = 0;
-        while done < len {
-            let n = (len - done).min(zero.len() as u64) as usize;
-            self.write_at(&zero[..n], offset + done)?;
-            done += n as u64;
-        }
-        Ok(())
+        write_zeroes(self, offset, len)
     }
     /// Size in bytes.
     fn size(&self) -> u64;
     /// Where this device lives, for messages.
     fn describe(&self) -> String;
+}
+
+/// Writes zeroes over a range, 1 MiB at a time.
+pub fn write_zeroes<D: Device + ?Sized>(dev: &D, offset: u64, len: u64) -> io::Result<()> {
+    let zero = vec![0u8; len.min(1 << 20) as usize];
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(zero.len() as u64) as usize;
+        dev.write_at(&zero[..n], offset + done)?;
+        done += n as u64;
+    }
+    Ok(())
 }
