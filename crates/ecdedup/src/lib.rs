@@ -13,6 +13,7 @@ pub mod codec;
 pub mod control;
 pub mod counters;
 pub mod error;
+pub mod fingerprint;
 pub mod media;
 pub mod units;
 pub mod volume;

@@ -1,0 +1,1 @@
+//! Fingerprints (content hashes) for dedup. STUB: to be implemented.
