@@ -183,6 +183,7 @@ fn run(cli: Cli) -> Result<()> {
                 stripe_unit_bytes,
                 volume_bytes: parse_size(&size)?,
                 intent_region_bytes: parse_size(&intent_region)?,
+                dedup: Default::default(),
             };
             array::create(&dir, &opts)?;
             println!(

@@ -156,12 +156,16 @@ pub struct DeviceStats {
 }
 
 /// Everything `ecdedup stats` prints.
-#[derive(Clone, Debug, Default, Serialize, serde::Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize, PartialEq)]
 pub struct Stats {
     pub array: ArrayStats,
     pub devices: Vec<DeviceStats>,
     /// Bytes of RAM held by the per-block checksum tables.
     pub checksum_table_bytes: u64,
+    /// The dedup layer of each device (null where the policy is none or
+    /// the device is out of service).
+    #[serde(default)]
+    pub dedup: Vec<Option<crate::dedup::DedupStats>>,
 }
 
 pub struct Counters {
@@ -187,6 +191,7 @@ impl Counters {
                 .map(|(i, d)| d.snapshot(i))
                 .collect(),
             checksum_table_bytes,
+            dedup: Vec::new(),
         }
     }
 }

@@ -12,6 +12,7 @@ pub mod cli;
 pub mod codec;
 pub mod control;
 pub mod counters;
+pub mod dedup;
 pub mod error;
 pub mod fingerprint;
 pub mod media;

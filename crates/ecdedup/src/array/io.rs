@@ -234,7 +234,7 @@ impl Array {
         }
         for role in (0..w).filter(|&r| repair[r]) {
             let place = g.place(stripe, role);
-            if self.write_unit_blocks(stripe, role, b, &shards[role]) {
+            if self.write_unit_blocks_as(stripe, role, b, &shards[role], true) {
                 bump(&self.counters.array.repaired_blocks);
                 let _ = place;
             }
@@ -264,6 +264,18 @@ impl Array {
     /// checksums; skips a device that does not hold the stripe. Returns
     /// whether the device took the write.
     pub(super) fn write_unit_blocks(&self, stripe: u64, role: usize, b: u64, bytes: &[u8]) -> bool {
+        self.write_unit_blocks_as(stripe, role, b, bytes, false)
+    }
+
+    /// As `write_unit_blocks`; `repair` says the bytes replace corrupt content.
+    fn write_unit_blocks_as(
+        &self,
+        stripe: u64,
+        role: usize,
+        b: u64,
+        bytes: &[u8],
+        repair: bool,
+    ) -> bool {
         let g = &self.geo;
         let place = g.place(stripe, role);
         if !self.holds(place.device, stripe) {
@@ -272,7 +284,11 @@ impl Array {
         let Some(dev) = self.device(place.device) else {
             return false;
         };
-        match dev.write_at(bytes, g.device_offset(place.row, b)) {
+        let hint = crate::media::WriteHint {
+            class: class_of(role, g.k()),
+            repair,
+        };
+        match dev.write_hinted(bytes, g.device_offset(place.row, b), hint) {
             Ok(()) => {
                 self.counters.devices[place.device].write(class_of(role, g.k()), bytes.len());
                 let table = &self.tables[place.device];

@@ -36,7 +36,9 @@ pub use superblock::MemberState;
 
 use crate::codec::Codec;
 use crate::counters::{Counters, IoClass, Stats};
+use crate::dedup::{DedupConfig, DedupDevice, Policy};
 use crate::error::{Error, Result};
+use crate::fingerprint::{CpuBackend, FingerprintBackend};
 use crate::media::{Device, FileDevice};
 use checksum::ChecksumTable;
 use intent::IntentLog;
@@ -71,6 +73,8 @@ pub struct ConfigFile {
     pub devices: Vec<PathBuf>,
     #[serde(default = "default_region_bytes")]
     pub intent_region_bytes: u64,
+    #[serde(default)]
+    pub dedup: DedupConfig,
 }
 
 fn default_region_bytes() -> u64 {
@@ -126,6 +130,7 @@ pub struct CreateOptions {
     pub stripe_unit_bytes: u32,
     pub volume_bytes: u64,
     pub intent_region_bytes: u64,
+    pub dedup: DedupConfig,
 }
 
 struct Member {
@@ -189,6 +194,9 @@ pub struct Array {
     config: Mutex<ConfigState>,
     operation: Mutex<Option<OpProgress>>,
     warnings: Mutex<Vec<String>>,
+    /// The dedup layer over each device, when the policy is not `none`.
+    dedup: Vec<RwLock<Option<Arc<DedupDevice>>>>,
+    backend: Option<Arc<dyn FingerprintBackend>>,
     /// Set by `simulate_crash`: drop without flushing, as kill -9 would.
     crashed: std::sync::atomic::AtomicBool,
     _lock_file: File,
@@ -212,6 +220,28 @@ pub fn lock_dir(dir: &Path) -> Result<File> {
         )));
     }
     Ok(f)
+}
+
+fn wrap_dedup(
+    dir: &Path,
+    config: &DedupConfig,
+    geo: &Geometry,
+    raw: Arc<dyn Device>,
+    backend: Arc<dyn FingerprintBackend>,
+    position: usize,
+    fresh: bool,
+) -> Result<Arc<DedupDevice>> {
+    let layer = DedupDevice::open(
+        raw,
+        config.clone(),
+        backend,
+        geo.data_offset(),
+        geo.rows_per_device() * geo.unit_bytes(),
+        &dir.join(DEDUP_DIR),
+        &dedup_name(position),
+        fresh,
+    )?;
+    Ok(Arc::new(layer))
 }
 
 fn read_superblock(dev: &dyn Device) -> Result<Superblock> {
@@ -268,6 +298,7 @@ pub fn format(dir: &Path, opts: &CreateOptions, devices: Vec<Arc<dyn Device>>) -
     let n = opts.devices.len() as u32;
     assert_eq!(devices.len(), n as usize);
     let geo = Geometry::new(n, opts.k, opts.m, opts.stripe_unit_bytes, opts.volume_bytes)?;
+    opts.dedup.validate(opts.stripe_unit_bytes)?;
     if !opts.volume_bytes.is_multiple_of(512) {
         return Err(Error::Config(format!(
             "volume size {} is not a multiple of 512 bytes",
@@ -320,6 +351,11 @@ pub fn format(dir: &Path, opts: &CreateOptions, devices: Vec<Arc<dyn Device>>) -
         geo.stripes,
         spr,
     )?;
+    if opts.dedup.policy != Policy::None {
+        for i in 0..devices.len() {
+            crate::dedup::reset_state(&dir.join(DEDUP_DIR), &dedup_name(i))?;
+        }
+    }
     let devices_abs = opts
         .devices
         .iter()
@@ -330,8 +366,16 @@ pub fn format(dir: &Path, opts: &CreateOptions, devices: Vec<Arc<dyn Device>>) -
         array_uuid,
         devices: devices_abs,
         intent_region_bytes: opts.intent_region_bytes,
+        dedup: opts.dedup.clone(),
     }
     .store(dir)
+}
+
+/// Where the dedup maps live, inside the array folder.
+pub const DEDUP_DIR: &str = "dedup";
+
+fn dedup_name(position: usize) -> String {
+    format!("dev{position}")
 }
 
 impl Array {
@@ -464,18 +508,54 @@ impl Array {
                 devices[i] = None;
             }
         }
+        let backend: Option<Arc<dyn FingerprintBackend>> = if cfg.dedup.policy != Policy::None {
+            cfg.dedup.validate(geo.stripe_unit_bytes)?;
+            Some(Arc::new(
+                CpuBackend::new(None).map_err(|e| Error::Config(e.to_string()))?,
+            ))
+        } else {
+            None
+        };
+        let mut dedup_layers = Vec::with_capacity(n);
+        for (i, slot) in devices.iter_mut().enumerate() {
+            let layer = match (slot.as_ref(), &backend) {
+                (Some(raw), Some(backend)) => {
+                    match wrap_dedup(
+                        dir,
+                        &cfg.dedup,
+                        &geo,
+                        Arc::clone(raw),
+                        Arc::clone(backend),
+                        i,
+                        false,
+                    ) {
+                        Ok(layer) => Some(layer),
+                        Err(e) => {
+                            warnings.push(format!(
+                                "device {i} treated as failed: {e}; `ecdedup replace {i}` and `rebuild` restore it from the other devices"
+                            ));
+                            states[i] = MemberState::Failed;
+                            changed = true;
+                            *slot = None;
+                            None
+                        }
+                    }
+                }
+                _ => None,
+            };
+            if let Some(layer) = &layer {
+                *slot = Some(Arc::clone(layer) as Arc<dyn Device>);
+            }
+            dedup_layers.push(RwLock::new(layer));
+        }
         let unusable = states.iter().filter(|s| **s == MemberState::Failed).count();
         if unusable > geo.m() {
             return Err(Error::Unavailable(format!(
-                "{unusable} of {n} devices are failed or missing; RS({},{}) survives at most {}.{}",
+                "{unusable} of {n} devices are failed or missing; RS({},{}) survives at most {}. {}",
                 geo.k,
                 geo.m,
                 geo.m,
-                if warnings.is_empty() {
-                    String::new()
-                } else {
-                    format!(" {}", warnings.join("; "))
-                }
+                warnings.join("; ")
             )));
         }
         let codec = Codec::new(geo.k(), geo.m()).map_err(|e| Error::Config(e.to_string()))?;
@@ -541,6 +621,8 @@ impl Array {
             }),
             operation: Mutex::new(None),
             warnings: Mutex::new(warnings),
+            dedup: dedup_layers,
+            backend,
             crashed: std::sync::atomic::AtomicBool::new(false),
             _lock_file: lock,
         };
@@ -584,7 +666,28 @@ impl Array {
 
     pub fn stats(&self) -> Stats {
         let table_bytes = self.tables.iter().map(|t| t.ram_bytes()).sum();
-        self.counters.snapshot(table_bytes)
+        let mut stats = self.counters.snapshot(table_bytes);
+        stats.dedup = self
+            .dedup
+            .iter()
+            .map(|l| l.read().unwrap().as_ref().map(|l| l.stats()))
+            .collect();
+        stats
+    }
+
+    pub fn dedup_config(&self) -> DedupConfig {
+        self.config.lock().unwrap().file.dedup.clone()
+    }
+
+    /// Consistency problems of the dedup maps (empty when all is well).
+    pub fn check_dedup_maps(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        for (d, layer) in self.dedup.iter().enumerate() {
+            if let Some(l) = layer.read().unwrap().as_ref() {
+                problems.extend(l.check().into_iter().map(|p| format!("device {d}: {p}")));
+            }
+        }
+        problems
     }
 
     fn member_state(&self, d: usize) -> MemberState {
@@ -723,6 +826,7 @@ impl Array {
     fn set_failed(&self, d: usize) {
         self.members[d].tag.store(TAG_FAILED, SeqCst);
         *self.members[d].dev.write().unwrap() = None;
+        *self.dedup[d].write().unwrap() = None;
     }
 
     /// Latches an I/O error: the device is failed from now on.
@@ -732,6 +836,7 @@ impl Array {
             return;
         }
         *self.members[d].dev.write().unwrap() = None;
+        *self.dedup[d].write().unwrap() = None;
         self.warn(format!(
             "device {d} failed ({what}: {err}); continuing degraded"
         ));
@@ -822,6 +927,22 @@ impl Array {
         }
         dev.discard(0, need)
             .map_err(|e| dev_err(format!("cannot wipe: {e}")))?;
+        let dev: Arc<dyn Device> = match &self.backend {
+            Some(backend) => {
+                let layer = wrap_dedup(
+                    &self.dir,
+                    &cfg.file.dedup,
+                    &self.geo,
+                    dev,
+                    Arc::clone(backend),
+                    d,
+                    true,
+                )?;
+                *self.dedup[d].write().unwrap() = Some(Arc::clone(&layer));
+                layer
+            }
+            None => dev,
+        };
         self.tables[d].reset_zeroed();
         cfg.device_uuids[d] = *uuid::Uuid::new_v4().as_bytes();
         cfg.file.devices[d] = canonical;

@@ -18,6 +18,17 @@ struct Rig {
 
 impl Rig {
     fn new(n: u32, k: u32, m: u32, stripe_unit_bytes: u32, stripes: u64) -> Rig {
+        Rig::with_dedup(n, k, m, stripe_unit_bytes, stripes, DedupConfig::default())
+    }
+
+    fn with_dedup(
+        n: u32,
+        k: u32,
+        m: u32,
+        stripe_unit_bytes: u32,
+        stripes: u64,
+        dedup: DedupConfig,
+    ) -> Rig {
         let dir = tempfile::tempdir().unwrap();
         let volume_bytes = stripes * k as u64 * stripe_unit_bytes as u64;
         let geo = Geometry::new(n, k, m, stripe_unit_bytes, volume_bytes).unwrap();
@@ -35,6 +46,7 @@ impl Rig {
             volume_bytes,
             // Small regions, so the intent log has several.
             intent_region_bytes: 2 * k as u64 * stripe_unit_bytes as u64,
+            dedup,
         };
         let devs = mems
             .iter()
@@ -133,6 +145,104 @@ impl Rig {
         let off = (g.data_offset() + at % (g.rows_per_device() * g.unit_bytes())) as usize;
         self.mems[d].with_bytes(|b| b[off] ^= 0x5a);
     }
+}
+
+fn dedup(policy: Policy) -> DedupConfig {
+    DedupConfig {
+        policy,
+        algorithm: crate::fingerprint::Algorithm::Sha1,
+        ..DedupConfig::default()
+    }
+}
+
+/// `count` blocks cycling through `distinct` different contents.
+fn repeating_blocks(count: usize, distinct: u64) -> Vec<u8> {
+    (0..count)
+        .flat_map(|i| pattern(1000 + i as u64 % distinct, 4096))
+        .collect()
+}
+
+#[test]
+fn duplicate_data_blocks_become_references_under_policy_all() {
+    let mut rig = Rig::with_dedup(6, 4, 2, 8192, 8, dedup(Policy::All));
+    let vol = rig.model.len();
+    rig.write(0, &repeating_blocks(vol / 4096, 3));
+    rig.assert_matches_model();
+    let stats = rig.a().stats();
+    let layers: Vec<_> = stats.dedup.iter().flatten().collect();
+    assert_eq!(layers.len(), 6);
+    let hits: u64 = layers.iter().map(|l| l.dedup_hits).sum();
+    let physical: u64 = layers.iter().map(|l| l.physical_writes).sum();
+    let hashed: u64 = layers.iter().map(|l| l.hash_ops).sum();
+    // 64 data blocks and 32 parity blocks; every one is fingerprinted.
+    assert_eq!(hashed, 96);
+    assert_eq!(hits + physical, 96);
+    assert!(
+        hits >= 60,
+        "{hits} hits of 96 blocks with 3 distinct data contents"
+    );
+    rig.restart();
+    rig.assert_matches_model();
+}
+
+#[test]
+fn parity_policy_hashes_only_parity_and_repeated_stripes_dedup_their_parity() {
+    let mut rig = Rig::with_dedup(6, 4, 2, 4096, 8, dedup(Policy::Parity));
+    let stripe = pattern(77, 4 * 4096);
+    for s in 0..8 {
+        rig.write(s * 4 * 4096, &stripe);
+    }
+    rig.assert_matches_model();
+    let stats = rig.a().stats();
+    let layers: Vec<_> = stats.dedup.iter().flatten().collect();
+    let hashed: u64 = layers.iter().map(|l| l.hash_ops).sum();
+    let hits: u64 = layers.iter().map(|l| l.dedup_hits).sum();
+    assert_eq!(hashed, 16, "8 stripes x 2 parity blocks, data never hashed");
+    // Parity rotates over 6 devices, so each device sees the same P or Q
+    // content again after its first one: 16 parity writes, at most 12 first sights.
+    assert!(hits >= 4, "{hits}");
+}
+
+#[test]
+fn overwrites_and_trims_release_slots_and_nothing_leaks_across_restarts() {
+    let mut rig = Rig::with_dedup(6, 4, 2, 4096, 16, dedup(Policy::All));
+    let vol = rig.model.len();
+    rig.write(0, &repeating_blocks(vol / 4096, 5));
+    rig.write(0, &pattern(5, vol));
+    rig.zero(0, vol as u64 / 2);
+    rig.a().flush().unwrap();
+    assert!(rig.a().check_dedup_maps().is_empty());
+    rig.crash_and_restart();
+    assert!(
+        rig.a().check_dedup_maps().is_empty(),
+        "{:?}",
+        rig.a().check_dedup_maps()
+    );
+    rig.assert_matches_model();
+    rig.assert_consistent();
+}
+
+#[test]
+fn a_corrupt_dedup_map_fails_only_its_device_and_rebuild_restores_it() {
+    let mut rig = Rig::with_dedup(6, 4, 2, 4096, 8, dedup(Policy::All));
+    let vol = rig.model.len();
+    rig.write(0, &repeating_blocks(vol / 4096, 4));
+    rig.array = None;
+    std::fs::write(rig.dir.path().join(DEDUP_DIR).join("dev3.log"), b"garbage").unwrap();
+    rig.open();
+    assert_eq!(rig.a().member_states()[3], MemberState::Failed);
+    assert!(
+        rig.a()
+            .warnings()
+            .iter()
+            .any(|w| w.contains("device 3") && w.contains("replace 3")),
+        "{:?}",
+        rig.a().warnings()
+    );
+    rig.assert_matches_model();
+    rig.replace_and_rebuild(3);
+    rig.assert_consistent();
+    assert!(rig.a().check_dedup_maps().is_empty());
 }
 
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
@@ -426,15 +536,26 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    // PROPTEST_CASES=2000 for a longer run.
+    #![proptest_config(ProptestConfig::with_cases(
+        std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(48)
+    ))]
 
     #[test]
     fn the_volume_always_reads_back_its_model(
         k in 1u32..5, m in 1u32..3, extra in 0u32..2, unit_shift in 0u32..2, stripes in 2u64..7,
+        policy in 0u8..3, verify in any::<bool>(), index_entries in 1u64..64,
         ops in proptest::collection::vec(op(), 1..30),
     ) {
         let n = k + m + extra;
-        let mut rig = Rig::new(n, k, m, 4096 << unit_shift, stripes);
+        let dedup = DedupConfig {
+            policy: [Policy::None, Policy::All, Policy::Parity][policy as usize],
+            algorithm: crate::fingerprint::Algorithm::Sha1,
+            verify,
+            index_entries_max: index_entries,
+            ..DedupConfig::default()
+        };
+        let mut rig = Rig::with_dedup(n, k, m, 4096 << unit_shift, stripes, dedup);
         let vol = rig.model.len() as u64;
         for op in ops {
             match op {
@@ -489,6 +610,11 @@ proptest! {
         if rig.failed() == 0 {
             rig.assert_consistent();
         }
+        let problems = rig.a().check_dedup_maps();
+        prop_assert!(problems.is_empty(), "{:?}", problems);
+        rig.restart();
+        rig.assert_matches_model();
+        prop_assert!(rig.a().check_dedup_maps().is_empty());
     }
 }
 

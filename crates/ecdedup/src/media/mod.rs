@@ -16,13 +16,38 @@ pub use faulty::{FaultPlan, FaultyDevice};
 pub use file::FileDevice;
 pub use mem::MemDevice;
 
+use crate::counters::IoClass;
 use std::io;
+
+/// What a write carries, for layers below the array that treat data and
+/// parity differently (the dedup policy; later, placement streams).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WriteHint {
+    pub class: IoClass,
+    /// The bytes replace content found corrupt: a layer that shares content
+    /// (dedup) must restore the shared copy, not refer to it.
+    pub repair: bool,
+}
+
+impl WriteHint {
+    pub fn new(class: IoClass) -> WriteHint {
+        WriteHint {
+            class,
+            repair: false,
+        }
+    }
+}
 
 pub trait Device: Send + Sync {
     /// Reads exactly `buf.len()` bytes at `offset`.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
     /// Writes all of `buf` at `offset`.
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Writes with a hint of what the bytes are. Default: `write_at`.
+    fn write_hinted(&self, buf: &[u8], offset: u64, hint: WriteHint) -> io::Result<()> {
+        let _ = hint;
+        self.write_at(buf, offset)
+    }
     /// Makes every completed write durable.
     fn sync(&self) -> io::Result<()>;
     /// Tells the device that `[offset, offset+len)` now reads as zeroes and

@@ -1,0 +1,856 @@
+//! The dedup/remap layer: one per device, between the array and the media.
+//!
+//! A [`DedupDevice`] is itself a [`Device`]. Below `data_offset` (the
+//! array's superblocks and checksum table) it passes I/O through. The data
+//! area is cut into dedup blocks of `block_bytes`; each maps to a physical
+//! *slot* of the same size in the backing device's data area, or to nothing
+//! (reads as zeroes). Identical content shares one slot, with a reference
+//! count. Which writes are fingerprinted is the [`Policy`]: `all` (every
+//! block), `parity` (only parity units, hashed in sub-chunks of
+//! `block_bytes`: paper 000's method). A write whose fingerprint is in the
+//! index becomes a *reference*: a 24-byte log record instead of a data write.
+//!
+//! Invariants:
+//! - a slot holding a fingerprinted block is never overwritten while
+//!   referenced: new content goes to a fresh slot (copy on write), so an
+//!   index entry always describes its slot's bytes;
+//! - an unfingerprinted slot with one reference is overwritten in place (no
+//!   map change, no record);
+//! - reference counts are derived from the map on load, never stored, so no
+//!   crash can leak a slot or leave a count that disagrees with the map;
+//! - a slot freed by an overwrite or unmap is reused only after the log
+//!   record that freed it is durable (`sync`), so a crash never leaves a
+//!   block pointing at a slot that has since been given other content;
+//! - the index is bounded; eviction loses dedup opportunities, nothing else.
+//!
+//! The array's stripe locks guarantee that no two requests touch the same
+//! dedup block at once; the layer's own mutex protects its tables.
+
+pub mod index;
+pub mod log;
+
+use crate::counters::IoClass;
+use crate::error::{Error, Result};
+use crate::fingerprint::{Algorithm, Fingerprint, FingerprintBackend};
+use crate::media::{Device, WriteHint};
+use index::LruIndex;
+use log::{Record, Snapshot, UNMAPPED};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+
+/// Log bytes after which a sync writes a snapshot and starts a new log.
+pub const LOG_COMPACT_BYTES: u64 = 64 << 20;
+/// Default bound of the fingerprint index, in entries per device.
+pub const INDEX_ENTRIES_DEFAULT: u64 = 1 << 20;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Policy {
+    None,
+    All,
+    Parity,
+}
+
+impl std::str::FromStr for Policy {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Policy> {
+        match s {
+            "none" => Ok(Policy::None),
+            "all" => Ok(Policy::All),
+            "parity" => Ok(Policy::Parity),
+            _ => Err(Error::Config(format!(
+                "dedup policy {s:?} is not one of none, all, parity"
+            ))),
+        }
+    }
+}
+
+impl std::fmt::Display for Policy {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str(match self {
+            Policy::None => "none",
+            Policy::All => "all",
+            Policy::Parity => "parity",
+        })
+    }
+}
+
+/// Dedup settings of an array, chosen at create time (in `array.json`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DedupConfig {
+    pub policy: Policy,
+    /// Dedup block (the sub-chunk c of paper 000): a multiple of 4 KiB that
+    /// divides the stripe unit.
+    pub block_bytes: u32,
+    pub algorithm: Algorithm,
+    /// Bound of the fingerprint index, entries per device.
+    pub index_entries_max: u64,
+    /// Byte-compare a block with the slot it would reference.
+    pub verify: bool,
+}
+
+impl Default for DedupConfig {
+    fn default() -> Self {
+        DedupConfig {
+            policy: Policy::None,
+            block_bytes: 4096,
+            algorithm: Algorithm::Sha256,
+            index_entries_max: INDEX_ENTRIES_DEFAULT,
+            verify: false,
+        }
+    }
+}
+
+impl DedupConfig {
+    pub fn validate(&self, stripe_unit_bytes: u32) -> Result<()> {
+        let b = self.block_bytes;
+        if b < 4096
+            || !b.is_multiple_of(4096)
+            || !stripe_unit_bytes.is_multiple_of(b)
+            || b > 1 << 20
+        {
+            return Err(Error::Config(format!(
+                "dedup block {b} must be a multiple of 4 KiB, at most 1 MiB, that divides the stripe unit ({stripe_unit_bytes})"
+            )));
+        }
+        if self.index_entries_max == 0 || self.index_entries_max >= u32::MAX as u64 {
+            return Err(Error::Config(
+                "index bound must be between 1 and 2^32-2 entries".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether a write of this class is fingerprinted.
+    pub fn hashes(&self, class: IoClass) -> bool {
+        match self.policy {
+            Policy::None => false,
+            Policy::All => class != IoClass::Metadata,
+            Policy::Parity => class == IoClass::Parity,
+        }
+    }
+}
+
+/// Counters of one device's dedup layer.
+#[derive(Default)]
+struct Counters {
+    physical_writes: AtomicU64,
+    physical_write_bytes: AtomicU64,
+    reference_writes: AtomicU64,
+    log_bytes: AtomicU64,
+    hash_ops: AtomicU64,
+    hash_bytes: AtomicU64,
+    dedup_hits: AtomicU64,
+    verify_compares: AtomicU64,
+    verify_mismatches: AtomicU64,
+    unmaps: AtomicU64,
+    snapshots: AtomicU64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct DedupStats {
+    pub policy: String,
+    pub algorithm: String,
+    pub block_bytes: u64,
+    /// Dedup blocks written to media (slot writes).
+    pub physical_writes: u64,
+    pub physical_write_bytes: u64,
+    /// Blocks stored as a reference to an existing slot (a log record each).
+    pub reference_writes: u64,
+    /// Bytes of map records and snapshots written (the metadata cost of dedup).
+    pub log_bytes: u64,
+    pub hash_ops: u64,
+    pub hash_bytes: u64,
+    pub dedup_hits: u64,
+    pub verify_compares: u64,
+    pub verify_mismatches: u64,
+    pub unmaps: u64,
+    pub snapshots: u64,
+    pub mapped_blocks: u64,
+    pub slots_used: u64,
+    pub index_entries: u64,
+    pub index_capacity: u64,
+    pub index_evictions: u64,
+    pub index_bytes: u64,
+    /// Measured bytes per index entry (index_bytes / entries).
+    pub index_bytes_per_entry: f64,
+    /// RAM of the block map, reference counts and slot fingerprints.
+    pub map_bytes: u64,
+}
+
+struct State {
+    /// Dedup block → slot.
+    map: Vec<u32>,
+    refs: Vec<u32>,
+    /// Fingerprints of fingerprinted slots.
+    slot_fp: HashMap<u32, Fingerprint>,
+    free: Vec<u32>,
+    pending_free: Vec<u32>,
+    index: LruIndex<Fingerprint>,
+    log_end: u64,
+    log: File,
+}
+
+impl State {
+    fn decref(&mut self, slot: u32) {
+        let r = &mut self.refs[slot as usize];
+        assert!(*r > 0, "slot {slot} released more often than referenced");
+        *r -= 1;
+        if *r == 0 {
+            if let Some(fp) = self.slot_fp.remove(&slot) {
+                self.index.remove_if(&fp, slot as u64);
+            }
+            self.pending_free.push(slot);
+        }
+    }
+
+    /// Points `block` at `slot` (which the caller has already counted).
+    fn assign(&mut self, block: u64, slot: u32) {
+        let old = std::mem::replace(&mut self.map[block as usize], slot);
+        if old != UNMAPPED {
+            self.decref(old);
+        }
+    }
+
+    fn append(&mut self, records: &[u8]) -> io::Result<()> {
+        self.log.write_all_at(records, self.log_end)?;
+        self.log_end += records.len() as u64;
+        Ok(())
+    }
+}
+
+pub struct DedupDevice {
+    inner: Arc<dyn Device>,
+    config: DedupConfig,
+    backend: Arc<dyn FingerprintBackend>,
+    data_offset: u64,
+    block: u64,
+    blocks: u64,
+    log_path: PathBuf,
+    snapshot_path: PathBuf,
+    state: Mutex<State>,
+    counters: Counters,
+}
+
+/// Starts an empty map for a device (at create and on replacement).
+pub fn reset_state(state_dir: &Path, name: &str) -> Result<()> {
+    std::fs::create_dir_all(state_dir)
+        .map_err(|e| Error::io(format!("creating {}", state_dir.display()), e))?;
+    let _ = std::fs::remove_file(state_dir.join(format!("{name}.snap")));
+    log::reset_log(&state_dir.join(format!("{name}.log")))?;
+    Ok(())
+}
+
+fn io_err(e: Error) -> io::Error {
+    io::Error::other(e.to_string())
+}
+
+impl DedupDevice {
+    /// Opens (or, with `fresh`, starts empty) the dedup layer of a device
+    /// whose data area starts at `data_offset` and holds `data_bytes`. Its
+    /// map lives in `state_dir` as `<name>.snap` and `<name>.log`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn open(
+        inner: Arc<dyn Device>,
+        config: DedupConfig,
+        backend: Arc<dyn FingerprintBackend>,
+        data_offset: u64,
+        data_bytes: u64,
+        state_dir: &Path,
+        name: &str,
+        fresh: bool,
+    ) -> Result<DedupDevice> {
+        assert!(config.policy != Policy::None);
+        let block = config.block_bytes as u64;
+        assert!(data_offset.is_multiple_of(block) && data_bytes.is_multiple_of(block));
+        let blocks = data_bytes / block;
+        if blocks >= UNMAPPED as u64 {
+            return Err(Error::Config(format!(
+                "a device of {blocks} dedup blocks is too large (2^32-1 at most)"
+            )));
+        }
+        std::fs::create_dir_all(state_dir)
+            .map_err(|e| Error::io(format!("creating {}", state_dir.display()), e))?;
+        let log_path = state_dir.join(format!("{name}.log"));
+        let snapshot_path = state_dir.join(format!("{name}.snap"));
+        let (map, fps, records, log_end) = if fresh {
+            let _ = std::fs::remove_file(&snapshot_path);
+            log::reset_log(&log_path)?;
+            (
+                vec![UNMAPPED; blocks as usize],
+                Vec::new(),
+                Vec::new(),
+                log::LOG_HEADER_BYTES,
+            )
+        } else {
+            let (map, fps) = if snapshot_path.exists() {
+                let s = log::read_snapshot(&snapshot_path, blocks)?;
+                (s.map, s.fingerprints)
+            } else {
+                (vec![UNMAPPED; blocks as usize], Vec::new())
+            };
+            if !log_path.exists() {
+                return Err(Error::Corrupt(format!(
+                    "dedup log {} is missing",
+                    log_path.display()
+                )));
+            }
+            let (records, end, _torn) = log::read_log(&log_path)?;
+            (map, fps, records, end)
+        };
+        let log = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&log_path)
+            .map_err(|e| Error::io(format!("opening {}", log_path.display()), e))?;
+        let mut slot_fp: HashMap<u32, Fingerprint> = fps.into_iter().collect();
+        let mut map = map;
+        let bad =
+            |what: String| Error::Corrupt(format!("dedup map {}: {what}", log_path.display()));
+        for rec in records {
+            match rec {
+                Record::Write {
+                    block,
+                    slot,
+                    fingerprint,
+                } => {
+                    if block >= blocks || slot >= blocks {
+                        return Err(bad(format!(
+                            "record names block {block} slot {slot} of {blocks}"
+                        )));
+                    }
+                    map[block as usize] = slot as u32;
+                    match fingerprint {
+                        Some(fp) => slot_fp.insert(slot as u32, fp),
+                        None => slot_fp.remove(&(slot as u32)),
+                    };
+                }
+                Record::Reference { block, slot } => {
+                    if block >= blocks || slot >= blocks {
+                        return Err(bad(format!(
+                            "record names block {block} slot {slot} of {blocks}"
+                        )));
+                    }
+                    map[block as usize] = slot as u32;
+                }
+                Record::Unmap { block } => {
+                    if block >= blocks {
+                        return Err(bad(format!("record names block {block} of {blocks}")));
+                    }
+                    map[block as usize] = UNMAPPED;
+                }
+            }
+        }
+        let mut refs = vec![0u32; blocks as usize];
+        for &s in &map {
+            if s != UNMAPPED {
+                if s as u64 >= blocks {
+                    return Err(bad(format!("block maps to slot {s} of {blocks}")));
+                }
+                refs[s as usize] += 1;
+            }
+        }
+        slot_fp.retain(|s, _| refs[*s as usize] > 0);
+        let mut index = LruIndex::new(config.index_entries_max as usize);
+        for (&slot, fp) in &slot_fp {
+            index.insert(*fp, slot as u64);
+        }
+        // Ascending allocation: pop from the end of a descending list.
+        let free = (0..blocks as u32)
+            .rev()
+            .filter(|&s| refs[s as usize] == 0)
+            .collect();
+        let state = State {
+            map,
+            refs,
+            slot_fp,
+            free,
+            pending_free: Vec::new(),
+            index,
+            log_end,
+            log,
+        };
+        Ok(DedupDevice {
+            inner,
+            config,
+            backend,
+            data_offset,
+            block,
+            blocks,
+            log_path,
+            snapshot_path,
+            state: Mutex::new(state),
+            counters: Counters::default(),
+        })
+    }
+
+    fn slot_offset(&self, slot: u32) -> u64 {
+        self.data_offset + slot as u64 * self.block
+    }
+
+    /// A free slot, making pending frees durable first if that is all that
+    /// is left. None means every slot holds exactly one block's content
+    /// (slots = blocks, so then the writer's own slot has one reference and
+    /// is overwritten in place).
+    fn alloc(&self, st: &mut State) -> io::Result<Option<u32>> {
+        if st.free.is_empty() && !st.pending_free.is_empty() {
+            self.sync_locked(st)?;
+        }
+        Ok(st.free.pop())
+    }
+
+    /// Writes a new slot, or the block's own slot in place when no slot is
+    /// free. Records nothing; returns the slot and whether it is new.
+    fn place(
+        &self,
+        block: u64,
+        chunk: &[u8],
+        mut st: std::sync::MutexGuard<'_, State>,
+    ) -> io::Result<(u32, bool)> {
+        match self.alloc(&mut st)? {
+            Some(slot) => {
+                st.refs[slot as usize] = 1;
+                drop(st);
+                let written = self.inner.write_at(chunk, self.slot_offset(slot));
+                if let Err(e) = written {
+                    let mut st = self.state.lock().unwrap();
+                    st.refs[slot as usize] = 0;
+                    st.free.push(slot);
+                    return Err(e);
+                }
+                Ok((slot, true))
+            }
+            None => {
+                let slot = st.map[block as usize];
+                assert!(
+                    slot != UNMAPPED && st.refs[slot as usize] == 1,
+                    "a full map has one reference per slot"
+                );
+                if let Some(old) = st.slot_fp.remove(&slot) {
+                    // The slot stops vouching for its old fingerprint before
+                    // its bytes change.
+                    st.index.remove_if(&old, slot as u64);
+                    let mut rec = Vec::with_capacity(log::RECORD_HEADER_BYTES);
+                    Record::Write {
+                        block,
+                        slot: slot as u64,
+                        fingerprint: None,
+                    }
+                    .encode_into(&mut rec);
+                    st.append(&rec)?;
+                    self.counters.log_bytes.fetch_add(rec.len() as u64, Relaxed);
+                }
+                drop(st);
+                self.inner.write_at(chunk, self.slot_offset(slot))?;
+                Ok((slot, false))
+            }
+        }
+    }
+
+    fn sync_locked(&self, st: &mut State) -> io::Result<()> {
+        st.log.sync_data()?;
+        self.inner.sync()?;
+        let pending = std::mem::take(&mut st.pending_free);
+        st.free.extend(pending);
+        if st.log_end > LOG_COMPACT_BYTES {
+            self.compact(st).map_err(io_err)?;
+        }
+        Ok(())
+    }
+
+    /// Writes a snapshot of the map and starts an empty log.
+    fn compact(&self, st: &mut State) -> Result<()> {
+        let mut fingerprints: Vec<(u32, Fingerprint)> =
+            st.slot_fp.iter().map(|(s, f)| (*s, *f)).collect();
+        fingerprints.sort_unstable_by_key(|(s, _)| *s);
+        log::write_snapshot(
+            &self.snapshot_path,
+            &Snapshot {
+                map: st.map.clone(),
+                fingerprints,
+            },
+        )?;
+        st.log = log::reset_log(&self.log_path)?;
+        st.log_end = log::LOG_HEADER_BYTES;
+        self.counters.snapshots.fetch_add(1, Relaxed);
+        self.counters
+            .log_bytes
+            .fetch_add(st.map.len() as u64 * 4, Relaxed);
+        Ok(())
+    }
+
+    /// Content of one dedup block (zeroes when unmapped).
+    fn read_block(&self, block: u64, buf: &mut [u8]) -> io::Result<()> {
+        let slot = self.state.lock().unwrap().map[block as usize];
+        if slot == UNMAPPED {
+            buf.fill(0);
+            Ok(())
+        } else {
+            self.inner.read_at(buf, self.slot_offset(slot))
+        }
+    }
+
+    fn write_data_area(&self, buf: &[u8], offset: u64, class: IoClass) -> io::Result<()> {
+        let rel = offset - self.data_offset;
+        let block = self.block as usize;
+        let first = rel / self.block;
+        let last = (rel + buf.len() as u64).div_ceil(self.block);
+        // Whole dedup blocks: merge a partial head or tail with current content.
+        let mut whole;
+        let bytes: &[u8] = if rel.is_multiple_of(self.block) && buf.len().is_multiple_of(block) {
+            buf
+        } else {
+            whole = vec![0u8; ((last - first) * self.block) as usize];
+            self.read_block(first, &mut whole[..block])?;
+            if last - first > 1 {
+                let tail = whole.len() - block;
+                self.read_block(last - 1, &mut whole[tail..])?;
+            }
+            let at = (rel - first * self.block) as usize;
+            whole[at..at + buf.len()].copy_from_slice(buf);
+            &whole
+        };
+        let chunks: Vec<&[u8]> = bytes.chunks_exact(block).collect();
+        if self.config.hashes(class) {
+            let mut fps = Vec::with_capacity(chunks.len());
+            self.backend
+                .fingerprint_batch(self.config.algorithm, &chunks, &mut fps)
+                .map_err(io::Error::other)?;
+            self.counters
+                .hash_ops
+                .fetch_add(chunks.len() as u64, Relaxed);
+            self.counters
+                .hash_bytes
+                .fetch_add(bytes.len() as u64, Relaxed);
+            for (i, (chunk, fp)) in chunks.iter().zip(&fps).enumerate() {
+                self.write_hashed(first + i as u64, chunk, *fp)?;
+            }
+        } else {
+            for (i, chunk) in chunks.iter().enumerate() {
+                self.write_plain(first + i as u64, chunk)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn write_hashed(&self, block: u64, chunk: &[u8], fp: Fingerprint) -> io::Result<()> {
+        let mut st = self.state.lock().unwrap();
+        if let Some(slot) = st.index.get(&fp) {
+            let slot = slot as u32;
+            let same = if self.config.verify {
+                self.counters.verify_compares.fetch_add(1, Relaxed);
+                let mut existing = vec![0u8; chunk.len()];
+                self.inner.read_at(&mut existing, self.slot_offset(slot))?;
+                existing == chunk
+            } else {
+                true
+            };
+            if same {
+                let mut rec = Vec::with_capacity(log::RECORD_HEADER_BYTES);
+                if st.map[block as usize] != slot {
+                    st.refs[slot as usize] += 1;
+                    st.assign(block, slot);
+                    Record::Reference {
+                        block,
+                        slot: slot as u64,
+                    }
+                    .encode_into(&mut rec);
+                    st.append(&rec)?;
+                }
+                self.counters.dedup_hits.fetch_add(1, Relaxed);
+                self.counters.reference_writes.fetch_add(1, Relaxed);
+                self.counters.log_bytes.fetch_add(rec.len() as u64, Relaxed);
+                return Ok(());
+            }
+            self.counters.verify_mismatches.fetch_add(1, Relaxed);
+        }
+        // New content: a fresh slot, never the one in place (copy on write),
+        // unless no slot is free.
+        let (slot, new) = self.place(block, chunk, st)?;
+        let mut st = self.state.lock().unwrap();
+        if new {
+            st.assign(block, slot);
+        }
+        st.slot_fp.insert(slot, fp);
+        st.index.insert(fp, slot as u64);
+        let mut rec = Vec::with_capacity(log::RECORD_HEADER_BYTES + 32);
+        Record::Write {
+            block,
+            slot: slot as u64,
+            fingerprint: Some(fp),
+        }
+        .encode_into(&mut rec);
+        st.append(&rec)?;
+        self.counters.physical_writes.fetch_add(1, Relaxed);
+        self.counters
+            .physical_write_bytes
+            .fetch_add(chunk.len() as u64, Relaxed);
+        self.counters.log_bytes.fetch_add(rec.len() as u64, Relaxed);
+        Ok(())
+    }
+
+    fn write_plain(&self, block: u64, chunk: &[u8]) -> io::Result<()> {
+        let st = self.state.lock().unwrap();
+        let cur = st.map[block as usize];
+        if cur != UNMAPPED && st.refs[cur as usize] == 1 && !st.slot_fp.contains_key(&cur) {
+            drop(st);
+            self.inner.write_at(chunk, self.slot_offset(cur))?;
+        } else {
+            let (slot, new) = self.place(block, chunk, st)?;
+            let mut st = self.state.lock().unwrap();
+            if new {
+                st.assign(block, slot);
+            }
+            let mut rec = Vec::with_capacity(log::RECORD_HEADER_BYTES);
+            Record::Write {
+                block,
+                slot: slot as u64,
+                fingerprint: None,
+            }
+            .encode_into(&mut rec);
+            st.append(&rec)?;
+            self.counters.log_bytes.fetch_add(rec.len() as u64, Relaxed);
+        }
+        self.counters.physical_writes.fetch_add(1, Relaxed);
+        self.counters
+            .physical_write_bytes
+            .fetch_add(chunk.len() as u64, Relaxed);
+        Ok(())
+    }
+
+    /// Before a repaired block is written: a slot whose fingerprint matches
+    /// the good bytes was corrupted at rest, so its bytes are restored in
+    /// place (fixing every block that refers to it); any other fingerprinted
+    /// slot under the range stops being offered for dedup.
+    fn restore(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        let rel = offset - self.data_offset;
+        if !rel.is_multiple_of(self.block) || !buf.len().is_multiple_of(self.block as usize) {
+            return Ok(());
+        }
+        for (i, chunk) in buf.chunks_exact(self.block as usize).enumerate() {
+            let block = rel / self.block + i as u64;
+            let mut st = self.state.lock().unwrap();
+            let slot = st.map[block as usize];
+            let Some(fp) = st.slot_fp.get(&slot).copied() else {
+                continue;
+            };
+            let mut good = Vec::with_capacity(1);
+            self.backend
+                .fingerprint_batch(self.config.algorithm, &[chunk], &mut good)
+                .map_err(io::Error::other)?;
+            if good[0] == fp {
+                drop(st);
+                self.inner.write_at(chunk, self.slot_offset(slot))?;
+                self.counters.physical_writes.fetch_add(1, Relaxed);
+                self.counters
+                    .physical_write_bytes
+                    .fetch_add(chunk.len() as u64, Relaxed);
+            } else {
+                st.slot_fp.remove(&slot);
+                st.index.remove_if(&fp, slot as u64);
+            }
+        }
+        Ok(())
+    }
+
+    pub fn stats(&self) -> DedupStats {
+        let st = self.state.lock().unwrap();
+        let c = &self.counters;
+        let index_bytes = st.index.ram_bytes();
+        let entries = st.index.len() as u64;
+        let map_bytes = (st.map.capacity() * 4 + st.refs.capacity() * 4) as u64
+            + st.slot_fp.capacity() as u64 * (std::mem::size_of::<(u32, Fingerprint)>() as u64 + 1)
+            + (st.free.capacity() + st.pending_free.capacity()) as u64 * 4;
+        DedupStats {
+            policy: self.config.policy.to_string(),
+            algorithm: self.config.algorithm.to_string(),
+            block_bytes: self.block,
+            physical_writes: c.physical_writes.load(Relaxed),
+            physical_write_bytes: c.physical_write_bytes.load(Relaxed),
+            reference_writes: c.reference_writes.load(Relaxed),
+            log_bytes: c.log_bytes.load(Relaxed),
+            hash_ops: c.hash_ops.load(Relaxed),
+            hash_bytes: c.hash_bytes.load(Relaxed),
+            dedup_hits: c.dedup_hits.load(Relaxed),
+            verify_compares: c.verify_compares.load(Relaxed),
+            verify_mismatches: c.verify_mismatches.load(Relaxed),
+            unmaps: c.unmaps.load(Relaxed),
+            snapshots: c.snapshots.load(Relaxed),
+            mapped_blocks: st.map.iter().filter(|s| **s != UNMAPPED).count() as u64,
+            slots_used: st.refs.iter().filter(|r| **r > 0).count() as u64,
+            index_entries: entries,
+            index_capacity: st.index.capacity() as u64,
+            index_evictions: st.index.evictions(),
+            index_bytes,
+            index_bytes_per_entry: if entries > 0 {
+                index_bytes as f64 / entries as f64
+            } else {
+                0.0
+            },
+            map_bytes,
+        }
+    }
+
+    /// Checks the map against itself: every mapped block names a slot in
+    /// range, counts match, no free slot is referenced. Returns problems.
+    pub fn check(&self) -> Vec<String> {
+        let st = self.state.lock().unwrap();
+        let mut problems = Vec::new();
+        let mut refs = vec![0u32; self.blocks as usize];
+        for (b, &s) in st.map.iter().enumerate() {
+            if s != UNMAPPED {
+                if s as u64 >= self.blocks {
+                    problems.push(format!("block {b} maps to slot {s} out of range"));
+                    continue;
+                }
+                refs[s as usize] += 1;
+            }
+        }
+        if refs != st.refs {
+            problems.push("reference counts disagree with the map".into());
+        }
+        for &s in st.free.iter().chain(&st.pending_free) {
+            if refs[s as usize] != 0 {
+                problems.push(format!("slot {s} is free but referenced"));
+            }
+        }
+        let listed = st.free.len() + st.pending_free.len();
+        let unused = refs.iter().filter(|r| **r == 0).count();
+        if listed != unused {
+            problems.push(format!(
+                "{unused} slots unused but {listed} on the free lists (leak)"
+            ));
+        }
+        problems
+    }
+}
+
+impl Device for DedupDevice {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        if offset < self.data_offset {
+            assert!(
+                offset + buf.len() as u64 <= self.data_offset,
+                "I/O straddles the data area"
+            );
+            return self.inner.read_at(buf, offset);
+        }
+        let rel = offset - self.data_offset;
+        let mut done = 0usize;
+        let mut scratch = Vec::new();
+        while done < buf.len() {
+            let pos = rel + done as u64;
+            let block = pos / self.block;
+            let within = (pos % self.block) as usize;
+            let n = (self.block as usize - within).min(buf.len() - done);
+            if block >= self.blocks {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "read beyond the data area",
+                ));
+            }
+            let slot = self.state.lock().unwrap().map[block as usize];
+            if slot == UNMAPPED {
+                buf[done..done + n].fill(0);
+            } else if within == 0 && n == self.block as usize {
+                self.inner
+                    .read_at(&mut buf[done..done + n], self.slot_offset(slot))?;
+            } else {
+                scratch.resize(n, 0);
+                self.inner
+                    .read_at(&mut scratch, self.slot_offset(slot) + within as u64)?;
+                buf[done..done + n].copy_from_slice(&scratch);
+            }
+            done += n;
+        }
+        Ok(())
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.write_hinted(buf, offset, WriteHint::new(IoClass::Data))
+    }
+
+    fn write_hinted(&self, buf: &[u8], offset: u64, hint: WriteHint) -> io::Result<()> {
+        if offset < self.data_offset {
+            assert!(
+                offset + buf.len() as u64 <= self.data_offset,
+                "I/O straddles the data area"
+            );
+            return self.inner.write_hinted(buf, offset, hint);
+        }
+        if offset + buf.len() as u64 > self.data_offset + self.blocks * self.block {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "write beyond the data area",
+            ));
+        }
+        if hint.repair {
+            self.restore(buf, offset)?;
+        }
+        self.write_data_area(buf, offset, hint.class)
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        let mut st = self.state.lock().unwrap();
+        self.sync_locked(&mut st)
+    }
+
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        let end = offset + len;
+        if offset < self.data_offset {
+            let meta_end = end.min(self.data_offset);
+            self.inner.discard(offset, meta_end - offset)?;
+            if end <= self.data_offset {
+                return Ok(());
+            }
+        }
+        let start = offset.max(self.data_offset) - self.data_offset;
+        let stop = (end - self.data_offset).min(self.blocks * self.block);
+        // Partial blocks at the edges keep their slot, with zeroes written in.
+        let first_whole = start.div_ceil(self.block);
+        let last_whole = stop / self.block;
+        if first_whole > last_whole {
+            let zero = vec![0u8; (stop - start) as usize];
+            return self.write_data_area(&zero, self.data_offset + start, IoClass::Data);
+        }
+        if start < first_whole * self.block {
+            let zero = vec![0u8; (first_whole * self.block - start) as usize];
+            self.write_data_area(&zero, self.data_offset + start, IoClass::Data)?;
+        }
+        if last_whole * self.block < stop {
+            let zero = vec![0u8; (stop - last_whole * self.block) as usize];
+            self.write_data_area(
+                &zero,
+                self.data_offset + last_whole * self.block,
+                IoClass::Data,
+            )?;
+        }
+        let mut st = self.state.lock().unwrap();
+        let mut rec = Vec::new();
+        for block in first_whole..last_whole {
+            if st.map[block as usize] != UNMAPPED {
+                st.assign(block, UNMAPPED);
+                Record::Unmap { block }.encode_into(&mut rec);
+                self.counters.unmaps.fetch_add(1, Relaxed);
+            }
+        }
+        if !rec.is_empty() {
+            st.append(&rec)?;
+            self.counters.log_bytes.fetch_add(rec.len() as u64, Relaxed);
+        }
+        Ok(())
+    }
+
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+
+    fn describe(&self) -> String {
+        format!("dedup({}):{}", self.config.policy, self.inner.describe())
+    }
+}
