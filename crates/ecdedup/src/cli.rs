@@ -50,6 +50,22 @@ enum Command {
         /// Volume bytes covered by one write-intent region.
         #[arg(long, default_value = "64M")]
         intent_region: String,
+        /// Dedup policy under the array: none, all (every data and parity
+        /// block), parity (only parity, paper 000).
+        #[arg(long, default_value = "none")]
+        dedup: String,
+        /// Dedup block: the sub-chunk c that is fingerprinted (4K..1M, divides the stripe unit).
+        #[arg(long, default_value = "4K")]
+        dedup_block: String,
+        /// Fingerprint: sha256 (default), sha1 (the papers'), md5, blake3.
+        #[arg(long, default_value = "sha256")]
+        fingerprint: String,
+        /// Bound of the fingerprint index, entries per device (LRU beyond it).
+        #[arg(long, default_value_t = crate::dedup::INDEX_ENTRIES_DEFAULT)]
+        index_entries: u64,
+        /// Byte-compare on a fingerprint hit: auto (on for sha1 and md5), on, off.
+        #[arg(long, default_value = "auto")]
+        verify: String,
     },
     /// Serve the volume over NBD (runs nbdkit with the ecdedup plugin, in the foreground).
     Serve {
@@ -167,7 +183,34 @@ fn run(cli: Cli) -> Result<()> {
             stripe_unit,
             size,
             intent_region,
+            dedup,
+            dedup_block,
+            fingerprint,
+            index_entries,
+            verify,
         } => {
+            let algorithm: crate::fingerprint::Algorithm = fingerprint
+                .parse()
+                .map_err(|e| Error::Config(format!("--fingerprint: {e}")))?;
+            let verify = match verify.as_str() {
+                "auto" => !algorithm.strong(),
+                "on" => true,
+                "off" => false,
+                other => {
+                    return Err(Error::Config(format!(
+                        "--verify {other:?} is not auto, on or off"
+                    )))
+                }
+            };
+            let dedup = crate::dedup::DedupConfig {
+                policy: dedup.parse()?,
+                block_bytes: u32::try_from(parse_size(&dedup_block)?).map_err(|_| {
+                    Error::Config(format!("--dedup-block {dedup_block} is too large"))
+                })?,
+                algorithm,
+                index_entries_max: index_entries,
+                verify,
+            };
             let stripe_unit_bytes = parse_size(&stripe_unit)?;
             let stripe_unit_bytes = u32::try_from(stripe_unit_bytes)
                 .map_err(|_| Error::Config(format!("stripe unit {stripe_unit} is too large")))?;
@@ -183,7 +226,7 @@ fn run(cli: Cli) -> Result<()> {
                 stripe_unit_bytes,
                 volume_bytes: parse_size(&size)?,
                 intent_region_bytes: parse_size(&intent_region)?,
-                dedup: Default::default(),
+                dedup,
             };
             array::create(&dir, &opts)?;
             println!(
@@ -368,6 +411,19 @@ fn print_status(s: &Status) {
         s.stripes
     );
     println!("health: {}", s.health);
+    let d = &s.dedup;
+    if d.policy == crate::dedup::Policy::None {
+        println!("dedup: none");
+    } else {
+        println!(
+            "dedup: {} ({} in {} sub-chunks, index bound {} entries per device, verify {})",
+            d.policy,
+            d.algorithm,
+            format_size(d.block_bytes as u64),
+            d.index_entries_max,
+            if d.verify { "on" } else { "off" }
+        );
+    }
     for d in &s.devices {
         let state = match d.state {
             array::MemberState::Active => "active".to_string(),

@@ -252,6 +252,25 @@ impl Stats {
             "ecdedup_checksum_table_bytes {}",
             self.checksum_table_bytes
         );
+        // Dedup layers: every numeric field, labelled by device.
+        let mut families: std::collections::BTreeMap<String, Vec<(usize, f64)>> =
+            Default::default();
+        for (d, layer) in self.dedup.iter().enumerate() {
+            let Some(layer) = layer else { continue };
+            if let Ok(serde_json::Value::Object(fields)) = serde_json::to_value(layer) {
+                for (name, v) in fields {
+                    if let Some(x) = v.as_f64() {
+                        families.entry(name).or_default().push((d, x));
+                    }
+                }
+            }
+        }
+        for (name, samples) in families {
+            let _ = writeln!(out, "# TYPE ecdedup_dedup_{name} gauge");
+            for (d, x) in samples {
+                let _ = writeln!(out, "ecdedup_dedup_{name}{{device=\"{d}\"}} {x}");
+            }
+        }
         out
     }
 }
@@ -270,7 +289,7 @@ mod tests {
         assert!(text.contains("ecdedup_rmw_writes 1"));
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             let value = line.rsplit(' ').next().unwrap();
-            assert!(value.parse::<u64>().is_ok(), "bad sample line {line}");
+            assert!(value.parse::<f64>().is_ok(), "bad sample line {line}");
         }
     }
 }
