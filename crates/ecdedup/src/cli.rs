@@ -114,6 +114,11 @@ enum Command {
     },
     /// Make everything written so far durable (on a running server).
     Flush,
+    /// Run an experiment that reproduces a paper's evaluation.
+    Eval {
+        #[command(subcommand)]
+        experiment: crate::eval::EvalCommand,
+    },
 }
 
 pub fn main() -> i32 {
@@ -359,6 +364,7 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
+        Command::Eval { experiment } => crate::eval::run(experiment),
         Command::Flush => match open_offline(&dir)? {
             Some(a) => a.close(),
             None => expect_ok(control::request(&dir, &Request::Flush)?),

@@ -14,6 +14,7 @@ pub mod control;
 pub mod counters;
 pub mod dedup;
 pub mod error;
+pub mod eval;
 pub mod fingerprint;
 pub mod media;
 pub mod units;

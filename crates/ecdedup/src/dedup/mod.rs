@@ -142,7 +142,9 @@ impl DedupConfig {
 struct Counters {
     physical_writes: AtomicU64,
     physical_write_bytes: AtomicU64,
+    physical_parity_writes: AtomicU64,
     reference_writes: AtomicU64,
+    reference_parity_writes: AtomicU64,
     log_bytes: AtomicU64,
     hash_ops: AtomicU64,
     hash_bytes: AtomicU64,
@@ -161,8 +163,12 @@ pub struct DedupStats {
     /// Dedup blocks written to media (slot writes).
     pub physical_writes: u64,
     pub physical_write_bytes: u64,
+    /// Of those, blocks of parity units.
+    pub physical_parity_writes: u64,
     /// Blocks stored as a reference to an existing slot (a log record each).
     pub reference_writes: u64,
+    /// Of those, blocks of parity units.
+    pub reference_parity_writes: u64,
     /// Bytes of map records and snapshots written (the metadata cost of dedup).
     pub log_bytes: u64,
     pub hash_ops: u64,
@@ -529,17 +535,23 @@ impl DedupDevice {
                 .hash_bytes
                 .fetch_add(bytes.len() as u64, Relaxed);
             for (i, (chunk, fp)) in chunks.iter().zip(&fps).enumerate() {
-                self.write_hashed(first + i as u64, chunk, *fp)?;
+                self.write_hashed(first + i as u64, chunk, *fp, class)?;
             }
         } else {
             for (i, chunk) in chunks.iter().enumerate() {
-                self.write_plain(first + i as u64, chunk)?;
+                self.write_plain(first + i as u64, chunk, class)?;
             }
         }
         Ok(())
     }
 
-    fn write_hashed(&self, block: u64, chunk: &[u8], fp: Fingerprint) -> io::Result<()> {
+    fn write_hashed(
+        &self,
+        block: u64,
+        chunk: &[u8],
+        fp: Fingerprint,
+        class: IoClass,
+    ) -> io::Result<()> {
         let mut st = self.state.lock().unwrap();
         if let Some(slot) = st.index.get(&fp) {
             let slot = slot as u32;
@@ -565,6 +577,9 @@ impl DedupDevice {
                 }
                 self.counters.dedup_hits.fetch_add(1, Relaxed);
                 self.counters.reference_writes.fetch_add(1, Relaxed);
+                if class == IoClass::Parity {
+                    self.counters.reference_parity_writes.fetch_add(1, Relaxed);
+                }
                 self.counters.log_bytes.fetch_add(rec.len() as u64, Relaxed);
                 return Ok(());
             }
@@ -587,15 +602,12 @@ impl DedupDevice {
         }
         .encode_into(&mut rec);
         st.append(&rec)?;
-        self.counters.physical_writes.fetch_add(1, Relaxed);
-        self.counters
-            .physical_write_bytes
-            .fetch_add(chunk.len() as u64, Relaxed);
+        self.count_physical(chunk.len(), class);
         self.counters.log_bytes.fetch_add(rec.len() as u64, Relaxed);
         Ok(())
     }
 
-    fn write_plain(&self, block: u64, chunk: &[u8]) -> io::Result<()> {
+    fn write_plain(&self, block: u64, chunk: &[u8], class: IoClass) -> io::Result<()> {
         let st = self.state.lock().unwrap();
         let cur = st.map[block as usize];
         if cur != UNMAPPED && st.refs[cur as usize] == 1 && !st.slot_fp.contains_key(&cur) {
@@ -617,11 +629,18 @@ impl DedupDevice {
             st.append(&rec)?;
             self.counters.log_bytes.fetch_add(rec.len() as u64, Relaxed);
         }
+        self.count_physical(chunk.len(), class);
+        Ok(())
+    }
+
+    fn count_physical(&self, bytes: usize, class: IoClass) {
         self.counters.physical_writes.fetch_add(1, Relaxed);
         self.counters
             .physical_write_bytes
-            .fetch_add(chunk.len() as u64, Relaxed);
-        Ok(())
+            .fetch_add(bytes as u64, Relaxed);
+        if class == IoClass::Parity {
+            self.counters.physical_parity_writes.fetch_add(1, Relaxed);
+        }
     }
 
     /// Before a repaired block is written: a slot whose fingerprint matches
@@ -647,10 +666,7 @@ impl DedupDevice {
             if good[0] == fp {
                 drop(st);
                 self.inner.write_at(chunk, self.slot_offset(slot))?;
-                self.counters.physical_writes.fetch_add(1, Relaxed);
-                self.counters
-                    .physical_write_bytes
-                    .fetch_add(chunk.len() as u64, Relaxed);
+                self.count_physical(chunk.len(), IoClass::Data);
             } else {
                 st.slot_fp.remove(&slot);
                 st.index.remove_if(&fp, slot as u64);
@@ -673,7 +689,9 @@ impl DedupDevice {
             block_bytes: self.block,
             physical_writes: c.physical_writes.load(Relaxed),
             physical_write_bytes: c.physical_write_bytes.load(Relaxed),
+            physical_parity_writes: c.physical_parity_writes.load(Relaxed),
             reference_writes: c.reference_writes.load(Relaxed),
+            reference_parity_writes: c.reference_parity_writes.load(Relaxed),
             log_bytes: c.log_bytes.load(Relaxed),
             hash_ops: c.hash_ops.load(Relaxed),
             hash_bytes: c.hash_bytes.load(Relaxed),
