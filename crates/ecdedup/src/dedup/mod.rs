@@ -307,7 +307,21 @@ impl DedupDevice {
                     log_path.display()
                 )));
             }
-            let (records, end, _torn) = log::read_log(&log_path)?;
+            let (records, end, torn) = log::read_log(&log_path)?;
+            if torn {
+                // Cut the tail, so that no stale record beyond it can ever
+                // line up with a later append and be replayed.
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&log_path)
+                    .and_then(|f| f.set_len(end).and_then(|_| f.sync_all()))
+                    .map_err(|e| {
+                        Error::io(
+                            format!("cutting the torn tail of {}", log_path.display()),
+                            e,
+                        )
+                    })?;
+            }
             (map, fps, records, end)
         };
         let log = std::fs::OpenOptions::new()
@@ -872,3 +886,6 @@ impl Device for DedupDevice {
         format!("dedup({}):{}", self.config.policy, self.inner.describe())
     }
 }
+
+#[cfg(test)]
+mod tests;

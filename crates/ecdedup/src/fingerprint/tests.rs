@@ -241,7 +241,7 @@ fn check_batch_matches_each_chunk_alone(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(24))]
+    #![proptest_config(ProptestConfig::with_cases(64))]
 
     #[test]
     fn the_batch_equals_hashing_each_chunk_alone_on_the_parallel_path(

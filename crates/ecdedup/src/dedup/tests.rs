@@ -1,0 +1,283 @@
+//! The dedup layer alone against a model: a plain map of address to bytes,
+//! under random writes (few distinct contents, so references abound),
+//! overwrites, discards, syncs, restarts and crashes.
+
+use super::*;
+use crate::fingerprint::CpuBackend;
+use crate::media::MemDevice;
+use proptest::prelude::*;
+
+const DATA_OFFSET: u64 = 64 << 10;
+const BLOCKS: u64 = 24;
+
+struct Rig {
+    dir: tempfile::TempDir,
+    mem: MemDevice,
+    config: DedupConfig,
+    dev: Option<DedupDevice>,
+    model: Vec<u8>,
+}
+
+impl Rig {
+    fn new(config: DedupConfig) -> Rig {
+        let dir = tempfile::tempdir().unwrap();
+        let mem = MemDevice::new("m", DATA_OFFSET + BLOCKS * config.block_bytes as u64);
+        let model = vec![0; (BLOCKS * config.block_bytes as u64) as usize];
+        let mut rig = Rig {
+            dir,
+            mem,
+            config,
+            dev: None,
+            model,
+        };
+        rig.open(true);
+        rig
+    }
+
+    fn open(&mut self, fresh: bool) {
+        let backend = Arc::new(CpuBackend::new(Some(1)).unwrap());
+        let data = BLOCKS * self.config.block_bytes as u64;
+        let dev = DedupDevice::open(
+            Arc::new(self.mem.clone()),
+            self.config.clone(),
+            backend,
+            DATA_OFFSET,
+            data,
+            self.dir.path(),
+            "d",
+            fresh,
+        )
+        .unwrap();
+        self.dev = Some(dev);
+    }
+
+    fn d(&self) -> &DedupDevice {
+        self.dev.as_ref().unwrap()
+    }
+
+    fn check(&self) {
+        let mut buf = vec![0u8; self.model.len()];
+        self.d().read_at(&mut buf, DATA_OFFSET).unwrap();
+        assert!(
+            buf == self.model,
+            "content differs at {:?}",
+            buf.iter().zip(&self.model).position(|(a, b)| a != b)
+        );
+        let problems = self.d().check();
+        assert!(problems.is_empty(), "{problems:?}");
+    }
+}
+
+fn content(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| seed.wrapping_mul(31).wrapping_add((i / 4096) as u8))
+        .collect()
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Write {
+        block: u64,
+        blocks: u64,
+        seed: u8,
+        parity: bool,
+    },
+    Discard {
+        at: u64,
+        len: u64,
+    },
+    Sync,
+    Restart,
+    Crash,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        8 => (0..BLOCKS, 1u64..4, 0u8..4, any::<bool>()).prop_map(|(block, blocks, seed, parity)| Op::Write { block, blocks, seed, parity }),
+        2 => (0..BLOCKS * 4096, 1u64..20_000).prop_map(|(at, len)| Op::Discard { at, len }),
+        1 => Just(Op::Sync),
+        1 => Just(Op::Restart),
+        1 => Just(Op::Crash),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(
+        std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(64)
+    ))]
+
+    #[test]
+    fn the_layer_always_reads_back_its_model(
+        policy in 0u8..2, verify in any::<bool>(), index in 1u64..8, big_block in any::<bool>(),
+        ops in proptest::collection::vec(op(), 1..40),
+    ) {
+        let config = DedupConfig {
+            policy: if policy == 0 { Policy::All } else { Policy::Parity },
+            block_bytes: if big_block { 8192 } else { 4096 },
+            algorithm: Algorithm::Sha1,
+            index_entries_max: index,
+            verify,
+        };
+        let block = config.block_bytes as u64;
+        let mut rig = Rig::new(config);
+        let size = rig.model.len() as u64;
+        for op in ops {
+            match op {
+                Op::Write { block: b, blocks, seed, parity } => {
+                    // The array writes whole 4 KiB blocks; the layer handles
+                    // writes smaller than its dedup block.
+                    let at = (b * 4096) % size;
+                    let len = (blocks * 4096).min(size - at);
+                    let bytes = content(seed, len as usize);
+                    let class = if parity { IoClass::Parity } else { IoClass::Data };
+                    rig.d().write_hinted(&bytes, DATA_OFFSET + at, WriteHint::new(class)).unwrap();
+                    rig.model[at as usize..(at + len) as usize].copy_from_slice(&bytes);
+                }
+                Op::Discard { at, len } => {
+                    let at = at % size;
+                    let len = len.min(size - at);
+                    rig.d().discard(DATA_OFFSET + at, len).unwrap();
+                    rig.model[at as usize..(at + len) as usize].fill(0);
+                }
+                Op::Sync => rig.d().sync().unwrap(),
+                Op::Restart => {
+                    rig.d().sync().unwrap();
+                    rig.dev = None;
+                    rig.open(false);
+                }
+                Op::Crash => {
+                    // kill -9: every issued write stays, nothing more is synced.
+                    rig.dev = None;
+                    rig.open(false);
+                }
+            }
+            rig.check();
+        }
+        let _ = block;
+    }
+}
+
+#[test]
+fn identical_blocks_share_one_slot_and_cost_a_record_each() {
+    let config = DedupConfig {
+        policy: Policy::All,
+        algorithm: Algorithm::Sha1,
+        ..DedupConfig::default()
+    };
+    let rig = Rig::new(config);
+    let same = vec![7u8; 4096];
+    for b in 0..10u64 {
+        rig.d().write_at(&same, DATA_OFFSET + b * 4096).unwrap();
+    }
+    let s = rig.d().stats();
+    assert_eq!(
+        (
+            s.physical_writes,
+            s.reference_writes,
+            s.dedup_hits,
+            s.slots_used
+        ),
+        (1, 9, 9, 1)
+    );
+    assert_eq!(s.hash_ops, 10);
+    assert_eq!(s.index_entries, 1);
+    assert!(
+        s.log_bytes < 10 * 64,
+        "references cost records, not blocks: {}",
+        s.log_bytes
+    );
+}
+
+#[test]
+fn the_parity_policy_fingerprints_parity_writes_only() {
+    let config = DedupConfig {
+        policy: Policy::Parity,
+        algorithm: Algorithm::Sha1,
+        ..DedupConfig::default()
+    };
+    let rig = Rig::new(config);
+    let same = vec![9u8; 4096];
+    rig.d()
+        .write_hinted(&same, DATA_OFFSET, WriteHint::new(IoClass::Data))
+        .unwrap();
+    rig.d()
+        .write_hinted(&same, DATA_OFFSET + 4096, WriteHint::new(IoClass::Data))
+        .unwrap();
+    rig.d()
+        .write_hinted(&same, DATA_OFFSET + 8192, WriteHint::new(IoClass::Parity))
+        .unwrap();
+    rig.d()
+        .write_hinted(&same, DATA_OFFSET + 12288, WriteHint::new(IoClass::Parity))
+        .unwrap();
+    let s = rig.d().stats();
+    assert_eq!(s.hash_ops, 2);
+    assert_eq!(
+        (
+            s.physical_writes,
+            s.dedup_hits,
+            s.physical_parity_writes,
+            s.reference_parity_writes
+        ),
+        (3, 1, 1, 1)
+    );
+}
+
+#[test]
+fn a_full_device_of_distinct_blocks_overwrites_in_place_without_running_out_of_slots() {
+    let config = DedupConfig {
+        policy: Policy::All,
+        algorithm: Algorithm::Sha1,
+        ..DedupConfig::default()
+    };
+    let mut rig = Rig::new(config);
+    for round in 0..3u8 {
+        for b in 0..BLOCKS {
+            let bytes = content(round.wrapping_mul(50).wrapping_add(b as u8), 4096);
+            rig.d().write_at(&bytes, DATA_OFFSET + b * 4096).unwrap();
+            rig.model[(b * 4096) as usize..((b + 1) * 4096) as usize].copy_from_slice(&bytes);
+        }
+    }
+    rig.check();
+    rig.dev = None;
+    rig.open(false);
+    rig.check();
+}
+
+#[test]
+fn a_torn_map_log_keeps_every_record_before_the_tear() {
+    let config = DedupConfig {
+        policy: Policy::All,
+        algorithm: Algorithm::Sha1,
+        ..DedupConfig::default()
+    };
+    let mut rig = Rig::new(config);
+    rig.d().write_at(&vec![1u8; 4096], DATA_OFFSET).unwrap();
+    rig.model[..4096].fill(1);
+    rig.d().sync().unwrap();
+    rig.dev = None;
+    let log = rig.dir.path().join("d.log");
+    let mut bytes = std::fs::read(&log).unwrap();
+    bytes.extend_from_slice(&[0xab; 17]);
+    std::fs::write(&log, &bytes).unwrap();
+    rig.open(false);
+    rig.check();
+}
+
+#[test]
+fn an_index_at_its_bound_evicts_and_writes_go_on() {
+    let config = DedupConfig {
+        policy: Policy::All,
+        algorithm: Algorithm::Sha1,
+        index_entries_max: 2,
+        ..DedupConfig::default()
+    };
+    let rig = Rig::new(config);
+    for b in 0..BLOCKS {
+        rig.d()
+            .write_at(&content(b as u8, 4096), DATA_OFFSET + b * 4096)
+            .unwrap();
+    }
+    let s = rig.d().stats();
+    assert_eq!(s.index_entries, 2);
+    assert_eq!(s.index_evictions, BLOCKS - 2);
+}
