@@ -80,6 +80,7 @@ impl Server for Handle {
     fn after_fork() -> Result<()> {
         let vol = volume()?;
         ecdedup::control::serve(Arc::clone(vol.array())).map_err(to_nbd)?;
+        vol.array().start_background_replay();
         if let Some(addr) = METRICS.lock().unwrap().clone() {
             ecdedup::control::serve_metrics(Arc::clone(vol.array()), &addr).map_err(to_nbd)?;
         }

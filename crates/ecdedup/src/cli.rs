@@ -66,6 +66,18 @@ enum Command {
         /// Byte-compare on a fingerprint hit: auto (on for sha1 and md5), on, off.
         #[arg(long, default_value = "auto")]
         verify: String,
+        /// Partial-write policy: rmw (in place), plog (parity logging), parix
+        /// (speculative, paper 004), replicate (3-way baseline: sets k=1, m=2).
+        #[arg(long, default_value = "rmw")]
+        write_policy: String,
+        /// Bound of each device's parity journal (plog, parix).
+        #[arg(long, default_value = "256M")]
+        journal_max: String,
+    },
+    /// Change the partial-write policy of a stopped array (journals are replayed first).
+    SetPolicy {
+        /// rmw, plog or parix.
+        policy: String,
     },
     /// Serve the volume over NBD (runs nbdkit with the ecdedup plugin, in the foreground).
     Serve {
@@ -193,7 +205,16 @@ fn run(cli: Cli) -> Result<()> {
             fingerprint,
             index_entries,
             verify,
+            write_policy,
+            journal_max,
         } => {
+            let write_policy: crate::array::WritePolicy = write_policy.parse()?;
+            let (k, m) = if write_policy == crate::array::WritePolicy::Replicate {
+                println!("write policy replicate: every block is stored on 3 devices (RS(1,2))");
+                (1, 2)
+            } else {
+                (k, m)
+            };
             let algorithm: crate::fingerprint::Algorithm = fingerprint
                 .parse()
                 .map_err(|e| Error::Config(format!("--fingerprint: {e}")))?;
@@ -232,6 +253,8 @@ fn run(cli: Cli) -> Result<()> {
                 volume_bytes: parse_size(&size)?,
                 intent_region_bytes: parse_size(&intent_region)?,
                 dedup,
+                write_policy,
+                journal_bytes_max: parse_size(&journal_max)?,
             };
             array::create(&dir, &opts)?;
             println!(
@@ -365,6 +388,18 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Eval { experiment } => crate::eval::run(experiment),
+        Command::SetPolicy { policy } => {
+            let policy: crate::array::WritePolicy = policy.parse()?;
+            let Some(a) = open_offline(&dir)? else {
+                return Err(Error::Busy(format!(
+                    "stop the server of {} first: the policy is chosen offline",
+                    dir.display()
+                )));
+            };
+            a.set_write_policy(policy)?;
+            println!("write policy is now {policy}");
+            Ok(())
+        }
         Command::Flush => match open_offline(&dir)? {
             Some(a) => a.close(),
             None => expect_ok(control::request(&dir, &Request::Flush)?),
@@ -417,6 +452,7 @@ fn print_status(s: &Status) {
         s.stripes
     );
     println!("health: {}", s.health);
+    println!("write policy: {}", s.write_policy);
     let d = &s.dedup;
     if d.policy == crate::dedup::Policy::None {
         println!("dedup: none");

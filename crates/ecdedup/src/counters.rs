@@ -15,9 +15,16 @@ pub enum IoClass {
     Data = 0,
     Parity = 1,
     Metadata = 2,
+    /// Parity-journal appends and replay reads (plog, parix).
+    Journal = 3,
 }
 
-pub const IO_CLASSES: [IoClass; 3] = [IoClass::Data, IoClass::Parity, IoClass::Metadata];
+pub const IO_CLASSES: [IoClass; 4] = [
+    IoClass::Data,
+    IoClass::Parity,
+    IoClass::Metadata,
+    IoClass::Journal,
+];
 
 impl IoClass {
     pub fn name(self) -> &'static str {
@@ -25,16 +32,17 @@ impl IoClass {
             IoClass::Data => "data",
             IoClass::Parity => "parity",
             IoClass::Metadata => "metadata",
+            IoClass::Journal => "journal",
         }
     }
 }
 
 #[derive(Default)]
 pub struct DeviceCounters {
-    read_ops: [AtomicU64; 3],
-    read_bytes: [AtomicU64; 3],
-    write_ops: [AtomicU64; 3],
-    write_bytes: [AtomicU64; 3],
+    read_ops: [AtomicU64; 4],
+    read_bytes: [AtomicU64; 4],
+    write_ops: [AtomicU64; 4],
+    write_bytes: [AtomicU64; 4],
     sync_ops: AtomicU64,
     errors: AtomicU64,
 }
@@ -55,11 +63,12 @@ impl DeviceCounters {
         self.errors.fetch_add(1, Relaxed);
     }
     fn snapshot(&self, position: usize) -> DeviceStats {
-        let class = |a: &[AtomicU64; 3], c: IoClass| a[c as usize].load(Relaxed);
-        let split = |a: &[AtomicU64; 3]| ClassSplit {
+        let class = |a: &[AtomicU64; 4], c: IoClass| a[c as usize].load(Relaxed);
+        let split = |a: &[AtomicU64; 4]| ClassSplit {
             data: class(a, IoClass::Data),
             parity: class(a, IoClass::Parity),
             metadata: class(a, IoClass::Metadata),
+            journal: class(a, IoClass::Journal),
         };
         DeviceStats {
             position,
@@ -119,6 +128,11 @@ array_counters! {
     rebuilt_stripes: "stripes written onto a replacement device",
     discarded_stripes: "whole stripes zeroed by discarding their units",
     intent_marks: "write-intent regions marked dirty (each costs a metadata sync)",
+    journal_writes: "partial stripe writes logged to parity journals (plog, parix)",
+    need_d0: "parix writes that had to read and log the original value d(0)",
+    journal_fallbacks: "logged writes that fell back to read-modify-write (journal full)",
+    records_replayed: "journaled blocks folded into parity by replay",
+    stripes_replayed: "stripes whose parity journals were replayed",
 }
 
 impl ArrayCounters {
@@ -136,11 +150,13 @@ pub struct ClassSplit {
     pub data: u64,
     pub parity: u64,
     pub metadata: u64,
+    #[serde(default)]
+    pub journal: u64,
 }
 
 impl ClassSplit {
     pub fn total(&self) -> u64 {
-        self.data + self.parity + self.metadata
+        self.data + self.parity + self.metadata + self.journal
     }
 }
 
@@ -162,6 +178,13 @@ pub struct Stats {
     pub devices: Vec<DeviceStats>,
     /// Bytes of RAM held by the per-block checksum tables.
     pub checksum_table_bytes: u64,
+    /// Parity journals: bytes held, blocks logged, RAM of their index.
+    #[serde(default)]
+    pub journal_bytes: u64,
+    #[serde(default)]
+    pub journal_logged_blocks: u64,
+    #[serde(default)]
+    pub journal_index_bytes: u64,
     /// The dedup layer of each device (null where the policy is none or
     /// the device is out of service).
     #[serde(default)]
@@ -192,6 +215,9 @@ impl Counters {
                 .collect(),
             checksum_table_bytes,
             dedup: Vec::new(),
+            journal_bytes: 0,
+            journal_logged_blocks: 0,
+            journal_index_bytes: 0,
         }
     }
 }
@@ -224,6 +250,7 @@ impl Stats {
                     ("data", s.data),
                     ("parity", s.parity),
                     ("metadata", s.metadata),
+                    ("journal", s.journal),
                 ] {
                     let _ = writeln!(
                         out,

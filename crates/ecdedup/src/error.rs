@@ -33,6 +33,10 @@ pub enum Error {
     DataLoss(String),
     #[error("{0}")]
     Other(String),
+    /// Internal: a reader found journal entries for a stripe whose parity it
+    /// needs; it retries under the exclusive lock after a replay.
+    #[error("internal: stripe {0} needs a parity-journal replay")]
+    NeedsReplay(u64),
 }
 
 impl Error {

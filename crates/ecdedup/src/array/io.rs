@@ -18,19 +18,19 @@ use crate::error::{Error, Result};
 use std::ops::Range;
 
 /// One data unit's share of a stripe write.
-struct UnitWrite<'a> {
-    role: usize,
+pub(super) struct UnitWrite<'a> {
+    pub(super) role: usize,
     /// Byte offset inside the unit.
-    offset: u64,
-    bytes: &'a [u8],
+    pub(super) offset: u64,
+    pub(super) bytes: &'a [u8],
 }
 
 impl UnitWrite<'_> {
-    fn blocks(&self, block: u64) -> Range<u64> {
+    pub(super) fn blocks(&self, block: u64) -> Range<u64> {
         self.offset / block..(self.offset + self.bytes.len() as u64).div_ceil(block)
     }
     /// Blocks the write overwrites completely.
-    fn covered(&self, block: u64) -> Range<u64> {
+    pub(super) fn covered(&self, block: u64) -> Range<u64> {
         let end = self.offset + self.bytes.len() as u64;
         let start = self.offset.div_ceil(block);
         let stop = end / block;
@@ -121,8 +121,22 @@ impl Array {
             .add(&self.counters.array.client_read_bytes, buf.len() as u64);
         let mut done = 0usize;
         for (stripe, within, n) in self.pieces(offset, buf.len() as u64) {
-            let _g = self.locks[Self::lock_index(stripe)].read().unwrap();
-            self.read_stripe(stripe, within, &mut buf[done..done + n as usize])?;
+            let out = &mut buf[done..done + n as usize];
+            loop {
+                let r = {
+                    let _g = self.locks[Self::lock_index(stripe)].read().unwrap();
+                    self.read_stripe(stripe, within, out)
+                };
+                match r {
+                    // A decode needs parity that a journal has not reached
+                    // yet: replay under the exclusive lock, then read again.
+                    Err(Error::NeedsReplay(s)) => {
+                        let _g = self.locks[Self::lock_index(s)].write().unwrap();
+                        self.replay_stripe(s)?;
+                    }
+                    r => break r?,
+                }
+            }
             done += n as usize;
         }
         Ok(())
@@ -191,6 +205,9 @@ impl Array {
     /// rewrites units whose device is healthy but whose block was bad.
     /// Caller holds the stripe lock.
     pub(super) fn reconstruct_row(&self, stripe: u64, b: u64) -> Result<Vec<Vec<u8>>> {
+        if self.journal_pending(stripe) {
+            return Err(Error::NeedsReplay(stripe));
+        }
         let g = &self.geo;
         let w = g.width();
         let block = g.block() as usize;
@@ -307,7 +324,7 @@ impl Array {
         }
     }
 
-    fn intent_begin(&self, stripe: u64) -> Result<()> {
+    pub(super) fn intent_begin(&self, stripe: u64) -> Result<()> {
         match self.intent.begin(stripe) {
             Ok(marked) => {
                 if marked {
@@ -325,6 +342,7 @@ impl Array {
     pub fn write(&self, buf: &[u8], offset: u64, fua: bool) -> Result<()> {
         self.check_range(offset, buf.len() as u64)?;
         bump(&self.counters.array.client_writes);
+        self.note_write();
         self.counters
             .array
             .add(&self.counters.array.client_write_bytes, buf.len() as u64);
@@ -352,7 +370,8 @@ impl Array {
             let _g = self.locks[Self::lock_index(stripe)].write().unwrap();
             self.intent_begin(stripe)?;
             let r = if n == sd {
-                self.discard_stripe(stripe)
+                self.journal_invalidate(stripe, 0, self.geo.blocks_per_unit())
+                    .and_then(|_| self.discard_stripe(stripe))
             } else {
                 self.write_stripe(stripe, within, &zeroes[..n as usize])
             };
@@ -438,6 +457,23 @@ impl Array {
                     .sum::<u64>()
             })
             .sum();
+        let partial = rcw_reads > 0;
+        if self.write_policy.journals()
+            && partial
+            && !degraded
+            && self.journal_write(stripe, &writes)?
+        {
+            return self.check_available();
+        }
+        if self.journal_pending(stripe) {
+            let whole = within == 0 && bytes.len() as u64 == g.stripe_data_bytes();
+            if whole && !degraded {
+                // Parity is about to be encoded from the new data alone.
+                self.journal_invalidate(stripe, 0, g.blocks_per_unit())?;
+            } else {
+                self.replay_stripe(stripe)?;
+            }
+        }
         let result = if degraded {
             bump(&self.counters.array.degraded_writes);
             self.reconstruct_write(stripe, &writes, &rows)
@@ -560,6 +596,13 @@ impl Array {
     pub fn flush(&self) -> Result<()> {
         bump(&self.counters.array.client_flushes);
         let epoch = self.intent.start_flush();
+        for (d, jr) in self.journals.iter().enumerate() {
+            if let Some(j) = jr.lock().unwrap().as_ref() {
+                j.sync().map_err(|e| {
+                    Error::io(format!("syncing the parity journal of device {d}"), e)
+                })?;
+            }
+        }
         for d in 0..self.members.len() {
             let Some(dev) = self.device(d) else { continue };
             let r = self.tables[d]
@@ -589,7 +632,7 @@ fn intersect(a: &Range<u64>, b: &Range<u64>) -> Range<u64> {
 
 /// Copies a unit write into `buf`, which holds the unit's bytes from
 /// `buf_start` on.
-fn overlay(buf: &mut [u8], buf_start: u64, w: &UnitWrite) {
+pub(super) fn overlay(buf: &mut [u8], buf_start: u64, w: &UnitWrite) {
     let at = (w.offset - buf_start) as usize;
     buf[at..at + w.bytes.len()].copy_from_slice(w.bytes);
 }

@@ -98,6 +98,12 @@ impl Array {
     /// Returns false when the stripe is degraded and could only be re-checksummed.
     fn resync_stripe(&self, stripe: u64) -> bool {
         let g = &self.geo;
+        if self.journal_pending(stripe) {
+            // Parity is recomputed from data below; nothing logged applies.
+            if let Err(e) = self.journal_invalidate(stripe, 0, g.blocks_per_unit()) {
+                self.warn(format!("stripe {stripe}: {e}"));
+            }
+        }
         let units = self.read_stripe_raw(stripe);
         bump(&self.counters.array.resync_stripes);
         let complete = units.iter().all(Option::is_some);
@@ -158,6 +164,8 @@ impl Array {
         let mut report = ScrubReport::default();
         for stripe in 0..g.stripes {
             let _g = self.locks[Self::lock_index(stripe)].write().unwrap();
+            // Parity is compared with data: bring it up to date first.
+            self.replay_stripe(stripe)?;
             let mut units = self.read_stripe_raw(stripe);
             let mut bad_rows = std::collections::BTreeSet::new();
             for (role, unit) in units.iter().enumerate() {
@@ -246,6 +254,9 @@ impl Array {
                         )));
                     }
                     if let Some(role) = g.role_on(stripe, d) {
+                        // Pipelined recovery: the stripe's journals are
+                        // replayed, and the fresh parity decodes at once.
+                        self.replay_stripe(stripe)?;
                         let unit = self.reconstruct_unit(stripe, role)?;
                         self.members[d].cursor.store(stripe + 1, SeqCst);
                         if !self.write_unit_blocks(stripe, role, 0, &unit) {

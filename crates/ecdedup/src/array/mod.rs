@@ -24,13 +24,16 @@
 pub mod checksum;
 pub mod intent;
 mod io;
+pub mod journal;
 pub mod layout;
+mod logging;
 mod maintenance;
 pub mod superblock;
 #[cfg(test)]
 mod tests;
 
 pub use layout::Geometry;
+pub use logging::WritePolicy;
 pub use maintenance::ScrubReport;
 pub use superblock::MemberState;
 
@@ -75,10 +78,22 @@ pub struct ConfigFile {
     pub intent_region_bytes: u64,
     #[serde(default)]
     pub dedup: DedupConfig,
+    #[serde(default)]
+    pub write_policy: WritePolicy,
+    /// Bound of each device's parity journal, bytes.
+    #[serde(default = "default_journal_bytes")]
+    pub journal_bytes_max: u64,
 }
 
 fn default_region_bytes() -> u64 {
     intent::REGION_BYTES_DEFAULT
+}
+
+pub const JOURNAL_BYTES_DEFAULT: u64 = 256 << 20;
+pub const JOURNAL_DIR: &str = "journal";
+
+fn default_journal_bytes() -> u64 {
+    JOURNAL_BYTES_DEFAULT
 }
 
 impl ConfigFile {
@@ -131,6 +146,8 @@ pub struct CreateOptions {
     pub volume_bytes: u64,
     pub intent_region_bytes: u64,
     pub dedup: DedupConfig,
+    pub write_policy: WritePolicy,
+    pub journal_bytes_max: u64,
 }
 
 struct Member {
@@ -175,6 +192,7 @@ pub struct Status {
     pub volume_bytes: u64,
     pub generation: u64,
     pub health: String,
+    pub write_policy: WritePolicy,
     pub dedup: DedupConfig,
     pub devices: Vec<DeviceStatus>,
     pub dirty_regions: usize,
@@ -198,6 +216,15 @@ pub struct Array {
     /// The dedup layer over each device, when the policy is not `none`.
     dedup: Vec<RwLock<Option<Arc<DedupDevice>>>>,
     backend: Option<Arc<dyn FingerprintBackend>>,
+    write_policy: WritePolicy,
+    journal_bytes_max: u64,
+    /// The parity journal of each device (plog, parix).
+    journals: Vec<Mutex<Option<journal::ParityJournal>>>,
+    replay_wanted: std::sync::atomic::AtomicBool,
+    /// Milliseconds since `started` of the last client write.
+    last_write_ms: AtomicU64,
+    started: std::time::Instant,
+    stopping: std::sync::atomic::AtomicBool,
     /// Set by `simulate_crash`: drop without flushing, as kill -9 would.
     crashed: std::sync::atomic::AtomicBool,
     _lock_file: File,
@@ -243,6 +270,21 @@ fn wrap_dedup(
         fresh,
     )?;
     Ok(Arc::new(layer))
+}
+
+fn open_journal(path: &Path, bytes_max: u64) -> Result<journal::ParityJournal> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| Error::io(format!("creating {}", parent.display()), e))?;
+    }
+    let j = journal::ParityJournal::open(path)?;
+    j.preallocate(bytes_max).map_err(|e| {
+        Error::io(
+            format!("reserving {bytes_max} bytes for {}", path.display()),
+            e,
+        )
+    })?;
+    Ok(j)
 }
 
 fn read_superblock(dev: &dyn Device) -> Result<Superblock> {
@@ -368,6 +410,8 @@ pub fn format(dir: &Path, opts: &CreateOptions, devices: Vec<Arc<dyn Device>>) -
         devices: devices_abs,
         intent_region_bytes: opts.intent_region_bytes,
         dedup: opts.dedup.clone(),
+        write_policy: opts.write_policy,
+        journal_bytes_max: opts.journal_bytes_max,
     }
     .store(dir)
 }
@@ -605,6 +649,29 @@ impl Array {
         let device_uuids = (0..n)
             .map(|i| sbs[i].as_ref().map(|s| s.device_uuid).unwrap_or([0; 16]))
             .collect();
+        let cfg_write_policy = cfg.write_policy;
+        let cfg_journal_bytes_max = cfg.journal_bytes_max;
+        let mut journal_unreadable = false;
+        let mut journals = Vec::with_capacity(n);
+        for i in 0..n {
+            if !cfg_write_policy.journals() {
+                journals.push(Mutex::new(None));
+                continue;
+            }
+            let path = dir.join(JOURNAL_DIR).join(format!("dev{i}.jrnl"));
+            match open_journal(&path, cfg_journal_bytes_max) {
+                Ok(j) => journals.push(Mutex::new(Some(j))),
+                Err(e) => {
+                    warnings.push(format!("{e}: its logged writes are lost, so every stripe is resynchronised from its data"));
+                    journal_unreadable = true;
+                    let _ = std::fs::remove_file(&path);
+                    journals.push(Mutex::new(Some(open_journal(
+                        &path,
+                        cfg_journal_bytes_max,
+                    )?)));
+                }
+            }
+        }
         let array = Array {
             dir: dir.to_owned(),
             geo,
@@ -624,6 +691,13 @@ impl Array {
             warnings: Mutex::new(warnings),
             dedup: dedup_layers,
             backend,
+            write_policy: cfg_write_policy,
+            journal_bytes_max: cfg_journal_bytes_max,
+            journals,
+            replay_wanted: std::sync::atomic::AtomicBool::new(false),
+            last_write_ms: AtomicU64::new(0),
+            started: std::time::Instant::now(),
+            stopping: std::sync::atomic::AtomicBool::new(false),
             crashed: std::sync::atomic::AtomicBool::new(false),
             _lock_file: lock,
         };
@@ -635,9 +709,19 @@ impl Array {
         {
             array.persist_superblocks()?;
         }
-        if !recovery.dirty_stripe_ranges.is_empty() {
-            array.resync(&recovery.dirty_stripe_ranges, progress.as_ref())?;
+        // First the stripes an unclean stop may have left inconsistent: their
+        // parity is recomputed from their data, which holds every
+        // acknowledged write, and what their journals logged is dropped.
+        // Checksums outside dirty regions are trustworthy, so the journals of
+        // the other stripes are then replayed before serving.
+        let mut dirty = recovery.dirty_stripe_ranges;
+        if journal_unreadable {
+            dirty = vec![(0, geo.stripes)];
         }
+        if !dirty.is_empty() {
+            array.resync(&dirty, progress.as_ref())?;
+        }
+        array.replay_all(progress.as_ref())?;
         Ok(array)
     }
 
@@ -673,6 +757,11 @@ impl Array {
             .iter()
             .map(|l| l.read().unwrap().as_ref().map(|l| l.stats()))
             .collect();
+        (
+            stats.journal_bytes,
+            stats.journal_logged_blocks,
+            stats.journal_index_bytes,
+        ) = self.journal_usage();
         stats
     }
 
@@ -754,6 +843,7 @@ impl Array {
             generation: cfg.generation,
             health,
             dedup: cfg.file.dedup.clone(),
+            write_policy: self.write_policy,
             devices,
             dirty_regions: self.intent.dirty_regions(),
             operation: self.operation.lock().unwrap().clone(),
@@ -826,6 +916,7 @@ impl Array {
     }
 
     fn set_failed(&self, d: usize) {
+        self.replay_wanted.store(true, SeqCst);
         self.members[d].tag.store(TAG_FAILED, SeqCst);
         *self.members[d].dev.write().unwrap() = None;
         *self.dedup[d].write().unwrap() = None;
@@ -839,6 +930,7 @@ impl Array {
         }
         *self.members[d].dev.write().unwrap() = None;
         *self.dedup[d].write().unwrap() = None;
+        self.replay_wanted.store(true, SeqCst);
         self.warn(format!(
             "device {d} failed ({what}: {err}); continuing degraded"
         ));
@@ -946,6 +1038,11 @@ impl Array {
             None => dev,
         };
         self.tables[d].reset_zeroed();
+        if self.write_policy.journals() {
+            let path = self.dir.join(JOURNAL_DIR).join(format!("dev{d}.jrnl"));
+            let _ = std::fs::remove_file(&path);
+            *self.journals[d].lock().unwrap() = Some(open_journal(&path, self.journal_bytes_max)?);
+        }
         cfg.device_uuids[d] = *uuid::Uuid::new_v4().as_bytes();
         cfg.file.devices[d] = canonical;
         cfg.file.store(&self.dir)?;
@@ -996,8 +1093,36 @@ impl Array {
         self.operation.lock().unwrap().clone()
     }
 
+    /// Changes the partial-write policy (offline: the array is open here and
+    /// nowhere else). Journals are replayed first, so none is left behind.
+    pub fn set_write_policy(mut self, policy: WritePolicy) -> Result<()> {
+        if policy == WritePolicy::Replicate || self.write_policy == WritePolicy::Replicate {
+            return Err(Error::Config(
+                "replicate is a geometry (RS(1,2)), chosen at create time; it cannot be switched to or from".into(),
+            ));
+        }
+        self.replay_all(None)?;
+        {
+            let mut cfg = self.config.lock().unwrap();
+            cfg.file.write_policy = policy;
+            cfg.file.store(&self.dir)?;
+        }
+        self.write_policy = policy;
+        self.close()
+    }
+
+    fn idle_ms(&self) -> u64 {
+        (self.started.elapsed().as_millis() as u64).saturating_sub(self.last_write_ms.load(SeqCst))
+    }
+
+    fn note_write(&self) {
+        self.last_write_ms
+            .store(self.started.elapsed().as_millis() as u64, SeqCst);
+    }
+
     /// Clean shutdown: everything durable, intent map clean.
     pub fn close(&self) -> Result<()> {
+        self.stopping.store(true, SeqCst);
         self.flush()?;
         self.intent
             .clear_all()

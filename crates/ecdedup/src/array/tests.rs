@@ -29,6 +29,49 @@ impl Rig {
         stripes: u64,
         dedup: DedupConfig,
     ) -> Rig {
+        Rig::with(
+            n,
+            k,
+            m,
+            stripe_unit_bytes,
+            stripes,
+            dedup,
+            WritePolicy::Rmw,
+            JOURNAL_BYTES_DEFAULT,
+        )
+    }
+
+    fn with_policy(
+        n: u32,
+        k: u32,
+        m: u32,
+        stripe_unit_bytes: u32,
+        stripes: u64,
+        policy: WritePolicy,
+    ) -> Rig {
+        Rig::with(
+            n,
+            k,
+            m,
+            stripe_unit_bytes,
+            stripes,
+            DedupConfig::default(),
+            policy,
+            JOURNAL_BYTES_DEFAULT,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn with(
+        n: u32,
+        k: u32,
+        m: u32,
+        stripe_unit_bytes: u32,
+        stripes: u64,
+        dedup: DedupConfig,
+        write_policy: WritePolicy,
+        journal_bytes_max: u64,
+    ) -> Rig {
         let dir = tempfile::tempdir().unwrap();
         let volume_bytes = stripes * k as u64 * stripe_unit_bytes as u64;
         let geo = Geometry::new(n, k, m, stripe_unit_bytes, volume_bytes).unwrap();
@@ -47,6 +90,8 @@ impl Rig {
             // Small regions, so the intent log has several.
             intent_region_bytes: 2 * k as u64 * stripe_unit_bytes as u64,
             dedup,
+            write_policy,
+            journal_bytes_max,
         };
         let devs = mems
             .iter()
@@ -545,6 +590,7 @@ proptest! {
     fn the_volume_always_reads_back_its_model(
         k in 1u32..5, m in 1u32..3, extra in 0u32..2, unit_shift in 0u32..2, stripes in 2u64..7,
         policy in 0u8..3, verify in any::<bool>(), index_entries in 1u64..64,
+        write_policy in 0u8..3, tiny_journal in any::<bool>(),
         ops in proptest::collection::vec(op(), 1..30),
     ) {
         let n = k + m + extra;
@@ -555,7 +601,10 @@ proptest! {
             index_entries_max: index_entries,
             ..DedupConfig::default()
         };
-        let mut rig = Rig::with_dedup(n, k, m, 4096 << unit_shift, stripes, dedup);
+        let write_policy = [WritePolicy::Rmw, WritePolicy::Plog, WritePolicy::Parix][write_policy as usize];
+        // A tiny journal bound exercises the fall-back to read-modify-write.
+        let journal = if tiny_journal { (1 << 20) + 40_000 } else { JOURNAL_BYTES_DEFAULT };
+        let mut rig = Rig::with(n, k, m, 4096 << unit_shift, stripes, dedup, write_policy, journal);
         let vol = rig.model.len() as u64;
         for op in ops {
             match op {
@@ -640,4 +689,182 @@ fn random_concurrent_writers_on_distinct_ranges_all_read_back() {
         }
     });
     rig.assert_consistent();
+}
+
+fn device_reads(s: &Stats) -> u64 {
+    s.devices
+        .iter()
+        .map(|d| d.read_ops.data + d.read_ops.parity)
+        .sum()
+}
+
+#[test]
+fn parix_overwrites_read_nothing_and_the_first_write_reads_d0_once() {
+    let mut rig = Rig::with_policy(6, 4, 2, 8192, 4, WritePolicy::Parix);
+    let before = rig.a().stats();
+    rig.write(4096, &pattern(1, 4096));
+    let first = rig.a().stats();
+    assert_eq!(
+        device_reads(&first) - device_reads(&before),
+        1,
+        "NEED_D0: one read of d(0)"
+    );
+    assert_eq!(first.array.need_d0, 1);
+    for i in 0..5 {
+        rig.write(4096, &pattern(2 + i, 4096));
+    }
+    let after = rig.a().stats();
+    assert_eq!(
+        device_reads(&after),
+        device_reads(&first),
+        "overwrites read nothing"
+    );
+    assert_eq!(after.array.journal_writes, 6);
+    assert!(
+        after
+            .devices
+            .iter()
+            .map(|d| d.write_bytes.journal)
+            .sum::<u64>()
+            > 0
+    );
+    rig.assert_matches_model();
+    rig.a().replay_all(None).unwrap();
+    rig.assert_consistent();
+}
+
+#[test]
+fn plog_reads_old_data_on_every_write_and_replay_matches_a_fresh_encode() {
+    let mut rig = Rig::with_policy(6, 4, 2, 8192, 4, WritePolicy::Plog);
+    rig.write(0, &pattern(3, 4 * 4 * 8192));
+    let before = rig.a().stats();
+    for i in 0..4 {
+        rig.write(8192 * i + 100, &pattern(10 + i, 3000));
+    }
+    let after = rig.a().stats();
+    assert_eq!(
+        device_reads(&after) - device_reads(&before),
+        4,
+        "write-after-read: one old block per write"
+    );
+    rig.a().replay_all(None).unwrap();
+    rig.assert_consistent();
+    rig.assert_matches_model();
+}
+
+#[test]
+fn degraded_reads_are_right_while_journals_hold_unreplayed_writes() {
+    for policy in [WritePolicy::Plog, WritePolicy::Parix] {
+        let mut rig = Rig::with_policy(6, 4, 2, 8192, 6, policy);
+        let vol = rig.model.len();
+        rig.write(0, &pattern(4, vol));
+        for i in 0..20u64 {
+            rig.write(
+                (i * 7919 * 512) % (vol as u64 - 9000),
+                &pattern(100 + i, 9000),
+            );
+        }
+        assert!(
+            rig.a().journal_usage().1 > 0,
+            "writes are logged, not replayed"
+        );
+        rig.a().fail_device(0).unwrap();
+        rig.a().fail_device(3).unwrap();
+        rig.assert_matches_model();
+        assert!(rig.a().stats().array.stripes_replayed > 0);
+    }
+}
+
+#[test]
+fn rebuild_replays_journals_stripe_by_stripe() {
+    let mut rig = Rig::with_policy(6, 4, 2, 8192, 6, WritePolicy::Parix);
+    let vol = rig.model.len();
+    rig.write(0, &pattern(5, vol));
+    for i in 0..12u64 {
+        rig.write(i * 13_000, &pattern(200 + i, 5000));
+    }
+    rig.a().fail_device(2).unwrap();
+    rig.replace_and_rebuild(2);
+    rig.assert_consistent();
+    rig.a().fail_device(4).unwrap();
+    rig.a().fail_device(5).unwrap();
+    rig.assert_matches_model();
+}
+
+#[test]
+fn a_crash_with_unreplayed_journals_recovers_every_write_and_consistent_parity() {
+    for policy in [WritePolicy::Plog, WritePolicy::Parix] {
+        let mut rig = Rig::with_policy(6, 4, 2, 8192, 6, policy);
+        let vol = rig.model.len();
+        rig.write(0, &pattern(6, vol));
+        rig.a().flush().unwrap();
+        for i in 0..15u64 {
+            rig.write(i * 11_000, &pattern(300 + i, 6000));
+        }
+        rig.crash_and_restart();
+        assert_eq!(rig.a().journal_usage().1, 0, "replayed before serving");
+        rig.assert_consistent();
+        rig.assert_matches_model();
+        rig.a().fail_device(1).unwrap();
+        rig.assert_matches_model();
+    }
+}
+
+#[test]
+fn a_full_journal_falls_back_to_read_modify_write() {
+    let mut rig = Rig::with(
+        6,
+        4,
+        2,
+        8192,
+        8,
+        DedupConfig::default(),
+        WritePolicy::Parix,
+        (1 << 20) + 20_000,
+    );
+    for i in 0..10u64 {
+        rig.write(i * 4096 * 3, &pattern(400 + i, 4096));
+    }
+    let s = rig.a().stats();
+    assert!(
+        s.array.journal_fallbacks > 0 && s.array.journal_writes > 0,
+        "{:?}",
+        s.array
+    );
+    rig.assert_matches_model();
+    rig.a().replay_all(None).unwrap();
+    rig.assert_consistent();
+}
+
+#[test]
+fn a_corrupt_journal_means_resync_everything() {
+    let mut rig = Rig::with_policy(6, 4, 2, 4096, 4, WritePolicy::Parix);
+    rig.write(0, &pattern(7, 3 * 4096));
+    rig.array.take().unwrap().simulate_crash();
+    std::fs::write(rig.dir.path().join(JOURNAL_DIR).join("dev4.jrnl"), b"bad").unwrap();
+    rig.open();
+    assert!(rig
+        .a()
+        .warnings()
+        .iter()
+        .any(|w| w.contains("resynchronised")));
+    assert_eq!(rig.a().stats().array.resync_stripes, 4);
+    rig.assert_consistent();
+    rig.assert_matches_model();
+}
+
+#[test]
+fn switching_the_write_policy_offline_replays_the_journals() {
+    let mut rig = Rig::with_policy(6, 4, 2, 4096, 4, WritePolicy::Plog);
+    rig.write(4096, &pattern(8, 4096));
+    assert!(rig.a().journal_usage().1 > 0);
+    rig.array
+        .take()
+        .unwrap()
+        .set_write_policy(WritePolicy::Parix)
+        .unwrap();
+    rig.open();
+    assert_eq!(rig.a().write_policy(), WritePolicy::Parix);
+    rig.assert_consistent();
+    rig.assert_matches_model();
 }

@@ -1,18 +1,33 @@
-//! Experiments that reproduce the papers' evaluations on real data. STUB.
+//! Experiments that reproduce the papers' evaluations on real data.
+//!
+//! `ecdedup eval parity-dedup` (paper 000) builds one array per RAID chunk
+//! size and dedup policy, serves it with `ecdedup serve` (nbdkit), writes the
+//! workload onto it (through ext4 on `nbdfuse` + a loop device, and as one
+//! raw sequential stream over NBD), reads the counters back through the
+//! control socket, times degraded reads with one and two devices failed, and
+//! prints the paper's figures beside ours.
+//!
+//! Modules: [`parity_dedup`] runs the experiment; [`proc`] holds the guards
+//! that start and always stop the server, nbdfuse, the loop device and the
+//! mount (by PID, with timeouts); [`nbd`] is a small sequential NBD client;
+//! [`report`] and [`svg`] render the results.
 
-use crate::error::{Error, Result};
+pub mod nbd;
+pub mod parity_dedup;
+pub mod proc;
+pub mod report;
+pub mod svg;
+
+use crate::error::Result;
 
 #[derive(clap::Subcommand)]
 pub enum EvalCommand {
     /// Paper 000: plain RAID-6 vs + data dedup vs + parity dedup, through ext4.
-    ParityDedup {
-        /// Workload files (tar archives extracted one after another).
-        workloads: Vec<std::path::PathBuf>,
-    },
+    ParityDedup(parity_dedup::Options),
 }
 
 pub fn run(cmd: EvalCommand) -> Result<()> {
     match cmd {
-        EvalCommand::ParityDedup { .. } => Err(Error::Other("not implemented yet".into())),
+        EvalCommand::ParityDedup(opts) => parity_dedup::run(opts),
     }
 }

@@ -20,27 +20,30 @@
 //! Strong and weak algorithms ([`Algorithm::strong`]): SHA-256 and BLAKE3
 //! have no known collisions, so a fingerprint hit is taken as equal content
 //! without reading the stored chunk back. MD5 and SHA-1 have practical
-//! chosen-prefix collisions (MD5 since 2007, SHA-1 since 2020, "SHA-1 is a
-//! Shambles"):
-//! an attacker who controls data written to a volume can craft two different
-//! blocks with one fingerprint, and without a check the second write would
-//! silently alias the first block's contents. With them the dedup layer must
-//! `verify`: byte-compare the candidate with the stored chunk on every hit,
-//! which removes the risk at the cost of a read. For random (non-adversarial)
-//! data the accidental collision probability is negligible for every
-//! algorithm here: about n²/2^(b+1) for n chunks and b digest bits, below
-//! 10^-15 for 2^40 chunks even with MD5's 128 bits.
+//! chosen-prefix collisions (MD5 since 2007; SHA-1 since 2020, "SHA-1 is a
+//! Shambles"): an attacker who controls data written to a volume can craft
+//! two different blocks with one fingerprint, and without a check the second
+//! write would silently alias the first block's contents. With them the
+//! dedup layer must `verify`: byte-compare the candidate with the stored
+//! chunk on every hit, which removes the risk at the cost of a read. For
+//! random (non-adversarial) data the accidental collision probability is
+//! negligible for every algorithm here: about n²/2^(b+1) for n chunks and b
+//! digest bits, about 2·10^-15 for 2^40 chunks (4 PiB of 4 KiB blocks) even
+//! with MD5's 128 bits.
 //!
-//! Hardware acceleration, all detected at run time, with no build flag and
-//! a portable fallback on CPUs without the instructions: `sha1` 0.11 and `sha2`
-//! 0.11 (RustCrypto) check `cpufeatures::new!(shani_cpuid, "sha", "sse4.1",
-//! ...)` once on x86/x86-64 and run the SHA-NI (Intel SHA extensions)
-//! compression when present, the software rounds otherwise (on aarch64 the
-//! same for the ARMv8 SHA2 extension). `blake3` 1.8 dispatches among SSE2,
-//! SSE4.1, AVX2 and AVX-512 assembly at run time; within one chunk it hashes
-//! its 1 KiB BLAKE3 chunks side by side, so even a 4 KiB block uses SIMD.
-//! `md-5` 0.11 has no SIMD backend on x86 (MD5 is one serial dependency
-//! chain); it is the slowest per core here.
+//! Hardware acceleration is detected at run time, with no build flag and a
+//! portable fallback on CPUs without the instructions. `sha1` 0.11.0 and
+//! `sha2` 0.11.1 (RustCrypto, with `cpufeatures` 0.3) declare
+//! `cpufeatures::new!(shani_cpuid, "sha", "sse4.1", ...)` on x86/x86-64,
+//! check it once (cached) and run the SHA-NI compression when present, the
+//! software rounds otherwise; on aarch64 likewise for the ARMv8 SHA2
+//! extension. Measured on this project's Xeon with 4 KiB chunks, SHA-256
+//! runs at 1.0-1.4 GB/s per core by default against 0.22-0.29 GB/s when
+//! built with `--cfg sha2_backend="soft"`. `blake3` 1.8 dispatches among
+//! SSE2, SSE4.1, AVX2 and AVX-512 assembly at run time, and within one chunk
+//! hashes its 1 KiB BLAKE3 chunks side by side, so even a 4 KiB block uses
+//! SIMD. `md-5` 0.11 has no SIMD backend on x86 (MD5 is one serial
+//! dependency chain); it is the slowest per core here.
 //!
 //! [`crc32c_prefilter`] is not a fingerprint: 32 bits collide by the birthday
 //! bound after ~65,000 chunks. It is the cheap, hardware-accelerated filter

@@ -1,0 +1,475 @@
+//! Partial-write policies that log instead of updating parity in place:
+//! classic parity logging (`plog`) and PARIX speculative writes (`parix`),
+//! and their replay.
+//!
+//! A partial, non-degraded stripe write under `plog` reads the old data,
+//! writes the new data in place and appends the parity deltas to each parity
+//! device's journal. Under `parix` it writes the new data in place without
+//! reading and appends the new value d(r) to each parity journal; only when a
+//! parity journal has no original d(0) for a block (the first write since
+//! its parity was materialised: the paper's NEED_D0 answer) is d(0) read,
+//! once, and logged first. Parity on the device is then stale until replay.
+//!
+//! Invariants:
+//! - the parity of a stripe with journal entries is never read before the
+//!   stripe is replayed (degraded reads, read-modify-write, rebuild, scrub
+//!   replay first; a reader under the shared lock gets `NeedsReplay` and
+//!   retries under the exclusive lock);
+//! - a write that recomputes parity rows from data (reconstruct-write,
+//!   full-stripe) first logs an invalidation of those rows;
+//! - replay of a stripe writes its parity and then logs an invalidation, under
+//!   the stripe's intent mark, so a crash in between is resynchronised;
+//! - a journal never grows past its bound: a write that does not fit falls
+//!   back to read-modify-write (counted) and triggers replay.
+
+use super::io::UnitWrite;
+use super::journal::{self, Kind};
+use super::Array;
+use crate::counters::{bump, IoClass};
+use crate::error::{Error, Result};
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::Ordering::Relaxed;
+
+/// Quiet time after which logged writes are replayed.
+pub const IDLE_REPLAY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Bytes kept free in every journal for invalidation marks.
+const JOURNAL_RESERVE_BYTES: u64 = 1 << 20;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum WritePolicy {
+    /// Read-modify-write or reconstruct-write in place.
+    #[default]
+    Rmw,
+    /// Classic parity logging: old data read, parity deltas journaled.
+    Plog,
+    /// PARIX: new data values journaled, original read once.
+    Parix,
+    /// 3-way replication baseline: RS(1,2), every write a full stripe.
+    Replicate,
+}
+
+impl WritePolicy {
+    pub fn journals(self) -> bool {
+        matches!(self, WritePolicy::Plog | WritePolicy::Parix)
+    }
+}
+
+impl std::str::FromStr for WritePolicy {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<WritePolicy> {
+        match s {
+            "rmw" => Ok(WritePolicy::Rmw),
+            "plog" => Ok(WritePolicy::Plog),
+            "parix" => Ok(WritePolicy::Parix),
+            "replicate" => Ok(WritePolicy::Replicate),
+            _ => Err(Error::Config(format!(
+                "write policy {s:?} is not one of rmw, plog, parix, replicate"
+            ))),
+        }
+    }
+}
+
+impl std::fmt::Display for WritePolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str(match self {
+            WritePolicy::Rmw => "rmw",
+            WritePolicy::Plog => "plog",
+            WritePolicy::Parix => "parix",
+            WritePolicy::Replicate => "replicate",
+        })
+    }
+}
+
+impl Array {
+    fn parity_devices(&self, stripe: u64) -> Vec<(usize, usize)> {
+        let g = &self.geo;
+        (0..g.m())
+            .map(|j| (j, g.place(stripe, g.k() + j).device))
+            .collect()
+    }
+
+    /// Whether any parity journal of the stripe holds entries.
+    pub(super) fn journal_pending(&self, stripe: u64) -> bool {
+        if !self.write_policy.journals() {
+            return false;
+        }
+        self.parity_devices(stripe).iter().any(|&(_, p)| {
+            self.journals[p]
+                .lock()
+                .unwrap()
+                .as_ref()
+                .is_some_and(|j| j.has_stripe(stripe))
+        })
+    }
+
+    /// Logs a partial stripe write. Returns false when a journal has no room
+    /// (the caller falls back to read-modify-write). Caller holds the stripe
+    /// lock exclusively and has marked the intent; the stripe is healthy.
+    pub(super) fn journal_write(&self, stripe: u64, writes: &[UnitWrite]) -> Result<bool> {
+        let g = self.geo;
+        let block = g.block();
+        let parity = self.parity_devices(stripe);
+        let mut news = Vec::with_capacity(writes.len());
+        let mut records: Vec<Vec<u8>> = vec![Vec::new(); g.m()];
+        for w in writes {
+            let blocks = w.blocks(block);
+            let partial = blocks != w.covered(block);
+            let role16 = w.role as u16;
+            // Full blocks of new data: the current blocks are read when a
+            // write covers a block partly, when plog needs the old value,
+            // or when a parity journal answers NEED_D0 (it has no d(0)).
+            let need: Vec<Vec<bool>> = if self.write_policy == WritePolicy::Parix {
+                parity
+                    .iter()
+                    .map(|&(_, p)| {
+                        let guard = self.journals[p].lock().unwrap();
+                        let j = guard
+                            .as_ref()
+                            .expect("journals exist under a logging policy");
+                        blocks
+                            .clone()
+                            .map(|b| !j.has_original(stripe, role16, b as u32))
+                            .collect()
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            let need_d0 = need.iter().any(|n| n.iter().any(|x| *x));
+            let read_current = partial || need_d0 || self.write_policy == WritePolicy::Plog;
+            let current = if read_current {
+                Some(self.read_unit_blocks(stripe, w.role, blocks.clone())?)
+            } else {
+                None
+            };
+            let new = match &current {
+                Some(cur) => {
+                    let mut buf = cur.clone();
+                    super::io::overlay(&mut buf, blocks.start * block, w);
+                    buf
+                }
+                None => w.bytes.to_vec(),
+            };
+            match self.write_policy {
+                WritePolicy::Parix => {
+                    if need_d0 {
+                        bump(&self.counters.array.need_d0);
+                    }
+                    for (j, rec) in records.iter_mut().enumerate() {
+                        if let Some(d0) = current.as_ref().filter(|_| need_d0) {
+                            // Runs of blocks this journal needs d(0) for.
+                            let mut i = 0;
+                            while i < need[j].len() {
+                                if !need[j][i] {
+                                    i += 1;
+                                    continue;
+                                }
+                                let start = i;
+                                while i < need[j].len() && need[j][i] {
+                                    i += 1;
+                                }
+                                let bytes = &d0[start * block as usize..i * block as usize];
+                                journal::encode(
+                                    rec,
+                                    Kind::Original,
+                                    stripe,
+                                    role16,
+                                    (blocks.start as usize + start) as u32,
+                                    bytes,
+                                );
+                            }
+                        }
+                        journal::encode(
+                            rec,
+                            Kind::Value,
+                            stripe,
+                            role16,
+                            blocks.start as u32,
+                            &new,
+                        );
+                    }
+                }
+                WritePolicy::Plog => {
+                    let old = current.as_ref().expect("plog reads the old value");
+                    let delta: Vec<u8> = old.iter().zip(&new).map(|(a, b)| a ^ b).collect();
+                    let mut deltas = vec![vec![0u8; delta.len()]; g.m()];
+                    {
+                        let mut p: Vec<&mut [u8]> =
+                            deltas.iter_mut().map(|v| v.as_mut_slice()).collect();
+                        self.codec.update(w.role, &delta, &mut p);
+                    }
+                    for (j, rec) in records.iter_mut().enumerate() {
+                        journal::encode(
+                            rec,
+                            Kind::Delta,
+                            stripe,
+                            (g.k() + j) as u16,
+                            blocks.start as u32,
+                            &deltas[j],
+                        );
+                    }
+                }
+                _ => unreachable!("journal_write under a policy that does not log"),
+            }
+            news.push((w.role, blocks, new));
+        }
+        // All or nothing: every journal must have room before any append.
+        for (&(_, p), rec) in parity.iter().zip(&records) {
+            let guard = self.journals[p].lock().unwrap();
+            let j = guard.as_ref().expect("journal");
+            if j.bytes() + rec.len() as u64 + JOURNAL_RESERVE_BYTES > self.journal_bytes_max {
+                bump(&self.counters.array.journal_fallbacks);
+                self.replay_wanted.store(true, Relaxed);
+                return Ok(false);
+            }
+        }
+        for (&(_, p), rec) in parity.iter().zip(&records) {
+            let mut guard = self.journals[p].lock().unwrap();
+            let j = guard.as_mut().expect("journal");
+            if let Err(e) = j.append(rec) {
+                drop(guard);
+                // The journal lives in the array folder: its failure is the
+                // folder's, and no policy can go on without it.
+                return Err(Error::io(
+                    format!("appending to the parity journal of device {p}"),
+                    e,
+                ));
+            }
+            self.counters.devices[p].write(IoClass::Journal, rec.len());
+            if j.bytes() > self.journal_bytes_max / 2 {
+                self.replay_wanted.store(true, Relaxed);
+            }
+        }
+        for (role, blocks, new) in &news {
+            self.write_unit_blocks(stripe, *role, blocks.start, new);
+        }
+        bump(&self.counters.array.journal_writes);
+        Ok(true)
+    }
+
+    /// Logs that parity rows `[first, first+count)` of a stripe are about to
+    /// be recomputed from data, so nothing logged for them applies any more.
+    pub(super) fn journal_invalidate(&self, stripe: u64, first: u64, count: u64) -> Result<()> {
+        for (_, p) in self.parity_devices(stripe) {
+            let mut guard = self.journals[p].lock().unwrap();
+            let Some(j) = guard.as_mut() else { continue };
+            if !j.has_stripe(stripe) {
+                continue;
+            }
+            let mut rec = Vec::new();
+            journal::encode_invalidate(&mut rec, stripe, first as u32, count as u32);
+            j.append(&rec).map_err(|e| {
+                Error::io(format!("appending to the parity journal of device {p}"), e)
+            })?;
+            self.counters.devices[p].write(IoClass::Journal, rec.len());
+        }
+        Ok(())
+    }
+
+    /// Folds everything logged for a stripe into its parity (Eq. 3 for parix,
+    /// the sum of deltas for plog). Caller holds the stripe lock exclusively.
+    pub(super) fn replay_stripe(&self, stripe: u64) -> Result<()> {
+        if !self.journal_pending(stripe) {
+            return Ok(());
+        }
+        let g = self.geo;
+        let block = g.block() as usize;
+        self.intent_begin(stripe)?;
+        let result = (|| {
+            for (j, p) in self.parity_devices(stripe) {
+                let taken = {
+                    let mut guard = self.journals[p].lock().unwrap();
+                    match guard.as_mut() {
+                        Some(jr) => jr.take_stripe(stripe).map(|log| (log, ())),
+                        None => None,
+                    }
+                };
+                let Some((log, ())) = taken else { continue };
+                if !self.holds(p, stripe) {
+                    continue;
+                }
+                // Per parity row: the delta to fold in.
+                let mut rows: std::collections::BTreeMap<u32, Vec<u8>> = Default::default();
+                let mut a = vec![0u8; block];
+                let mut b = vec![0u8; block];
+                for ((role, row), entry) in &log {
+                    let acc = rows.entry(*row).or_insert_with(|| vec![0u8; block]);
+                    let guard = self.journals[p].lock().unwrap();
+                    let jr = guard.as_ref().expect("journal");
+                    match (entry.original, entry.latest) {
+                        (Some(o), Some(l)) => {
+                            jr.read_block(o, &mut a).map_err(|e| Error::io("reading a parity journal", e))?;
+                            jr.read_block(l, &mut b).map_err(|e| Error::io("reading a parity journal", e))?;
+                            self.counters.devices[p].read(IoClass::Journal, 2 * block);
+                            drop(guard);
+                            let delta: Vec<u8> = a.iter().zip(&b).map(|(x, y)| x ^ y).collect();
+                            let mut scratch = vec![vec![0u8; block]; g.m()];
+                            let mut refs: Vec<&mut [u8]> = scratch.iter_mut().map(|v| v.as_mut_slice()).collect();
+                            self.codec.update(*role as usize, &delta, &mut refs);
+                            for (x, y) in acc.iter_mut().zip(&scratch[j]) {
+                                *x ^= y;
+                            }
+                        }
+                        (None, None) => {
+                            for &d in &entry.deltas {
+                                jr.read_block(d, &mut a).map_err(|e| Error::io("reading a parity journal", e))?;
+                                self.counters.devices[p].read(IoClass::Journal, block);
+                                for (x, y) in acc.iter_mut().zip(&a) {
+                                    *x ^= y;
+                                }
+                            }
+                        }
+                        _ => {
+                            return Err(Error::Corrupt(format!(
+                                "parity journal of device {p}: stripe {stripe} role {role} block {row} has d(r) without d(0)"
+                            )))
+                        }
+                    }
+                    self.counters.array.records_replayed.fetch_add(1, Relaxed);
+                }
+                for (row, delta) in rows {
+                    let mut parity = self.read_parity_block(stripe, j, row as u64)?;
+                    for (x, y) in parity.iter_mut().zip(&delta) {
+                        *x ^= y;
+                    }
+                    self.write_unit_blocks(stripe, g.k() + j, row as u64, &parity);
+                }
+                let mut rec = Vec::new();
+                journal::encode_invalidate(&mut rec, stripe, 0, g.blocks_per_unit() as u32);
+                let mut guard = self.journals[p].lock().unwrap();
+                if let Some(jr) = guard.as_mut() {
+                    jr.append(&rec)
+                        .map_err(|e| Error::io("appending to a parity journal", e))?;
+                    self.counters.devices[p].write(IoClass::Journal, rec.len());
+                }
+            }
+            bump(&self.counters.array.stripes_replayed);
+            Ok(())
+        })();
+        self.intent.end(stripe);
+        result
+    }
+
+    /// A parity block as it is on the device, verified; a bad one is
+    /// recomputed from the data (which is current while the stripe is healthy).
+    fn read_parity_block(&self, stripe: u64, j: usize, row: u64) -> Result<Vec<u8>> {
+        let g = &self.geo;
+        let place = g.place(stripe, g.k() + j);
+        let mut buf = vec![0u8; g.block() as usize];
+        if self.dev_read(
+            place.device,
+            IoClass::Parity,
+            &mut buf,
+            g.device_offset(place.row, row),
+        ) && crc32c::crc32c(&buf)
+            == self.tables[place.device].get(g.checksum_index(place.row, row))
+        {
+            return Ok(buf);
+        }
+        bump(&self.counters.array.checksum_mismatches);
+        let mut data = Vec::with_capacity(g.k());
+        for role in 0..g.k() {
+            data.push(self.read_unit_blocks(stripe, role, row..row + 1)?);
+        }
+        let d: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+        let mut parity = vec![vec![0u8; g.block() as usize]; g.m()];
+        let mut p: Vec<&mut [u8]> = parity.iter_mut().map(|v| v.as_mut_slice()).collect();
+        self.codec.encode(&d, &mut p);
+        Ok(parity.swap_remove(j))
+    }
+
+    /// Replays every journal (at open, when idle, when a journal passes half
+    /// its bound, before a device is rebuilt). Returns stripes replayed.
+    pub fn replay_all(&self, progress: Option<&super::ProgressFn>) -> Result<u64> {
+        if !self.write_policy.journals() {
+            return Ok(0);
+        }
+        self.replay_wanted.store(false, Relaxed);
+        let mut stripes: Vec<u64> = Vec::new();
+        for jr in &self.journals {
+            if let Some(j) = jr.lock().unwrap().as_ref() {
+                stripes.extend(j.stripes());
+            }
+        }
+        stripes.sort_unstable();
+        stripes.dedup();
+        let total = stripes.len() as u64;
+        for (i, &s) in stripes.iter().enumerate() {
+            let _g = self.locks[Self::lock_index(s)].write().unwrap();
+            self.replay_stripe(s)?;
+            if let Some(p) = progress {
+                if i % 64 == 0 || i as u64 + 1 == total {
+                    p("replay", i as u64 + 1, total);
+                }
+            }
+        }
+        self.flush()?;
+        for (d, jr) in self.journals.iter().enumerate() {
+            let mut guard = jr.lock().unwrap();
+            if let Some(j) = guard.as_mut() {
+                let reset = j
+                    .reset_if_empty()
+                    .map_err(|e| Error::io("emptying a parity journal", e))?;
+                if reset {
+                    if let Err(e) = j.preallocate(self.journal_bytes_max) {
+                        self.warn(format!(
+                            "cannot reserve space for the parity journal of device {d}: {e}"
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(total)
+    }
+
+    /// Replays in the background: when a journal passes half its bound, a
+    /// write fell back, a device failed, or the volume has been idle for
+    /// `IDLE_REPLAY_AFTER` with something logged. Stops with `stop_background`.
+    pub fn start_background_replay(self: &std::sync::Arc<Self>) {
+        if !self.write_policy.journals() {
+            return;
+        }
+        let array = std::sync::Arc::clone(self);
+        let spawned = std::thread::Builder::new()
+            .name("ecdedup-replay".into())
+            .spawn(move || {
+                while !array.stopping.load(Relaxed) {
+                    std::thread::sleep(std::time::Duration::from_millis(200));
+                    let idle = array.idle_ms() >= IDLE_REPLAY_AFTER.as_millis() as u64;
+                    let logged = array.journal_usage().1 > 0;
+                    if logged && (idle || array.replay_wanted()) {
+                        if let Err(e) = array.replay_all(None) {
+                            array.warn(format!("background replay: {e}"));
+                        }
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            self.warn(format!("cannot start the background replay: {e}"));
+        }
+    }
+
+    /// Journal state for stats: (bytes, logged blocks, index RAM bytes).
+    pub fn journal_usage(&self) -> (u64, u64, u64) {
+        let mut out = (0, 0, 0);
+        for jr in &self.journals {
+            if let Some(j) = jr.lock().unwrap().as_ref() {
+                out.0 += j.bytes() - journal::HEADER_BYTES;
+                out.1 += j.logged_blocks();
+                out.2 += j.index_ram_bytes();
+            }
+        }
+        out
+    }
+
+    pub fn write_policy(&self) -> WritePolicy {
+        self.write_policy
+    }
+
+    /// Whether a replay is due (a journal passed half its bound, or a write fell back).
+    pub fn replay_wanted(&self) -> bool {
+        self.replay_wanted.load(Relaxed)
+    }
+}
