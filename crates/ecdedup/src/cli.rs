@@ -559,6 +559,7 @@ fn serve(
         }
         None => {
             let sock = socket.unwrap_or_else(|| dir_abs.join("nbd.sock"));
+            remove_stale_socket(&sock)?;
             cmd.arg("--unix").arg(sock);
         }
     }
@@ -570,6 +571,29 @@ fn serve(
     Err(Error::Other(format!(
         "cannot run nbdkit ({err}); install it with scripts/install-deps.sh"
     )))
+}
+
+/// A socket file left by a killed server would make nbdkit refuse to bind.
+/// Removes it when nothing listens on it; refuses when something does.
+fn remove_stale_socket(path: &Path) -> Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
+        return Ok(());
+    };
+    if !meta.file_type().is_socket() {
+        return Err(Error::Config(format!(
+            "{} exists and is not a socket; choose another --socket",
+            path.display()
+        )));
+    }
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        return Err(Error::Busy(format!(
+            "something already listens on {}",
+            path.display()
+        )));
+    }
+    std::fs::remove_file(path)
+        .map_err(|e| Error::io(format!("removing stale socket {}", path.display()), e))
 }
 
 /// True when another process holds the array.
