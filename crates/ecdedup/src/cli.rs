@@ -126,6 +126,8 @@ enum Command {
     },
     /// Make everything written so far durable (on a running server).
     Flush,
+    /// Replay a block trace on the SSD simulator (FTL, GC, dedup, block separation).
+    Sim(crate::ssd::SimArgs),
     /// Run an experiment that reproduces a paper's evaluation.
     Eval {
         #[command(subcommand)]
@@ -388,6 +390,7 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Eval { experiment } => crate::eval::run(experiment),
+        Command::Sim(args) => crate::ssd::run_sim(args),
         Command::SetPolicy { policy } => {
             let policy: crate::array::WritePolicy = policy.parse()?;
             let Some(a) = open_offline(&dir)? else {

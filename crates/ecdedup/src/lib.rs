@@ -17,6 +17,7 @@ pub mod error;
 pub mod eval;
 pub mod fingerprint;
 pub mod media;
+pub mod ssd;
 pub mod units;
 pub mod volume;
 
