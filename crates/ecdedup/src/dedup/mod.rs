@@ -456,15 +456,14 @@ impl DedupDevice {
                     // The slot stops vouching for its old fingerprint before
                     // its bytes change.
                     st.index.remove_if(&old, slot as u64);
-                    let mut rec = Vec::with_capacity(log::RECORD_HEADER_BYTES);
-                    Record::Write {
-                        block,
-                        slot: slot as u64,
-                        fingerprint: None,
-                    }
-                    .encode_into(&mut rec);
-                    st.append(&rec)?;
-                    self.counters.log_bytes.fetch_add(rec.len() as u64, Relaxed);
+                    self.log(
+                        &mut st,
+                        Record::Write {
+                            block,
+                            slot: slot as u64,
+                            fingerprint: None,
+                        },
+                    )?;
                 }
                 drop(st);
                 self.inner.write_at(chunk, self.slot_offset(slot))?;
@@ -578,23 +577,22 @@ impl DedupDevice {
                 true
             };
             if same {
-                let mut rec = Vec::with_capacity(log::RECORD_HEADER_BYTES);
                 if st.map[block as usize] != slot {
                     st.refs[slot as usize] += 1;
                     st.assign(block, slot);
-                    Record::Reference {
-                        block,
-                        slot: slot as u64,
-                    }
-                    .encode_into(&mut rec);
-                    st.append(&rec)?;
+                    self.log(
+                        &mut st,
+                        Record::Reference {
+                            block,
+                            slot: slot as u64,
+                        },
+                    )?;
                 }
                 self.counters.dedup_hits.fetch_add(1, Relaxed);
                 self.counters.reference_writes.fetch_add(1, Relaxed);
                 if class == IoClass::Parity {
                     self.counters.reference_parity_writes.fetch_add(1, Relaxed);
                 }
-                self.counters.log_bytes.fetch_add(rec.len() as u64, Relaxed);
                 return Ok(());
             }
             self.counters.verify_mismatches.fetch_add(1, Relaxed);
@@ -608,16 +606,15 @@ impl DedupDevice {
         }
         st.slot_fp.insert(slot, fp);
         st.index.insert(fp, slot as u64);
-        let mut rec = Vec::with_capacity(log::RECORD_HEADER_BYTES + 32);
-        Record::Write {
-            block,
-            slot: slot as u64,
-            fingerprint: Some(fp),
-        }
-        .encode_into(&mut rec);
-        st.append(&rec)?;
+        self.log(
+            &mut st,
+            Record::Write {
+                block,
+                slot: slot as u64,
+                fingerprint: Some(fp),
+            },
+        )?;
         self.count_physical(chunk.len(), class);
-        self.counters.log_bytes.fetch_add(rec.len() as u64, Relaxed);
         Ok(())
     }
 
@@ -633,17 +630,25 @@ impl DedupDevice {
             if new {
                 st.assign(block, slot);
             }
-            let mut rec = Vec::with_capacity(log::RECORD_HEADER_BYTES);
-            Record::Write {
-                block,
-                slot: slot as u64,
-                fingerprint: None,
-            }
-            .encode_into(&mut rec);
-            st.append(&rec)?;
-            self.counters.log_bytes.fetch_add(rec.len() as u64, Relaxed);
+            self.log(
+                &mut st,
+                Record::Write {
+                    block,
+                    slot: slot as u64,
+                    fingerprint: None,
+                },
+            )?;
         }
         self.count_physical(chunk.len(), class);
+        Ok(())
+    }
+
+    /// Appends one map record and counts its bytes.
+    fn log(&self, st: &mut State, rec: Record) -> io::Result<()> {
+        let mut buf = Vec::with_capacity(log::RECORD_HEADER_BYTES + 32);
+        rec.encode_into(&mut buf);
+        st.append(&buf)?;
+        self.counters.log_bytes.fetch_add(buf.len() as u64, Relaxed);
         Ok(())
     }
 
