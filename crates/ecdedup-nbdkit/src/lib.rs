@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 static DIR: Mutex<Option<String>> = Mutex::new(None);
 static METRICS: Mutex<Option<String>> = Mutex::new(None);
+static TRACE: Mutex<Option<String>> = Mutex::new(None);
 static VOLUME: OnceLock<Arc<Volume>> = OnceLock::new();
 
 fn to_nbd(e: ecdedup::Error) -> Error {
@@ -50,10 +51,11 @@ impl Server for Handle {
         match key {
             "dir" => *DIR.lock().unwrap() = Some(value.to_owned()),
             "metrics" => *METRICS.lock().unwrap() = Some(value.to_owned()),
+            "trace" => *TRACE.lock().unwrap() = Some(value.to_owned()),
             _ => {
                 return Err(Error::new(
                     libc::EINVAL,
-                    format!("unknown parameter {key:?} (dir=, metrics=)"),
+                    format!("unknown parameter {key:?} (dir=, metrics=, trace=)"),
                 ))
             }
         }
@@ -73,7 +75,16 @@ impl Server for Handle {
         for w in array.warnings() {
             eprintln!("ecdedup: warning: {w}");
         }
-        let _ = VOLUME.set(Arc::new(Volume::new(Arc::new(array))));
+        let array = Arc::new(array);
+        let volume = match TRACE.lock().unwrap().clone() {
+            Some(path) => {
+                let rec = ecdedup::volume::TraceRecorder::create(std::path::Path::new(&path))
+                    .map_err(to_nbd)?;
+                Volume::with_trace(array, rec)
+            }
+            None => Volume::new(array),
+        };
+        let _ = VOLUME.set(Arc::new(volume));
         Ok(())
     }
 
@@ -89,7 +100,7 @@ impl Server for Handle {
 
     fn unload() {
         if let Some(vol) = VOLUME.get() {
-            if let Err(e) = vol.array().close() {
+            if let Err(e) = vol.close() {
                 eprintln!("ecdedup: closing the array: {e}");
             }
         }

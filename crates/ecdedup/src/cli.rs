@@ -90,6 +90,9 @@ enum Command {
         /// Expose Prometheus text at /metrics: PORT (binds 127.0.0.1) or HOST:PORT.
         #[arg(long)]
         metrics: Option<String>,
+        /// Record a block trace of every request to this file (for `ecdedup sim`).
+        #[arg(long)]
+        trace: Option<PathBuf>,
         /// nbdkit worker threads.
         #[arg(long, default_value_t = 16)]
         threads: u32,
@@ -272,9 +275,10 @@ fn run(cli: Cli) -> Result<()> {
             socket,
             tcp,
             metrics,
+            trace,
             threads,
             plugin,
-        } => serve(&dir, socket, tcp, metrics, threads, plugin),
+        } => serve(&dir, socket, tcp, metrics, trace, threads, plugin),
         Command::Status { json } => {
             let status = match open_offline(&dir)? {
                 Some(a) => a.status(),
@@ -525,6 +529,7 @@ fn serve(
     socket: Option<PathBuf>,
     tcp: Option<String>,
     metrics: Option<String>,
+    trace: Option<PathBuf>,
     threads: u32,
     plugin: Option<PathBuf>,
 ) -> Result<()> {
@@ -569,6 +574,14 @@ fn serve(
     cmd.arg(&plugin).arg(format!("dir={}", dir_abs.display()));
     if let Some(m) = metrics {
         cmd.arg(format!("metrics={m}"));
+    }
+    if let Some(t) = trace {
+        let t = if t.is_absolute() {
+            t
+        } else {
+            std::env::current_dir().map(|d| d.join(&t)).unwrap_or(t)
+        };
+        cmd.arg(format!("trace={}", t.display()));
     }
     let err = cmd.exec();
     Err(Error::Other(format!(
