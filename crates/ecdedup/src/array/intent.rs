@@ -180,11 +180,17 @@ impl IntentLog {
         Ok(true)
     }
 
+    /// A write leaves the region. It may have changed checksums after a
+    /// concurrent flush wrote its table pages, so the region counts as
+    /// written in the current epoch: that flush must not clear it.
     pub fn end(&self, stripe: u64) {
         let r = (stripe / self.stripes_per_region) as usize;
         let mut inner = self.inner.lock().unwrap();
-        assert!(inner.regions[r].in_flight > 0);
-        inner.regions[r].in_flight -= 1;
+        let epoch = inner.epoch;
+        let region = &mut inner.regions[r];
+        assert!(region.in_flight > 0);
+        region.in_flight -= 1;
+        region.last_epoch = epoch;
     }
 
     /// Starts a flush; returns its epoch for `finish_flush`.
@@ -266,6 +272,24 @@ mod tests {
         log.finish_flush(e).unwrap();
         assert_eq!(log.dirty_regions(), 1);
         log.end(5);
+        let e = log.start_flush();
+        log.finish_flush(e).unwrap();
+        assert_eq!(log.dirty_regions(), 0);
+    }
+
+    #[test]
+    fn a_write_that_ends_during_a_flush_keeps_its_region_dirty() {
+        // The flush wrote checksum pages before the write set its own; the
+        // region must stay dirty until the next flush.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("intent");
+        IntentLog::create(&path, &[1; 16], 100, 10).unwrap();
+        let (log, _, _) = IntentLog::open(&path, &[1; 16], 100, 10).unwrap();
+        log.begin(5).unwrap();
+        let e = log.start_flush();
+        log.end(5);
+        log.finish_flush(e).unwrap();
+        assert_eq!(log.dirty_regions(), 1);
         let e = log.start_flush();
         log.finish_flush(e).unwrap();
         assert_eq!(log.dirty_regions(), 0);

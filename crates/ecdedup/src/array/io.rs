@@ -632,9 +632,17 @@ fn intersect(a: &Range<u64>, b: &Range<u64>) -> Range<u64> {
 
 /// Copies a unit write into `buf`, which holds the unit's bytes from
 /// `buf_start` on.
+/// Copies the part of a unit write that falls inside `buf`, which holds the
+/// unit's bytes from `buf_start` on.
 pub(super) fn overlay(buf: &mut [u8], buf_start: u64, w: &UnitWrite) {
-    let at = (w.offset - buf_start) as usize;
-    buf[at..at + w.bytes.len()].copy_from_slice(w.bytes);
+    let start = w.offset.max(buf_start);
+    let end = (w.offset + w.bytes.len() as u64).min(buf_start + buf.len() as u64);
+    if start >= end {
+        return;
+    }
+    let (dst, src) = ((start - buf_start) as usize, (start - w.offset) as usize);
+    let n = (end - start) as usize;
+    buf[dst..dst + n].copy_from_slice(&w.bytes[src..src + n]);
 }
 
 #[cfg(test)]
