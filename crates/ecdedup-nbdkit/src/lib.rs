@@ -26,6 +26,18 @@ fn to_nbd(e: ecdedup::Error) -> Error {
     Error::new(e.errno(), e.to_string())
 }
 
+/// Runs a callback; a panic (a bug) becomes an EIO for this request instead
+/// of aborting nbdkit and every connection with it.
+fn guard<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(_) => Err(Error::new(
+            libc::EIO,
+            "internal error in ecdedup (a bug; see the server log)",
+        )),
+    }
+}
+
 fn volume() -> Result<&'static Arc<Volume>> {
     VOLUME
         .get()
@@ -144,29 +156,35 @@ impl Server for Handle {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        volume()?.read(buf, offset).map_err(to_nbd)
+        guard(|| volume()?.read(buf, offset).map_err(to_nbd))
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, flags: Flags) -> Result<()> {
-        volume()?
-            .write(buf, offset, flags.contains(Flags::FUA))
-            .map_err(to_nbd)
+        guard(|| {
+            volume()?
+                .write(buf, offset, flags.contains(Flags::FUA))
+                .map_err(to_nbd)
+        })
     }
 
     fn flush(&self) -> Result<()> {
-        volume()?.flush().map_err(to_nbd)
+        guard(|| volume()?.flush().map_err(to_nbd))
     }
 
     fn trim(&self, count: u32, offset: u64, flags: Flags) -> Result<()> {
-        volume()?
-            .write_zeroes(offset, count as u64, flags.contains(Flags::FUA))
-            .map_err(to_nbd)
+        guard(|| {
+            volume()?
+                .write_zeroes(offset, count as u64, flags.contains(Flags::FUA))
+                .map_err(to_nbd)
+        })
     }
 
     fn zero(&self, count: u32, offset: u64, flags: Flags) -> Result<()> {
-        volume()?
-            .write_zeroes(offset, count as u64, flags.contains(Flags::FUA))
-            .map_err(to_nbd)
+        guard(|| {
+            volume()?
+                .write_zeroes(offset, count as u64, flags.contains(Flags::FUA))
+                .map_err(to_nbd)
+        })
     }
 }
 

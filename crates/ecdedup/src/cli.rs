@@ -350,46 +350,50 @@ fn run(cli: Cli) -> Result<()> {
                     println!("rebuilt {n} stripe units");
                 }
                 None => {
-                    control::request(&dir, &Request::Rebuild)?;
-                    follow(&dir)?;
+                    let after = started_after(control::request(&dir, &Request::Rebuild)?)?;
+                    follow(&dir, after)?;
                     println!("rebuild finished");
                 }
             }
             Ok(())
         }
         Command::Scrub { check_only } => {
-            match open_offline(&dir)? {
+            let report: crate::array::ScrubReport = match open_offline(&dir)? {
                 Some(a) => {
                     let (progress, bar) = progress_bar();
                     let r = a.scrub(!check_only, Some(progress));
                     bar.finish();
                     let report = r?;
                     a.close()?;
-                    println!(
-                        "{}",
-                        serde_json::to_string_pretty(&report).expect("serialises")
-                    );
-                    if check_only
-                        && (report.checksum_mismatches > 0 || report.parity_mismatches > 0)
-                    {
-                        return Err(Error::Other(
-                            "scrub found inconsistencies (run without --check-only to repair)"
-                                .into(),
-                        ));
-                    }
+                    report
                 }
                 None => {
-                    control::request(
+                    let after = started_after(control::request(
                         &dir,
                         &Request::Scrub {
                             repair: !check_only,
                         },
-                    )?;
-                    follow(&dir)?;
-                    println!(
-                        "scrub finished (the server's log and `ecdedup stats` have the counts)"
-                    );
+                    )?)?;
+                    let op = follow(&dir, after)?;
+                    op.result
+                        .and_then(|v| serde_json::from_value(v).ok())
+                        .ok_or_else(|| Error::Other("the server's scrub left no report".into()))?
                 }
+            };
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&report).expect("serialises")
+            );
+            if report.unrecoverable_blocks > 0 {
+                return Err(Error::DataLoss(format!(
+                    "{} blocks could not be repaired: more units of their rows are bad than the parity covers",
+                    report.unrecoverable_blocks
+                )));
+            }
+            if check_only && (report.checksum_mismatches > 0 || report.parity_mismatches > 0) {
+                return Err(Error::Other(
+                    "scrub found inconsistencies (run without --check-only to repair)".into(),
+                ));
             }
             Ok(())
         }
@@ -426,20 +430,30 @@ fn expect_ok(r: Response) -> Result<()> {
 }
 
 /// Follows a server-side operation with a progress bar until it ends.
-fn follow(dir: &Path) -> Result<()> {
+/// The sequence number after which the server's new operation is numbered.
+fn started_after(r: Response) -> Result<u64> {
+    match r {
+        Response::Started { after_seq, .. } => Ok(after_seq),
+        other => Err(unexpected(other)),
+    }
+}
+
+/// Follows the server-side operation numbered after `after_seq` with a
+/// progress bar until it ends; returns its final state.
+fn follow(dir: &Path, after_seq: u64) -> Result<crate::array::OpProgress> {
     let (progress, bar) = progress_bar();
     loop {
         let status = match control::request(dir, &Request::Status)? {
             Response::Status(s) => s,
             other => return Err(unexpected(other)),
         };
-        if let Some(op) = status.operation {
+        if let Some(op) = status.operation.filter(|op| op.seq > after_seq) {
             progress(&op.op, op.done, op.total);
             if op.finished {
                 bar.finish();
-                return match op.error {
+                return match &op.error {
                     Some(e) => Err(Error::Other(format!("{} failed: {e}", op.op))),
-                    None => Ok(()),
+                    None => Ok(op),
                 };
             }
         }

@@ -46,8 +46,14 @@ pub enum Response {
     Ok,
     Status(Box<Status>),
     Stats(Box<Stats>),
-    Started { operation: String },
-    Error { message: String },
+    /// The operation began after the one numbered `after_seq`.
+    Started {
+        operation: String,
+        after_seq: u64,
+    },
+    Error {
+        message: String,
+    },
 }
 
 pub fn socket_path(dir: &Path) -> PathBuf {
@@ -134,6 +140,7 @@ fn start(
             };
         }
     }
+    let after_seq = array.operation().map_or(0, |p| p.seq);
     let a = Arc::clone(array);
     let spawned = std::thread::Builder::new()
         .name(format!("ecdedup-{name}"))
@@ -145,6 +152,7 @@ fn start(
     match spawned {
         Ok(_) => Response::Started {
             operation: name.into(),
+            after_seq,
         },
         Err(e) => Response::Error {
             message: format!("cannot start {name}: {e}"),

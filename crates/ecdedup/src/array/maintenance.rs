@@ -168,6 +168,7 @@ impl Array {
             self.replay_stripe(stripe)?;
             let mut units = self.read_stripe_raw(stripe);
             let mut bad_rows = std::collections::BTreeSet::new();
+            let mut unrecoverable = false;
             for (role, unit) in units.iter().enumerate() {
                 let Some(unit) = unit else { continue };
                 let place = g.place(stripe, role);
@@ -194,11 +195,19 @@ impl Array {
                                 }
                             }
                         }
-                        Err(_) => report.unrecoverable_blocks += 1,
+                        Err(_) => {
+                            report.unrecoverable_blocks += 1;
+                            unrecoverable = true;
+                        }
                     }
                 }
             }
-            if units.iter().all(Option::is_some) && (repair || bad_rows.is_empty()) {
+            // Parity is checked against data known good: never re-encoded
+            // from rows that could not be repaired.
+            if units.iter().all(Option::is_some)
+                && !unrecoverable
+                && (repair || bad_rows.is_empty())
+            {
                 let parity = self.encode_parity(&units);
                 for (j, p) in parity.iter().enumerate() {
                     if units[g.k() + j].as_deref() != Some(p.as_slice()) {
@@ -228,13 +237,15 @@ impl Array {
         let targets: Vec<usize> = (0..self.members.len())
             .filter(|&d| self.members[d].tag.load(SeqCst) == TAG_REBUILDING)
             .collect();
-        if targets.is_empty() {
-            return Err(Error::Config(
+        // Recorded even when there is nothing to do, so a follower sees the outcome.
+        self.begin_operation("rebuild", self.geo.stripes * targets.len().max(1) as u64)?;
+        let r = if targets.is_empty() {
+            Err(Error::Config(
                 "no device is waiting for a rebuild; `ecdedup replace POSITION` first".into(),
-            ));
-        }
-        self.begin_operation("rebuild", self.geo.stripes * targets.len() as u64)?;
-        let r = self.rebuild_inner(&targets, progress);
+            ))
+        } else {
+            self.rebuild_inner(&targets, progress)
+        };
         self.end_operation(&r);
         r
     }

@@ -165,11 +165,17 @@ struct ConfigState {
 /// A long operation in progress, for `status` and progress bars.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct OpProgress {
+    /// Grows with every operation, so a follower knows it sees its own.
+    #[serde(default)]
+    pub seq: u64,
     pub op: String,
     pub done: u64,
     pub total: u64,
     pub finished: bool,
     pub error: Option<String>,
+    /// The operation's report (scrub), once finished.
+    #[serde(default)]
+    pub result: Option<serde_json::Value>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -1062,12 +1068,15 @@ impl Array {
                 )));
             }
         }
+        let seq = cur.as_ref().map_or(1, |p| p.seq + 1);
         *cur = Some(OpProgress {
+            seq,
             op: op.into(),
             done: 0,
             total,
             finished: false,
             error: None,
+            result: None,
         });
         Ok(())
     }
@@ -1078,13 +1087,15 @@ impl Array {
         }
     }
 
-    fn end_operation(&self, result: &Result<impl Sized>) {
+    fn end_operation(&self, result: &Result<impl Serialize>) {
         if let Some(p) = self.operation.lock().unwrap().as_mut() {
             p.finished = true;
-            if let Err(e) = result {
-                p.error = Some(e.to_string());
-            } else {
-                p.done = p.total;
+            match result {
+                Err(e) => p.error = Some(e.to_string()),
+                Ok(r) => {
+                    p.done = p.total;
+                    p.result = serde_json::to_value(r).ok();
+                }
             }
         }
     }
