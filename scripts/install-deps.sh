@@ -11,6 +11,8 @@ PKGS=(
   fuse3                # nbdfuse needs fusermount3
   e2fsprogs            # mkfs.ext4, e2fsck for the file-system test
   pkg-config           # build helper
+  mount                # losetup, mount, umount for the file-system tests
+  linux-libc-dev       # /usr/include/linux: part of the tree the ext4 tests copy
 )
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"

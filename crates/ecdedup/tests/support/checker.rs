@@ -26,7 +26,10 @@ pub fn block_content(offset: u64, seq: u64) -> Vec<u8> {
     if seq == 0 {
         return vec![0u8; BLOCK as usize];
     }
-    let mut b = super::pseudo_random(offset.rotate_left(17) ^ seq.wrapping_mul(0x9E37_79B9), BLOCK as usize);
+    let mut b = super::pseudo_random(
+        offset.rotate_left(17) ^ seq.wrapping_mul(0x9E37_79B9),
+        BLOCK as usize,
+    );
     b[0..8].copy_from_slice(MAGIC);
     b[8..16].copy_from_slice(&offset.to_le_bytes());
     b[16..24].copy_from_slice(&seq.to_le_bytes());
@@ -39,15 +42,22 @@ pub fn decode(offset: u64, block: &[u8]) -> Result<u64, String> {
         return Ok(0);
     }
     if &block[0..8] != MAGIC {
-        return Err(format!("block at {offset}: no checker magic (garbage: {:02x?}...)", &block[..16]));
+        return Err(format!(
+            "block at {offset}: no checker magic (garbage: {:02x?}...)",
+            &block[..16]
+        ));
     }
     let at = u64::from_le_bytes(block[8..16].try_into().unwrap());
     let seq = u64::from_le_bytes(block[16..24].try_into().unwrap());
     if at != offset {
-        return Err(format!("block at {offset} holds the content written to offset {at} (seq {seq})"));
+        return Err(format!(
+            "block at {offset} holds the content written to offset {at} (seq {seq})"
+        ));
     }
     if block != block_content(offset, seq).as_slice() {
-        return Err(format!("block at {offset} has the header of seq {seq} but a torn or corrupt body"));
+        return Err(format!(
+            "block at {offset} has the header of seq {seq} but a torn or corrupt body"
+        ));
     }
     Ok(seq)
 }
@@ -59,7 +69,7 @@ pub struct BlockState {
 }
 
 impl BlockState {
-    fn allows(&self, seq: u64) -> bool {
+    pub fn allows(&self, seq: u64) -> bool {
         seq == self.durable || self.later.contains(&seq)
     }
     /// What a read must return while the server is up (every earlier
@@ -78,7 +88,10 @@ pub struct Range {
 
 impl Range {
     pub fn new(first_block: u64, count: u64) -> Range {
-        Range { first_block, blocks: vec![BlockState::default(); count as usize] }
+        Range {
+            first_block,
+            blocks: vec![BlockState::default(); count as usize],
+        }
     }
     fn offset(&self, i: usize) -> u64 {
         (self.first_block + i as u64) * BLOCK
@@ -159,7 +172,10 @@ pub fn run_writer(
                 Ok(data) => {
                     for j in 0..len as usize {
                         let i = start as usize + j;
-                        let got = decode(range.offset(i), &data[j * BLOCK as usize..(j + 1) * BLOCK as usize]);
+                        let got = decode(
+                            range.offset(i),
+                            &data[j * BLOCK as usize..(j + 1) * BLOCK as usize],
+                        );
                         let want = range.blocks[i].latest();
                         if got != Ok(want) {
                             tally.violation = Some(format!(
@@ -183,7 +199,8 @@ pub fn run_writer(
             }
             .min(n);
             let start = if len == stripe_blocks {
-                let first_aligned = range.first_block.div_ceil(stripe_blocks) * stripe_blocks - range.first_block;
+                let first_aligned =
+                    range.first_block.div_ceil(stripe_blocks) * stripe_blocks - range.first_block;
                 let slots = (n.saturating_sub(first_aligned)) / stripe_blocks;
                 if slots == 0 {
                     0
@@ -301,13 +318,18 @@ pub fn verify_after_restart(socket: &Path, range: &mut Range) -> Result<Verified
         }
         i += n;
     }
-    client.flush().map_err(|e| format!("flush after verification: {e:?}"))?;
+    client
+        .flush()
+        .map_err(|e| format!("flush after verification: {e:?}"))?;
     client.disconnect();
     if errors.is_empty() {
         Ok(v)
     } else {
         let n = errors.len();
         errors.truncate(20);
-        Err(format!("{n} blocks violate the model:\n{}", errors.join("\n")))
+        Err(format!(
+            "{n} blocks violate the model:\n{}",
+            errors.join("\n")
+        ))
     }
 }

@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 const STEP_TIMEOUT: Duration = Duration::from_secs(60);
 
 fn is_mounted(target: &Path) -> bool {
-    let Ok(target) = target.canonicalize() else { return false };
+    let Ok(target) = target.canonicalize() else {
+        return false;
+    };
     std::fs::read_to_string("/proc/self/mounts")
         .unwrap_or_default()
         .lines()
@@ -38,8 +40,17 @@ impl Fuse {
         std::fs::create_dir_all(mountpoint).unwrap();
         let pidfile = mountpoint.with_extension("pid");
         let _ = std::fs::remove_file(&pidfile);
-        let proc = Background::spawn(Command::new("nbdfuse").arg("-P").arg(&pidfile).arg(mountpoint).arg(uri));
-        let mut fuse = Fuse { proc: Some(proc), mountpoint: mountpoint.to_owned() };
+        let proc = Background::spawn(
+            Command::new("nbdfuse")
+                .arg("-P")
+                .arg(&pidfile)
+                .arg(mountpoint)
+                .arg(uri),
+        );
+        let mut fuse = Fuse {
+            proc: Some(proc),
+            mountpoint: mountpoint.to_owned(),
+        };
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if pidfile.exists() && fuse.file().exists() {
@@ -51,7 +62,10 @@ impl Fuse {
                 let out = p.wait(Duration::from_secs(1));
                 panic!("nbdfuse exited early ({st}): {out:?}");
             }
-            assert!(Instant::now() < deadline, "nbdfuse did not come up within 60 s");
+            assert!(
+                Instant::now() < deadline,
+                "nbdfuse did not come up within 60 s"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -69,7 +83,10 @@ impl Fuse {
 
     pub fn teardown(&mut self) {
         if self.proc.is_some() && is_mounted(&self.mountpoint) {
-            quiet(Command::new("fusermount3").arg("-u").arg(&self.mountpoint), STEP_TIMEOUT);
+            quiet(
+                Command::new("fusermount3").arg("-u").arg(&self.mountpoint),
+                STEP_TIMEOUT,
+            );
         }
         if let Some(mut p) = self.proc.take() {
             if wait_timeout(&mut p.child, Duration::from_secs(20)).is_none() {
@@ -77,10 +94,19 @@ impl Fuse {
             }
         }
         if is_mounted(&self.mountpoint) {
-            quiet(Command::new("fusermount3").arg("-u").arg("-z").arg(&self.mountpoint), STEP_TIMEOUT);
+            quiet(
+                Command::new("fusermount3")
+                    .arg("-u")
+                    .arg("-z")
+                    .arg(&self.mountpoint),
+                STEP_TIMEOUT,
+            );
         }
         if is_mounted(&self.mountpoint) {
-            quiet(Command::new("umount").arg("-l").arg(&self.mountpoint), STEP_TIMEOUT);
+            quiet(
+                Command::new("umount").arg("-l").arg(&self.mountpoint),
+                STEP_TIMEOUT,
+            );
         }
     }
 }
@@ -99,7 +125,13 @@ pub struct Loop {
 impl Loop {
     pub fn attach(file: &Path) -> Loop {
         super::require_tool("losetup");
-        let out = super::run_ok(Command::new("losetup").arg("--find").arg("--show").arg(file), STEP_TIMEOUT);
+        let out = super::run_ok(
+            Command::new("losetup")
+                .arg("--find")
+                .arg("--show")
+                .arg(file),
+            STEP_TIMEOUT,
+        );
         let dev = out.stdout.trim().to_string();
         assert!(dev.starts_with("/dev/loop"), "losetup printed {dev:?}");
         Loop { dev: Some(dev) }
@@ -134,10 +166,17 @@ pub struct Mount {
 }
 
 impl Mount {
-    pub fn mount(dev: &str, target: &Path) -> Mount {
+    pub fn new(dev: &str, target: &Path, options: &str) -> Mount {
         std::fs::create_dir_all(target).unwrap();
-        super::run_ok(Command::new("mount").arg("-t").arg("ext4").arg(dev).arg(target), STEP_TIMEOUT);
-        Mount { target: Some(target.to_owned()) }
+        let mut cmd = Command::new("mount");
+        cmd.arg("-t").arg("ext4");
+        if !options.is_empty() {
+            cmd.arg("-o").arg(options);
+        }
+        super::run_ok(cmd.arg(dev).arg(target), STEP_TIMEOUT);
+        Mount {
+            target: Some(target.to_owned()),
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -179,7 +218,11 @@ impl Stack {
     pub fn attach(base: &Path, name: &str, uri: &str) -> Stack {
         let fuse = Fuse::start(&base.join(name), uri);
         let lo = Loop::attach(&fuse.file());
-        Stack { mount: None, lo: Some(lo), fuse: Some(fuse) }
+        Stack {
+            mount: None,
+            lo: Some(lo),
+            fuse: Some(fuse),
+        }
     }
 
     pub fn dev(&self) -> &str {
@@ -187,7 +230,12 @@ impl Stack {
     }
 
     pub fn mount_at(&mut self, target: &Path) -> PathBuf {
-        let m = Mount::mount(self.dev(), target);
+        self.mount_with(target, "")
+    }
+
+    /// Mounts ext4 with `mount -o OPTIONS` (none if empty).
+    pub fn mount_with(&mut self, target: &Path, options: &str) -> PathBuf {
+        let m = Mount::new(self.dev(), target, options);
         let p = m.path().to_owned();
         self.mount = Some(m);
         p

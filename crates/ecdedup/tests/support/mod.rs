@@ -45,7 +45,10 @@ pub fn ecdedup_bin() -> PathBuf {
 
 /// The workspace root (two levels above this crate).
 pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("workspace root")
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("workspace root")
 }
 
 /// The nbdkit plugin `ecdedup serve` loads: next to the binary. `cargo test`
@@ -80,7 +83,9 @@ pub fn plugin_path() -> PathBuf {
 }
 
 fn newest_mtime(dir: &Path, newest: &mut Option<(std::time::SystemTime, PathBuf)>) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
     for e in entries.flatten() {
         let p = e.path();
         let Ok(meta) = e.metadata() else { continue };
@@ -99,7 +104,10 @@ pub fn require_tool(name: &str) {
     let found = std::env::var_os("PATH")
         .map(|paths| std::env::split_paths(&paths).any(|d| d.join(name).is_file()))
         .unwrap_or(false);
-    assert!(found, "`{name}` is not installed; run `bash scripts/install-deps.sh`");
+    assert!(
+        found,
+        "`{name}` is not installed; run `bash scripts/install-deps.sh`"
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -135,7 +143,8 @@ impl Out {
     }
 
     pub fn json(&self) -> Value {
-        serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {self}"))
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {self}"))
     }
 }
 
@@ -230,7 +239,12 @@ pub fn run_timeout(cmd: &mut Command, timeout: Duration) -> Result<Out, String> 
             ));
         }
     };
-    Ok(Out { what, status, stdout: read_all(&mut out), stderr: read_all(&mut err) })
+    Ok(Out {
+        what,
+        status,
+        stdout: read_all(&mut out),
+        stderr: read_all(&mut err),
+    })
 }
 
 fn read_all(f: &mut File) -> String {
@@ -273,7 +287,12 @@ impl Background {
             .stderr(Stdio::from(err.try_clone().unwrap()))
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start `{what}`: {e}"));
-        Background { child, what, out, err }
+        Background {
+            child,
+            what,
+            out,
+            err,
+        }
     }
 
     pub fn pid(&self) -> u32 {
@@ -320,23 +339,43 @@ pub struct TestArray {
 
 /// Options for `ecdedup create`, as CLI words.
 pub fn create_args(size: &str) -> Vec<String> {
-    ["create", "--devices", "6", "-k", "4", "-m", "2", "--stripe-unit", "32K", "--size", size]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
+    [
+        "create",
+        "--devices",
+        "6",
+        "-k",
+        "4",
+        "-m",
+        "2",
+        "--stripe-unit",
+        "32K",
+        "--size",
+        size,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
 }
 
 impl TestArray {
     /// A fresh, empty temporary folder (no array yet).
     pub fn empty() -> TestArray {
-        let tmp = tempfile::Builder::new().prefix("ecdedup-it-").tempdir().expect("temp dir");
+        let tmp = tempfile::Builder::new()
+            .prefix("ecdedup-it-")
+            .tempdir()
+            .expect("temp dir");
         let dir = tmp.path().join("array");
         TestArray { dir, tmp }
     }
 
     /// RS(4,2) over 6 sparse device files, 32 KiB stripe unit.
     pub fn create(size: &str) -> TestArray {
-        Self::create_with(&create_args(size).iter().map(String::as_str).collect::<Vec<_>>())
+        Self::create_with(
+            &create_args(size)
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+        )
     }
 
     /// `ecdedup create` with the given words (starting with "create").
@@ -403,9 +442,22 @@ impl TestArray {
         assert!(out.success(), "scrub --check-only found problems: {out}");
         let report = out.json();
         let stripes = self.status()["stripes"].as_u64().unwrap();
-        assert_eq!(report["stripes"].as_u64(), Some(stripes), "scrub did not cover every stripe: {report}");
-        for key in ["checksum_mismatches", "parity_mismatches", "unrecoverable_blocks", "degraded_stripes"] {
-            assert_eq!(report[key].as_u64(), Some(0), "scrub reports {key}: {report}");
+        assert_eq!(
+            report["stripes"].as_u64(),
+            Some(stripes),
+            "scrub did not cover every stripe: {report}"
+        );
+        for key in [
+            "checksum_mismatches",
+            "parity_mismatches",
+            "unrecoverable_blocks",
+            "degraded_stripes",
+        ] {
+            assert_eq!(
+                report[key].as_u64(),
+                Some(0),
+                "scrub reports {key}: {report}"
+            );
         }
         report
     }
@@ -413,7 +465,9 @@ impl TestArray {
 
 /// Reads one array counter out of a `stats` snapshot.
 pub fn counter(stats: &Value, name: &str) -> u64 {
-    stats["array"][name].as_u64().unwrap_or_else(|| panic!("no counter array.{name} in {stats}"))
+    stats["array"][name]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no counter array.{name} in {stats}"))
 }
 
 /// A running `ecdedup serve` (which execs nbdkit: same PID).
@@ -443,12 +497,19 @@ impl Server {
             .stderr(Stdio::from(logf))
             .spawn()
             .map_err(|e| format!("cannot start ecdedup serve: {e}"))?;
-        let mut server = Server { child: Some(child), socket: socket.to_owned(), log: log.to_owned() };
+        let mut server = Server {
+            child: Some(child),
+            socket: socket.to_owned(),
+            log: log.to_owned(),
+        };
         let deadline = Instant::now() + SERVER_READY_TIMEOUT;
         loop {
             if let Some(st) = server.child.as_mut().unwrap().try_wait().expect("try_wait") {
                 server.child = None;
-                return Err(format!("ecdedup serve exited ({st}) before answering; log:\n{}", server.log_text()));
+                return Err(format!(
+                    "ecdedup serve exited ({st}) before answering; log:\n{}",
+                    server.log_text()
+                ));
             }
             if server.socket.exists() {
                 let probe = run_timeout(
@@ -503,7 +564,10 @@ impl Server {
             ),
             None => {
                 kill_and_reap(&mut child);
-                panic!("server did not stop within {SERVER_STOP_TIMEOUT:?} of SIGTERM; log:\n{}", self.log_text());
+                panic!(
+                    "server did not stop within {SERVER_STOP_TIMEOUT:?} of SIGTERM; log:\n{}",
+                    self.log_text()
+                );
             }
         }
     }
@@ -516,7 +580,8 @@ impl Server {
     }
 
     pub fn client(&self) -> nbd::Client {
-        nbd::Client::connect(&self.socket).unwrap_or_else(|e| panic!("connecting to {}: {e:?}", self.socket.display()))
+        nbd::Client::connect(&self.socket)
+            .unwrap_or_else(|e| panic!("connecting to {}: {e:?}", self.socket.display()))
     }
 }
 
@@ -542,6 +607,15 @@ impl Drop for Server {
 // ---------------------------------------------------------------------------
 // fio
 
+/// `fio` that runs in the temp folder and never leaves verify-state files
+/// behind (fio dumps them into its working folder when a job fails).
+pub fn fio_command() -> Command {
+    let mut c = Command::new("fio");
+    c.current_dir(std::env::temp_dir())
+        .arg("--verify_state_save=0");
+    c
+}
+
 /// One fio job against a byte range of the volume, always with crc32c
 /// verification that stops at the first mismatch.
 #[derive(Clone, Debug)]
@@ -559,15 +633,39 @@ pub struct FioJob {
 impl FioJob {
     /// 4 KiB random writes.
     pub fn random_4k(offset: u64, size: u64, seed: u64) -> FioJob {
-        FioJob { name: "rand4k", rw: "randwrite", bs: "4k", offset, size, iodepth: 8, seed }
+        FioJob {
+            name: "rand4k",
+            rw: "randwrite",
+            bs: "4k",
+            offset,
+            size,
+            iodepth: 8,
+            seed,
+        }
     }
     /// 1 MiB sequential writes.
     pub fn sequential_1m(offset: u64, size: u64, seed: u64) -> FioJob {
-        FioJob { name: "seq1m", rw: "write", bs: "1m", offset, size, iodepth: 4, seed }
+        FioJob {
+            name: "seq1m",
+            rw: "write",
+            bs: "1m",
+            offset,
+            size,
+            iodepth: 4,
+            seed,
+        }
     }
     /// Mixed random reads and writes, 4 KiB to 256 KiB.
     pub fn mixed(offset: u64, size: u64, seed: u64) -> FioJob {
-        FioJob { name: "mixed", rw: "randrw", bs: "4k-256k", offset, size, iodepth: 8, seed }
+        FioJob {
+            name: "mixed",
+            rw: "randrw",
+            bs: "4k-256k",
+            offset,
+            size,
+            iodepth: 8,
+            seed,
+        }
     }
 
     /// The three standard jobs over three consecutive ranges of `size` from `base`.
@@ -580,7 +678,7 @@ impl FioJob {
     }
 
     pub fn command(&self, uri: &str, verify_only: bool) -> Command {
-        let mut c = Command::new("fio");
+        let mut c = fio_command();
         c.arg(format!("--name={}", self.name))
             .arg("--ioengine=nbd")
             .arg(format!("--uri={uri}"))
@@ -608,18 +706,24 @@ impl FioJob {
     }
 
     /// Runs the job (writes, then verifies); requires success.
-    pub fn run(&self, uri: &str) -> Out {
-        require_tool("fio");
-        let out = run(&mut self.command(uri, false), TOOL_TIMEOUT);
-        assert!(out.success() && !out.stderr.contains("verify:"), "fio job {self:?} failed: {out}");
-        out
+    pub fn run(&self, server: &Server) -> Out {
+        self.go(server, false)
     }
 
     /// Re-verifies what an earlier run of the same job wrote, writing nothing.
-    pub fn verify_only(&self, uri: &str) -> Out {
+    pub fn verify_only(&self, server: &Server) -> Out {
+        self.go(server, true)
+    }
+
+    fn go(&self, server: &Server, verify_only: bool) -> Out {
         require_tool("fio");
-        let out = run(&mut self.command(uri, true), TOOL_TIMEOUT);
-        assert!(out.success() && !out.stderr.contains("verify:"), "fio verify-only of {self:?} failed: {out}");
+        let out = run(&mut self.command(&server.uri(), verify_only), TOOL_TIMEOUT);
+        assert!(
+            out.success() && !out.stderr.contains("verify:"),
+            "fio {}job {self:?} failed: {out}\n--- server log (tail) ---\n{}",
+            if verify_only { "verify-only " } else { "" },
+            tail(&server.log_text(), 6000)
+        );
         out
     }
 }
@@ -678,14 +782,19 @@ pub fn read_at(path: &Path, offset: u64, len: usize) -> Vec<u8> {
     use std::os::unix::fs::FileExt;
     let f = File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let mut buf = vec![0u8; len];
-    f.read_exact_at(&mut buf, offset).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    f.read_exact_at(&mut buf, offset)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     buf
 }
 
 /// Flips (XOR 0xff) `len` bytes of a device file at `offset`.
 pub fn flip_bytes(path: &Path, offset: u64, len: usize) {
     use std::os::unix::fs::FileExt;
-    let f = std::fs::OpenOptions::new().read(true).write(true).open(path).expect("open device");
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .expect("open device");
     let mut buf = vec![0u8; len];
     f.read_exact_at(&mut buf, offset).unwrap();
     for b in &mut buf {

@@ -122,7 +122,9 @@ impl Client {
             let mut data = vec![0u8; len];
             sock.read_exact(&mut data)?;
             if opt != OPT_GO {
-                return Err(Error::Protocol(format!("reply to option {opt}, sent {OPT_GO}")));
+                return Err(Error::Protocol(format!(
+                    "reply to option {opt}, sent {OPT_GO}"
+                )));
             }
             match typ {
                 REP_ACK => break,
@@ -143,11 +145,23 @@ impl Client {
             }
         }
         let size = size.ok_or_else(|| Error::Protocol("no NBD_INFO_EXPORT before ACK".into()))?;
-        Ok(Client { sock, size, flags, next_handle: 1 })
+        Ok(Client {
+            sock,
+            size,
+            flags,
+            next_handle: 1,
+        })
     }
 
     /// Sends one request and waits for its simple reply.
-    pub fn request(&mut self, typ: u16, flags: u16, offset: u64, len: u32, payload: Option<&[u8]>) -> Result<Vec<u8>> {
+    pub fn request(
+        &mut self,
+        typ: u16,
+        flags: u16,
+        offset: u64,
+        len: u32,
+        payload: Option<&[u8]>,
+    ) -> Result<Vec<u8>> {
         let handle = self.next_handle;
         self.next_handle += 1;
         let mut hdr = Vec::with_capacity(28 + payload.map_or(0, |p| p.len()));
@@ -165,12 +179,16 @@ impl Client {
             return Ok(Vec::new());
         }
         if read_u32(&mut self.sock)? != SIMPLE_REPLY_MAGIC {
-            return Err(Error::Protocol("bad reply magic (structured reply?)".into()));
+            return Err(Error::Protocol(
+                "bad reply magic (structured reply?)".into(),
+            ));
         }
         let error = read_u32(&mut self.sock)?;
         let h = read_u64(&mut self.sock)?;
         if h != handle {
-            return Err(Error::Protocol(format!("reply for handle {h}, expected {handle}")));
+            return Err(Error::Protocol(format!(
+                "reply for handle {h}, expected {handle}"
+            )));
         }
         if error != 0 {
             return Err(Error::Server(error));
@@ -199,7 +217,8 @@ impl Client {
 
     pub fn write(&mut self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
         let flags = if fua { CMD_FLAG_FUA } else { 0 };
-        self.request(CMD_WRITE, flags, offset, data.len() as u32, Some(data)).map(|_| ())
+        self.request(CMD_WRITE, flags, offset, data.len() as u32, Some(data))
+            .map(|_| ())
     }
 
     /// Writes any length, in requests of at most 1 MiB.
@@ -212,7 +231,8 @@ impl Client {
 
     pub fn write_zeroes(&mut self, offset: u64, len: u32, fua: bool) -> Result<()> {
         let flags = if fua { CMD_FLAG_FUA } else { 0 };
-        self.request(CMD_WRITE_ZEROES, flags, offset, len, None).map(|_| ())
+        self.request(CMD_WRITE_ZEROES, flags, offset, len, None)
+            .map(|_| ())
     }
 
     pub fn flush(&mut self) -> Result<()> {
