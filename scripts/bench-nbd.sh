@@ -1,0 +1,302 @@
+#!/usr/bin/env bash
+# NBD write path benchmark: ecdedup RS(4,2) (32K stripe unit, 6 device files)
+# against its peer, nbdkit's own `file` plugin serving one plain file of the
+# same volume size, both on the same disk, both driven by the same fio jobs
+# over a Unix socket (fio --ioengine=nbd).
+#
+# Method (docs/benchmarks.md explains why):
+# - three servers run side by side for the whole benchmark: E (ecdedup),
+#   P (nbdkit file) and a control C, a second identical server (CONTROL=peer:
+#   a second nbdkit file export, the default; CONTROL=ecdedup: a second
+#   ecdedup array). Each is preconditioned by one sequential write of the
+#   whole volume, so reads never hit holes.
+# - per job, PAIRS rounds; each round runs the three servers back to back,
+#   time_based, RUNTIME seconds each (after RAMP seconds of ramp), with the
+#   shared side in the middle and the order reversed every other round
+#   (E P C, C P E, ... for CONTROL=peer), so every ratio compares two adjacent
+#   runs and slow drift cancels.
+# - reported per job: the median ratio ecdedup/peer over the rounds with its
+#   min and max, and beside it the A/A control ratio (peer2/peer, or
+#   ecdedup2/ecdedup), which is the noise floor: a main ratio whose range
+#   overlaps the control's spread around 1.0 is not a measured difference.
+# - deterministic cost: `ecdedup stats` is read before and after every
+#   ecdedup run; device operations per client operation (reads and writes of
+#   data, parity, checksum metadata), and the write path counters, are the
+#   read-modify-write cost, independent of noise.
+#
+# Environment (defaults in brackets):
+#   PAIRS [5]  RUNTIME [10] seconds  RAMP [2] seconds  SIZE [2G]
+#   THREADS [16] nbdkit worker threads (both sides)
+#   CONTROL [peer] peer | ecdedup
+#   JOBS [randwrite-qd1 randwrite-qd32 randread-qd32 seqwrite-1m-qd8] the jobs to run;
+#              randwrite-qd1-flush64 (a flush every 64 writes) is also known
+#   QUICK=1    smoke run: PAIRS=2 RUNTIME=2 RAMP=0 SIZE=256M
+#   ECDEDUP_BIN  an ecdedup executable with libecdedup_nbdkit.so beside it
+#                [target/release/ecdedup, built with `cargo build --release --workspace`]
+#   NO_BUILD=1   do not run cargo build
+#   BENCH_TMP [${TMPDIR:-/tmp}] where the array, files and sockets go
+#   KEEP=1       keep the work folder (raw fio JSON, stats snapshots, runs.csv)
+#
+# Output: progress on stderr, the markdown tables on stdout (also in
+# WORK/summary.md). Every server started here is stopped by its PID.
+set -euo pipefail
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+
+if [ "${QUICK:-0}" = 1 ]; then
+  PAIRS=${PAIRS:-2}; RUNTIME=${RUNTIME:-2}; RAMP=${RAMP:-0}; SIZE=${SIZE:-256M}
+fi
+PAIRS=${PAIRS:-5}
+RUNTIME=${RUNTIME:-10}
+RAMP=${RAMP:-2}
+SIZE=${SIZE:-2G}
+THREADS=${THREADS:-16}
+CONTROL=${CONTROL:-peer}
+JOBS=${JOBS:-randwrite-qd1 randwrite-qd32 randread-qd32 seqwrite-1m-qd8}
+BENCH_TMP=${BENCH_TMP:-${TMPDIR:-/tmp}}
+
+log() { printf '[bench-nbd %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+case "$CONTROL" in peer|ecdedup) ;; *) die "CONTROL must be peer or ecdedup, not $CONTROL" ;; esac
+[ "$PAIRS" -ge 1 ] || die "PAIRS must be at least 1"
+for tool in fio nbdkit python3; do
+  command -v "$tool" >/dev/null || die "$tool is not installed (scripts/install-deps.sh installs fio and nbdkit)"
+done
+nbdkit file --version >/dev/null 2>&1 || die "nbdkit has no file plugin"
+
+if [ -z "${ECDEDUP_BIN:-}" ]; then
+  if [ "${NO_BUILD:-0}" != 1 ]; then
+    log "building (cargo build --release --workspace)"
+    (cd "$repo" && cargo build --release --workspace >&2)
+  fi
+  ECDEDUP_BIN=$repo/target/release/ecdedup
+fi
+[ -x "$ECDEDUP_BIN" ] || die "$ECDEDUP_BIN is not an executable"
+plugin=$(dirname "$ECDEDUP_BIN")/libecdedup_nbdkit.so
+[ -f "$plugin" ] || die "$plugin is missing (build the workspace: cargo build --release --workspace)"
+
+WORK=$(mktemp -d "$BENCH_TMP/ecdedup-bench-nbd.XXXXXX")
+# A private copy of the binaries: other builds of the tree may replace
+# target/release while this runs; the server and the `stats` client must stay
+# the same version.
+mkdir -p "$WORK/bin" "$WORK/fio" "$WORK/stats"
+cp "$ECDEDUP_BIN" "$plugin" "$WORK/bin/"
+BIN=$WORK/bin/ecdedup
+
+declare -A PID SOCK DIR KIND
+STARTED=()
+
+stop_server() {
+  local s=$1 p=${PID[$1]:-}
+  [ -n "$p" ] || return 0
+  if kill -0 "$p" 2>/dev/null; then
+    kill -TERM "$p" 2>/dev/null || true
+    wait "$p" 2>/dev/null || true
+  fi
+  PID[$s]=""
+}
+
+cleanup() {
+  local rc=$?
+  for s in "${STARTED[@]}"; do stop_server "$s"; done
+  if [ "${KEEP:-0}" = 1 ] || [ $rc -ne 0 ]; then
+    # Keep results, drop the bulky volumes.
+    rm -f "$WORK"/*/dev? "$WORK"/*.img 2>/dev/null || true
+    log "work folder kept: $WORK"
+  else
+    rm -rf "$WORK"
+  fi
+  exit $rc
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+wait_ready() {
+  local s=$1 i
+  for i in $(seq 1 600); do
+    kill -0 "${PID[$s]}" 2>/dev/null || die "server $s exited early; log: $WORK/$s.log: $(tail -5 "$WORK/$s.log")"
+    if [ -S "${SOCK[$s]}" ] && { [ "${KIND[$s]}" != ecdedup ] || [ -S "${DIR[$s]}/control.sock" ]; }; then
+      return 0
+    fi
+    sleep 0.1
+  done
+  die "server $s did not open ${SOCK[$s]} within 60 s"
+}
+
+start_ecdedup() {
+  local s=$1 d=$WORK/$1
+  log "creating ecdedup array $s: RS(4,2), 6 devices, 32K stripe unit, $SIZE"
+  "$BIN" --dir "$d" create --devices 6 -k 4 -m 2 --stripe-unit 32K --size "$SIZE" >&2
+  KIND[$s]=ecdedup; DIR[$s]=$d; SOCK[$s]=$WORK/$s.sock
+  "$BIN" --dir "$d" serve --socket "${SOCK[$s]}" --threads "$THREADS" >"$WORK/$s.log" 2>&1 &
+  PID[$s]=$!; STARTED+=("$s")
+  wait_ready "$s"
+}
+
+start_peer() {
+  local s=$1 f=$WORK/$1.img
+  truncate -s "$SIZE" "$f"
+  KIND[$s]=peer; DIR[$s]=""; SOCK[$s]=$WORK/$s.sock
+  nbdkit --foreground --threads "$THREADS" --unix "${SOCK[$s]}" file "$f" >"$WORK/$s.log" 2>&1 &
+  PID[$s]=$!; STARTED+=("$s")
+  wait_ready "$s"
+}
+
+uri() { echo "nbd+unix:///?socket=${SOCK[$1]}"; }
+
+# fio options of a job.
+job_opts() {
+  case "$1" in
+    randwrite-qd1)   echo "--rw=randwrite --bs=4k --iodepth=1" ;;
+    randwrite-qd32)  echo "--rw=randwrite --bs=4k --iodepth=32" ;;
+    randread-qd32)   echo "--rw=randread --bs=4k --iodepth=32" ;;
+    seqwrite-1m-qd8) echo "--rw=write --bs=1M --iodepth=8" ;;
+    # Not in the default set: a client that flushes (NBD_CMD_FLUSH) every 64 writes.
+    randwrite-qd1-flush64) echo "--rw=randwrite --bs=4k --iodepth=1 --fsync=64" ;;
+    *) die "unknown job $1" ;;
+  esac
+}
+
+stats_snapshot() { "$BIN" --dir "${DIR[$1]}" stats >"$2"; }
+
+# run_one JOB ROUND SERVER
+run_one() {
+  local job=$1 round=$2 s=$3 tag out
+  tag=$job.r$round.$s
+  out=$WORK/fio/$tag.json
+  if [ "${KIND[$s]}" = ecdedup ]; then stats_snapshot "$s" "$WORK/stats/$tag.before.json"; fi
+  local load_before
+  load_before=$(cut -d' ' -f1 /proc/loadavg)
+  # shellcheck disable=SC2046
+  fio --name="$job" --ioengine=nbd --uri="$(uri "$s")" --size="$SIZE" \
+      $(job_opts "$job") --time_based --runtime="$RUNTIME" --ramp_time="$RAMP" \
+      --output-format=json --output="$out" >/dev/null 2>"$WORK/fio/$tag.err" \
+    || die "fio $tag failed: $(tail -5 "$WORK/fio/$tag.err")"
+  if [ "${KIND[$s]}" = ecdedup ]; then stats_snapshot "$s" "$WORK/stats/$tag.after.json"; fi
+  echo "$job,$round,$s,${KIND[$s]},$load_before,$(cut -d' ' -f1 /proc/loadavg),$out" >>"$WORK/runs.csv"
+}
+
+precondition() {
+  local s=$1
+  log "preconditioning $s: one sequential 1M write of $SIZE"
+  fio --name=precondition --ioengine=nbd --uri="$(uri "$s")" --size="$SIZE" \
+      --rw=write --bs=1M --iodepth=8 --output-format=json \
+      --output="$WORK/fio/precondition.$s.json" >/dev/null 2>"$WORK/fio/precondition.$s.err" \
+    || die "precondition of $s failed: $(tail -5 "$WORK/fio/precondition.$s.err")"
+}
+
+log "work folder $WORK; PAIRS=$PAIRS RUNTIME=${RUNTIME}s RAMP=${RAMP}s SIZE=$SIZE THREADS=$THREADS CONTROL=$CONTROL"
+start_ecdedup E
+start_peer P
+if [ "$CONTROL" = peer ]; then start_peer C; else start_ecdedup C; fi
+for s in E P C; do precondition "$s"; done
+
+# The shared side sits in the middle of a round.
+if [ "$CONTROL" = peer ]; then ORDER=(E P C); else ORDER=(P E C); fi
+echo "job,round,server,kind,load_before,load_after,fio_json" >"$WORK/runs.csv"
+njobs=$(wc -w <<<"$JOBS")
+log "running $njobs jobs x $PAIRS rounds x 3 servers x $((RUNTIME + RAMP)) s (about $((njobs * PAIRS * 3 * (RUNTIME + RAMP + 1) / 60 + 1)) min)"
+for job in $JOBS; do
+  for round in $(seq 1 "$PAIRS"); do
+    if [ $((round % 2)) = 1 ]; then order=("${ORDER[@]}"); else order=("${ORDER[2]}" "${ORDER[1]}" "${ORDER[0]}"); fi
+    for s in "${order[@]}"; do run_one "$job" "$round" "$s"; done
+    log "$job round $round/$PAIRS done"
+  done
+done
+
+for s in "${STARTED[@]}"; do stop_server "$s"; done
+
+python3 - "$WORK" "$CONTROL" "$PAIRS" "$RUNTIME" "$RAMP" "$SIZE" "$THREADS" <<'PY' | tee "$WORK/summary.md"
+import csv, json, os, statistics, sys
+work, control, pairs, runtime, ramp, size, threads = sys.argv[1:]
+
+def fio_result(path):
+    with open(path) as f:
+        text = f.read()
+    # fio may print notes before the JSON document.
+    j = json.loads(text[text.index("{"):])["jobs"][0]
+    side = j["write"] if j["write"]["io_bytes"] > 0 else j["read"]
+    return side["iops"], side["bw_bytes"], side["lat_ns"]["mean"] / 1000.0
+
+runs = {}
+jobs = []
+for row in csv.DictReader(open(os.path.join(work, "runs.csv"))):
+    if row["job"] not in jobs:
+        jobs.append(row["job"])
+    runs[(row["job"], int(row["round"]), row["server"])] = fio_result(row["fio_json"])
+
+def metric(job, r):
+    iops, bw, _ = r
+    return bw / 1e6 if job.startswith("seq") else iops
+
+def unit(job):
+    return "MB/s" if job.startswith("seq") else "IOPS"
+
+def spread(vals):
+    return f"{statistics.median(vals):.3f} ({min(vals):.3f}–{max(vals):.3f})"
+
+ctrl_label = "peer2/peer" if control == "peer" else "ecdedup2/ecdedup"
+ctrl_ref = "P" if control == "peer" else "E"
+print(f"### Throughput, ecdedup vs nbdkit file ({pairs} rounds x {runtime} s per side, ramp {ramp} s, volume {size}, {threads} nbdkit threads)\n")
+print(f"| job | ecdedup (median) | nbdkit file (median) | ecdedup/peer: median (min–max) | A/A control {ctrl_label}: median (min–max) | ecdedup mean latency | peer mean latency |")
+print("|---|---|---|---|---|---|---|")
+for job in jobs:
+    rounds = sorted({k[1] for k in runs if k[0] == job})
+    e = [metric(job, runs[(job, r, "E")]) for r in rounds]
+    p = [metric(job, runs[(job, r, "P")]) for r in rounds]
+    c = [metric(job, runs[(job, r, "C")]) for r in rounds]
+    ref = p if ctrl_ref == "P" else e
+    ratio = [a / b for a, b in zip(e, p)]
+    cratio = [a / b for a, b in zip(c, ref)]
+    le = statistics.median(runs[(job, r, "E")][2] for r in rounds)
+    lp = statistics.median(runs[(job, r, "P")][2] for r in rounds)
+    u = unit(job)
+    print(f"| {job} | {statistics.median(e):,.0f} {u} | {statistics.median(p):,.0f} {u} | {spread(ratio)} | {spread(cratio)} | {le:,.0f} µs | {lp:,.0f} µs |")
+
+# Deterministic device cost, from `ecdedup stats` deltas over every ecdedup run.
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+def dev_sum(st, field, classes=("data", "parity", "metadata")):
+    return sum(d[field][c] for d in st["devices"] for c in classes)
+
+servers = ["E"] + (["C"] if control == "ecdedup" else [])
+print("\n### Device I/O per client request (ecdedup, from `ecdedup stats` deltas; all 6 devices)\n")
+print("| job | client requests | device reads / req (data+parity) | device writes / req (data+parity) | checksum-page writes / req | device syncs / req | bytes written to devices / client byte | rmw / rcw / full-stripe stripe updates per req | intent marks (per req) | client flushes |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+for job in jobs:
+    tot = {}
+    keys = ["cw", "cr", "cwb", "crb", "rd", "wr", "wmeta", "wb", "rmw", "rcw", "full", "marks", "flushes", "syncs"]
+    for k in keys:
+        tot[k] = 0
+    for fn in sorted(os.listdir(os.path.join(work, "stats"))):
+        if not fn.startswith(job + ".") or not fn.endswith(".before.json"):
+            continue
+        if fn.split(".")[-3] not in servers:
+            continue
+        b = load(os.path.join(work, "stats", fn))
+        a = load(os.path.join(work, "stats", fn.replace(".before.", ".after.")))
+        d = lambda f: a["array"][f] - b["array"][f]
+        tot["cw"] += d("client_writes"); tot["cr"] += d("client_reads")
+        tot["cwb"] += d("client_write_bytes"); tot["crb"] += d("client_read_bytes")
+        tot["rmw"] += d("rmw_writes"); tot["rcw"] += d("rcw_writes"); tot["full"] += d("full_stripe_writes")
+        tot["marks"] += d("intent_marks"); tot["flushes"] += d("client_flushes")
+        tot["rd"] += dev_sum(a, "read_ops", ("data", "parity")) - dev_sum(b, "read_ops", ("data", "parity"))
+        tot["wr"] += dev_sum(a, "write_ops", ("data", "parity")) - dev_sum(b, "write_ops", ("data", "parity"))
+        tot["wmeta"] += dev_sum(a, "write_ops", ("metadata",)) - dev_sum(b, "write_ops", ("metadata",))
+        tot["wb"] += dev_sum(a, "write_bytes") - dev_sum(b, "write_bytes")
+        tot["syncs"] += sum(d["sync_ops"] for d in a["devices"]) - sum(d["sync_ops"] for d in b["devices"])
+    is_write = tot["cw"] > 0
+    n = tot["cw"] if is_write else tot["cr"]
+    if n == 0:
+        continue
+    wbyte = f"{tot['wb'] / tot['cwb']:.2f}" if tot["cwb"] else "–"
+    paths = f"{tot['rmw'] / n:.2f} / {tot['rcw'] / n:.2f} / {tot['full'] / n:.2f}" if is_write else "–"
+    print(f"| {job} | {n:,} {'writes' if is_write else 'reads'} | {tot['rd'] / n:.2f} | {tot['wr'] / n:.2f} | {tot['wmeta'] / n:.4f} | {tot['syncs'] / n:.4f} | {wbyte} | {paths} | {tot['marks']} ({tot['marks'] / n:.4f}) | {tot['flushes']} |")
+
+loads = [float(r["load_before"]) for r in csv.DictReader(open(os.path.join(work, "runs.csv")))]
+print(f"\n1-minute load average at the start of the runs: min {min(loads):.2f}, median {statistics.median(loads):.2f}, max {max(loads):.2f} (this machine has {os.cpu_count()} CPUs).")
+PY
+log "done"
