@@ -603,11 +603,34 @@ impl Array {
                 })?;
             }
         }
-        for d in 0..self.members.len() {
-            let Some(dev) = self.device(d) else { continue };
-            let r = self.tables[d]
-                .flush(dev.as_ref(), &self.counters.devices[d])
-                .and_then(|_| dev.sync());
+        // Every device at once: a flush costs one sync's latency, not N.
+        let results: Vec<(usize, std::io::Result<()>)> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..self.members.len())
+                .filter_map(|d| self.device(d).map(|dev| (d, dev)))
+                .map(|(d, dev)| {
+                    let table = &self.tables[d];
+                    let counters = &self.counters.devices[d];
+                    (
+                        d,
+                        scope.spawn(move || {
+                            table.flush(dev.as_ref(), counters).and_then(|_| dev.sync())
+                        }),
+                    )
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|(d, h)| {
+                    (
+                        d,
+                        h.join().unwrap_or_else(|_| {
+                            Err(std::io::Error::other("flush thread panicked"))
+                        }),
+                    )
+                })
+                .collect()
+        });
+        for (d, r) in results {
             match r {
                 Ok(()) => self.counters.devices[d].sync(),
                 Err(e) => self.latch_failure(d, "flush", &e),
