@@ -273,7 +273,8 @@ fn a_reused_output_vector_is_cleared_and_not_reallocated() {
     let backend = CpuBackend::new(Some(2)).unwrap().with_parallel_threshold(0);
     let chunks = random_chunks(&[4096; 64], 1);
     let refs: Vec<&[u8]> = chunks.iter().map(Vec::as_slice).collect();
-    let mut out = Vec::with_capacity(64);
+    // Room for a full batch plus the stale entry pushed before each call.
+    let mut out = Vec::with_capacity(65);
     let buffer = out.as_ptr();
     for n in [64, 3, 0, 64] {
         out.push(Algorithm::Md5.fingerprint(b"stale"));
