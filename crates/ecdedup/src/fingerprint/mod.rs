@@ -50,6 +50,7 @@
 //! for deciding which chunks are worth a real fingerprint or a closer look.
 
 mod cpu;
+pub mod gpu;
 #[cfg(test)]
 mod tests;
 

@@ -1,0 +1,158 @@
+//! The batch policy shared by the GPU backend and its kernel-on-CPU twin:
+//! which batches go through the lanes and which to the CPU backend, what is
+//! counted, and what happens when a lane fails.
+//!
+//! Invariants:
+//! - A batch goes to the CPU backend when its algorithm has no kernel
+//!   (BLAKE3), when its bytes are under `min_batch_bytes` (too small to pay
+//!   for the copies), or after a lane has failed; otherwise through the
+//!   lanes. Either way `out` ends with one fingerprint per chunk, in order.
+//! - The first lane failure is kept and turns the offload off for good (a
+//!   CUDA context with a sticky error cannot recover); the batch it hit is
+//!   hashed again on the CPU, so callers see correct fingerprints, never the
+//!   device error. `stats().device_failures` and `failure()` report it.
+//! - Counters only grow and are updated once per batch with relaxed atomics.
+
+use super::pipeline::{algorithm_code, run, Lane, LanePool};
+use crate::fingerprint::{
+    Algorithm, CpuBackend, Fingerprint, FingerprintBackend, FingerprintError, FingerprintStats,
+};
+use serde::Serialize;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+
+/// What an offloading backend has hashed since it was made.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct OffloadStats {
+    /// Batches hashed through the lanes (the GPU, or the kernel as C).
+    pub offloaded_batches: u64,
+    /// Chunks and bytes of those batches.
+    pub offloaded_chunks: u64,
+    pub offloaded_bytes: u64,
+    /// Slices launched for them (one copy-in, kernel, copy-out each).
+    pub slices: u64,
+    /// Batches sent to the CPU backend instead: under the size threshold,
+    /// BLAKE3, or after a failure. Their detail is in `cpu`.
+    pub delegated_batches: u64,
+    /// Times a caller found every lane busy and waited (backpressure).
+    pub pool_waits: u64,
+    /// Lane failures seen: the first turns offload off; calls already in
+    /// flight then may add a few more.
+    pub device_failures: u64,
+    /// The CPU backend's own counters.
+    pub cpu: FingerprintStats,
+}
+
+pub(crate) struct Offload<L> {
+    pool: LanePool<L>,
+    cpu: CpuBackend,
+    min_batch_bytes: usize,
+    failed: AtomicBool,
+    failure: Mutex<Option<String>>,
+    offloaded_batches: AtomicU64,
+    offloaded_chunks: AtomicU64,
+    offloaded_bytes: AtomicU64,
+    slices: AtomicU64,
+    delegated_batches: AtomicU64,
+    device_failures: AtomicU64,
+}
+
+impl<L: Lane> Offload<L> {
+    pub(crate) fn new(lanes: Vec<L>, cpu: CpuBackend, min_batch_bytes: usize) -> Self {
+        Offload {
+            pool: LanePool::new(lanes),
+            cpu,
+            min_batch_bytes,
+            failed: AtomicBool::new(false),
+            failure: Mutex::new(None),
+            offloaded_batches: AtomicU64::new(0),
+            offloaded_chunks: AtomicU64::new(0),
+            offloaded_bytes: AtomicU64::new(0),
+            slices: AtomicU64::new(0),
+            delegated_batches: AtomicU64::new(0),
+            device_failures: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn pool(&self) -> &LanePool<L> {
+        &self.pool
+    }
+
+    pub(crate) fn cpu(&self) -> &CpuBackend {
+        &self.cpu
+    }
+
+    pub(crate) fn min_batch_bytes(&self) -> usize {
+        self.min_batch_bytes
+    }
+
+    pub(crate) fn stats(&self) -> OffloadStats {
+        OffloadStats {
+            offloaded_batches: self.offloaded_batches.load(Relaxed),
+            offloaded_chunks: self.offloaded_chunks.load(Relaxed),
+            offloaded_bytes: self.offloaded_bytes.load(Relaxed),
+            slices: self.slices.load(Relaxed),
+            delegated_batches: self.delegated_batches.load(Relaxed),
+            pool_waits: self.pool.waits(),
+            device_failures: self.device_failures.load(Relaxed),
+            cpu: self.cpu.stats(),
+        }
+    }
+
+    pub(crate) fn failure(&self) -> Option<String> {
+        self.failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn delegate(
+        &self,
+        algorithm: Algorithm,
+        chunks: &[&[u8]],
+        out: &mut Vec<Fingerprint>,
+    ) -> Result<(), FingerprintError> {
+        self.delegated_batches.fetch_add(1, Relaxed);
+        self.cpu.fingerprint_batch(algorithm, chunks, out)
+    }
+
+    pub(crate) fn fingerprint_batch(
+        &self,
+        algorithm: Algorithm,
+        chunks: &[&[u8]],
+        out: &mut Vec<Fingerprint>,
+    ) -> Result<(), FingerprintError> {
+        let total: usize = chunks.iter().map(|c| c.len()).sum();
+        let code = match algorithm_code(algorithm) {
+            Some(code)
+                if !chunks.is_empty()
+                    && total >= self.min_batch_bytes
+                    && !self.failed.load(Relaxed) =>
+            {
+                code
+            }
+            _ => return self.delegate(algorithm, chunks, out),
+        };
+        out.clear();
+        out.resize(chunks.len(), Fingerprint::UNSET);
+        match run(&self.pool, algorithm, code, chunks, out, total) {
+            Ok(slices) => {
+                self.offloaded_batches.fetch_add(1, Relaxed);
+                self.offloaded_chunks
+                    .fetch_add(chunks.len() as u64, Relaxed);
+                self.offloaded_bytes.fetch_add(total as u64, Relaxed);
+                self.slices.fetch_add(slices, Relaxed);
+                Ok(())
+            }
+            Err(e) => {
+                self.device_failures.fetch_add(1, Relaxed);
+                self.failed.store(true, Relaxed);
+                self.failure
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get_or_insert(e);
+                self.delegate(algorithm, chunks, out)
+            }
+        }
+    }
+}
