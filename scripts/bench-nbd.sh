@@ -55,95 +55,22 @@ CONTROL=${CONTROL:-peer}
 JOBS=${JOBS:-randwrite-qd1 randwrite-qd32 randread-qd32 seqwrite-1m-qd8}
 BENCH_TMP=${BENCH_TMP:-${TMPDIR:-/tmp}}
 
-log() { printf '[bench-nbd %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
-die() { log "error: $*"; exit 1; }
+BENCH_NAME=bench-nbd
+# shellcheck source=scripts/bench-lib.sh
+. "$repo/scripts/bench-lib.sh"
 
 case "$CONTROL" in peer|ecdedup) ;; *) die "CONTROL must be peer or ecdedup, not $CONTROL" ;; esac
 [ "$PAIRS" -ge 1 ] || die "PAIRS must be at least 1"
-for tool in fio nbdkit python3; do
-  command -v "$tool" >/dev/null || die "$tool is not installed (scripts/install-deps.sh installs fio and nbdkit)"
-done
-nbdkit file --version >/dev/null 2>&1 || die "nbdkit has no file plugin"
-
-if [ -z "${ECDEDUP_BIN:-}" ]; then
-  if [ "${NO_BUILD:-0}" != 1 ]; then
-    log "building (cargo build --release --workspace)"
-    (cd "$repo" && cargo build --release --workspace >&2)
-  fi
-  ECDEDUP_BIN=$repo/target/release/ecdedup
-fi
-[ -x "$ECDEDUP_BIN" ] || die "$ECDEDUP_BIN is not an executable"
-plugin=$(dirname "$ECDEDUP_BIN")/libecdedup_nbdkit.so
-[ -f "$plugin" ] || die "$plugin is missing (build the workspace: cargo build --release --workspace)"
-
-WORK=$(mktemp -d "$BENCH_TMP/ecdedup-bench-nbd.XXXXXX")
-# A private copy of the binaries: other builds of the tree may replace
-# target/release while this runs; the server and the `stats` client must stay
-# the same version.
-mkdir -p "$WORK/bin" "$WORK/fio" "$WORK/stats"
-cp "$ECDEDUP_BIN" "$plugin" "$WORK/bin/"
-BIN=$WORK/bin/ecdedup
-
-declare -A PID SOCK DIR KIND
-STARTED=()
-
-stop_server() {
-  local s=$1 p=${PID[$1]:-}
-  [ -n "$p" ] || return 0
-  if kill -0 "$p" 2>/dev/null; then
-    kill -TERM "$p" 2>/dev/null || true
-    wait "$p" 2>/dev/null || true
-  fi
-  PID[$s]=""
-}
-
-cleanup() {
-  local rc=$?
-  for s in "${STARTED[@]}"; do stop_server "$s"; done
-  if [ "${KEEP:-0}" = 1 ] || [ $rc -ne 0 ]; then
-    # Keep results, drop the bulky volumes.
-    rm -f "$WORK"/*/dev? "$WORK"/*.img 2>/dev/null || true
-    log "work folder kept: $WORK"
-  else
-    rm -rf "$WORK"
-  fi
-  exit $rc
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-wait_ready() {
-  local s=$1 i
-  for i in $(seq 1 600); do
-    kill -0 "${PID[$s]}" 2>/dev/null || die "server $s exited early; log: $WORK/$s.log: $(tail -5 "$WORK/$s.log")"
-    if [ -S "${SOCK[$s]}" ] && { [ "${KIND[$s]}" != ecdedup ] || [ -S "${DIR[$s]}/control.sock" ]; }; then
-      return 0
-    fi
-    sleep 0.1
-  done
-  die "server $s did not open ${SOCK[$s]} within 60 s"
-}
+bench_require_tools
+bench_find_bin "$repo"
+bench_make_work ecdedup-bench-nbd
 
 start_ecdedup() {
   local s=$1 d=$WORK/$1
   log "creating ecdedup array $s: RS(4,2), 6 devices, 32K stripe unit, $SIZE"
   "$BIN" --dir "$d" create --devices 6 -k 4 -m 2 --stripe-unit 32K --size "$SIZE" >&2
-  KIND[$s]=ecdedup; DIR[$s]=$d; SOCK[$s]=$WORK/$s.sock
-  "$BIN" --dir "$d" serve --socket "${SOCK[$s]}" --threads "$THREADS" >"$WORK/$s.log" 2>&1 &
-  PID[$s]=$!; STARTED+=("$s")
-  wait_ready "$s"
+  serve_ecdedup "$s" "$d"
 }
-
-start_peer() {
-  local s=$1 f=$WORK/$1.img
-  truncate -s "$SIZE" "$f"
-  KIND[$s]=peer; DIR[$s]=""; SOCK[$s]=$WORK/$s.sock
-  nbdkit --foreground --threads "$THREADS" --unix "${SOCK[$s]}" file "$f" >"$WORK/$s.log" 2>&1 &
-  PID[$s]=$!; STARTED+=("$s")
-  wait_ready "$s"
-}
-
-uri() { echo "nbd+unix:///?socket=${SOCK[$1]}"; }
 
 # fio options of a job.
 job_opts() {
@@ -157,8 +84,6 @@ job_opts() {
     *) die "unknown job $1" ;;
   esac
 }
-
-stats_snapshot() { "$BIN" --dir "${DIR[$1]}" stats >"$2"; }
 
 # run_one JOB ROUND SERVER
 run_one() {

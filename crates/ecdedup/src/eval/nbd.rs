@@ -112,10 +112,8 @@ impl Client {
             self.read_exact(&mut data)?;
             match typ {
                 REP_ACK => break,
-                REP_INFO if len >= 12 => {
-                    if u16::from_be_bytes([data[0], data[1]]) == INFO_EXPORT {
-                        size = Some(u64::from_be_bytes(data[2..10].try_into().unwrap()));
-                    }
+                REP_INFO if len >= 12 && u16::from_be_bytes([data[0], data[1]]) == INFO_EXPORT => {
+                    size = Some(u64::from_be_bytes(data[2..10].try_into().unwrap()));
                 }
                 t if t & 0x8000_0000 != 0 => {
                     return Err(proto(format!(

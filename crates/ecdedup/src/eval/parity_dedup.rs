@@ -57,7 +57,7 @@ pub struct Options {
     /// Workload files: tar archives, extracted one after another in fs mode
     /// (a tar of many versions extracts them in order); written back to back
     /// as one stream in raw mode.
-    #[arg(required = true)]
+    #[arg(required_unless_present = "from_results")]
     pub workloads: Vec<PathBuf>,
     /// Scratch folder for arrays, mounts and sockets [default: a new folder
     /// in $TMPDIR]. Each array is deleted after its run unless --keep.
@@ -90,6 +90,10 @@ pub struct Options {
     /// counters from the first round.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
     pub repeat: u32,
+    /// Run nothing: render report.md and plot.svg again (into --out) from
+    /// a results.json of an earlier run.
+    #[arg(long, value_name = "RESULTS_JSON", conflicts_with = "workloads")]
+    pub from_results: Option<PathBuf>,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -217,8 +221,11 @@ pub struct RunResult {
     pub write_seconds_rounds: Vec<f64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub decode_rounds: Vec<DecodeResult>,
-    pub stats_before: Stats,
-    pub stats_after: Stats,
+    /// `ecdedup stats` before and after the writes, as the server sent them
+    /// (kept as JSON so that old result files still load when counters are
+    /// added).
+    pub stats_before: serde_json::Value,
+    pub stats_after: serde_json::Value,
 }
 
 /// All of `results.json`.
@@ -237,14 +244,34 @@ pub struct Results {
     pub index_entries_max: u64,
     pub volume_bytes: u64,
     pub workload: WorkloadInfo,
+    #[serde(default = "one")]
     pub rounds: u32,
     /// Every run of every round.
     pub runs: Vec<RunResult>,
     /// One entry per configuration: medians over the rounds (what the
     /// report and the plot show).
+    #[serde(default)]
     pub summary: Vec<RunResult>,
     pub total_seconds: f64,
     pub paper: Vec<report::PaperFigure>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// Renders report.md and plot.svg into `out` and prints the report.
+fn render(results: &Results, out: &Path) -> Result<()> {
+    let md = report::markdown(results);
+    let md_path = out.join("report.md");
+    std::fs::write(&md_path, &md)
+        .map_err(|e| Error::io(format!("writing {}", md_path.display()), e))?;
+    let svg_path = out.join("plot.svg");
+    std::fs::write(&svg_path, super::svg::plot(results))
+        .map_err(|e| Error::io(format!("writing {}", svg_path.display()), e))?;
+    println!("{md}");
+    eprintln!("wrote {} and {}", md_path.display(), svg_path.display());
+    Ok(())
 }
 
 fn parse_chunks(list: &[String]) -> Result<Vec<u32>> {
@@ -476,8 +503,7 @@ fn sum_dedup(s: &Stats, f: impl Fn(&DedupStats) -> u64) -> u64 {
 }
 
 /// Fills the counter fields of a result from the snapshots around the writes.
-fn counters(r: &mut RunResult) {
-    let (b, a) = (&r.stats_before, &r.stats_after);
+fn counters(r: &mut RunResult, b: &Stats, a: &Stats) {
     let d = |f: &dyn Fn(&Stats) -> u64| f(a).saturating_sub(f(b));
     r.client_writes = d(&|s| s.array.client_writes);
     r.client_write_bytes = d(&|s| s.array.client_write_bytes);
@@ -555,7 +581,7 @@ fn write_fs(
             .arg(lo.path()),
         Duration::from_secs(3600),
     )?;
-    let mut mnt = Mount::mount(lo.path(), &base.join("mnt"))?;
+    let mut mnt = Mount::new(lo.path(), &base.join("mnt"))?;
     let sync = |mnt: &Path| -> Result<()> {
         proc::run_ok(
             Command::new("sync").arg("-f").arg(mnt),
@@ -720,11 +746,29 @@ fn read_back(server: &Server, len: u64, what: &str) -> Result<(f64, blake3::Hash
     Ok((timed.as_secs_f64(), hasher.finalize()))
 }
 
+/// One array: create, serve, write, count, read back, stop, delete. On an
+/// interrupt its folder goes too (unless --keep); on another error it stays
+/// for inspection.
 fn run_one(ctx: &Context, mode: Mode, chunk: u32, policy: Policy) -> Result<RunResult> {
     let name = format!("{}-{}-{}", format_size(chunk as u64), policy, mode.name());
     let base = ctx.work.join(&name);
+    let r = run_one_in(ctx, mode, chunk, policy, &name, &base);
+    if r.is_err() && proc::interrupted() && !ctx.opts.keep && !proc::is_mounted(&base.join("mnt")) {
+        let _ = std::fs::remove_dir_all(&base);
+    }
+    r
+}
+
+fn run_one_in(
+    ctx: &Context,
+    mode: Mode,
+    chunk: u32,
+    policy: Policy,
+    name: &str,
+    base: &Path,
+) -> Result<RunResult> {
     if base.exists() {
-        std::fs::remove_dir_all(&base)
+        std::fs::remove_dir_all(base)
             .map_err(|e| Error::io(format!("removing {}", base.display()), e))?;
     }
     let dir = base.join("array");
@@ -747,13 +791,13 @@ fn run_one(ctx: &Context, mode: Mode, chunk: u32, policy: Policy) -> Result<RunR
     };
     array::create(&dir, &opts)?;
     let mut server = Server::start(&dir)?;
-    settle()?;
+    settle(&ctx.work)?;
     let workloads = &ctx.opts.workloads;
     let wl_bytes = ctx.workload.bytes;
     let stripe_data = K as u64 * chunk as u64;
     let (before, after, write_s, times, written) = match mode {
         Mode::Fs => {
-            let (b, a, s, t) = write_fs(&server, &base, workloads, wl_bytes)?;
+            let (b, a, s, t) = write_fs(&server, base, workloads, wl_bytes)?;
             (b, a, s, t, None)
         }
         Mode::Raw => {
@@ -772,7 +816,7 @@ fn run_one(ctx: &Context, mode: Mode, chunk: u32, policy: Policy) -> Result<RunR
         None
     } else {
         let range = written.map_or(volume_bytes, |w| w.0);
-        settle()?;
+        settle(&ctx.work)?;
         let (healthy, h0) = read_back(&server, range, "reading (healthy)")?;
         fail_device(&dir, 0)?;
         let (one, h1) = read_back(&server, range, "reading (1 failed)")?;
@@ -805,7 +849,7 @@ fn run_one(ctx: &Context, mode: Mode, chunk: u32, policy: Policy) -> Result<RunR
     server.stop()?;
     drop(server);
     if !ctx.opts.keep {
-        std::fs::remove_dir_all(&base)
+        std::fs::remove_dir_all(base)
             .map_err(|e| Error::io(format!("removing {}", base.display()), e))?;
     }
     let mut r = RunResult {
@@ -849,17 +893,23 @@ fn run_one(ctx: &Context, mode: Mode, chunk: u32, policy: Policy) -> Result<RunR
         decode,
         write_seconds_rounds: Vec::new(),
         decode_rounds: Vec::new(),
-        stats_before: before,
-        stats_after: after,
+        stats_before: serde_json::to_value(&before).expect("stats serialise"),
+        stats_after: serde_json::to_value(&after).expect("stats serialise"),
     };
-    counters(&mut r);
+    counters(&mut r, &before, &after);
     Ok(r)
 }
 
-/// Writes the host's dirty pages back before a timed phase, so that one
-/// run's write-back does not land in the next one's timing.
-fn settle() -> Result<()> {
-    proc::run_ok(&mut Command::new("sync"), Duration::from_secs(600)).map(|_| ())
+/// Writes back the dirty pages of the file system holding the arrays
+/// before a timed phase, so that one run's write-back does not land in the
+/// next one's timing. Only that file system (`sync -f`): a global sync would
+/// also wait for every other mount on the host, FUSE ones included.
+fn settle(work: &Path) -> Result<()> {
+    proc::run_ok(
+        Command::new("sync").arg("-f").arg(work),
+        Duration::from_secs(600),
+    )
+    .map(|_| ())
 }
 
 fn after_volume(server: &Server) -> Result<u64> {
@@ -899,6 +949,18 @@ impl Drop for WorkDir {
 }
 
 pub fn run(opts: Options) -> Result<()> {
+    if let Some(path) = &opts.from_results {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+        let mut results: Results = serde_json::from_str(&text)
+            .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+        if results.summary.is_empty() {
+            results.summary = report::summarize(&results.runs);
+        }
+        std::fs::create_dir_all(&opts.out)
+            .map_err(|e| Error::io(format!("creating {}", opts.out.display()), e))?;
+        return render(&results, &opts.out);
+    }
     proc::install_interrupt_handler();
     let started = Instant::now();
     let chunks = parse_chunks(&opts.chunks)?;
@@ -986,14 +1048,14 @@ pub fn run(opts: Options) -> Result<()> {
     let total = opts.repeat as usize * modes.len() * chunks.len() * policies.len();
     let mut step = 0;
     for round in 0..opts.repeat {
-    for &mode in &modes {
-        for &chunk in &chunks {
-            let mut order = policies.clone();
-            let len = order.len();
-            order.rotate_left(round as usize % len);
-            for &policy in &order {
-                step += 1;
-                eprintln!(
+        for &mode in &modes {
+            for &chunk in &chunks {
+                let mut order = policies.clone();
+                let len = order.len();
+                order.rotate_left(round as usize % len);
+                for &policy in &order {
+                    step += 1;
+                    eprintln!(
                     "[{step}/{total}] {}{} mode, chunk {}, {} (--dedup {policy}), volume {} [{:.0} s so far]",
                     if opts.repeat > 1 { format!("round {}/{}, ", round + 1, opts.repeat) } else { String::new() },
                     mode.name(),
@@ -1002,48 +1064,39 @@ pub fn run(opts: Options) -> Result<()> {
                     format_size(volume_bytes),
                     secs(started)
                 );
-                let r = match run_one(&ctx, mode, chunk, policy) {
-                    Ok(mut r) => {
-                        r.round = round;
-                        r
-                    }
-                    Err(e) => {
-                        if !proc::interrupted() {
-                            work_guard.remove = false;
-                            eprintln!(
-                                "ecdedup: the work folder {} is kept for inspection",
-                                work.display()
-                            );
+                    let r = match run_one(&ctx, mode, chunk, policy) {
+                        Ok(mut r) => {
+                            r.round = round;
+                            r
                         }
-                        return Err(e);
-                    }
-                };
-                results.runs.push(r);
-                // Partial results survive a later failure.
-                results.total_seconds = secs(started);
-                results.summary = report::summarize(&results.runs);
-                write_json(&opts.out.join("results.json"), &results)?;
+                        Err(e) => {
+                            if !proc::interrupted() {
+                                work_guard.remove = false;
+                                eprintln!(
+                                    "ecdedup: the work folder {} is kept for inspection",
+                                    work.display()
+                                );
+                            }
+                            return Err(e);
+                        }
+                    };
+                    results.runs.push(r);
+                    // Partial results survive a later failure.
+                    results.total_seconds = secs(started);
+                    results.summary = report::summarize(&results.runs);
+                    write_json(&opts.out.join("results.json"), &results)?;
+                }
             }
         }
-    }
     }
     results.total_seconds = secs(started);
     results.summary = report::summarize(&results.runs);
     write_json(&opts.out.join("results.json"), &results)?;
-    let md = report::markdown(&results);
-    let md_path = opts.out.join("report.md");
-    std::fs::write(&md_path, &md)
-        .map_err(|e| Error::io(format!("writing {}", md_path.display()), e))?;
-    let svg_path = opts.out.join("plot.svg");
-    std::fs::write(&svg_path, super::svg::plot(&results))
-        .map_err(|e| Error::io(format!("writing {}", svg_path.display()), e))?;
-    println!("{md}");
+    render(&results, &opts.out)?;
     eprintln!(
-        "done in {:.0} s: {}, {}, {}",
+        "done in {:.0} s; raw numbers in {}",
         secs(started),
-        md_path.display(),
-        opts.out.join("results.json").display(),
-        svg_path.display()
+        opts.out.join("results.json").display()
     );
     Ok(())
 }

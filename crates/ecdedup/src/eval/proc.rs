@@ -506,13 +506,13 @@ impl Drop for Loop {
     }
 }
 
-/// A mounted ext4.
+/// A mounted ext4 (`Mount::new` mounts it).
 pub struct Mount {
     target: Option<PathBuf>,
 }
 
 impl Mount {
-    pub fn mount(dev: &str, target: &Path) -> Result<Mount> {
+    pub fn new(dev: &str, target: &Path) -> Result<Mount> {
         std::fs::create_dir_all(target)
             .map_err(|e| Error::io(format!("creating {}", target.display()), e))?;
         run_ok(

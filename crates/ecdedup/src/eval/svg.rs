@@ -111,14 +111,17 @@ fn draw_panel(out: &mut String, x0: f64, y0: f64, w: f64, h: f64, p: &Panel) {
     let bw = gw * 0.8 / 3.0;
     for (g, name) in p.groups.iter().enumerate() {
         let gx = px + gw * g as f64 + gw * 0.1;
-        let _ = writeln!(
-            out,
-            r#"<text x="{:.1}" y="{:.1}" font-size="11" text-anchor="middle">{}</text>"#,
-            px + gw * (g as f64 + 0.5),
-            py + ph + 16.0,
-            esc(name)
-        );
-        for i in 0..3 {
+        // A label may have two lines ("fs 32K\n1 failed").
+        for (l, line) in name.split('\n').enumerate() {
+            let _ = writeln!(
+                out,
+                r#"<text x="{:.1}" y="{:.1}" font-size="11" text-anchor="middle">{}</text>"#,
+                px + gw * (g as f64 + 0.5),
+                py + ph + 16.0 + 13.0 * l as f64,
+                esc(line)
+            );
+        }
+        for (i, color) in COLORS.iter().enumerate() {
             let bx = gx + bw * i as f64;
             if let Some(v) = p.values[g][i] {
                 let y = y_of(v);
@@ -127,7 +130,7 @@ fn draw_panel(out: &mut String, x0: f64, y0: f64, w: f64, h: f64, p: &Panel) {
                     r#"<rect x="{bx:.1}" y="{y:.1}" width="{:.1}" height="{:.1}" fill="{}"/>"#,
                     bw - 2.0,
                     (py + ph - y).max(0.0),
-                    COLORS[i]
+                    color
                 );
                 let _ = writeln!(
                     out,
@@ -252,7 +255,7 @@ pub fn plot(r: &Results) -> String {
             let base = baseline(r, mode, chunk).and_then(|b| b.decode.as_ref());
             for (failed, metric) in [(1, "decode_1_failed_extra"), (2, "decode_2_failed_extra")] {
                 p.groups.push(format!(
-                    "{} {} {}f",
+                    "{} {}\n{} failed",
                     mode.name(),
                     format_size(chunk),
                     failed
@@ -283,7 +286,9 @@ pub fn plot(r: &Results) -> String {
         }
         p
     };
-    let (w, h) = (1100.0, 780.0);
+    // Three panels in the top row, the decode panel (twice the groups)
+    // across the bottom row.
+    let (w, h) = (1400.0, 800.0);
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -299,7 +304,7 @@ pub fn plot(r: &Results) -> String {
         esc(&super::parity_dedup::format_size_approx(r.workload.bytes))
     );
     // Legend.
-    let mut lx = 250.0;
+    let mut lx = 400.0;
     for (i, pol) in POLICIES.iter().enumerate() {
         let _ = writeln!(
             out,
@@ -317,12 +322,11 @@ pub fn plot(r: &Results) -> String {
         lx + 9.0,
         lx + 22.0
     );
-    let (pw, ph) = (w / 2.0, (h - 56.0) / 2.0);
-    for (i, p) in [&parity, &throughput, &dram, &decode].iter().enumerate() {
-        let x = pw * (i % 2) as f64;
-        let y = 56.0 + ph * (i / 2) as f64;
-        draw_panel(&mut out, x, y, pw, ph, p);
+    let ph = (h - 56.0) / 2.0;
+    for (i, p) in [&parity, &throughput, &dram].iter().enumerate() {
+        draw_panel(&mut out, w / 3.0 * i as f64, 56.0, w / 3.0, ph, p);
     }
+    draw_panel(&mut out, 0.0, 56.0 + ph, w, ph, &decode);
     let _ = writeln!(out, "</svg>");
     out
 }

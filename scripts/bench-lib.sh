@@ -1,0 +1,145 @@
+# Shared shell helpers of the NBD benchmarks (bench-nbd.sh, bench-policies.sh,
+# bench-recovery.sh). Sourced, not run. The caller sets BENCH_NAME (the log
+# prefix) and `set -euo pipefail` before sourcing.
+#
+# Servers are named by a short key S; per key the associative arrays hold
+# PID[S] (the server's process: nbdkit, which `ecdedup serve` execs),
+# SOCK[S] (its NBD Unix socket), DIR[S] (the array folder, empty for a peer)
+# and KIND[S] (ecdedup or peer). Every server started here is stopped by its
+# PID (SIGTERM, then wait), never by name.
+
+log() { printf '[%s %s] %s\n' "$BENCH_NAME" "$(date +%H:%M:%S)" "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# Checks for fio, nbdkit (with its file plugin) and python3.
+bench_require_tools() {
+  local tool
+  for tool in fio nbdkit python3; do
+    command -v "$tool" >/dev/null || die "$tool is not installed (scripts/install-deps.sh installs fio and nbdkit)"
+  done
+  nbdkit file --version >/dev/null 2>&1 || die "nbdkit has no file plugin"
+}
+
+# Sets ECDEDUP_BIN (building the workspace unless NO_BUILD=1 or ECDEDUP_BIN
+# is given) and PLUGIN (libecdedup_nbdkit.so beside it).
+bench_find_bin() {
+  local repo=$1
+  if [ -z "${ECDEDUP_BIN:-}" ]; then
+    if [ "${NO_BUILD:-0}" != 1 ]; then
+      log "building (cargo build --release --workspace)"
+      (cd "$repo" && cargo build --release --workspace >&2)
+    fi
+    ECDEDUP_BIN=$repo/target/release/ecdedup
+  fi
+  [ -x "$ECDEDUP_BIN" ] || die "$ECDEDUP_BIN is not an executable"
+  PLUGIN=$(dirname "$ECDEDUP_BIN")/libecdedup_nbdkit.so
+  [ -f "$PLUGIN" ] || die "$PLUGIN is missing (build the workspace: cargo build --release --workspace)"
+}
+
+# Creates the work folder WORK under BENCH_TMP (prefix $1) with a private
+# copy of the binaries in WORK/bin (BIN is the ecdedup there): other builds
+# of the tree may replace target/release while a benchmark runs, and the
+# server and the `stats` client must stay the same version. Installs the
+# cleanup traps.
+bench_make_work() {
+  WORK=$(mktemp -d "$BENCH_TMP/$1.XXXXXX")
+  mkdir -p "$WORK/bin" "$WORK/fio" "$WORK/stats"
+  cp "$ECDEDUP_BIN" "$PLUGIN" "$WORK/bin/"
+  BIN=$WORK/bin/ecdedup
+  trap cleanup EXIT
+  trap 'exit 130' INT TERM
+}
+
+declare -A PID SOCK DIR KIND
+STARTED=()
+
+stop_server() {
+  local s=$1 p=${PID[$1]:-}
+  [ -n "$p" ] || return 0
+  if kill -0 "$p" 2>/dev/null; then
+    kill -TERM "$p" 2>/dev/null || true
+    wait "$p" 2>/dev/null || true
+  fi
+  PID[$s]=""
+}
+
+cleanup() {
+  local rc=$? s
+  for s in "${STARTED[@]}"; do stop_server "$s"; done
+  if [ "${KEEP:-0}" = 1 ] || [ $rc -ne 0 ]; then
+    # Keep results, drop the bulky volumes (device files, parity journals, images).
+    rm -f "$WORK"/*/dev? "$WORK"/*/journal/*.jrnl "$WORK"/*.img 2>/dev/null || true
+    log "work folder kept: $WORK"
+  else
+    rm -rf "$WORK"
+  fi
+  exit $rc
+}
+
+wait_ready() {
+  local s=$1 i
+  for i in $(seq 1 600); do
+    kill -0 "${PID[$s]}" 2>/dev/null || die "server $s exited early; log: $WORK/$s.log: $(tail -5 "$WORK/$s.log")"
+    if [ -S "${SOCK[$s]}" ] && { [ "${KIND[$s]}" != ecdedup ] || [ -S "${DIR[$s]}/control.sock" ]; }; then
+      return 0
+    fi
+    sleep 0.1
+  done
+  die "server $s did not open ${SOCK[$s]} within 60 s"
+}
+
+_note_started() {
+  local s=$1 x
+  for x in "${STARTED[@]}"; do [ "$x" = "$s" ] && return 0; done
+  STARTED+=("$s")
+}
+
+# serve_ecdedup S DIR: serves the array already created in DIR as server S.
+serve_ecdedup() {
+  local s=$1 d=$2
+  KIND[$s]=ecdedup; DIR[$s]=$d; SOCK[$s]=$WORK/$s.sock
+  rm -f "${SOCK[$s]}"  # a stale socket would look ready
+  "$BIN" --dir "$d" serve --socket "${SOCK[$s]}" --threads "$THREADS" >"$WORK/$s.log" 2>&1 &
+  PID[$s]=$!; _note_started "$s"
+  wait_ready "$s"
+}
+
+# start_peer S: nbdkit's file plugin serving a fresh sparse file of SIZE bytes.
+start_peer() {
+  local s=$1 f=$WORK/$1.img
+  truncate -s "$SIZE" "$f"
+  KIND[$s]=peer; DIR[$s]=""; SOCK[$s]=$WORK/$s.sock
+  rm -f "${SOCK[$s]}"  # a stale socket would look ready
+  nbdkit --foreground --threads "$THREADS" --unix "${SOCK[$s]}" file "$f" >"$WORK/$s.log" 2>&1 &
+  PID[$s]=$!; _note_started "$s"
+  wait_ready "$s"
+}
+
+# sync_files S: fsync every file of server S (its device files and parity
+# journals, or its image), so its writeback does not run into the next
+# measurement.
+sync_files() {
+  local s=$1
+  if [ "${KIND[$s]}" = peer ]; then
+    python3 -c 'import os, sys
+for p in sys.argv[1:]:
+    fd = os.open(p, os.O_RDONLY); os.fsync(fd); os.close(fd)' "$WORK/$s.img"
+  else
+    python3 -c 'import glob, os, sys
+d = sys.argv[1]
+for p in sorted(glob.glob(d + "/dev?") + glob.glob(d + "/journal/*.jrnl")):
+    fd = os.open(p, os.O_RDONLY); os.fsync(fd); os.close(fd)' "${DIR[$s]}"
+  fi
+}
+
+uri() { echo "nbd+unix:///?socket=${SOCK[$1]}"; }
+
+stats_snapshot() { "$BIN" --dir "${DIR[$1]}" stats >"$2"; }
+
+# A line describing the machine (for the reports).
+machine_line() {
+  local cpu mem
+  cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)
+  mem=$(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)
+  echo "$(nproc) CPUs ($cpu), $mem RAM, kernel $(uname -r), $(fio --version), nbdkit $(nbdkit --version | awk '{print $2}')"
+}
