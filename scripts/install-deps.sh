@@ -11,6 +11,7 @@ PKGS=(
   fuse3                # nbdfuse needs fusermount3
   e2fsprogs            # mkfs.ext4, e2fsck for the file-system test
   pkg-config           # build helper
+  build-essential      # cc + libc6-dev: the linker rustc needs, build.rs's C kernel twin, /usr/include for the ext4 tests
   mount                # losetup, mount, umount for the file-system tests
   linux-libc-dev       # /usr/include/linux: part of the tree the ext4 tests copy
 )

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every check CI runs: formatting, lints, build, then the unit and
-# integration tests. Run from anywhere; needs the tools from
-# scripts/install-deps.sh. The integration tests (crates/ecdedup/tests/)
+# integration tests. Run from anywhere; installs the system packages first
+# (scripts/install-deps.sh, idempotent: a no-op when all are there). The integration tests (crates/ecdedup/tests/)
 # start nbdkit servers, fio, qemu-img, nbdcopy, and mount ext4 through
 # nbdfuse and a loop device, so they need root, /dev/fuse and loop devices.
 #
@@ -41,6 +41,9 @@ run_step() {
     return $rc
   fi
 }
+
+echo "==> system packages (scripts/install-deps.sh)"
+bash scripts/install-deps.sh
 
 echo "==> environment"
 rustc --version

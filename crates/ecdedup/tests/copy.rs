@@ -139,3 +139,48 @@ fn nbdcopy_round_trips_an_image_while_a_device_is_failed() {
     read_prefix_and_check_rest_zero(&out, &img);
     server.stop();
 }
+
+/// A VM image in its usual container: qcow2 in (qemu-img decodes it and
+/// writes the guest view to the volume), qcow2 out (read back from the
+/// volume and encoded again); the guest bytes must match the original.
+#[test]
+fn qemu_img_converts_a_qcow2_image_in_and_out_unchanged() {
+    support::require_tool("qemu-img");
+    let a = TestArray::create("256M");
+    let server = a.serve();
+    let raw = a.path("guest.raw");
+    let img = make_image(&raw);
+    let qcow = a.path("guest.qcow2");
+    run_ok(
+        Command::new("qemu-img")
+            .args(["convert", "-f", "raw", "-O", "qcow2"])
+            .arg(&raw)
+            .arg(&qcow),
+        TOOL_TIMEOUT,
+    );
+    run_ok(
+        Command::new("qemu-img")
+            .args(["convert", "-n", "-f", "qcow2", "-O", "raw"])
+            .arg(&qcow)
+            .arg(server.uri()),
+        TOOL_TIMEOUT,
+    );
+    let qcow_out = a.path("out.qcow2");
+    run_ok(
+        Command::new("qemu-img")
+            .args(["convert", "-f", "raw", "-O", "qcow2"])
+            .arg(server.uri())
+            .arg(&qcow_out),
+        TOOL_TIMEOUT,
+    );
+    let raw_out = a.path("out.raw");
+    run_ok(
+        Command::new("qemu-img")
+            .args(["convert", "-f", "qcow2", "-O", "raw"])
+            .arg(&qcow_out)
+            .arg(&raw_out),
+        TOOL_TIMEOUT,
+    );
+    read_prefix_and_check_rest_zero(&raw_out, &img);
+    server.stop();
+}

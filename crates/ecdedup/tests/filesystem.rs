@@ -1,5 +1,5 @@
 //! A real file system on the volume: ext4 through nbdfuse and a loop
-//! device, a source tree copied on and compared, the server killed with
+//! device, a source tree unpacked from a tarball and compared, the server killed with
 //! SIGKILL (after an unmount, and in the middle of writes), then e2fsck
 //! must find the file system clean (after journal replay) and synced files
 //! intact.
@@ -130,6 +130,7 @@ fn require_fs_tools() {
         "umount",
         "diff",
         "cp",
+        "tar",
         "sync",
     ] {
         support::require_tool(t);
@@ -158,17 +159,30 @@ fn ext4_stays_consistent_when_the_server_is_killed_after_unmount() {
     let mut stack = Stack::attach(a.tmp.path(), "fuse1", &server.uri());
     mkfs(stack.dev());
     let mnt = stack.mount_at(&a.path("mnt1"));
+    // Unpacked from a tarball, as a user would install a source tree.
+    let tarball = a.path("tree.tar");
     run_ok(
-        Command::new("cp")
-            .arg("-a")
+        Command::new("tar")
+            .arg("-cf")
+            .arg(&tarball)
+            .arg("-C")
             .arg(&staged)
+            .arg("."),
+        COPY_TIMEOUT,
+    );
+    std::fs::create_dir_all(mnt.join("tree")).unwrap();
+    run_ok(
+        Command::new("tar")
+            .arg("-xpf")
+            .arg(&tarball)
+            .arg("-C")
             .arg(mnt.join("tree")),
         COPY_TIMEOUT,
     );
     sync_fs(&mnt);
     diff_trees(&staged, &mnt.join("tree"));
     stack.close();
-    eprintln!("copied {files} files onto ext4 over NBD");
+    eprintln!("unpacked {files} files onto ext4 over NBD");
 
     // No clean shutdown: no final flush, intent log left as it is.
     server.kill9();
@@ -266,4 +280,25 @@ fn count_files_lenient(dir: &Path) -> usize {
         }
     }
     n
+}
+
+/// The file-system check can say no: a file system whose group descriptors
+/// were zeroed must fail `fsck_clean`, so the clean checks above mean
+/// something.
+#[test]
+fn fsck_rejects_a_damaged_file_system() {
+    require_fs_tools();
+    let tmp = tempfile::tempdir().unwrap();
+    let img = tmp.path().join("damaged.img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(32 << 20)
+        .unwrap();
+    let img_str = img.to_str().unwrap();
+    mkfs(img_str);
+    fsck_clean(img_str);
+    // Block 1 holds the group descriptor table of a 4 KiB-block ext4.
+    support::flip_bytes(&img, 4096, 4096);
+    let caught = std::panic::catch_unwind(|| fsck_clean(img_str));
+    assert!(caught.is_err(), "e2fsck -fn passed a damaged file system");
 }

@@ -4,7 +4,8 @@
 //! write into a clean region, its byte in the intent map is set and made
 //! durable (`fdatasync`); only then do data, parity and checksum writes go
 //! out. A flush makes every device durable and then clears the regions that
-//! saw no write since the flush began and have none in flight. After an
+//! saw no write since the flush began, have none in flight, and have been
+//! quiet for `QUIET_BEFORE_CLEAR` (md's lazy bitmap clearing). After an
 //! unclean stop, every dirty region is resynchronised before serving: parity
 //! is recomputed from data and checksums from content, so every stripe's
 //! parity matches its data again (docs/write-hole.md has the argument and
