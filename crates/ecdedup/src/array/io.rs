@@ -304,6 +304,8 @@ impl Array {
         let hint = crate::media::WriteHint {
             class: class_of(role, g.k()),
             repair,
+            // Decided below the array, by a PlacementDevice if stacked.
+            stream: crate::media::Stream::Unknown,
         };
         match dev.write_hinted(bytes, g.device_offset(place.row, b), hint) {
             Ok(()) => {
