@@ -11,10 +11,12 @@
 mod faulty;
 mod file;
 mod mem;
+pub mod placement;
 
 pub use faulty::{FaultPlan, FaultyDevice};
 pub use file::FileDevice;
 pub use mem::MemDevice;
+pub use placement::{PlacementDevice, PlacementFilter, Stream};
 
 use crate::counters::IoClass;
 use std::io;
@@ -27,6 +29,9 @@ pub struct WriteHint {
     /// The bytes replace content found corrupt: a layer that shares content
     /// (dedup) must restore the shared copy, not refer to it.
     pub repair: bool,
+    /// Paper 003's unique / possibly-duplicate decision, for devices that
+    /// place data by stream ([`placement`]); others ignore it.
+    pub stream: Stream,
 }
 
 impl WriteHint {
@@ -34,6 +39,7 @@ impl WriteHint {
         WriteHint {
             class,
             repair: false,
+            stream: Stream::Unknown,
         }
     }
 }

@@ -9,8 +9,11 @@
 //! the whole range reads as zeroes afterwards. `sync` is a no-op: the
 //! simulated flash is the memory itself, and every completed write is as
 //! durable as it will ever be. `write_hinted` honours `repair` (see
-//! [`Ftl::write_repair`]); the data/parity class is accepted and not used
-//! for placement (docs/ssd.md sketches how it would become a stream hint).
+//! [`Ftl::write_repair`]) and passes the placement stream to the FTL
+//! ([`Ftl::write_placed`]): in mode `hinted` it picks the U- or ND-region
+//! (paper 003's separation decided by the writer, e.g. a
+//! [`crate::media::PlacementDevice`] stacked on this device); other modes
+//! count it. The data/parity class is not used for placement.
 //!
 //! Invariants: the device size is the FTL's logical space; a request that
 //! does not fit is refused with an error before any page changes; the FTL
@@ -18,7 +21,7 @@
 
 use super::ftl::{Ftl, FtlConfig, FtlReport, PageData, StoreMode};
 use crate::error::{Error, Result};
-use crate::media::{Device, WriteHint};
+use crate::media::{Device, Stream, WriteHint};
 use std::io;
 use std::sync::Mutex;
 
@@ -108,7 +111,7 @@ impl SsdDevice {
         })
     }
 
-    fn write_pages(&self, buf: &[u8], offset: u64, repair: bool) -> io::Result<()> {
+    fn write_pages(&self, buf: &[u8], offset: u64, repair: bool, stream: Stream) -> io::Result<()> {
         self.range_check(buf.len() as u64, offset)?;
         let mut ftl = self.lock();
         let mut page = vec![0u8; self.page_bytes as usize];
@@ -125,7 +128,7 @@ impl SsdDevice {
             if repair {
                 ftl.write_repair(lpn, bytes);
             } else {
-                ftl.write(lpn, PageData::Bytes(bytes));
+                ftl.write_placed(lpn, PageData::Bytes(bytes), stream);
             }
             done += n;
         }
@@ -152,11 +155,11 @@ impl Device for SsdDevice {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        self.write_pages(buf, offset, false)
+        self.write_pages(buf, offset, false, Stream::Unknown)
     }
 
     fn write_hinted(&self, buf: &[u8], offset: u64, hint: WriteHint) -> io::Result<()> {
-        self.write_pages(buf, offset, hint.repair)
+        self.write_pages(buf, offset, hint.repair, hint.stream)
     }
 
     fn sync(&self) -> io::Result<()> {

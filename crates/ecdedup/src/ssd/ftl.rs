@@ -22,7 +22,11 @@
 //! `OfflineSeparated` (a CRC filter on the write path sends contents whose
 //! CRC no stored content has, certainly unique, to the U-region and the
 //! rest to the ND-region; the offline pass remaps duplicates as in
-//! `Offline`, and only ND-region contents need a lookup).
+//! `Offline`, and only ND-region contents need a lookup); `OfflineHinted`
+//! (as `OfflineSeparated`, but the region comes from the writer's
+//! [`Stream`] hint instead of the FTL's own filter: unique to the U-region,
+//! possibly duplicate or unknown to the ND-region; since a host's filter
+//! may be wrong, the offline pass looks up every content).
 //!
 //! Invariants (checked by [`Ftl::check`], which the tests call after every
 //! step):
@@ -46,6 +50,7 @@ use super::index::{digest_hash, CrcTable, DigestIndex};
 use super::latency::{LatencyHistogram, LatencyModel};
 use crate::error::{Error, Result};
 use crate::fingerprint::{crc32c_prefilter, Algorithm};
+use crate::media::Stream;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::fmt;
@@ -102,6 +107,9 @@ pub enum DedupMode {
     Offline,
     #[serde(rename = "separated")]
     OfflineSeparated,
+    /// Separation by the writer's placement hint ([`Stream`]).
+    #[serde(rename = "hinted")]
+    OfflineHinted,
 }
 
 impl DedupMode {
@@ -118,20 +126,23 @@ impl DedupMode {
             DedupMode::Inline => "inline",
             DedupMode::Offline => "offline",
             DedupMode::OfflineSeparated => "separated",
+            DedupMode::OfflineHinted => "hinted",
         }
     }
 
     /// Whether an idle-time pass does the dedup.
     pub fn offline(self) -> bool {
-        matches!(self, DedupMode::Offline | DedupMode::OfflineSeparated)
+        matches!(
+            self,
+            DedupMode::Offline | DedupMode::OfflineSeparated | DedupMode::OfflineHinted
+        )
     }
 
     /// Write frontiers (regions) the mode uses.
     pub fn regions(self) -> u32 {
-        if self == DedupMode::OfflineSeparated {
-            2
-        } else {
-            1
+        match self {
+            DedupMode::OfflineSeparated | DedupMode::OfflineHinted => 2,
+            DedupMode::None | DedupMode::Inline | DedupMode::Offline => 1,
         }
     }
 }
@@ -150,8 +161,9 @@ impl FromStr for DedupMode {
             "inline" => Ok(DedupMode::Inline),
             "offline" => Ok(DedupMode::Offline),
             "separated" | "offline-separated" => Ok(DedupMode::OfflineSeparated),
+            "hinted" | "offline-hinted" => Ok(DedupMode::OfflineHinted),
             _ => Err(Error::Config(format!(
-                "dedup mode {s:?} is not one of none, inline, offline, separated"
+                "dedup mode {s:?} is not one of none, inline, offline, separated, hinted"
             ))),
         }
     }
@@ -417,9 +429,12 @@ pub struct FtlCounters {
     pub inline_page_hashes: u64,
     /// CRC computations on the write path (separated mode).
     pub crc_computations: u64,
-    /// Separated mode: host programs placed in each region.
+    /// Separated and hinted modes: host programs placed in each region.
     pub u_region_page_writes: u64,
     pub nd_region_page_writes: u64,
+    /// Host page writes that carried a placement hint (unique or possibly
+    /// duplicate), whatever the mode.
+    pub hinted_page_writes: u64,
     pub offline_passes: u64,
     /// Contents hashed by offline passes (one page read + one SHA-1 each).
     pub offline_page_hashes: u64,
@@ -667,7 +682,14 @@ impl Ftl {
     /// (hashing on the write path, foreground GC, the program).
     pub fn write(&mut self, lpn: u64, data: PageData<'_>) -> u64 {
         let lpn = self.lpn_index(lpn);
-        self.write_inner(lpn, data, true)
+        self.write_inner(lpn, data, true, Stream::Unknown)
+    }
+
+    /// As [`Ftl::write`], with the writer's placement hint: mode `hinted`
+    /// places the page by it; the other modes count it and ignore it.
+    pub fn write_placed(&mut self, lpn: u64, data: PageData<'_>, stream: Stream) -> u64 {
+        let lpn = self.lpn_index(lpn);
+        self.write_inner(lpn, data, true, stream)
     }
 
     /// Writes bytes that replace content found corrupt. If the logical page
@@ -701,11 +723,20 @@ impl Ftl {
                 return ns;
             }
         }
-        self.write_inner(lpn, PageData::Bytes(bytes), false)
+        self.write_inner(lpn, PageData::Bytes(bytes), false, Stream::Unknown)
     }
 
-    fn write_inner(&mut self, lpn: usize, data: PageData<'_>, dedup_lookup: bool) -> u64 {
+    fn write_inner(
+        &mut self,
+        lpn: usize,
+        data: PageData<'_>,
+        dedup_lookup: bool,
+        stream: Stream,
+    ) -> u64 {
         self.counters.host_page_writes += 1;
+        if stream != Stream::Unknown {
+            self.counters.hinted_page_writes += 1;
+        }
         let lat = self.cfg.latency;
         let mode = self.cfg.dedup;
         let mut ns = 0;
@@ -780,6 +811,14 @@ impl Ftl {
             } else {
                 self.counters.u_region_page_writes += 1;
             }
+        } else if mode == DedupMode::OfflineHinted {
+            // The writer decided; with no decision, let the pass look.
+            if stream == Stream::Unique {
+                self.counters.u_region_page_writes += 1;
+            } else {
+                region = REGION_ND;
+                self.counters.nd_region_page_writes += 1;
+            }
         }
         self.gc_ns = 0;
         self.ensure_host_frontier(region);
@@ -812,7 +851,7 @@ impl Ftl {
             self.index_insert(c);
         }
         if mode.offline() {
-            if region == REGION_U && mode == DedupMode::OfflineSeparated {
+            if region == REGION_U && mode.regions() == 2 {
                 self.contents[c as usize].flags |= F_U_BORN;
             }
             self.mark_pending(c);
@@ -913,7 +952,8 @@ impl Ftl {
                 self.digests[ci] = sha1_digest(&self.data[at..at + self.page_bytes]);
                 self.contents[ci].flags |= F_DIGEST;
             }
-            if self.contents[ci].flags & F_U_BORN == 0 {
+            if self.contents[ci].flags & F_U_BORN == 0 || self.cfg.dedup == DedupMode::OfflineHinted
+            {
                 self.counters.offline_page_lookups += 1;
             }
             let index = self.index.as_ref().expect("offline modes have an index");
@@ -1120,7 +1160,7 @@ impl Ftl {
     /// goes to the U-region.
     #[inline]
     fn gc_region(&self, c: u32) -> usize {
-        if self.cfg.dedup != DedupMode::OfflineSeparated {
+        if self.cfg.dedup.regions() == 1 {
             return REGION_U;
         }
         let flags = self.contents[c as usize].flags;

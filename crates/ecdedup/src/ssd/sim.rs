@@ -9,6 +9,11 @@
 //! (the simulator remembers every half), so a partial write is a
 //! read-modify-write as on a real SSD.
 //!
+//! Mode `hinted` (not part of `all`) replays paper 003's separation decided
+//! by a host instead of the SSD: a [`PlacementFilter`] of the default size
+//! classifies each page by its trace CRC and the SSD places it by that
+//! hint, as an SSD under a [`crate::media::PlacementDevice`] would.
+//!
 //! Idle time: a gap of at least `--idle-us` before a request runs an
 //! offline pass in the offline modes, hashing as many pending pages as fit
 //! in the gap at (page read + SHA-1) each, or all of them with
@@ -26,6 +31,7 @@ use super::trace::{
     TraceOp, TraceReader, TraceRequest, ECDEDUP_HEADER, TRACE_PAGE_BYTES,
 };
 use crate::error::{Error, Result};
+use crate::media::placement::{PlacementFilter, Stream, PLACEMENT_SLOTS_DEFAULT};
 use crate::units::parse_size;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
@@ -49,8 +55,9 @@ pub struct SimArgs {
     /// What a malformed trace line does: fail (stop, naming the line) or skip (count it).
     #[arg(long, value_enum, default_value = "fail")]
     pub on_error: OnError,
-    /// Dedup inside the SSD: none, inline, offline, separated, or all (the
-    /// four side by side).
+    /// Dedup inside the SSD: none, inline, offline, separated, hinted
+    /// (separation by a host's CRC filter), a comma-separated list, or all
+    /// (the first four side by side).
     #[arg(long, default_value = "all")]
     pub mode: String,
     /// Flash page size: 4K or 8K.
@@ -155,6 +162,8 @@ struct SimSsd {
     halves: Vec<PageFingerprint>,
     last_time_us: Option<u64>,
     writes_since_pass: u64,
+    /// Mode `hinted`: the host's CRC filter that makes the hints.
+    host_filter: Option<PlacementFilter>,
 }
 
 /// Figures of one SSD after a replay.
@@ -177,6 +186,7 @@ pub struct SimSummary {
     pub write_requests: u64,
     pub read_requests: u64,
     pub trim_requests: u64,
+    pub flush_requests: u64,
     pub trace_page_writes: u64,
     pub skipped_lines: u64,
     pub out_of_range_requests: u64,
@@ -223,6 +233,8 @@ impl Replay {
                 halves,
                 last_time_us: None,
                 writes_since_pass: 0,
+                host_filter: (mode == DedupMode::OfflineHinted)
+                    .then(|| PlacementFilter::new(PLACEMENT_SLOTS_DEFAULT)),
             });
         }
         let trace_pages = ssds
@@ -268,6 +280,15 @@ impl Replay {
 
     /// Applies one request to every SSD.
     pub fn apply(&mut self, req: &TraceRequest) -> Result<()> {
+        if req.op == TraceOp::Flush {
+            // Nothing to do on flash; its arrival still ends idle time.
+            self.summary.requests += 1;
+            self.summary.flush_requests += 1;
+            for ssd in &mut self.ssds {
+                ssd.idle(req.time_us, &self.cfg);
+            }
+            return Ok(());
+        }
         let first = req.offset / TRACE_PAGE_BYTES;
         let count = req.length / TRACE_PAGE_BYTES;
         let mut wrap = false;
@@ -301,6 +322,7 @@ impl Replay {
             }
             TraceOp::Read => self.summary.read_requests += 1,
             TraceOp::Trim => self.summary.trim_requests += 1,
+            TraceOp::Flush => unreachable!("flushes return above"),
         }
         let trace_pages = self.trace_pages;
         let page_of = |i: u64| {
@@ -318,12 +340,13 @@ impl Replay {
                     let lpn = page_of(i);
                     match req.op {
                         TraceOp::Write => {
-                            ns += ssd
-                                .ftl
-                                .write(lpn, PageData::Fingerprint(req.pages[i as usize]))
+                            let f = req.pages[i as usize];
+                            let stream = ssd.hint(f.crc);
+                            ns += ssd.ftl.write_placed(lpn, PageData::Fingerprint(f), stream)
                         }
                         TraceOp::Read => ns += ssd.ftl.read_fingerprint(lpn).1,
                         TraceOp::Trim => ssd.ftl.trim(lpn),
+                        TraceOp::Flush => {}
                     }
                 }
             } else {
@@ -350,7 +373,8 @@ impl Replay {
                                 ssd.halves[2 * lpn as usize],
                                 ssd.halves[2 * lpn as usize + 1],
                             );
-                            ns += ssd.ftl.write(lpn, PageData::Fingerprint(f));
+                            let stream = ssd.hint(f.crc);
+                            ns += ssd.ftl.write_placed(lpn, PageData::Fingerprint(f), stream);
                         }
                         TraceOp::Read => ns += ssd.ftl.read_fingerprint(lpn).1,
                         TraceOp::Trim => {
@@ -360,6 +384,7 @@ impl Replay {
                                 ssd.halves[2 * lpn as usize + 1] = self.zero_half;
                             }
                         }
+                        TraceOp::Flush => {}
                     }
                 }
             }
@@ -416,6 +441,13 @@ impl Replay {
 }
 
 impl SimSsd {
+    /// The host's placement hint for a page with this CRC (mode `hinted`).
+    fn hint(&self, crc: u32) -> Stream {
+        self.host_filter
+            .as_ref()
+            .map_or(Stream::Unknown, |f| f.classify_crc(crc))
+    }
+
     /// Runs the idle-time offline pass if the gap before `time_us` is idle.
     fn idle(&mut self, time_us: u64, cfg: &ReplayConfig) {
         let last = self
@@ -630,13 +662,14 @@ pub fn markdown(s: &SimSummary) -> String {
     out.push_str(&format!("# ecdedup sim: {}\n\n", s.trace));
     if let Some(m) = first {
         out.push_str(&format!(
-            "{} requests ({} writes, {} reads, {} trims), {} page writes; \
+            "{} requests ({} writes, {} reads, {} trims, {} flushes), {} page writes; \
              {} B pages, {} pages per block, {} blocks, {} logical pages, \
              over-provisioning {}, GC {}; skipped lines {}, out-of-range requests {}\n\n",
             s.requests,
             s.write_requests,
             s.read_requests,
             s.trim_requests,
+            s.flush_requests,
             s.trace_page_writes,
             m.ftl.page_bytes,
             m.ftl.pages_per_block,

@@ -846,8 +846,8 @@ fn a_repair_write_restores_the_shared_copy_for_every_sharer() {
         &page,
         0,
         WriteHint {
-            class: crate::counters::IoClass::Data,
             repair: true,
+            ..WriteHint::new(crate::counters::IoClass::Data)
         },
     )
     .unwrap();
@@ -864,8 +864,8 @@ fn a_repair_write_restores_the_shared_copy_for_every_sharer() {
         &other,
         0,
         WriteHint {
-            class: crate::counters::IoClass::Parity,
             repair: true,
+            ..WriteHint::new(crate::counters::IoClass::Parity)
         },
     )
     .unwrap();

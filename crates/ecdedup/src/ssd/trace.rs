@@ -8,11 +8,15 @@
 //! 0   W 0     8192 a9993e364706816aba3e25717850c26c9cd0d89d 364b3fb7 da39a3ee5e6b4b0d3255bfef95601890afd80709 98f94189
 //! 120 R 0     4096
 //! 250 T 4096  4096
+//! 300 F 0     0
 //! ```
 //! `time_us` is the request's arrival in microseconds (decimal), `op` is `W`
-//! (write), `R` (read) or `T` (trim), `offset` and `length` are bytes
-//! (decimal), both multiples of 4 KiB, `length` at most
-//! [`REQUEST_BYTES_MAX`]. A write carries one pair per 4 KiB page, in
+//! (write), `R` (read), `T` (trim) or `F` (flush), `offset` and `length` are
+//! bytes (decimal), both multiples of 4 KiB, `length` 1 to
+//! [`REQUEST_BYTES_MAX`] bytes, except for a flush, whose offset and length
+//! are both 0 (a flush changes nothing in the simulator; it is counted).
+//! `serve --trace` ([`crate::volume::TraceRecorder`]) writes this format,
+//! widening unaligned requests to the 4 KiB pages they touch. A write carries one pair per 4 KiB page, in
 //! order: the page's fingerprint (2 to 64 hex digits, an even number; SHA-1
 //! by convention, only the first 16 bytes are used) and a CRC32 of the page
 //! (1 to 8 hex digits, CRC-32C by convention). Reads and trims carry nothing
@@ -61,6 +65,7 @@ pub enum TraceOp {
     Write,
     Read,
     Trim,
+    Flush,
 }
 
 /// One request of a trace. `pages` holds one fingerprint per 4 KiB page for
@@ -266,11 +271,25 @@ pub fn parse_ecdedup_line(line: &str, req: &mut TraceRequest) -> std::result::Re
         Some("W") | Some("w") => TraceOp::Write,
         Some("R") | Some("r") => TraceOp::Read,
         Some("T") | Some("t") => TraceOp::Trim,
-        Some(other) => return Err(format!("op {other:?} is not W, R or T")),
+        Some("F") | Some("f") => TraceOp::Flush,
+        Some(other) => return Err(format!("op {other:?} is not W, R, T or F")),
         None => return Err("missing op".into()),
     };
     req.offset = parse_u64(fields.next(), "offset")?;
     req.length = parse_u64(fields.next(), "length")?;
+    req.pages.clear();
+    if req.op == TraceOp::Flush {
+        if req.offset != 0 || req.length != 0 {
+            return Err(format!(
+                "flush with offset {} and length {} (a flush line is `TIME F 0 0`)",
+                req.offset, req.length
+            ));
+        }
+        if let Some(extra) = fields.next() {
+            return Err(format!("unexpected field {extra:?} after the flush"));
+        }
+        return Ok(true);
+    }
     if req.length == 0 || req.length > REQUEST_BYTES_MAX {
         return Err(format!(
             "length {} is not 1 to {REQUEST_BYTES_MAX} bytes",
@@ -287,7 +306,6 @@ pub fn parse_ecdedup_line(line: &str, req: &mut TraceRequest) -> std::result::Re
     if req.offset.checked_add(req.length).is_none() {
         return Err("offset + length overflows".into());
     }
-    req.pages.clear();
     let pages = req.length / TRACE_PAGE_BYTES;
     if req.op == TraceOp::Write {
         for i in 0..pages {
@@ -397,6 +415,7 @@ pub fn write_ecdedup_line(out: &mut impl Write, req: &TraceRequest) -> io::Resul
         TraceOp::Write => "W",
         TraceOp::Read => "R",
         TraceOp::Trim => "T",
+        TraceOp::Flush => "F",
     };
     write!(out, "{} {op} {} {}", req.time_us, req.offset, req.length)?;
     for p in &req.pages {
@@ -407,7 +426,7 @@ pub fn write_ecdedup_line(out: &mut impl Write, req: &TraceRequest) -> io::Resul
 
 /// The header line written at the top of generated traces.
 pub const ECDEDUP_HEADER: &str =
-    "# ecdedup block trace v1: time_us op offset length [fingerprint crc32]...";
+    "# ecdedup block trace v1: time_us op(W|R|T|F) offset length [fingerprint crc32c]...";
 
 /// A synthetic workload: random single-page writes over a logical space,
 /// a share of them carrying one of a small pool of popular contents
@@ -547,10 +566,12 @@ mod tests {
         let text = "# header\n\n\
             0 W 0 8192 a9993e364706816aba3e25717850c26c9cd0d89d 364b3fb7 00ff 1\n\
             120 R 4096 4096\n\
-            250 T 8192 4096\n";
+            250 T 8192 4096\n\
+            300 F 0 0\n";
         let (reqs, skipped) = read_all(text, TraceFormat::Ecdedup, OnError::Fail).unwrap();
         assert_eq!(skipped, 0);
-        assert_eq!(reqs.len(), 3);
+        assert_eq!(reqs.len(), 4);
+        assert_eq!((reqs[3].op, reqs[3].length), (TraceOp::Flush, 0));
         assert_eq!(reqs[0].op, TraceOp::Write);
         assert_eq!(reqs[0].pages.len(), 2);
         assert_eq!(reqs[0].pages[0].digest >> 96, 0xa9993e36);
@@ -588,6 +609,8 @@ mod tests {
             "0 W 0 4096 zz 1",               // not hex
             "0 W 0 4096 ab 123456789",       // CRC too long
             "0 X 0 4096",                    // op
+            "0 F 0 4096",                    // flush with a length
+            "0 F 0 0 1",                     // flush with a trailing field
             "0 R 1 4096",                    // unaligned
             "0 R 0 0",                       // empty
             "0 R 0 4096 extra",              // trailing field
