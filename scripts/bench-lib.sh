@@ -134,6 +134,20 @@ for p in sorted(glob.glob(d + "/dev?") + glob.glob(d + "/journal/*.jrnl")):
 
 uri() { echo "nbd+unix:///?socket=${SOCK[$1]}"; }
 
+# record_peak_rss FILE: appends "server,kind,peak_rss_kib" for every running
+# server: VmHWM of its process (nbdkit with the plugin loaded), the peak
+# resident set since it started. Call it before stopping the servers.
+record_peak_rss() {
+  local f=$1 s p hwm
+  [ -s "$f" ] || echo "server,kind,peak_rss_kib" >"$f"
+  for s in "${STARTED[@]}"; do
+    p=${PID[$s]:-}
+    [ -n "$p" ] && [ -r "/proc/$p/status" ] || continue
+    hwm=$(awk '/^VmHWM:/ {print $2}' "/proc/$p/status")
+    echo "$s,${KIND[$s]},${hwm:-0}" >>"$f"
+  done
+}
+
 stats_snapshot() { "$BIN" --dir "${DIR[$1]}" stats >"$2"; }
 
 # A line describing the machine (for the reports).

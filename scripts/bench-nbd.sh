@@ -130,6 +130,7 @@ for job in $JOBS; do
   done
 done
 
+record_peak_rss "$WORK/rss.csv"
 for s in "${STARTED[@]}"; do stop_server "$s"; done
 
 python3 - "$WORK" "$CONTROL" "$PAIRS" "$RUNTIME" "$RAMP" "$SIZE" "$THREADS" <<'PY' | tee "$WORK/summary.md"
@@ -220,6 +221,14 @@ for job in jobs:
     wbyte = f"{tot['wb'] / tot['cwb']:.2f}" if tot["cwb"] else "–"
     paths = f"{tot['rmw'] / n:.2f} / {tot['rcw'] / n:.2f} / {tot['full'] / n:.2f}" if is_write else "–"
     print(f"| {job} | {n:,} {'writes' if is_write else 'reads'} | {tot['rd'] / n:.2f} | {tot['wr'] / n:.2f} | {tot['wmeta'] / n:.4f} | {tot['syncs'] / n:.4f} | {wbyte} | {paths} | {tot['marks']} ({tot['marks'] / n:.4f}) | {tot['flushes']} |")
+
+rss_path = os.path.join(work, "rss.csv")
+if os.path.exists(rss_path):
+    print("\n### Peak resident memory of each server process (VmHWM over the whole benchmark)\n")
+    print("| server | kind | peak RSS |")
+    print("|---|---|---|")
+    for r in csv.DictReader(open(rss_path)):
+        print(f"| {r['server']} | {r['kind']} | {int(r['peak_rss_kib']) / 1024:,.1f} MiB |")
 
 loads = [float(r["load_before"]) for r in csv.DictReader(open(os.path.join(work, "runs.csv")))]
 print(f"\n1-minute load average at the start of the runs: min {min(loads):.2f}, median {statistics.median(loads):.2f}, max {max(loads):.2f} (this machine has {os.cpu_count()} CPUs).")
