@@ -10,7 +10,9 @@
 //! service, and multi-conn is safe because a flush on any connection flushes
 //! the whole array.
 //!
-//! Parameters: `dir=ARRAY_FOLDER` (required), `metrics=HOST:PORT` (optional).
+//! Parameters: `dir=ARRAY_FOLDER` (required), `metrics=HOST:PORT`,
+//! `trace=FILE`, `fingerprint_backend=cpu|gpu|auto` (optional; the last
+//! overrides the array's configured fingerprint backend for this run).
 
 use ecdedup::array::Array;
 use ecdedup::volume::Volume;
@@ -20,6 +22,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 static DIR: Mutex<Option<String>> = Mutex::new(None);
 static METRICS: Mutex<Option<String>> = Mutex::new(None);
 static TRACE: Mutex<Option<String>> = Mutex::new(None);
+static FINGERPRINT_BACKEND: Mutex<Option<String>> = Mutex::new(None);
 static VOLUME: OnceLock<Arc<Volume>> = OnceLock::new();
 
 fn to_nbd(e: ecdedup::Error) -> Error {
@@ -64,10 +67,13 @@ impl Server for Handle {
             "dir" => *DIR.lock().unwrap() = Some(value.to_owned()),
             "metrics" => *METRICS.lock().unwrap() = Some(value.to_owned()),
             "trace" => *TRACE.lock().unwrap() = Some(value.to_owned()),
+            "fingerprint_backend" => *FINGERPRINT_BACKEND.lock().unwrap() = Some(value.to_owned()),
             _ => {
                 return Err(Error::new(
                     libc::EINVAL,
-                    format!("unknown parameter {key:?} (dir=, metrics=, trace=)"),
+                    format!(
+                        "unknown parameter {key:?} (dir=, metrics=, trace=, fingerprint_backend=)"
+                    ),
                 ))
             }
         }
@@ -83,7 +89,18 @@ impl Server for Handle {
                 eprintln!("ecdedup: {what}: {done}/{total} stripes");
             }
         });
-        let array = Array::open(std::path::Path::new(&dir), Some(progress)).map_err(to_nbd)?;
+        let backend = match FINGERPRINT_BACKEND.lock().unwrap().clone() {
+            Some(name) => Some(name.parse().map_err(|e| {
+                Error::new(libc::EINVAL, format!("fingerprint_backend={name}: {e}"))
+            })?),
+            None => None,
+        };
+        let array = Array::open_with_backend(std::path::Path::new(&dir), Some(progress), backend)
+            .map_err(to_nbd)?;
+        eprintln!(
+            "ecdedup: fingerprint backend: {}",
+            array.fingerprint_backend()
+        );
         for w in array.warnings() {
             eprintln!("ecdedup: warning: {w}");
         }

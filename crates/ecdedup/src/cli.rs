@@ -66,6 +66,10 @@ enum Command {
         /// Byte-compare on a fingerprint hit: auto (on for sha1 and md5), on, off.
         #[arg(long, default_value = "auto")]
         verify: String,
+        /// Where fingerprints are computed: cpu (all cores), gpu (CUDA; an
+        /// error at open where none can run), auto (the GPU when one is usable).
+        #[arg(long, default_value = "cpu")]
+        fingerprint_backend: String,
         /// Partial-write policy: rmw (in place), plog (parity logging), parix
         /// (speculative, paper 004), replicate (3-way baseline: sets k=1, m=2).
         #[arg(long, default_value = "rmw")]
@@ -99,6 +103,10 @@ enum Command {
         /// The plugin library [default: next to this executable].
         #[arg(long)]
         plugin: Option<PathBuf>,
+        /// Fingerprint backend for this run (cpu, gpu, auto) instead of the
+        /// one chosen at create.
+        #[arg(long)]
+        fingerprint_backend: Option<String>,
     },
     /// Show geometry, device states and any running operation.
     Status {
@@ -210,9 +218,11 @@ fn run(cli: Cli) -> Result<()> {
             fingerprint,
             index_entries,
             verify,
+            fingerprint_backend,
             write_policy,
             journal_max,
         } => {
+            let fingerprint_backend = parse_backend(&fingerprint_backend)?;
             let write_policy: crate::array::WritePolicy = write_policy.parse()?;
             let (k, m) = if write_policy == crate::array::WritePolicy::Replicate {
                 println!("write policy replicate: every block is stored on 3 devices (RS(1,2))");
@@ -262,6 +272,7 @@ fn run(cli: Cli) -> Result<()> {
                 journal_bytes_max: parse_size(&journal_max)?,
             };
             array::create(&dir, &opts)?;
+            array::set_fingerprint_backend(&dir, fingerprint_backend)?;
             println!(
                 "created RS({k},{m}) array in {} over {} devices: stripe unit {}, volume {}",
                 dir.display(),
@@ -278,7 +289,14 @@ fn run(cli: Cli) -> Result<()> {
             trace,
             threads,
             plugin,
-        } => serve(&dir, socket, tcp, metrics, trace, threads, plugin),
+            fingerprint_backend,
+        } => {
+            let backend = fingerprint_backend
+                .as_deref()
+                .map(parse_backend)
+                .transpose()?;
+            serve(&dir, socket, tcp, metrics, trace, threads, plugin, backend)
+        }
         Command::Status { json } => {
             let status = match open_offline(&dir)? {
                 Some(a) => a.status(),
@@ -418,6 +436,12 @@ fn run(cli: Cli) -> Result<()> {
     }
 }
 
+/// A `--fingerprint-backend` value: cpu, gpu or auto.
+fn parse_backend(name: &str) -> Result<crate::fingerprint::gpu::BackendChoice> {
+    name.parse()
+        .map_err(|e| Error::Config(format!("--fingerprint-backend: {e}")))
+}
+
 fn unexpected(r: Response) -> Error {
     Error::Other(format!("unexpected answer from server: {r:?}"))
 }
@@ -486,6 +510,7 @@ fn print_status(s: &Status) {
             d.index_entries_max,
             if d.verify { "on" } else { "off" }
         );
+        println!("fingerprint backend: {}", s.fingerprint_backend);
     }
     for d in &s.devices {
         let state = match d.state {
@@ -538,6 +563,7 @@ fn plugin_path(explicit: Option<PathBuf>) -> Result<PathBuf> {
     )))
 }
 
+#[allow(clippy::too_many_arguments)] // one per `serve` option
 fn serve(
     dir: &Path,
     socket: Option<PathBuf>,
@@ -546,6 +572,7 @@ fn serve(
     trace: Option<PathBuf>,
     threads: u32,
     plugin: Option<PathBuf>,
+    fingerprint_backend: Option<crate::fingerprint::gpu::BackendChoice>,
 ) -> Result<()> {
     use std::os::unix::process::CommandExt;
     // Fail early, with our own words, on the common mistakes.
@@ -588,6 +615,9 @@ fn serve(
     cmd.arg(&plugin).arg(format!("dir={}", dir_abs.display()));
     if let Some(m) = metrics {
         cmd.arg(format!("metrics={m}"));
+    }
+    if let Some(b) = fingerprint_backend {
+        cmd.arg(format!("fingerprint_backend={b}"));
     }
     if let Some(t) = trace {
         let t = if t.is_absolute() {

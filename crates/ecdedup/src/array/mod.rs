@@ -41,7 +41,8 @@ use crate::codec::Codec;
 use crate::counters::{Counters, IoClass, Stats};
 use crate::dedup::{DedupConfig, DedupDevice, Policy};
 use crate::error::{Error, Result};
-use crate::fingerprint::{CpuBackend, FingerprintBackend};
+use crate::fingerprint::gpu::{choose_backend, BackendChoice};
+use crate::fingerprint::FingerprintBackend;
 use crate::media::{Device, FileDevice};
 use checksum::ChecksumTable;
 use intent::IntentLog;
@@ -83,6 +84,10 @@ pub struct ConfigFile {
     /// Bound of each device's parity journal, bytes.
     #[serde(default = "default_journal_bytes")]
     pub journal_bytes_max: u64,
+    /// Which fingerprint backend the dedup layers use (cpu, gpu, auto);
+    /// `serve --fingerprint-backend` overrides it for one run.
+    #[serde(default)]
+    pub fingerprint_backend: BackendChoice,
 }
 
 fn default_region_bytes() -> u64 {
@@ -200,6 +205,10 @@ pub struct Status {
     pub health: String,
     pub write_policy: WritePolicy,
     pub dedup: DedupConfig,
+    /// The fingerprint backend in use and why it was chosen, e.g. "auto: no
+    /// usable GPU (...), using cpu (2 threads)"; "none" when dedup is off.
+    #[serde(default)]
+    pub fingerprint_backend: String,
     pub devices: Vec<DeviceStatus>,
     pub dirty_regions: usize,
     pub operation: Option<OpProgress>,
@@ -222,6 +231,8 @@ pub struct Array {
     /// The dedup layer over each device, when the policy is not `none`.
     dedup: Vec<RwLock<Option<Arc<DedupDevice>>>>,
     backend: Option<Arc<dyn FingerprintBackend>>,
+    /// Which fingerprint backend runs and why (for `status` and the log).
+    backend_why: String,
     write_policy: WritePolicy,
     journal_bytes_max: u64,
     /// The parity journal of each device (plog, parix).
@@ -418,8 +429,19 @@ pub fn format(dir: &Path, opts: &CreateOptions, devices: Vec<Arc<dyn Device>>) -
         dedup: opts.dedup.clone(),
         write_policy: opts.write_policy,
         journal_bytes_max: opts.journal_bytes_max,
+        fingerprint_backend: BackendChoice::default(),
     }
     .store(dir)
+}
+
+/// Records which fingerprint backend the array in `dir` uses (at create;
+/// checked only when the array is opened, so an array for a GPU machine can
+/// be made on one without).
+pub fn set_fingerprint_backend(dir: &Path, choice: BackendChoice) -> Result<()> {
+    let _lock = lock_dir(dir)?;
+    let mut cfg = ConfigFile::load(dir)?;
+    cfg.fingerprint_backend = choice;
+    cfg.store(dir)
 }
 
 /// Where the dedup maps live, inside the array folder.
@@ -434,6 +456,16 @@ impl Array {
     /// resynchronises stripes left dirty by an unclean stop, and returns
     /// ready to serve.
     pub fn open(dir: &Path, progress: Option<ProgressFn>) -> Result<Array> {
+        Array::open_with_backend(dir, progress, None)
+    }
+
+    /// [`Array::open`] with the fingerprint backend `fingerprint_backend`
+    /// instead of the configured one (`serve --fingerprint-backend`).
+    pub fn open_with_backend(
+        dir: &Path,
+        progress: Option<ProgressFn>,
+        fingerprint_backend: Option<BackendChoice>,
+    ) -> Result<Array> {
         let lock = lock_dir(dir)?;
         let cfg = ConfigFile::load(dir)?;
         let mut devices: Vec<Option<Arc<dyn Device>>> = Vec::new();
@@ -450,7 +482,15 @@ impl Array {
                 }
             }
         }
-        Array::assemble(dir, lock, cfg, devices, warnings, progress)
+        Array::assemble(
+            dir,
+            lock,
+            cfg,
+            devices,
+            warnings,
+            progress,
+            fingerprint_backend,
+        )
     }
 
     /// Opens an array over devices the caller supplies (tests, simulators).
@@ -461,7 +501,7 @@ impl Array {
     ) -> Result<Array> {
         let lock = lock_dir(dir)?;
         let cfg = ConfigFile::load(dir)?;
-        Array::assemble(dir, lock, cfg, devices, Vec::new(), progress)
+        Array::assemble(dir, lock, cfg, devices, Vec::new(), progress, None)
     }
 
     fn assemble(
@@ -471,6 +511,7 @@ impl Array {
         mut devices: Vec<Option<Arc<dyn Device>>>,
         mut warnings: Vec<String>,
         progress: Option<ProgressFn>,
+        fingerprint_backend: Option<BackendChoice>,
     ) -> Result<Array> {
         let n = cfg.devices.len();
         if devices.len() != n {
@@ -559,13 +600,17 @@ impl Array {
                 devices[i] = None;
             }
         }
-        let backend: Option<Arc<dyn FingerprintBackend>> = if cfg.dedup.policy != Policy::None {
+        let choice = fingerprint_backend.unwrap_or(cfg.fingerprint_backend);
+        let (backend, backend_why) = if cfg.dedup.policy != Policy::None {
             cfg.dedup.validate(geo.stripe_unit_bytes)?;
-            Some(Arc::new(
-                CpuBackend::new(None).map_err(|e| Error::Config(e.to_string()))?,
-            ))
+            let (backend, why) = choose_backend(choice, None).map_err(|e| {
+                Error::Config(format!(
+                    "{e}; serve with --fingerprint-backend cpu (or auto) to run without a GPU"
+                ))
+            })?;
+            (Some(backend), why)
         } else {
-            None
+            (None, format!("none: dedup is off ({choice} configured)"))
         };
         let mut dedup_layers = Vec::with_capacity(n);
         for (i, slot) in devices.iter_mut().enumerate() {
@@ -697,6 +742,7 @@ impl Array {
             warnings: Mutex::new(warnings),
             dedup: dedup_layers,
             backend,
+            backend_why,
             write_policy: cfg_write_policy,
             journal_bytes_max: cfg_journal_bytes_max,
             journals,
@@ -769,6 +815,11 @@ impl Array {
             stats.journal_index_bytes,
         ) = self.journal_usage();
         stats
+    }
+
+    /// Which fingerprint backend the dedup layers use, and why.
+    pub fn fingerprint_backend(&self) -> &str {
+        &self.backend_why
     }
 
     pub fn dedup_config(&self) -> DedupConfig {
@@ -849,6 +900,7 @@ impl Array {
             generation: cfg.generation,
             health,
             dedup: cfg.file.dedup.clone(),
+            fingerprint_backend: self.backend_why.clone(),
             write_policy: self.write_policy,
             devices,
             dirty_regions: self.intent.dirty_regions(),

@@ -153,6 +153,16 @@ struct Counters {
     verify_mismatches: AtomicU64,
     unmaps: AtomicU64,
     snapshots: AtomicU64,
+    /// Write-path phase timers (paper 002, Fig. 1); see `DedupStats`.
+    chunking_ns: AtomicU64,
+    fingerprint_ns: AtomicU64,
+    index_ns: AtomicU64,
+    write_ns: AtomicU64,
+}
+
+/// Adds the nanoseconds since `since` to `counter`.
+fn add_ns(counter: &AtomicU64, since: std::time::Instant) {
+    counter.fetch_add(since.elapsed().as_nanos() as u64, Relaxed);
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -188,6 +198,18 @@ pub struct DedupStats {
     pub index_bytes_per_entry: f64,
     /// RAM of the block map, reference counts and slot fingerprints.
     pub map_bytes: u64,
+    /// Write-path time in ns, summed over writes (and threads): cutting a
+    /// write into dedup blocks (with the merge of a partial head or tail),
+    /// the backend's hashing, index lookup, verify compare and insert, and
+    /// the whole write through this layer (the rest is slot and log I/O).
+    #[serde(default)]
+    pub chunking_ns: u64,
+    #[serde(default)]
+    pub fingerprint_ns: u64,
+    #[serde(default)]
+    pub index_ns: u64,
+    #[serde(default)]
+    pub write_ns: u64,
 }
 
 struct State {
@@ -516,6 +538,7 @@ impl DedupDevice {
     }
 
     fn write_data_area(&self, buf: &[u8], offset: u64, class: IoClass) -> io::Result<()> {
+        let started = std::time::Instant::now();
         let rel = offset - self.data_offset;
         let block = self.block as usize;
         let first = rel / self.block;
@@ -536,11 +559,14 @@ impl DedupDevice {
             &whole
         };
         let chunks: Vec<&[u8]> = bytes.chunks_exact(block).collect();
+        add_ns(&self.counters.chunking_ns, started);
         if self.config.hashes(class) {
             let mut fps = Vec::with_capacity(chunks.len());
+            let hashing = std::time::Instant::now();
             self.backend
                 .fingerprint_batch(self.config.algorithm, &chunks, &mut fps)
                 .map_err(io::Error::other)?;
+            add_ns(&self.counters.fingerprint_ns, hashing);
             self.counters
                 .hash_ops
                 .fetch_add(chunks.len() as u64, Relaxed);
@@ -555,6 +581,7 @@ impl DedupDevice {
                 self.write_plain(first + i as u64, chunk, class)?;
             }
         }
+        add_ns(&self.counters.write_ns, started);
         Ok(())
     }
 
@@ -565,9 +592,13 @@ impl DedupDevice {
         fp: Fingerprint,
         class: IoClass,
     ) -> io::Result<()> {
+        let lookup = std::time::Instant::now();
         let mut st = self.state.lock().unwrap();
-        if let Some(slot) = st.index.get(&fp) {
+        let hit = st.index.get(&fp);
+        add_ns(&self.counters.index_ns, lookup);
+        if let Some(slot) = hit {
             let slot = slot as u32;
+            let verifying = std::time::Instant::now();
             let same = if self.config.verify {
                 self.counters.verify_compares.fetch_add(1, Relaxed);
                 let mut existing = vec![0u8; chunk.len()];
@@ -576,6 +607,7 @@ impl DedupDevice {
             } else {
                 true
             };
+            add_ns(&self.counters.index_ns, verifying);
             if same {
                 if st.map[block as usize] != slot {
                     st.refs[slot as usize] += 1;
@@ -604,8 +636,10 @@ impl DedupDevice {
         if new {
             st.assign(block, slot);
         }
+        let inserting = std::time::Instant::now();
         st.slot_fp.insert(slot, fp);
         st.index.insert(fp, slot as u64);
+        add_ns(&self.counters.index_ns, inserting);
         self.log(
             &mut st,
             Record::Write {
@@ -731,6 +765,10 @@ impl DedupDevice {
                 0.0
             },
             map_bytes,
+            chunking_ns: c.chunking_ns.load(Relaxed),
+            fingerprint_ns: c.fingerprint_ns.load(Relaxed),
+            index_ns: c.index_ns.load(Relaxed),
+            write_ns: c.write_ns.load(Relaxed),
         }
     }
 

@@ -346,7 +346,11 @@ impl FromStr for BackendChoice {
     }
 }
 
-/// The backend for `choice`, with a line saying what was chosen and why.
+/// The backend for `choice`, with a line saying what was chosen and why,
+/// starting with the configured choice: "cpu: chosen by configuration (2
+/// threads)", "gpu: chosen by configuration: NVIDIA H100 ...", "auto: no
+/// usable GPU (no CUDA device: ...), using cpu (2 threads)" or "auto: found a
+/// usable GPU, using gpu: ...". Never panics.
 /// `cpu_threads` sizes the CPU backend (the chosen one, or the GPU
 /// backend's own for small batches); `None`: one thread per core.
 /// `Gpu` fails where no GPU backend can run; `Auto` then takes the CPU.
@@ -376,7 +380,7 @@ pub fn choose_backend(
         },
         BackendChoice::Auto => match GpuBackend::with_config(config) {
             Ok(gpu) => {
-                let why = format!("gpu: auto found a usable GPU: {}", gpu.describe());
+                let why = format!("auto: found a usable GPU, using gpu: {}", gpu.describe());
                 Ok((Arc::new(gpu), why))
             }
             Err(gpu_error) => {
@@ -386,7 +390,7 @@ pub fn choose_backend(
                     other => other.to_string(),
                 };
                 let why = format!(
-                    "cpu: auto found no usable GPU ({reason}); using the CPU backend ({} threads)",
+                    "auto: no usable GPU ({reason}), using cpu ({} threads)",
                     cpu.threads()
                 );
                 Ok((Arc::new(cpu), why))

@@ -469,10 +469,16 @@ fn choose_backend_auto_picks_the_cpu_without_a_gpu_and_says_so() {
     let gpu_usable = GpuBackend::new().is_ok();
     if gpu_usable {
         assert_eq!(backend.name(), "gpu");
-        assert!(why.starts_with("gpu: auto found a usable GPU"), "{why}");
+        assert!(
+            why.starts_with("auto: found a usable GPU, using gpu"),
+            "{why}"
+        );
     } else {
         assert_eq!(backend.name(), "cpu");
-        assert!(why.starts_with("cpu: auto found no usable GPU"), "{why}");
+        assert!(
+            why.starts_with("auto: no usable GPU") && why.ends_with("using cpu (2 threads)"),
+            "{why}"
+        );
         assert!(
             why.contains("no CUDA device") || why.contains("libnvrtc"),
             "{why}"
