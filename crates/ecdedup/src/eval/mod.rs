@@ -7,11 +7,15 @@
 //! control socket, times degraded reads with one and two devices failed, and
 //! prints the paper's figures beside ours.
 //!
+//! `ecdedup eval block-separation` (paper 003) replays block traces captured
+//! by `serve --trace` on simulated SSDs ([`block_separation`]).
+//!
 //! Modules: [`parity_dedup`] runs the experiment; [`proc`] holds the guards
 //! that start and always stop the server, nbdfuse, the loop device and the
 //! mount (by PID, with timeouts); [`nbd`] is a small sequential NBD client;
 //! [`report`] and [`svg`] render the results.
 
+pub mod block_separation;
 pub mod nbd;
 pub mod parity_dedup;
 pub mod proc;
@@ -24,10 +28,14 @@ use crate::error::Result;
 pub enum EvalCommand {
     /// Paper 000: plain RAID-6 vs + data dedup vs + parity dedup, through ext4.
     ParityDedup(parity_dedup::Options),
+    /// Paper 003: GC page copies and write latency of SSDs with no, inline,
+    /// offline and separated offline dedup, over captured block traces.
+    BlockSeparation(block_separation::Options),
 }
 
 pub fn run(cmd: EvalCommand) -> Result<()> {
     match cmd {
         EvalCommand::ParityDedup(opts) => parity_dedup::run(opts),
+        EvalCommand::BlockSeparation(opts) => block_separation::run(opts),
     }
 }

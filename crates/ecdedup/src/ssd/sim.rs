@@ -37,7 +37,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Logical capacity of a synthetic run when `--capacity auto`.
 pub const SYNTHETIC_CAPACITY_DEFAULT: u64 = 256 << 20;
@@ -486,7 +486,7 @@ fn modes_of(text: &str) -> Result<Vec<DedupMode>> {
 }
 
 /// The highest byte a trace touches (a pre-scan for `--capacity auto`).
-fn trace_end(path: &PathBuf, format: TraceFormat, on_error: OnError) -> Result<u64> {
+pub fn trace_end(path: &Path, format: TraceFormat, on_error: OnError) -> Result<u64> {
     let file = File::open(path).map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
     let mut reader = TraceReader::new(BufReader::with_capacity(1 << 20, file), format, on_error);
     let mut req = TraceRequest::default();
