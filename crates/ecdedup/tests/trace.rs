@@ -31,7 +31,8 @@ fn sha1_hex(page: &[u8]) -> String {
     Algorithm::Sha1.fingerprint(page).to_string()
 }
 
-/// The write lines of a trace: page offset -> last recorded fingerprint.
+/// Replays the write and trim lines of a trace: page offset -> the
+/// fingerprint of its last recorded content; also page writes and flushes.
 fn recorded_pages(trace: &str) -> (HashMap<u64, String>, u64, u64) {
     let mut pages = HashMap::new();
     let (mut page_writes, mut flushes) = (0, 0);
@@ -47,6 +48,13 @@ fn recorded_pages(trace: &str) -> (HashMap<u64, String>, u64, u64) {
                     let fp = f[4 + 2 * i as usize].to_string();
                     pages.insert(offset + i * PAGE as u64, fp);
                     page_writes += 1;
+                }
+            }
+            "T" => {
+                let offset: u64 = f[2].parse().unwrap();
+                let length: u64 = f[3].parse().unwrap();
+                for i in 0..length / PAGE as u64 {
+                    pages.insert(offset + i * PAGE as u64, sha1_hex(&[0; PAGE]));
                 }
             }
             "F" => flushes += 1,
@@ -111,7 +119,7 @@ fn a_trace_recorded_by_serve_replays_in_the_simulator_with_every_written_page() 
 
     // The simulator replays it, strictly (a malformed line fails).
     let out = run_ok(
-        a.cli_command(&[
+        &mut a.cli_command(&[
             "sim",
             trace_path.to_str().unwrap(),
             "--mode",
