@@ -3,8 +3,11 @@
 //! A [`Fingerprint`] is the digest of one chunk under one [`Algorithm`]; the
 //! dedup layer treats two chunks with equal fingerprints as candidates for
 //! sharing one stored copy. Chunks are hashed in batches through a
-//! [`FingerprintBackend`]: [`CpuBackend`] today (all cores through its own
-//! rayon pool), a GPU backend later, behind the same trait.
+//! [`FingerprintBackend`]: [`CpuBackend`] (all cores through its own rayon
+//! pool) or [`gpu::GpuBackend`] (CUDA through `cudarc`, kernels compiled by
+//! NVRTC at run time; docs/gpu.md), behind the same trait; which one an
+//! array uses is its `fingerprint_backend` setting (`cpu`, `gpu`, `auto`),
+//! resolved by [`gpu::choose_backend`].
 //!
 //! Invariants:
 //! - A fingerprint holds exactly [`Algorithm::digest_bytes`] bytes of one
@@ -234,7 +237,9 @@ pub enum FingerprintError {
     InvalidLength(usize),
 }
 
-/// Something that hashes batches of chunks: the CPU today, a GPU later.
+/// Something that hashes batches of chunks: [`CpuBackend`] or
+/// [`gpu::GpuBackend`] (which itself sends small and BLAKE3 batches to a
+/// `CpuBackend`).
 pub trait FingerprintBackend: Send + Sync {
     /// Short name for logs and errors, e.g. "cpu".
     fn name(&self) -> &str;

@@ -15,12 +15,15 @@
 //!   reused only after `wait` synchronized its stream), and the hot path
 //!   calls the driver's raw async copies and `cuLaunchKernel` directly.
 //! - A lane's stream is synchronized before its buffers are freed.
+//! - Before `open` returns, every lane has hashed known chunks with every
+//!   kernel algorithm and matched the CPU (`pipeline::self_test`): a kernel
+//!   that is wrong on this device is refused, never used.
 //!
 //! Nothing in this file has run on a GPU in this project so far: it is
 //! built and type-checked everywhere, and exercised only up to the
 //! "no CUDA device" error on machines without one.
 
-use super::pipeline::{Lane, DIGEST_STRIDE};
+use super::pipeline::{self_test, Lane, DIGEST_STRIDE};
 use super::{size_pool, GpuConfig, PoolLayout, KERNEL_NAME, KERNEL_SOURCE, THREADS_PER_BLOCK};
 use crate::fingerprint::FingerprintError;
 use cudarc::driver::{
@@ -117,7 +120,9 @@ fn open_inner(cfg: &GpuConfig) -> Result<Opened, FingerprintError> {
         return Err(unavailable(
             "libnvrtc not found: the GPU backend compiles its kernel at run time; install \
              the CUDA NVRTC runtime (e.g. Debian's libnvrtc12 or pip's nvidia-cuda-nvrtc-cu12) \
-             and put it on the loader path",
+             and put it on the loader path. These bindings look for libnvrtc.so and \
+             libnvrtc.so.12 (not .so.13): with only CUDA 13's NVRTC, put a libnvrtc.so \
+             symlink to it in a folder on LD_LIBRARY_PATH (see docs/gpu.md)",
         ));
     }
     let driver = |what: &str, e: result::DriverError| unavailable(format!("{what}: {e}"));
@@ -139,6 +144,9 @@ fn open_inner(cfg: &GpuConfig) -> Result<Opened, FingerprintError> {
     }
     ctx.synchronize()
         .map_err(|e| driver("cuCtxSynchronize", e))?;
+    // Every driver call of the hot path runs here first, under the caller's
+    // catch_unwind, and the kernel's digests are checked on this device.
+    self_test(&mut lanes).map_err(|e| unavailable(format!("GPU kernel {e}")))?;
     Ok(Opened {
         device: DeviceInfo {
             ordinal: cfg.ordinal,

@@ -66,7 +66,7 @@ pub(crate) struct CpuLane {
 }
 
 impl CpuLane {
-    fn new(layout: &PoolLayout, fail_after: Option<Arc<AtomicU64>>) -> Self {
+    pub(crate) fn new(layout: &PoolLayout, fail_after: Option<Arc<AtomicU64>>) -> Self {
         CpuLane {
             input: vec![0; layout.lane_bytes.div_ceil(8)],
             output: vec![0; layout.lane_chunks * DIGEST_STRIDE],

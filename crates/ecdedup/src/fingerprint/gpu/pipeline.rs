@@ -353,3 +353,43 @@ pub(crate) fn run<L: Lane>(
     }
     Ok(slices)
 }
+
+/// Chunk lengths of the start-up self-test: empty, short, SHA/MD5 padding
+/// edges (55, 56, 64 bytes), a 4 KiB block and an unaligned tail.
+const SELF_TEST_LENGTHS: [usize; 7] = [0, 3, 55, 56, 64, 4096, 9001];
+
+/// Hashes a few known chunks with every kernel algorithm on every lane and
+/// compares each digest with [`Algorithm::fingerprint`]. The GPU backend
+/// runs it before it hashes anything, so that a kernel that NVRTC or the
+/// driver got wrong on this device (or a driver call that does not work
+/// here) is refused at start with an error value, never used to dedup data.
+/// Each lane is idle on return, whatever the outcome.
+pub(crate) fn self_test<L: Lane>(lanes: &mut [L]) -> Result<(), String> {
+    let data: Vec<u8> = (0..SELF_TEST_LENGTHS[SELF_TEST_LENGTHS.len() - 1])
+        .map(|i| (i * 31 % 251) as u8)
+        .collect();
+    let chunks: Vec<&[u8]> = SELF_TEST_LENGTHS.iter().map(|&n| &data[..n]).collect();
+    for (number, lane) in lanes.iter_mut().enumerate() {
+        for algorithm in [Algorithm::Sha1, Algorithm::Sha256, Algorithm::Md5] {
+            let code = algorithm_code(algorithm).expect("SHA-1, SHA-256 and MD5 have kernels");
+            let input = lane.input()?;
+            let bytes = pack(&chunks, input);
+            // A failed launch may have queued a copy: wait for it either way.
+            let launched = lane.launch(code, chunks.len(), bytes);
+            let digests = lane.wait();
+            launched?;
+            let digests = digests?;
+            for (chunk, digest) in chunks.iter().zip(digests.chunks_exact(DIGEST_STRIDE)) {
+                let expected = algorithm.fingerprint(chunk);
+                if &digest[..algorithm.digest_bytes()] != expected.as_bytes() {
+                    return Err(format!(
+                        "self-test failed: lane {number} computed a wrong {algorithm} digest \
+                         of a {}-byte chunk",
+                        chunk.len()
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -278,6 +278,65 @@ fn batch_output_reuses_and_replaces_out() {
     assert!(out.is_empty());
 }
 
+/// A lane that hashes with the kernel as C, then corrupts one digest byte:
+/// what a kernel miscompiled for a device would look like.
+struct WrongDigestLane {
+    inner: super::kernel_cpu::CpuLane,
+    out: Vec<u8>,
+}
+
+impl super::pipeline::Lane for WrongDigestLane {
+    fn capacity(&self) -> usize {
+        self.inner.capacity()
+    }
+    fn max_chunks(&self) -> usize {
+        self.inner.max_chunks()
+    }
+    fn input(&mut self) -> Result<&mut [u8], String> {
+        self.inner.input()
+    }
+    fn launch(&mut self, code: u32, count: usize, bytes: usize) -> Result<(), String> {
+        self.inner.launch(code, count, bytes)
+    }
+    fn wait(&mut self) -> Result<&[u8], String> {
+        self.out.clear();
+        self.out.extend_from_slice(self.inner.wait()?);
+        let last = self.out.len() - DIGEST_STRIDE;
+        self.out[last] ^= 1;
+        Ok(&self.out)
+    }
+}
+
+#[test]
+fn start_up_self_test_accepts_the_kernel_and_refuses_wrong_digests() {
+    let layout = PoolLayout::new(2, 64 << 10);
+    let mut good: Vec<_> = (0..2)
+        .map(|_| super::kernel_cpu::CpuLane::new(&layout, None))
+        .collect();
+    assert_eq!(super::pipeline::self_test(&mut good), Ok(()));
+
+    let mut bad: Vec<_> = (0..2)
+        .map(|_| WrongDigestLane {
+            inner: super::kernel_cpu::CpuLane::new(&layout, None),
+            out: Vec::new(),
+        })
+        .collect();
+    let err = super::pipeline::self_test(&mut bad).unwrap_err();
+    assert!(
+        err.contains("self-test failed: lane 0 computed a wrong sha1 digest of a 9001-byte chunk"),
+        "{err}"
+    );
+}
+
+#[test]
+fn start_up_self_test_reports_a_failing_launch() {
+    let layout = PoolLayout::new(1, 64 << 10);
+    let left = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(1));
+    let mut lanes = vec![super::kernel_cpu::CpuLane::new(&layout, Some(left))];
+    let err = super::pipeline::self_test(&mut lanes).unwrap_err();
+    assert!(err.contains("injected lane failure"), "{err}");
+}
+
 #[test]
 fn a_lane_failure_falls_back_to_the_cpu_for_good() {
     let mut rng = rng("a_lane_failure_falls_back_to_the_cpu_for_good");
