@@ -53,7 +53,6 @@ struct TraceOut {
     writer: std::io::BufWriter<std::fs::File>,
     /// The first write error; nothing is recorded after it.
     failed: Option<String>,
-    line: String,
 }
 
 /// The page size of trace fingerprints (the simulator's trace pages).
@@ -70,7 +69,6 @@ impl TraceRecorder {
             out: Mutex::new(TraceOut {
                 writer,
                 failed: None,
-                line: String::new(),
             }),
             start: Instant::now(),
         })
@@ -86,15 +84,13 @@ impl TraceRecorder {
         self.out.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Writes one line; `pages` are whole 4 KiB pages of a write.
+    /// Writes one line; `pages` are whole 4 KiB pages of a write. The
+    /// line (and its hashing) is built before taking the lock, so that
+    /// concurrent requests hash in parallel.
     fn record(&self, time_us: u128, op: char, offset: u64, length: u64, pages: Option<&[u8]>) {
         use std::fmt::Write as _;
-        let mut out = self.lock();
-        if out.failed.is_some() {
-            return;
-        }
-        let TraceOut { line, .. } = &mut *out;
-        line.clear();
+        let page_count = pages.map_or(0, |d| d.len() / TRACE_PAGE_BYTES as usize);
+        let mut line = String::with_capacity(40 + page_count * 50);
         let _ = write!(line, "{time_us} {op} {offset} {length}");
         if let Some(data) = pages {
             debug_assert_eq!(data.len() as u64, length);
@@ -104,14 +100,13 @@ impl TraceRecorder {
             }
         }
         line.push('\n');
-        let TraceOut {
-            writer,
-            line,
-            failed,
-        } = &mut *out;
-        if let Err(e) = writer.write_all(line.as_bytes()) {
+        let mut out = self.lock();
+        if out.failed.is_some() {
+            return;
+        }
+        if let Err(e) = out.writer.write_all(line.as_bytes()) {
             eprintln!("ecdedup: trace write failed, recording stops: {e}");
-            *failed = Some(e.to_string());
+            out.failed = Some(e.to_string());
         }
     }
 
