@@ -14,6 +14,9 @@ PKGS=(
   build-essential      # cc + libc6-dev: the linker rustc needs, build.rs's C kernel twin, /usr/include for the ext4 tests
   mount                # losetup, mount, umount for the file-system tests
   linux-libc-dev       # /usr/include/linux: part of the tree the ext4 tests copy
+  debootstrap          # scripts/capture-traces.sh app-update: a minbase Debian image
+  curl                 # scripts/capture-traces.sh: source tarballs from the Debian mirror
+  npm                  # scripts/capture-traces.sh npm-versions: typescript releases
 )
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
