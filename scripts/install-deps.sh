@@ -16,7 +16,6 @@ PKGS=(
   linux-libc-dev       # /usr/include/linux: part of the tree the ext4 tests copy
   debootstrap          # scripts/capture-traces.sh app-update: a minbase Debian image
   curl                 # scripts/capture-traces.sh: source tarballs from the Debian mirror
-  npm                  # scripts/capture-traces.sh npm-versions: typescript releases
 )
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
