@@ -408,6 +408,12 @@ fn run(cli: Cli) -> Result<()> {
                     report.unrecoverable_blocks
                 )));
             }
+            if !report.dedup_map_problems.is_empty() {
+                return Err(Error::Corrupt(format!(
+                    "the dedup maps are inconsistent ({}); replace and rebuild the device named",
+                    report.dedup_map_problems.join("; ")
+                )));
+            }
             if check_only && (report.checksum_mismatches > 0 || report.parity_mismatches > 0) {
                 return Err(Error::Other(
                     "scrub found inconsistencies (run without --check-only to repair)".into(),

@@ -293,7 +293,10 @@ impl Stats {
             }
         }
         for (name, samples) in families {
-            let _ = writeln!(out, "# TYPE ecdedup_dedup_{name} gauge");
+            if let Some((kind, help)) = crate::dedup::DedupStats::prometheus_description(&name) {
+                let _ = writeln!(out, "# HELP ecdedup_dedup_{name} {help}, by device");
+                let _ = writeln!(out, "# TYPE ecdedup_dedup_{name} {kind}");
+            }
             for (d, x) in samples {
                 let _ = writeln!(out, "ecdedup_dedup_{name}{{device=\"{d}\"}} {x}");
             }

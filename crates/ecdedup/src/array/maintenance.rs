@@ -21,6 +21,12 @@ pub struct ScrubReport {
     /// Stripes that could not be checked fully because a member is out of service.
     pub degraded_stripes: u64,
     pub unrecoverable_blocks: u64,
+    /// Inconsistencies of the dedup maps (a block naming a slot out of
+    /// range, reference counts that disagree with the map, a referenced
+    /// slot on a free list, a leaked slot), one line each; a scrub that
+    /// finds any fails.
+    #[serde(default)]
+    pub dedup_map_problems: Vec<String>,
 }
 
 impl Array {
@@ -228,6 +234,7 @@ impl Array {
                 p("scrub", stripe + 1, g.stripes);
             }
         }
+        report.dedup_map_problems = self.check_dedup_maps();
         Ok(report)
     }
 

@@ -33,10 +33,9 @@ use crate::counters::IoClass;
 use crate::error::{Error, Result};
 use crate::fingerprint::{Algorithm, Fingerprint, FingerprintBackend};
 use crate::media::{Device, WriteHint};
-use index::LruIndex;
+use index::{LruIndex, SizedMap};
 use log::{Record, Snapshot, UNMAPPED};
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -147,8 +146,10 @@ struct Counters {
     reference_parity_writes: AtomicU64,
     log_bytes: AtomicU64,
     hash_ops: AtomicU64,
+    hash_parity_ops: AtomicU64,
     hash_bytes: AtomicU64,
     dedup_hits: AtomicU64,
+    dedup_parity_hits: AtomicU64,
     verify_compares: AtomicU64,
     verify_mismatches: AtomicU64,
     unmaps: AtomicU64,
@@ -181,9 +182,16 @@ pub struct DedupStats {
     pub reference_parity_writes: u64,
     /// Bytes of map records and snapshots written (the metadata cost of dedup).
     pub log_bytes: u64,
+    /// Blocks fingerprinted; of those, blocks of parity units (data =
+    /// hash_ops - hash_parity_ops).
     pub hash_ops: u64,
+    #[serde(default)]
+    pub hash_parity_ops: u64,
     pub hash_bytes: u64,
+    /// Fingerprint hits; of those, for parity blocks.
     pub dedup_hits: u64,
+    #[serde(default)]
+    pub dedup_parity_hits: u64,
     pub verify_compares: u64,
     pub verify_mismatches: u64,
     pub unmaps: u64,
@@ -193,10 +201,29 @@ pub struct DedupStats {
     pub index_entries: u64,
     pub index_capacity: u64,
     pub index_evictions: u64,
+    /// RAM of the LRU index (hash table and slab, from their capacities).
     pub index_bytes: u64,
-    /// Measured bytes per index entry (index_bytes / entries).
+    /// Index entries inserted for parity blocks, and their share of
+    /// index_bytes (entries are all the same size). Entries refilled at
+    /// open are counted as parity under the parity policy, as data under
+    /// `all` (the class of a slot is not persisted).
+    #[serde(default)]
+    pub index_parity_entries: u64,
+    #[serde(default)]
+    pub index_parity_bytes: u64,
+    /// index_bytes / entries.
     pub index_bytes_per_entry: f64,
-    /// RAM of the block map, reference counts and slot fingerprints.
+    /// RAM of the fingerprints of fingerprinted slots (slot → fingerprint):
+    /// one entry per live fingerprinted slot, *not* bounded by the index
+    /// bound (the layer needs a slot's fingerprint to withdraw its index
+    /// entry, to repair it, and to persist it). Fingerprint memory in all
+    /// is index_bytes + slot_fingerprint_bytes.
+    #[serde(default)]
+    pub slot_fingerprint_bytes: u64,
+    /// Fingerprinted slots (entries of the table above).
+    #[serde(default)]
+    pub slot_fingerprints: u64,
+    /// RAM of the block map, reference counts and free lists.
     pub map_bytes: u64,
     /// Write-path time in ns, summed over writes (and threads): cutting a
     /// write into dedup blocks (with the merge of a partial head or tail),
@@ -212,12 +239,58 @@ pub struct DedupStats {
     pub write_ns: u64,
 }
 
+impl DedupStats {
+    /// The Prometheus type and help text of a numeric field: `counter` for
+    /// what only grows while the layer is open, `gauge` for sizes and
+    /// levels. None for a field this list does not know (a new field then
+    /// shows as an untyped sample until it is described here).
+    pub fn prometheus_description(field: &str) -> Option<(&'static str, &'static str)> {
+        let c = "counter";
+        let g = "gauge";
+        Some(match field {
+            "block_bytes" => (g, "dedup block size in bytes"),
+            "physical_writes" => (c, "dedup blocks written to media (slot writes)"),
+            "physical_write_bytes" => (c, "bytes written to slots"),
+            "physical_parity_writes" => (c, "slot writes of parity blocks"),
+            "reference_writes" => (c, "blocks stored as a reference to an existing slot"),
+            "reference_parity_writes" => (c, "parity blocks stored as references"),
+            "log_bytes" => (c, "bytes of map records and snapshots written"),
+            "hash_ops" => (c, "blocks fingerprinted"),
+            "hash_parity_ops" => (c, "parity blocks fingerprinted"),
+            "hash_bytes" => (c, "bytes fingerprinted"),
+            "dedup_hits" => (c, "fingerprint index hits"),
+            "dedup_parity_hits" => (c, "fingerprint index hits for parity blocks"),
+            "verify_compares" => (c, "byte compares on a fingerprint hit"),
+            "verify_mismatches" => (c, "byte compares that differed (collisions)"),
+            "unmaps" => (c, "blocks unmapped by discard"),
+            "snapshots" => (c, "map snapshots written"),
+            "mapped_blocks" => (g, "blocks that map to a slot"),
+            "slots_used" => (g, "slots with at least one reference"),
+            "index_entries" => (g, "fingerprint index entries"),
+            "index_capacity" => (g, "fingerprint index bound in entries"),
+            "index_evictions" => (c, "index entries evicted (least recently used)"),
+            "index_bytes" => (g, "RAM of the fingerprint index in bytes"),
+            "index_parity_entries" => (g, "index entries for parity blocks"),
+            "index_parity_bytes" => (g, "share of index_bytes held by parity entries"),
+            "index_bytes_per_entry" => (g, "index_bytes / index_entries"),
+            "slot_fingerprint_bytes" => (g, "RAM of the slot fingerprint table in bytes"),
+            "slot_fingerprints" => (g, "fingerprinted slots"),
+            "map_bytes" => (g, "RAM of the block map, reference counts and free lists"),
+            "chunking_ns" => (c, "ns spent cutting writes into dedup blocks"),
+            "fingerprint_ns" => (c, "ns spent fingerprinting"),
+            "index_ns" => (c, "ns spent in index lookups, verify and inserts"),
+            "write_ns" => (c, "ns spent in writes through the layer"),
+            _ => return None,
+        })
+    }
+}
+
 struct State {
     /// Dedup block → slot.
     map: Vec<u32>,
     refs: Vec<u32>,
     /// Fingerprints of fingerprinted slots.
-    slot_fp: HashMap<u32, Fingerprint>,
+    slot_fp: SizedMap<u32, Fingerprint>,
     free: Vec<u32>,
     pending_free: Vec<u32>,
     index: LruIndex<Fingerprint>,
@@ -351,7 +424,14 @@ impl DedupDevice {
             .write(true)
             .open(&log_path)
             .map_err(|e| Error::io(format!("opening {}", log_path.display()), e))?;
-        let mut slot_fp: HashMap<u32, Fingerprint> = fps.into_iter().collect();
+        // Slots in the order they were last written or referenced, oldest
+        // first: the snapshot's fingerprints (persisted least recent first),
+        // then the log's records. Refilling the index in this order keeps
+        // (approximately: a hit that changed no mapping is not logged) the
+        // recency it had, so a bounded index keeps the fingerprints most
+        // recently used rather than arbitrary ones.
+        let mut recency: Vec<u32> = fps.iter().map(|(s, _)| *s).collect();
+        let mut slot_fp: SizedMap<u32, Fingerprint> = fps.into_iter().collect();
         let mut map = map;
         let bad =
             |what: String| Error::Corrupt(format!("dedup map {}: {what}", log_path.display()));
@@ -369,7 +449,10 @@ impl DedupDevice {
                     }
                     map[block as usize] = slot as u32;
                     match fingerprint {
-                        Some(fp) => slot_fp.insert(slot as u32, fp),
+                        Some(fp) => {
+                            recency.push(slot as u32);
+                            slot_fp.insert(slot as u32, fp)
+                        }
                         None => slot_fp.remove(&(slot as u32)),
                     };
                 }
@@ -380,6 +463,7 @@ impl DedupDevice {
                         )));
                     }
                     map[block as usize] = slot as u32;
+                    recency.push(slot as u32);
                 }
                 Record::Unmap { block } => {
                     if block >= blocks {
@@ -400,8 +484,10 @@ impl DedupDevice {
         }
         slot_fp.retain(|s, _| refs[*s as usize] > 0);
         let mut index = LruIndex::new(config.index_entries_max as usize);
-        for (&slot, fp) in &slot_fp {
-            index.insert(*fp, slot as u64);
+        for slot in recency {
+            if let Some(fp) = slot_fp.get(&slot) {
+                index.insert_class(*fp, slot as u64, config.policy == Policy::Parity);
+            }
         }
         // Ascending allocation: pop from the end of a descending list.
         let free = (0..blocks as u32)
@@ -476,7 +562,11 @@ impl DedupDevice {
                 );
                 if let Some(old) = st.slot_fp.remove(&slot) {
                     // The slot stops vouching for its old fingerprint before
-                    // its bytes change.
+                    // its bytes change, durably: without the sync, a crash
+                    // could keep the old fingerprint in the persisted map
+                    // while the slot holds new bytes, and a later write of
+                    // the old content would become a reference to the wrong
+                    // bytes. Only a full device takes this path.
                     st.index.remove_if(&old, slot as u64);
                     self.log(
                         &mut st,
@@ -486,6 +576,7 @@ impl DedupDevice {
                             fingerprint: None,
                         },
                     )?;
+                    st.log.sync_data()?;
                 }
                 drop(st);
                 self.inner.write_at(chunk, self.slot_offset(slot))?;
@@ -494,9 +585,13 @@ impl DedupDevice {
         }
     }
 
+    /// Makes every write so far durable: the slots' bytes first, then the
+    /// map records that point at them (a record durable before its slot's
+    /// bytes would, after a power loss, map a block, and offer a
+    /// fingerprint, for bytes that never reached the media).
     fn sync_locked(&self, st: &mut State) -> io::Result<()> {
-        st.log.sync_data()?;
         self.inner.sync()?;
+        st.log.sync_data()?;
         let pending = std::mem::take(&mut st.pending_free);
         st.free.extend(pending);
         if st.log_end > LOG_COMPACT_BYTES {
@@ -507,9 +602,23 @@ impl DedupDevice {
 
     /// Writes a snapshot of the map and starts an empty log.
     fn compact(&self, st: &mut State) -> Result<()> {
-        let mut fingerprints: Vec<(u32, Fingerprint)> =
-            st.slot_fp.iter().map(|(s, f)| (*s, *f)).collect();
+        // Least recently used first (slots no longer in the index, by slot
+        // number, then the index's recency list), so that a reopen refills
+        // the index in its recency order.
+        let indexed = st.index.slots_least_recent_first();
+        let in_index: std::collections::HashSet<u32> = indexed.iter().map(|&s| s as u32).collect();
+        let mut fingerprints: Vec<(u32, Fingerprint)> = st
+            .slot_fp
+            .iter()
+            .filter(|(s, _)| !in_index.contains(s))
+            .map(|(s, f)| (*s, *f))
+            .collect();
         fingerprints.sort_unstable_by_key(|(s, _)| *s);
+        fingerprints.extend(
+            indexed
+                .iter()
+                .filter_map(|&s| st.slot_fp.get(&(s as u32)).map(|f| (s as u32, *f))),
+        );
         log::write_snapshot(
             &self.snapshot_path,
             &Snapshot {
@@ -570,6 +679,11 @@ impl DedupDevice {
             self.counters
                 .hash_ops
                 .fetch_add(chunks.len() as u64, Relaxed);
+            if class == IoClass::Parity {
+                self.counters
+                    .hash_parity_ops
+                    .fetch_add(chunks.len() as u64, Relaxed);
+            }
             self.counters
                 .hash_bytes
                 .fetch_add(bytes.len() as u64, Relaxed);
@@ -621,6 +735,9 @@ impl DedupDevice {
                     )?;
                 }
                 self.counters.dedup_hits.fetch_add(1, Relaxed);
+                if class == IoClass::Parity {
+                    self.counters.dedup_parity_hits.fetch_add(1, Relaxed);
+                }
                 self.counters.reference_writes.fetch_add(1, Relaxed);
                 if class == IoClass::Parity {
                     self.counters.reference_parity_writes.fetch_add(1, Relaxed);
@@ -638,7 +755,8 @@ impl DedupDevice {
         }
         let inserting = std::time::Instant::now();
         st.slot_fp.insert(slot, fp);
-        st.index.insert(fp, slot as u64);
+        st.index
+            .insert_class(fp, slot as u64, class == IoClass::Parity);
         add_ns(&self.counters.index_ns, inserting);
         self.log(
             &mut st,
@@ -733,9 +851,10 @@ impl DedupDevice {
         let c = &self.counters;
         let index_bytes = st.index.ram_bytes();
         let entries = st.index.len() as u64;
+        let parity_entries = st.index.parity_entries() as u64;
         let map_bytes = (st.map.capacity() * 4 + st.refs.capacity() * 4) as u64
-            + st.slot_fp.capacity() as u64 * (std::mem::size_of::<(u32, Fingerprint)>() as u64 + 1)
             + (st.free.capacity() + st.pending_free.capacity()) as u64 * 4;
+        let slot_fingerprint_bytes = st.slot_fp.ram_bytes();
         DedupStats {
             policy: self.config.policy.to_string(),
             algorithm: self.config.algorithm.to_string(),
@@ -747,8 +866,10 @@ impl DedupDevice {
             reference_parity_writes: c.reference_parity_writes.load(Relaxed),
             log_bytes: c.log_bytes.load(Relaxed),
             hash_ops: c.hash_ops.load(Relaxed),
+            hash_parity_ops: c.hash_parity_ops.load(Relaxed),
             hash_bytes: c.hash_bytes.load(Relaxed),
             dedup_hits: c.dedup_hits.load(Relaxed),
+            dedup_parity_hits: c.dedup_parity_hits.load(Relaxed),
             verify_compares: c.verify_compares.load(Relaxed),
             verify_mismatches: c.verify_mismatches.load(Relaxed),
             unmaps: c.unmaps.load(Relaxed),
@@ -759,11 +880,17 @@ impl DedupDevice {
             index_capacity: st.index.capacity() as u64,
             index_evictions: st.index.evictions(),
             index_bytes,
+            index_parity_entries: parity_entries,
+            index_parity_bytes: (index_bytes * parity_entries)
+                .checked_div(entries)
+                .unwrap_or(0),
             index_bytes_per_entry: if entries > 0 {
                 index_bytes as f64 / entries as f64
             } else {
                 0.0
             },
+            slot_fingerprint_bytes,
+            slot_fingerprints: st.slot_fp.len() as u64,
             map_bytes,
             chunking_ns: c.chunking_ns.load(Relaxed),
             fingerprint_ns: c.fingerprint_ns.load(Relaxed),

@@ -281,3 +281,96 @@ fn an_index_at_its_bound_evicts_and_writes_go_on() {
     assert_eq!(s.index_entries, 2);
     assert_eq!(s.index_evictions, BLOCKS - 2);
 }
+
+fn sha1_all(index_entries_max: u64) -> DedupConfig {
+    DedupConfig {
+        policy: Policy::All,
+        algorithm: Algorithm::Sha1,
+        index_entries_max,
+        ..DedupConfig::default()
+    }
+}
+
+fn restart(rig: &mut Rig) {
+    rig.d().sync().unwrap();
+    rig.dev = None;
+    rig.open(false);
+}
+
+#[test]
+fn a_duplicate_written_after_a_restart_is_a_dedup_hit() {
+    let mut rig = Rig::new(sha1_all(1024));
+    let a = content(3, 4096);
+    rig.d().write_at(&a, DATA_OFFSET).unwrap();
+    restart(&mut rig);
+    rig.d().write_at(&a, DATA_OFFSET + 5 * 4096).unwrap();
+    let s = rig.d().stats();
+    assert_eq!((s.dedup_hits, s.physical_writes, s.slots_used), (1, 0, 1));
+    rig.model[..4096].copy_from_slice(&a);
+    rig.model[5 * 4096..6 * 4096].copy_from_slice(&a);
+    rig.check();
+}
+
+/// Writes six distinct blocks into an index of two, restarts (through the
+/// log alone, or through a snapshot), and expects the two most recent
+/// fingerprints to be the ones still found.
+fn recency_survives(snapshot: bool) {
+    let mut rig = Rig::new(sha1_all(2));
+    for b in 0..6u64 {
+        rig.d()
+            .write_at(&content(b as u8, 4096), DATA_OFFSET + b * 4096)
+            .unwrap();
+    }
+    // Block 4's content is used again (a reference), so 5 and 4 are newest.
+    rig.d()
+        .write_at(&content(4, 4096), DATA_OFFSET + 6 * 4096)
+        .unwrap();
+    if snapshot {
+        let d = rig.d();
+        let mut st = d.state.lock().unwrap();
+        d.sync_locked(&mut st).unwrap();
+        d.compact(&mut st).unwrap();
+    }
+    restart(&mut rig);
+    let s0 = rig.d().stats();
+    assert_eq!(s0.index_entries, 2);
+    for (seed, block, hit) in [(5u8, 10u64, true), (4, 11, true), (0, 12, false)] {
+        let before = rig.d().stats().dedup_hits;
+        rig.d()
+            .write_at(&content(seed, 4096), DATA_OFFSET + block * 4096)
+            .unwrap();
+        let after = rig.d().stats().dedup_hits;
+        assert_eq!(after > before, hit, "content {seed} (snapshot: {snapshot})");
+    }
+}
+
+#[test]
+fn a_bounded_index_keeps_its_most_recent_fingerprints_across_a_restart() {
+    recency_survives(false);
+}
+
+#[test]
+fn a_snapshot_keeps_the_index_recency_across_a_restart() {
+    recency_survives(true);
+}
+
+#[test]
+fn every_numeric_stat_has_a_prometheus_type_and_help() {
+    let v = serde_json::to_value(DedupStats::default()).unwrap();
+    for (name, value) in v.as_object().unwrap() {
+        if value.is_number() {
+            assert!(
+                DedupStats::prometheus_description(name).is_some(),
+                "{name} has no Prometheus description"
+            );
+        }
+    }
+    assert_eq!(
+        DedupStats::prometheus_description("dedup_hits").map(|d| d.0),
+        Some("counter")
+    );
+    assert_eq!(
+        DedupStats::prometheus_description("index_bytes").map(|d| d.0),
+        Some("gauge")
+    );
+}

@@ -110,6 +110,13 @@ pub enum Mode {
     Raw,
 }
 
+impl RunResult {
+    /// Fingerprint memory in all: the LRU index plus the slot fingerprints.
+    pub fn fingerprint_dram_bytes(&self) -> u64 {
+        self.index_bytes + self.slot_fingerprint_bytes
+    }
+}
+
 impl Mode {
     pub fn name(self) -> &'static str {
         match self {
@@ -147,7 +154,11 @@ pub struct WorkloadTime {
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct DecodeResult {
-    /// Bytes read back each time (fs: the whole volume; raw: the written range).
+    /// Bytes read back each time (fs: the blocks ext4 has in use, per
+    /// `dumpe2fs`, so that plain RAID-6 and dedup read the same written
+    /// extents: an unmapped dedup block reads as zeroes with no I/O, while
+    /// plain RAID-6 would read its sparse files' holes; raw: the written
+    /// range).
     pub range_bytes: u64,
     pub healthy_seconds: f64,
     pub one_failed_seconds: f64,
@@ -214,6 +225,11 @@ pub struct RunResult {
     pub index_evictions: u64,
     pub log_bytes: u64,
     pub map_bytes: u64,
+    /// RAM of the slot → fingerprint table (one entry per fingerprinted
+    /// slot, not bounded by the index bound): fingerprint memory beside
+    /// the index. The DRAM share reports index_bytes + this.
+    #[serde(default)]
+    pub slot_fingerprint_bytes: u64,
     pub decode: Option<DecodeResult>,
     /// In `summary` only: the write times and decode results of every round
     /// (the fields above then hold medians; counters are the first round's).
@@ -338,6 +354,7 @@ fn preflight(opts: &Options, modes: &[Mode]) -> Result<()> {
             "umount",
             "tar",
             "sync",
+            "dumpe2fs",
         ]);
     }
     for t in tools {
@@ -540,6 +557,7 @@ fn counters(r: &mut RunResult, b: &Stats, a: &Stats) {
     r.index_bytes_before = sum_dedup(b, |x| x.index_bytes);
     r.index_bytes = sum_dedup(a, |x| x.index_bytes);
     r.map_bytes = sum_dedup(a, |x| x.map_bytes);
+    r.slot_fingerprint_bytes = sum_dedup(a, |x| x.slot_fingerprint_bytes);
     r.index_bytes_per_entry = if r.index_entries > 0 {
         r.index_bytes as f64 / r.index_entries as f64
     } else {
@@ -563,12 +581,13 @@ fn secs(t: Instant) -> f64 {
 }
 
 /// Extracts each workload into the mounted ext4, timing extract + sync.
+#[allow(clippy::type_complexity)]
 fn write_fs(
     server: &Server,
     base: &Path,
     workloads: &[PathBuf],
     total_bytes: u64,
-) -> Result<(Stats, Stats, f64, Vec<WorkloadTime>)> {
+) -> Result<(Stats, Stats, f64, Vec<WorkloadTime>, Vec<(u64, u64)>)> {
     let mut fuse = Fuse::start(&base.join("fuse"), &server.uri())?;
     let mut lo = Loop::attach(&fuse.file())?;
     eprintln!("  mkfs.ext4 on {} ...", lo.path());
@@ -645,10 +664,64 @@ fn write_fs(
     }
     bar.finish_and_clear();
     mnt.unmount()?;
+    let used = ext4_used_ranges(lo.path())?;
     lo.detach()?;
     fuse.stop();
     let after = fetch_stats(&server.dir)?;
-    Ok((before, after, total, times))
+    Ok((before, after, total, times, used))
+}
+
+/// The byte ranges `(start, len)` of the blocks an (unmounted) ext4 has in
+/// use, from `dumpe2fs`'s per-group free lists: what the decode timing reads,
+/// so that every configuration reads the same written extents.
+fn ext4_used_ranges(dev: &str) -> Result<Vec<(u64, u64)>> {
+    let out = proc::run_ok(Command::new("dumpe2fs").arg(dev), proc::STEP_TIMEOUT)?;
+    parse_dumpe2fs_used(&out.stdout)
+        .ok_or_else(|| Error::Other(format!("could not parse `dumpe2fs {dev}`'s free lists")))
+}
+
+/// Parses `dumpe2fs` output into used byte ranges (complement of the free
+/// block lists over the block count), merged and in order.
+fn parse_dumpe2fs_used(text: &str) -> Option<Vec<(u64, u64)>> {
+    let field = |name: &str| -> Option<u64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+    };
+    let block = field("Block size:")?;
+    let count = field("Block count:")?;
+    let mut free: Vec<(u64, u64)> = Vec::new();
+    for l in text.lines() {
+        let Some(list) = l.trim_start().strip_prefix("Free blocks:") else {
+            continue;
+        };
+        if !l.starts_with(char::is_whitespace) {
+            continue; // the superblock's total, not a group's list
+        }
+        for part in list.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (a, b) = match part.split_once('-') {
+                Some((a, b)) => (a.trim().parse().ok()?, b.trim().parse().ok()?),
+                None => {
+                    let a: u64 = part.parse().ok()?;
+                    (a, a)
+                }
+            };
+            free.push((a, b + 1));
+        }
+    }
+    free.sort_unstable();
+    let mut used = Vec::new();
+    let mut at = 0u64;
+    for (a, b) in free {
+        if a > at {
+            used.push((at * block, (a - at) * block));
+        }
+        at = at.max(b);
+    }
+    if at < count {
+        used.push((at * block, (count - at) * block));
+    }
+    Some(used)
 }
 
 fn short(s: &str, n: usize) -> String {
@@ -723,23 +796,29 @@ fn write_raw(
 /// Reads `[0, len)` sequentially; returns the seconds the reads took (the
 /// hashing between them not counted: one request is in flight, so the
 /// server is idle meanwhile) and the BLAKE3 of the bytes.
-fn read_back(server: &Server, len: u64, what: &str) -> Result<(f64, blake3::Hash)> {
+fn read_back(server: &Server, ranges: &[(u64, u64)], what: &str) -> Result<(f64, blake3::Hash)> {
     let mut client = Client::connect(&server.socket)?;
-    let len = len.min(client.size);
+    let size = client.size;
+    let total: u64 = ranges.iter().map(|r| r.1).sum();
     let mut buf = vec![0u8; IO_REQUEST_BYTES as usize];
-    let bar = bytes_bar(len, what);
+    let bar = bytes_bar(total, what);
     let mut hasher = blake3::Hasher::new();
     let mut timed = Duration::ZERO;
-    let mut pos = 0u64;
-    while pos < len {
-        proc::check_interrupted()?;
-        let n = (len - pos).min(IO_REQUEST_BYTES) as usize;
-        let t0 = Instant::now();
-        client.read(pos, &mut buf[..n])?;
-        timed += t0.elapsed();
-        hasher.update(&buf[..n]);
-        pos += n as u64;
-        bar.set_position(pos);
+    let mut done = 0u64;
+    for &(start, len) in ranges {
+        let end = (start + len).min(size);
+        let mut pos = start;
+        while pos < end {
+            proc::check_interrupted()?;
+            let n = (end - pos).min(IO_REQUEST_BYTES) as usize;
+            let t0 = Instant::now();
+            client.read(pos, &mut buf[..n])?;
+            timed += t0.elapsed();
+            hasher.update(&buf[..n]);
+            pos += n as u64;
+            done += n as u64;
+            bar.set_position(done);
+        }
     }
     bar.finish_and_clear();
     client.disconnect();
@@ -795,14 +874,14 @@ fn run_one_in(
     let workloads = &ctx.opts.workloads;
     let wl_bytes = ctx.workload.bytes;
     let stripe_data = K as u64 * chunk as u64;
-    let (before, after, write_s, times, written) = match mode {
+    let (before, after, write_s, times, written, used) = match mode {
         Mode::Fs => {
-            let (b, a, s, t) = write_fs(&server, base, workloads, wl_bytes)?;
-            (b, a, s, t, None)
+            let (b, a, s, t, used) = write_fs(&server, base, workloads, wl_bytes)?;
+            (b, a, s, t, None, used)
         }
         Mode::Raw => {
             let (b, a, s, t, end, hash) = write_raw(&server, workloads, stripe_data, wl_bytes)?;
-            (b, a, s, t, Some((end, hash)))
+            (b, a, s, t, Some((end, hash)), vec![(0, end)])
         }
     };
     eprintln!(
@@ -815,13 +894,13 @@ fn run_one_in(
     let decode = if ctx.opts.no_decode {
         None
     } else {
-        let range = written.map_or(volume_bytes, |w| w.0);
+        let range: u64 = used.iter().map(|r| r.1.min(volume_bytes)).sum();
         settle(&ctx.work)?;
-        let (healthy, h0) = read_back(&server, range, "reading (healthy)")?;
+        let (healthy, h0) = read_back(&server, &used, "reading (healthy)")?;
         fail_device(&dir, 0)?;
-        let (one, h1) = read_back(&server, range, "reading (1 failed)")?;
+        let (one, h1) = read_back(&server, &used, "reading (1 failed)")?;
         fail_device(&dir, 1)?;
-        let (two, h2) = read_back(&server, range, "reading (2 failed)")?;
+        let (two, h2) = read_back(&server, &used, "reading (2 failed)")?;
         if h0 != h1 || h0 != h2 || written.is_some_and(|w| w.1 != h0) {
             return Err(Error::DataLoss(format!(
                 "{name}: the read-back differs{} (healthy {h0}, 1 failed {h1}, 2 failed {h2})",
@@ -890,6 +969,7 @@ fn run_one_in(
         index_evictions: 0,
         log_bytes: 0,
         map_bytes: 0,
+        slot_fingerprint_bytes: 0,
         decode,
         write_seconds_rounds: Vec::new(),
         decode_rounds: Vec::new(),
@@ -1119,4 +1199,31 @@ fn host_description() -> String {
         .map(|s| s.trim().to_string())
         .unwrap_or_default();
     format!("Linux {kernel}, {cpu}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dumpe2fs_free_lists_become_the_used_byte_ranges() {
+        let text = "Block count:              100\nFree blocks:              40\nBlock size:               4096\n\
+Group 0: (Blocks 0-49)\n  Free blocks: 10-19, 30\nGroup 1: (Blocks 50-99)\n  Free blocks: 60-79, 95-99\n";
+        let used = parse_dumpe2fs_used(text).expect("parses");
+        let b = 4096;
+        assert_eq!(
+            used,
+            vec![
+                (0, 10 * b),
+                (20 * b, 10 * b),
+                (31 * b, 29 * b),
+                (80 * b, 15 * b)
+            ]
+        );
+    }
+
+    #[test]
+    fn dumpe2fs_output_without_a_block_size_is_refused() {
+        assert_eq!(parse_dumpe2fs_used("Group 0:\n  Free blocks: 1-2\n"), None);
+    }
 }

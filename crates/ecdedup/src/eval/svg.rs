@@ -239,7 +239,7 @@ pub fn plot(r: &Results) -> String {
         r,
         "Index DRAM, % of the workload size",
         true,
-        &|run, _| Some(run.index_bytes as f64 / run.workload_bytes.max(1) as f64),
+        &|run, _| Some(run.fingerprint_dram_bytes() as f64 / run.workload_bytes.max(1) as f64),
         &|p, c| paper(figs, "index_dram_share", p, c),
     );
     let decode = {
