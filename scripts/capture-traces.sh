@@ -132,7 +132,7 @@ start_stack() { # NAME
   for _ in $(seq 600); do [ -s "$WORK/fuse.pid" ] && [ -e "$WORK/fuse/nbd" ] && break; sleep 0.1; done
   [ -e "$WORK/fuse/nbd" ] || die "nbdfuse did not come up"
   LOOP=$(losetup --find --show "$WORK/fuse/nbd")
-  mkfs.ext4 -q -F "$LOOP"
+  mkfs.ext4 -q -F -E nodiscard "$LOOP"
   mount "$LOOP" "$WORK/mnt"
   MNT=$WORK/mnt
 }
