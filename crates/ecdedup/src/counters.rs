@@ -130,9 +130,11 @@ array_counters! {
     intent_marks: "write-intent regions marked dirty (each costs a metadata sync)",
     journal_writes: "partial stripe writes logged to parity journals (plog, parix)",
     need_d0: "parix writes that had to read and log the original value d(0)",
-    journal_fallbacks: "logged writes that fell back to read-modify-write (journal full)",
+    journal_fallbacks: "logged writes that fell back to read-modify-write (journal full, unreserved or failing)",
     records_replayed: "journaled blocks folded into parity by replay",
     stripes_replayed: "stripes whose parity journals were replayed",
+    journal_errors: "parity journal appends, reads or space reservations that failed (the stripe was resynchronised or kept pending)",
+    journal_compactions: "parity journals rewritten to their live records after a replay",
 }
 
 impl ArrayCounters {

@@ -11,6 +11,12 @@
 //! parity matches its data again (docs/write-hole.md has the argument and
 //! its limits).
 //!
+//! A region can be *pinned*: it then stays dirty until the array is
+//! reopened, whatever flushes and clean shutdowns happen meanwhile. A stripe
+//! whose parity journal holds records that could not be invalidated (the
+//! journal's disk failed or filled) is pinned, so the next open resyncs it
+//! before replaying any journal.
+//!
 //! File layout: a 4 KiB header (magic, version, array UUID, stripes per
 //! region, region count, CRC32C), then one byte per region: 0 clean, 1 dirty.
 
@@ -18,6 +24,7 @@ use crate::error::{Error, Result};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -39,6 +46,8 @@ struct RegionState {
     last_epoch: u64,
     /// When a write last entered or left the region.
     last_touch: Option<Instant>,
+    /// Stays dirty until the next open (see the module comment).
+    pinned: bool,
 }
 
 struct Inner {
@@ -50,7 +59,8 @@ pub struct IntentLog {
     file: File,
     stripes_per_region: u64,
     inner: Mutex<Inner>,
-    quiet_before_clear: Duration,
+    /// Quiet time before a flush clears a region, milliseconds.
+    quiet_before_clear_ms: AtomicU64,
 }
 
 /// Dirty regions found at open, as stripe ranges.
@@ -151,13 +161,14 @@ impl IntentLog {
                 in_flight: 0,
                 last_epoch: 0,
                 last_touch: None,
+                pinned: false,
             })
             .collect();
         let log = IntentLog {
             file,
             stripes_per_region: spr,
             inner: Mutex::new(Inner { regions, epoch: 1 }),
-            quiet_before_clear: QUIET_BEFORE_CLEAR,
+            quiet_before_clear_ms: AtomicU64::new(QUIET_BEFORE_CLEAR.as_millis() as u64),
         };
         Ok((
             log,
@@ -217,12 +228,18 @@ impl IntentLog {
     /// After every device is durable: clears regions untouched since `epoch`
     /// began. Clearing is not synced: a lost clear costs only a resync.
     pub fn finish_flush(&self, epoch: u64) -> std::io::Result<()> {
+        let quiet_before_clear = Duration::from_millis(self.quiet_before_clear_ms.load(Relaxed));
         let mut inner = self.inner.lock().unwrap();
         for (r, region) in inner.regions.iter_mut().enumerate() {
             let quiet = region
                 .last_touch
-                .is_none_or(|t| t.elapsed() >= self.quiet_before_clear);
-            if region.dirty && region.in_flight == 0 && region.last_epoch < epoch && quiet {
+                .is_none_or(|t| t.elapsed() >= quiet_before_clear);
+            if region.dirty
+                && !region.pinned
+                && region.in_flight == 0
+                && region.last_epoch < epoch
+                && quiet
+            {
                 self.file.write_all_at(&[0], HEADER_BYTES + r as u64)?;
                 region.dirty = false;
             }
@@ -230,21 +247,37 @@ impl IntentLog {
         Ok(())
     }
 
-    /// Marks everything clean after a full resync, durably.
+    /// Marks everything clean after a full resync, durably; pinned regions
+    /// stay dirty.
     pub fn clear_all(&self) -> std::io::Result<()> {
         let mut inner = self.inner.lock().unwrap();
-        let zeros = vec![0u8; inner.regions.len()];
-        self.file.write_all_at(&zeros, HEADER_BYTES)?;
+        let map: Vec<u8> = inner.regions.iter().map(|r| r.pinned as u8).collect();
+        self.file.write_all_at(&map, HEADER_BYTES)?;
         self.file.sync_data()?;
         for region in inner.regions.iter_mut() {
-            region.dirty = false;
+            region.dirty = region.pinned;
         }
         Ok(())
     }
 
+    /// Keeps the region of `stripe` dirty, durably, until the next open.
+    pub fn pin(&self, stripe: u64) -> std::io::Result<()> {
+        let r = (stripe / self.stripes_per_region) as usize;
+        let mut inner = self.inner.lock().unwrap();
+        let region = &mut inner.regions[r];
+        if !region.dirty || !region.pinned {
+            self.file.write_all_at(&[1], HEADER_BYTES + r as u64)?;
+            self.file.sync_data()?;
+        }
+        region.dirty = true;
+        region.pinned = true;
+        Ok(())
+    }
+
     /// Sets how long a region must be quiet before a flush clears it.
-    pub fn set_quiet_before_clear(&mut self, quiet: Duration) {
-        self.quiet_before_clear = quiet;
+    pub fn set_quiet_before_clear(&self, quiet: Duration) {
+        self.quiet_before_clear_ms
+            .store(quiet.as_millis() as u64, Relaxed);
     }
 
     pub fn dirty_regions(&self) -> usize {
@@ -267,7 +300,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("intent");
         IntentLog::create(&path, &[1; 16], 100, 10).unwrap();
-        let (mut log, rec, warn) = IntentLog::open(&path, &[1; 16], 100, 10).unwrap();
+        let (log, rec, warn) = IntentLog::open(&path, &[1; 16], 100, 10).unwrap();
         log.set_quiet_before_clear(Duration::ZERO);
         assert!(rec.dirty_stripe_ranges.is_empty() && warn.is_none());
         assert!(log.begin(35).unwrap());
@@ -275,7 +308,7 @@ mod tests {
         log.end(35);
         log.end(36);
         drop(log);
-        let (mut log, rec, _) = IntentLog::open(&path, &[1; 16], 100, 10).unwrap();
+        let (log, rec, _) = IntentLog::open(&path, &[1; 16], 100, 10).unwrap();
         log.set_quiet_before_clear(Duration::ZERO);
         assert_eq!(rec.dirty_stripe_ranges, vec![(30, 40)]);
         let e = log.start_flush();
@@ -290,7 +323,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("intent");
         IntentLog::create(&path, &[1; 16], 100, 10).unwrap();
-        let (mut log, _, _) = IntentLog::open(&path, &[1; 16], 100, 10).unwrap();
+        let (log, _, _) = IntentLog::open(&path, &[1; 16], 100, 10).unwrap();
         log.set_quiet_before_clear(Duration::ZERO);
         log.begin(5).unwrap();
         let e = log.start_flush();
@@ -309,7 +342,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("intent");
         IntentLog::create(&path, &[1; 16], 100, 10).unwrap();
-        let (mut log, _, _) = IntentLog::open(&path, &[1; 16], 100, 10).unwrap();
+        let (log, _, _) = IntentLog::open(&path, &[1; 16], 100, 10).unwrap();
         log.set_quiet_before_clear(Duration::ZERO);
         log.begin(5).unwrap();
         let e = log.start_flush();
@@ -319,6 +352,23 @@ mod tests {
         let e = log.start_flush();
         log.finish_flush(e).unwrap();
         assert_eq!(log.dirty_regions(), 0);
+    }
+
+    #[test]
+    fn a_pinned_region_stays_dirty_through_flushes_and_a_clean_close() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("intent");
+        IntentLog::create(&path, &[1; 16], 100, 10).unwrap();
+        let (log, _, _) = IntentLog::open(&path, &[1; 16], 100, 10).unwrap();
+        log.set_quiet_before_clear(Duration::ZERO);
+        log.pin(42).unwrap();
+        let e = log.start_flush();
+        log.finish_flush(e).unwrap();
+        log.clear_all().unwrap();
+        assert_eq!(log.dirty_regions(), 1);
+        drop(log);
+        let (_, rec, _) = IntentLog::open(&path, &[1; 16], 100, 10).unwrap();
+        assert_eq!(rec.dirty_stripe_ranges, vec![(40, 50)]);
     }
 
     #[test]

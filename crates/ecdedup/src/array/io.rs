@@ -352,7 +352,8 @@ impl Array {
         for (stripe, within, n) in self.pieces(offset, buf.len() as u64) {
             let _g = self.locks[Self::lock_index(stripe)].write().unwrap();
             self.intent_begin(stripe)?;
-            let r = self.write_stripe(stripe, within, &buf[done..done + n as usize]);
+            let r = self
+                .with_replay(|| self.write_stripe(stripe, within, &buf[done..done + n as usize]));
             self.intent.end(stripe);
             r?;
             done += n as usize;
@@ -375,7 +376,7 @@ impl Array {
                 self.journal_invalidate(stripe, 0, self.geo.blocks_per_unit())
                     .and_then(|_| self.discard_stripe(stripe))
             } else {
-                self.write_stripe(stripe, within, &zeroes[..n as usize])
+                self.with_replay(|| self.write_stripe(stripe, within, &zeroes[..n as usize]))
             };
             self.intent.end(stripe);
             r?;

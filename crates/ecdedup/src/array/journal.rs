@@ -21,25 +21,44 @@
 //! 16  u32 first block (in the unit)
 //! 20  u32 block count
 //! 24  u32 payload bytes (= count * 4096; 0 for invalidate)
-//! 28  u32 zero
+//! 28  u32 CRC32C of bytes 4..28 (the header alone; version 2 files)
 //! ```
-//! The file starts with a 32-byte header (magic `ECDDPJ01`). Replay at open
-//! stops at the first short or corrupt record and cuts the tail there.
+//! The file starts with a 32-byte header (magic `ECDDPJ01`, u32 version 2,
+//! CRC32C at 28). Records start at multiples of 32 bytes.
+//!
+//! Open reads every record. A record whose payload fails its checksum but
+//! whose header checksum holds is skipped and its stripe reported lost; a
+//! record whose header is unreadable is skipped up to the next valid record
+//! (found at a 32-byte step) and the journal reported as having lost records
+//! of unknown stripes. Whatever cannot be parsed at the end (a torn append)
+//! is cut, and reported the same way. The array resynchronises what was
+//! reported (`LostRecords`), so no acknowledged write depends on a record
+//! that was dropped.
+//!
+//! Compaction (`compact`) rewrites the records the index still needs into
+//! `PATH.compact`, syncs it, renames it over the journal and syncs the
+//! folder: a crash leaves either the old file or the new one, each holding
+//! the same live records (a leftover `.compact` file is removed at open).
 //!
 //! The in-RAM index maps each logged block to where its d(0) and latest d(r)
 //! (or its list of deltas) sit, so replay reads two records per block
 //! instead of scanning the file.
 
 use crate::error::{Error, Result};
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 const MAGIC: [u8; 8] = *b"ECDDPJ01";
+/// Version 1 files carry no header checksum in their records.
+const VERSION: u32 = 2;
 pub const HEADER_BYTES: u64 = 32;
 const RECORD_HEADER_BYTES: usize = 32;
 const BLOCK: usize = 4096;
+/// Bytes a compaction writes at once.
+const COMPACT_WRITE_BYTES: usize = 4 << 20;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -75,21 +94,74 @@ pub struct BlockLog {
 /// Everything logged for one stripe: (role, block) → log.
 pub type StripeLog = HashMap<(u16, u32), BlockLog>;
 
+/// Records that open could not use: their stripes' parity must be
+/// recomputed from data, since what they logged is gone.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LostRecords {
+    /// Stripes named by a record whose payload was bad.
+    pub stripes: BTreeSet<u64>,
+    /// A record was unreadable down to its header: any stripe of the
+    /// journal's may have lost records.
+    pub unknown_stripes: bool,
+}
+
+impl LostRecords {
+    pub fn is_empty(&self) -> bool {
+        self.stripes.is_empty() && !self.unknown_stripes
+    }
+}
+
+/// Fault injection for tests: the journal file's I/O fails on demand.
+#[derive(Default)]
+pub struct FaultHooks {
+    /// Appends write half their bytes, then fail with ENOSPC.
+    pub fail_appends: AtomicBool,
+    /// Reads of logged blocks fail with EIO.
+    pub fail_reads: AtomicBool,
+    /// Preallocation fails with ENOSPC.
+    pub fail_preallocate: AtomicBool,
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Tests: every preallocation on this thread fails with ENOSPC (for
+    /// journals opened inside `Array::open`, before their hooks exist).
+    pub static FAIL_PREALLOCATE_ON_THIS_THREAD: std::cell::Cell<bool> =
+        const { std::cell::Cell::new(false) };
+}
+
 pub struct ParityJournal {
     file: File,
     path: PathBuf,
     end: u64,
     index: HashMap<u64, StripeLog>,
     records: u64,
+    /// Whether the header checksum of records is written and checked.
+    header_crc: bool,
+    /// Whether disk space up to the bound is reserved (preallocated).
+    reserved: bool,
+    lost: LostRecords,
+    faults: FaultHooks,
 }
 
 fn header() -> [u8; HEADER_BYTES as usize] {
+    header_version(VERSION)
+}
+
+fn header_version(version: u32) -> [u8; HEADER_BYTES as usize] {
     let mut h = [0u8; HEADER_BYTES as usize];
     h[..8].copy_from_slice(&MAGIC);
-    h[8..12].copy_from_slice(&1u32.to_le_bytes());
+    h[8..12].copy_from_slice(&version.to_le_bytes());
     let crc = crc32c::crc32c(&h[..28]);
     h[28..].copy_from_slice(&crc.to_le_bytes());
     h
+}
+
+fn seal(out: &mut [u8]) {
+    let hcrc = crc32c::crc32c(&out[4..28]);
+    out[28..32].copy_from_slice(&hcrc.to_le_bytes());
+    let crc = crc32c::crc32c(&out[4..]);
+    out[0..4].copy_from_slice(&crc.to_le_bytes());
 }
 
 /// Encodes a mark that drops what is logged for blocks
@@ -104,8 +176,7 @@ pub fn encode_invalidate(out: &mut Vec<u8>, stripe: u64, first_block: u32, count
     out.extend_from_slice(&first_block.to_le_bytes());
     out.extend_from_slice(&count.to_le_bytes());
     out.extend_from_slice(&[0; 8]);
-    let crc = crc32c::crc32c(&out[start + 4..]);
-    out[start..start + 4].copy_from_slice(&crc.to_le_bytes());
+    seal(&mut out[start..]);
 }
 
 /// Encodes one record into `out`.
@@ -129,8 +200,7 @@ pub fn encode(
     out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
     out.extend_from_slice(&[0; 4]);
     out.extend_from_slice(payload);
-    let crc = crc32c::crc32c(&out[start + 4..]);
-    out[start..start + 4].copy_from_slice(&crc.to_le_bytes());
+    seal(&mut out[start..]);
 }
 
 struct Parsed {
@@ -142,51 +212,116 @@ struct Parsed {
     len: usize,
 }
 
-fn parse(b: &[u8]) -> Option<Parsed> {
+/// Why a record did not parse.
+enum Bad {
+    /// Its header holds (checked by its own checksum): the stripe is known.
+    Payload { stripe: u64, len: usize },
+    /// Nothing in it can be trusted.
+    Header,
+}
+
+fn parse(b: &[u8], header_crc: bool) -> std::result::Result<Parsed, Bad> {
     if b.len() < RECORD_HEADER_BYTES {
-        return None;
+        return Err(Bad::Header);
     }
-    let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
+    let u32_at = |at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+    let header_ok = header_crc && u32_at(28) == crc32c::crc32c(&b[4..28]);
+    if header_crc && !header_ok {
+        return Err(Bad::Header);
+    }
     let payload = u32_at(24) as usize;
     let count = u32_at(20);
-    let invalidate = b[4] == Kind::Invalidate as u8;
+    let kind = Kind::from_u8(b[4]).ok_or(Bad::Header)?;
+    let invalidate = kind == Kind::Invalidate;
     if (!invalidate && payload != count as usize * BLOCK) || (invalidate && payload != 0) {
-        return None;
+        return Err(Bad::Header);
     }
-    if b.len() < RECORD_HEADER_BYTES + payload {
-        return None;
-    }
+    let stripe = u64::from_le_bytes([b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]]);
     let len = RECORD_HEADER_BYTES + payload;
-    if u32_at(0) != crc32c::crc32c(&b[4..len]) {
-        return None;
+    let bad_payload = || {
+        if header_ok {
+            Bad::Payload { stripe, len }
+        } else {
+            Bad::Header
+        }
+    };
+    if b.len() < len || u32_at(0) != crc32c::crc32c(&b[4..len]) {
+        return Err(bad_payload());
     }
-    Some(Parsed {
-        kind: Kind::from_u8(b[4])?,
+    Ok(Parsed {
+        kind,
         role: u16::from_le_bytes([b[6], b[7]]),
-        stripe: u64::from_le_bytes(b[8..16].try_into().unwrap()),
+        stripe,
         first_block: u32_at(16),
         count,
         len,
     })
 }
 
+fn index_record(index: &mut HashMap<u64, StripeLog>, p: &Parsed, offset: u64) {
+    if p.kind == Kind::Invalidate {
+        forget_in(index, p.stripe, p.first_block, p.count);
+        return;
+    }
+    let log = index.entry(p.stripe).or_default();
+    for i in 0..p.count {
+        let at = offset + RECORD_HEADER_BYTES as u64 + i as u64 * BLOCK as u64;
+        let e = log.entry((p.role, p.first_block + i)).or_default();
+        match p.kind {
+            Kind::Value => e.latest = Some(at),
+            Kind::Original => {
+                if e.original.is_none() {
+                    e.original = Some(at);
+                }
+            }
+            Kind::Delta => e.deltas.push(at),
+            Kind::Invalidate => unreachable!(),
+        }
+    }
+}
+
+fn forget_in(index: &mut HashMap<u64, StripeLog>, stripe: u64, first_block: u32, count: u32) {
+    if let Some(log) = index.get_mut(&stripe) {
+        let range = first_block..first_block.saturating_add(count);
+        log.retain(|(_, b), _| !range.contains(b));
+        if log.is_empty() {
+            index.remove(&stripe);
+        }
+    }
+}
+
+fn compact_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".compact");
+    PathBuf::from(name)
+}
+
 impl ParityJournal {
-    /// Opens (creating if missing) a journal and rebuilds its index. A torn
-    /// tail is cut. Returns the journal and the number of records found.
+    /// Opens (creating if missing) a journal and rebuilds its index. What
+    /// cannot be parsed is skipped or cut and reported in `take_lost`.
     pub fn open(path: &Path) -> Result<ParityJournal> {
         let io = |e| Error::io(format!("opening parity journal {}", path.display()), e);
+        let stale = compact_path(path);
+        if stale.exists() {
+            std::fs::remove_file(&stale).map_err(io)?;
+        }
         if !path.exists() {
             let f = File::create(path).map_err(io)?;
             f.write_all_at(&header(), 0).map_err(io)?;
             f.sync_all().map_err(io)?;
         }
         let bytes = std::fs::read(path).map_err(io)?;
-        if bytes.len() < HEADER_BYTES as usize || bytes[..HEADER_BYTES as usize] != header() {
+        let head = bytes.get(..HEADER_BYTES as usize);
+        let header_crc = if head == Some(&header()[..]) {
+            true
+        } else if head == Some(&header_version(1)[..]) {
+            false
+        } else {
             return Err(Error::Corrupt(format!(
                 "parity journal {} has no valid header",
                 path.display()
             )));
-        }
+        };
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -198,11 +333,46 @@ impl ParityJournal {
             end: HEADER_BYTES,
             index: HashMap::new(),
             records: 0,
+            header_crc,
+            reserved: false,
+            lost: LostRecords::default(),
+            faults: FaultHooks::default(),
+        };
+        let next_valid = |from: usize| {
+            let mut at = from.next_multiple_of(RECORD_HEADER_BYTES);
+            while at + RECORD_HEADER_BYTES <= bytes.len() {
+                if parse(&bytes[at..], header_crc).is_ok() {
+                    return Some(at);
+                }
+                at += RECORD_HEADER_BYTES;
+            }
+            None
         };
         let mut at = HEADER_BYTES as usize;
-        while let Some(p) = parse(&bytes[at..]) {
-            j.index_record(&p, at as u64);
-            at += p.len;
+        while at < bytes.len() {
+            match parse(&bytes[at..], header_crc) {
+                Ok(p) => {
+                    j.records += 1;
+                    index_record(&mut j.index, &p, at as u64);
+                    at += p.len;
+                }
+                Err(bad) => {
+                    match bad {
+                        Bad::Payload { stripe, .. } => {
+                            j.lost.stripes.insert(stripe);
+                        }
+                        Bad::Header => j.lost.unknown_stripes = true,
+                    }
+                    let skip_to = match bad {
+                        Bad::Payload { len, .. } if at + len <= bytes.len() => Some(at + len),
+                        _ => next_valid(at + RECORD_HEADER_BYTES),
+                    };
+                    match skip_to {
+                        Some(next) => at = next,
+                        None => break,
+                    }
+                }
+            }
         }
         j.end = at as u64;
         if at != bytes.len() {
@@ -214,42 +384,33 @@ impl ParityJournal {
         Ok(j)
     }
 
-    fn index_record(&mut self, p: &Parsed, offset: u64) {
-        self.records += 1;
-        if p.kind == Kind::Invalidate {
-            if let Some(log) = self.index.get_mut(&p.stripe) {
-                let range = p.first_block..p.first_block.saturating_add(p.count);
-                log.retain(|(_, b), _| !range.contains(b));
-                if log.is_empty() {
-                    self.index.remove(&p.stripe);
-                }
-            }
-            return;
-        }
-        let log = self.index.entry(p.stripe).or_default();
-        for i in 0..p.count {
-            let at = offset + RECORD_HEADER_BYTES as u64 + i as u64 * BLOCK as u64;
-            let e = log.entry((p.role, p.first_block + i)).or_default();
-            match p.kind {
-                Kind::Value => e.latest = Some(at),
-                Kind::Original => {
-                    if e.original.is_none() {
-                        e.original = Some(at);
-                    }
-                }
-                Kind::Delta => e.deltas.push(at),
-                Kind::Invalidate => unreachable!(),
-            }
-        }
+    /// What open could not use (once; later calls get nothing).
+    pub fn take_lost(&mut self) -> LostRecords {
+        std::mem::take(&mut self.lost)
     }
 
-    /// Appends encoded records (one write) and indexes them.
+    /// Appends encoded records (one write) and indexes them. On an error
+    /// nothing is indexed, and the bytes written past the old end are cut
+    /// (best effort: whatever stays is a tail that open reports as lost).
     pub fn append(&mut self, records: &[u8]) -> std::io::Result<()> {
-        self.file.write_all_at(records, self.end)?;
+        let written = if self.faults.fail_appends.load(Relaxed) {
+            self.file
+                .write_all_at(&records[..records.len() / 2], self.end)
+                .and(Err(std::io::Error::from_raw_os_error(libc::ENOSPC)))
+        } else {
+            self.file.write_all_at(records, self.end)
+        };
+        if let Err(e) = written {
+            self.reserved = false;
+            let _ = self.file.set_len(self.end);
+            return Err(e);
+        }
         let mut at = 0usize;
         while at < records.len() {
-            let p = parse(&records[at..]).expect("records we encoded parse");
-            self.index_record(&p, self.end + at as u64);
+            let p = parse(&records[at..], self.header_crc)
+                .unwrap_or_else(|_| panic!("records we encoded parse"));
+            self.records += 1;
+            index_record(&mut self.index, &p, self.end + at as u64);
             at += p.len;
         }
         self.end += records.len() as u64;
@@ -277,18 +438,43 @@ impl ParityJournal {
         self.index.is_empty()
     }
 
-    /// Removes and returns what is logged for a stripe.
-    pub fn take_stripe(&mut self, stripe: u64) -> Option<StripeLog> {
-        self.index.remove(&stripe)
+    /// A copy of what is logged for a stripe. Replay works from the copy and
+    /// drops the entries only by logging an invalidation once the parity is
+    /// written, so a replay that fails leaves the stripe pending.
+    pub fn stripe_log(&self, stripe: u64) -> Option<StripeLog> {
+        self.index.get(&stripe).cloned()
+    }
+
+    /// Drops blocks of a stripe from the index only (the file keeps them):
+    /// for when an invalidation cannot be logged. The caller makes sure a
+    /// restart resynchronises the stripe before replaying.
+    pub fn forget(&mut self, stripe: u64, first_block: u32, count: u32) {
+        forget_in(&mut self.index, stripe, first_block, count);
     }
 
     /// Reads one logged block.
     pub fn read_block(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        if self.faults.fail_reads.load(Relaxed) {
+            return Err(std::io::Error::from_raw_os_error(libc::EIO));
+        }
         self.file.read_exact_at(buf, offset)
     }
 
     pub fn bytes(&self) -> u64 {
         self.end
+    }
+
+    /// Bytes of payload the index still needs (what a compaction keeps,
+    /// without record headers).
+    pub fn live_bytes(&self) -> u64 {
+        self.index
+            .values()
+            .flat_map(|l| l.values())
+            .map(|b| {
+                (b.original.is_some() as u64 + b.latest.is_some() as u64 + b.deltas.len() as u64)
+                    * BLOCK as u64
+            })
+            .sum()
     }
 
     pub fn sync(&self) -> std::io::Result<()> {
@@ -297,19 +483,106 @@ impl ParityJournal {
 
     /// Empties the journal when nothing in it is still needed.
     pub fn reset_if_empty(&mut self) -> std::io::Result<bool> {
-        if !self.index.is_empty() || self.end == HEADER_BYTES {
+        if !self.index.is_empty() || (self.end == HEADER_BYTES && self.header_crc) {
             return Ok(false);
         }
         self.file.set_len(HEADER_BYTES)?;
+        self.file.write_all_at(&header(), 0)?;
         self.file.sync_data()?;
+        self.header_crc = true;
         self.end = HEADER_BYTES;
         Ok(true)
     }
 
+    /// Rewrites the records the index still needs into a fresh file and
+    /// renames it over this one (crash-safe: see the module comment). The
+    /// new file is not preallocated: the caller reserves space after.
+    pub fn compact(&mut self) -> std::io::Result<()> {
+        let tmp_path = compact_path(&self.path);
+        let tmp = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp_path)?;
+        let result = self.compact_into(&tmp);
+        if let Err(e) = result {
+            let _ = std::fs::remove_file(&tmp_path);
+            return Err(e);
+        }
+        let (end, index) = result.expect("checked");
+        tmp.sync_all()?;
+        std::fs::rename(&tmp_path, &self.path)?;
+        if let Some(dir) = self.path.parent() {
+            File::open(dir)?.sync_all()?;
+        }
+        self.file = tmp;
+        self.end = end;
+        self.index = index;
+        self.header_crc = true;
+        self.reserved = false;
+        Ok(())
+    }
+
+    fn compact_into(&self, tmp: &File) -> std::io::Result<(u64, HashMap<u64, StripeLog>)> {
+        tmp.write_all_at(&header(), 0)?;
+        let mut end = HEADER_BYTES;
+        let mut index = HashMap::new();
+        let mut out: Vec<u8> = Vec::with_capacity(COMPACT_WRITE_BYTES + 2 * BLOCK);
+        let mut block = vec![0u8; BLOCK];
+        let write_out = |out: &mut Vec<u8>, end: &mut u64| -> std::io::Result<()> {
+            tmp.write_all_at(out, *end)?;
+            *end += out.len() as u64;
+            out.clear();
+            Ok(())
+        };
+        let mut stripes: Vec<&u64> = self.index.keys().collect();
+        stripes.sort_unstable();
+        for &stripe in stripes {
+            let log = &self.index[&stripe];
+            let mut keys: Vec<&(u16, u32)> = log.keys().collect();
+            keys.sort_unstable();
+            for &(role, b) in keys {
+                let e = &log[&(role, b)];
+                let mut put = |kind: Kind, at: u64, out: &mut Vec<u8>| -> std::io::Result<()> {
+                    self.read_block(at, &mut block)?;
+                    let start = out.len();
+                    encode(out, kind, stripe, role, b, &block);
+                    let p = parse(&out[start..], true)
+                        .unwrap_or_else(|_| panic!("records we encoded parse"));
+                    index_record(&mut index, &p, end + start as u64);
+                    Ok(())
+                };
+                if let Some(o) = e.original {
+                    put(Kind::Original, o, &mut out)?;
+                }
+                if let Some(l) = e.latest {
+                    put(Kind::Value, l, &mut out)?;
+                }
+                for &d in &e.deltas {
+                    put(Kind::Delta, d, &mut out)?;
+                }
+                if out.len() >= COMPACT_WRITE_BYTES {
+                    write_out(&mut out, &mut end)?;
+                }
+            }
+        }
+        write_out(&mut out, &mut end)?;
+        Ok((end, index))
+    }
+
     /// Reserves `bytes` of disk for the journal without changing its size,
     /// so that appends within the bound never meet a full disk.
-    pub fn preallocate(&self, bytes: u64) -> std::io::Result<()> {
+    pub fn preallocate(&mut self, bytes: u64) -> std::io::Result<()> {
         use std::os::unix::io::AsRawFd;
+        #[cfg(test)]
+        let injected = FAIL_PREALLOCATE_ON_THIS_THREAD.with(|f| f.get());
+        #[cfg(not(test))]
+        let injected = false;
+        if injected || self.faults.fail_preallocate.load(Relaxed) {
+            self.reserved = false;
+            return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
+        }
         // SAFETY: fallocate on a valid descriptor with in-range arguments.
         let rc = unsafe {
             libc::fallocate(
@@ -320,10 +593,23 @@ impl ParityJournal {
             )
         };
         if rc == 0 {
+            self.reserved = true;
             Ok(())
         } else {
+            self.reserved = false;
             Err(std::io::Error::last_os_error())
         }
+    }
+
+    /// Whether space up to the bound is reserved: appends are attempted
+    /// only then (a journal that cannot grow makes writes fall back).
+    pub fn is_reserved(&self) -> bool {
+        self.reserved
+    }
+
+    /// The fault-injection hooks (tests).
+    pub fn faults(&self) -> &FaultHooks {
+        &self.faults
     }
 
     /// RAM of the index: entries times their size, plus the delta lists.
@@ -375,7 +661,8 @@ mod tests {
         drop(j);
         let mut j = ParityJournal::open(&path).unwrap();
         assert_eq!(j.stripes(), vec![7]);
-        let log = j.take_stripe(7).unwrap();
+        let log = j.stripe_log(7).unwrap();
+        j.forget(7, 0, u32::MAX);
         let b = &log[&(1, 2)];
         let mut buf = vec![0u8; 4096];
         j.read_block(b.latest.unwrap(), &mut buf).unwrap();
@@ -402,5 +689,102 @@ mod tests {
         assert_eq!(j.bytes(), good);
         assert_eq!(j.stripes(), vec![1]);
         assert_eq!(std::fs::metadata(&path).unwrap().len(), good);
+        let mut j = j;
+        let lost = j.take_lost();
+        assert_eq!(
+            lost.stripes,
+            BTreeSet::from([2]),
+            "the torn record's header names its stripe"
+        );
+    }
+
+    fn journal_of_three_stripes(path: &Path) -> (ParityJournal, Vec<u64>) {
+        let mut j = ParityJournal::open(path).unwrap();
+        let mut starts = Vec::new();
+        for s in 1..=3u64 {
+            starts.push(j.bytes());
+            let mut r = Vec::new();
+            encode(&mut r, Kind::Original, s, 0, 0, &[s as u8; 4096]);
+            encode(&mut r, Kind::Value, s, 0, 0, &[10 + s as u8; 4096]);
+            j.append(&r).unwrap();
+        }
+        (j, starts)
+    }
+
+    fn flip(path: &Path, at: u64) {
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .unwrap();
+        let mut b = [0u8; 1];
+        f.read_exact_at(&mut b, at).unwrap();
+        f.write_all_at(&[b[0] ^ 0x40], at).unwrap();
+    }
+
+    #[test]
+    fn a_bad_payload_in_the_middle_loses_only_its_stripe_and_later_records_survive() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        let (j, starts) = journal_of_three_stripes(&path);
+        let end = j.bytes();
+        drop(j);
+        flip(&path, starts[1] + 32 + 100);
+        let mut j = ParityJournal::open(&path).unwrap();
+        assert_eq!(j.bytes(), end, "nothing is cut");
+        assert!(!j.has_original(2, 0, 0), "the bad d(0) record is skipped");
+        assert!(j.has_original(3, 0, 0), "the records after it are kept");
+        let lost = j.take_lost();
+        assert_eq!(lost.stripes, BTreeSet::from([2]));
+        assert!(!lost.unknown_stripes);
+    }
+
+    #[test]
+    fn a_bad_header_in_the_middle_means_unknown_stripes_lost_and_later_records_survive() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        let (j, starts) = journal_of_three_stripes(&path);
+        drop(j);
+        flip(&path, starts[1] + 9);
+        let mut j = ParityJournal::open(&path).unwrap();
+        assert!(j.has_stripe(3), "the next record is found again");
+        assert!(j.take_lost().unknown_stripes);
+    }
+
+    #[test]
+    fn compaction_keeps_exactly_the_live_blocks_and_survives_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        let (mut j, _) = journal_of_three_stripes(&path);
+        let mut r = Vec::new();
+        encode(&mut r, Kind::Value, 1, 0, 0, &[99u8; 4096]);
+        encode_invalidate(&mut r, 2, 0, 8);
+        j.append(&r).unwrap();
+        let before = j.bytes();
+        j.compact().unwrap();
+        assert!(j.bytes() < before);
+        assert_eq!(j.bytes(), HEADER_BYTES + 4 * (32 + 4096));
+        let check = |j: &ParityJournal| {
+            assert_eq!(j.stripes(), vec![1, 3]);
+            let log = j.stripe_log(1).unwrap();
+            let mut buf = vec![0u8; 4096];
+            j.read_block(log[&(0, 0)].original.unwrap(), &mut buf)
+                .unwrap();
+            assert_eq!(buf, vec![1u8; 4096]);
+            j.read_block(log[&(0, 0)].latest.unwrap(), &mut buf)
+                .unwrap();
+            assert_eq!(buf, vec![99u8; 4096]);
+        };
+        check(&j);
+        let mut r = Vec::new();
+        encode(&mut r, Kind::Value, 3, 0, 1, &[7u8; 4096]);
+        j.append(&r).unwrap();
+        drop(j);
+        std::fs::write(compact_path(&path), b"a compaction cut short").unwrap();
+        let mut j = ParityJournal::open(&path).unwrap();
+        check(&j);
+        assert!(j.stripe_log(3).unwrap().contains_key(&(0, 1)));
+        assert!(j.take_lost().is_empty());
+        assert!(!compact_path(&path).exists());
     }
 }

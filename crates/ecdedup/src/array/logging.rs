@@ -36,6 +36,13 @@ pub const IDLE_REPLAY_AFTER: std::time::Duration = std::time::Duration::from_sec
 /// Bytes kept free in every journal for invalidation marks.
 const JOURNAL_RESERVE_BYTES: u64 = 1 << 20;
 
+/// A journal is replayed when it passes `bound / REPLAY_AT_FRACTION_OF_BOUND`.
+pub const REPLAY_AT_FRACTION_OF_BOUND: u64 = 2;
+
+/// After a replay, a journal still holding entries is compacted once it
+/// passes `bound / COMPACT_AT_FRACTION_OF_BOUND` and is more than half dead.
+pub const COMPACT_AT_FRACTION_OF_BOUND: u64 = 4;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum WritePolicy {
@@ -82,6 +89,16 @@ impl std::fmt::Display for WritePolicy {
     }
 }
 
+/// A parity block read for replay.
+enum StoredParity {
+    /// As stored, checksum good: the logged deltas are folded into it.
+    Intact(Vec<u8>),
+    /// The stored block was bad; this one is encoded from current data.
+    Recomputed(Vec<u8>),
+    /// Bad, and the data to recompute it could not be read.
+    Unavailable,
+}
+
 impl Array {
     fn parity_devices(&self, stripe: u64) -> Vec<(usize, usize)> {
         let g = &self.geo;
@@ -104,15 +121,33 @@ impl Array {
         })
     }
 
+    /// The parity journals of a stripe are all open and have their space
+    /// reserved: only then is a write logged.
+    fn journals_ready(&self, parity: &[(usize, usize)]) -> bool {
+        parity.iter().all(|&(_, p)| {
+            self.journals[p]
+                .lock()
+                .unwrap()
+                .as_ref()
+                .is_some_and(|j| j.is_reserved())
+        })
+    }
+
     /// Logs a partial stripe write. Returns false when a journal has no room
-    /// (the caller falls back to read-modify-write). Caller holds the stripe
-    /// lock exclusively and has marked the intent; the stripe is healthy.
+    /// or cannot grow (the caller falls back to read-modify-write). Caller
+    /// holds the stripe lock exclusively and has marked the intent; the
+    /// stripe is healthy.
     pub(super) fn journal_write(&self, stripe: u64, writes: &[UnitWrite]) -> Result<bool> {
         let g = self.geo;
         let block = g.block();
         let parity = self.parity_devices(stripe);
+        if !self.journals_ready(&parity) {
+            bump(&self.counters.array.journal_fallbacks);
+            return Ok(false);
+        }
         let mut news = Vec::with_capacity(writes.len());
         let mut records: Vec<Vec<u8>> = vec![Vec::new(); g.m()];
+        let mut need_d0_writes = 0u64;
         for w in writes {
             let blocks = w.blocks(block);
             let partial = blocks != w.covered(block);
@@ -125,12 +160,13 @@ impl Array {
                     .iter()
                     .map(|&(_, p)| {
                         let guard = self.journals[p].lock().unwrap();
-                        let j = guard
-                            .as_ref()
-                            .expect("journals exist under a logging policy");
                         blocks
                             .clone()
-                            .map(|b| !j.has_original(stripe, role16, b as u32))
+                            .map(|b| {
+                                !guard
+                                    .as_ref()
+                                    .is_some_and(|j| j.has_original(stripe, role16, b as u32))
+                            })
                             .collect()
                     })
                     .collect()
@@ -154,9 +190,7 @@ impl Array {
             };
             match self.write_policy {
                 WritePolicy::Parix => {
-                    if need_d0 {
-                        bump(&self.counters.array.need_d0);
-                    }
+                    need_d0_writes += need_d0 as u64;
                     for (j, rec) in records.iter_mut().enumerate() {
                         if let Some(d0) = current.as_ref().filter(|_| need_d0) {
                             // Runs of blocks this journal needs d(0) for.
@@ -218,8 +252,12 @@ impl Array {
         // All or nothing: every journal must have room before any append.
         for (&(_, p), rec) in parity.iter().zip(&records) {
             let guard = self.journals[p].lock().unwrap();
-            let j = guard.as_ref().expect("journal");
-            if j.bytes() + rec.len() as u64 + JOURNAL_RESERVE_BYTES > self.journal_bytes_max {
+            let room = guard.as_ref().is_some_and(|j| {
+                j.is_reserved()
+                    && j.bytes() + rec.len() as u64 + JOURNAL_RESERVE_BYTES
+                        <= self.journal_bytes_max
+            });
+            if !room {
                 bump(&self.counters.array.journal_fallbacks);
                 self.replay_wanted.store(true, Relaxed);
                 return Ok(false);
@@ -227,18 +265,24 @@ impl Array {
         }
         for (&(_, p), rec) in parity.iter().zip(&records) {
             let mut guard = self.journals[p].lock().unwrap();
-            let j = guard.as_mut().expect("journal");
+            let Some(j) = guard.as_mut() else {
+                unreachable!("journals checked above under the stripe lock");
+            };
             if let Err(e) = j.append(rec) {
                 drop(guard);
-                // The journal lives in the array folder: its failure is the
-                // folder's, and no policy can go on without it.
-                return Err(Error::io(
-                    format!("appending to the parity journal of device {p}"),
-                    e,
+                // The journals before this one hold the write's records, and
+                // this one may hold part of them: none must ever be folded.
+                self.warn(format!(
+                    "appending to the parity journal of device {p}: {e}; the write goes in place, \
+                     stripe {stripe}'s parity is recomputed from its data, and writes to this \
+                     journal fall back to read-modify-write until it has room again"
                 ));
+                bump(&self.counters.array.journal_errors);
+                bump(&self.counters.array.journal_fallbacks);
+                return self.write_in_place_and_resync(stripe, &news);
             }
             self.counters.devices[p].write(IoClass::Journal, rec.len());
-            if j.bytes() > self.journal_bytes_max / 2 {
+            if j.bytes() > self.journal_bytes_max / REPLAY_AT_FRACTION_OF_BOUND {
                 self.replay_wanted.store(true, Relaxed);
             }
         }
@@ -246,115 +290,209 @@ impl Array {
             self.write_unit_blocks(stripe, *role, blocks.start, new);
         }
         bump(&self.counters.array.journal_writes);
+        self.counters
+            .array
+            .add(&self.counters.array.need_d0, need_d0_writes);
+        Ok(true)
+    }
+
+    /// After a failed append: the stripe's region stays dirty until the
+    /// next open (which resyncs it before any replay), the new data goes in
+    /// place, and parity is recomputed from the data, which drops (logs an
+    /// invalidation of, or forgets) everything the journals hold for it.
+    fn write_in_place_and_resync(
+        &self,
+        stripe: u64,
+        news: &[(usize, std::ops::Range<u64>, Vec<u8>)],
+    ) -> Result<bool> {
+        self.intent
+            .pin(stripe)
+            .map_err(|e| Error::io("marking the write-intent log", e))?;
+        for (role, blocks, new) in news {
+            self.write_unit_blocks(stripe, *role, blocks.start, new);
+        }
+        self.resync_stripe(stripe);
         Ok(true)
     }
 
     /// Logs that parity rows `[first, first+count)` of a stripe are about to
     /// be recomputed from data, so nothing logged for them applies any more.
+    /// A journal that cannot take the mark forgets the rows in RAM and the
+    /// stripe's region is pinned dirty, so a restart resyncs the stripe
+    /// before it replays what the file still holds.
     pub(super) fn journal_invalidate(&self, stripe: u64, first: u64, count: u64) -> Result<()> {
         for (_, p) in self.parity_devices(stripe) {
-            let mut guard = self.journals[p].lock().unwrap();
-            let Some(j) = guard.as_mut() else { continue };
-            if !j.has_stripe(stripe) {
-                continue;
-            }
-            let mut rec = Vec::new();
-            journal::encode_invalidate(&mut rec, stripe, first as u32, count as u32);
-            j.append(&rec).map_err(|e| {
-                Error::io(format!("appending to the parity journal of device {p}"), e)
-            })?;
-            self.counters.devices[p].write(IoClass::Journal, rec.len());
+            self.invalidate_in(p, stripe, first, count)?;
         }
         Ok(())
     }
 
+    fn invalidate_in(&self, p: usize, stripe: u64, first: u64, count: u64) -> Result<()> {
+        let mut guard = self.journals[p].lock().unwrap();
+        let Some(j) = guard.as_mut() else {
+            return Ok(());
+        };
+        if !j.has_stripe(stripe) {
+            return Ok(());
+        }
+        let mut rec = Vec::new();
+        journal::encode_invalidate(&mut rec, stripe, first as u32, count as u32);
+        match j.append(&rec) {
+            Ok(()) => {
+                self.counters.devices[p].write(IoClass::Journal, rec.len());
+                Ok(())
+            }
+            Err(e) => {
+                j.forget(stripe, first as u32, count as u32);
+                drop(guard);
+                bump(&self.counters.array.journal_errors);
+                self.warn(format!(
+                    "appending an invalidation to the parity journal of device {p}: {e}; \
+                     stripe {stripe} will be resynchronised at the next open"
+                ));
+                self.intent
+                    .pin(stripe)
+                    .map_err(|e| Error::io("marking the write-intent log", e))
+            }
+        }
+    }
+
+    /// Runs a stripe operation (the caller holds the stripe lock
+    /// exclusively); when it meets parity that a journal has not reached
+    /// yet (a decode inside a write), replays the stripe and runs it once
+    /// more. The operations fail with `NeedsReplay` before changing anything.
+    pub(super) fn with_replay<T>(&self, mut op: impl FnMut() -> Result<T>) -> Result<T> {
+        match op() {
+            Err(Error::NeedsReplay(s)) => {
+                self.replay_stripe(s)?;
+                op()
+            }
+            r => r,
+        }
+    }
+
     /// Folds everything logged for a stripe into its parity (Eq. 3 for parix,
     /// the sum of deltas for plog). Caller holds the stripe lock exclusively.
+    /// Each parity device is replayed on its own; one that fails keeps its
+    /// entries (the stripe stays pending) and the first error is returned.
     pub(super) fn replay_stripe(&self, stripe: u64) -> Result<()> {
         if !self.journal_pending(stripe) {
             return Ok(());
         }
+        self.intent_begin(stripe)?;
+        let mut first_error = None;
+        for (j, p) in self.parity_devices(stripe) {
+            if let Err(e) = self.replay_parity(stripe, j, p) {
+                first_error.get_or_insert(e);
+            }
+        }
+        self.intent.end(stripe);
+        match first_error {
+            None => {
+                bump(&self.counters.array.stripes_replayed);
+                Ok(())
+            }
+            Some(e) => Err(e),
+        }
+    }
+
+    /// Replays what device `p`'s journal holds for the stripe into parity
+    /// unit `j`. The entries leave the index only when the invalidation that
+    /// follows the parity write is logged (or forgotten with the region
+    /// pinned), so an error before that leaves them in place.
+    fn replay_parity(&self, stripe: u64, j: usize, p: usize) -> Result<()> {
         let g = self.geo;
         let block = g.block() as usize;
-        self.intent_begin(stripe)?;
-        let result = (|| {
-            for (j, p) in self.parity_devices(stripe) {
-                let taken = {
-                    let mut guard = self.journals[p].lock().unwrap();
-                    match guard.as_mut() {
-                        Some(jr) => jr.take_stripe(stripe).map(|log| (log, ())),
-                        None => None,
+        let log = match self.journals[p].lock().unwrap().as_ref() {
+            Some(jr) => jr.stripe_log(stripe),
+            None => None,
+        };
+        let Some(log) = log else { return Ok(()) };
+        if !self.holds(p, stripe) {
+            // Out of service: its parity is rebuilt from data, if ever.
+            if let Some(jr) = self.journals[p].lock().unwrap().as_mut() {
+                jr.forget(stripe, 0, u32::MAX);
+            }
+            return Ok(());
+        }
+        let journal_io = |e| Error::io(format!("reading the parity journal of device {p}"), e);
+        // Per parity row: the delta to fold in.
+        let mut rows: std::collections::BTreeMap<u32, Vec<u8>> = Default::default();
+        let mut a = vec![0u8; block];
+        let mut b = vec![0u8; block];
+        let mut scratch = vec![vec![0u8; block]; g.m()];
+        for ((role, row), entry) in &log {
+            let acc = rows.entry(*row).or_insert_with(|| vec![0u8; block]);
+            let guard = self.journals[p].lock().unwrap();
+            let Some(jr) = guard.as_ref() else {
+                return Err(Error::io(
+                    format!("the parity journal of device {p}"),
+                    std::io::Error::other("closed during replay"),
+                ));
+            };
+            match (entry.original, entry.latest) {
+                (Some(o), Some(l)) => {
+                    jr.read_block(o, &mut a).map_err(journal_io)?;
+                    jr.read_block(l, &mut b).map_err(journal_io)?;
+                    drop(guard);
+                    self.counters.devices[p].read(IoClass::Journal, 2 * block);
+                    let delta: Vec<u8> = a.iter().zip(&b).map(|(x, y)| x ^ y).collect();
+                    for s in scratch.iter_mut() {
+                        s.fill(0);
                     }
-                };
-                let Some((log, ())) = taken else { continue };
-                if !self.holds(p, stripe) {
-                    continue;
+                    let mut refs: Vec<&mut [u8]> =
+                        scratch.iter_mut().map(|v| v.as_mut_slice()).collect();
+                    self.codec.update(*role as usize, &delta, &mut refs);
+                    for (x, y) in acc.iter_mut().zip(&scratch[j]) {
+                        *x ^= y;
+                    }
                 }
-                // Per parity row: the delta to fold in.
-                let mut rows: std::collections::BTreeMap<u32, Vec<u8>> = Default::default();
-                let mut a = vec![0u8; block];
-                let mut b = vec![0u8; block];
-                for ((role, row), entry) in &log {
-                    let acc = rows.entry(*row).or_insert_with(|| vec![0u8; block]);
-                    let guard = self.journals[p].lock().unwrap();
-                    let jr = guard.as_ref().expect("journal");
-                    match (entry.original, entry.latest) {
-                        (Some(o), Some(l)) => {
-                            jr.read_block(o, &mut a).map_err(|e| Error::io("reading a parity journal", e))?;
-                            jr.read_block(l, &mut b).map_err(|e| Error::io("reading a parity journal", e))?;
-                            self.counters.devices[p].read(IoClass::Journal, 2 * block);
-                            drop(guard);
-                            let delta: Vec<u8> = a.iter().zip(&b).map(|(x, y)| x ^ y).collect();
-                            let mut scratch = vec![vec![0u8; block]; g.m()];
-                            let mut refs: Vec<&mut [u8]> = scratch.iter_mut().map(|v| v.as_mut_slice()).collect();
-                            self.codec.update(*role as usize, &delta, &mut refs);
-                            for (x, y) in acc.iter_mut().zip(&scratch[j]) {
-                                *x ^= y;
-                            }
-                        }
-                        (None, None) => {
-                            for &d in &entry.deltas {
-                                jr.read_block(d, &mut a).map_err(|e| Error::io("reading a parity journal", e))?;
-                                self.counters.devices[p].read(IoClass::Journal, block);
-                                for (x, y) in acc.iter_mut().zip(&a) {
-                                    *x ^= y;
-                                }
-                            }
-                        }
-                        _ => {
-                            return Err(Error::Corrupt(format!(
-                                "parity journal of device {p}: stripe {stripe} role {role} block {row} has d(r) without d(0)"
-                            )))
+                (None, None) => {
+                    for &d in &entry.deltas {
+                        jr.read_block(d, &mut a).map_err(journal_io)?;
+                        self.counters.devices[p].read(IoClass::Journal, block);
+                        for (x, y) in acc.iter_mut().zip(&a) {
+                            *x ^= y;
                         }
                     }
-                    self.counters.array.records_replayed.fetch_add(1, Relaxed);
                 }
-                for (row, delta) in rows {
-                    let mut parity = self.read_parity_block(stripe, j, row as u64)?;
+                _ => {
+                    return Err(Error::Corrupt(format!(
+                        "parity journal of device {p}: stripe {stripe} role {role} block {row} has d(r) without d(0)"
+                    )))
+                }
+            }
+        }
+        for (row, delta) in rows {
+            match self.read_parity_block(stripe, j, row as u64) {
+                StoredParity::Intact(mut parity) => {
                     for (x, y) in parity.iter_mut().zip(&delta) {
                         *x ^= y;
                     }
                     self.write_unit_blocks(stripe, g.k() + j, row as u64, &parity);
                 }
-                let mut rec = Vec::new();
-                journal::encode_invalidate(&mut rec, stripe, 0, g.blocks_per_unit() as u32);
-                let mut guard = self.journals[p].lock().unwrap();
-                if let Some(jr) = guard.as_mut() {
-                    jr.append(&rec)
-                        .map_err(|e| Error::io("appending to a parity journal", e))?;
-                    self.counters.devices[p].write(IoClass::Journal, rec.len());
+                // Encoded from the data, which already holds every logged
+                // value: folding the deltas in again would be wrong.
+                StoredParity::Recomputed(parity) => {
+                    self.write_unit_blocks(stripe, g.k() + j, row as u64, &parity);
                 }
+                // Left bad: its checksum fails, so readers decode without it
+                // and repair it from the rest of the row.
+                StoredParity::Unavailable => {}
             }
-            bump(&self.counters.array.stripes_replayed);
-            Ok(())
-        })();
-        self.intent.end(stripe);
-        result
+        }
+        self.invalidate_in(p, stripe, 0, g.blocks_per_unit())?;
+        self.counters
+            .array
+            .records_replayed
+            .fetch_add(log.len() as u64, Relaxed);
+        Ok(())
     }
 
     /// A parity block as it is on the device, verified; a bad one is
-    /// recomputed from the data (which is current while the stripe is healthy).
-    fn read_parity_block(&self, stripe: u64, j: usize, row: u64) -> Result<Vec<u8>> {
+    /// recomputed from the data (current while the stripe's data units are
+    /// readable), or reported unavailable when the data cannot be read.
+    fn read_parity_block(&self, stripe: u64, j: usize, row: u64) -> StoredParity {
         let g = &self.geo;
         let place = g.place(stripe, g.k() + j);
         let mut buf = vec![0u8; g.block() as usize];
@@ -366,22 +504,29 @@ impl Array {
         ) && crc32c::crc32c(&buf)
             == self.tables[place.device].get(g.checksum_index(place.row, row))
         {
-            return Ok(buf);
+            return StoredParity::Intact(buf);
         }
         bump(&self.counters.array.checksum_mismatches);
         let mut data = Vec::with_capacity(g.k());
         for role in 0..g.k() {
-            data.push(self.read_unit_blocks(stripe, role, row..row + 1)?);
+            match self.read_unit_blocks(stripe, role, row..row + 1) {
+                Ok(d) => data.push(d),
+                Err(_) => return StoredParity::Unavailable,
+            }
         }
         let d: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
         let mut parity = vec![vec![0u8; g.block() as usize]; g.m()];
         let mut p: Vec<&mut [u8]> = parity.iter_mut().map(|v| v.as_mut_slice()).collect();
         self.codec.encode(&d, &mut p);
-        Ok(parity.swap_remove(j))
+        StoredParity::Recomputed(parity.swap_remove(j))
     }
 
     /// Replays every journal (at open, when idle, when a journal passes half
-    /// its bound, before a device is rebuilt). Returns stripes replayed.
+    /// its bound, before a device is rebuilt), then empties or compacts the
+    /// journals. A stripe whose replay fails is resynchronised from its data
+    /// when it is healthy; otherwise it stays pending and the first such
+    /// error is returned after the other stripes are done. Returns stripes
+    /// replayed.
     pub fn replay_all(&self, progress: Option<&super::ProgressFn>) -> Result<u64> {
         if !self.write_policy.journals() {
             return Ok(0);
@@ -396,9 +541,23 @@ impl Array {
         stripes.sort_unstable();
         stripes.dedup();
         let total = stripes.len() as u64;
+        let mut first_error = None;
         for (i, &s) in stripes.iter().enumerate() {
             let _g = self.locks[Self::lock_index(s)].write().unwrap();
-            self.replay_stripe(s)?;
+            if let Err(e) = self.replay_stripe(s) {
+                bump(&self.counters.array.journal_errors);
+                let g = &self.geo;
+                let healthy = (0..g.width()).all(|r| self.holds(g.place(s, r).device, s));
+                if healthy {
+                    self.warn(format!(
+                        "replaying stripe {s}: {e}; its parity is recomputed from its data instead"
+                    ));
+                    self.resync_stripe(s);
+                } else {
+                    self.warn(format!("replaying stripe {s}: {e}; it stays pending"));
+                    first_error.get_or_insert(e);
+                }
+            }
             if let Some(p) = progress {
                 if i % 64 == 0 || i as u64 + 1 == total {
                     p("replay", i as u64 + 1, total);
@@ -406,22 +565,49 @@ impl Array {
             }
         }
         self.flush()?;
-        for (d, jr) in self.journals.iter().enumerate() {
-            let mut guard = jr.lock().unwrap();
-            if let Some(j) = guard.as_mut() {
-                let reset = j
-                    .reset_if_empty()
-                    .map_err(|e| Error::io("emptying a parity journal", e))?;
-                if reset {
-                    if let Err(e) = j.preallocate(self.journal_bytes_max) {
-                        self.warn(format!(
-                            "cannot reserve space for the parity journal of device {d}: {e}"
-                        ));
-                    }
-                }
-            }
+        for d in 0..self.journals.len() {
+            self.reclaim_journal(d);
         }
-        Ok(total)
+        match first_error {
+            None => Ok(total),
+            Some(e) => Err(e),
+        }
+    }
+
+    /// Gives back the space of what replay made dead: an empty journal is
+    /// truncated; one still holding entries (written while the replay ran)
+    /// is compacted when it has passed a quarter of its bound and more than
+    /// half of it is dead. Then space up to the bound is reserved again.
+    /// Failures are warnings: the journal stays unreserved, so writes fall
+    /// back to read-modify-write until a later replay manages it.
+    pub(super) fn reclaim_journal(&self, d: usize) {
+        let mut guard = self.journals[d].lock().unwrap();
+        let Some(j) = guard.as_mut() else { return };
+        let used = j.bytes() - journal::HEADER_BYTES;
+        let reclaimed = if j.is_empty() {
+            j.reset_if_empty()
+        } else if j.bytes() > self.journal_bytes_max / COMPACT_AT_FRACTION_OF_BOUND
+            && j.live_bytes() * 2 < used
+        {
+            bump(&self.counters.array.journal_compactions);
+            j.compact().map(|()| true)
+        } else {
+            Ok(false)
+        };
+        let result = match reclaimed {
+            Ok(true) => j.preallocate(self.journal_bytes_max),
+            Ok(false) if !j.is_reserved() => j.preallocate(self.journal_bytes_max),
+            Ok(false) => Ok(()),
+            Err(e) => Err(e),
+        };
+        drop(guard);
+        if let Err(e) = result {
+            bump(&self.counters.array.journal_errors);
+            self.warn(format!(
+                "reclaiming or reserving space for the parity journal of device {d}: {e}; \
+                 writes to its stripes go in place (read-modify-write) meanwhile"
+            ));
+        }
     }
 
     /// Replays in the background: when a journal passes half its bound, a

@@ -102,7 +102,7 @@ impl Array {
     }
 
     /// Returns false when the stripe is degraded and could only be re-checksummed.
-    fn resync_stripe(&self, stripe: u64) -> bool {
+    pub(super) fn resync_stripe(&self, stripe: u64) -> bool {
         let g = &self.geo;
         if self.journal_pending(stripe) {
             // Parity is recomputed from data below; nothing logged applies.

@@ -84,10 +84,18 @@ pub struct ConfigFile {
     /// Bound of each device's parity journal, bytes.
     #[serde(default = "default_journal_bytes")]
     pub journal_bytes_max: u64,
+    /// Quiet time before a flush marks a write-intent region clean,
+    /// milliseconds (tests set it low to reach replay at open).
+    #[serde(default = "default_intent_clear_quiet_ms")]
+    pub intent_clear_quiet_ms: u64,
     /// Which fingerprint backend the dedup layers use (cpu, gpu, auto);
     /// `serve --fingerprint-backend` overrides it for one run.
     #[serde(default)]
     pub fingerprint_backend: BackendChoice,
+}
+
+fn default_intent_clear_quiet_ms() -> u64 {
+    intent::QUIET_BEFORE_CLEAR.as_millis() as u64
 }
 
 fn default_region_bytes() -> u64 {
@@ -289,19 +297,37 @@ fn wrap_dedup(
     Ok(Arc::new(layer))
 }
 
-fn open_journal(path: &Path, bytes_max: u64) -> Result<journal::ParityJournal> {
+/// Opens a parity journal and reserves its space. A reservation that fails
+/// (a full disk) is a warning, not an error: the journal keeps its records
+/// and stays unreserved, so writes go in place until a replay reserves it.
+fn open_journal(path: &Path, bytes_max: u64) -> Result<(journal::ParityJournal, Option<String>)> {
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent)
             .map_err(|e| Error::io(format!("creating {}", parent.display()), e))?;
     }
-    let j = journal::ParityJournal::open(path)?;
-    j.preallocate(bytes_max).map_err(|e| {
-        Error::io(
-            format!("reserving {bytes_max} bytes for {}", path.display()),
-            e,
+    let mut j = journal::ParityJournal::open(path)?;
+    let warning = j.preallocate(bytes_max).err().map(|e| {
+        format!(
+            "cannot reserve {bytes_max} bytes for {}: {e}; partial writes go in place \
+             (read-modify-write) until a replay can reserve them",
+            path.display()
         )
-    })?;
-    Ok(j)
+    });
+    Ok((j, warning))
+}
+
+/// Stripes for which device `d` holds a parity unit, as ranges.
+fn parity_stripe_ranges(geo: &Geometry, d: usize) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for s in 0..geo.stripes {
+        if (0..geo.m()).any(|j| geo.place(s, geo.k() + j).device == d) {
+            match out.last_mut() {
+                Some(last) if last.1 == s => last.1 = s + 1,
+                _ => out.push((s, s + 1)),
+            }
+        }
+    }
+    out
 }
 
 fn read_superblock(dev: &dyn Device) -> Result<Superblock> {
@@ -429,6 +455,7 @@ pub fn format(dir: &Path, opts: &CreateOptions, devices: Vec<Arc<dyn Device>>) -
         dedup: opts.dedup.clone(),
         write_policy: opts.write_policy,
         journal_bytes_max: opts.journal_bytes_max,
+        intent_clear_quiet_ms: default_intent_clear_quiet_ms(),
         fingerprint_backend: BackendChoice::default(),
     }
     .store(dir)
@@ -683,6 +710,7 @@ impl Array {
             spr,
         )?;
         warnings.extend(intent_warning);
+        intent.set_quiet_before_clear(std::time::Duration::from_millis(cfg.intent_clear_quiet_ms));
         let members = (0..n)
             .map(|i| {
                 let (tag, cursor) = match states[i] {
@@ -703,6 +731,9 @@ impl Array {
         let cfg_write_policy = cfg.write_policy;
         let cfg_journal_bytes_max = cfg.journal_bytes_max;
         let mut journal_unreadable = false;
+        // Stripes whose journal records were lost (a record failed its
+        // checksum): resynchronised before any replay.
+        let mut journal_lost: Vec<(u64, u64)> = Vec::new();
         let mut journals = Vec::with_capacity(n);
         for i in 0..n {
             if !cfg_write_policy.journals() {
@@ -710,16 +741,51 @@ impl Array {
                 continue;
             }
             let path = dir.join(JOURNAL_DIR).join(format!("dev{i}.jrnl"));
-            match open_journal(&path, cfg_journal_bytes_max) {
-                Ok(j) => journals.push(Mutex::new(Some(j))),
+            let opened = match open_journal(&path, cfg_journal_bytes_max) {
+                Ok(opened) => Some(opened),
                 Err(e) => {
                     warnings.push(format!("{e}: its logged writes are lost, so every stripe is resynchronised from its data"));
                     journal_unreadable = true;
-                    let _ = std::fs::remove_file(&path);
-                    journals.push(Mutex::new(Some(open_journal(
-                        &path,
-                        cfg_journal_bytes_max,
-                    )?)));
+                    // Moved aside, never deleted: a later open must not
+                    // replay it over parity resynchronised meanwhile.
+                    let aside =
+                        path.with_extension(format!("jrnl.unreadable-{}", uuid::Uuid::new_v4()));
+                    let moved = !path.exists() || std::fs::rename(&path, &aside).is_ok();
+                    if moved {
+                        open_journal(&path, cfg_journal_bytes_max).ok()
+                    } else {
+                        None
+                    }
+                }
+            };
+            match opened {
+                Some((mut j, warning)) => {
+                    warnings.extend(warning);
+                    let lost = j.take_lost();
+                    if !lost.is_empty() {
+                        let which = if lost.unknown_stripes {
+                            "of unknown stripes: every stripe it covers".to_string()
+                        } else {
+                            format!("{} stripes", lost.stripes.len())
+                        };
+                        warnings.push(format!(
+                            "parity journal of device {i} had unreadable records ({which}): \
+                             those stripes are resynchronised from their data"
+                        ));
+                        if lost.unknown_stripes {
+                            journal_lost.extend(parity_stripe_ranges(&geo, i));
+                        } else {
+                            journal_lost.extend(lost.stripes.iter().map(|&s| (s, s + 1)));
+                        }
+                    }
+                    journals.push(Mutex::new(Some(j)));
+                }
+                None => {
+                    warnings.push(format!(
+                        "parity journal of device {i} cannot be opened: \
+                         partial writes to its stripes go in place (read-modify-write)"
+                    ));
+                    journals.push(Mutex::new(None));
                 }
             }
         }
@@ -767,6 +833,7 @@ impl Array {
         // Checksums outside dirty regions are trustworthy, so the journals of
         // the other stripes are then replayed before serving.
         let mut dirty = recovery.dirty_stripe_ranges;
+        dirty.extend(journal_lost);
         if journal_unreadable {
             dirty = vec![(0, geo.stripes)];
         }
@@ -1099,7 +1166,11 @@ impl Array {
         if self.write_policy.journals() {
             let path = self.dir.join(JOURNAL_DIR).join(format!("dev{d}.jrnl"));
             let _ = std::fs::remove_file(&path);
-            *self.journals[d].lock().unwrap() = Some(open_journal(&path, self.journal_bytes_max)?);
+            let (j, warning) = open_journal(&path, self.journal_bytes_max)?;
+            if let Some(w) = warning {
+                self.warn(w);
+            }
+            *self.journals[d].lock().unwrap() = Some(j);
         }
         cfg.device_uuids[d] = *uuid::Uuid::new_v4().as_bytes();
         cfg.file.devices[d] = canonical;

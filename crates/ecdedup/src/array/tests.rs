@@ -8,6 +8,8 @@ use proptest::prelude::*;
 use rand::{Rng, RngCore, SeedableRng};
 use std::sync::atomic::Ordering;
 
+mod policies;
+
 struct Rig {
     dir: tempfile::TempDir,
     mems: Vec<MemDevice>,
@@ -590,9 +592,12 @@ proptest! {
     fn the_volume_always_reads_back_its_model(
         k in 1u32..5, m in 1u32..3, extra in 0u32..2, unit_shift in 0u32..2, stripes in 2u64..7,
         policy in 0u8..3, verify in any::<bool>(), index_entries in 1u64..64,
-        write_policy in 0u8..3, tiny_journal in any::<bool>(),
+        write_policy in 0u8..4, tiny_journal in any::<bool>(),
         ops in proptest::collection::vec(op(), 1..30),
     ) {
+        let write_policy = [WritePolicy::Rmw, WritePolicy::Plog, WritePolicy::Parix, WritePolicy::Replicate][write_policy as usize];
+        // replicate is the RS(1,2) geometry: three copies of every block.
+        let (k, m) = if write_policy == WritePolicy::Replicate { (1, 2) } else { (k, m) };
         let n = k + m + extra;
         let dedup = DedupConfig {
             policy: [Policy::None, Policy::All, Policy::Parity][policy as usize],
@@ -601,7 +606,6 @@ proptest! {
             index_entries_max: index_entries,
             ..DedupConfig::default()
         };
-        let write_policy = [WritePolicy::Rmw, WritePolicy::Plog, WritePolicy::Parix][write_policy as usize];
         // A tiny journal bound exercises the fall-back to read-modify-write.
         let journal = if tiny_journal { (1 << 20) + 40_000 } else { JOURNAL_BYTES_DEFAULT };
         let mut rig = Rig::with(n, k, m, 4096 << unit_shift, stripes, dedup, write_policy, journal);
