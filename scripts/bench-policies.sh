@@ -5,7 +5,8 @@
 # replicate (RS(1,2): 3 copies) and for nbdkit's own file plugin, all in one
 # run on the same machine, plus an A/A control (a second server identical to
 # one of them). RS(4,2) with a 32 KiB stripe unit over 6 device files for
-# rmw, plog and parix; fio --ioengine=nbd over a Unix socket.
+# rmw, plog and parix; replicate is RS(1,2) over the same 6 device files
+# (every block on 3 of them, rotating); fio --ioengine=nbd over a Unix socket.
 #
 # Method (docs/benchmarks.md, "Partial-write policies (paper 004)"):
 # - per round, every server is created afresh (a fresh volume: nothing
@@ -224,6 +225,7 @@ import csv, json, os, statistics, sys
 
 NAMES = {"R": "rmw", "L": "plog", "X": "parix", "T": "replicate", "P": "nbdkit file", "C": f"control ({control}, 2nd)"}
 SERVERS = ["R", "L", "X", "T", "P", "C"]
+POLICY_OF = {"R": "rmw", "L": "plog", "X": "parix", "T": "replicate", "P": "peer", "C": control}
 TWIN = {"rmw": "R", "plog": "L", "parix": "X", "replicate": "T", "peer": "P"}[control]
 CLASSES = ("data", "parity", "metadata", "journal")
 
@@ -277,7 +279,7 @@ for row in csv.DictReader(open(os.path.join(work, "runs.csv"))):
 meta = {"started": started, "finished": finished, "code": code, "machine": machine,
         "rounds": int(pairs), "runtime_s": int(runtime), "region_qd1": a_size, "region_qd32": b_size,
         "journal_max": jmax, "nbdkit_threads": int(threads), "control": control,
-        "geometry": "RS(4,2), 32K stripe unit, 6 device files (replicate: RS(1,2), 3 device files)"}
+        "geometry": "RS(4,2), 32K stripe unit, 6 device files (replicate: RS(1,2) over the same 6 device files, each block on 3 of them)"}
 with open(os.path.join(results, "results.json"), "w") as f:
     json.dump({"meta": meta, "runs": runs}, f, indent=1)
 
@@ -384,6 +386,33 @@ for s in SERVERS:
               f"{tot['dev_write_ops_journal'] / n:.2f} | {wb / tot['client_write_bytes']:.2f} | {tot['need_d0'] / n:.3f} | "
               f"{tot['rmw_writes'] / n:.2f} / {tot['rcw_writes'] / n:.2f} / {tot['full_stripe_writes'] / n:.2f} | "
               f"{tot['journal_fallbacks']} | {tot['stripes_replayed']} |")
+
+# Journal index RAM against what the journals hold, right after each
+# measured overwrite run (before the settle replays them).
+print("\n### Journal index RAM per logged byte (plog, parix; at the end of each measured run, before replay)\n")
+print("Logged bytes = logged blocks x 4 KiB (the blocks the index can locate); journal bytes = the journal files' records, headers and superseded records included. "
+      "The index holds one entry per logged (stripe, role, block): where its d(0) and latest d(r), or its deltas, sit.\n")
+print("| server | job | logged MiB (median) | index KiB (median) | index bytes / logged byte: median (min–max) | index bytes / journal byte: median (min–max) |")
+print("|---|---|---|---|---|---|")
+for s in SERVERS:
+    if POLICY_OF.get(s) not in ("plog", "parix"):
+        continue
+    for job in jobs:
+        ratios, per_journal, logged, index = [], [], [], []
+        for rd in rounds:
+            r = get.get((job, rd, s))
+            c = r.get("counters") if r else None
+            if not c or not c["journal_logged_blocks_after"]:
+                continue
+            lb = c["journal_logged_blocks_after"] * 4096
+            logged.append(lb / 2**20)
+            index.append(c["journal_index_bytes_after"] / 1024)
+            ratios.append(c["journal_index_bytes_after"] / lb)
+            if c["journal_bytes_after"]:
+                per_journal.append(c["journal_index_bytes_after"] / c["journal_bytes_after"])
+        if ratios:
+            print(f"| {NAMES[s]} | {job} | {statistics.median(logged):,.1f} | {statistics.median(index):,.0f} | "
+                  f"{cell(ratios, '{:.4f}')} | {cell(per_journal, '{:.4f}')} |")
 
 loads = [r["load_before"] for r in runs]
 settles = [r["settle_s"] for r in runs]

@@ -334,6 +334,22 @@ for pol in policies:
         row.append(f"{statistics.median(v) / statistics.median(base):.2f}" if v and base else "–")
     print("| " + " | ".join(row) + " |")
 
+# Journal index RAM against what the journals hold at the failure.
+print("\n### Journal index RAM per logged byte at the failure\n")
+print("Logged bytes = logged blocks x 4 KiB (blocks the index can locate); journal bytes = the journal files' records (headers and superseded records included).\n")
+print("| policy | J/C target | logged MiB (median) | index MiB (median) | index bytes / logged byte: median (min–max) | index bytes / journal byte: median (min–max) |")
+print("|---|---|---|---|---|---|")
+for pol in policies:
+    for ratio in ratios:
+        rs = [r for r in runs if r["policy"] == pol and r["ratio"] == ratio and r["journal_logged_blocks_at_fail"]]
+        if not rs:
+            continue
+        lb = [r["journal_logged_blocks_at_fail"] * 4096 for r in rs]
+        ib = [r["journal_index_bytes_at_fail"] for r in rs]
+        print(f"| {pol} | {ratio:g} | {statistics.median(lb) / 2**20:,.1f} | {statistics.median(ib) / 2**20:,.2f} | "
+              f"{cell([i / l for i, l in zip(ib, lb)], '{:.4f}')} | "
+              f"{cell([r['journal_index_bytes_at_fail'] / r['journal_bytes_at_fail'] for r in rs if r['journal_bytes_at_fail']], '{:.4f}')} |")
+
 loads = [r["load_before"] for r in runs]
 stale = [r for r in runs if r["journal_bytes_after_idle"] > 0]
 print(f"\nPer failure: fail request median {statistics.median(r['fail_s'] for r in runs):.2f} s, replace {statistics.median(r['replace_s'] for r in runs):.2f} s. "
