@@ -29,11 +29,14 @@
 //!   `hash_cpu.c`, whose macros stand in for CUDA's qualifiers and thread
 //!   indices), and [`KernelOnCpuBackend`] runs that build through the same
 //!   packing and pipeline, checked against RustCrypto in `gpu/tests.rs`.
+//! - Self-test: before [`GpuBackend::new`] returns, every lane hashes known
+//!   chunks with each kernel algorithm and must match the CPU, so a kernel
+//!   that is wrong on this device is refused at start, never used.
 //!
 //! Invariants: [`GpuBackend::new`] returns an error value, never panics,
-//! when there is no driver, no device, no NVRTC or too little free memory;
-//! whichever path hashes a batch, the fingerprints equal
-//! [`Algorithm::fingerprint`] of each chunk, in chunk order.
+//! when there is no driver, no device, no NVRTC, too little free memory or
+//! a failed self-test; whichever path hashes a batch, the fingerprints
+//! equal [`Algorithm::fingerprint`] of each chunk, in chunk order.
 //!
 //! GPU throughput is unmeasured in this project so far: no GPU machine has
 //! run this code. `benches/gpu.rs` measures it where one is present.
