@@ -90,11 +90,11 @@ fn block_separation_eval_reports_exact_deterministic_counters_for_every_mode() {
 
     // (mode, GC page copies, block erases, dedup skipped + offline remaps).
     let pinned = [
-        ("none", 170113, 6243, 0),
-        ("inline", 23510, 1363, 9561),
-        ("offline", 38713, 2137, 9322),
-        ("separated", 26541, 1757, 9322),
-        ("hinted", 26485, 1755, 9322),
+        ("none", 170216, 6256, 0),
+        ("inline", 23554, 1375, 9561),
+        ("offline", 38789, 2149, 9322),
+        ("separated", 26529, 1767, 9322),
+        ("hinted", 26297, 1760, 9322),
     ];
     let mut got = Vec::new();
     for (name, ..) in pinned {

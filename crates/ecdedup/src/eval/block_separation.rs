@@ -8,8 +8,10 @@
 //!
 //! Every SSD of one trace has the same geometry (4 KiB pages, 128 pages per
 //! block, 7% over-provisioning, the logical space the trace touches), starts
-//! full (every logical page written once with unique contents, then an
-//! offline pass: a used drive, so that GC runs from the first write), and
+//! full and aged (every logical page written once with unique contents,
+//! then `--age` logical spaces of random unique overwrites, then an offline
+//! pass: a used drive in GC's steady state, so that GC runs from the first
+//! write of even a small trace), and
 //! sees the trace in order; the offline modes run their idle-time pass in
 //! every gap of at least `--idle-us`, as long as the gap allows (see
 //! [`crate::ssd::sim`]). Everything reported is a deterministic function of
@@ -62,9 +64,13 @@ pub struct Options {
     /// Also run an unbounded offline pass every N host page writes (0: never).
     #[arg(long, default_value_t = 0)]
     pub offline_every: u64,
-    /// Start from an empty drive instead of a full one.
+    /// Start from an empty drive instead of a full, aged one.
     #[arg(long)]
     pub no_prefill: bool,
+    /// Aging after the prefill: random overwrites with unique contents,
+    /// in logical spaces (1.0 = as many page writes as logical pages).
+    #[arg(long, default_value_t = 1.0)]
+    pub age: f64,
     /// What a malformed trace line does: fail or skip.
     #[arg(long, value_enum, default_value = "fail")]
     pub on_error: OnError,
@@ -89,6 +95,7 @@ pub struct Results {
     pub over_provisioning: f64,
     pub idle_us: u64,
     pub prefill: bool,
+    pub age: f64,
     pub workloads: Vec<WorkloadResult>,
 }
 
@@ -102,6 +109,12 @@ fn workload_name(path: &Path) -> String {
 
 /// Replays every trace; `bar` advances by trace bytes.
 pub fn replay_all(opts: &Options, bar: &ProgressBar) -> Result<Results> {
+    if !(0.0..=100.0).contains(&opts.age) {
+        return Err(Error::Config(format!(
+            "--age {} is not 0 to 100 logical spaces",
+            opts.age
+        )));
+    }
     let mut workloads = Vec::new();
     for path in &opts.traces {
         let workload = workload_name(path);
@@ -136,6 +149,12 @@ pub fn replay_all(opts: &Options, bar: &ProgressBar) -> Result<Results> {
         })?;
         if !opts.no_prefill {
             replay.prefill();
+            bar.set_message(format!("{workload} (aging)"));
+            replay.age(
+                (opts.age * replay.logical_bytes() as f64 / 4096.0) as u64,
+                1,
+            );
+            bar.set_message(workload.clone());
         }
         let file =
             File::open(path).map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
@@ -176,6 +195,7 @@ pub fn replay_all(opts: &Options, bar: &ProgressBar) -> Result<Results> {
         over_provisioning: opts.over_provisioning,
         idle_us: opts.idle_us,
         prefill: !opts.no_prefill,
+        age: if opts.no_prefill { 0.0 } else { opts.age },
         workloads,
     })
 }
@@ -233,9 +253,13 @@ pub fn markdown(r: &Results) -> String {
         r.pages_per_block,
         r.over_provisioning,
         if r.prefill {
-            "starts full (every logical page written once)"
+            format!(
+                "starts full and aged (every logical page written once, then {} \
+                 logical space(s) of random unique overwrites, then an offline pass)",
+                r.age
+            )
         } else {
-            "starts empty"
+            "starts empty".to_string()
         },
         r.idle_us
     );
@@ -284,7 +308,7 @@ pub fn markdown(r: &Results) -> String {
         let _ = writeln!(
             out,
             "- {}: {} requests ({} writes, {} reads, {} trims, {} flushes), {} page writes, \
-             logical space {} MiB, trace {} MiB",
+             logical space {}, trace {}",
             w.workload,
             s.requests,
             s.write_requests,
@@ -292,8 +316,8 @@ pub fn markdown(r: &Results) -> String {
             s.trim_requests,
             s.flush_requests,
             s.trace_page_writes,
-            w.logical_bytes >> 20,
-            w.trace_bytes >> 20,
+            crate::units::format_size(w.logical_bytes),
+            crate::units::format_size(w.trace_bytes),
         );
     }
     out

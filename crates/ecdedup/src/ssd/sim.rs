@@ -44,6 +44,7 @@ pub const SYNTHETIC_CAPACITY_DEFAULT: u64 = 256 << 20;
 /// Requests between progress-bar updates.
 const PROGRESS_EVERY: u64 = 4096;
 const TAG_PREFILL: u64 = 0x7072_6566;
+const TAG_AGE: u64 = 0x6167_6564;
 
 #[derive(clap::Args, Debug)]
 pub struct SimArgs {
@@ -266,6 +267,35 @@ impl Replay {
                 } else {
                     let a = synthetic_fingerprint(TAG_PREFILL, 2 * lpn);
                     let b = synthetic_fingerprint(TAG_PREFILL, 2 * lpn + 1);
+                    ssd.halves[2 * lpn as usize] = a;
+                    ssd.halves[2 * lpn as usize + 1] = b;
+                    compose(a, b)
+                };
+                ssd.ftl.write(lpn, PageData::Fingerprint(f));
+            }
+            ssd.ftl.offline_pass(u64::MAX);
+            ssd.ftl.reset_stats();
+            ssd.request_latency.clear();
+        }
+    }
+
+    /// Ages every SSD after a prefill: `writes` overwrites of uniformly
+    /// random logical pages with unique contents (the same sequence on
+    /// every SSD), then a full offline pass, then zeroed counters. A drive
+    /// written once has its spare space in free blocks, and a small trace
+    /// would never make it collect garbage; an aged one is in GC's steady
+    /// state, its invalid pages spread over its blocks, as a used drive is.
+    pub fn age(&mut self, writes: u64, seed: u64) {
+        for ssd in &mut self.ssds {
+            let pages = ssd.ftl.logical_pages();
+            let mut rng = seed;
+            for n in 0..writes {
+                let lpn = super::trace::splitmix(&mut rng) % pages;
+                let f = if ssd.halves.is_empty() {
+                    synthetic_fingerprint(TAG_AGE, n)
+                } else {
+                    let a = synthetic_fingerprint(TAG_AGE, 2 * n);
+                    let b = synthetic_fingerprint(TAG_AGE, 2 * n + 1);
                     ssd.halves[2 * lpn as usize] = a;
                     ssd.halves[2 * lpn as usize + 1] = b;
                     compose(a, b)
