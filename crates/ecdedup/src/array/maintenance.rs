@@ -105,9 +105,21 @@ impl Array {
     pub(super) fn resync_stripe(&self, stripe: u64) -> bool {
         let g = &self.geo;
         if self.journal_pending(stripe) {
-            // Parity is recomputed from data below; nothing logged applies.
-            if let Err(e) = self.journal_invalidate(stripe, 0, g.blocks_per_unit()) {
-                self.warn(format!("stripe {stripe}: {e}"));
+            let all_held =
+                (0..g.width()).all(|role| self.holds(g.place(stripe, role).device, stripe));
+            if all_held {
+                // Parity is recomputed from data below; nothing logged applies.
+                if let Err(e) = self.journal_invalidate(stripe, 0, g.blocks_per_unit()) {
+                    self.warn(format!("stripe {stripe}: {e}"));
+                }
+            } else if let Err(e) = self.replay_stripe(stripe) {
+                // Degraded: parity cannot be recomputed from data, so the
+                // journal is the only record of the logged updates: fold it
+                // into the surviving parity (dropping it would leave stale
+                // parity behind for the missing unit's decode).
+                self.warn(format!(
+                    "stripe {stripe}: replaying its journal while degraded: {e}"
+                ));
             }
         }
         let units = self.read_stripe_raw(stripe);
