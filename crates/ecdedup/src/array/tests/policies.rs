@@ -486,3 +486,36 @@ fn replayed_parity_goes_through_the_dedup_layer_once_per_materialised_block() {
     assert_eq!(hashes(&rig) - h0, materialised);
     rig.assert_consistent();
 }
+
+#[test]
+fn a_parity_device_that_dies_during_replay_costs_only_its_own_log() {
+    for policy in POLICIES {
+        let mut rig = Rig::filled(policy, 4, JOURNAL_BYTES_DEFAULT);
+        rig.write(rig.volume_offset(2, 1, 1), &pattern(110, 4096));
+        let p = rig.parity_device(2, 0);
+        rig.plans[p].dead.store(true, Relaxed);
+        rig.a().replay_all(None).unwrap();
+        assert!(!rig.pending(2));
+        assert_eq!(rig.a().member_states()[p], MemberState::Failed);
+        rig.assert_matches_model();
+        // The other parity unit was replayed: it alone decodes a data unit.
+        rig.assert_degraded_reads_match(2, &[1]);
+    }
+}
+
+#[test]
+fn a_bad_parity_block_whose_data_cannot_be_read_is_left_for_readers_to_skip() {
+    for policy in POLICIES {
+        let mut rig = Rig::filled(policy, 4, JOURNAL_BYTES_DEFAULT);
+        rig.write(rig.volume_offset(3, 0, 0), &pattern(120, 4096));
+        rig.corrupt_block(3, 4, 0);
+        // A data device dies: the bad parity block cannot be recomputed.
+        let d = rig.geo().place(3, 2).device;
+        rig.plans[d].dead.store(true, Relaxed);
+        rig.a().replay_all(None).unwrap();
+        assert!(!rig.pending(3));
+        // Row 0 of stripe 3 decodes from the three live data units and the
+        // other parity unit; the bad one is skipped by its checksum.
+        rig.assert_matches_model();
+    }
+}
