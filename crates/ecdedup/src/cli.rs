@@ -181,9 +181,20 @@ fn progress_bar() -> (ProgressFn, ProgressBar) {
 }
 
 /// Opens the array offline, or says that a server holds it.
+///
+/// Offline maintenance (status, scrub, rebuild, set-policy) of an array
+/// configured for `gpu` hashes with `auto`: the backend changes how fast
+/// fingerprints are computed, never their value, so such an array stays
+/// maintainable on a machine without a GPU. `serve` enforces the
+/// configured backend.
 fn open_offline(dir: &Path) -> Result<Option<Array>> {
+    use crate::fingerprint::gpu::BackendChoice;
+    let backend = match array::ConfigFile::load(dir) {
+        Ok(cfg) if cfg.fingerprint_backend == BackendChoice::Gpu => Some(BackendChoice::Auto),
+        _ => None,
+    };
     let (progress, bar) = progress_bar();
-    match Array::open(dir, Some(progress)) {
+    match Array::open_with_backend(dir, Some(progress), backend) {
         Ok(a) => {
             bar.finish_and_clear();
             for w in a.warnings() {

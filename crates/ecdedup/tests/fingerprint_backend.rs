@@ -120,24 +120,24 @@ fn serve_logs_the_backend_and_overrides_the_configured_one() {
 }
 
 #[test]
-fn gpu_without_a_gpu_fails_at_open_with_a_clear_error() {
+fn offline_commands_hash_on_the_cpu_when_the_configured_gpu_is_absent() {
     if nvidia_driver_present() {
         eprintln!(
             "!!! SKIPPED: an NVIDIA driver is present; this test needs a machine without a GPU"
         );
         return;
     }
-    // Creating is fine: the array may be meant for a GPU machine.
+    // Creating is fine: the array may be meant for a GPU machine; offline
+    // maintenance must still work here (serve is what insists on the GPU,
+    // see the next test).
     let a = dedup_array("gpu");
-    let out = a.cli(&["status"]).failed();
+    let out = a.cli(&["status"]).ok();
     assert_no_panic(&out);
     assert!(
-        out.stderr
-            .contains("gpu backend chosen by configuration cannot run")
-            && out.stderr.contains("no CUDA device")
-            && out.stderr.contains("--fingerprint-backend cpu"),
-        "the error should say that the GPU backend cannot run, why, and what to do: {out}"
+        out.stdout.contains("cpu"),
+        "offline status should say it hashes on the cpu: {out}"
     );
+    a.cli(&["scrub"]).ok();
 }
 
 #[test]
