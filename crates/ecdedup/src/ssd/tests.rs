@@ -14,7 +14,7 @@ use super::ftl::*;
 use super::latency::LatencyModel;
 use super::sim::{OutOfRange, Replay, ReplayConfig};
 use super::trace::{synthetic_fingerprint, Synthetic, SyntheticSpec, TraceOp, TraceRequest};
-use crate::media::{Device, WriteHint};
+use crate::media::{Device, PlacementDevice, Stream, WriteHint};
 use proptest::prelude::*;
 use std::collections::HashMap;
 
@@ -74,12 +74,20 @@ impl Rig {
         }
     }
 
+    /// Writes with an arbitrary (often wrong) placement hint: only mode
+    /// `hinted` uses it, and no hint may change what reads back.
     fn write(&mut self, lpn: u64, content: u32) {
+        let stream = [Stream::Unknown, Stream::Unique, Stream::PossiblyDuplicate]
+            [(content as usize + lpn as usize) % 3];
         match self.ftl.config().store {
-            StoreMode::Contents => self.ftl.write(lpn, PageData::Bytes(&bytes_of(content))),
-            StoreMode::Fingerprints => self
-                .ftl
-                .write(lpn, PageData::Fingerprint(fingerprint_of(content))),
+            StoreMode::Contents => {
+                self.ftl
+                    .write_placed(lpn, PageData::Bytes(&bytes_of(content)), stream)
+            }
+            StoreMode::Fingerprints => {
+                self.ftl
+                    .write_placed(lpn, PageData::Fingerprint(fingerprint_of(content)), stream)
+            }
         };
         self.model.insert(lpn, content);
     }
@@ -164,6 +172,12 @@ proptest! {
     #[test]
     fn separated_dedup_ftl_reads_back_every_page_through_gc_and_passes(ops in ops(192, 6, 1000)) {
         run_model(small(DedupMode::OfflineSeparated, StoreMode::Fingerprints), &ops)?;
+    }
+
+    #[test]
+    fn hinted_separation_reads_back_every_page_whatever_the_hints(ops in ops(192, 6, 1000)) {
+        run_model(small(DedupMode::OfflineHinted, StoreMode::Fingerprints), &ops)?;
+        run_model(small(DedupMode::OfflineHinted, StoreMode::Contents), &ops)?;
     }
 
     #[test]
@@ -950,5 +964,103 @@ fn an_array_runs_on_simulated_ssds_and_reads_back_what_it_wrote() {
     assert!(
         skipped > 0,
         "identical blocks were deduplicated inside the SSDs"
+    );
+}
+
+#[test]
+fn the_placement_hint_of_an_array_write_reaches_the_simulated_ssd() {
+    use crate::array::{format, Array, CreateOptions, Geometry, WritePolicy};
+    use crate::dedup::DedupConfig;
+    use std::sync::Arc;
+    let (n, k, m, su) = (4u32, 2u32, 2u32, 16384u32);
+    let volume_bytes = 64 * k as u64 * su as u64;
+    let geo = Geometry::new(n, k, m, su, volume_bytes).unwrap();
+    // Each SSD sits under a PlacementDevice: the CRC filter above the
+    // device decides, the SSD (mode hinted) places by the decision.
+    let devs: Vec<Arc<PlacementDevice<SsdDevice>>> = (0..n)
+        .map(|i| {
+            let ssd = SsdDevice::with_size(
+                &format!("d{i}"),
+                geo.device_bytes_min(),
+                FtlConfig {
+                    dedup: DedupMode::OfflineHinted,
+                    ..FtlConfig::new(4096, 32, 1, 0.2)
+                },
+            )
+            .unwrap();
+            Arc::new(PlacementDevice::new(ssd, 4096))
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let opts = CreateOptions {
+        devices: (0..n)
+            .map(|i| std::path::PathBuf::from(format!("/nonexistent/ssd{i}")))
+            .collect(),
+        k,
+        m,
+        stripe_unit_bytes: su,
+        volume_bytes,
+        intent_region_bytes: 2 * k as u64 * su as u64,
+        dedup: DedupConfig::default(),
+        write_policy: WritePolicy::Rmw,
+        journal_bytes_max: 1 << 20,
+    };
+    let as_devices = || {
+        devs.iter()
+            .map(|d| Arc::clone(d) as Arc<dyn Device>)
+            .collect::<Vec<_>>()
+    };
+    format(dir.path(), &opts, as_devices()).unwrap();
+    let array = Array::open_with_devices(
+        dir.path(),
+        as_devices().into_iter().map(Some).collect(),
+        None,
+    )
+    .unwrap();
+    // Two full-stripe passes: the second writes the same blocks again.
+    let stripe_bytes = k as u64 * su as u64;
+    let data: Vec<u8> = (0..8 * stripe_bytes)
+        .map(|i| (i / 4096) as u8 ^ (i % 251) as u8)
+        .collect();
+    array.write(&data, 0, false).unwrap();
+    array.write(&data, 8 * stripe_bytes, false).unwrap();
+    let mut back = vec![0u8; data.len()];
+    array.read(&mut back, 8 * stripe_bytes).unwrap();
+    assert!(back == data, "the second copy reads back");
+    let (mut unique, mut nd) = (0, 0);
+    for d in &devs {
+        let placed = d.counters();
+        let r = d.inner().report();
+        d.inner().with_ftl(|f| f.check()).unwrap();
+        assert_eq!(
+            r.counters.hinted_page_writes,
+            placed.unique_pages + placed.possibly_duplicate_pages,
+            "every classified page arrived with its hint"
+        );
+        assert_eq!(r.counters.u_region_page_writes, placed.unique_pages);
+        assert_eq!(
+            r.counters.nd_region_page_writes,
+            placed.possibly_duplicate_pages + placed.unknown_pages
+        );
+        unique += placed.unique_pages;
+        nd += placed.possibly_duplicate_pages;
+    }
+    // The second copy's data blocks repeat the first's on the same devices.
+    let data_pages = 8 * stripe_bytes / 4096;
+    assert!(unique >= data_pages, "{unique} unique pages");
+    assert!(nd >= data_pages, "{nd} possibly-duplicate pages");
+    for d in &devs {
+        d.inner().offline_pass(u64::MAX);
+        d.inner().with_ftl(|f| f.check()).unwrap();
+    }
+    let remaps: u64 = devs
+        .iter()
+        .map(|d| d.inner().report().counters.offline_remaps)
+        .sum();
+    assert!(remaps >= data_pages, "{remaps} remaps");
+    array.read(&mut back, 0).unwrap();
+    assert!(
+        back == data,
+        "the first copy still reads back after the pass"
     );
 }
