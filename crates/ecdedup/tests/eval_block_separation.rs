@@ -103,7 +103,11 @@ fn block_separation_eval_reports_exact_deterministic_counters_for_every_mode() {
         let programs = m["nand_page_programs"].as_u64().unwrap();
         let copies = m["gc_page_copies"].as_u64().unwrap();
         let skipped = m["dedup_skipped_writes"].as_u64().unwrap();
-        assert_eq!(programs + skipped, 30000 + copies, "{name}: counter identity");
+        assert_eq!(
+            programs + skipped,
+            30000 + copies,
+            "{name}: counter identity"
+        );
         got.push((
             name,
             copies,
@@ -119,8 +123,14 @@ fn block_separation_eval_reports_exact_deterministic_counters_for_every_mode() {
     );
 
     let md = std::fs::read_to_string(out_dir.join("block-separation.md")).unwrap();
-    assert!(md.contains("| tiny-workload | offline + separation |"), "{md}");
-    assert!(md.contains("20-61% fewer"), "the paper's figure is beside ours");
+    assert!(
+        md.contains("| tiny-workload | offline + separation |"),
+        "{md}"
+    );
+    assert!(
+        md.contains("20-61% fewer"),
+        "the paper's figure is beside ours"
+    );
     let svg = std::fs::read_to_string(out_dir.join("block-separation.svg")).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("tiny-workload"));
 }
