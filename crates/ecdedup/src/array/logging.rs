@@ -612,7 +612,8 @@ impl Array {
 
     /// Replays in the background: when a journal passes half its bound, a
     /// write fell back, a device failed, or the volume has been idle for
-    /// `IDLE_REPLAY_AFTER` with something logged. Stops with `stop_background`.
+    /// `IDLE_REPLAY_AFTER` with something logged or journal space not yet
+    /// given back. Stops when the array closes.
     pub fn start_background_replay(self: &std::sync::Arc<Self>) {
         if !self.write_policy.journals() {
             return;
@@ -624,8 +625,10 @@ impl Array {
                 while !array.stopping.load(Relaxed) {
                     std::thread::sleep(std::time::Duration::from_millis(200));
                     let idle = array.idle_ms() >= IDLE_REPLAY_AFTER.as_millis() as u64;
-                    let logged = array.journal_usage().1 > 0;
-                    if logged && (idle || array.replay_wanted()) {
+                    let (bytes, logged, _) = array.journal_usage();
+                    // Space left behind by replays that ran elsewhere (a
+                    // rebuild, degraded reads) is given back when idle too.
+                    if (logged > 0 && (idle || array.replay_wanted())) || (bytes > 0 && idle) {
                         if let Err(e) = array.replay_all(None) {
                             array.warn(format!("background replay: {e}"));
                         }
