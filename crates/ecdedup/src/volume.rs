@@ -13,7 +13,10 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-/// Largest single request (NBD clients send at most 32 MiB by default).
+/// Largest single request that carries data (NBD clients send at most
+/// 32 MiB by default). Trim and write-zeroes carry none and are processed a
+/// stripe at a time, so only the volume's end bounds them (`mkfs` trims the
+/// whole device in requests of up to 4 GiB).
 pub const REQUEST_BYTES_MAX: u64 = 64 << 20;
 
 pub struct Volume {
@@ -212,12 +215,18 @@ impl Volume {
         self.array.volume_bytes()
     }
 
+    /// Checks a request that carries `len` bytes of data.
     fn validate(&self, offset: u64, len: u64) -> Result<()> {
         if len > REQUEST_BYTES_MAX {
             return Err(Error::InvalidRequest(format!(
                 "request of {len} bytes exceeds the {REQUEST_BYTES_MAX}-byte limit"
             )));
         }
+        self.validate_range(offset, len)
+    }
+
+    /// Checks that `offset..offset + len` lies inside the volume.
+    fn validate_range(&self, offset: u64, len: u64) -> Result<()> {
         match offset.checked_add(len) {
             Some(end) if end <= self.size() => Ok(()),
             _ => Err(Error::OutOfRange {
@@ -256,7 +265,7 @@ impl Volume {
     /// Trim and write-zeroes both leave zeroes behind (whole stripes are
     /// discarded on the media), so reads after a trim are defined.
     pub fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
-        self.validate(offset, len)?;
+        self.validate_range(offset, len)?;
         let Some(t) = &self.trace else {
             return self.array.write_zeroes(offset, len, fua);
         };

@@ -483,3 +483,31 @@ fn rebuild_through_the_server_reports_its_own_outcome_not_an_earlier_scrubs() {
     );
     server.stop();
 }
+
+/// Write-zeroes carries no data, so it is not bound by the 64 MiB data
+/// request limit: one request may zero the whole volume (mkfs trims a device
+/// this way), and it leaves zeroes; past the end it is still refused.
+#[test]
+fn write_zeroes_of_the_whole_volume_in_one_request_succeeds() {
+    let a = TestArray::create("256M");
+    let server = a.serve();
+    let mut c = server.client();
+    let size = c.size;
+    let data = pseudo_random(77, 1 << 20);
+    for at in [0, 100 * MIB, size - (1 << 20)] {
+        c.write(at, &data, false).unwrap();
+    }
+    c.write_zeroes(0, size as u32, true)
+        .expect("zeroing 256 MiB in one request");
+    for at in [0, 100 * MIB, size - (1 << 20)] {
+        let got = c.read(at, 1 << 20).unwrap();
+        assert!(got.iter().all(|&b| b == 0), "zeroes expected at {at}");
+    }
+    match c.write_zeroes(4096, size as u32, false) {
+        Err(nbd::Error::Server(e)) => assert_ne!(e, 0),
+        other => panic!("zeroing past the end must fail, got {other:?}"),
+    }
+    c.disconnect();
+    server.stop();
+    a.scrub_check_clean();
+}
