@@ -77,6 +77,15 @@ enum Command {
         /// Bound of each device's parity journal (plog, parix).
         #[arg(long, default_value = "256M")]
         journal_max: String,
+        /// Simulated SSD under each device, counting flash wear of the real
+        /// writes (data stays on the device): none, plain (FTL without
+        /// dedup), inline, offline, separated, hinted. Counters cover one
+        /// `serve`; see docs/ssd.md.
+        #[arg(long, default_value = "none")]
+        ssd_sim: String,
+        /// Over-provisioning of the simulated SSDs, percent of flash.
+        #[arg(long, default_value_t = crate::ssd::wear::SSD_OP_PERCENT_DEFAULT)]
+        ssd_op: f64,
     },
     /// Change the partial-write policy of a stopped array (journals are replayed first).
     SetPolicy {
@@ -232,8 +241,15 @@ fn run(cli: Cli) -> Result<()> {
             fingerprint_backend,
             write_policy,
             journal_max,
+            ssd_sim,
+            ssd_op,
         } => {
             let fingerprint_backend = parse_backend(&fingerprint_backend)?;
+            let ssd_sim = crate::ssd::SsdSimConfig {
+                mode: ssd_sim.parse()?,
+                over_provisioning_percent: ssd_op,
+            };
+            ssd_sim.validate()?;
             let write_policy: crate::array::WritePolicy = write_policy.parse()?;
             let (k, m) = if write_policy == crate::array::WritePolicy::Replicate {
                 println!("write policy replicate: every block is stored on 3 devices (RS(1,2))");
@@ -284,6 +300,9 @@ fn run(cli: Cli) -> Result<()> {
             };
             array::create(&dir, &opts)?;
             array::set_fingerprint_backend(&dir, fingerprint_backend)?;
+            if ssd_sim != crate::ssd::SsdSimConfig::default() {
+                array::set_ssd_sim(&dir, ssd_sim)?;
+            }
             println!(
                 "created RS({k},{m}) array in {} over {} devices: stripe unit {}, volume {}",
                 dir.display(),

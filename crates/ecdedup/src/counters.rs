@@ -191,6 +191,10 @@ pub struct Stats {
     /// the device is out of service).
     #[serde(default)]
     pub dedup: Vec<Option<crate::dedup::DedupStats>>,
+    /// The simulated SSD of each device (`create --ssd-sim`; absent when
+    /// off, null where a device is out of service).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ssd: Vec<Option<crate::ssd::SsdWearStats>>,
 }
 
 pub struct Counters {
@@ -217,6 +221,7 @@ impl Counters {
                 .collect(),
             checksum_table_bytes,
             dedup: Vec::new(),
+            ssd: Vec::new(),
             journal_bytes: 0,
             journal_logged_blocks: 0,
             journal_index_bytes: 0,
@@ -301,6 +306,41 @@ impl Stats {
             }
             for (d, x) in samples {
                 let _ = writeln!(out, "ecdedup_dedup_{name}{{device=\"{d}\"}} {x}");
+            }
+        }
+        // Simulated SSDs: the wear figures, labelled by device.
+        for name in [
+            "host_page_writes",
+            "host_page_trims",
+            "nand_page_programs",
+            "gc_page_copies",
+            "block_erases",
+            "dedup_skipped_writes",
+            "offline_remaps",
+            "write_amplification",
+            "erase_count_min",
+            "erase_count_max",
+            "erase_count_mean",
+            "wear_spread",
+        ] {
+            let samples: Vec<(usize, f64)> = self
+                .ssd
+                .iter()
+                .enumerate()
+                .filter_map(|(d, s)| {
+                    let v = serde_json::to_value(s.as_ref()?).ok()?;
+                    Some((d, v.get(name)?.as_f64()?))
+                })
+                .collect();
+            if samples.is_empty() {
+                continue;
+            }
+            if let Some((kind, help)) = crate::ssd::SsdWearStats::prometheus_description(name) {
+                let _ = writeln!(out, "# HELP ecdedup_ssd_{name} {help}, by device");
+                let _ = writeln!(out, "# TYPE ecdedup_ssd_{name} {kind}");
+            }
+            for (d, x) in samples {
+                let _ = writeln!(out, "ecdedup_ssd_{name}{{device=\"{d}\"}} {x}");
             }
         }
         out

@@ -92,6 +92,10 @@ pub struct ConfigFile {
     /// `serve --fingerprint-backend` overrides it for one run.
     #[serde(default)]
     pub fingerprint_backend: BackendChoice,
+    /// Wear accounting by a simulated SSD under each device (`create
+    /// --ssd-sim`, off by default; see `crate::ssd::wear`).
+    #[serde(default)]
+    pub ssd_sim: crate::ssd::SsdSimConfig,
 }
 
 fn default_intent_clear_quiet_ms() -> u64 {
@@ -252,6 +256,8 @@ pub struct Array {
     stopping: std::sync::atomic::AtomicBool,
     /// Set by `simulate_crash`: drop without flushing, as kill -9 would.
     crashed: std::sync::atomic::AtomicBool,
+    /// The simulated-SSD wear layer of each device (empty when off).
+    ssd_wear: Vec<RwLock<Option<Arc<crate::ssd::WearDevice>>>>,
     _lock_file: File,
 }
 
@@ -457,8 +463,19 @@ pub fn format(dir: &Path, opts: &CreateOptions, devices: Vec<Arc<dyn Device>>) -
         journal_bytes_max: opts.journal_bytes_max,
         intent_clear_quiet_ms: default_intent_clear_quiet_ms(),
         fingerprint_backend: BackendChoice::default(),
+        ssd_sim: crate::ssd::SsdSimConfig::default(),
     }
     .store(dir)
+}
+
+/// Records the simulated-SSD wear accounting of the array in `dir` (at
+/// create); it applies from the next open.
+pub fn set_ssd_sim(dir: &Path, sim: crate::ssd::SsdSimConfig) -> Result<()> {
+    sim.validate()?;
+    let _lock = lock_dir(dir)?;
+    let mut cfg = ConfigFile::load(dir)?;
+    cfg.ssd_sim = sim;
+    cfg.store(dir)
 }
 
 /// Records which fingerprint backend the array in `dir` uses (at create;
@@ -497,10 +514,16 @@ impl Array {
         let cfg = ConfigFile::load(dir)?;
         let mut devices: Vec<Option<Arc<dyn Device>>> = Vec::new();
         let mut warnings = Vec::new();
+        let mut ssd_wear = Vec::new();
         for (i, path) in cfg.devices.iter().enumerate() {
             match FileDevice::open(path) {
-                Ok(d) => devices.push(Some(Arc::new(d))),
+                Ok(d) => {
+                    let (d, wear) = cfg.ssd_sim.wrap(Arc::new(d))?;
+                    ssd_wear.push(RwLock::new(wear));
+                    devices.push(Some(d))
+                }
                 Err(e) => {
+                    ssd_wear.push(RwLock::new(None));
                     warnings.push(format!(
                         "device {i} ({}) cannot be opened: {e}",
                         path.display()
@@ -509,7 +532,8 @@ impl Array {
                 }
             }
         }
-        Array::assemble(
+        let sim_on = cfg.ssd_sim.mode.ftl_mode().is_some();
+        let mut array = Array::assemble(
             dir,
             lock,
             cfg,
@@ -517,7 +541,11 @@ impl Array {
             warnings,
             progress,
             fingerprint_backend,
-        )
+        )?;
+        if sim_on {
+            array.ssd_wear = ssd_wear;
+        }
+        Ok(array)
     }
 
     /// Opens an array over devices the caller supplies (tests, simulators).
@@ -817,6 +845,7 @@ impl Array {
             started: std::time::Instant::now(),
             stopping: std::sync::atomic::AtomicBool::new(false),
             crashed: std::sync::atomic::AtomicBool::new(false),
+            ssd_wear: Vec::new(),
             _lock_file: lock,
         };
         if changed
@@ -875,6 +904,11 @@ impl Array {
             .dedup
             .iter()
             .map(|l| l.read().unwrap().as_ref().map(|l| l.stats()))
+            .collect();
+        stats.ssd = self
+            .ssd_wear
+            .iter()
+            .map(|w| w.read().unwrap().as_ref().map(|w| w.stats()))
             .collect();
         (
             stats.journal_bytes,
@@ -1109,7 +1143,13 @@ impl Array {
             FileDevice::create_file(&path, self.geo.device_bytes_min())
                 .map_err(|e| dev_err(format!("cannot create: {e}")))?
         };
-        self.install_replacement(d, Arc::new(dev), &path)
+        let sim = self.config.lock().unwrap().file.ssd_sim.clone();
+        let (dev, wear) = sim.wrap(Arc::new(dev))?;
+        self.install_replacement(d, dev, &path)?;
+        if let Some(slot) = self.ssd_wear.get(d) {
+            *slot.write().unwrap() = wear;
+        }
+        Ok(())
     }
 
     /// Installs an open device as the blank replacement of failed position `d`.

@@ -8,6 +8,9 @@
 //!   plus a synthetic workload generator;
 //! - [`device`]: [`SsdDevice`], a [`crate::media::Device`] on the FTL, so an
 //!   array can run on simulated SSDs;
+//! - [`wear`]: [`WearDevice`], wear accounting stacked on a real device
+//!   (`create --ssd-sim`): the data stays on the device, the FTL sees
+//!   fingerprints of the array's real writes;
 //! - [`ftl`]: the FTL itself (page map, contents with reference counts,
 //!   regions, GC, the offline pass, counters);
 //! - [`index`] and [`latency`]: its lookup tables and its latency model.
@@ -24,6 +27,7 @@ pub mod index;
 pub mod latency;
 pub mod sim;
 pub mod trace;
+pub mod wear;
 
 #[cfg(test)]
 mod tests;
@@ -35,3 +39,4 @@ pub use ftl::{
 };
 pub use latency::{LatencyHistogram, LatencyModel};
 pub use sim::{run_sim, SimArgs};
+pub use wear::{SsdSimConfig, SsdSimMode, SsdWearStats, WearDevice};
