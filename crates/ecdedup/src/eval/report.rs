@@ -314,7 +314,7 @@ fn summary_table(s: &mut String, r: &Results) {
     );
     let _ = writeln!(
         s,
-        "| mode | chunk | configuration | write throughput vs RAID-6 | parity pages written vs RAID-6 (md-style) | vs paper-style RAID-6 | index DRAM, % of workload | decode, 1 failed, vs RAID-6 | decode, 2 failed, vs RAID-6 |"
+        "| mode | chunk | configuration | write throughput vs RAID-6 | parity pages written vs RAID-6 (md-style) | vs paper-style RAID-6 | fingerprint DRAM (index + slot fingerprints), % of workload | decode, 1 failed, vs RAID-6 | decode, 2 failed, vs RAID-6 |"
     );
     let _ = writeln!(
         s,
