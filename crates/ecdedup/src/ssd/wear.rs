@@ -216,6 +216,15 @@ pub struct SsdWearStats {
     pub block_erases: u64,
     pub dedup_skipped_writes: u64,
     pub offline_remaps: u64,
+    /// Offline passes run (one per sync in the offline modes).
+    pub offline_passes: u64,
+    /// Contents written since the last offline pass.
+    pub pending_pages: u64,
+    /// Logical pages holding data, and the physical pages (contents)
+    /// storing them now; their ratio is the dedup ratio inside the SSD.
+    pub mapped_logical_pages: u64,
+    pub valid_pages: u64,
+    pub dedup_ratio: f64,
     /// NAND page programs / host page writes (0 without writes).
     pub write_amplification: f64,
     pub erase_count_min: u32,
@@ -246,6 +255,11 @@ impl SsdWearStats {
             block_erases: c.block_erases,
             dedup_skipped_writes: c.dedup_skipped_writes,
             offline_remaps: c.offline_remaps,
+            offline_passes: c.offline_passes,
+            pending_pages: r.pending_pages,
+            mapped_logical_pages: r.mapped_logical_pages,
+            valid_pages: r.valid_pages,
+            dedup_ratio: r.dedup_ratio,
             write_amplification: r.write_amplification,
             erase_count_min: r.erase_count_min,
             erase_count_max: r.erase_count_max,
