@@ -81,34 +81,12 @@ impl SsdDevice {
     }
 
     fn range_check(&self, len: u64, offset: u64) -> io::Result<()> {
-        match offset.checked_add(len) {
-            Some(end) if end <= self.size => Ok(()),
-            _ => Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                format!(
-                    "{}: {len} bytes at {offset} beyond the end ({} bytes)",
-                    self.describe(),
-                    self.size
-                ),
-            )),
-        }
+        super::device::range_check(&self.describe(), self.size, len, offset)
     }
 
     /// Splits `[offset, offset + len)` into (page, start in page, length).
     fn pages(&self, offset: u64, len: u64) -> impl Iterator<Item = (u64, usize, usize)> {
-        let pb = self.page_bytes;
-        let end = offset + len;
-        let mut at = offset;
-        std::iter::from_fn(move || {
-            if at >= end {
-                return None;
-            }
-            let page = at / pb;
-            let start = at % pb;
-            let n = (pb - start).min(end - at);
-            at += n;
-            Some((page, start as usize, n as usize))
-        })
+        super::device::split_pages(self.page_bytes, offset, len)
     }
 
     fn write_pages(&self, buf: &[u8], offset: u64, repair: bool, stream: Stream) -> io::Result<()> {
@@ -193,4 +171,36 @@ impl Device for SsdDevice {
     fn describe(&self) -> String {
         format!("ssd:{}", self.name)
     }
+}
+
+/// Refuses `len` bytes at `offset` beyond a device of `size` bytes.
+pub(super) fn range_check(what: &str, size: u64, len: u64, offset: u64) -> io::Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("{what}: {len} bytes at {offset} beyond the end ({size} bytes)"),
+        )),
+    }
+}
+
+/// Splits `[offset, offset + len)` into (page, start in page, length) for
+/// pages of `page_bytes`.
+pub(super) fn split_pages(
+    page_bytes: u64,
+    offset: u64,
+    len: u64,
+) -> impl Iterator<Item = (u64, usize, usize)> {
+    let end = offset + len;
+    let mut at = offset;
+    std::iter::from_fn(move || {
+        if at >= end {
+            return None;
+        }
+        let page = at / page_bytes;
+        let start = at % page_bytes;
+        let n = (page_bytes - start).min(end - at);
+        at += n;
+        Some((page, start as usize, n as usize))
+    })
 }

@@ -344,34 +344,12 @@ impl WearDevice {
     }
 
     fn range_check(&self, len: u64, offset: u64) -> io::Result<()> {
-        match offset.checked_add(len) {
-            Some(end) if end <= self.size => Ok(()),
-            _ => Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                format!(
-                    "{}: {len} bytes at {offset} beyond the end ({} bytes)",
-                    self.describe(),
-                    self.size
-                ),
-            )),
-        }
+        super::device::range_check(&self.describe(), self.size, len, offset)
     }
 
     /// Splits `[offset, offset + len)` into (page, start in page, length).
     fn pages(&self, offset: u64, len: u64) -> impl Iterator<Item = (u64, usize, usize)> {
-        let pb = self.page_bytes;
-        let end = offset + len;
-        let mut at = offset;
-        std::iter::from_fn(move || {
-            if at >= end {
-                return None;
-            }
-            let page = at / pb;
-            let start = at % pb;
-            let n = (pb - start).min(end - at);
-            at += n;
-            Some((page, start as usize, n as usize))
-        })
+        super::device::split_pages(self.page_bytes, offset, len)
     }
 
     /// The fingerprint of what page `lpn` of the inner device holds now
