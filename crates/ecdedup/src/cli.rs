@@ -548,6 +548,12 @@ fn print_status(s: &Status) {
         );
         println!("fingerprint backend: {}", s.fingerprint_backend);
     }
+    if s.ssd_sim.mode != crate::ssd::SsdSimMode::Off {
+        println!(
+            "simulated SSDs: {} ({}% over-provisioning; wear counters in `stats`, per serve session)",
+            s.ssd_sim.mode, s.ssd_sim.over_provisioning_percent
+        );
+    }
     for d in &s.devices {
         let state = match d.state {
             array::MemberState::Active => "active".to_string(),

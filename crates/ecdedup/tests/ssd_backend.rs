@@ -46,6 +46,14 @@ fn field(s: &Value, name: &str) -> u64 {
 #[test]
 fn an_array_on_simulated_ssds_counts_the_flash_wear_of_real_writes() {
     let a = create(&["--ssd-sim", "separated", "--ssd-op", "7"]);
+    let shown = a.cli(&["status"]).ok();
+    assert!(
+        shown
+            .stdout
+            .contains("simulated SSDs: separated (7% over-provisioning"),
+        "status should show the simulation: {shown}"
+    );
+    assert_eq!(a.status()["ssd_sim"]["mode"], "separated");
     let server = a.serve();
     let first = FioJob::random_4k(0, VOLUME_BYTES, 11);
     let second = FioJob::random_4k(0, VOLUME_BYTES, 12);

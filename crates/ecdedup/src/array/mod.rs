@@ -221,6 +221,9 @@ pub struct Status {
     /// usable GPU (...), using cpu (2 threads)"; "none" when dedup is off.
     #[serde(default)]
     pub fingerprint_backend: String,
+    /// The simulated SSD under each device (`create --ssd-sim`), off by default.
+    #[serde(default)]
+    pub ssd_sim: crate::ssd::SsdSimConfig,
     pub devices: Vec<DeviceStatus>,
     pub dirty_regions: usize,
     pub operation: Option<OpProgress>,
@@ -1002,6 +1005,7 @@ impl Array {
             health,
             dedup: cfg.file.dedup.clone(),
             fingerprint_backend: self.backend_why.clone(),
+            ssd_sim: cfg.file.ssd_sim.clone(),
             write_policy: self.write_policy,
             devices,
             dirty_regions: self.intent.dirty_regions(),
