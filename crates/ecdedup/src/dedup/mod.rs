@@ -326,6 +326,22 @@ impl State {
     }
 }
 
+/// What one dedup block of a request becomes (`DedupDevice::write_batch`).
+#[derive(Clone, Copy)]
+enum Plan {
+    /// A hit on the slot the block maps already: nothing changes.
+    Keep,
+    /// A hit on another slot (counted at planning, so it stays).
+    Reference(u32),
+    /// The content of the earlier block `from` of the request: a reference
+    /// to its fresh slot (filled in at allocation).
+    Local { from: usize, slot: u32 },
+    /// New content to a fresh slot (filled in at allocation).
+    Fresh(u32),
+    /// Unfingerprinted content over the block's own slot.
+    InPlace(u32),
+}
+
 pub struct DedupDevice {
     inner: Arc<dyn Device>,
     config: DedupConfig,
@@ -687,16 +703,255 @@ impl DedupDevice {
             self.counters
                 .hash_bytes
                 .fetch_add(bytes.len() as u64, Relaxed);
-            for (i, (chunk, fp)) in chunks.iter().zip(&fps).enumerate() {
-                self.write_hashed(first + i as u64, chunk, *fp, class)?;
+            if !self.write_batch(first, bytes, Some(&fps), class)? {
+                for (i, (chunk, fp)) in chunks.iter().zip(&fps).enumerate() {
+                    self.write_hashed(first + i as u64, chunk, *fp, class)?;
+                }
             }
-        } else {
+        } else if !self.write_batch(first, bytes, None, class)? {
             for (i, chunk) in chunks.iter().enumerate() {
                 self.write_plain(first + i as u64, chunk, class)?;
             }
         }
         add_ns(&self.counters.write_ns, started);
         Ok(())
+    }
+
+    /// Writes the whole dedup blocks `bytes`, starting at `first`, as one
+    /// batch (`fps`: their fingerprints, None when not fingerprinted):
+    /// under one lock, every block is planned (index lookup, verify,
+    /// reference, in place or fresh slot) and the fresh slots it needs are
+    /// allocated (ascending, so that they tend to be consecutive); then,
+    /// unlocked, runs of consecutive slots are written with one `write_at`
+    /// each; then, under one lock, the map is updated and all the records
+    /// are appended with one write. Records are appended only after the
+    /// slots' bytes are written, as on the per-block path, and a slot
+    /// enters the index only then. Returns false, having changed nothing
+    /// but the index's recency, when there are not enough free slots (a
+    /// full device): the caller then goes block by block, overwriting in
+    /// place where it must.
+    ///
+    /// A block whose content an earlier block of the request is writing
+    /// becomes a reference to that block's fresh slot, as it would block by
+    /// block. Unlike block by block, a hit on a slot that an earlier block
+    /// of the request stops using keeps that slot (it is counted before the
+    /// earlier block lets go of it).
+    fn write_batch(
+        &self,
+        first: u64,
+        bytes: &[u8],
+        fps: Option<&[Fingerprint]>,
+        class: IoClass,
+    ) -> io::Result<bool> {
+        let block = self.block as usize;
+        let n = bytes.len() / block;
+        let chunk = |i: usize| &bytes[i * block..(i + 1) * block];
+        let parity = class == IoClass::Parity;
+        let planning = std::time::Instant::now();
+        let mut st = self.state.lock().unwrap();
+        let mut plans = Vec::with_capacity(n);
+        // Fingerprint → the block of this request that writes it to a fresh
+        // slot (block by block, that slot would be the index's entry).
+        let mut local: std::collections::HashMap<Fingerprint, usize> =
+            std::collections::HashMap::new();
+        let (mut hits, mut compares, mut mismatches, mut fresh) = (0u64, 0u64, 0u64, 0usize);
+        for i in 0..n {
+            let b = first + i as u64;
+            let cur = st.map[b as usize];
+            let plan = match fps {
+                None => {
+                    if cur != UNMAPPED
+                        && st.refs[cur as usize] == 1
+                        && !st.slot_fp.contains_key(&cur)
+                    {
+                        Plan::InPlace(cur)
+                    } else {
+                        Plan::Fresh(UNMAPPED)
+                    }
+                }
+                Some(fps) => {
+                    let fp = fps[i];
+                    let found = match local.get(&fp) {
+                        Some(&j) => Some(Plan::Local {
+                            from: j,
+                            slot: UNMAPPED,
+                        }),
+                        None => st.index.get(&fp).map(|s| {
+                            let s = s as u32;
+                            if s == cur {
+                                Plan::Keep
+                            } else {
+                                Plan::Reference(s)
+                            }
+                        }),
+                    };
+                    let same = match found {
+                        None => false,
+                        Some(_) if !self.config.verify => true,
+                        Some(Plan::Local { from, .. }) => {
+                            compares += 1;
+                            chunk(from) == chunk(i)
+                        }
+                        Some(Plan::Keep) | Some(Plan::Reference(_)) => {
+                            let s = match found {
+                                Some(Plan::Reference(s)) => s,
+                                _ => cur,
+                            };
+                            compares += 1;
+                            let mut existing = vec![0u8; block];
+                            self.inner.read_at(&mut existing, self.slot_offset(s))?;
+                            existing == chunk(i)
+                        }
+                        Some(_) => false,
+                    };
+                    match found {
+                        Some(plan) if same => {
+                            hits += 1;
+                            plan
+                        }
+                        _ => {
+                            if found.is_some() {
+                                mismatches += 1;
+                            }
+                            local.insert(fp, i);
+                            Plan::Fresh(UNMAPPED)
+                        }
+                    }
+                }
+            };
+            if matches!(plan, Plan::Fresh(_)) {
+                fresh += 1;
+            }
+            plans.push(plan);
+        }
+        if st.free.len() < fresh && !st.pending_free.is_empty() {
+            self.sync_locked(&mut st)?;
+        }
+        if st.free.len() < fresh {
+            return Ok(false);
+        }
+        // The free list is popped from its end (ascending on a fresh map).
+        let at = st.free.len() - fresh;
+        let mut slots: Vec<u32> = st.free.drain(at..).collect();
+        slots.sort_unstable();
+        let mut slots = slots.into_iter();
+        let mut slot_of = vec![UNMAPPED; n];
+        // (slot, block of the request) of every slot write.
+        let mut writes: Vec<(u32, usize)> = Vec::with_capacity(n);
+        for i in 0..n {
+            match plans[i] {
+                Plan::Fresh(_) => {
+                    let s = slots.next().unwrap_or(UNMAPPED);
+                    st.refs[s as usize] = 1;
+                    slot_of[i] = s;
+                    plans[i] = Plan::Fresh(s);
+                    writes.push((s, i));
+                }
+                Plan::InPlace(s) => writes.push((s, i)),
+                Plan::Reference(s) => st.refs[s as usize] += 1,
+                Plan::Local { from, .. } => {
+                    let s = slot_of[from];
+                    st.refs[s as usize] += 1;
+                    plans[i] = Plan::Local { from, slot: s };
+                }
+                Plan::Keep => {}
+            }
+        }
+        drop(st);
+        if fps.is_some() {
+            add_ns(&self.counters.index_ns, planning);
+        }
+        writes.sort_unstable();
+        let mut k = 0;
+        while k < writes.len() {
+            let mut e = k + 1;
+            while e < writes.len() && writes[e].0 == writes[e - 1].0 + 1 {
+                e += 1;
+            }
+            let run = &writes[k..e];
+            let gathered;
+            let buf: &[u8] = if run.windows(2).all(|w| w[1].1 == w[0].1 + 1) {
+                &bytes[run[0].1 * block..(run[run.len() - 1].1 + 1) * block]
+            } else {
+                let mut v = Vec::with_capacity(run.len() * block);
+                for &(_, i) in run {
+                    v.extend_from_slice(chunk(i));
+                }
+                gathered = v;
+                &gathered
+            };
+            if let Err(err) = self.inner.write_at(buf, self.slot_offset(run[0].0)) {
+                // Nothing refers to the fresh slots: back to the free list
+                // (their bytes may have changed; no record names them).
+                let mut st = self.state.lock().unwrap();
+                for plan in &plans {
+                    match *plan {
+                        Plan::Fresh(s) => {
+                            st.refs[s as usize] = 0;
+                            st.free.push(s);
+                        }
+                        Plan::Reference(s) => st.decref(s),
+                        _ => {}
+                    }
+                }
+                return Err(err);
+            }
+            k = e;
+        }
+        let committing = std::time::Instant::now();
+        let mut st = self.state.lock().unwrap();
+        let mut rec = Vec::with_capacity(n * (log::RECORD_HEADER_BYTES + 32));
+        for (i, plan) in plans.iter().enumerate() {
+            let b = first + i as u64;
+            match *plan {
+                Plan::Keep | Plan::InPlace(_) => {}
+                Plan::Reference(s) | Plan::Local { slot: s, .. } => {
+                    st.assign(b, s);
+                    Record::Reference {
+                        block: b,
+                        slot: s as u64,
+                    }
+                    .encode_into(&mut rec);
+                }
+                Plan::Fresh(s) => {
+                    st.assign(b, s);
+                    let fingerprint = fps.map(|fps| fps[i]);
+                    if let Some(fp) = fingerprint {
+                        st.slot_fp.insert(s, fp);
+                        st.index.insert_class(fp, s as u64, parity);
+                    }
+                    Record::Write {
+                        block: b,
+                        slot: s as u64,
+                        fingerprint,
+                    }
+                    .encode_into(&mut rec);
+                }
+            }
+        }
+        if fps.is_some() {
+            add_ns(&self.counters.index_ns, committing);
+        }
+        if !rec.is_empty() {
+            st.append(&rec)?;
+            self.counters.log_bytes.fetch_add(rec.len() as u64, Relaxed);
+        }
+        drop(st);
+        let c = &self.counters;
+        let physical = writes.len() as u64;
+        c.physical_writes.fetch_add(physical, Relaxed);
+        c.physical_write_bytes
+            .fetch_add(physical * self.block, Relaxed);
+        c.dedup_hits.fetch_add(hits, Relaxed);
+        c.reference_writes.fetch_add(hits, Relaxed);
+        if parity {
+            c.physical_parity_writes.fetch_add(physical, Relaxed);
+            c.dedup_parity_hits.fetch_add(hits, Relaxed);
+            c.reference_parity_writes.fetch_add(hits, Relaxed);
+        }
+        c.verify_compares.fetch_add(compares, Relaxed);
+        c.verify_mismatches.fetch_add(mismatches, Relaxed);
+        Ok(true)
     }
 
     fn write_hashed(

@@ -374,3 +374,154 @@ fn every_numeric_stat_has_a_prometheus_type_and_help() {
         Some("gauge")
     );
 }
+
+/// A device that counts the writes reaching it.
+struct Counting {
+    inner: MemDevice,
+    writes: std::sync::atomic::AtomicU64,
+}
+
+impl Device for Counting {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.writes.fetch_add(1, Relaxed);
+        self.inner.write_at(buf, offset)
+    }
+    fn sync(&self) -> io::Result<()> {
+        self.inner.sync()
+    }
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+}
+
+fn counting_rig(config: DedupConfig) -> (tempfile::TempDir, Arc<Counting>, DedupDevice) {
+    let dir = tempfile::tempdir().unwrap();
+    let counting = Arc::new(Counting {
+        inner: MemDevice::new("m", DATA_OFFSET + BLOCKS * 4096),
+        writes: AtomicU64::new(0),
+    });
+    let dev = DedupDevice::open(
+        counting.clone(),
+        config,
+        Arc::new(CpuBackend::new(Some(1)).unwrap()),
+        DATA_OFFSET,
+        BLOCKS * 4096,
+        dir.path(),
+        "d",
+        true,
+    )
+    .unwrap();
+    (dir, counting, dev)
+}
+
+fn read_all(dev: &DedupDevice, len: usize) -> Vec<u8> {
+    let mut buf = vec![0u8; len];
+    dev.read_at(&mut buf, DATA_OFFSET).unwrap();
+    buf
+}
+
+#[test]
+fn a_multi_block_write_of_new_content_is_one_slot_write_and_one_append() {
+    for (policy, class) in [
+        (Policy::All, IoClass::Data),
+        (Policy::Parity, IoClass::Data),
+    ] {
+        let (dir, counting, dev) = counting_rig(DedupConfig {
+            policy,
+            ..sha1_all(1024)
+        });
+        let log = dir.path().join("d.log");
+        let log_before = std::fs::metadata(&log).unwrap().len();
+        let bytes: Vec<u8> = (0..8u8).flat_map(|b| content(b + 1, 4096)).collect();
+        dev.write_hinted(&bytes, DATA_OFFSET, WriteHint::new(class))
+            .unwrap();
+        assert_eq!(
+            counting.writes.load(Relaxed),
+            1,
+            "{policy}: one write for 8 blocks"
+        );
+        let s = dev.stats();
+        assert_eq!(
+            (s.physical_writes, s.slots_used, s.mapped_blocks),
+            (8, 8, 8)
+        );
+        assert_eq!(
+            s.log_bytes,
+            std::fs::metadata(&log).unwrap().len() - log_before,
+            "{policy}: counted log bytes are the appended bytes"
+        );
+        assert_eq!(read_all(&dev, bytes.len()), bytes);
+        assert!(dev.check().is_empty());
+        // Overwriting: copy on write (all) or in place (parity's data), still one write.
+        let again: Vec<u8> = (0..8u8).flat_map(|b| content(b + 100, 4096)).collect();
+        dev.write_hinted(&again, DATA_OFFSET, WriteHint::new(class))
+            .unwrap();
+        assert_eq!(counting.writes.load(Relaxed), 2, "{policy}");
+        assert_eq!(read_all(&dev, again.len()), again);
+        assert!(dev.check().is_empty());
+    }
+}
+
+#[test]
+fn duplicates_within_one_write_are_references_to_its_fresh_slot() {
+    for verify in [false, true] {
+        let (dir, counting, dev) = counting_rig(DedupConfig {
+            verify,
+            ..sha1_all(1024)
+        });
+        let (a, b) = (content(1, 4096), content(2, 4096));
+        let bytes = [&a[..], &b, &a, &a, &b].concat();
+        dev.write_at(&bytes, DATA_OFFSET).unwrap();
+        let s = dev.stats();
+        assert_eq!(
+            (
+                s.physical_writes,
+                s.reference_writes,
+                s.dedup_hits,
+                s.slots_used
+            ),
+            (2, 3, 3, 2)
+        );
+        assert_eq!(s.verify_compares, if verify { 3 } else { 0 });
+        assert_eq!(counting.writes.load(Relaxed), 1);
+        assert_eq!(read_all(&dev, bytes.len()), bytes);
+        assert!(dev.check().is_empty());
+        dev.sync().unwrap();
+        drop(dev);
+        let dev = DedupDevice::open(
+            counting.clone(),
+            sha1_all(1024),
+            Arc::new(CpuBackend::new(Some(1)).unwrap()),
+            DATA_OFFSET,
+            BLOCKS * 4096,
+            dir.path(),
+            "d",
+            false,
+        )
+        .unwrap();
+        assert_eq!(read_all(&dev, bytes.len()), bytes);
+        assert!(dev.check().is_empty());
+    }
+}
+
+#[test]
+fn a_multi_block_overwrite_of_a_full_device_goes_block_by_block_in_place() {
+    let mut rig = Rig::new(sha1_all(1024));
+    for round in 0..3u8 {
+        let bytes: Vec<u8> = (0..BLOCKS)
+            .flat_map(|b| content(round.wrapping_mul(50).wrapping_add(b as u8), 4096))
+            .collect();
+        rig.d().write_at(&bytes, DATA_OFFSET).unwrap();
+        rig.model.copy_from_slice(&bytes);
+        rig.check();
+    }
+    assert_eq!(rig.d().stats().slots_used, BLOCKS);
+    restart(&mut rig);
+    rig.check();
+}
