@@ -18,7 +18,9 @@
 //! the trace files and the options.
 
 use crate::error::{Error, Result};
-use crate::ssd::sim::{trace_end, ModeSummary, OutOfRange, Replay, ReplayConfig, SimSummary};
+use crate::ssd::sim::{
+    fmt_ratio, trace_end, ModeSummary, OutOfRange, Replay, ReplayConfig, SimSummary,
+};
 use crate::ssd::trace::{OnError, TraceFormat, TraceReader, TraceRequest};
 use crate::ssd::{DedupMode, FtlConfig, LatencyModel, StoreMode};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -234,14 +236,6 @@ fn fewer_than_offline(w: &WorkloadResult, mode: DedupMode) -> String {
     }
 }
 
-fn ratio(x: Option<f64>) -> String {
-    match x {
-        Some(v) if v.is_finite() => format!("{v:.3}"),
-        Some(_) => "inf".into(),
-        None => "-".into(),
-    }
-}
-
 /// The report: one table row per workload and mode.
 pub fn markdown(r: &Results) -> String {
     let mut out = String::new();
@@ -291,7 +285,7 @@ pub fn markdown(r: &Results) -> String {
                 w.workload,
                 mode_label(mode),
                 c.gc_page_copies,
-                ratio(m.gc_copies_vs_none),
+                fmt_ratio(m.gc_copies_vs_none),
                 vs_offline,
                 paper,
                 m.request_write_latency_us_mean,

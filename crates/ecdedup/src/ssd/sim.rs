@@ -262,20 +262,9 @@ impl Replay {
         for ssd in &mut self.ssds {
             let pages = ssd.ftl.logical_pages();
             for lpn in 0..pages {
-                let f = if ssd.halves.is_empty() {
-                    synthetic_fingerprint(TAG_PREFILL, lpn)
-                } else {
-                    let a = synthetic_fingerprint(TAG_PREFILL, 2 * lpn);
-                    let b = synthetic_fingerprint(TAG_PREFILL, 2 * lpn + 1);
-                    ssd.halves[2 * lpn as usize] = a;
-                    ssd.halves[2 * lpn as usize + 1] = b;
-                    compose(a, b)
-                };
-                ssd.ftl.write(lpn, PageData::Fingerprint(f));
+                ssd.write_synthetic(lpn, TAG_PREFILL, lpn);
             }
-            ssd.ftl.offline_pass(u64::MAX);
-            ssd.ftl.reset_stats();
-            ssd.request_latency.clear();
+            ssd.settle();
         }
     }
 
@@ -291,20 +280,9 @@ impl Replay {
             let mut rng = seed;
             for n in 0..writes {
                 let lpn = super::trace::splitmix(&mut rng) % pages;
-                let f = if ssd.halves.is_empty() {
-                    synthetic_fingerprint(TAG_AGE, n)
-                } else {
-                    let a = synthetic_fingerprint(TAG_AGE, 2 * n);
-                    let b = synthetic_fingerprint(TAG_AGE, 2 * n + 1);
-                    ssd.halves[2 * lpn as usize] = a;
-                    ssd.halves[2 * lpn as usize + 1] = b;
-                    compose(a, b)
-                };
-                ssd.ftl.write(lpn, PageData::Fingerprint(f));
+                ssd.write_synthetic(lpn, TAG_AGE, n);
             }
-            ssd.ftl.offline_pass(u64::MAX);
-            ssd.ftl.reset_stats();
-            ssd.request_latency.clear();
+            ssd.settle();
         }
     }
 
@@ -471,6 +449,29 @@ impl Replay {
 }
 
 impl SimSsd {
+    /// Writes logical page `lpn` with the unique synthetic content number
+    /// `n` of `tag` (for 8 KiB pages, two unique halves recorded per trace
+    /// page), as prefill and ageing do.
+    fn write_synthetic(&mut self, lpn: u64, tag: u64, n: u64) {
+        let f = if self.halves.is_empty() {
+            synthetic_fingerprint(tag, n)
+        } else {
+            let a = synthetic_fingerprint(tag, 2 * n);
+            let b = synthetic_fingerprint(tag, 2 * n + 1);
+            self.halves[2 * lpn as usize] = a;
+            self.halves[2 * lpn as usize + 1] = b;
+            compose(a, b)
+        };
+        self.ftl.write(lpn, PageData::Fingerprint(f));
+    }
+
+    /// After prefill or ageing: a full offline pass, then zeroed counters.
+    fn settle(&mut self) {
+        self.ftl.offline_pass(u64::MAX);
+        self.ftl.reset_stats();
+        self.request_latency.clear();
+    }
+
     /// The host's placement hint for a page with this CRC (mode `hinted`).
     fn hint(&self, crc: u32) -> Stream {
         self.host_filter
@@ -677,7 +678,8 @@ pub fn run_sim(args: SimArgs) -> Result<()> {
     Ok(())
 }
 
-fn fmt_ratio(x: Option<f64>) -> String {
+/// A ratio for the reports: three decimals, "inf" or "-" when undefined.
+pub(crate) fn fmt_ratio(x: Option<f64>) -> String {
     match x {
         Some(v) if v.is_finite() => format!("{v:.3}"),
         Some(_) => "inf".into(),
