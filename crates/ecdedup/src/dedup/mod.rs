@@ -33,7 +33,7 @@ use crate::counters::IoClass;
 use crate::error::{Error, Result};
 use crate::fingerprint::{Algorithm, Fingerprint, FingerprintBackend};
 use crate::media::{Device, WriteHint};
-use index::{LruIndex, SizedMap};
+use index::FingerprintIndex;
 use log::{Record, Snapshot, UNMAPPED};
 use serde::{Deserialize, Serialize};
 use std::fs::File;
@@ -201,7 +201,8 @@ pub struct DedupStats {
     pub index_entries: u64,
     pub index_capacity: u64,
     pub index_evictions: u64,
-    /// RAM of the LRU index (hash table and slab, from their capacities).
+    /// RAM of the LRU index (slab chunks and bucket table, from their
+    /// allocations).
     pub index_bytes: u64,
     /// Index entries inserted for parity blocks, and their share of
     /// index_bytes (entries are all the same size). Entries refilled at
@@ -213,14 +214,14 @@ pub struct DedupStats {
     pub index_parity_bytes: u64,
     /// index_bytes / entries.
     pub index_bytes_per_entry: f64,
-    /// RAM of the fingerprints of fingerprinted slots (slot → fingerprint):
-    /// one entry per live fingerprinted slot, *not* bounded by the index
-    /// bound (the layer needs a slot's fingerprint to withdraw its index
-    /// entry, to repair it, and to persist it). Fingerprint memory in all
-    /// is index_bytes + slot_fingerprint_bytes.
-    #[serde(default)]
-    pub slot_fingerprint_bytes: u64,
-    /// Fingerprinted slots (entries of the table above).
+    /// RAM of the slot → index entry table: 4 bytes per slot of the
+    /// device (its capacity, not the workload), which lets a freed slot
+    /// withdraw its entry and marks slots whose fingerprint was evicted
+    /// (still copied on write). Fingerprint memory in all is index_bytes +
+    /// slot_entry_bytes.
+    #[serde(default, alias = "slot_fingerprint_bytes")]
+    pub slot_entry_bytes: u64,
+    /// Slots whose content was fingerprinted (in the index or evicted).
     #[serde(default)]
     pub slot_fingerprints: u64,
     /// RAM of the block map, reference counts and free lists.
@@ -273,8 +274,8 @@ impl DedupStats {
             "index_parity_entries" => (g, "index entries for parity blocks"),
             "index_parity_bytes" => (g, "share of index_bytes held by parity entries"),
             "index_bytes_per_entry" => (g, "index_bytes / index_entries"),
-            "slot_fingerprint_bytes" => (g, "RAM of the slot fingerprint table in bytes"),
-            "slot_fingerprints" => (g, "fingerprinted slots"),
+            "slot_entry_bytes" => (g, "RAM of the slot to index entry table in bytes"),
+            "slot_fingerprints" => (g, "slots whose content was fingerprinted"),
             "map_bytes" => (g, "RAM of the block map, reference counts and free lists"),
             "chunking_ns" => (c, "ns spent cutting writes into dedup blocks"),
             "fingerprint_ns" => (c, "ns spent fingerprinting"),
@@ -289,14 +290,22 @@ struct State {
     /// Dedup block → slot.
     map: Vec<u32>,
     refs: Vec<u32>,
-    /// Fingerprints of fingerprinted slots.
-    slot_fp: SizedMap<u32, Fingerprint>,
+    /// Per slot: its index entry, or [`NOT_FINGERPRINTED`], or
+    /// [`EVICTED`] (fingerprinted, so never overwritten in place, but its
+    /// fingerprint left the bounded index and RAM).
+    slot_entry: Vec<u32>,
     free: Vec<u32>,
     pending_free: Vec<u32>,
-    index: LruIndex<Fingerprint>,
+    index: FingerprintIndex,
     log_end: u64,
     log: File,
 }
+
+/// `slot_entry` of a slot whose content was not fingerprinted (it may be
+/// overwritten in place while it has one reference).
+const NOT_FINGERPRINTED: u32 = u32::MAX;
+/// `slot_entry` of a fingerprinted slot that is not in the index.
+const EVICTED: u32 = u32::MAX - 1;
 
 impl State {
     fn decref(&mut self, slot: u32) {
@@ -304,11 +313,53 @@ impl State {
         assert!(*r > 0, "slot {slot} released more often than referenced");
         *r -= 1;
         if *r == 0 {
-            if let Some(fp) = self.slot_fp.remove(&slot) {
-                self.index.remove_if(&fp, slot as u64);
-            }
+            self.forget(slot);
             self.pending_free.push(slot);
         }
+    }
+
+    /// Whether the slot's content was fingerprinted (then it is copied on
+    /// write, never overwritten in place).
+    fn fingerprinted(&self, slot: u32) -> bool {
+        self.slot_entry[slot as usize] != NOT_FINGERPRINTED
+    }
+
+    /// The slot's fingerprint, if it is in the index.
+    fn fingerprint_of(&self, slot: u32) -> Option<Fingerprint> {
+        match self.slot_entry[slot as usize] {
+            NOT_FINGERPRINTED | EVICTED => None,
+            e => Some(
+                Fingerprint::from_slice(self.index.key(e)).expect("index keys are 1 to 32 bytes"),
+            ),
+        }
+    }
+
+    /// Withdraws the slot's index entry, keeping it marked fingerprinted.
+    fn withdraw(&mut self, slot: u32) {
+        let e = self.slot_entry[slot as usize];
+        if e != NOT_FINGERPRINTED && e != EVICTED {
+            self.index.remove(e);
+            self.slot_entry[slot as usize] = EVICTED;
+        }
+    }
+
+    /// Withdraws the slot's index entry and marks it not fingerprinted.
+    fn forget(&mut self, slot: u32) {
+        self.withdraw(slot);
+        self.slot_entry[slot as usize] = NOT_FINGERPRINTED;
+    }
+
+    /// Offers `slot`, holding content `fp`, for dedup: the most recently
+    /// used index entry. A slot that loses its entry (the evicted one, or
+    /// the previous holder of the same fingerprint after a verify
+    /// mismatch) stays marked fingerprinted.
+    fn offer(&mut self, fp: &Fingerprint, slot: u32, parity: bool) {
+        self.withdraw(slot);
+        let ins = self.index.insert(fp.as_bytes(), slot, parity);
+        if let Some(d) = ins.displaced {
+            self.slot_entry[d as usize] = EVICTED;
+        }
+        self.slot_entry[slot as usize] = ins.entry;
     }
 
     /// Points `block` at `slot` (which the caller has already counted).
@@ -446,8 +497,11 @@ impl DedupDevice {
         // (approximately: a hit that changed no mapping is not logged) the
         // recency it had, so a bounded index keeps the fingerprints most
         // recently used rather than arbitrary ones.
+        // The fingerprints are gathered in a transient table (open only),
+        // then offered to the bounded index.
+        let key_bytes = config.algorithm.digest_bytes();
         let mut recency: Vec<u32> = fps.iter().map(|(s, _)| *s).collect();
-        let mut slot_fp: SizedMap<u32, Fingerprint> = fps.into_iter().collect();
+        let mut slot_fp: std::collections::HashMap<u32, Fingerprint> = fps.into_iter().collect();
         let mut map = map;
         let bad =
             |what: String| Error::Corrupt(format!("dedup map {}: {what}", log_path.display()));
@@ -465,6 +519,13 @@ impl DedupDevice {
                     }
                     map[block as usize] = slot as u32;
                     match fingerprint {
+                        Some(fp) if fp.as_bytes().len() != key_bytes => {
+                            return Err(bad(format!(
+                                "record holds a {}-byte fingerprint, {} uses {key_bytes}",
+                                fp.as_bytes().len(),
+                                config.algorithm
+                            )));
+                        }
                         Some(fp) => {
                             recency.push(slot as u32);
                             slot_fp.insert(slot as u32, fp)
@@ -499,27 +560,42 @@ impl DedupDevice {
             }
         }
         slot_fp.retain(|s, _| refs[*s as usize] > 0);
-        let mut index = LruIndex::new(config.index_entries_max as usize);
-        for slot in recency {
-            if let Some(fp) = slot_fp.get(&slot) {
-                index.insert_class(*fp, slot as u64, config.policy == Policy::Parity);
-            }
+        if let Some((s, fp)) = slot_fp
+            .iter()
+            .find(|(_, fp)| fp.as_bytes().len() != key_bytes)
+        {
+            return Err(bad(format!(
+                "snapshot gives slot {s} a {}-byte fingerprint, {} uses {key_bytes}",
+                fp.as_bytes().len(),
+                config.algorithm
+            )));
+        }
+        let mut slot_entry = vec![NOT_FINGERPRINTED; blocks as usize];
+        for &s in slot_fp.keys() {
+            slot_entry[s as usize] = EVICTED;
         }
         // Ascending allocation: pop from the end of a descending list.
         let free = (0..blocks as u32)
             .rev()
             .filter(|&s| refs[s as usize] == 0)
             .collect();
-        let state = State {
+        let mut state = State {
             map,
             refs,
-            slot_fp,
+            slot_entry,
             free,
             pending_free: Vec::new(),
-            index,
+            index: FingerprintIndex::new(key_bytes, config.index_entries_max as usize),
             log_end,
             log,
         };
+        let parity = config.policy == Policy::Parity;
+        for slot in recency {
+            if let Some(fp) = slot_fp.get(&slot) {
+                state.offer(fp, slot, parity);
+            }
+        }
+        drop(slot_fp);
         Ok(DedupDevice {
             inner,
             config,
@@ -576,14 +652,14 @@ impl DedupDevice {
                     slot != UNMAPPED && st.refs[slot as usize] == 1,
                     "a full map has one reference per slot"
                 );
-                if let Some(old) = st.slot_fp.remove(&slot) {
+                if st.fingerprinted(slot) {
                     // The slot stops vouching for its old fingerprint before
                     // its bytes change, durably: without the sync, a crash
                     // could keep the old fingerprint in the persisted map
                     // while the slot holds new bytes, and a later write of
                     // the old content would become a reference to the wrong
                     // bytes. Only a full device takes this path.
-                    st.index.remove_if(&old, slot as u64);
+                    st.forget(slot);
                     self.log(
                         &mut st,
                         Record::Write {
@@ -618,23 +694,23 @@ impl DedupDevice {
 
     /// Writes a snapshot of the map and starts an empty log.
     fn compact(&self, st: &mut State) -> Result<()> {
-        // Least recently used first (slots no longer in the index, by slot
-        // number, then the index's recency list), so that a reopen refills
-        // the index in its recency order.
-        let indexed = st.index.slots_least_recent_first();
-        let in_index: std::collections::HashSet<u32> = indexed.iter().map(|&s| s as u32).collect();
-        let mut fingerprints: Vec<(u32, Fingerprint)> = st
-            .slot_fp
-            .iter()
-            .filter(|(s, _)| !in_index.contains(s))
-            .map(|(s, f)| (*s, *f))
+        // The index's entries, least recently used first, so that a reopen
+        // refills the index in its recency order. Evicted fingerprints are
+        // not kept (their RAM is what the bound saves): after a reopen
+        // their slots count as not fingerprinted, which is safe, as no
+        // persisted record then vouches for their bytes.
+        let fingerprints: Vec<(u32, Fingerprint)> = st
+            .index
+            .least_recent_first()
+            .into_iter()
+            .map(|e| {
+                let slot = st.index.slot(e);
+                (
+                    slot,
+                    st.fingerprint_of(slot).expect("an index entry's slot"),
+                )
+            })
             .collect();
-        fingerprints.sort_unstable_by_key(|(s, _)| *s);
-        fingerprints.extend(
-            indexed
-                .iter()
-                .filter_map(|&s| st.slot_fp.get(&(s as u32)).map(|f| (s as u32, *f))),
-        );
         log::write_snapshot(
             &self.snapshot_path,
             &Snapshot {
@@ -760,10 +836,7 @@ impl DedupDevice {
             let cur = st.map[b as usize];
             let plan = match fps {
                 None => {
-                    if cur != UNMAPPED
-                        && st.refs[cur as usize] == 1
-                        && !st.slot_fp.contains_key(&cur)
-                    {
+                    if cur != UNMAPPED && st.refs[cur as usize] == 1 && !st.fingerprinted(cur) {
                         Plan::InPlace(cur)
                     } else {
                         Plan::Fresh(UNMAPPED)
@@ -776,8 +849,7 @@ impl DedupDevice {
                             from: j,
                             slot: UNMAPPED,
                         }),
-                        None => st.index.get(&fp).map(|s| {
-                            let s = s as u32;
+                        None => st.index.get(fp.as_bytes()).map(|s| {
                             if s == cur {
                                 Plan::Keep
                             } else {
@@ -917,8 +989,7 @@ impl DedupDevice {
                     st.assign(b, s);
                     let fingerprint = fps.map(|fps| fps[i]);
                     if let Some(fp) = fingerprint {
-                        st.slot_fp.insert(s, fp);
-                        st.index.insert_class(fp, s as u64, parity);
+                        st.offer(&fp, s, parity);
                     }
                     Record::Write {
                         block: b,
@@ -963,10 +1034,9 @@ impl DedupDevice {
     ) -> io::Result<()> {
         let lookup = std::time::Instant::now();
         let mut st = self.state.lock().unwrap();
-        let hit = st.index.get(&fp);
+        let hit = st.index.get(fp.as_bytes());
         add_ns(&self.counters.index_ns, lookup);
         if let Some(slot) = hit {
-            let slot = slot as u32;
             let verifying = std::time::Instant::now();
             let same = if self.config.verify {
                 self.counters.verify_compares.fetch_add(1, Relaxed);
@@ -1009,9 +1079,7 @@ impl DedupDevice {
             st.assign(block, slot);
         }
         let inserting = std::time::Instant::now();
-        st.slot_fp.insert(slot, fp);
-        st.index
-            .insert_class(fp, slot as u64, class == IoClass::Parity);
+        st.offer(&fp, slot, class == IoClass::Parity);
         add_ns(&self.counters.index_ns, inserting);
         self.log(
             &mut st,
@@ -1028,7 +1096,7 @@ impl DedupDevice {
     fn write_plain(&self, block: u64, chunk: &[u8], class: IoClass) -> io::Result<()> {
         let st = self.state.lock().unwrap();
         let cur = st.map[block as usize];
-        if cur != UNMAPPED && st.refs[cur as usize] == 1 && !st.slot_fp.contains_key(&cur) {
+        if cur != UNMAPPED && st.refs[cur as usize] == 1 && !st.fingerprinted(cur) {
             drop(st);
             self.inner.write_at(chunk, self.slot_offset(cur))?;
         } else {
@@ -1082,7 +1150,14 @@ impl DedupDevice {
             let block = rel / self.block + i as u64;
             let mut st = self.state.lock().unwrap();
             let slot = st.map[block as usize];
-            let Some(fp) = st.slot_fp.get(&slot).copied() else {
+            if slot == UNMAPPED {
+                continue;
+            }
+            // A slot out of the index has no fingerprint in RAM to check
+            // against: the repair then goes to a fresh slot (copy on
+            // write), and the other blocks sharing it are repaired when
+            // they are read.
+            let Some(fp) = st.fingerprint_of(slot) else {
                 continue;
             };
             let mut good = Vec::with_capacity(1);
@@ -1094,8 +1169,7 @@ impl DedupDevice {
                 self.inner.write_at(chunk, self.slot_offset(slot))?;
                 self.count_physical(chunk.len(), IoClass::Data);
             } else {
-                st.slot_fp.remove(&slot);
-                st.index.remove_if(&fp, slot as u64);
+                st.withdraw(slot);
             }
         }
         Ok(())
@@ -1109,7 +1183,7 @@ impl DedupDevice {
         let parity_entries = st.index.parity_entries() as u64;
         let map_bytes = (st.map.capacity() * 4 + st.refs.capacity() * 4) as u64
             + (st.free.capacity() + st.pending_free.capacity()) as u64 * 4;
-        let slot_fingerprint_bytes = st.slot_fp.ram_bytes();
+        let slot_entry_bytes = st.slot_entry.capacity() as u64 * 4;
         DedupStats {
             policy: self.config.policy.to_string(),
             algorithm: self.config.algorithm.to_string(),
@@ -1144,8 +1218,12 @@ impl DedupDevice {
             } else {
                 0.0
             },
-            slot_fingerprint_bytes,
-            slot_fingerprints: st.slot_fp.len() as u64,
+            slot_entry_bytes,
+            slot_fingerprints: st
+                .slot_entry
+                .iter()
+                .filter(|&&e| e != NOT_FINGERPRINTED)
+                .count() as u64,
             map_bytes,
             chunking_ns: c.chunking_ns.load(Relaxed),
             fingerprint_ns: c.fingerprint_ns.load(Relaxed),
@@ -1184,6 +1262,28 @@ impl DedupDevice {
                 "{unused} slots unused but {listed} on the free lists (leak)"
             ));
         }
+        let mut entries = 0usize;
+        for (s, &e) in st.slot_entry.iter().enumerate() {
+            if e == NOT_FINGERPRINTED {
+                continue;
+            }
+            if refs[s] == 0 {
+                problems.push(format!("free slot {s} is marked fingerprinted"));
+            }
+            if e != EVICTED {
+                entries += 1;
+                if !st.index.holds(e) || st.index.slot(e) != s as u32 {
+                    problems.push(format!("slot {s}'s index entry points elsewhere"));
+                }
+            }
+        }
+        if entries != st.index.len() {
+            problems.push(format!(
+                "{} index entries but {entries} slots point at one",
+                st.index.len()
+            ));
+        }
+        problems.extend(st.index.check());
         problems
     }
 }

@@ -354,6 +354,72 @@ fn a_snapshot_keeps_the_index_recency_across_a_restart() {
     recency_survives(true);
 }
 
+/// A slot whose fingerprint was evicted from the index is still copied on
+/// write: the log still vouches for its old bytes, so overwriting it in
+/// place (as an unfingerprinted write of a slot with one reference would
+/// be) and crashing would let a later write of the old content reference
+/// the new bytes. Parity policy: a block written as parity (fingerprinted),
+/// evicted by another parity write, then overwritten as data (not
+/// fingerprinted); checked by crashing (no sync) after the overwrite.
+#[test]
+fn an_evicted_slot_is_copied_on_write_so_a_crash_never_offers_stale_bytes() {
+    let parity = WriteHint::new(IoClass::Parity);
+    let data = WriteHint::new(IoClass::Data);
+    for snapshot in [false, true] {
+        let config = DedupConfig {
+            policy: Policy::Parity,
+            algorithm: Algorithm::Sha1,
+            index_entries_max: 1,
+            ..DedupConfig::default()
+        };
+        let mut rig = Rig::new(config);
+        let (a, b, c) = (content(1, 4096), content(2, 4096), content(3, 4096));
+        rig.d().write_hinted(&a, DATA_OFFSET, parity).unwrap();
+        rig.d()
+            .write_hinted(&b, DATA_OFFSET + 4096, parity)
+            .unwrap();
+        let s = rig.d().stats();
+        assert_eq!((s.index_entries, s.slot_fingerprints), (1, 2), "a evicted");
+        if snapshot {
+            let d = rig.d();
+            let mut st = d.state.lock().unwrap();
+            d.sync_locked(&mut st).unwrap();
+            d.compact(&mut st).unwrap();
+        }
+        rig.d().sync().unwrap();
+        let slot_of_a = rig.d().state.lock().unwrap().map[0];
+        rig.d().write_hinted(&c, DATA_OFFSET, data).unwrap();
+        let now = rig.d().state.lock().unwrap().map[0];
+        assert_ne!(now, slot_of_a, "copy on write (snapshot: {snapshot})");
+        // Crash: the overwrite's record may or may not be durable.
+        rig.dev = None;
+        rig.open(false);
+        rig.d()
+            .write_hinted(&a, DATA_OFFSET + 7 * 4096, parity)
+            .unwrap();
+        rig.model[..4096].copy_from_slice(&c);
+        rig.model[4096..8192].copy_from_slice(&b);
+        rig.model[7 * 4096..8 * 4096].copy_from_slice(&a);
+        rig.check();
+    }
+}
+
+#[test]
+fn index_memory_is_about_forty_bytes_per_sha1_entry_plus_four_per_slot() {
+    let rig = Rig::new(sha1_all(1024));
+    for b in 0..BLOCKS {
+        rig.d()
+            .write_at(&content(b as u8, 4096), DATA_OFFSET + b * 4096)
+            .unwrap();
+    }
+    let s = rig.d().stats();
+    assert_eq!(s.index_entries, BLOCKS);
+    // 24 entries of 32 bytes in one chunk of 1024 entries, a pointer
+    // vector of capacity 4, and 32 buckets of 4 bytes (24 is 3/4 of 32).
+    assert_eq!(s.index_bytes, 1024 * 32 + 4 * 16 + 32 * 4);
+    assert_eq!(s.slot_entry_bytes, BLOCKS * 4);
+}
+
 #[test]
 fn every_numeric_stat_has_a_prometheus_type_and_help() {
     let v = serde_json::to_value(DedupStats::default()).unwrap();

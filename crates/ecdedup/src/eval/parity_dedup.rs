@@ -111,9 +111,9 @@ pub enum Mode {
 }
 
 impl RunResult {
-    /// Fingerprint memory in all: the LRU index plus the slot fingerprints.
+    /// Fingerprint memory in all: the LRU index plus the slot → entry table.
     pub fn fingerprint_dram_bytes(&self) -> u64 {
-        self.index_bytes + self.slot_fingerprint_bytes
+        self.index_bytes + self.slot_entry_bytes
     }
 }
 
@@ -225,11 +225,11 @@ pub struct RunResult {
     pub index_evictions: u64,
     pub log_bytes: u64,
     pub map_bytes: u64,
-    /// RAM of the slot → fingerprint table (one entry per fingerprinted
-    /// slot, not bounded by the index bound): fingerprint memory beside
-    /// the index. The DRAM share reports index_bytes + this.
-    #[serde(default)]
-    pub slot_fingerprint_bytes: u64,
+    /// RAM of the slot → index entry table (4 bytes per device slot):
+    /// fingerprint memory beside the index. The DRAM share reports
+    /// index_bytes + this.
+    #[serde(default, alias = "slot_fingerprint_bytes")]
+    pub slot_entry_bytes: u64,
     pub decode: Option<DecodeResult>,
     /// In `summary` only: the write times and decode results of every round
     /// (the fields above then hold medians; counters are the first round's).
@@ -557,7 +557,7 @@ fn counters(r: &mut RunResult, b: &Stats, a: &Stats) {
     r.index_bytes_before = sum_dedup(b, |x| x.index_bytes);
     r.index_bytes = sum_dedup(a, |x| x.index_bytes);
     r.map_bytes = sum_dedup(a, |x| x.map_bytes);
-    r.slot_fingerprint_bytes = sum_dedup(a, |x| x.slot_fingerprint_bytes);
+    r.slot_entry_bytes = sum_dedup(a, |x| x.slot_entry_bytes);
     r.index_bytes_per_entry = if r.index_entries > 0 {
         r.index_bytes as f64 / r.index_entries as f64
     } else {
@@ -969,7 +969,7 @@ fn run_one_in(
         index_evictions: 0,
         log_bytes: 0,
         map_bytes: 0,
-        slot_fingerprint_bytes: 0,
+        slot_entry_bytes: 0,
         decode,
         write_seconds_rounds: Vec::new(),
         decode_rounds: Vec::new(),

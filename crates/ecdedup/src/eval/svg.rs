@@ -237,7 +237,7 @@ pub fn plot(r: &Results) -> String {
     );
     let dram = panel(
         r,
-        "Fingerprint DRAM (index + slot fingerprints), % of the workload",
+        "Fingerprint DRAM (index + slot → entry table), % of the workload",
         true,
         &|run, _| Some(run.fingerprint_dram_bytes() as f64 / run.workload_bytes.max(1) as f64),
         &|p, c| paper(figs, "index_dram_share", p, c),
