@@ -154,6 +154,7 @@ struct Counters {
     verify_mismatches: AtomicU64,
     unmaps: AtomicU64,
     snapshots: AtomicU64,
+    log_syncs: AtomicU64,
     /// Write-path phase timers (paper 002, Fig. 1); see `DedupStats`.
     chunking_ns: AtomicU64,
     fingerprint_ns: AtomicU64,
@@ -196,6 +197,9 @@ pub struct DedupStats {
     pub verify_mismatches: u64,
     pub unmaps: u64,
     pub snapshots: u64,
+    /// fdatasyncs of the map log (a sync with no new record skips it).
+    #[serde(default)]
+    pub log_syncs: u64,
     pub mapped_blocks: u64,
     pub slots_used: u64,
     pub index_entries: u64,
@@ -265,6 +269,7 @@ impl DedupStats {
             "verify_mismatches" => (c, "byte compares that differed (collisions)"),
             "unmaps" => (c, "blocks unmapped by discard"),
             "snapshots" => (c, "map snapshots written"),
+            "log_syncs" => (c, "fdatasyncs of the map log"),
             "mapped_blocks" => (g, "blocks that map to a slot"),
             "slots_used" => (g, "slots with at least one reference"),
             "index_entries" => (g, "fingerprint index entries"),
@@ -298,6 +303,9 @@ struct State {
     pending_free: Vec<u32>,
     index: FingerprintIndex,
     log_end: u64,
+    /// Log bytes known durable: a sync with nothing appended since skips
+    /// the log's fdatasync.
+    log_synced: u64,
     log: File,
 }
 
@@ -491,6 +499,14 @@ impl DedupDevice {
             .write(true)
             .open(&log_path)
             .map_err(|e| Error::io(format!("opening {}", log_path.display()), e))?;
+        // What an earlier process wrote but did not sync may still be only
+        // in the page cache: make it durable (slots, then records) before
+        // anything builds on it, e.g. reusing a slot an unsynced record
+        // freed.
+        inner
+            .sync()
+            .and_then(|_| log.sync_data())
+            .map_err(|e| Error::io(format!("syncing {}", log_path.display()), e))?;
         // Slots in the order they were last written or referenced, oldest
         // first: the snapshot's fingerprints (persisted least recent first),
         // then the log's records. Refilling the index in this order keeps
@@ -587,6 +603,7 @@ impl DedupDevice {
             pending_free: Vec::new(),
             index: FingerprintIndex::new(key_bytes, config.index_entries_max as usize),
             log_end,
+            log_synced: log_end,
             log,
         };
         let parity = config.policy == Policy::Parity;
@@ -669,6 +686,7 @@ impl DedupDevice {
                         },
                     )?;
                     st.log.sync_data()?;
+                    st.log_synced = st.log_end;
                 }
                 drop(st);
                 self.inner.write_at(chunk, self.slot_offset(slot))?;
@@ -683,7 +701,11 @@ impl DedupDevice {
     /// fingerprint, for bytes that never reached the media).
     fn sync_locked(&self, st: &mut State) -> io::Result<()> {
         self.inner.sync()?;
-        st.log.sync_data()?;
+        if st.log_end != st.log_synced {
+            st.log.sync_data()?;
+            st.log_synced = st.log_end;
+            self.counters.log_syncs.fetch_add(1, Relaxed);
+        }
         let pending = std::mem::take(&mut st.pending_free);
         st.free.extend(pending);
         if st.log_end > LOG_COMPACT_BYTES {
@@ -720,6 +742,7 @@ impl DedupDevice {
         )?;
         st.log = log::reset_log(&self.log_path)?;
         st.log_end = log::LOG_HEADER_BYTES;
+        st.log_synced = st.log_end;
         self.counters.snapshots.fetch_add(1, Relaxed);
         self.counters
             .log_bytes
@@ -1203,6 +1226,7 @@ impl DedupDevice {
             verify_mismatches: c.verify_mismatches.load(Relaxed),
             unmaps: c.unmaps.load(Relaxed),
             snapshots: c.snapshots.load(Relaxed),
+            log_syncs: c.log_syncs.load(Relaxed),
             mapped_blocks: st.map.iter().filter(|s| **s != UNMAPPED).count() as u64,
             slots_used: st.refs.iter().filter(|r| **r > 0).count() as u64,
             index_entries: entries,
@@ -1298,32 +1322,50 @@ impl Device for DedupDevice {
             return self.inner.read_at(buf, offset);
         }
         let rel = offset - self.data_offset;
-        let mut done = 0usize;
-        let mut scratch = Vec::new();
-        while done < buf.len() {
-            let pos = rel + done as u64;
-            let block = pos / self.block;
-            let within = (pos % self.block) as usize;
-            let n = (self.block as usize - within).min(buf.len() - done);
-            if block >= self.blocks {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "read beyond the data area",
-                ));
+        let end = rel + buf.len() as u64;
+        if end > self.blocks * self.block {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "read beyond the data area",
+            ));
+        }
+        if buf.is_empty() {
+            return Ok(());
+        }
+        // The slots under the range, under one lock; then one read per run
+        // of blocks whose slots are consecutive (a sequential layout reads
+        // as one request, as it would without the layer).
+        let first = rel / self.block;
+        let last = end.div_ceil(self.block);
+        let slots: Vec<u32> = {
+            let st = self.state.lock().unwrap();
+            st.map[first as usize..last as usize].to_vec()
+        };
+        let mut k = 0usize;
+        while k < slots.len() {
+            let mut e = k + 1;
+            let unmapped = slots[k] == UNMAPPED;
+            while e < slots.len()
+                && if unmapped {
+                    slots[e] == UNMAPPED
+                } else {
+                    slots[e] == slots[e - 1].wrapping_add(1)
+                }
+            {
+                e += 1;
             }
-            let slot = self.state.lock().unwrap().map[block as usize];
-            if slot == UNMAPPED {
-                buf[done..done + n].fill(0);
-            } else if within == 0 && n == self.block as usize {
-                self.inner
-                    .read_at(&mut buf[done..done + n], self.slot_offset(slot))?;
+            // Bytes of buf covered by blocks first+k .. first+e.
+            let from = ((first + k as u64) * self.block).max(rel);
+            let to = ((first + e as u64) * self.block).min(end);
+            let part = &mut buf[(from - rel) as usize..(to - rel) as usize];
+            if unmapped {
+                part.fill(0);
             } else {
-                scratch.resize(n, 0);
+                let within = from - (first + k as u64) * self.block;
                 self.inner
-                    .read_at(&mut scratch, self.slot_offset(slot) + within as u64)?;
-                buf[done..done + n].copy_from_slice(&scratch);
+                    .read_at(part, self.slot_offset(slots[k]) + within)?;
             }
-            done += n;
+            k = e;
         }
         Ok(())
     }

@@ -441,14 +441,16 @@ fn every_numeric_stat_has_a_prometheus_type_and_help() {
     );
 }
 
-/// A device that counts the writes reaching it.
+/// A device that counts the reads and writes reaching it.
 struct Counting {
     inner: MemDevice,
     writes: std::sync::atomic::AtomicU64,
+    reads: std::sync::atomic::AtomicU64,
 }
 
 impl Device for Counting {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.reads.fetch_add(1, Relaxed);
         self.inner.read_at(buf, offset)
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
@@ -471,6 +473,7 @@ fn counting_rig(config: DedupConfig) -> (tempfile::TempDir, Arc<Counting>, Dedup
     let counting = Arc::new(Counting {
         inner: MemDevice::new("m", DATA_OFFSET + BLOCKS * 4096),
         writes: AtomicU64::new(0),
+        reads: AtomicU64::new(0),
     });
     let dev = DedupDevice::open(
         counting.clone(),
@@ -590,4 +593,70 @@ fn a_multi_block_overwrite_of_a_full_device_goes_block_by_block_in_place() {
     assert_eq!(rig.d().stats().slots_used, BLOCKS);
     restart(&mut rig);
     rig.check();
+}
+
+#[test]
+fn a_read_is_one_request_per_run_of_consecutive_slots() {
+    let (_dir, counting, dev) = counting_rig(sha1_all(1024));
+    // Blocks 0..8 get slots 0..8 in one write; block 3 then moves to a
+    // fresh slot (copy on write), and blocks 10..12 stay unmapped.
+    let bytes: Vec<u8> = (0..8u8).flat_map(|b| content(b + 1, 4096)).collect();
+    dev.write_at(&bytes, DATA_OFFSET).unwrap();
+    let moved = content(77, 4096);
+    dev.write_at(&moved, DATA_OFFSET + 3 * 4096).unwrap();
+    let mut want = bytes.clone();
+    want[3 * 4096..4 * 4096].copy_from_slice(&moved);
+    want.resize(12 * 4096, 0);
+    let reads = |dev: &DedupDevice, off: u64, len: usize| {
+        let before = counting.reads.load(Relaxed);
+        let mut buf = vec![0u8; len];
+        dev.read_at(&mut buf, DATA_OFFSET + off).unwrap();
+        (buf, counting.reads.load(Relaxed) - before)
+    };
+    let (got, n) = reads(&dev, 0, 12 * 4096);
+    assert!(got == want, "content");
+    // Runs: slots 0..3, slot 8, slots 4..8; the unmapped tail reads none.
+    assert_eq!(n, 3);
+    // A read that starts and ends inside blocks keeps its edges.
+    let (got, n) = reads(&dev, 100, 2 * 4096);
+    assert!(got[..] == want[100..2 * 4096 + 100], "unaligned content");
+    assert_eq!(n, 1);
+    let (got, n) = reads(&dev, 2 * 4096 + 5, 4096);
+    assert!(
+        got[..] == want[2 * 4096 + 5..3 * 4096 + 5],
+        "across a moved block"
+    );
+    assert_eq!(n, 2);
+}
+
+#[test]
+fn a_sync_with_no_new_map_record_does_not_sync_the_log() {
+    let config = DedupConfig {
+        policy: Policy::Parity,
+        ..sha1_all(1024)
+    };
+    let (_dir, _counting, dev) = counting_rig(config);
+    let data = WriteHint::new(IoClass::Data);
+    dev.write_hinted(&content(1, 4096), DATA_OFFSET, data)
+        .unwrap();
+    dev.sync().unwrap();
+    assert_eq!(dev.stats().log_syncs, 1, "a new mapping is made durable");
+    // An in-place overwrite of unfingerprinted data records nothing.
+    dev.write_hinted(&content(2, 4096), DATA_OFFSET, data)
+        .unwrap();
+    dev.sync().unwrap();
+    dev.sync().unwrap();
+    assert_eq!(dev.stats().log_syncs, 1);
+    dev.write_hinted(
+        &content(3, 4096),
+        DATA_OFFSET + 4096,
+        WriteHint::new(IoClass::Parity),
+    )
+    .unwrap();
+    dev.sync().unwrap();
+    assert_eq!(
+        dev.stats().log_syncs,
+        2,
+        "a parity write's record is synced"
+    );
 }
