@@ -38,6 +38,23 @@ impl UnitWrite<'_> {
     }
 }
 
+/// A write request at least this large and spanning several stripes
+/// updates them in parallel (`Array::write`): a thread start costs tens of
+/// microseconds, small next to a quarter MiB of encoding and writing.
+pub(super) const PARALLEL_WRITE_MIN_BYTES: usize = 256 << 10;
+/// Most threads one write request uses.
+const WRITE_THREADS_MAX: usize = 4;
+
+/// Threads for one large write: the CPUs, at most [`WRITE_THREADS_MAX`].
+fn write_threads() -> usize {
+    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *THREADS.get_or_init(|| {
+        std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(WRITE_THREADS_MAX)
+    })
+}
+
 fn class_of(role: usize, k: usize) -> IoClass {
     if role < k {
         IoClass::Data
@@ -348,15 +365,52 @@ impl Array {
         self.counters
             .array
             .add(&self.counters.array.client_write_bytes, buf.len() as u64);
+        // (stripe, offset in its data, length, offset in buf)
+        let mut pieces = Vec::new();
         let mut done = 0usize;
         for (stripe, within, n) in self.pieces(offset, buf.len() as u64) {
+            pieces.push((stripe, within, n as usize, done));
+            done += n as usize;
+        }
+        let one = |&(stripe, within, n, at): &(u64, u64, usize, usize)| -> Result<()> {
             let _g = self.locks[Self::lock_index(stripe)].write().unwrap();
             self.intent_begin(stripe)?;
-            let r = self
-                .with_replay(|| self.write_stripe(stripe, within, &buf[done..done + n as usize]));
+            let r = self.with_replay(|| self.write_stripe(stripe, within, &buf[at..at + n]));
             self.intent.end(stripe);
-            r?;
-            done += n as usize;
+            r
+        };
+        // Stripes are independent (each its own lock, intent and parity):
+        // a large request splits them into contiguous groups, one per CPU
+        // (at most WRITE_THREADS_MAX), updated by scoped threads beside
+        // this one, as a real array keeps its devices busy at once. Plain
+        // threads, not a work-stealing pool: a task holding a stripe lock
+        // while it waits must never pick up another that wants the same
+        // lock. On an error, stripes already written stay written (as when
+        // a sequential loop stops), and the request fails.
+        let threads = if buf.len() >= PARALLEL_WRITE_MIN_BYTES {
+            write_threads().min(pieces.len())
+        } else {
+            1
+        };
+        if threads > 1 {
+            let per = pieces.len().div_ceil(threads);
+            let results: Vec<Result<()>> = std::thread::scope(|scope| {
+                let mut groups = pieces.chunks(per);
+                let mine = groups.next().unwrap_or(&[]);
+                let others: Vec<_> = groups
+                    .map(|g| scope.spawn(move || g.iter().try_for_each(one)))
+                    .collect();
+                let mut results = vec![mine.iter().try_for_each(one)];
+                for h in others {
+                    results.push(h.join().unwrap_or_else(|_| {
+                        Err(Error::Unavailable("a stripe writer thread panicked".into()))
+                    }));
+                }
+                results
+            });
+            results.into_iter().collect::<Result<()>>()?;
+        } else {
+            pieces.iter().try_for_each(one)?;
         }
         if fua {
             self.flush()?;

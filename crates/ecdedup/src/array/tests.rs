@@ -413,6 +413,35 @@ fn a_device_that_dies_mid_run_is_latched_failed_and_no_data_is_lost() {
     rig.assert_matches_model();
 }
 
+/// A request of at least PARALLEL_WRITE_MIN_BYTES spanning many stripes
+/// is updated by several threads: everything reads back, parity is
+/// consistent, a device dying during such a request is latched with no
+/// data lost, and a request that cannot be written (m+1 devices dead)
+/// fails rather than half-succeeding silently.
+#[test]
+fn a_large_request_written_by_several_threads_reads_back_and_fails_cleanly() {
+    for policy in [Policy::None, Policy::Parity] {
+        let mut rig = Rig::with_dedup(6, 4, 2, 4096, 256, dedup(policy));
+        let vol = rig.model.len();
+        assert!(vol >= 2 * io::PARALLEL_WRITE_MIN_BYTES);
+        rig.write(0, &pattern(31, vol));
+        rig.write(4096 + 512, &pattern(32, vol / 2));
+        rig.assert_matches_model();
+        rig.assert_consistent();
+        rig.plans[1].dead.store(true, Ordering::SeqCst);
+        rig.write(8192, &pattern(33, vol - 3 * 8192));
+        assert_eq!(rig.a().member_states()[1], MemberState::Failed);
+        rig.assert_matches_model();
+        rig.plans[3].dead.store(true, Ordering::SeqCst);
+        rig.plans[4].dead.store(true, Ordering::SeqCst);
+        let err = rig.a().write(&pattern(34, vol), 0, false);
+        assert!(
+            matches!(err, Err(Error::Unavailable(_))),
+            "{policy}: {err:?}"
+        );
+    }
+}
+
 #[test]
 fn corrupted_blocks_are_detected_repaired_and_counted() {
     let mut rig = Rig::new(6, 4, 2, 8192, 6);

@@ -385,6 +385,25 @@ impl State {
     }
 }
 
+/// A hasher for keys that are uniform already (fingerprint prefixes): the
+/// key is the hash.
+#[derive(Default)]
+struct PrefixHasher(u64);
+
+impl std::hash::Hasher for PrefixHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ b as u64;
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
+    }
+}
+
 /// What one dedup block of a request becomes (`DedupDevice::write_batch`).
 #[derive(Clone, Copy)]
 enum Plan {
@@ -849,10 +868,16 @@ impl DedupDevice {
         let planning = std::time::Instant::now();
         let mut st = self.state.lock().unwrap();
         let mut plans = Vec::with_capacity(n);
-        // Fingerprint → the block of this request that writes it to a fresh
-        // slot (block by block, that slot would be the index's entry).
-        let mut local: std::collections::HashMap<Fingerprint, usize> =
-            std::collections::HashMap::new();
+        // Fingerprint (its first 8 bytes, already uniform, so not hashed
+        // again) → the block of this request that writes it to a fresh
+        // slot (block by block, that slot would be the index's entry). A
+        // prefix shared by two different fingerprints only misses a dedup:
+        // the full fingerprints are compared.
+        let mut local: std::collections::HashMap<
+            u64,
+            usize,
+            std::hash::BuildHasherDefault<PrefixHasher>,
+        > = Default::default();
         let (mut hits, mut compares, mut mismatches, mut fresh) = (0u64, 0u64, 0u64, 0usize);
         for i in 0..n {
             let b = first + i as u64;
@@ -867,12 +892,12 @@ impl DedupDevice {
                 }
                 Some(fps) => {
                     let fp = fps[i];
-                    let found = match local.get(&fp) {
-                        Some(&j) => Some(Plan::Local {
+                    let found = match local.get(&fp.prefix_u64()) {
+                        Some(&j) if fps[j] == fp => Some(Plan::Local {
                             from: j,
                             slot: UNMAPPED,
                         }),
-                        None => st.index.get(fp.as_bytes()).map(|s| {
+                        _ => st.index.get(fp.as_bytes()).map(|s| {
                             if s == cur {
                                 Plan::Keep
                             } else {
@@ -908,7 +933,7 @@ impl DedupDevice {
                             if found.is_some() {
                                 mismatches += 1;
                             }
-                            local.insert(fp, i);
+                            local.insert(fp.prefix_u64(), i);
                             Plan::Fresh(UNMAPPED)
                         }
                     }
