@@ -57,7 +57,8 @@ enum Command {
         /// Dedup block: the sub-chunk c that is fingerprinted (4K..1M, divides the stripe unit).
         #[arg(long, default_value = "4K")]
         dedup_block: String,
-        /// Fingerprint: sha256 (default), sha1 (the papers'), md5, blake3.
+        /// Fingerprint: sha256 (default), sha1 (the papers'), md5, blake3, or
+        /// crc32c (a 4-byte index key; needs --verify on or auto).
         #[arg(long, default_value = "sha256")]
         fingerprint: String,
         /// Bound of the fingerprint index, entries per device (LRU beyond it).

@@ -118,10 +118,17 @@ impl DedupConfig {
                 "dedup block {b} must be a multiple of 4 KiB, at most 1 MiB, that divides the stripe unit ({stripe_unit_bytes})"
             )));
         }
-        if self.index_entries_max == 0 || self.index_entries_max >= u32::MAX as u64 {
-            return Err(Error::Config(
-                "index bound must be between 1 and 2^32-2 entries".into(),
-            ));
+        if self.index_entries_max == 0 || self.index_entries_max > index::MAX_ENTRIES as u64 {
+            return Err(Error::Config(format!(
+                "index bound must be between 1 and {} entries",
+                index::MAX_ENTRIES
+            )));
+        }
+        if self.policy != Policy::None && !self.algorithm.cryptographic() && !self.verify {
+            return Err(Error::Config(format!(
+                "{} fingerprints match by chance: they need the byte compare (--verify on or auto)",
+                self.algorithm
+            )));
         }
         Ok(())
     }

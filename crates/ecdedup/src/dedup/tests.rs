@@ -660,3 +660,89 @@ fn a_sync_with_no_new_map_record_does_not_sync_the_log() {
         "a parity write's record is synced"
     );
 }
+
+/// Two different 4 KiB blocks with one CRC-32C: `base` and `base` with a
+/// set of bits flipped whose CRC contribution cancels. CRC is affine, so
+/// crc(x ^ e) = crc(x) ^ crc(e) ^ crc(0); among the 33 single-bit blocks,
+/// whose contributions crc(e) ^ crc(0) live in a 32-bit space, Gaussian
+/// elimination finds a nonempty set summing to zero.
+fn crc32c_collision(base: &[u8]) -> Vec<u8> {
+    let zero = vec![0u8; base.len()];
+    let crc0 = crc32c::crc32c(&zero);
+    let bit_block = |i: usize| {
+        let mut b = zero.clone();
+        b[i / 8] |= 1 << (i % 8);
+        b
+    };
+    // Rows: (contribution, set of bits as a mask), reduced as they come.
+    let mut rows: Vec<(u32, u64)> = Vec::new();
+    for i in 0..33usize {
+        let (mut v, mut mask) = (crc32c::crc32c(&bit_block(i)) ^ crc0, 1u64 << i);
+        for &(rv, rm) in &rows {
+            if v ^ rv < v {
+                v ^= rv;
+                mask ^= rm;
+            }
+        }
+        if v == 0 {
+            let mut other = base.to_vec();
+            for j in 0..33 {
+                if mask & (1 << j) != 0 {
+                    other[j / 8] ^= 1 << (j % 8);
+                }
+            }
+            return other;
+        }
+        rows.push((v, mask));
+        rows.sort_unstable_by_key(|r| std::cmp::Reverse(r.0));
+    }
+    unreachable!("33 vectors in a 32-bit space are dependent")
+}
+
+#[test]
+fn crc32c_fingerprints_are_refused_without_the_byte_compare() {
+    let config = DedupConfig {
+        policy: Policy::Parity,
+        algorithm: Algorithm::Crc32c,
+        verify: false,
+        ..DedupConfig::default()
+    };
+    let err = config.validate(32768).unwrap_err().to_string();
+    assert!(err.contains("byte compare"), "{err}");
+    DedupConfig {
+        verify: true,
+        ..config
+    }
+    .validate(32768)
+    .unwrap();
+}
+
+#[test]
+fn with_crc32c_a_chance_match_is_caught_by_the_compare_and_stored_apart() {
+    let mut rig = Rig::new(DedupConfig {
+        policy: Policy::All,
+        algorithm: Algorithm::Crc32c,
+        verify: true,
+        ..DedupConfig::default()
+    });
+    let a = content(9, 4096);
+    let b = crc32c_collision(&a);
+    assert_ne!(a, b);
+    assert_eq!(crc32c::crc32c(&a), crc32c::crc32c(&b), "a collision");
+    rig.d().write_at(&a, DATA_OFFSET).unwrap();
+    rig.d().write_at(&b, DATA_OFFSET + 4096).unwrap();
+    let s = rig.d().stats();
+    assert_eq!(s.verify_mismatches, 1, "b matched a's CRC, not its bytes");
+    assert_eq!((s.physical_writes, s.slots_used), (2, 2));
+    // The index keeps the most recent holder of a CRC: a true duplicate
+    // of b is a reference.
+    rig.d().write_at(&b, DATA_OFFSET + 2 * 4096).unwrap();
+    let s = rig.d().stats();
+    assert_eq!((s.dedup_hits, s.physical_writes, s.slots_used), (1, 2, 2));
+    rig.model[..4096].copy_from_slice(&a);
+    rig.model[4096..8192].copy_from_slice(&b);
+    rig.model[8192..3 * 4096].copy_from_slice(&b);
+    rig.check();
+    restart(&mut rig);
+    rig.check();
+}

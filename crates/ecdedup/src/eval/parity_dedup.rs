@@ -3,7 +3,8 @@
 //! For every RAID chunk (stripe unit) size and every dedup policy (none =
 //! plain RAID-6, all = RAID-6 + data dedup, parity = RAID-6 + parity dedup)
 //! a fresh RS(4,2) array over 6 device files is created (SHA-1 over 4 KiB
-//! sub-chunks, no byte compare: the paper's settings), served by
+//! sub-chunks, no byte compare: the paper's settings; `--fingerprint`
+//! chooses another, CRC-32C always with the byte compare), served by
 //! `ecdedup serve`, and written in one or both modes:
 //!
 //! - **fs**: ext4 on the export (`nbdfuse` → `losetup` → `mkfs.ext4` →
@@ -85,6 +86,11 @@ pub struct Options {
     /// Skip the read-back with failed devices (decode time).
     #[arg(long)]
     pub no_decode: bool,
+    /// Fingerprint of the dedup layer: sha1 (the paper's, no byte compare,
+    /// as the paper), or crc32c (a 4-byte CRC-32C index entry, every hit
+    /// byte-compared), or sha256, md5, blake3 (no byte compare).
+    #[arg(long, default_value = "sha1")]
+    pub fingerprint: Algorithm,
     /// Rounds: every configuration runs this many times, round by round
     /// (policy order rotated each round); times are reported as medians,
     /// counters from the first round.
@@ -863,9 +869,9 @@ fn run_one_in(
         dedup: DedupConfig {
             policy,
             block_bytes: DEDUP_BLOCK,
-            algorithm: Algorithm::Sha1,
+            algorithm: ctx.opts.fingerprint,
             index_entries_max: INDEX_ENTRIES_DEFAULT,
-            verify: false,
+            verify: !ctx.opts.fingerprint.cryptographic(),
         },
     };
     array::create(&dir, &opts)?;
@@ -1114,8 +1120,8 @@ pub fn run(opts: Options) -> Result<()> {
         m: M,
         devices: K + M,
         dedup_block_bytes: DEDUP_BLOCK,
-        fingerprint: "sha1".into(),
-        verify: false,
+        fingerprint: opts.fingerprint.to_string(),
+        verify: !opts.fingerprint.cryptographic(),
         index_entries_max: INDEX_ENTRIES_DEFAULT,
         volume_bytes,
         workload: workload.clone(),

@@ -231,13 +231,24 @@ pub fn markdown(r: &Results) -> String {
     let _ = writeln!(s, "Command: `{}`\n", r.command);
     let _ = writeln!(
         s,
-        "Host: {}, {} CPUs. Arrays: RS({},{}) over {} device files on the host's disk, served by `ecdedup serve` (nbdkit) on a Unix socket; SHA-1 over {} sub-chunks (the paper's hash and chunk), no byte compare, index bound {} entries per device; volume {}. Total run time {:.0} s.\n",
+        "Host: {}, {} CPUs. Arrays: RS({},{}) over {} device files on the host's disk, served by `ecdedup serve` (nbdkit) on a Unix socket; {} over {} sub-chunks{}, {}, index bound {} entries per device; volume {}. Total run time {:.0} s.\n",
         r.host,
         r.cpus,
         r.k,
         r.m,
         r.devices,
+        r.fingerprint.to_uppercase(),
         format_size(r.dedup_block_bytes as u64),
+        if r.fingerprint == "sha1" {
+            " (the paper's hash and chunk)"
+        } else {
+            " (the paper hashes with SHA-1)"
+        },
+        if r.verify {
+            "every hit byte-compared"
+        } else {
+            "no byte compare"
+        },
         r.index_entries_max,
         format_size(r.volume_bytes),
         r.total_seconds

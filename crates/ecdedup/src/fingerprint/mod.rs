@@ -71,15 +71,23 @@ pub enum Algorithm {
     Sha256,
     Md5,
     Blake3,
+    /// CRC-32C as a fingerprint: not cryptographic, 32 bits, so matches
+    /// happen by chance (birthday bound near 65,000 chunks) and a hit is
+    /// only a candidate: an array with it must byte-compare every hit
+    /// (`verify`, enforced by `DedupConfig::validate`). It buys an index
+    /// entry of 16 bytes and hashing at the speed of the SSE4.2 CRC
+    /// instruction, for workloads where hits are rare (parity).
+    Crc32c,
 }
 
 impl Algorithm {
     /// Every algorithm, in declaration order.
-    pub const ALL: [Algorithm; 4] = [
+    pub const ALL: [Algorithm; 5] = [
         Algorithm::Sha1,
         Algorithm::Sha256,
         Algorithm::Md5,
         Algorithm::Blake3,
+        Algorithm::Crc32c,
     ];
 
     /// The name used by `Display`, `FromStr` and serde.
@@ -89,6 +97,7 @@ impl Algorithm {
             Algorithm::Sha256 => "sha256",
             Algorithm::Md5 => "md5",
             Algorithm::Blake3 => "blake3",
+            Algorithm::Crc32c => "crc32c",
         }
     }
 
@@ -99,7 +108,16 @@ impl Algorithm {
             Algorithm::Sha256 => 32,
             Algorithm::Md5 => 16,
             Algorithm::Blake3 => 32,
+            Algorithm::Crc32c => 4,
         }
+    }
+
+    /// Whether equal fingerprints of different content take an attack
+    /// (MD5, SHA-1) or never happen in practice (SHA-256, BLAKE3): false
+    /// only for CRC-32C, whose matches happen by chance, so it is usable
+    /// only with a byte compare on every hit.
+    pub const fn cryptographic(self) -> bool {
+        !matches!(self, Algorithm::Crc32c)
     }
 
     /// Whether a fingerprint match may be trusted without comparing bytes:
@@ -118,6 +136,7 @@ impl Algorithm {
             Algorithm::Sha256 => Fingerprint::from_digest(&sha2::Sha256::digest(chunk)),
             Algorithm::Md5 => Fingerprint::from_digest(&md5::Md5::digest(chunk)),
             Algorithm::Blake3 => Fingerprint::from_digest(blake3::hash(chunk).as_bytes()),
+            Algorithm::Crc32c => Fingerprint::from_digest(&crc32c::crc32c(chunk).to_le_bytes()),
         }
     }
 }

@@ -109,7 +109,7 @@ fn blake3_matches_the_official_test_vectors() {
 
 #[test]
 fn every_fingerprint_is_as_long_as_its_algorithm_digest() {
-    let expected = [20, 32, 16, 32];
+    let expected = [20, 32, 16, 32, 4];
     for (algorithm, bytes) in Algorithm::ALL.into_iter().zip(expected) {
         assert_eq!(algorithm.digest_bytes(), bytes);
         assert_eq!(algorithm.fingerprint(b"x").as_bytes().len(), bytes);
@@ -117,16 +117,29 @@ fn every_fingerprint_is_as_long_as_its_algorithm_digest() {
 }
 
 #[test]
-fn only_sha256_and_blake3_are_strong() {
+fn only_sha256_and_blake3_are_strong_and_only_crc32c_is_not_cryptographic() {
     assert!(!Algorithm::Sha1.strong());
     assert!(Algorithm::Sha256.strong());
     assert!(!Algorithm::Md5.strong());
     assert!(Algorithm::Blake3.strong());
+    assert!(!Algorithm::Crc32c.strong());
+    for algorithm in Algorithm::ALL {
+        assert_eq!(algorithm.cryptographic(), algorithm != Algorithm::Crc32c);
+    }
+}
+
+#[test]
+fn a_crc32c_fingerprint_is_the_castagnoli_crc_of_the_chunk() {
+    // The CRC-32C check value (RFC 3720, appendix B.4): "123456789".
+    assert_eq!(
+        Algorithm::Crc32c.fingerprint(b"123456789").as_bytes(),
+        0xE306_9283u32.to_le_bytes()
+    );
 }
 
 #[test]
 fn names_round_trip_through_display_and_from_str_in_any_case() {
-    let names = ["sha1", "sha256", "md5", "blake3"];
+    let names = ["sha1", "sha256", "md5", "blake3", "crc32c"];
     for (algorithm, name) in Algorithm::ALL.into_iter().zip(names) {
         assert_eq!(algorithm.to_string(), name);
         assert_eq!(name.parse::<Algorithm>().unwrap(), algorithm);

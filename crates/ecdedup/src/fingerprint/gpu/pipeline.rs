@@ -45,13 +45,13 @@ pub(crate) const MAX_LANES: usize = 8;
 pub(crate) const MIN_SLICE_BYTES: usize = 1 << 20;
 
 /// The kernel's code for an algorithm (`FP_ALG_*` in hash.cu); `None` for
-/// BLAKE3, which has no kernel.
+/// BLAKE3 and CRC-32C, which have no kernel.
 pub(crate) fn algorithm_code(algorithm: Algorithm) -> Option<u32> {
     match algorithm {
         Algorithm::Sha1 => Some(0),
         Algorithm::Sha256 => Some(1),
         Algorithm::Md5 => Some(2),
-        Algorithm::Blake3 => None,
+        Algorithm::Blake3 | Algorithm::Crc32c => None,
     }
 }
 
