@@ -45,6 +45,8 @@ use std::sync::{Arc, Mutex};
 
 /// Log bytes after which a sync writes a snapshot and starts a new log.
 pub const LOG_COMPACT_BYTES: u64 = 64 << 20;
+/// Longest a write waits for a slot held by writes in flight (`place`).
+const SLOT_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(60);
 /// Default bound of the fingerprint index, in entries per device.
 pub const INDEX_ENTRIES_DEFAULT: u64 = 1 << 20;
 
@@ -437,6 +439,11 @@ pub struct DedupDevice {
     log_path: PathBuf,
     snapshot_path: PathBuf,
     state: Mutex<State>,
+    /// Signalled when a write completes while `slot_waiters` > 0: a write
+    /// that found no free slot waits for slots other writes hold only
+    /// while they are in flight (see `place`).
+    slot_freed: std::sync::Condvar,
+    slot_waiters: AtomicU64,
     counters: Counters,
 }
 
@@ -649,6 +656,8 @@ impl DedupDevice {
             log_path,
             snapshot_path,
             state: Mutex::new(state),
+            slot_freed: std::sync::Condvar::new(),
+            slot_waiters: AtomicU64::new(0),
             counters: Counters::default(),
         })
     }
@@ -670,13 +679,42 @@ impl DedupDevice {
 
     /// Writes a new slot, or the block's own slot in place when no slot is
     /// free. Records nothing; returns the slot and whether it is new.
+    ///
+    /// With no free slot and no slot of its own (the block is unmapped or
+    /// shares its slot), it waits: there are as many slots as blocks, so
+    /// an unmapped or sharing block means some slot is unreferenced, and
+    /// one that is neither free nor pending is held by another write in
+    /// flight (a fresh slot whose block still holds its old one), which
+    /// lets one go when it commits. A bound on the wait turns a broken
+    /// count into an error instead of a hang.
     fn place(
         &self,
         block: u64,
         chunk: &[u8],
         mut st: std::sync::MutexGuard<'_, State>,
     ) -> io::Result<(u32, bool)> {
-        match self.alloc(&mut st)? {
+        let started = std::time::Instant::now();
+        let found = loop {
+            let found = self.alloc(&mut st)?;
+            let own = st.map[block as usize];
+            if found.is_some() || (own != UNMAPPED && st.refs[own as usize] == 1) {
+                break found;
+            }
+            if started.elapsed() > SLOT_WAIT_MAX {
+                return Err(io::Error::other(format!(
+                    "no free slot for block {block} after {} s (every slot referenced)",
+                    SLOT_WAIT_MAX.as_secs()
+                )));
+            }
+            self.slot_waiters.fetch_add(1, Relaxed);
+            st = self
+                .slot_freed
+                .wait_timeout(st, std::time::Duration::from_millis(20))
+                .unwrap()
+                .0;
+            self.slot_waiters.fetch_sub(1, Relaxed);
+        };
+        match found {
             Some(slot) => {
                 st.refs[slot as usize] = 1;
                 drop(st);
@@ -788,6 +826,17 @@ impl DedupDevice {
     }
 
     fn write_data_area(&self, buf: &[u8], offset: u64, class: IoClass) -> io::Result<()> {
+        let r = self.write_data_area_inner(buf, offset, class);
+        if self.slot_waiters.load(Relaxed) > 0 {
+            // Under the lock, so that a waiter between its check and its
+            // wait cannot miss it.
+            let _st = self.state.lock().unwrap();
+            self.slot_freed.notify_all();
+        }
+        r
+    }
+
+    fn write_data_area_inner(&self, buf: &[u8], offset: u64, class: IoClass) -> io::Result<()> {
         let started = std::time::Instant::now();
         let rel = offset - self.data_offset;
         let block = self.block as usize;

@@ -746,3 +746,105 @@ fn with_crc32c_a_chance_match_is_caught_by_the_compare_and_stored_apart() {
     restart(&mut rig);
     rig.check();
 }
+
+/// A device whose first write at `hold_at` stops until the test lets it
+/// go, so that a test can act while a write is in flight.
+struct Gate {
+    inner: MemDevice,
+    hold_at: u64,
+    entered: std::sync::mpsc::SyncSender<()>,
+    release: Mutex<std::sync::mpsc::Receiver<()>>,
+    held: std::sync::atomic::AtomicBool,
+}
+
+impl Device for Gate {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        if offset == self.hold_at && !self.held.swap(true, Relaxed) {
+            self.entered.send(()).unwrap();
+            self.release.lock().unwrap().recv().unwrap();
+        }
+        self.inner.write_at(buf, offset)
+    }
+    fn sync(&self) -> io::Result<()> {
+        self.inner.sync()
+    }
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+}
+
+/// Every slot but two in use; a write of two blocks takes those two and
+/// is held in flight (its blocks still own their old slots); a write of
+/// an unmapped block then finds no free slot and no slot of its own. It
+/// must wait for the first write to commit and let its old slots go, not
+/// fail or panic.
+#[test]
+fn a_write_that_finds_no_free_slot_waits_for_writes_in_flight() {
+    let dir = tempfile::tempdir().unwrap();
+    let mem = MemDevice::new("m", DATA_OFFSET + BLOCKS * 4096);
+    let config = sha1_all(1024);
+    let open = |dev: Arc<dyn Device>| {
+        DedupDevice::open(
+            dev,
+            config.clone(),
+            Arc::new(CpuBackend::new(Some(1)).unwrap()),
+            DATA_OFFSET,
+            BLOCKS * 4096,
+            dir.path(),
+            "d",
+            false,
+        )
+        .unwrap()
+    };
+    reset_state(dir.path(), "d").unwrap();
+    {
+        let dev = open(Arc::new(mem.clone()));
+        for b in 0..BLOCKS - 2 {
+            dev.write_at(&content(b as u8, 4096), DATA_OFFSET + b * 4096)
+                .unwrap();
+        }
+        dev.sync().unwrap();
+        assert_eq!(dev.stats().slots_used, BLOCKS - 2);
+    }
+    let (entered_tx, entered) = std::sync::mpsc::sync_channel(1);
+    let (release, release_rx) = std::sync::mpsc::channel();
+    let gate = Arc::new(Gate {
+        inner: mem.clone(),
+        // The first of the two free slots (ascending allocation).
+        hold_at: DATA_OFFSET + (BLOCKS - 2) * 4096,
+        entered: entered_tx,
+        release: Mutex::new(release_rx),
+        held: false.into(),
+    });
+    let dev = Arc::new(open(gate));
+    let new: Vec<u8> = (0..2u8).flat_map(|b| content(100 + b, 4096)).collect();
+    let first = {
+        let (dev, new) = (dev.clone(), new.clone());
+        std::thread::spawn(move || dev.write_at(&new, DATA_OFFSET))
+    };
+    entered.recv().unwrap();
+    let last = content(200, 4096);
+    let second = {
+        let (dev, last) = (dev.clone(), last.clone());
+        std::thread::spawn(move || dev.write_at(&last, DATA_OFFSET + (BLOCKS - 1) * 4096))
+    };
+    // The second write cannot finish while the first holds the slots
+    // (it waits; it must not have failed).
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert!(!second.is_finished(), "found a slot that cannot exist");
+    release.send(()).unwrap();
+    first.join().unwrap().unwrap();
+    second.join().unwrap().unwrap();
+    let mut want: Vec<u8> = (0..BLOCKS as u8).flat_map(|b| content(b, 4096)).collect();
+    want[..2 * 4096].copy_from_slice(&new);
+    want[(BLOCKS as usize - 2) * 4096..(BLOCKS as usize - 1) * 4096].fill(0);
+    want[(BLOCKS as usize - 1) * 4096..].copy_from_slice(&last);
+    assert!(read_all(&dev, want.len()) == want);
+    assert!(dev.check().is_empty(), "{:?}", dev.check());
+}
