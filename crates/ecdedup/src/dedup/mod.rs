@@ -12,8 +12,12 @@
 //!
 //! Invariants:
 //! - a slot holding a fingerprinted block is never overwritten while
-//!   referenced: new content goes to a fresh slot (copy on write), so an
-//!   index entry always describes its slot's bytes;
+//!   another block refers to it or while the index offers it: new content
+//!   goes to a fresh slot (copy on write), so an index entry always
+//!   describes its slot's bytes. With `verify` on, a block's own slot that
+//!   no other block shares is rewritten in place, its entry withdrawn
+//!   first under the lock; a record a crash leaves vouching for the old
+//!   bytes is then harmless, since every hit is byte-compared;
 //! - an unfingerprinted slot with one reference is overwritten in place (no
 //!   map change, no record);
 //! - reference counts are derived from the map on load, never stored, so no
@@ -427,6 +431,10 @@ enum Plan {
     Fresh(u32),
     /// Unfingerprinted content over the block's own slot.
     InPlace(u32),
+    /// New fingerprinted content over the block's own slot, which no
+    /// other block shares (verify on only; its index entry was withdrawn
+    /// at planning).
+    Rewrite(u32),
 }
 
 pub struct DedupDevice {
@@ -901,9 +909,10 @@ impl DedupDevice {
     /// are appended with one write. Records are appended only after the
     /// slots' bytes are written, as on the per-block path, and a slot
     /// enters the index only then. Returns false, having changed nothing
-    /// but the index's recency, when there are not enough free slots (a
-    /// full device): the caller then goes block by block, overwriting in
-    /// place where it must.
+    /// but the index (recency, and the entries of slots it planned to
+    /// rewrite, withdrawn), when there are not enough free slots (a full
+    /// device): the caller then goes block by block, overwriting in place
+    /// where it must.
     ///
     /// A block whose content an earlier block of the request is writing
     /// becomes a reference to that block's fresh slot, as it would block by
@@ -935,6 +944,9 @@ impl DedupDevice {
             std::hash::BuildHasherDefault<PrefixHasher>,
         > = Default::default();
         let (mut hits, mut compares, mut mismatches, mut fresh) = (0u64, 0u64, 0u64, 0usize);
+        // Slots that earlier blocks of this request will reference: never
+        // rewritten in place by a later one.
+        let mut referenced: Vec<u32> = Vec::new();
         for i in 0..n {
             let b = first + i as u64;
             let cur = st.map[b as usize];
@@ -983,6 +995,9 @@ impl DedupDevice {
                     match found {
                         Some(plan) if same => {
                             hits += 1;
+                            if let Plan::Reference(s) = plan {
+                                referenced.push(s);
+                            }
                             plan
                         }
                         _ => {
@@ -990,7 +1005,23 @@ impl DedupDevice {
                                 mismatches += 1;
                             }
                             local.insert(fp.prefix_u64(), i);
-                            Plan::Fresh(UNMAPPED)
+                            if self.config.verify
+                                && cur != UNMAPPED
+                                && st.refs[cur as usize] == 1
+                                && !referenced.contains(&cur)
+                            {
+                                // The block's own slot, shared with no one:
+                                // rewritten in place (as a plain RAID does),
+                                // not copied. Its entry leaves the index
+                                // now, under the lock, so no write can start
+                                // referring to the old bytes; a crash may
+                                // leave a record vouching for them, which
+                                // the byte compare then refuses.
+                                st.withdraw(cur);
+                                Plan::Rewrite(cur)
+                            } else {
+                                Plan::Fresh(UNMAPPED)
+                            }
                         }
                     }
                 }
@@ -1024,6 +1055,10 @@ impl DedupDevice {
                     writes.push((s, i));
                 }
                 Plan::InPlace(s) => writes.push((s, i)),
+                Plan::Rewrite(s) => {
+                    slot_of[i] = s;
+                    writes.push((s, i));
+                }
                 Plan::Reference(s) => st.refs[s as usize] += 1,
                 Plan::Local { from, .. } => {
                     let s = slot_of[from];
@@ -1086,6 +1121,16 @@ impl DedupDevice {
                     Record::Reference {
                         block: b,
                         slot: s as u64,
+                    }
+                    .encode_into(&mut rec);
+                }
+                Plan::Rewrite(s) => {
+                    let fp = fps.expect("a rewrite is fingerprinted")[i];
+                    st.offer(&fp, s, parity);
+                    Record::Write {
+                        block: b,
+                        slot: s as u64,
+                        fingerprint: Some(fp),
                     }
                     .encode_into(&mut rec);
                 }

@@ -91,6 +91,14 @@ pub struct Options {
     /// byte-compared), or sha256, md5, blake3 (no byte compare).
     #[arg(long, default_value = "sha1")]
     pub fingerprint: Algorithm,
+    /// Size of the raw writer's requests (rounded up to whole stripes). A
+    /// request of several stripes has them updated by several threads at
+    /// once, and identical content written at the same moment can then
+    /// be stored twice (each misses the other's index entry, which is
+    /// offered once its bytes are written); one stripe per request keeps
+    /// dedup decisions in stream order.
+    #[arg(long, default_value = "4M")]
+    pub raw_request: String,
     /// Rounds: every configuration runs this many times, round by round
     /// (policy order rotated each round); times are reported as medians,
     /// counters from the first round.
@@ -745,12 +753,13 @@ fn write_raw(
     server: &Server,
     workloads: &[PathBuf],
     stripe_data: u64,
+    request_bytes: u64,
     total_bytes: u64,
 ) -> Result<(Stats, Stats, f64, Vec<WorkloadTime>, u64, blake3::Hash)> {
     let before = fetch_stats(&server.dir)?;
     let mut client = Client::connect(&server.socket)?;
     let volume = client.size;
-    let req = IO_REQUEST_BYTES.div_ceil(stripe_data) * stripe_data;
+    let req = request_bytes.max(1).div_ceil(stripe_data) * stripe_data;
     let mut buf = vec![0u8; req as usize];
     let mut pos = 0u64;
     let mut times = Vec::new();
@@ -886,7 +895,13 @@ fn run_one_in(
             (b, a, s, t, None, used)
         }
         Mode::Raw => {
-            let (b, a, s, t, end, hash) = write_raw(&server, workloads, stripe_data, wl_bytes)?;
+            let (b, a, s, t, end, hash) = write_raw(
+                &server,
+                workloads,
+                stripe_data,
+                parse_size(&ctx.opts.raw_request)?,
+                wl_bytes,
+            )?;
             (b, a, s, t, Some((end, hash)), vec![(0, end)])
         }
     };
@@ -1051,6 +1066,11 @@ pub fn run(opts: Options) -> Result<()> {
     let started = Instant::now();
     let chunks = parse_chunks(&opts.chunks)?;
     let policies = parse_policies(&opts.policies)?;
+    if parse_size(&opts.raw_request)? == 0 {
+        return Err(Error::Config(
+            "--raw-request must be at least one byte".into(),
+        ));
+    }
     let modes = match opts.mode {
         ModeArg::Fs => vec![Mode::Fs],
         ModeArg::Raw => vec![Mode::Raw],
