@@ -91,6 +91,11 @@ pub struct Options {
     /// byte-compared), or sha256, md5, blake3 (no byte compare).
     #[arg(long, default_value = "sha1")]
     pub fingerprint: Algorithm,
+    /// Byte-compare every fingerprint hit (always on for crc32c; off by
+    /// default for the others, as in the paper). With it, a block's own
+    /// unshared slot is rewritten in place instead of copied.
+    #[arg(long)]
+    pub verify: bool,
     /// Size of the raw writer's requests (rounded up to whole stripes). A
     /// request of several stripes has them updated by several threads at
     /// once, and identical content written at the same moment can then
@@ -880,7 +885,7 @@ fn run_one_in(
             block_bytes: DEDUP_BLOCK,
             algorithm: ctx.opts.fingerprint,
             index_entries_max: INDEX_ENTRIES_DEFAULT,
-            verify: !ctx.opts.fingerprint.cryptographic(),
+            verify: ctx.opts.verify || !ctx.opts.fingerprint.cryptographic(),
         },
     };
     array::create(&dir, &opts)?;
@@ -1141,7 +1146,7 @@ pub fn run(opts: Options) -> Result<()> {
         devices: K + M,
         dedup_block_bytes: DEDUP_BLOCK,
         fingerprint: opts.fingerprint.to_string(),
-        verify: !opts.fingerprint.cryptographic(),
+        verify: opts.verify || !opts.fingerprint.cryptographic(),
         index_entries_max: INDEX_ENTRIES_DEFAULT,
         volume_bytes,
         workload: workload.clone(),
