@@ -1102,6 +1102,13 @@ impl DedupDevice {
                             st.free.push(s);
                         }
                         Plan::Reference(s) => st.decref(s),
+                        // A reference to a slot being rewritten in place:
+                        // that slot stays its own block's (the count goes
+                        // back to 1; a fresh slot's count was reset above
+                        // or will be below).
+                        Plan::Local { from, slot } if matches!(plans[from], Plan::Rewrite(_)) => {
+                            st.refs[slot as usize] -= 1
+                        }
                         _ => {}
                     }
                 }
