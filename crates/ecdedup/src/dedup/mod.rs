@@ -19,7 +19,11 @@
 //!   first under the lock; a record a crash leaves vouching for the old
 //!   bytes is then harmless, since every hit is byte-compared;
 //! - an unfingerprinted slot with one reference is overwritten in place (no
-//!   map change, no record);
+//!   map change, no record), but not while the record that took its count
+//!   down to one may still be lost (a power loss keeps slot bytes and cuts
+//!   the log back to its last sync): such slots are marked until the next
+//!   sync; a slot shared by several blocks reopens marked fingerprinted
+//!   even if the snapshot dropped its (evicted) fingerprint;
 //! - reference counts are derived from the map on load, never stored, so no
 //!   crash can leak a slot or leave a count that disagrees with the map;
 //! - a slot freed by an overwrite or unmap is reused only after the log
@@ -314,6 +318,12 @@ struct State {
     slot_entry: Vec<u32>,
     free: Vec<u32>,
     pending_free: Vec<u32>,
+    /// Slots whose reference count fell (and stayed above zero) since the
+    /// log was last synced, one bit each: the records that say so may
+    /// not survive a power loss, so on disk the slot may still be shared,
+    /// and it must not be overwritten in place until the next sync.
+    dropped: Vec<u64>,
+    dropped_any: bool,
     index: FingerprintIndex,
     log_end: u64,
     /// Log bytes known durable: a sync with nothing appended since skips
@@ -336,7 +346,26 @@ impl State {
         if *r == 0 {
             self.forget(slot);
             self.pending_free.push(slot);
+        } else {
+            self.dropped[slot as usize / 64] |= 1 << (slot % 64);
+            self.dropped_any = true;
         }
+    }
+
+    /// Whether the slot's count fell since the last log sync (so it may
+    /// still be shared on disk).
+    fn dropped(&self, slot: u32) -> bool {
+        self.dropped[slot as usize / 64] & (1 << (slot % 64)) != 0
+    }
+
+    /// Whether new content may go over the block's own slot `cur`: it
+    /// holds no fingerprint anyone could be offered, no other block refers
+    /// to it, and none did in a record not yet durable.
+    fn own_in_place(&self, cur: u32) -> bool {
+        cur != UNMAPPED
+            && self.refs[cur as usize] == 1
+            && !self.fingerprinted(cur)
+            && !self.dropped(cur)
     }
 
     /// Whether the slot's content was fingerprinted (then it is copied on
@@ -636,7 +665,17 @@ impl DedupDevice {
             .rev()
             .filter(|&s| refs[s as usize] == 0)
             .collect();
+        // A slot more than one block refers to is marked fingerprinted
+        // (copied on write) even when the snapshot no longer holds its
+        // fingerprint (evicted before the snapshot).
+        for (s, e) in slot_entry.iter_mut().enumerate() {
+            if refs[s] >= 2 && *e == NOT_FINGERPRINTED {
+                *e = EVICTED;
+            }
+        }
         let mut state = State {
+            dropped: vec![0u64; (blocks as usize).div_ceil(64)],
+            dropped_any: false,
             map,
             refs,
             slot_entry,
@@ -741,7 +780,8 @@ impl DedupDevice {
                     slot != UNMAPPED && st.refs[slot as usize] == 1,
                     "a full map has one reference per slot"
                 );
-                if st.fingerprinted(slot) {
+                let fingerprinted = st.fingerprinted(slot);
+                if fingerprinted {
                     // The slot stops vouching for its old fingerprint before
                     // its bytes change, durably: without the sync, a crash
                     // could keep the old fingerprint in the persisted map
@@ -757,8 +797,13 @@ impl DedupDevice {
                             fingerprint: None,
                         },
                     )?;
-                    st.log.sync_data()?;
-                    st.log_synced = st.log_end;
+                }
+                if fingerprinted || st.dropped(slot) {
+                    // Slots first, then the log (as every sync), so that
+                    // no other write's record gets ahead of its bytes; this
+                    // also makes durable whatever released the slot's other
+                    // references.
+                    self.sync_locked(&mut st)?;
                 }
                 drop(st);
                 self.inner.write_at(chunk, self.slot_offset(slot))?;
@@ -777,6 +822,12 @@ impl DedupDevice {
             st.log.sync_data()?;
             st.log_synced = st.log_end;
             self.counters.log_syncs.fetch_add(1, Relaxed);
+        }
+        // Every record appended so far is durable: counts that fell are
+        // durable too.
+        if st.dropped_any {
+            st.dropped.fill(0);
+            st.dropped_any = false;
         }
         let pending = std::mem::take(&mut st.pending_free);
         st.free.extend(pending);
@@ -952,7 +1003,7 @@ impl DedupDevice {
             let cur = st.map[b as usize];
             let plan = match fps {
                 None => {
-                    if cur != UNMAPPED && st.refs[cur as usize] == 1 && !st.fingerprinted(cur) {
+                    if st.own_in_place(cur) {
                         Plan::InPlace(cur)
                     } else {
                         Plan::Fresh(UNMAPPED)
@@ -1008,6 +1059,7 @@ impl DedupDevice {
                             if self.config.verify
                                 && cur != UNMAPPED
                                 && st.refs[cur as usize] == 1
+                                && !st.dropped(cur)
                                 && !referenced.contains(&cur)
                             {
                                 // The block's own slot, shared with no one:
@@ -1252,7 +1304,7 @@ impl DedupDevice {
     fn write_plain(&self, block: u64, chunk: &[u8], class: IoClass) -> io::Result<()> {
         let st = self.state.lock().unwrap();
         let cur = st.map[block as usize];
-        if cur != UNMAPPED && st.refs[cur as usize] == 1 && !st.fingerprinted(cur) {
+        if st.own_in_place(cur) {
             drop(st);
             self.inner.write_at(chunk, self.slot_offset(cur))?;
         } else {
