@@ -124,6 +124,29 @@ fn ratio(a: f64, b: f64) -> Option<f64> {
     (b > 0.0).then(|| a / b)
 }
 
+/// Median and [min, max] of `xs` (None when empty).
+fn spread(xs: &[f64]) -> Option<(f64, f64, f64)> {
+    if xs.is_empty() {
+        return None;
+    }
+    let lo = xs.iter().cloned().fold(f64::MAX, f64::min);
+    let hi = xs.iter().cloned().fold(f64::MIN, f64::max);
+    Some((median(xs), lo, hi))
+}
+
+/// Ratios paired by round, `base[i] / run[i]` (a throughput ratio from
+/// write times of the same round), and the A/A control of the baseline,
+/// `base[i] / base[i+1]`: the noise floor the first must stand out of.
+fn paired_by_round(base: &[f64], run: &[f64]) -> (Vec<f64>, Vec<f64>) {
+    let pairs = base
+        .iter()
+        .zip(run)
+        .filter_map(|(b, r)| ratio(*b, *r))
+        .collect();
+    let control = base.windows(2).filter_map(|w| ratio(w[0], w[1])).collect();
+    (pairs, control)
+}
+
 fn median(v: &[f64]) -> f64 {
     let mut v = v.to_vec();
     v.sort_by(|a, b| a.total_cmp(b));
@@ -436,16 +459,11 @@ fn mode_tables(s: &mut String, r: &Results, mode: Mode) {
     let _ = writeln!(s, "| --- | --- | ---: | ---: | ---: | ---: |");
     rows(&mut |run, base| {
         let rel = base.and_then(|b| ratio(b.write_seconds, run.write_seconds));
-        let spread = if run.write_seconds_rounds.len() > 1 {
-            let lo = run
-                .write_seconds_rounds
-                .iter()
-                .cloned()
-                .fold(f64::MAX, f64::min);
-            let hi = run.write_seconds_rounds.iter().cloned().fold(0.0, f64::max);
-            format!(" [{lo:.1}-{hi:.1}]")
-        } else {
-            String::new()
+        let spread = match spread(&run.write_seconds_rounds) {
+            Some((_, lo, hi)) if run.write_seconds_rounds.len() > 1 => {
+                format!(" [{lo:.1}-{hi:.1}]")
+            }
+            _ => String::new(),
         };
         let _ = writeln!(
             s,
@@ -465,6 +483,39 @@ fn mode_tables(s: &mut String, r: &Results, mode: Mode) {
             )
         );
     });
+
+    if r.rounds > 1 {
+        let _ = writeln!(
+            s,
+            "\nPaired by round (plain RAID-6's write time over the configuration's in the same round, policy order rotated each round), with the A/A control (plain against plain of the next round):\n"
+        );
+        let _ = writeln!(
+            s,
+            "| chunk | configuration | vs RAID-6, paired: median [min-max] | rounds | A/A control: median [min-max] |"
+        );
+        let _ = writeln!(s, "| --- | --- | ---: | ---: | ---: |");
+        let range = |x: Option<(f64, f64, f64)>| {
+            x.map_or("-".into(), |(m, lo, hi)| {
+                format!("{} [{}-{}]", pct(m), pct(lo), pct(hi))
+            })
+        };
+        rows(&mut |run, base| {
+            let Some(base) = base.filter(|_| run.policy != Policy::None) else {
+                return;
+            };
+            let (pairs, control) =
+                paired_by_round(&base.write_seconds_rounds, &run.write_seconds_rounds);
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} |",
+                format_size(run.chunk_bytes),
+                config_name(run.policy),
+                range(spread(&pairs)),
+                pairs.len(),
+                range(spread(&control))
+            );
+        });
+    }
 
     let _ = writeln!(s, "\nWrites to parity devices, in 4 KiB pages (\"sent\" = what the array wrote to parity units; \"on media\" = what reached the devices after dedup; \"deduplicated\" = share of the sent pages stored as references):\n");
     let _ = writeln!(
@@ -670,4 +721,20 @@ fn mode_tables(s: &mut String, r: &Results, mode: Mode) {
         });
     }
     let _ = writeln!(s);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ratios_pair_write_times_of_the_same_round_and_the_control_pairs_neighbours() {
+        let plain = [10.0, 12.0, 8.0];
+        let other = [20.0, 12.0, 4.0];
+        let (pairs, control) = paired_by_round(&plain, &other);
+        assert_eq!(pairs, vec![0.5, 1.0, 2.0]);
+        assert_eq!(control, vec![10.0 / 12.0, 1.5]);
+        assert_eq!(spread(&pairs), Some((1.0, 0.5, 2.0)));
+        assert_eq!(spread(&[]), None);
+    }
 }
