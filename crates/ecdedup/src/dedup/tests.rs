@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::fingerprint::CpuBackend;
-use crate::media::MemDevice;
+use crate::media::{FaultPlan, FaultyDevice, MemDevice};
 use proptest::prelude::*;
 
 const DATA_OFFSET: u64 = 64 << 10;
@@ -35,19 +35,12 @@ impl Rig {
     }
 
     fn open(&mut self, fresh: bool) {
-        let backend = Arc::new(CpuBackend::new(Some(1)).unwrap());
-        let data = BLOCKS * self.config.block_bytes as u64;
-        let dev = DedupDevice::open(
+        let dev = open_layer(
             Arc::new(self.mem.clone()),
             self.config.clone(),
-            backend,
-            DATA_OFFSET,
-            data,
             self.dir.path(),
-            "d",
             fresh,
-        )
-        .unwrap();
+        );
         self.dev = Some(dev);
     }
 
@@ -66,6 +59,23 @@ impl Rig {
         let problems = self.d().check();
         assert!(problems.is_empty(), "{problems:?}");
     }
+}
+
+/// The layer over `dev` (BLOCKS dedup blocks after DATA_OFFSET), its map
+/// in `dir` as device "d".
+fn open_layer(dev: Arc<dyn Device>, config: DedupConfig, dir: &Path, fresh: bool) -> DedupDevice {
+    let data = BLOCKS * config.block_bytes as u64;
+    DedupDevice::open(
+        dev,
+        config,
+        Arc::new(CpuBackend::new(Some(1)).unwrap()),
+        DATA_OFFSET,
+        data,
+        dir,
+        "d",
+        fresh,
+    )
+    .unwrap()
 }
 
 fn content(seed: u8, len: usize) -> Vec<u8> {
@@ -475,17 +485,7 @@ fn counting_rig(config: DedupConfig) -> (tempfile::TempDir, Arc<Counting>, Dedup
         writes: AtomicU64::new(0),
         reads: AtomicU64::new(0),
     });
-    let dev = DedupDevice::open(
-        counting.clone(),
-        config,
-        Arc::new(CpuBackend::new(Some(1)).unwrap()),
-        DATA_OFFSET,
-        BLOCKS * 4096,
-        dir.path(),
-        "d",
-        true,
-    )
-    .unwrap();
+    let dev = open_layer(counting.clone(), config, dir.path(), true);
     (dir, counting, dev)
 }
 
@@ -563,17 +563,7 @@ fn duplicates_within_one_write_are_references_to_its_fresh_slot() {
         assert!(dev.check().is_empty());
         dev.sync().unwrap();
         drop(dev);
-        let dev = DedupDevice::open(
-            counting.clone(),
-            sha1_all(1024),
-            Arc::new(CpuBackend::new(Some(1)).unwrap()),
-            DATA_OFFSET,
-            BLOCKS * 4096,
-            dir.path(),
-            "d",
-            false,
-        )
-        .unwrap();
+        let dev = open_layer(counting.clone(), sha1_all(1024), dir.path(), false);
         assert_eq!(read_all(&dev, bytes.len()), bytes);
         assert!(dev.check().is_empty());
     }
@@ -788,20 +778,7 @@ impl Device for Gate {
 fn a_write_that_finds_no_free_slot_waits_for_writes_in_flight() {
     let dir = tempfile::tempdir().unwrap();
     let mem = MemDevice::new("m", DATA_OFFSET + BLOCKS * 4096);
-    let config = sha1_all(1024);
-    let open = |dev: Arc<dyn Device>| {
-        DedupDevice::open(
-            dev,
-            config.clone(),
-            Arc::new(CpuBackend::new(Some(1)).unwrap()),
-            DATA_OFFSET,
-            BLOCKS * 4096,
-            dir.path(),
-            "d",
-            false,
-        )
-        .unwrap()
-    };
+    let open = |dev: Arc<dyn Device>| open_layer(dev, sha1_all(1024), dir.path(), false);
     reset_state(dir.path(), "d").unwrap();
     {
         let dev = open(Arc::new(mem.clone()));
@@ -943,64 +920,23 @@ fn a_slot_referenced_earlier_in_a_request_is_not_rewritten_by_a_later_block() {
     assert_eq!((s.dedup_hits, s.slots_used), (1, 2));
 }
 
-/// A device whose writes at one offset fail.
-struct FailAt {
-    inner: MemDevice,
-    at: u64,
-}
-
-impl Device for FailAt {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.inner.read_at(buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        if offset == self.at {
-            return Err(io::Error::other("injected write error"));
-        }
-        self.inner.write_at(buf, offset)
-    }
-    fn sync(&self) -> io::Result<()> {
-        self.inner.sync()
-    }
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-}
-
 /// A failed in-place rewrite, with a later block of the request referring
 /// to it, leaves the counts as the map says (no leaked reference).
 #[test]
 fn a_failed_rewrite_leaves_reference_counts_that_match_the_map() {
     let dir = tempfile::tempdir().unwrap();
     let mem = MemDevice::new("m", DATA_OFFSET + BLOCKS * 4096);
-    let open = |dev: Arc<dyn Device>, fresh: bool| {
-        DedupDevice::open(
-            dev,
-            sha1_verified(),
-            Arc::new(CpuBackend::new(Some(1)).unwrap()),
-            DATA_OFFSET,
-            BLOCKS * 4096,
-            dir.path(),
-            "d",
-            fresh,
-        )
-        .unwrap()
-    };
+    let open =
+        |dev: Arc<dyn Device>, fresh: bool| open_layer(dev, sha1_verified(), dir.path(), fresh);
     let dev = open(Arc::new(mem.clone()), true);
     dev.write_at(&content(1, 4096), DATA_OFFSET).unwrap();
     let slot = dev.state.lock().unwrap().map[0];
     dev.sync().unwrap();
     drop(dev);
-    let dev = open(
-        Arc::new(FailAt {
-            inner: mem.clone(),
-            at: DATA_OFFSET + slot as u64 * 4096,
-        }),
-        false,
-    );
+    let plan = FaultPlan::new();
+    let at = DATA_OFFSET + slot as u64 * 4096;
+    *plan.bad_write_range.lock().unwrap() = Some((at, at + 4096));
+    let dev = open(Arc::new(FaultyDevice::new(mem.clone(), plan)), false);
     // Block 0 is rewritten in place with b; block 1 refers to it.
     let b = content(2, 4096);
     let err = dev.write_at(&[&b[..], &b[..]].concat(), DATA_OFFSET);

@@ -3,7 +3,8 @@
 //! Fault model: the device can fail every I/O from some moment on (a dead
 //! disk), drop writes after a budget of writes (a crash: later writes never
 //! reach the media, as after a power cut where nothing after the cut
-//! persisted), or fail reads of one offset range (a bad sector). Silent
+//! persisted), or fail reads or writes of one offset range (a bad sector).
+//! Silent
 //! corruption is injected by writing the inner device directly.
 
 use super::Device;
@@ -20,6 +21,13 @@ pub struct FaultPlan {
     pub writes_before_crash: AtomicI64,
     /// Reads overlapping this byte range fail with EIO.
     pub bad_read_range: Mutex<Option<(u64, u64)>>,
+    /// Writes overlapping this byte range fail with EIO.
+    pub bad_write_range: Mutex<Option<(u64, u64)>>,
+}
+
+/// Whether `[offset, offset+len)` overlaps `range` (`[start, end)`).
+fn overlaps(range: &Mutex<Option<(u64, u64)>>, offset: u64, len: usize) -> bool {
+    matches!(*range.lock().unwrap(), Some((start, end)) if offset < end && offset + len as u64 > start)
 }
 
 impl FaultPlan {
@@ -65,16 +73,17 @@ impl<D: Device> FaultyDevice<D> {
 impl<D: Device> Device for FaultyDevice<D> {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.check_dead()?;
-        if let Some((start, end)) = *self.plan.bad_read_range.lock().unwrap() {
-            if offset < end && offset + buf.len() as u64 > start {
-                return Err(io::Error::other("injected: bad sector"));
-            }
+        if overlaps(&self.plan.bad_read_range, offset, buf.len()) {
+            return Err(io::Error::other("injected: bad sector"));
         }
         self.inner.read_at(buf, offset)
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         self.check_dead()?;
+        if overlaps(&self.plan.bad_write_range, offset, buf.len()) {
+            return Err(io::Error::other("injected: bad sector (write)"));
+        }
         if self.crashed() {
             return Ok(());
         }
