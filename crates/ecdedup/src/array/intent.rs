@@ -21,10 +21,10 @@
 //! region, region count, CRC32C), then one byte per region: 0 clean, 1 dirty.
 
 use crate::error::{Error, Result};
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::FileExt;
+use crate::media::storage::{read_all, OsStorage, Storage, StorageFile};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -56,7 +56,7 @@ struct Inner {
 }
 
 pub struct IntentLog {
-    file: File,
+    file: Arc<dyn StorageFile>,
     stripes_per_region: u64,
     inner: Mutex<Inner>,
     /// Quiet time before a flush clears a region, milliseconds.
@@ -92,14 +92,36 @@ impl IntentLog {
         stripes: u64,
         stripes_per_region: u64,
     ) -> Result<()> {
+        IntentLog::create_in(&OsStorage, path, array_uuid, stripes, stripes_per_region)
+    }
+
+    /// [`IntentLog::create`] in `storage`.
+    pub fn create_in(
+        storage: &dyn Storage,
+        path: &Path,
+        array_uuid: &[u8; 16],
+        stripes: u64,
+        stripes_per_region: u64,
+    ) -> Result<()> {
+        IntentLog::write_map(storage, path, array_uuid, stripes, stripes_per_region, 0)
+    }
+
+    /// Writes a whole map with every region at `state` (0 clean, 1 dirty),
+    /// durably: through a temporary file renamed over `path`, so a crash
+    /// leaves the old map or the new one.
+    fn write_map(
+        storage: &dyn Storage,
+        path: &Path,
+        array_uuid: &[u8; 16],
+        stripes: u64,
+        stripes_per_region: u64,
+        state: u8,
+    ) -> Result<()> {
         let regions = stripes.div_ceil(stripes_per_region);
-        let io = |e| Error::io(format!("writing intent log {}", path.display()), e);
-        let f = File::create(path).map_err(io)?;
-        f.write_all_at(&header(array_uuid, stripes_per_region, regions), 0)
-            .map_err(io)?;
-        f.set_len(HEADER_BYTES + regions).map_err(io)?;
-        f.sync_all().map_err(io)?;
-        Ok(())
+        let mut bytes = header(array_uuid, stripes_per_region, regions);
+        bytes.resize((HEADER_BYTES + regions) as usize, state);
+        crate::media::storage::write_atomic(storage, path, &bytes)
+            .map_err(|e| Error::io(format!("writing intent log {}", path.display()), e))
     }
 
     /// Opens the map; a missing or corrupt map means every stripe may be
@@ -110,9 +132,26 @@ impl IntentLog {
         stripes: u64,
         stripes_per_region_default: u64,
     ) -> Result<(IntentLog, Recovery, Option<String>)> {
+        IntentLog::open_in(
+            &OsStorage,
+            path,
+            array_uuid,
+            stripes,
+            stripes_per_region_default,
+        )
+    }
+
+    /// [`IntentLog::open`] in `storage`.
+    pub fn open_in(
+        storage: &dyn Storage,
+        path: &Path,
+        array_uuid: &[u8; 16],
+        stripes: u64,
+        stripes_per_region_default: u64,
+    ) -> Result<(IntentLog, Recovery, Option<String>)> {
         let io = |e| Error::io(format!("opening intent log {}", path.display()), e);
         let mut warning = None;
-        let parsed = std::fs::read(path).ok().and_then(|bytes| {
+        let parsed = read_all(storage, path).ok().and_then(|bytes| {
             if bytes.len() < HEADER_BYTES as usize || bytes[0..8] != MAGIC {
                 return None;
             }
@@ -137,16 +176,15 @@ impl IntentLog {
                     "intent log {} is missing or corrupt: resynchronising every stripe",
                     path.display()
                 ));
+                // The evidence that every stripe needs a resync is made
+                // durable before anything else: a map written clean here
+                // would let a crash during that resync forget it.
                 let spr = stripes_per_region_default;
-                IntentLog::create(path, array_uuid, stripes, spr)?;
+                IntentLog::write_map(storage, path, array_uuid, stripes, spr, 1)?;
                 (spr, vec![1u8; stripes.div_ceil(spr) as usize])
             }
         };
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-            .map_err(io)?;
+        let file = storage.open(path).map_err(io)?;
         let mut dirty_stripe_ranges = Vec::new();
         for (r, &b) in map.iter().enumerate() {
             if b != 0 {
@@ -194,8 +232,8 @@ impl IntentLog {
         }
         let marked = self
             .file
-            .write_all_at(&[1], HEADER_BYTES + r as u64)
-            .and_then(|_| self.file.sync_data());
+            .write_at(&[1], HEADER_BYTES + r as u64)
+            .and_then(|_| self.file.sync());
         if let Err(e) = marked {
             inner.regions[r].in_flight -= 1;
             return Err(e);
@@ -240,7 +278,7 @@ impl IntentLog {
                 && region.last_epoch < epoch
                 && quiet
             {
-                self.file.write_all_at(&[0], HEADER_BYTES + r as u64)?;
+                self.file.write_at(&[0], HEADER_BYTES + r as u64)?;
                 region.dirty = false;
             }
         }
@@ -252,8 +290,8 @@ impl IntentLog {
     pub fn clear_all(&self) -> std::io::Result<()> {
         let mut inner = self.inner.lock().unwrap();
         let map: Vec<u8> = inner.regions.iter().map(|r| r.pinned as u8).collect();
-        self.file.write_all_at(&map, HEADER_BYTES)?;
-        self.file.sync_data()?;
+        self.file.write_at(&map, HEADER_BYTES)?;
+        self.file.sync()?;
         for region in inner.regions.iter_mut() {
             region.dirty = region.pinned;
         }
@@ -266,8 +304,8 @@ impl IntentLog {
         let mut inner = self.inner.lock().unwrap();
         let region = &mut inner.regions[r];
         if !region.dirty || !region.pinned {
-            self.file.write_all_at(&[1], HEADER_BYTES + r as u64)?;
-            self.file.sync_data()?;
+            self.file.write_at(&[1], HEADER_BYTES + r as u64)?;
+            self.file.sync()?;
         }
         region.dirty = true;
         region.pinned = true;

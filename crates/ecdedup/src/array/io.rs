@@ -653,13 +653,7 @@ impl Array {
     pub fn flush(&self) -> Result<()> {
         bump(&self.counters.array.client_flushes);
         let epoch = self.intent.start_flush();
-        for (d, jr) in self.journals.iter().enumerate() {
-            if let Some(j) = jr.lock().unwrap().as_ref() {
-                j.sync().map_err(|e| {
-                    Error::io(format!("syncing the parity journal of device {d}"), e)
-                })?;
-            }
-        }
+        self.sync_journals()?;
         // Every device at once: a flush costs one sync's latency, not N.
         let results: Vec<(usize, std::io::Result<()>)> = std::thread::scope(|scope| {
             let handles: Vec<_> = (0..self.members.len())

@@ -45,11 +45,11 @@
 //! instead of scanning the file.
 
 use crate::error::{Error, Result};
+use crate::media::storage::{parent_of, read_all, OsStorage, Storage, StorageFile};
 use std::collections::{BTreeSet, HashMap};
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Arc;
 
 const MAGIC: [u8; 8] = *b"ECDDPJ01";
 /// Version 1 files carry no header checksum in their records.
@@ -120,6 +120,8 @@ pub struct FaultHooks {
     pub fail_reads: AtomicBool,
     /// Preallocation fails with ENOSPC.
     pub fail_preallocate: AtomicBool,
+    /// Syncs fail with EIO (and are latched).
+    pub fail_syncs: AtomicBool,
 }
 
 #[cfg(test)]
@@ -131,7 +133,12 @@ thread_local! {
 }
 
 pub struct ParityJournal {
-    file: File,
+    storage: Arc<dyn Storage>,
+    file: Arc<dyn StorageFile>,
+    /// The error of a failed sync: from then on the journal takes no
+    /// append and is never synced again (Linux forgets a failed fsync, so
+    /// a later one would report success for records that are gone).
+    latched: Option<String>,
     path: PathBuf,
     end: u64,
     index: HashMap<u64, StripeLog>,
@@ -300,17 +307,22 @@ impl ParityJournal {
     /// Opens (creating if missing) a journal and rebuilds its index. What
     /// cannot be parsed is skipped or cut and reported in `take_lost`.
     pub fn open(path: &Path) -> Result<ParityJournal> {
+        ParityJournal::open_in(Arc::new(OsStorage), path)
+    }
+
+    /// [`ParityJournal::open`] in `storage`.
+    pub fn open_in(storage: Arc<dyn Storage>, path: &Path) -> Result<ParityJournal> {
         let io = |e| Error::io(format!("opening parity journal {}", path.display()), e);
         let stale = compact_path(path);
-        if stale.exists() {
-            std::fs::remove_file(&stale).map_err(io)?;
+        if storage.exists(&stale) {
+            storage.remove(&stale).map_err(io)?;
         }
-        if !path.exists() {
-            let f = File::create(path).map_err(io)?;
-            f.write_all_at(&header(), 0).map_err(io)?;
-            f.sync_all().map_err(io)?;
+        if !storage.exists(path) {
+            // Written under a temporary name and renamed, so the journal's
+            // name never points at a file without a header.
+            crate::media::storage::write_atomic(storage.as_ref(), path, &header()).map_err(io)?;
         }
-        let bytes = std::fs::read(path).map_err(io)?;
+        let bytes = read_all(storage.as_ref(), path).map_err(io)?;
         let head = bytes.get(..HEADER_BYTES as usize);
         let header_crc = if head == Some(&header()[..]) {
             true
@@ -322,13 +334,11 @@ impl ParityJournal {
                 path.display()
             )));
         };
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-            .map_err(io)?;
+        let file = storage.open(path).map_err(io)?;
         let mut j = ParityJournal {
+            storage,
             file,
+            latched: None,
             path: path.to_owned(),
             end: HEADER_BYTES,
             index: HashMap::new(),
@@ -378,7 +388,7 @@ impl ParityJournal {
         if at != bytes.len() {
             j.file
                 .set_len(j.end)
-                .and_then(|_| j.file.sync_all())
+                .and_then(|_| j.file.sync())
                 .map_err(io)?;
         }
         Ok(j)
@@ -393,12 +403,16 @@ impl ParityJournal {
     /// nothing is indexed, and the bytes written past the old end are cut
     /// (best effort: whatever stays is a tail that open reports as lost).
     pub fn append(&mut self, records: &[u8]) -> std::io::Result<()> {
+        if let Some(why) = &self.latched {
+            self.reserved = false;
+            return Err(std::io::Error::other(why.clone()));
+        }
         let written = if self.faults.fail_appends.load(Relaxed) {
             self.file
-                .write_all_at(&records[..records.len() / 2], self.end)
+                .write_at(&records[..records.len() / 2], self.end)
                 .and(Err(std::io::Error::from_raw_os_error(libc::ENOSPC)))
         } else {
-            self.file.write_all_at(records, self.end)
+            self.file.write_at(records, self.end)
         };
         if let Err(e) = written {
             self.reserved = false;
@@ -457,7 +471,7 @@ impl ParityJournal {
         if self.faults.fail_reads.load(Relaxed) {
             return Err(std::io::Error::from_raw_os_error(libc::EIO));
         }
-        self.file.read_exact_at(buf, offset)
+        self.file.read_at(buf, offset)
     }
 
     pub fn bytes(&self) -> u64 {
@@ -477,18 +491,45 @@ impl ParityJournal {
             .sum()
     }
 
-    pub fn sync(&self) -> std::io::Result<()> {
-        self.file.sync_data()
+    /// Makes every appended record durable. A failure is latched: see
+    /// [`ParityJournal::is_latched`].
+    pub fn sync(&mut self) -> std::io::Result<()> {
+        if let Some(why) = &self.latched {
+            return Err(std::io::Error::other(why.clone()));
+        }
+        let synced = if self.faults.fail_syncs.load(Relaxed) {
+            Err(std::io::Error::from_raw_os_error(libc::EIO))
+        } else {
+            self.file.sync()
+        };
+        if let Err(e) = &synced {
+            self.latched = Some(format!(
+                "parity journal {} failed to sync earlier ({e}); it takes no more records",
+                self.path.display()
+            ));
+            self.reserved = false;
+        }
+        synced
+    }
+
+    /// Whether a sync failed: the records appended since the sync before it
+    /// may be gone from the media, so the caller keeps their stripes dirty
+    /// until a resync (the journal takes no more appends).
+    pub fn is_latched(&self) -> bool {
+        self.latched.is_some()
     }
 
     /// Empties the journal when nothing in it is still needed.
     pub fn reset_if_empty(&mut self) -> std::io::Result<bool> {
-        if !self.index.is_empty() || (self.end == HEADER_BYTES && self.header_crc) {
+        if self.latched.is_some()
+            || !self.index.is_empty()
+            || (self.end == HEADER_BYTES && self.header_crc)
+        {
             return Ok(false);
         }
         self.file.set_len(HEADER_BYTES)?;
-        self.file.write_all_at(&header(), 0)?;
-        self.file.sync_data()?;
+        self.file.write_at(&header(), 0)?;
+        self.file.sync()?;
         self.header_crc = true;
         self.end = HEADER_BYTES;
         Ok(true)
@@ -498,24 +539,20 @@ impl ParityJournal {
     /// renames it over this one (crash-safe: see the module comment). The
     /// new file is not preallocated: the caller reserves space after.
     pub fn compact(&mut self) -> std::io::Result<()> {
+        if let Some(why) = &self.latched {
+            return Err(std::io::Error::other(why.clone()));
+        }
         let tmp_path = compact_path(&self.path);
-        let tmp = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp_path)?;
-        let result = self.compact_into(&tmp);
+        let tmp = self.storage.create(&tmp_path, true)?;
+        let result = self.compact_into(tmp.as_ref());
         if let Err(e) = result {
-            let _ = std::fs::remove_file(&tmp_path);
+            let _ = self.storage.remove(&tmp_path);
             return Err(e);
         }
         let (end, index) = result.expect("checked");
-        tmp.sync_all()?;
-        std::fs::rename(&tmp_path, &self.path)?;
-        if let Some(dir) = self.path.parent() {
-            File::open(dir)?.sync_all()?;
-        }
+        tmp.sync()?;
+        self.storage.rename(&tmp_path, &self.path)?;
+        self.storage.sync_dir(parent_of(&self.path))?;
         self.file = tmp;
         self.end = end;
         self.index = index;
@@ -524,14 +561,17 @@ impl ParityJournal {
         Ok(())
     }
 
-    fn compact_into(&self, tmp: &File) -> std::io::Result<(u64, HashMap<u64, StripeLog>)> {
-        tmp.write_all_at(&header(), 0)?;
+    fn compact_into(
+        &self,
+        tmp: &dyn StorageFile,
+    ) -> std::io::Result<(u64, HashMap<u64, StripeLog>)> {
+        tmp.write_at(&header(), 0)?;
         let mut end = HEADER_BYTES;
         let mut index = HashMap::new();
         let mut out: Vec<u8> = Vec::with_capacity(COMPACT_WRITE_BYTES + 2 * BLOCK);
         let mut block = vec![0u8; BLOCK];
         let write_out = |out: &mut Vec<u8>, end: &mut u64| -> std::io::Result<()> {
-            tmp.write_all_at(out, *end)?;
+            tmp.write_at(out, *end)?;
             *end += out.len() as u64;
             out.clear();
             Ok(())
@@ -574,7 +614,6 @@ impl ParityJournal {
     /// Reserves `bytes` of disk for the journal without changing its size,
     /// so that appends within the bound never meet a full disk.
     pub fn preallocate(&mut self, bytes: u64) -> std::io::Result<()> {
-        use std::os::unix::io::AsRawFd;
         #[cfg(test)]
         let injected = FAIL_PREALLOCATE_ON_THIS_THREAD.with(|f| f.get());
         #[cfg(not(test))]
@@ -583,21 +622,19 @@ impl ParityJournal {
             self.reserved = false;
             return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
         }
-        // SAFETY: fallocate on a valid descriptor with in-range arguments.
-        let rc = unsafe {
-            libc::fallocate(
-                self.file.as_raw_fd(),
-                libc::FALLOC_FL_KEEP_SIZE,
-                0,
-                bytes as libc::off_t,
-            )
-        };
-        if rc == 0 {
-            self.reserved = true;
-            Ok(())
-        } else {
+        if let Some(why) = &self.latched {
             self.reserved = false;
-            Err(std::io::Error::last_os_error())
+            return Err(std::io::Error::other(why.clone()));
+        }
+        match self.file.reserve(bytes) {
+            Ok(()) => {
+                self.reserved = true;
+                Ok(())
+            }
+            Err(e) => {
+                self.reserved = false;
+                Err(e)
+            }
         }
     }
 
@@ -640,6 +677,8 @@ impl ParityJournal {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs::OpenOptions;
+    use std::os::unix::fs::FileExt;
 
     #[test]
     fn records_are_indexed_and_an_invalidation_drops_the_stripe() {

@@ -107,6 +107,46 @@ impl Array {
             .collect()
     }
 
+    /// Makes every parity journal durable (the first step of a flush). A
+    /// journal whose sync fails is latched: every stripe it holds records
+    /// for is pinned dirty in the intent log (durably, so the next open
+    /// resyncs it from its data, which the flush's device syncs make
+    /// durable), the journal takes no more appends (partial writes to its
+    /// stripes go in place), and this flush fails. Later flushes skip the
+    /// latched journal and succeed: nothing they acknowledge depends on it.
+    pub(super) fn sync_journals(&self) -> Result<()> {
+        let mut first_error = None;
+        for (d, jr) in self.journals.iter().enumerate() {
+            let mut guard = jr.lock().unwrap();
+            let Some(j) = guard.as_mut() else { continue };
+            if j.is_latched() {
+                continue;
+            }
+            if let Err(e) = j.sync() {
+                let stripes = j.stripes();
+                drop(guard);
+                self.warn(format!(
+                    "parity journal of device {d} failed to sync ({e}): its {} stripes \
+                     stay dirty until a resync, and its partial writes go in place",
+                    stripes.len()
+                ));
+                for stripe in stripes {
+                    self.intent
+                        .pin(stripe)
+                        .map_err(|e| Error::io("marking the write-intent log", e))?;
+                }
+                first_error.get_or_insert(Error::io(
+                    format!("syncing the parity journal of device {d}"),
+                    e,
+                ));
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
     /// Whether any parity journal of the stripe holds entries.
     pub(super) fn journal_pending(&self, stripe: u64) -> bool {
         if !self.write_policy.journals() {

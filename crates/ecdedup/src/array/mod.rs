@@ -43,13 +43,12 @@ use crate::dedup::{DedupConfig, DedupDevice, Policy};
 use crate::error::{Error, Result};
 use crate::fingerprint::gpu::{choose_backend, BackendChoice};
 use crate::fingerprint::FingerprintBackend;
+use crate::media::storage::{read_all, write_atomic, OsStorage, Storage, StorageLock};
 use crate::media::{Device, FileDevice};
 use checksum::ChecksumTable;
 use intent::IntentLog;
 use layout::SUPERBLOCK_BYTES;
 use serde::{Deserialize, Serialize};
-use std::fs::File;
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, RwLock};
@@ -115,8 +114,13 @@ fn default_journal_bytes() -> u64 {
 
 impl ConfigFile {
     pub fn load(dir: &Path) -> Result<ConfigFile> {
+        ConfigFile::load_in(&OsStorage, dir)
+    }
+
+    /// Reads `array.json` from `dir` of `storage`.
+    pub fn load_in(storage: &dyn Storage, dir: &Path) -> Result<ConfigFile> {
         let path = dir.join(CONFIG_FILE);
-        let text = std::fs::read_to_string(&path).map_err(|e| {
+        let bytes = read_all(storage, &path).map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
                 Error::Config(format!(
                     "{} holds no array (no {CONFIG_FILE}); run `ecdedup create` first",
@@ -126,7 +130,7 @@ impl ConfigFile {
                 Error::io(format!("reading {}", path.display()), e)
             }
         })?;
-        let cfg: ConfigFile = serde_json::from_str(&text)
+        let cfg: ConfigFile = serde_json::from_slice(&bytes)
             .map_err(|e| Error::Corrupt(format!("{}: {e}", path.display())))?;
         if cfg.format_version != 1 {
             return Err(Error::Corrupt(format!(
@@ -140,15 +144,15 @@ impl ConfigFile {
 
     /// Writes atomically: temporary file, fsync, rename, fsync of the folder.
     pub fn store(&self, dir: &Path) -> Result<()> {
+        self.store_in(&OsStorage, dir)
+    }
+
+    /// [`ConfigFile::store`] into `dir` of `storage`.
+    pub fn store_in(&self, storage: &dyn Storage, dir: &Path) -> Result<()> {
         let path = dir.join(CONFIG_FILE);
-        let tmp = dir.join(format!("{CONFIG_FILE}.tmp"));
-        let io = |e| Error::io(format!("writing {}", path.display()), e);
         let text = serde_json::to_string_pretty(self).expect("config serialises");
-        std::fs::write(&tmp, text).map_err(io)?;
-        File::open(&tmp).and_then(|f| f.sync_all()).map_err(io)?;
-        std::fs::rename(&tmp, &path).map_err(io)?;
-        File::open(dir).and_then(|f| f.sync_all()).map_err(io)?;
-        Ok(())
+        write_atomic(storage, &path, text.as_bytes())
+            .map_err(|e| Error::io(format!("writing {}", path.display()), e))
     }
 }
 
@@ -232,6 +236,9 @@ pub struct Status {
 
 pub struct Array {
     dir: PathBuf,
+    /// Where every byte of the array's state is kept (the real file system,
+    /// or the power-loss simulator in tests).
+    storage: Arc<dyn Storage>,
     geo: Geometry,
     volume_bytes: u64,
     codec: Codec,
@@ -261,27 +268,25 @@ pub struct Array {
     crashed: std::sync::atomic::AtomicBool,
     /// The simulated-SSD wear layer of each device (empty when off).
     ssd_wear: Vec<RwLock<Option<Arc<crate::ssd::WearDevice>>>>,
-    _lock_file: File,
+    _lock: StorageLock,
 }
 
 /// Takes the array folder's lock, or says who holds it.
-pub fn lock_dir(dir: &Path) -> Result<File> {
+pub fn lock_dir(dir: &Path) -> Result<StorageLock> {
+    lock_dir_in(&OsStorage, dir)
+}
+
+/// [`lock_dir`] in `storage`.
+pub fn lock_dir_in(storage: &dyn Storage, dir: &Path) -> Result<StorageLock> {
     let path = dir.join(LOCK_FILE);
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
-    // SAFETY: flock on a valid descriptor.
-    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if rc != 0 {
-        return Err(Error::Busy(format!(
+    match storage.try_lock(&path) {
+        Ok(Some(lock)) => Ok(lock),
+        Ok(None) => Err(Error::Busy(format!(
             "array {} is in use by another process (is a server running? use its control socket, or stop it)",
             dir.display()
-        )));
+        ))),
+        Err(e) => Err(Error::io(format!("opening {}", path.display()), e)),
     }
-    Ok(f)
 }
 
 fn wrap_dedup(
@@ -309,12 +314,17 @@ fn wrap_dedup(
 /// Opens a parity journal and reserves its space. A reservation that fails
 /// (a full disk) is a warning, not an error: the journal keeps its records
 /// and stays unreserved, so writes go in place until a replay reserves it.
-fn open_journal(path: &Path, bytes_max: u64) -> Result<(journal::ParityJournal, Option<String>)> {
+fn open_journal(
+    storage: &Arc<dyn Storage>,
+    path: &Path,
+    bytes_max: u64,
+) -> Result<(journal::ParityJournal, Option<String>)> {
     if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent)
+        storage
+            .create_dir_all(parent)
             .map_err(|e| Error::io(format!("creating {}", parent.display()), e))?;
     }
-    let mut j = journal::ParityJournal::open(path)?;
+    let mut j = journal::ParityJournal::open_in(Arc::clone(storage), path)?;
     let warning = j.preallocate(bytes_max).err().map(|e| {
         format!(
             "cannot reserve {bytes_max} bytes for {}: {e}; partial writes go in place \
@@ -350,11 +360,17 @@ fn read_superblock(dev: &dyn Device) -> Result<Superblock> {
 /// Creates a new array in `dir` over files or block devices and leaves it
 /// clean and closed.
 pub fn create(dir: &Path, opts: &CreateOptions) -> Result<()> {
-    std::fs::create_dir_all(dir)
+    create_in(&OsStorage::shared(), dir, opts)
+}
+
+/// [`create`] in `storage`.
+pub fn create_in(storage: &Arc<dyn Storage>, dir: &Path, opts: &CreateOptions) -> Result<()> {
+    storage
+        .create_dir_all(dir)
         .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
     let n = opts.devices.len() as u32;
     let geo = Geometry::new(n, opts.k, opts.m, opts.stripe_unit_bytes, opts.volume_bytes)?;
-    if dir.join(CONFIG_FILE).exists() {
+    if storage.exists(&dir.join(CONFIG_FILE)) {
         return Err(Error::Config(format!(
             "{} already holds an array; remove it first or choose another --dir",
             dir.display()
@@ -366,25 +382,42 @@ pub fn create(dir: &Path, opts: &CreateOptions) -> Result<()> {
             path: path.clone(),
             reason,
         };
-        let dev = if path.exists() {
-            FileDevice::open(path).map_err(|e| dev_err(format!("cannot open: {e}")))?
+        let dev = if storage.exists(path) {
+            FileDevice::open_in(storage.as_ref(), path)
+                .map_err(|e| dev_err(format!("cannot open: {e}")))?
         } else {
-            FileDevice::create_file(path, geo.device_bytes_min())
-                .map_err(|e| dev_err(format!("cannot create: {e}")))?
+            let dev = FileDevice::create_in(storage.as_ref(), path, geo.device_bytes_min())
+                .map_err(|e| dev_err(format!("cannot create: {e}")))?;
+            let parent = crate::media::storage::parent_of(path);
+            storage
+                .sync_dir(parent)
+                .map_err(|e| dev_err(format!("cannot sync {}: {e}", parent.display())))?;
+            dev
         };
         devices.push(Arc::new(dev));
     }
-    format(dir, opts, devices)
+    format_in(storage, dir, opts, devices)
 }
 
 /// Writes a new array onto `devices` (already open, in position order) and
 /// records it in `dir`. Refuses devices that are too small or that belong
 /// to an array.
 pub fn format(dir: &Path, opts: &CreateOptions, devices: Vec<Arc<dyn Device>>) -> Result<()> {
-    std::fs::create_dir_all(dir)
+    format_in(&OsStorage::shared(), dir, opts, devices)
+}
+
+/// [`format`] with the array's own files in `storage`.
+pub fn format_in(
+    storage: &Arc<dyn Storage>,
+    dir: &Path,
+    opts: &CreateOptions,
+    devices: Vec<Arc<dyn Device>>,
+) -> Result<()> {
+    storage
+        .create_dir_all(dir)
         .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
-    let _lock = lock_dir(dir)?;
-    if dir.join(CONFIG_FILE).exists() {
+    let _lock = lock_dir_in(storage.as_ref(), dir)?;
+    if storage.exists(&dir.join(CONFIG_FILE)) {
         return Err(Error::Config(format!(
             "{} already holds an array; remove it first or choose another --dir",
             dir.display()
@@ -440,7 +473,8 @@ pub fn format(dir: &Path, opts: &CreateOptions, devices: Vec<Arc<dyn Device>>) -
         dev.sync().map_err(io)?;
     }
     let spr = IntentLog::stripes_per_region(geo.stripe_data_bytes(), opts.intent_region_bytes);
-    IntentLog::create(
+    IntentLog::create_in(
+        storage.as_ref(),
         &dir.join(INTENT_FILE),
         array_uuid.as_bytes(),
         geo.stripes,
@@ -468,7 +502,7 @@ pub fn format(dir: &Path, opts: &CreateOptions, devices: Vec<Arc<dyn Device>>) -
         fingerprint_backend: BackendChoice::default(),
         ssd_sim: crate::ssd::SsdSimConfig::default(),
     }
-    .store(dir)
+    .store_in(storage.as_ref(), dir)
 }
 
 /// Records the simulated-SSD wear accounting of the array in `dir` (at
@@ -513,13 +547,23 @@ impl Array {
         progress: Option<ProgressFn>,
         fingerprint_backend: Option<BackendChoice>,
     ) -> Result<Array> {
-        let lock = lock_dir(dir)?;
-        let cfg = ConfigFile::load(dir)?;
+        Array::open_in(OsStorage::shared(), dir, progress, fingerprint_backend)
+    }
+
+    /// [`Array::open_with_backend`] with every file in `storage`.
+    pub fn open_in(
+        storage: Arc<dyn Storage>,
+        dir: &Path,
+        progress: Option<ProgressFn>,
+        fingerprint_backend: Option<BackendChoice>,
+    ) -> Result<Array> {
+        let lock = lock_dir_in(storage.as_ref(), dir)?;
+        let cfg = ConfigFile::load_in(storage.as_ref(), dir)?;
         let mut devices: Vec<Option<Arc<dyn Device>>> = Vec::new();
         let mut warnings = Vec::new();
         let mut ssd_wear = Vec::new();
         for (i, path) in cfg.devices.iter().enumerate() {
-            match FileDevice::open(path) {
+            match FileDevice::open_in(storage.as_ref(), path) {
                 Ok(d) => {
                     let (d, wear) = cfg.ssd_sim.wrap(Arc::new(d))?;
                     ssd_wear.push(RwLock::new(wear));
@@ -537,6 +581,7 @@ impl Array {
         }
         let sim_on = cfg.ssd_sim.mode.ftl_mode().is_some();
         let mut array = Array::assemble(
+            storage,
             dir,
             lock,
             cfg,
@@ -559,12 +604,23 @@ impl Array {
     ) -> Result<Array> {
         let lock = lock_dir(dir)?;
         let cfg = ConfigFile::load(dir)?;
-        Array::assemble(dir, lock, cfg, devices, Vec::new(), progress, None)
+        Array::assemble(
+            OsStorage::shared(),
+            dir,
+            lock,
+            cfg,
+            devices,
+            Vec::new(),
+            progress,
+            None,
+        )
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn assemble(
+        storage: Arc<dyn Storage>,
         dir: &Path,
-        lock: File,
+        lock: StorageLock,
         cfg: ConfigFile,
         mut devices: Vec<Option<Arc<dyn Device>>>,
         mut warnings: Vec<String>,
@@ -734,7 +790,8 @@ impl Array {
             tables.push(table);
         }
         let spr = IntentLog::stripes_per_region(geo.stripe_data_bytes(), cfg.intent_region_bytes);
-        let (intent, recovery, intent_warning) = IntentLog::open(
+        let (intent, recovery, intent_warning) = IntentLog::open_in(
+            storage.as_ref(),
             &dir.join(INTENT_FILE),
             cfg.array_uuid.as_bytes(),
             geo.stripes,
@@ -772,7 +829,7 @@ impl Array {
                 continue;
             }
             let path = dir.join(JOURNAL_DIR).join(format!("dev{i}.jrnl"));
-            let opened = match open_journal(&path, cfg_journal_bytes_max) {
+            let opened = match open_journal(&storage, &path, cfg_journal_bytes_max) {
                 Ok(opened) => Some(opened),
                 Err(e) => {
                     warnings.push(format!("{e}: its logged writes are lost, so every stripe is resynchronised from its data"));
@@ -781,9 +838,13 @@ impl Array {
                     // replay it over parity resynchronised meanwhile.
                     let aside =
                         path.with_extension(format!("jrnl.unreadable-{}", uuid::Uuid::new_v4()));
-                    let moved = !path.exists() || std::fs::rename(&path, &aside).is_ok();
+                    let moved = !storage.exists(&path)
+                        || (storage.rename(&path, &aside).is_ok()
+                            && storage
+                                .sync_dir(crate::media::storage::parent_of(&path))
+                                .is_ok());
                     if moved {
-                        open_journal(&path, cfg_journal_bytes_max).ok()
+                        open_journal(&storage, &path, cfg_journal_bytes_max).ok()
                     } else {
                         None
                     }
@@ -822,6 +883,7 @@ impl Array {
         }
         let array = Array {
             dir: dir.to_owned(),
+            storage,
             geo,
             volume_bytes: newest.volume_bytes,
             codec,
@@ -849,7 +911,7 @@ impl Array {
             stopping: std::sync::atomic::AtomicBool::new(false),
             crashed: std::sync::atomic::AtomicBool::new(false),
             ssd_wear: Vec::new(),
-            _lock_file: lock,
+            _lock: lock,
         };
         if changed
             || sbs
@@ -1141,11 +1203,18 @@ impl Array {
             path: path.clone(),
             reason,
         };
-        let dev = if path.exists() {
-            FileDevice::open(&path).map_err(|e| dev_err(format!("cannot open: {e}")))?
+        let dev = if self.storage.exists(&path) {
+            FileDevice::open_in(self.storage.as_ref(), &path)
+                .map_err(|e| dev_err(format!("cannot open: {e}")))?
         } else {
-            FileDevice::create_file(&path, self.geo.device_bytes_min())
-                .map_err(|e| dev_err(format!("cannot create: {e}")))?
+            let dev =
+                FileDevice::create_in(self.storage.as_ref(), &path, self.geo.device_bytes_min())
+                    .map_err(|e| dev_err(format!("cannot create: {e}")))?;
+            let parent = crate::media::storage::parent_of(&path);
+            self.storage
+                .sync_dir(parent)
+                .map_err(|e| dev_err(format!("cannot sync {}: {e}", parent.display())))?;
+            dev
         };
         let sim = self.config.lock().unwrap().file.ssd_sim.clone();
         let (dev, wear) = sim.wrap(Arc::new(dev))?;
@@ -1209,8 +1278,8 @@ impl Array {
         self.tables[d].reset_zeroed();
         if self.write_policy.journals() {
             let path = self.dir.join(JOURNAL_DIR).join(format!("dev{d}.jrnl"));
-            let _ = std::fs::remove_file(&path);
-            let (j, warning) = open_journal(&path, self.journal_bytes_max)?;
+            let _ = self.storage.remove(&path);
+            let (j, warning) = open_journal(&self.storage, &path, self.journal_bytes_max)?;
             if let Some(w) = warning {
                 self.warn(w);
             }
@@ -1218,7 +1287,7 @@ impl Array {
         }
         cfg.device_uuids[d] = *uuid::Uuid::new_v4().as_bytes();
         cfg.file.devices[d] = canonical;
-        cfg.file.store(&self.dir)?;
+        cfg.file.store_in(self.storage.as_ref(), &self.dir)?;
         self.members[d].cursor.store(0, SeqCst);
         *self.members[d].dev.write().unwrap() = Some(dev);
         self.members[d].tag.store(TAG_REBUILDING, SeqCst);
@@ -1283,7 +1352,7 @@ impl Array {
         {
             let mut cfg = self.config.lock().unwrap();
             cfg.file.write_policy = policy;
-            cfg.file.store(&self.dir)?;
+            cfg.file.store_in(self.storage.as_ref(), &self.dir)?;
         }
         self.write_policy = policy;
         self.close()

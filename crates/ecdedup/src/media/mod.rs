@@ -2,7 +2,9 @@
 //! byte space with positioned reads and writes and a durability barrier.
 //! Files and block devices ([`FileDevice`]), memory ([`MemDevice`]) and the
 //! fault-injecting test device ([`FaultyDevice`]) all run under the same code
-//! above them.
+//! above them. Every byte the store keeps on disk, device data and metadata
+//! files alike, goes through one [`Storage`] ([`storage`]), so the
+//! power-loss simulator ([`powerloss`]) can stand in for the disk.
 //!
 //! Invariants: reads and writes never extend a device (callers stay below
 //! [`Device::size`]); `sync` returns only when every completed write is
@@ -12,11 +14,15 @@ mod faulty;
 mod file;
 mod mem;
 pub mod placement;
+pub mod powerloss;
+pub mod storage;
 
 pub use faulty::{FaultPlan, FaultyDevice};
 pub use file::FileDevice;
 pub use mem::MemDevice;
 pub use placement::{PlacementDevice, PlacementFilter, Stream};
+pub use powerloss::PowerLossStorage;
+pub use storage::{OsStorage, Storage, StorageFile};
 
 use crate::counters::IoClass;
 use std::io;

@@ -1,0 +1,718 @@
+//! The power-loss simulator: a [`Storage`] held in memory that remembers,
+//! per file, every write made since that file's last sync, and at a
+//! simulated power cut decides the fate of each one on its own, from a seed
+//! (TigerBeetle's `testing/storage.zig` is the model).
+//!
+//! Fault model, stronger than a process kill (after which the kernel still
+//! holds every write):
+//! - each unsynced write (and each unsynced truncate or extension) is
+//!   dropped, kept, or torn: cut into 512-byte or 4 KiB sectors (one size
+//!   per crash) of which each is kept or dropped on its own;
+//! - the writes a file keeps reach the media in their issue order or, in
+//!   about half of the crashes, in a shuffled order, so a later write to the
+//!   same bytes can be overtaken by an earlier one;
+//! - files are independent: one file's unsynced writes can survive while
+//!   another's written earlier are lost (the orderings that kill a store
+//!   whose map reaches the disk before the data it points at);
+//! - names (create, rename, remove) of a folder not synced since are kept
+//!   or reverted together, folder by folder; folders themselves are durable
+//!   at once (a simplification: the store creates them once, at create);
+//! - after a failed `sync` (injected), the file's unsynced writes stay
+//!   visible to reads but never reach the media, and the next `sync`
+//!   succeeds: Linux's behaviour since "fsyncgate", which a store must latch.
+//!
+//! A crash also bumps the storage's epoch: handles opened before it fail
+//! every call with `EIO`, so a crashed array cannot write after the power
+//! is gone. The store is then opened again on the same storage.
+//!
+//! Limits: a full file system is modelled by a byte budget over all file
+//! lengths ([`PowerLossStorage::set_capacity_bytes`]), not by blocks.
+
+use super::storage::{parent_of, Storage, StorageFile, StorageLock};
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+
+/// One write or length change not yet synced.
+#[derive(Clone, Debug)]
+enum Pending {
+    Write { offset: u64, bytes: Vec<u8> },
+    SetLen(u64),
+}
+
+/// What happens to one unsynced write at a power cut.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fate {
+    Drop,
+    Keep,
+    /// Each sector of this many bytes kept or dropped on its own.
+    Tear {
+        sector_bytes: u64,
+    },
+}
+
+#[derive(Default)]
+struct InodeData {
+    /// What the media holds.
+    durable: Vec<u8>,
+    /// What reads see: `durable` with `pending` applied in order.
+    volatile: Vec<u8>,
+    pending: Vec<Pending>,
+}
+
+struct Inode {
+    id: u64,
+    data: Mutex<InodeData>,
+}
+
+#[derive(Default)]
+struct Faults {
+    /// Paths (by suffix) whose next sync fails with EIO.
+    fail_next_sync: Vec<String>,
+    /// Paths (by suffix) whose writes fail with EIO.
+    fail_writes: Vec<String>,
+}
+
+struct State {
+    epoch: u64,
+    names: BTreeMap<PathBuf, Arc<Inode>>,
+    durable_names: BTreeMap<PathBuf, Arc<Inode>>,
+    dirs: BTreeSet<PathBuf>,
+    locks: HashSet<PathBuf>,
+    faults: Faults,
+    capacity_bytes: Option<u64>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    next_inode: AtomicU64,
+    crashes: AtomicU64,
+    writes_lost: AtomicU64,
+}
+
+/// The power-loss simulator (see the module comment).
+#[derive(Clone)]
+pub struct PowerLossStorage {
+    shared: Arc<Shared>,
+}
+
+/// What one power cut did, for the test's report.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CrashReport {
+    pub pending_writes: u64,
+    pub dropped: u64,
+    pub kept: u64,
+    pub torn: u64,
+    pub reordered_files: u64,
+}
+
+fn power_lost() -> io::Error {
+    io::Error::other("power lost (simulated): handle from before the crash")
+}
+
+fn apply(buf: &mut Vec<u8>, op: &Pending) {
+    match op {
+        Pending::Write { offset, bytes } => {
+            let end = *offset as usize + bytes.len();
+            if buf.len() < end {
+                buf.resize(end, 0);
+            }
+            buf[*offset as usize..end].copy_from_slice(bytes);
+        }
+        Pending::SetLen(len) => buf.resize(*len as usize, 0),
+    }
+}
+
+impl Default for PowerLossStorage {
+    fn default() -> Self {
+        PowerLossStorage::new()
+    }
+}
+
+impl PowerLossStorage {
+    pub fn new() -> PowerLossStorage {
+        PowerLossStorage {
+            shared: Arc::new(Shared {
+                state: Mutex::new(State {
+                    epoch: 0,
+                    names: BTreeMap::new(),
+                    durable_names: BTreeMap::new(),
+                    dirs: BTreeSet::new(),
+                    locks: HashSet::new(),
+                    faults: Faults::default(),
+                    capacity_bytes: None,
+                }),
+                next_inode: AtomicU64::new(1),
+                crashes: AtomicU64::new(0),
+                writes_lost: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    pub fn shared(&self) -> Arc<dyn Storage> {
+        Arc::new(self.clone())
+    }
+
+    /// A full file system: writes that would make the files' total length
+    /// exceed `bytes`, and reservations past it, fail with ENOSPC. `None`
+    /// lifts the limit.
+    pub fn set_capacity_bytes(&self, bytes: Option<u64>) {
+        self.shared.state.lock().unwrap().capacity_bytes = bytes;
+    }
+
+    /// The next `sync` of a file whose path ends with `suffix` fails with
+    /// EIO and loses that file's unsynced writes (they stay visible to reads).
+    pub fn fail_next_sync(&self, suffix: &str) {
+        let mut st = self.shared.state.lock().unwrap();
+        st.faults.fail_next_sync.push(suffix.to_owned());
+    }
+
+    /// Every write to a file whose path ends with `suffix` fails with EIO
+    /// until [`PowerLossStorage::heal`].
+    pub fn fail_writes(&self, suffix: &str) {
+        let mut st = self.shared.state.lock().unwrap();
+        st.faults.fail_writes.push(suffix.to_owned());
+    }
+
+    /// Lifts every injected fault.
+    pub fn heal(&self) {
+        self.shared.state.lock().unwrap().faults = Faults::default();
+    }
+
+    /// Power cuts so far.
+    pub fn crashes(&self) -> u64 {
+        self.shared.crashes.load(SeqCst)
+    }
+
+    /// Writes not synced at the moment of a crash, over all crashes.
+    pub fn writes_lost(&self) -> u64 {
+        self.shared.writes_lost.load(SeqCst)
+    }
+
+    /// Unsynced writes right now, over all files.
+    pub fn pending_writes(&self) -> u64 {
+        let st = self.shared.state.lock().unwrap();
+        let mut seen = HashSet::new();
+        st.names
+            .values()
+            .chain(st.durable_names.values())
+            .filter(|i| seen.insert(i.id))
+            .map(|i| i.data.lock().unwrap().pending.len() as u64)
+            .sum()
+    }
+
+    /// Cuts the power: every unsynced write meets a fate drawn from `seed`
+    /// (dropped, kept or torn, each a third of the time; shuffled order in
+    /// half of the crashes).
+    pub fn crash(&self, seed: u64) -> CrashReport {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let sector_bytes = if rng.gen_bool(0.5) { 512 } else { 4096 };
+        let shuffle = rng.gen_bool(0.5);
+        self.crash_with(seed, shuffle, |_, _| match rng.gen_range(0..3) {
+            0 => Fate::Drop,
+            1 => Fate::Keep,
+            _ => Fate::Tear { sector_bytes },
+        })
+    }
+
+    /// Cuts the power with each unsynced write's fate chosen by `fate(path,
+    /// index of the write among the file's unsynced ones)`, for tests that
+    /// stage one ordering (a map kept while the data it points at is lost).
+    /// `shuffle` applies each file's kept writes in a random order from
+    /// `seed`. Folders keep their unsynced names when `seed` says so.
+    pub fn crash_with(
+        &self,
+        seed: u64,
+        shuffle: bool,
+        mut fate: impl FnMut(&Path, usize) -> Fate,
+    ) -> CrashReport {
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15);
+        let mut st = self.shared.state.lock().unwrap();
+        let mut report = CrashReport::default();
+        // Names: each folder with unsynced changes keeps all or none.
+        let mut dirs: BTreeSet<PathBuf> = BTreeSet::new();
+        for (p, i) in st.names.iter() {
+            if st.durable_names.get(p).map(|d| d.id) != Some(i.id) {
+                dirs.insert(parent_of(p).to_owned());
+            }
+        }
+        for p in st.durable_names.keys() {
+            if !st.names.contains_key(p) {
+                dirs.insert(parent_of(p).to_owned());
+            }
+        }
+        for dir in dirs {
+            let commit = rng.gen_bool(0.5);
+            let in_dir = |p: &Path| parent_of(p) == dir.as_path();
+            if commit {
+                commit_dir(&mut st, &dir);
+            } else {
+                let revert: Vec<(PathBuf, Arc<Inode>)> = st
+                    .durable_names
+                    .iter()
+                    .filter(|(p, _)| in_dir(p))
+                    .map(|(p, i)| (p.clone(), Arc::clone(i)))
+                    .collect();
+                st.names.retain(|p, _| !in_dir(p));
+                st.names.extend(revert);
+            }
+        }
+        // Contents: every inode still named after the cut.
+        let mut seen = HashSet::new();
+        let inodes: Vec<(PathBuf, Arc<Inode>)> = st
+            .names
+            .iter()
+            .filter(|(_, i)| seen.insert(i.id))
+            .map(|(p, i)| (p.clone(), Arc::clone(i)))
+            .collect();
+        for (path, inode) in inodes {
+            let mut d = inode.data.lock().unwrap();
+            let pending = std::mem::take(&mut d.pending);
+            report.pending_writes += pending.len() as u64;
+            let mut kept: Vec<Pending> = Vec::new();
+            for (n, op) in pending.into_iter().enumerate() {
+                match fate(&path, n) {
+                    Fate::Drop => report.dropped += 1,
+                    Fate::Keep => {
+                        report.kept += 1;
+                        kept.push(op);
+                    }
+                    Fate::Tear { sector_bytes } => match op {
+                        Pending::Write { offset, bytes } => {
+                            report.torn += 1;
+                            let mut at = 0usize;
+                            while at < bytes.len() {
+                                // Sectors are aligned to the file, as on media.
+                                let sector_end = ((offset + at as u64) / sector_bytes + 1)
+                                    * sector_bytes
+                                    - offset;
+                                let end = (sector_end as usize).min(bytes.len());
+                                if rng.gen_bool(0.5) {
+                                    kept.push(Pending::Write {
+                                        offset: offset + at as u64,
+                                        bytes: bytes[at..end].to_vec(),
+                                    });
+                                }
+                                at = end;
+                            }
+                        }
+                        other => {
+                            report.kept += 1;
+                            kept.push(other);
+                        }
+                    },
+                }
+            }
+            if shuffle && kept.len() > 1 {
+                kept.shuffle(&mut rng);
+                report.reordered_files += 1;
+            }
+            for op in &kept {
+                apply(&mut d.durable, op);
+            }
+            d.volatile = d.durable.clone();
+        }
+        // Files that lost their name are gone with their content.
+        st.durable_names = st.names.clone();
+        st.locks.clear();
+        st.faults = Faults::default();
+        st.epoch += 1;
+        self.shared.crashes.fetch_add(1, SeqCst);
+        self.shared
+            .writes_lost
+            .fetch_add(report.pending_writes - report.kept, SeqCst);
+        report
+    }
+
+    /// Bytes a reader sees in `path` now (tests).
+    pub fn read_file(&self, path: &Path) -> Option<Vec<u8>> {
+        let st = self.shared.state.lock().unwrap();
+        let inode = st.names.get(path)?;
+        let data = inode.data.lock().unwrap().volatile.clone();
+        Some(data)
+    }
+
+    fn handle(&self, path: &Path, inode: Arc<Inode>, epoch: u64) -> Arc<dyn StorageFile> {
+        Arc::new(SimFile {
+            shared: Arc::clone(&self.shared),
+            inode,
+            epoch,
+            path: path.to_owned(),
+        })
+    }
+}
+
+fn commit_dir(st: &mut State, dir: &Path) {
+    let in_dir = |p: &Path| parent_of(p) == dir;
+    let now: Vec<(PathBuf, Arc<Inode>)> = st
+        .names
+        .iter()
+        .filter(|(p, _)| in_dir(p))
+        .map(|(p, i)| (p.clone(), Arc::clone(i)))
+        .collect();
+    st.durable_names.retain(|p, _| !in_dir(p));
+    st.durable_names.extend(now);
+}
+
+struct SimFile {
+    shared: Arc<Shared>,
+    inode: Arc<Inode>,
+    epoch: u64,
+    path: PathBuf,
+}
+
+impl SimFile {
+    fn live(&self) -> io::Result<std::sync::MutexGuard<'_, State>> {
+        let st = self.shared.state.lock().unwrap();
+        if st.epoch != self.epoch {
+            return Err(power_lost());
+        }
+        Ok(st)
+    }
+
+    fn matches(list: &[String], path: &Path) -> bool {
+        let p = path.to_string_lossy();
+        list.iter().any(|s| p.ends_with(s.as_str()))
+    }
+
+    /// Total length of every named file, with this one at `new_len`.
+    fn used_with(&self, st: &State, new_len: u64) -> u64 {
+        let mut seen = HashSet::new();
+        st.names
+            .values()
+            .filter(|i| seen.insert(i.id))
+            .map(|i| {
+                if i.id == self.inode.id {
+                    new_len
+                } else {
+                    i.data.lock().unwrap().volatile.len() as u64
+                }
+            })
+            .sum()
+    }
+
+    fn push(&self, op: Pending) -> io::Result<()> {
+        let st = self.live()?;
+        if SimFile::matches(&st.faults.fail_writes, &self.path) {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        let mut d = self.inode.data.lock().unwrap();
+        let new_len = match &op {
+            Pending::Write { offset, bytes } => {
+                (*offset + bytes.len() as u64).max(d.volatile.len() as u64)
+            }
+            Pending::SetLen(len) => *len,
+        };
+        if let Some(cap) = st.capacity_bytes {
+            if new_len > d.volatile.len() as u64 {
+                drop(d);
+                if self.used_with(&st, new_len) > cap {
+                    return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+                }
+                d = self.inode.data.lock().unwrap();
+            }
+        }
+        apply(&mut d.volatile, &op);
+        d.pending.push(op);
+        Ok(())
+    }
+}
+
+impl StorageFile for SimFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let _st = self.live()?;
+        let d = self.inode.data.lock().unwrap();
+        let end = offset as usize + buf.len();
+        if end > d.volatile.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "read past the end of the file",
+            ));
+        }
+        buf.copy_from_slice(&d.volatile[offset as usize..end]);
+        Ok(())
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.push(Pending::Write {
+            offset,
+            bytes: buf.to_vec(),
+        })
+    }
+
+    fn len(&self) -> io::Result<u64> {
+        let _st = self.live()?;
+        Ok(self.inode.data.lock().unwrap().volatile.len() as u64)
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.push(Pending::SetLen(len))
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        let mut st = self.live()?;
+        let mut d = self.inode.data.lock().unwrap();
+        let path = self.path.to_string_lossy().into_owned();
+        if let Some(i) = st
+            .faults
+            .fail_next_sync
+            .iter()
+            .position(|s| path.ends_with(s.as_str()))
+        {
+            st.faults.fail_next_sync.remove(i);
+            // The kernel marks the pages clean: they never reach the media,
+            // and reads keep seeing them until they are evicted.
+            self.shared
+                .writes_lost
+                .fetch_add(d.pending.len() as u64, SeqCst);
+            d.pending.clear();
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        let pending = std::mem::take(&mut d.pending);
+        for op in &pending {
+            apply(&mut d.durable, op);
+        }
+        Ok(())
+    }
+
+    fn reserve(&self, len: u64) -> io::Result<()> {
+        let st = self.live()?;
+        if let Some(cap) = st.capacity_bytes {
+            let current = self.inode.data.lock().unwrap().volatile.len() as u64;
+            if len > current && self.used_with(&st, len) > cap {
+                return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+            }
+        }
+        Ok(())
+    }
+
+    fn punch(&self, offset: u64, len: u64) -> io::Result<()> {
+        let current = self.len()?;
+        let end = (offset + len).min(current);
+        if end <= offset {
+            return Ok(());
+        }
+        self.write_at(&vec![0u8; (end - offset) as usize], offset)
+    }
+
+    fn describe(&self) -> String {
+        format!("{} (simulated)", self.path.display())
+    }
+}
+
+impl Storage for PowerLossStorage {
+    fn open(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>> {
+        let st = self.shared.state.lock().unwrap();
+        let inode = st
+            .names
+            .get(path)
+            .cloned()
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+        let epoch = st.epoch;
+        drop(st);
+        Ok(self.handle(path, inode, epoch))
+    }
+
+    fn create(&self, path: &Path, truncate: bool) -> io::Result<Arc<dyn StorageFile>> {
+        let mut st = self.shared.state.lock().unwrap();
+        if !st.dirs.contains(parent_of(path)) {
+            return Err(io::Error::from(io::ErrorKind::NotFound));
+        }
+        let epoch = st.epoch;
+        let inode = match st.names.get(path) {
+            Some(i) => Arc::clone(i),
+            None => {
+                let inode = Arc::new(Inode {
+                    id: self.shared.next_inode.fetch_add(1, SeqCst),
+                    data: Mutex::new(InodeData::default()),
+                });
+                st.names.insert(path.to_owned(), Arc::clone(&inode));
+                inode
+            }
+        };
+        drop(st);
+        let f = self.handle(path, inode, epoch);
+        if truncate {
+            f.set_len(0)?;
+        }
+        Ok(f)
+    }
+
+    fn exists(&self, path: &Path) -> bool {
+        let st = self.shared.state.lock().unwrap();
+        st.names.contains_key(path) || st.dirs.contains(path)
+    }
+
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        let mut st = self.shared.state.lock().unwrap();
+        st.names
+            .remove(path)
+            .map(|_| ())
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let mut st = self.shared.state.lock().unwrap();
+        let inode = st
+            .names
+            .remove(from)
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+        st.names.insert(to.to_owned(), inode);
+        Ok(())
+    }
+
+    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        let mut st = self.shared.state.lock().unwrap();
+        let mut p = Some(path);
+        while let Some(dir) = p {
+            if dir.as_os_str().is_empty() {
+                break;
+            }
+            st.dirs.insert(dir.to_owned());
+            p = dir.parent();
+        }
+        st.dirs.insert(PathBuf::from("."));
+        Ok(())
+    }
+
+    fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        let mut st = self.shared.state.lock().unwrap();
+        if !st.dirs.contains(path) {
+            return Err(io::Error::from(io::ErrorKind::NotFound));
+        }
+        commit_dir(&mut st, path);
+        Ok(())
+    }
+
+    fn try_lock(&self, path: &Path) -> io::Result<Option<StorageLock>> {
+        let mut st = self.shared.state.lock().unwrap();
+        if !st.locks.insert(path.to_owned()) {
+            return Ok(None);
+        }
+        Ok(Some(Box::new(SimLock {
+            shared: Arc::clone(&self.shared),
+            path: path.to_owned(),
+            epoch: st.epoch,
+        })))
+    }
+}
+
+struct SimLock {
+    shared: Arc<Shared>,
+    path: PathBuf,
+    epoch: u64,
+}
+
+impl Drop for SimLock {
+    fn drop(&mut self) {
+        let mut st = self.shared.state.lock().unwrap();
+        if st.epoch == self.epoch {
+            st.locks.remove(&self.path);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn storage() -> PowerLossStorage {
+        let s = PowerLossStorage::new();
+        s.create_dir_all(Path::new("/a")).unwrap();
+        s
+    }
+
+    #[test]
+    fn synced_writes_survive_every_crash_and_unsynced_ones_may_not() {
+        for seed in 0..64 {
+            let s = storage();
+            let f = s.create(Path::new("/a/f"), true).unwrap();
+            f.write_at(&[1u8; 8192], 0).unwrap();
+            f.sync().unwrap();
+            s.sync_dir(Path::new("/a")).unwrap();
+            f.write_at(&[2u8; 8192], 4096).unwrap();
+            s.crash(seed);
+            let bytes = s.read_file(Path::new("/a/f")).unwrap();
+            assert!(bytes[..4096].iter().all(|&b| b == 1));
+            assert!(bytes[4096..8192].iter().all(|&b| b == 1 || b == 2));
+            // Past the synced end: the new bytes or the zeroes of a hole.
+            assert!(bytes[8192..].iter().all(|&b| b == 0 || b == 2));
+            assert!(f.write_at(&[3], 0).is_err(), "old handles are dead");
+        }
+    }
+
+    #[test]
+    fn every_fate_occurs_over_many_seeds() {
+        let mut seen_old = false;
+        let mut seen_new = false;
+        let mut seen_torn = false;
+        for seed in 0..200 {
+            let s = storage();
+            let f = s.create(Path::new("/a/f"), true).unwrap();
+            f.write_at(&[1u8; 8192], 0).unwrap();
+            f.sync().unwrap();
+            s.sync_dir(Path::new("/a")).unwrap();
+            f.write_at(&[2u8; 8192], 0).unwrap();
+            s.crash(seed);
+            let b = s.read_file(Path::new("/a/f")).unwrap();
+            let ones = b.iter().filter(|&&x| x == 1).count();
+            match ones {
+                8192 => seen_old = true,
+                0 => seen_new = true,
+                _ => seen_torn = true,
+            }
+        }
+        assert!(seen_old && seen_new && seen_torn);
+    }
+
+    #[test]
+    fn a_name_not_synced_may_vanish_and_a_synced_one_stays() {
+        let mut vanished = false;
+        for seed in 0..32 {
+            let s = storage();
+            let f = s.create(Path::new("/a/kept"), true).unwrap();
+            f.sync().unwrap();
+            s.sync_dir(Path::new("/a")).unwrap();
+            let g = s.create(Path::new("/a/new"), true).unwrap();
+            g.write_at(b"x", 0).unwrap();
+            g.sync().unwrap();
+            s.crash(seed);
+            assert!(s.exists(Path::new("/a/kept")));
+            vanished |= !s.exists(Path::new("/a/new"));
+        }
+        assert!(vanished);
+    }
+
+    #[test]
+    fn a_failed_sync_loses_the_writes_but_reads_still_see_them() {
+        let s = storage();
+        let f = s.create(Path::new("/a/j"), true).unwrap();
+        f.sync().unwrap();
+        s.sync_dir(Path::new("/a")).unwrap();
+        f.write_at(b"record", 0).unwrap();
+        s.fail_next_sync("/j");
+        assert!(f.sync().is_err());
+        let mut b = [0u8; 6];
+        f.read_at(&mut b, 0).unwrap();
+        assert_eq!(&b, b"record");
+        f.sync().unwrap();
+        s.crash_with(1, false, |_, _| Fate::Keep);
+        assert_eq!(s.read_file(Path::new("/a/j")).unwrap(), Vec::<u8>::new());
+    }
+
+    #[test]
+    fn a_full_file_system_refuses_growth_with_enospc() {
+        let s = storage();
+        s.set_capacity_bytes(Some(4096));
+        let f = s.create(Path::new("/a/f"), true).unwrap();
+        f.write_at(&[0u8; 4096], 0).unwrap();
+        let e = f.write_at(&[0u8; 1], 4096).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOSPC));
+        f.write_at(&[1u8; 10], 0).unwrap();
+    }
+}

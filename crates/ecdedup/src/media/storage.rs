@@ -1,0 +1,284 @@
+//! Storage: the one interface through which every byte the store keeps on
+//! disk is read, written and synced: device files and block devices, the
+//! superblocks and checksum tables inside them, the write-intent map, the
+//! parity journals, the dedup maps and the array's config file.
+//!
+//! The store never calls `std::fs` for its own state; it is handed an
+//! `Arc<dyn Storage>` (TigerBeetle's `Storage` parameter, redb's
+//! `StorageBackend`), so the same code runs over the real file system
+//! ([`OsStorage`]) and over the power-loss simulator
+//! ([`super::powerloss::PowerLossStorage`]), which can drop, keep, reorder
+//! or tear every write not yet synced.
+//!
+//! The contract is POSIX's, taken strictly, because that is what a power
+//! loss enforces:
+//! - a write is durable only after [`StorageFile::sync`] of its file returns
+//!   `Ok`; until then it may be lost, kept, torn at any sector, or reach the
+//!   media after a later write;
+//! - a name (create, rename, remove) is durable only after
+//!   [`Storage::sync_dir`] of its parent folder;
+//! - an error from `sync` means the unsynced writes may be gone whatever a
+//!   later `sync` says: the caller latches it (Linux forgets it).
+
+use std::any::Any;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, FileTypeExt};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// A file (or block device) opened through a [`Storage`].
+pub trait StorageFile: Send + Sync {
+    /// Reads exactly `buf.len()` bytes at `offset` (`UnexpectedEof` past
+    /// the end).
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    /// Writes all of `buf` at `offset`, extending a regular file if needed.
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Current length in bytes (a block device's size).
+    fn len(&self) -> io::Result<u64>;
+    fn is_empty(&self) -> io::Result<bool> {
+        Ok(self.len()? == 0)
+    }
+    /// Truncates or extends (with zeroes) to `len` bytes.
+    fn set_len(&self, len: u64) -> io::Result<()>;
+    /// Makes every completed write (and the length) durable: `fdatasync`.
+    fn sync(&self) -> io::Result<()>;
+    /// Reserves space for `len` bytes without changing the length
+    /// (`fallocate(KEEP_SIZE)`), so later writes below it cannot hit a full
+    /// file system.
+    fn reserve(&self, len: u64) -> io::Result<()>;
+    /// `[offset, offset+len)` reads as zeroes afterwards and its space may
+    /// be released (hole punching on files; zeroes written on block devices).
+    fn punch(&self, offset: u64, len: u64) -> io::Result<()>;
+    fn is_block_device(&self) -> bool {
+        false
+    }
+    /// Where this file lives, for messages.
+    fn describe(&self) -> String;
+}
+
+/// Held while a folder is locked; dropping it releases the lock.
+pub type StorageLock = Box<dyn Any + Send + Sync>;
+
+/// A namespace of files: the real file system or a simulator.
+pub trait Storage: Send + Sync {
+    /// Opens an existing file or block device for reading and writing.
+    fn open(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>>;
+    /// Creates a file, or opens it if it exists; `truncate` empties it.
+    fn create(&self, path: &Path, truncate: bool) -> io::Result<Arc<dyn StorageFile>>;
+    fn exists(&self, path: &Path) -> bool;
+    fn remove(&self, path: &Path) -> io::Result<()>;
+    /// Replaces `to` by `from` atomically (durable after `sync_dir`).
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    fn create_dir_all(&self, path: &Path) -> io::Result<()>;
+    /// Makes the names in folder `path` durable.
+    fn sync_dir(&self, path: &Path) -> io::Result<()>;
+    /// Takes an exclusive lock on `path` (created if missing) for this
+    /// process; `Ok(None)` when another holder has it.
+    fn try_lock(&self, path: &Path) -> io::Result<Option<StorageLock>>;
+}
+
+/// Reads a whole file.
+pub fn read_all(storage: &dyn Storage, path: &Path) -> io::Result<Vec<u8>> {
+    let f = storage.open(path)?;
+    let len = f.len()?;
+    let len = usize::try_from(len).map_err(|_| io::Error::other("file too large to read"))?;
+    let mut buf = vec![0u8; len];
+    f.read_at(&mut buf, 0)?;
+    Ok(buf)
+}
+
+/// Replaces a small file atomically and durably: a temporary file, synced,
+/// renamed over `path`, and the folder synced. A crash leaves the old or
+/// the new content, never a mix.
+pub fn write_atomic(storage: &dyn Storage, path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let f = storage.create(&tmp, true)?;
+    f.write_at(bytes, 0)?;
+    f.sync()?;
+    drop(f);
+    storage.rename(&tmp, path)?;
+    storage.sync_dir(parent_of(path))
+}
+
+/// The folder holding `path` (`.` for a bare name).
+pub fn parent_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+}
+
+/// The real file system, through `std::fs` and positioned I/O.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OsStorage;
+
+impl OsStorage {
+    pub fn shared() -> Arc<dyn Storage> {
+        Arc::new(OsStorage)
+    }
+}
+
+/// A file or block device of the real file system.
+pub struct OsFile {
+    file: File,
+    path: PathBuf,
+    is_block_device: bool,
+}
+
+impl OsFile {
+    fn new(file: File, path: &Path) -> io::Result<OsFile> {
+        let meta = file.metadata()?;
+        let is_block_device = meta.file_type().is_block_device();
+        if !is_block_device && !meta.is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a regular file or block device",
+            ));
+        }
+        Ok(OsFile {
+            file,
+            path: path.to_owned(),
+            is_block_device,
+        })
+    }
+
+    fn fallocate(&self, mode: libc::c_int, offset: u64, len: u64) -> io::Result<()> {
+        // SAFETY: fallocate on a valid descriptor with in-range arguments.
+        let rc = unsafe {
+            libc::fallocate(
+                self.file.as_raw_fd(),
+                mode,
+                offset as libc::off_t,
+                len as libc::off_t,
+            )
+        };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+}
+
+impl StorageFile for OsFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.file.read_exact_at(buf, offset)
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.file.write_all_at(buf, offset)
+    }
+
+    fn len(&self) -> io::Result<u64> {
+        if self.is_block_device {
+            use std::io::{Seek, SeekFrom};
+            let mut f = &self.file;
+            f.seek(SeekFrom::End(0))
+        } else {
+            Ok(self.file.metadata()?.len())
+        }
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.file.set_len(len)
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+
+    fn reserve(&self, len: u64) -> io::Result<()> {
+        self.fallocate(libc::FALLOC_FL_KEEP_SIZE, 0, len)
+    }
+
+    fn punch(&self, offset: u64, len: u64) -> io::Result<()> {
+        if self.is_block_device {
+            // BLKDISCARD does not promise zeroes on every device; write them.
+            return write_zeroes_to(self, offset, len);
+        }
+        self.fallocate(
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            offset,
+            len,
+        )
+    }
+
+    fn is_block_device(&self) -> bool {
+        self.is_block_device
+    }
+
+    fn describe(&self) -> String {
+        self.path.display().to_string()
+    }
+}
+
+/// Writes zeroes over a range, 1 MiB at a time.
+pub fn write_zeroes_to(f: &dyn StorageFile, offset: u64, len: u64) -> io::Result<()> {
+    let zero = vec![0u8; len.min(1 << 20) as usize];
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(zero.len() as u64) as usize;
+        f.write_at(&zero[..n], offset + done)?;
+        done += n as u64;
+    }
+    Ok(())
+}
+
+impl Storage for OsStorage {
+    fn open(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>> {
+        let file = OpenOptions::new().read(true).write(true).open(path)?;
+        Ok(Arc::new(OsFile::new(file, path)?))
+    }
+
+    fn create(&self, path: &Path, truncate: bool) -> io::Result<Arc<dyn StorageFile>> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(truncate)
+            .open(path)?;
+        Ok(Arc::new(OsFile::new(file, path)?))
+    }
+
+    fn exists(&self, path: &Path) -> bool {
+        path.exists()
+    }
+
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        std::fs::remove_file(path)
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        std::fs::rename(from, to)
+    }
+
+    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        std::fs::create_dir_all(path)
+    }
+
+    fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        File::open(path)?.sync_all()
+    }
+
+    fn try_lock(&self, path: &Path) -> io::Result<Option<StorageLock>> {
+        let f = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)?;
+        // SAFETY: flock on a valid descriptor.
+        let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc != 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                return Ok(None);
+            }
+            return Err(e);
+        }
+        Ok(Some(Box::new(f)))
+    }
+}
