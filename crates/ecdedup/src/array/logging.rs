@@ -35,6 +35,10 @@ pub const IDLE_REPLAY_AFTER: std::time::Duration = std::time::Duration::from_sec
 
 /// Bytes kept free in every journal for invalidation marks.
 const JOURNAL_RESERVE_BYTES: u64 = 1 << 20;
+/// The smallest journal bound `create` accepts: below it no partial write
+/// would ever fit beside the reserve, and every one would silently fall
+/// back to read-modify-write.
+pub const JOURNAL_BYTES_MIN: u64 = 2 * JOURNAL_RESERVE_BYTES;
 
 /// A journal is replayed when it passes `bound / REPLAY_AT_FRACTION_OF_BOUND`.
 pub const REPLAY_AT_FRACTION_OF_BOUND: u64 = 2;
@@ -145,6 +149,19 @@ impl Array {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+
+    /// Stripes that some parity journal holds records for (tests, status).
+    pub fn journaled_stripes(&self) -> Vec<u64> {
+        let mut stripes: Vec<u64> = Vec::new();
+        for jr in &self.journals {
+            if let Some(j) = jr.lock().unwrap().as_ref() {
+                stripes.extend(j.stripes());
+            }
+        }
+        stripes.sort_unstable();
+        stripes.dedup();
+        stripes
     }
 
     /// Whether any parity journal of the stripe holds entries.
@@ -593,6 +610,19 @@ impl Array {
                         "replaying stripe {s}: {e}; its parity is recomputed from its data instead"
                     ));
                     self.resync_stripe(s);
+                } else if matches!(e, Error::Corrupt(_)) {
+                    // A power cut tore the log of a write that was never
+                    // flushed (its d(0) is gone, its d(r) survived): the
+                    // log cannot be folded, and keeping it would fail
+                    // every open. The stripe is in the degraded write hole.
+                    self.warn(format!(
+                        "replaying stripe {s}: {e}; its log is dropped: the stripe was being \
+                         written at an unclean stop with a device out of service (the degraded \
+                         write hole, docs/write-hole.md)"
+                    ));
+                    if let Err(e) = self.journal_invalidate(s, 0, g.blocks_per_unit()) {
+                        self.warn(format!("stripe {s}: {e}"));
+                    }
                 } else {
                     self.warn(format!("replaying stripe {s}: {e}; it stays pending"));
                     first_error.get_or_insert(e);

@@ -427,6 +427,15 @@ pub fn format_in(
     assert_eq!(devices.len(), n as usize);
     let geo = Geometry::new(n, opts.k, opts.m, opts.stripe_unit_bytes, opts.volume_bytes)?;
     opts.dedup.validate(opts.stripe_unit_bytes)?;
+    if opts.write_policy.journals() && opts.journal_bytes_max < logging::JOURNAL_BYTES_MIN {
+        return Err(Error::Config(format!(
+            "a parity journal bound of {} bytes leaves no room beside its {} reserved bytes; \
+             use at least {}",
+            opts.journal_bytes_max,
+            logging::JOURNAL_BYTES_MIN / 2,
+            logging::JOURNAL_BYTES_MIN
+        )));
+    }
     if !opts.volume_bytes.is_multiple_of(512) {
         return Err(Error::Config(format!(
             "volume size {} is not a multiple of 512 bytes",
