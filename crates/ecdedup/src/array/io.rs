@@ -688,6 +688,7 @@ impl Array {
             }
         }
         self.check_available()?;
+        self.failures_made_durable()?;
         self.intent
             .finish_flush(epoch)
             .map_err(|e| Error::io("updating the write-intent log", e))

@@ -260,6 +260,12 @@ pub struct Array {
     /// The parity journal of each device (plog, parix).
     journals: Vec<Mutex<Option<journal::ParityJournal>>>,
     replay_wanted: std::sync::atomic::AtomicBool,
+    /// Device failures latched in RAM, and how many of them the superblocks
+    /// record durably: a flush returns only once they are equal, so no
+    /// write is acknowledged as durable while a power cut could bring a
+    /// failed device (whose content is stale) back as active.
+    failures_latched: AtomicU64,
+    failures_durable: AtomicU64,
     /// Milliseconds since `started` of the last client write.
     last_write_ms: AtomicU64,
     started: std::time::Instant,
@@ -915,6 +921,8 @@ impl Array {
             journal_bytes_max: cfg_journal_bytes_max,
             journals,
             replay_wanted: std::sync::atomic::AtomicBool::new(false),
+            failures_latched: AtomicU64::new(0),
+            failures_durable: AtomicU64::new(0),
             last_write_ms: AtomicU64::new(0),
             started: std::time::Instant::now(),
             stopping: std::sync::atomic::AtomicBool::new(false),
@@ -1094,6 +1102,7 @@ impl Array {
     }
 
     fn persist_locked(&self, cfg: &mut ConfigState) -> Result<()> {
+        let latched = self.failures_latched.load(SeqCst);
         for _attempt in 0..=self.members.len() {
             cfg.generation += 1;
             let states: Vec<MemberState> = (0..self.members.len())
@@ -1146,10 +1155,21 @@ impl Array {
                 self.geo.m
             )));
         }
+        self.failures_durable.fetch_max(latched, SeqCst);
+        Ok(())
+    }
+
+    /// Waits until every latched device failure is on the superblocks
+    /// (writing them itself if the thread that latched it has not yet).
+    pub(super) fn failures_made_durable(&self) -> Result<()> {
+        if self.failures_durable.load(SeqCst) < self.failures_latched.load(SeqCst) {
+            self.persist_superblocks()?;
+        }
         Ok(())
     }
 
     fn set_failed(&self, d: usize) {
+        self.failures_latched.fetch_add(1, SeqCst);
         self.replay_wanted.store(true, SeqCst);
         self.members[d].tag.store(TAG_FAILED, SeqCst);
         *self.members[d].dev.write().unwrap() = None;
@@ -1159,7 +1179,11 @@ impl Array {
     /// Latches an I/O error: the device is failed from now on.
     fn latch_failure(&self, d: usize, what: &str, err: &std::io::Error) {
         self.counters.devices[d].error();
+        // Counted before the tag flips: a flush that sees the device out
+        // of service also sees a failure not yet durable.
+        self.failures_latched.fetch_add(1, SeqCst);
         if self.members[d].tag.swap(TAG_FAILED, SeqCst) == TAG_FAILED {
+            self.failures_latched.fetch_sub(1, SeqCst);
             return;
         }
         *self.members[d].dev.write().unwrap() = None;

@@ -901,3 +901,47 @@ fn switching_the_write_policy_offline_replays_the_journals() {
     rig.assert_consistent();
     rig.assert_matches_model();
 }
+
+/// Linux md's 2015 race: a flush must not be acknowledged while a device
+/// failure that another thread latched is not yet on the superblocks, or a
+/// power cut brings the stale device back as active.
+#[test]
+fn a_flush_waits_until_a_concurrent_device_failure_is_durable() {
+    let rig = Rig::new(6, 4, 2, 4096, 16);
+    let a = rig.a();
+    let stripe = vec![7u8; 4 * 4096];
+    a.write(&stripe, 0, false).unwrap();
+    a.flush().unwrap();
+    // Device 1 dies; device 0 is slow to take its next superblock.
+    *rig.plans[0].hold_range.lock().unwrap() = Some((0, 2 * SUPERBLOCK_BYTES));
+    rig.plans[0].hold.store(true, Ordering::SeqCst);
+    rig.plans[1].dead.store(true, Ordering::SeqCst);
+    let flushed = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let writer = s.spawn(|| a.write(&stripe, 0, false));
+        while !rig.plans[0].held.load(Ordering::SeqCst) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let flusher = s.spawn(|| {
+            let r = a.flush();
+            flushed.store(true, Ordering::SeqCst);
+            r
+        });
+        // The failure is latched but not durable: the flush must wait. (A
+        // slow machine can only make this pass more easily, never fail it.)
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let early = flushed.load(Ordering::SeqCst);
+        rig.plans[0].hold.store(false, Ordering::SeqCst);
+        writer.join().unwrap().unwrap();
+        flusher.join().unwrap().unwrap();
+        assert!(
+            !early,
+            "the flush returned before the failure reached the superblocks"
+        );
+    });
+    let mut sb = vec![0u8; 2 * SUPERBLOCK_BYTES as usize];
+    rig.mems[0].read_at(&mut sb, 0).unwrap();
+    let (x, y) = sb.split_at(SUPERBLOCK_BYTES as usize);
+    let newest = Superblock::newest(x, y).unwrap();
+    assert_eq!(newest.states[1], MemberState::Failed);
+}

@@ -23,6 +23,11 @@ pub struct FaultPlan {
     pub bad_read_range: Mutex<Option<(u64, u64)>>,
     /// Writes overlapping this byte range fail with EIO.
     pub bad_write_range: Mutex<Option<(u64, u64)>>,
+    /// While set, writes overlapping `hold_range` wait (a slow device, to
+    /// stage races); `held` is set once a write waits there.
+    pub hold: AtomicBool,
+    pub hold_range: Mutex<Option<(u64, u64)>>,
+    pub held: AtomicBool,
 }
 
 /// Whether `[offset, offset+len)` overlaps `range` (`[start, end)`).
@@ -83,6 +88,12 @@ impl<D: Device> Device for FaultyDevice<D> {
         self.check_dead()?;
         if overlaps(&self.plan.bad_write_range, offset, buf.len()) {
             return Err(io::Error::other("injected: bad sector (write)"));
+        }
+        if overlaps(&self.plan.hold_range, offset, buf.len()) {
+            while self.plan.hold.load(Ordering::SeqCst) {
+                self.plan.held.store(true, Ordering::SeqCst);
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
         }
         if self.crashed() {
             return Ok(());
