@@ -35,10 +35,10 @@ pub const IDLE_REPLAY_AFTER: std::time::Duration = std::time::Duration::from_sec
 
 /// Bytes kept free in every journal for invalidation marks.
 const JOURNAL_RESERVE_BYTES: u64 = 1 << 20;
-/// The smallest journal bound `create` accepts: below it no partial write
-/// would ever fit beside the reserve, and every one would silently fall
-/// back to read-modify-write.
-pub const JOURNAL_BYTES_MIN: u64 = 2 * JOURNAL_RESERVE_BYTES;
+/// The smallest journal bound `create` accepts: below it not even one
+/// logged block (a 32-byte header and 4 KiB) fits beside the reserve, and
+/// every partial write would silently fall back to read-modify-write.
+pub const JOURNAL_BYTES_MIN: u64 = JOURNAL_RESERVE_BYTES + 2 * (32 + 4096);
 
 /// A journal is replayed when it passes `bound / REPLAY_AT_FRACTION_OF_BOUND`.
 pub const REPLAY_AT_FRACTION_OF_BOUND: u64 = 2;

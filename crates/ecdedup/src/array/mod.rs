@@ -435,10 +435,9 @@ pub fn format_in(
     opts.dedup.validate(opts.stripe_unit_bytes)?;
     if opts.write_policy.journals() && opts.journal_bytes_max < logging::JOURNAL_BYTES_MIN {
         return Err(Error::Config(format!(
-            "a parity journal bound of {} bytes leaves no room beside its {} reserved bytes; \
-             use at least {}",
+            "a parity journal bound of {} bytes leaves no room for a record beside the \
+             1 MiB reserved for invalidations; use at least {}",
             opts.journal_bytes_max,
-            logging::JOURNAL_BYTES_MIN / 2,
             logging::JOURNAL_BYTES_MIN
         )));
     }
