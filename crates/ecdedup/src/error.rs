@@ -31,6 +31,10 @@ pub enum Error {
     Busy(String),
     #[error("data lost: {0}")]
     DataLoss(String),
+    /// The file system under the devices or the array's own files is full:
+    /// writes are refused (reads go on) until space is back.
+    #[error("no space: {0}")]
+    NoSpace(String),
     #[error("{0}")]
     Other(String),
     /// Internal: a reader found journal entries for a stripe whose parity it
@@ -53,6 +57,7 @@ impl Error {
             Error::OutOfRange { .. } | Error::InvalidRequest(_) => libc::EINVAL,
             Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
             Error::Busy(_) => libc::EBUSY,
+            Error::NoSpace(_) => libc::ENOSPC,
             _ => libc::EIO,
         }
     }

@@ -510,3 +510,93 @@ fn a_failed_journal_sync_is_latched_and_its_stripes_are_resynced() {
         check(&vol, &model, stripe_bytes, &format!("{policy:?} degraded"));
     }
 }
+
+/// A full file system under sparse device files is not a device failure:
+/// writes are refused with ENOSPC while reads go on, no device is failed,
+/// and once space is freed the array takes writes again with every block
+/// written before the fill intact, across a power cut too.
+#[test]
+fn a_full_file_system_refuses_writes_fails_no_device_and_serves_again() {
+    for policy in [WritePolicy::Rmw, WritePolicy::Parix] {
+        let sim = PowerLossStorage::new();
+        let storage = sim.shared();
+        create(&storage, Config { policy });
+        let array = Arc::new(open(&storage, "first open"));
+        let stripe_bytes = array.geometry().stripe_data_bytes() as usize;
+        let vol = Volume::new(Arc::clone(&array));
+        let mut model = Model::new();
+        let known = pseudo_random(5, 512 << 10);
+        vol.write(&known, 0, false).unwrap();
+        vol.flush().unwrap();
+        model.write(0, &known, false, false);
+        model.flush();
+        // Room for about a quarter of the rest of the volume.
+        sim.set_capacity_bytes(Some(sim.allocated_bytes() + (VOLUME_BYTES / 4) * 3 / 2));
+        let mut rng = StdRng::seed_from_u64(11);
+        let mut refused = 0;
+        for i in 0..400u64 {
+            let len = rng.gen_range(1..=8) * BLOCK;
+            let off = (512 << 10)
+                + rng.gen_range(0..(VOLUME_BYTES as usize - (512 << 10) - len) / BLOCK) * BLOCK;
+            let data = pseudo_random(1000 + i, len);
+            match vol.write(&data, off as u64, false) {
+                Ok(()) => model.write(off, &data, false, false),
+                Err(ecdedup::Error::NoSpace(_)) => {
+                    // A refused write may have reached some blocks.
+                    model.since_flush.push((off, data));
+                    refused += 1;
+                }
+                Err(e) => panic!("{policy:?}: write {i}: {e}, not a space error"),
+            }
+        }
+        assert!(refused > 0, "{policy:?}: the file system filled");
+        assert!(
+            array
+                .member_states()
+                .iter()
+                .all(|s| *s == ecdedup::array::MemberState::Active),
+            "{policy:?}: a full file system failed a device: {:?}",
+            array.warnings()
+        );
+        // Reads go on: what was flushed before the fill is intact.
+        let mut got = vec![0u8; known.len()];
+        vol.read(&mut got, 0).unwrap();
+        assert!(
+            got == known,
+            "{policy:?}: data flushed before the fill reads back"
+        );
+        // Space is freed: writes are taken again.
+        sim.set_capacity_bytes(None);
+        let data = pseudo_random(99, 3 * BLOCK);
+        vol.write(&data, (1 << 20) as u64, false).unwrap();
+        model.write(1 << 20, &data, false, false);
+        vol.flush().unwrap();
+        // Refused writes are now whatever the flush made durable.
+        let (now, _) = check(
+            &vol,
+            &model,
+            stripe_bytes,
+            &format!("{policy:?} after the fill"),
+        );
+        model.durable.copy_from_slice(&now);
+        model.current.copy_from_slice(&now);
+        model.since_flush.clear();
+        drop(vol);
+        Arc::try_unwrap(array).ok().unwrap().simulate_crash();
+        sim.crash(3);
+        let array = Arc::new(open(&storage, "after the cut"));
+        let vol = Volume::new(Arc::clone(&array));
+        check(
+            &vol,
+            &model,
+            stripe_bytes,
+            &format!("{policy:?} after the cut"),
+        );
+        let report = array.scrub(false, None).unwrap();
+        assert_eq!(
+            (report.checksum_mismatches, report.parity_mismatches),
+            (0, 0),
+            "{policy:?}: {report:?}"
+        );
+    }
+}

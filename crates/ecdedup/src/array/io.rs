@@ -336,6 +336,10 @@ impl Array {
                 }
                 true
             }
+            Err(e) if Self::is_space_error(&e) => {
+                self.note_space_error(place.device, stripe, &e);
+                false
+            }
             Err(e) => {
                 self.latch_failure(place.device, "write", &e);
                 false
@@ -360,6 +364,8 @@ impl Array {
 
     pub fn write(&self, buf: &[u8], offset: u64, fua: bool) -> Result<()> {
         self.check_range(offset, buf.len() as u64)?;
+        self.check_space()?;
+        let space_errors = self.space_errors.load(std::sync::atomic::Ordering::SeqCst);
         bump(&self.counters.array.client_writes);
         self.note_write();
         self.counters
@@ -412,6 +418,13 @@ impl Array {
         } else {
             pieces.iter().try_for_each(one)?;
         }
+        if self.space_errors.load(std::sync::atomic::Ordering::SeqCst) != space_errors {
+            return Err(Error::NoSpace(
+                "the file system under the array filled during this write; free space, \
+                 then write again"
+                    .into(),
+            ));
+        }
         if fua {
             self.flush()?;
         }
@@ -421,6 +434,8 @@ impl Array {
     /// Writes zeroes; whole stripes are discarded on the media instead.
     pub fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
         self.check_range(offset, len)?;
+        self.check_space()?;
+        let space_errors = self.space_errors.load(std::sync::atomic::Ordering::SeqCst);
         let sd = self.geo.stripe_data_bytes();
         let zeroes = vec![0u8; sd.min(len) as usize];
         for (stripe, within, n) in self.pieces(offset, len) {
@@ -434,6 +449,11 @@ impl Array {
             };
             self.intent.end(stripe);
             r?;
+        }
+        if self.space_errors.load(std::sync::atomic::Ordering::SeqCst) != space_errors {
+            return Err(Error::NoSpace(
+                "the file system under the array filled during this request".into(),
+            ));
         }
         if fua {
             self.flush()?;

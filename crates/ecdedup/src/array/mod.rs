@@ -266,6 +266,12 @@ pub struct Array {
     /// failed device (whose content is stale) back as active.
     failures_latched: AtomicU64,
     failures_durable: AtomicU64,
+    /// Space errors (ENOSPC, EDQUOT) met by device writes so far; while
+    /// `space_pending` holds stripes, writes are refused (reads go on).
+    space_errors: AtomicU64,
+    /// Stripes a space error left with parity that may not match their
+    /// data: resynchronised before the next write is taken.
+    space_pending: Mutex<std::collections::BTreeSet<u64>>,
     /// Milliseconds since `started` of the last client write.
     last_write_ms: AtomicU64,
     started: std::time::Instant,
@@ -922,6 +928,8 @@ impl Array {
             replay_wanted: std::sync::atomic::AtomicBool::new(false),
             failures_latched: AtomicU64::new(0),
             failures_durable: AtomicU64::new(0),
+            space_errors: AtomicU64::new(0),
+            space_pending: Mutex::new(std::collections::BTreeSet::new()),
             last_write_ms: AtomicU64::new(0),
             started: std::time::Instant::now(),
             stopping: std::sync::atomic::AtomicBool::new(false),
@@ -1173,6 +1181,54 @@ impl Array {
         self.members[d].tag.store(TAG_FAILED, SeqCst);
         *self.members[d].dev.write().unwrap() = None;
         *self.dedup[d].write().unwrap() = None;
+    }
+
+    /// Whether an error says the space under a device ran out (the file
+    /// system holding a sparse device file, or a thin device): a fault of
+    /// the host, not of the device, which keeps every byte it held.
+    pub(super) fn is_space_error(err: &std::io::Error) -> bool {
+        matches!(err.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+    }
+
+    /// A device write of `stripe` met a full file system: the device stays
+    /// in service, the stripe is pinned dirty (its parity may not match its
+    /// data) and writes are refused until it is resynchronised.
+    pub(super) fn note_space_error(&self, d: usize, stripe: u64, err: &std::io::Error) {
+        self.counters.devices[d].error();
+        let first = self.space_errors.fetch_add(1, SeqCst) == 0;
+        let newly = self.space_pending.lock().unwrap().insert(stripe);
+        if first || newly {
+            self.warn(format!(
+                "device {d} ({}): {err}: writes are refused until space is freed; \
+                 reads go on, and the device stays in service",
+                self.device(d).map(|x| x.describe()).unwrap_or_default()
+            ));
+        }
+        if let Err(e) = self.intent.pin(stripe) {
+            self.warn(format!("pinning stripe {stripe} after a space error: {e}"));
+        }
+    }
+
+    /// Before a write: resynchronises the stripes space errors left behind
+    /// (if space is back), or refuses the write.
+    pub(super) fn check_space(&self) -> Result<()> {
+        let pending: Vec<u64> = self.space_pending.lock().unwrap().iter().copied().collect();
+        if pending.is_empty() {
+            return Ok(());
+        }
+        for stripe in pending {
+            let before = self.space_errors.load(SeqCst);
+            let _g = self.locks[Self::lock_index(stripe)].write().unwrap();
+            self.resync_stripe(stripe);
+            if self.space_errors.load(SeqCst) != before {
+                return Err(Error::NoSpace(
+                    "the file system under the array is full; free space, then write again".into(),
+                ));
+            }
+            self.space_pending.lock().unwrap().remove(&stripe);
+        }
+        self.warn("space is back: writes are taken again".into());
+        Ok(())
     }
 
     /// Latches an I/O error: the device is failed from now on.

@@ -25,8 +25,11 @@
 //! every call with `EIO`, so a crashed array cannot write after the power
 //! is gone. The store is then opened again on the same storage.
 //!
-//! Limits: a full file system is modelled by a byte budget over all file
-//! lengths ([`PowerLossStorage::set_capacity_bytes`]), not by blocks.
+//! A full file system is modelled by a budget of allocated 4 KiB pages over
+//! all files ([`PowerLossStorage::set_capacity_bytes`]): a write to a page
+//! never written (a hole of a sparse file) allocates it, `reserve`
+//! allocates a range, hole punching and truncation free pages; a write
+//! that needs a page past the budget fails with ENOSPC.
 
 use super::storage::{parent_of, Storage, StorageFile, StorageLock};
 use rand::rngs::StdRng;
@@ -56,8 +59,13 @@ pub enum Fate {
     },
 }
 
+/// Pages of the capacity model.
+const PAGE_BYTES: u64 = 4096;
+
 #[derive(Default)]
 struct InodeData {
+    /// Allocated pages (see the module comment).
+    pages: BTreeSet<u64>,
     /// What the media holds.
     durable: Vec<u8>,
     /// What reads see: `durable` with `pending` applied in order.
@@ -90,6 +98,8 @@ struct State {
 
 struct Shared {
     state: Mutex<State>,
+    /// Pages allocated over all files.
+    pages_allocated: AtomicU64,
     next_inode: AtomicU64,
     crashes: AtomicU64,
     writes_lost: AtomicU64,
@@ -148,6 +158,7 @@ impl PowerLossStorage {
                     capacity_bytes: None,
                 }),
                 next_inode: AtomicU64::new(1),
+                pages_allocated: AtomicU64::new(0),
                 crashes: AtomicU64::new(0),
                 writes_lost: AtomicU64::new(0),
             }),
@@ -158,10 +169,10 @@ impl PowerLossStorage {
         Arc::new(self.clone())
     }
 
-    /// A full file system: writes that would make the files' total length
-    /// exceed `bytes`, and reservations past it, fail with ENOSPC. `None`
-    /// lifts the limit.
+    /// A full file system: writes and reservations that would allocate
+    /// pages past `bytes` in all fail with ENOSPC. `None` lifts the limit.
     pub fn set_capacity_bytes(&self, bytes: Option<u64>) {
+        // (A budget below what is allocated refuses every new page.)
         self.shared.state.lock().unwrap().capacity_bytes = bytes;
     }
 
@@ -182,6 +193,11 @@ impl PowerLossStorage {
     /// Lifts every injected fault.
     pub fn heal(&self) {
         self.shared.state.lock().unwrap().faults = Faults::default();
+    }
+
+    /// Bytes allocated over all files (the capacity model's use).
+    pub fn allocated_bytes(&self) -> u64 {
+        self.shared.pages_allocated.load(SeqCst) * PAGE_BYTES
     }
 
     /// Power cuts so far.
@@ -380,20 +396,43 @@ impl SimFile {
         list.iter().any(|s| p.ends_with(s.as_str()))
     }
 
-    /// Total length of every named file, with this one at `new_len`.
-    fn used_with(&self, st: &State, new_len: u64) -> u64 {
-        let mut seen = HashSet::new();
-        st.names
-            .values()
-            .filter(|i| seen.insert(i.id))
-            .map(|i| {
-                if i.id == self.inode.id {
-                    new_len
-                } else {
-                    i.data.lock().unwrap().volatile.len() as u64
-                }
-            })
-            .sum()
+    /// Allocates the pages of `[offset, offset+len)`, or fails with ENOSPC
+    /// (allocating nothing) when the budget cannot hold them.
+    fn allocate(&self, st: &State, d: &mut InodeData, offset: u64, len: u64) -> io::Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let (first, end) = (offset / PAGE_BYTES, (offset + len).div_ceil(PAGE_BYTES));
+        let new: Vec<u64> = (first..end).filter(|p| !d.pages.contains(p)).collect();
+        if new.is_empty() {
+            return Ok(());
+        }
+        let used = self.shared.pages_allocated.load(SeqCst);
+        if let Some(cap) = st.capacity_bytes {
+            if (used + new.len() as u64) * PAGE_BYTES > cap {
+                return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+            }
+        }
+        self.shared
+            .pages_allocated
+            .fetch_add(new.len() as u64, SeqCst);
+        d.pages.extend(new);
+        Ok(())
+    }
+
+    /// Frees the whole pages inside `[offset, end)`.
+    fn free(&self, d: &mut InodeData, offset: u64, end: u64) {
+        let (first, last) = (offset.div_ceil(PAGE_BYTES), end / PAGE_BYTES);
+        if first >= last {
+            return;
+        }
+        let gone: Vec<u64> = d.pages.range(first..last).copied().collect();
+        for p in &gone {
+            d.pages.remove(p);
+        }
+        self.shared
+            .pages_allocated
+            .fetch_sub(gone.len() as u64, SeqCst);
     }
 
     fn push(&self, op: Pending) -> io::Result<()> {
@@ -402,20 +441,11 @@ impl SimFile {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
         let mut d = self.inode.data.lock().unwrap();
-        let new_len = match &op {
+        match &op {
             Pending::Write { offset, bytes } => {
-                (*offset + bytes.len() as u64).max(d.volatile.len() as u64)
+                self.allocate(&st, &mut d, *offset, bytes.len() as u64)?
             }
-            Pending::SetLen(len) => *len,
-        };
-        if let Some(cap) = st.capacity_bytes {
-            if new_len > d.volatile.len() as u64 {
-                drop(d);
-                if self.used_with(&st, new_len) > cap {
-                    return Err(io::Error::from_raw_os_error(libc::ENOSPC));
-                }
-                d = self.inode.data.lock().unwrap();
-            }
+            Pending::SetLen(len) => self.free(&mut d, len.next_multiple_of(PAGE_BYTES), u64::MAX),
         }
         apply(&mut d.volatile, &op);
         d.pending.push(op);
@@ -482,22 +512,28 @@ impl StorageFile for SimFile {
 
     fn reserve(&self, len: u64) -> io::Result<()> {
         let st = self.live()?;
-        if let Some(cap) = st.capacity_bytes {
-            let current = self.inode.data.lock().unwrap().volatile.len() as u64;
-            if len > current && self.used_with(&st, len) > cap {
-                return Err(io::Error::from_raw_os_error(libc::ENOSPC));
-            }
-        }
-        Ok(())
+        let mut d = self.inode.data.lock().unwrap();
+        self.allocate(&st, &mut d, 0, len)
     }
 
     fn punch(&self, offset: u64, len: u64) -> io::Result<()> {
-        let current = self.len()?;
-        let end = (offset + len).min(current);
+        let st = self.live()?;
+        let mut d = self.inode.data.lock().unwrap();
+        let end = (offset + len).min(d.volatile.len() as u64);
         if end <= offset {
             return Ok(());
         }
-        self.write_at(&vec![0u8; (end - offset) as usize], offset)
+        // Zeroes, as an unsynced write (a punch not yet durable can be
+        // lost too), without allocating; whole pages are freed.
+        let op = Pending::Write {
+            offset,
+            bytes: vec![0u8; (end - offset) as usize],
+        };
+        apply(&mut d.volatile, &op);
+        d.pending.push(op);
+        self.free(&mut d, offset, end);
+        drop(st);
+        Ok(())
     }
 
     fn describe(&self) -> String {
@@ -706,13 +742,18 @@ mod tests {
     }
 
     #[test]
-    fn a_full_file_system_refuses_growth_with_enospc() {
+    fn a_full_file_system_refuses_new_pages_with_enospc_and_punching_frees_them() {
         let s = storage();
-        s.set_capacity_bytes(Some(4096));
+        s.set_capacity_bytes(Some(8192));
         let f = s.create(Path::new("/a/f"), true).unwrap();
+        // A sparse file: its length costs nothing, its written pages do.
+        f.set_len(1 << 20).unwrap();
         f.write_at(&[0u8; 4096], 0).unwrap();
+        f.write_at(&[0u8; 4096], 65536).unwrap();
         let e = f.write_at(&[0u8; 1], 4096).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::ENOSPC));
         f.write_at(&[1u8; 10], 0).unwrap();
+        f.punch(65536, 4096).unwrap();
+        f.write_at(&[2u8; 1], 4096).unwrap();
     }
 }
