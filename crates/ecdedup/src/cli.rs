@@ -29,7 +29,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Create an array: RS(k,m) over N devices (files are created sparse).
+    /// Create an array: RS(k,m) over N devices (files are preallocated
+    /// unless --sparse).
     Create {
         /// Number of device files to create in the array folder (dev0, dev1, ...).
         #[arg(long, default_value_t = 6)]
@@ -78,6 +79,15 @@ enum Command {
         /// Bound of each device's parity journal (plog, parix).
         #[arg(long, default_value = "256M")]
         journal_max: String,
+        /// Device I/O: direct (O_DIRECT, the device answers) or buffered
+        /// (the page cache; for file systems that refuse O_DIRECT, as tmpfs).
+        #[arg(long, default_value = "direct")]
+        io: String,
+        /// Leave new device files sparse (space is taken as blocks are
+        /// written, and a full file system refuses writes) instead of
+        /// allocating them at create.
+        #[arg(long)]
+        sparse: bool,
         /// Simulated SSD under each device, counting flash wear of the real
         /// writes (data stays on the device): none, plain (FTL without
         /// dedup), inline, offline, separated, hinted. Counters cover one
@@ -242,6 +252,8 @@ fn run(cli: Cli) -> Result<()> {
             fingerprint_backend,
             write_policy,
             journal_max,
+            io,
+            sparse,
             ssd_sim,
             ssd_op,
         } => {
@@ -298,6 +310,8 @@ fn run(cli: Cli) -> Result<()> {
                 dedup,
                 write_policy,
                 journal_bytes_max: parse_size(&journal_max)?,
+                io: io.parse()?,
+                sparse,
             };
             array::create(&dir, &opts)?;
             array::set_fingerprint_backend(&dir, fingerprint_backend)?;

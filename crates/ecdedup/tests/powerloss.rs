@@ -175,6 +175,8 @@ fn create(storage: &Arc<dyn Storage>, cfg: Config) {
         dedup: DedupConfig::default(),
         write_policy: cfg.policy,
         journal_bytes_max: 4 << 20,
+        io: ecdedup::media::IoMode::Buffered,
+        sparse: true,
     };
     array::create_in(storage, &dir(), &opts).expect("create");
     let mut file = ConfigFile::load_in(storage.as_ref(), &dir()).unwrap();

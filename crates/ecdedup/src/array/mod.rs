@@ -95,6 +95,28 @@ pub struct ConfigFile {
     /// --ssd-sim`, off by default; see `crate::ssd::wear`).
     #[serde(default)]
     pub ssd_sim: crate::ssd::SsdSimConfig,
+    /// Device I/O through the page cache or `O_DIRECT` (arrays made before
+    /// this field read as buffered).
+    #[serde(default)]
+    pub io: crate::media::IoMode,
+    /// Device files left sparse (`create --sparse`; arrays made before this
+    /// field were): discard punches holes instead of zeroing in place.
+    #[serde(default = "default_sparse")]
+    pub sparse: bool,
+}
+
+fn default_sparse() -> bool {
+    true
+}
+
+impl ConfigFile {
+    /// How the device files of this array are opened.
+    pub fn device_options(&self) -> crate::media::DeviceOptions {
+        crate::media::DeviceOptions {
+            io: self.io,
+            sparse: self.sparse,
+        }
+    }
 }
 
 fn default_intent_clear_quiet_ms() -> u64 {
@@ -169,6 +191,10 @@ pub struct CreateOptions {
     pub dedup: DedupConfig,
     pub write_policy: WritePolicy,
     pub journal_bytes_max: u64,
+    /// Device I/O mode (`--io`).
+    pub io: crate::media::IoMode,
+    /// Leave new device files sparse (`--sparse`) instead of allocating them.
+    pub sparse: bool,
 }
 
 struct Member {
@@ -394,12 +420,17 @@ pub fn create_in(storage: &Arc<dyn Storage>, dir: &Path, opts: &CreateOptions) -
             path: path.clone(),
             reason,
         };
+        let options = crate::media::DeviceOptions {
+            io: opts.io,
+            sparse: opts.sparse,
+        };
         let dev = if storage.exists(path) {
-            FileDevice::open_in(storage.as_ref(), path)
+            FileDevice::open_with(storage.as_ref(), path, options)
                 .map_err(|e| dev_err(format!("cannot open: {e}")))?
         } else {
-            let dev = FileDevice::create_in(storage.as_ref(), path, geo.device_bytes_min())
-                .map_err(|e| dev_err(format!("cannot create: {e}")))?;
+            let dev =
+                FileDevice::create_with(storage.as_ref(), path, geo.device_bytes_min(), options)
+                    .map_err(|e| dev_err(format!("cannot create: {e}")))?;
             let parent = crate::media::storage::parent_of(path);
             storage
                 .sync_dir(parent)
@@ -521,6 +552,8 @@ pub fn format_in(
         intent_clear_quiet_ms: default_intent_clear_quiet_ms(),
         fingerprint_backend: BackendChoice::default(),
         ssd_sim: crate::ssd::SsdSimConfig::default(),
+        io: opts.io,
+        sparse: opts.sparse,
     }
     .store_in(storage.as_ref(), dir)
 }
@@ -583,7 +616,7 @@ impl Array {
         let mut warnings = Vec::new();
         let mut ssd_wear = Vec::new();
         for (i, path) in cfg.devices.iter().enumerate() {
-            match FileDevice::open_in(storage.as_ref(), path) {
+            match FileDevice::open_with(storage.as_ref(), path, cfg.device_options()) {
                 Ok(d) => {
                     let (d, wear) = cfg.ssd_sim.wrap(Arc::new(d))?;
                     ssd_wear.push(RwLock::new(wear));
@@ -1291,13 +1324,18 @@ impl Array {
             path: path.clone(),
             reason,
         };
+        let options = self.config.lock().unwrap().file.device_options();
         let dev = if self.storage.exists(&path) {
-            FileDevice::open_in(self.storage.as_ref(), &path)
+            FileDevice::open_with(self.storage.as_ref(), &path, options)
                 .map_err(|e| dev_err(format!("cannot open: {e}")))?
         } else {
-            let dev =
-                FileDevice::create_in(self.storage.as_ref(), &path, self.geo.device_bytes_min())
-                    .map_err(|e| dev_err(format!("cannot create: {e}")))?;
+            let dev = FileDevice::create_with(
+                self.storage.as_ref(),
+                &path,
+                self.geo.device_bytes_min(),
+                options,
+            )
+            .map_err(|e| dev_err(format!("cannot create: {e}")))?;
             let parent = crate::media::storage::parent_of(&path);
             self.storage
                 .sync_dir(parent)

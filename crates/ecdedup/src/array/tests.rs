@@ -94,6 +94,8 @@ impl Rig {
             dedup,
             write_policy,
             journal_bytes_max,
+            io: crate::media::IoMode::Buffered,
+            sparse: true,
         };
         let devs = mems
             .iter()

@@ -5,7 +5,7 @@
 //! dropped, torn and reordered writes.
 
 use super::storage::{OsStorage, Storage, StorageFile};
-use super::Device;
+use super::{Device, DeviceOptions, IoMode};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -14,6 +14,7 @@ pub struct FileDevice {
     file: Arc<dyn StorageFile>,
     path: PathBuf,
     size: u64,
+    sparse: bool,
 }
 
 impl FileDevice {
@@ -22,14 +23,32 @@ impl FileDevice {
         FileDevice::open_in(&OsStorage, path)
     }
 
-    /// Opens an existing file or block device of `storage` read-write.
+    /// Opens an existing file or block device of `storage` read-write,
+    /// buffered and sparse.
     pub fn open_in(storage: &dyn Storage, path: &Path) -> io::Result<FileDevice> {
-        let file = storage.open(path)?;
+        FileDevice::open_with(
+            storage,
+            path,
+            DeviceOptions {
+                io: IoMode::Buffered,
+                sparse: true,
+            },
+        )
+    }
+
+    /// Opens an existing file or block device of `storage` read-write.
+    pub fn open_with(
+        storage: &dyn Storage,
+        path: &Path,
+        options: DeviceOptions,
+    ) -> io::Result<FileDevice> {
+        let file = storage.open_device(path, options.io == IoMode::Direct)?;
         let size = file.len()?;
         Ok(FileDevice {
             file,
             path: path.to_owned(),
             size,
+            sparse: options.sparse,
         })
     }
 
@@ -41,13 +60,36 @@ impl FileDevice {
     /// [`FileDevice::create_file`] in `storage`; the length is synced, the
     /// name is durable once the caller syncs the folder.
     pub fn create_in(storage: &dyn Storage, path: &Path, size: u64) -> io::Result<FileDevice> {
+        FileDevice::create_with(
+            storage,
+            path,
+            size,
+            DeviceOptions {
+                io: IoMode::Buffered,
+                sparse: true,
+            },
+        )
+    }
+
+    /// Creates (or extends) a device file of `size` bytes, allocated unless
+    /// `options.sparse`, and opens it with `options`.
+    pub fn create_with(
+        storage: &dyn Storage,
+        path: &Path,
+        size: u64,
+        options: DeviceOptions,
+    ) -> io::Result<FileDevice> {
         let file = storage.create(path, false)?;
-        if file.len()? < size {
-            file.set_len(size)?;
-            file.sync()?;
+        if options.sparse {
+            if file.len()? < size {
+                file.set_len(size)?;
+            }
+        } else {
+            file.allocate(size)?;
         }
+        file.sync()?;
         drop(file);
-        FileDevice::open_in(storage, path)
+        FileDevice::open_with(storage, path, options)
     }
 
     pub fn path(&self) -> &Path {
@@ -70,7 +112,11 @@ impl Device for FileDevice {
     }
 
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.file.punch(offset, len)
+        if self.sparse {
+            self.file.punch(offset, len)
+        } else {
+            self.file.zero_range(offset, len)
+        }
     }
 
     fn size(&self) -> u64 {

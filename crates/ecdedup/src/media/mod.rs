@@ -27,6 +27,52 @@ pub use storage::{OsStorage, Storage, StorageFile};
 use crate::counters::IoClass;
 use std::io;
 
+/// How device files and block devices are read and written.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IoMode {
+    /// Through the page cache (`pread`/`pwrite`): for file systems that
+    /// refuse `O_DIRECT` (tmpfs), and the mode of arrays made before
+    /// `--io` existed.
+    #[default]
+    Buffered,
+    /// `O_DIRECT` for block-aligned I/O: the device, not the page cache,
+    /// answers (what `create` chooses unless told otherwise).
+    Direct,
+}
+
+impl std::str::FromStr for IoMode {
+    type Err = crate::error::Error;
+    fn from_str(s: &str) -> crate::error::Result<IoMode> {
+        match s {
+            "buffered" => Ok(IoMode::Buffered),
+            "direct" => Ok(IoMode::Direct),
+            other => Err(crate::error::Error::Config(format!(
+                "--io {other:?} is not direct or buffered"
+            ))),
+        }
+    }
+}
+
+impl std::fmt::Display for IoMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            IoMode::Buffered => "buffered",
+            IoMode::Direct => "direct",
+        })
+    }
+}
+
+/// How a device file is opened and what its discard does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceOptions {
+    pub io: IoMode,
+    /// A sparse file: discard punches holes (space returns to the file
+    /// system, and a later write may meet a full one). A preallocated file
+    /// zeroes ranges in place and keeps them allocated.
+    pub sparse: bool,
+}
+
 /// What a write carries, for layers below the array that treat data and
 /// parity differently (the dedup policy; later, placement streams).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -51,6 +51,21 @@ pub trait StorageFile: Send + Sync {
     /// `[offset, offset+len)` reads as zeroes afterwards and its space may
     /// be released (hole punching on files; zeroes written on block devices).
     fn punch(&self, offset: u64, len: u64) -> io::Result<()>;
+    /// `[offset, offset+len)` reads as zeroes afterwards and stays
+    /// allocated, so writes there cannot meet a full file system:
+    /// `FALLOC_FL_ZERO_RANGE` on files, `BLKZEROOUT` on block devices
+    /// (which the device offloads where it can). Default: zeroes written.
+    fn zero_range(&self, offset: u64, len: u64) -> io::Result<()> {
+        write_zeroes_to(self, offset, len)
+    }
+    /// Allocates the file's first `len` bytes and sets its length to at
+    /// least `len` (`fallocate` mode 0): a device file that is not sparse.
+    fn allocate(&self, len: u64) -> io::Result<()> {
+        if self.len()? < len {
+            self.set_len(len)?;
+        }
+        self.reserve(len)
+    }
     fn is_block_device(&self) -> bool {
         false
     }
@@ -65,6 +80,12 @@ pub type StorageLock = Box<dyn Any + Send + Sync>;
 pub trait Storage: Send + Sync {
     /// Opens an existing file or block device for reading and writing.
     fn open(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>>;
+    /// Opens a device file or block device; `direct` bypasses the page
+    /// cache (`O_DIRECT`) for block-aligned I/O. Default: [`Storage::open`].
+    fn open_device(&self, path: &Path, direct: bool) -> io::Result<Arc<dyn StorageFile>> {
+        let _ = direct;
+        self.open(path)
+    }
     /// Creates a file, or opens it if it exists; `truncate` empties it.
     fn create(&self, path: &Path, truncate: bool) -> io::Result<Arc<dyn StorageFile>>;
     fn exists(&self, path: &Path) -> bool;
@@ -125,9 +146,57 @@ impl OsStorage {
 /// A file or block device of the real file system.
 pub struct OsFile {
     file: File,
+    /// The same file opened with `O_DIRECT`, for block-aligned I/O
+    /// (`--io direct`); other I/O goes through `file`, which the kernel
+    /// keeps coherent with it.
+    direct: Option<File>,
     path: PathBuf,
     is_block_device: bool,
 }
+
+/// Alignment of `O_DIRECT` offsets, lengths and buffers: the largest
+/// logical block size in use (4 KiB sector drives).
+pub const DIRECT_ALIGN_BYTES: usize = 4096;
+
+/// A zeroed buffer aligned for `O_DIRECT`.
+struct AlignedBuf {
+    ptr: std::ptr::NonNull<u8>,
+    layout: std::alloc::Layout,
+}
+
+impl AlignedBuf {
+    fn new(len: usize) -> AlignedBuf {
+        let layout = std::alloc::Layout::from_size_align(len.max(1), DIRECT_ALIGN_BYTES)
+            .expect("aligned layout");
+        // SAFETY: the layout has a non-zero size.
+        let raw = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr =
+            std::ptr::NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        AlignedBuf { ptr, layout }
+    }
+
+    fn as_mut_slice(&mut self, len: usize) -> &mut [u8] {
+        assert!(len <= self.layout.size());
+        // SAFETY: `ptr` owns `layout.size()` initialised (zeroed) bytes.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), len) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+fn direct_aligned(offset: u64, len: usize) -> bool {
+    len > 0 && offset % DIRECT_ALIGN_BYTES as u64 == 0 && len % DIRECT_ALIGN_BYTES == 0
+}
+
+/// Bytes moved through one bounce buffer at a time.
+const BOUNCE_BYTES_MAX: usize = 1 << 20;
+
+const BLKZEROOUT: libc::c_ulong = 0x127f; // _IO(0x12, 127)
 
 impl OsFile {
     fn new(file: File, path: &Path) -> io::Result<OsFile> {
@@ -141,9 +210,21 @@ impl OsFile {
         }
         Ok(OsFile {
             file,
+            direct: None,
             path: path.to_owned(),
             is_block_device,
         })
+    }
+
+    fn ioctl_range(&self, request: libc::c_ulong, offset: u64, len: u64) -> io::Result<()> {
+        let range: [u64; 2] = [offset, len];
+        // SAFETY: BLKZEROOUT reads two u64 (start, length) from the pointer.
+        let rc = unsafe { libc::ioctl(self.file.as_raw_fd(), request as _, range.as_ptr()) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
     }
 
     fn fallocate(&self, mode: libc::c_int, offset: u64, len: u64) -> io::Result<()> {
@@ -166,11 +247,43 @@ impl OsFile {
 
 impl StorageFile for OsFile {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.file.read_exact_at(buf, offset)
+        let Some(direct) = self
+            .direct
+            .as_ref()
+            .filter(|_| direct_aligned(offset, buf.len()))
+        else {
+            return self.file.read_exact_at(buf, offset);
+        };
+        if buf.as_ptr() as usize % DIRECT_ALIGN_BYTES == 0 {
+            return direct.read_exact_at(buf, offset);
+        }
+        let mut bounce = AlignedBuf::new(buf.len().min(BOUNCE_BYTES_MAX));
+        for (i, chunk) in buf.chunks_mut(BOUNCE_BYTES_MAX).enumerate() {
+            let b = bounce.as_mut_slice(chunk.len());
+            direct.read_exact_at(b, offset + (i * BOUNCE_BYTES_MAX) as u64)?;
+            chunk.copy_from_slice(b);
+        }
+        Ok(())
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        self.file.write_all_at(buf, offset)
+        let Some(direct) = self
+            .direct
+            .as_ref()
+            .filter(|_| direct_aligned(offset, buf.len()))
+        else {
+            return self.file.write_all_at(buf, offset);
+        };
+        if buf.as_ptr() as usize % DIRECT_ALIGN_BYTES == 0 {
+            return direct.write_all_at(buf, offset);
+        }
+        let mut bounce = AlignedBuf::new(buf.len().min(BOUNCE_BYTES_MAX));
+        for (i, chunk) in buf.chunks(BOUNCE_BYTES_MAX).enumerate() {
+            let b = bounce.as_mut_slice(chunk.len());
+            b.copy_from_slice(chunk);
+            direct.write_all_at(b, offset + (i * BOUNCE_BYTES_MAX) as u64)?;
+        }
+        Ok(())
     }
 
     fn len(&self) -> io::Result<u64> {
@@ -197,14 +310,45 @@ impl StorageFile for OsFile {
 
     fn punch(&self, offset: u64, len: u64) -> io::Result<()> {
         if self.is_block_device {
-            // BLKDISCARD does not promise zeroes on every device; write them.
-            return write_zeroes_to(self, offset, len);
+            // BLKDISCARD does not promise zeroes on every device.
+            return self.zero_range(offset, len);
         }
         self.fallocate(
             libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
             offset,
             len,
         )
+    }
+
+    fn zero_range(&self, offset: u64, len: u64) -> io::Result<()> {
+        let r = if self.is_block_device {
+            self.ioctl_range(BLKZEROOUT, offset, len)
+        } else {
+            self.fallocate(
+                libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
+                offset,
+                len,
+            )
+        };
+        match r {
+            // Not offered by this file system or device: write the zeroes.
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EOPNOTSUPP) | Some(libc::ENOTTY)
+                ) =>
+            {
+                write_zeroes_to(self, offset, len)
+            }
+            r => r,
+        }
+    }
+
+    fn allocate(&self, len: u64) -> io::Result<()> {
+        if self.is_block_device {
+            return Ok(());
+        }
+        self.fallocate(0, 0, len)
     }
 
     fn is_block_device(&self) -> bool {
@@ -217,7 +361,7 @@ impl StorageFile for OsFile {
 }
 
 /// Writes zeroes over a range, 1 MiB at a time.
-pub fn write_zeroes_to(f: &dyn StorageFile, offset: u64, len: u64) -> io::Result<()> {
+pub fn write_zeroes_to<F: StorageFile + ?Sized>(f: &F, offset: u64, len: u64) -> io::Result<()> {
     let zero = vec![0u8; len.min(1 << 20) as usize];
     let mut done = 0;
     while done < len {
@@ -232,6 +376,32 @@ impl Storage for OsStorage {
     fn open(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>> {
         let file = OpenOptions::new().read(true).write(true).open(path)?;
         Ok(Arc::new(OsFile::new(file, path)?))
+    }
+
+    fn open_device(&self, path: &Path, direct: bool) -> io::Result<Arc<dyn StorageFile>> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = OpenOptions::new().read(true).write(true).open(path)?;
+        let mut f = OsFile::new(file, path)?;
+        if direct {
+            let d = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(path)
+                .map_err(|e| {
+                    if e.raw_os_error() == Some(libc::EINVAL) {
+                        io::Error::new(
+                            io::ErrorKind::InvalidInput,
+                            "this file system refuses O_DIRECT (tmpfs does): \
+                             create the array with --io buffered",
+                        )
+                    } else {
+                        e
+                    }
+                })?;
+            f.direct = Some(d);
+        }
+        Ok(Arc::new(f))
     }
 
     fn create(&self, path: &Path, truncate: bool) -> io::Result<Arc<dyn StorageFile>> {

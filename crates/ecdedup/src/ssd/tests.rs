@@ -924,6 +924,8 @@ fn an_array_runs_on_simulated_ssds_and_reads_back_what_it_wrote() {
         dedup: DedupConfig::default(),
         write_policy: WritePolicy::Rmw,
         journal_bytes_max: 1 << 20,
+        io: crate::media::IoMode::Buffered,
+        sparse: true,
     };
     let as_devices = || {
         devs.iter()
@@ -1004,6 +1006,8 @@ fn the_placement_hint_of_an_array_write_reaches_the_simulated_ssd() {
         dedup: DedupConfig::default(),
         write_policy: WritePolicy::Rmw,
         journal_bytes_max: 1 << 20,
+        io: crate::media::IoMode::Buffered,
+        sparse: true,
     };
     let as_devices = || {
         devs.iter()

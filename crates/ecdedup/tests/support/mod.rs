@@ -351,6 +351,8 @@ pub fn create_args(size: &str) -> Vec<String> {
         "32K",
         "--size",
         size,
+        // Tests leave device files sparse: CI's disk is shared.
+        "--sparse",
     ]
     .iter()
     .map(|s| s.to_string())
