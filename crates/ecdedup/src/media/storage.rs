@@ -190,7 +190,9 @@ impl Drop for AlignedBuf {
 }
 
 fn direct_aligned(offset: u64, len: usize) -> bool {
-    len > 0 && offset % DIRECT_ALIGN_BYTES as u64 == 0 && len % DIRECT_ALIGN_BYTES == 0
+    len > 0
+        && offset.is_multiple_of(DIRECT_ALIGN_BYTES as u64)
+        && len.is_multiple_of(DIRECT_ALIGN_BYTES)
 }
 
 /// Bytes moved through one bounce buffer at a time.
@@ -254,7 +256,7 @@ impl StorageFile for OsFile {
         else {
             return self.file.read_exact_at(buf, offset);
         };
-        if buf.as_ptr() as usize % DIRECT_ALIGN_BYTES == 0 {
+        if (buf.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN_BYTES) {
             return direct.read_exact_at(buf, offset);
         }
         let mut bounce = AlignedBuf::new(buf.len().min(BOUNCE_BYTES_MAX));
@@ -274,7 +276,7 @@ impl StorageFile for OsFile {
         else {
             return self.file.write_all_at(buf, offset);
         };
-        if buf.as_ptr() as usize % DIRECT_ALIGN_BYTES == 0 {
+        if (buf.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN_BYTES) {
             return direct.write_all_at(buf, offset);
         }
         let mut bounce = AlignedBuf::new(buf.len().min(BOUNCE_BYTES_MAX));
