@@ -88,6 +88,10 @@ enum Command {
         /// allocating them at create.
         #[arg(long)]
         sparse: bool,
+        /// Overwrite devices that hold a file system, LVM, a partition
+        /// table or an md member.
+        #[arg(long)]
+        force: bool,
         /// Simulated SSD under each device, counting flash wear of the real
         /// writes (data stays on the device): none, plain (FTL without
         /// dedup), inline, offline, separated, hinted. Counters cover one
@@ -254,6 +258,7 @@ fn run(cli: Cli) -> Result<()> {
             journal_max,
             io,
             sparse,
+            force,
             ssd_sim,
             ssd_op,
         } => {
@@ -312,6 +317,7 @@ fn run(cli: Cli) -> Result<()> {
                 journal_bytes_max: parse_size(&journal_max)?,
                 io: io.parse()?,
                 sparse,
+                force,
             };
             array::create(&dir, &opts)?;
             array::set_fingerprint_backend(&dir, fingerprint_backend)?;

@@ -30,6 +30,7 @@ fn create(dir: &Path, io: IoMode, sparse: bool) {
         journal_bytes_max: array::JOURNAL_BYTES_DEFAULT,
         io,
         sparse,
+        force: false,
     };
     array::create(dir, &opts).unwrap();
 }

@@ -177,6 +177,7 @@ fn create(storage: &Arc<dyn Storage>, cfg: Config) {
         journal_bytes_max: 4 << 20,
         io: ecdedup::media::IoMode::Buffered,
         sparse: true,
+        force: false,
     };
     array::create_in(storage, &dir(), &opts).expect("create");
     let mut file = ConfigFile::load_in(storage.as_ref(), &dir()).unwrap();

@@ -195,7 +195,14 @@ pub struct CreateOptions {
     pub io: crate::media::IoMode,
     /// Leave new device files sparse (`--sparse`) instead of allocating them.
     pub sparse: bool,
+    /// Overwrite devices that hold a file system, LVM, a partition table
+    /// (`--force`).
+    pub force: bool,
 }
+
+/// Bytes of a device's head read for foreign signatures (btrfs's sits at
+/// 64 KiB).
+const FOREIGN_HEAD_BYTES: u64 = 72 << 10;
 
 struct Member {
     dev: RwLock<Option<Arc<dyn Device>>>,
@@ -503,6 +510,16 @@ pub fn format_in(
                 sb.position
             )));
         }
+        if !opts.force {
+            let mut head = vec![0u8; (FOREIGN_HEAD_BYTES).min(dev.size()) as usize];
+            dev.read_at(&mut head, 0)
+                .map_err(|e| dev_err(format!("cannot read: {e}")))?;
+            if let Some(what) = crate::media::storage::foreign_signature(&head) {
+                return Err(dev_err(format!(
+                    "holds {what}; `create --force` overwrites it"
+                )));
+            }
+        }
     }
     let array_uuid = uuid::Uuid::new_v4();
     for (i, dev) in devices.iter().enumerate() {
@@ -536,11 +553,7 @@ pub fn format_in(
             crate::dedup::reset_state(&dir.join(DEDUP_DIR), &dedup_name(i))?;
         }
     }
-    let devices_abs = opts
-        .devices
-        .iter()
-        .map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()))
-        .collect();
+    let devices_abs = opts.devices.iter().map(|p| absolute_path(p)).collect();
     ConfigFile {
         format_version: 1,
         array_uuid,
@@ -576,6 +589,12 @@ pub fn set_fingerprint_backend(dir: &Path, choice: BackendChoice) -> Result<()> 
     let mut cfg = ConfigFile::load(dir)?;
     cfg.fingerprint_backend = choice;
     cfg.store(dir)
+}
+
+/// `path` made absolute without resolving symlinks: a stable name the user
+/// gave (`/dev/disk/by-id/...`) stays that name when `/dev/sdX` moves.
+fn absolute_path(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_owned())
 }
 
 /// Where the dedup maps live, inside the array folder.
@@ -1377,6 +1396,7 @@ impl Array {
             }
         }
         let canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
+        let given = absolute_path(path);
         for (i, other) in cfg.file.devices.iter().enumerate() {
             if i != d && std::fs::canonicalize(other).unwrap_or_else(|_| other.clone()) == canonical
             {
@@ -1412,7 +1432,7 @@ impl Array {
             *self.journals[d].lock().unwrap() = Some(j);
         }
         cfg.device_uuids[d] = *uuid::Uuid::new_v4().as_bytes();
-        cfg.file.devices[d] = canonical;
+        cfg.file.devices[d] = given;
         cfg.file.store_in(self.storage.as_ref(), &self.dir)?;
         self.members[d].cursor.store(0, SeqCst);
         *self.members[d].dev.write().unwrap() = Some(dev);

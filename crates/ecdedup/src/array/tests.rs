@@ -96,6 +96,7 @@ impl Rig {
             journal_bytes_max,
             io: crate::media::IoMode::Buffered,
             sparse: true,
+            force: false,
         };
         let devs = mems
             .iter()

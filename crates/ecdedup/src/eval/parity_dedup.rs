@@ -884,6 +884,7 @@ fn run_one_in(
         // page cache, sparse files (both sides of every comparison alike).
         io: crate::media::IoMode::Buffered,
         sparse: true,
+        force: false,
         dedup: DedupConfig {
             policy,
             block_bytes: DEDUP_BLOCK,

@@ -382,7 +382,25 @@ impl Storage for OsStorage {
 
     fn open_device(&self, path: &Path, direct: bool) -> io::Result<Arc<dyn StorageFile>> {
         use std::os::unix::fs::OpenOptionsExt;
-        let file = OpenOptions::new().read(true).write(true).open(path)?;
+        let block_device = std::fs::metadata(path)?.file_type().is_block_device();
+        // A block device is opened exclusively (O_EXCL): the kernel refuses
+        // it while mounted or held by another array, md or LVM.
+        let excl = if block_device { libc::O_EXCL } else { 0 };
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(excl)
+            .open(path)
+            .map_err(|e| {
+                if e.raw_os_error() == Some(libc::EBUSY) {
+                    io::Error::new(
+                        io::ErrorKind::ResourceBusy,
+                        "the block device is in use (mounted, or held by md, LVM or another array)",
+                    )
+                } else {
+                    e
+                }
+            })?;
         let mut f = OsFile::new(file, path)?;
         if direct {
             let d = OpenOptions::new()
@@ -452,5 +470,62 @@ impl Storage for OsStorage {
             return Err(e);
         }
         Ok(Some(Box::new(f)))
+    }
+}
+
+/// What a device's first bytes say it already holds, if anything another
+/// program would miss: a file system, LVM, a partition table, another
+/// array. `create` refuses such a device unless `--force`.
+pub fn foreign_signature(head: &[u8]) -> Option<&'static str> {
+    let at = |off: usize, magic: &[u8]| head.get(off..off + magic.len()) == Some(magic);
+    if at(0, b"ECDDSB01") || at(4096, b"ECDDSB01") {
+        return Some("an ecdedup array member");
+    }
+    if at(1080, &[0x53, 0xef]) {
+        return Some("an ext2/3/4 file system");
+    }
+    if at(0, b"XFSB") {
+        return Some("an XFS file system");
+    }
+    if at(65600, b"_BHRfS_M") {
+        return Some("a btrfs file system");
+    }
+    if at(512, b"LABELONE") || at(24, b"LVM2 001") || at(536, b"LVM2 001") {
+        return Some("an LVM physical volume");
+    }
+    if at(512, b"EFI PART") {
+        return Some("a GPT partition table");
+    }
+    if at(4096, &[0xfc, 0x4e, 0x2b, 0xa9]) {
+        return Some("an md RAID member");
+    }
+    if at(4086, b"SWAPSPACE2") {
+        return Some("a swap area");
+    }
+    if at(510, &[0x55, 0xaa])
+        && head
+            .get(446..510)
+            .is_some_and(|t| t.iter().any(|&b| b != 0))
+    {
+        return Some("an MBR partition table");
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn foreign_signatures_are_recognised_and_zeroes_are_not() {
+        let mut head = vec![0u8; 70 << 10];
+        assert_eq!(foreign_signature(&head), None);
+        head[1080] = 0x53;
+        head[1081] = 0xef;
+        assert_eq!(foreign_signature(&head), Some("an ext2/3/4 file system"));
+        let mut head = vec![0u8; 70 << 10];
+        head[512..520].copy_from_slice(b"LABELONE");
+        assert_eq!(foreign_signature(&head), Some("an LVM physical volume"));
+        assert_eq!(foreign_signature(&[]), None, "a short head is no signature");
     }
 }

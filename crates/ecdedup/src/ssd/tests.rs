@@ -926,6 +926,7 @@ fn an_array_runs_on_simulated_ssds_and_reads_back_what_it_wrote() {
         journal_bytes_max: 1 << 20,
         io: crate::media::IoMode::Buffered,
         sparse: true,
+        force: false,
     };
     let as_devices = || {
         devs.iter()
@@ -1008,6 +1009,7 @@ fn the_placement_hint_of_an_array_write_reaches_the_simulated_ssd() {
         journal_bytes_max: 1 << 20,
         io: crate::media::IoMode::Buffered,
         sparse: true,
+        force: false,
     };
     let as_devices = || {
         devs.iter()
