@@ -86,7 +86,11 @@ fn assert_encoded_stripes_hold_exactly_the_unique_blocks(dir: &Path) {
                 .map(|&(c, j)| map.container(c).unwrap().sub_files[j as usize].unique_blocks())
                 .max()
                 .unwrap();
-            assert_eq!(group.encoded, most_unique, "group {g} of batch {}", map.batch);
+            assert_eq!(
+                group.encoded, most_unique,
+                "group {g} of batch {}",
+                map.batch
+            );
             for &(c, j) in &group.members {
                 for b in &map.container(c).unwrap().sub_files[j as usize].blocks {
                     if b.source.is_none() {
@@ -224,7 +228,10 @@ fn exchanging_sub_files_never_encodes_more_stripes() {
         }
         encoded.push(store.stats().stripes_encoded);
     }
-    assert!(encoded[1] <= encoded[0] && encoded[2] <= encoded[1], "{encoded:?}");
+    assert!(
+        encoded[1] <= encoded[0] && encoded[2] <= encoded[1],
+        "{encoded:?}"
+    );
 }
 
 #[test]
@@ -257,7 +264,10 @@ fn bad_requests_are_typed_errors_and_change_nothing() {
         Err(Error::OutOfRange { .. })
     ));
     assert!(matches!(store.get("nope"), Err(Error::InvalidRequest(_))));
-    assert!(matches!(store.remove("nope"), Err(Error::InvalidRequest(_))));
+    assert!(matches!(
+        store.remove("nope"),
+        Err(Error::InvalidRequest(_))
+    ));
     assert!(matches!(
         ArchiveStore::open(dir.path()),
         Err(Error::Busy(_))

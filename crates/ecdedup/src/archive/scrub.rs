@@ -27,8 +27,10 @@ pub struct ScrubReport {
     pub unrecoverable_blocks: u64,
     pub files_rewritten: u64,
     pub devices_recreated: u64,
-    pub orphan_files_removed: u64,
-    pub containers_reclaimed: u64,
+    /// Files on the devices that no map names (removed with repair).
+    pub orphan_files: u64,
+    /// Sealed containers no object needs (reclaimed with repair).
+    pub unreferenced_containers: u64,
 }
 
 impl ArchiveStore {
@@ -46,7 +48,15 @@ impl ArchiveStore {
                 write_marker(&self.device_dir(position), &uuid, position)?;
                 report.devices_recreated += 1;
             }
-            report.containers_reclaimed = self.collect_garbage()?;
+            report.unreferenced_containers = self.collect_garbage()?;
+        } else {
+            let live = self.live_batches();
+            report.unreferenced_containers = self
+                .batches
+                .iter()
+                .filter(|(b, _)| !live.contains(b))
+                .map(|(_, map)| map.containers.len() as u64)
+                .sum();
         }
         let block = self.config.block_bytes as usize;
         let batches: Vec<u32> = self.batches.keys().copied().collect();
@@ -102,7 +112,16 @@ impl ArchiveStore {
                 }
             }
         }
-        // Files no map names.
+        // Files no map names, and maps a crash left half written.
+        let maps_dir = self.dir.join(super::MAPS_DIR);
+        for name in disk::list_files(&maps_dir)?.unwrap_or_default() {
+            if name.starts_with('.') {
+                report.orphan_files += 1;
+                if repair {
+                    disk::remove(&maps_dir.join(name))?;
+                }
+            }
+        }
         let mut expected: BTreeSet<PathBuf> = BTreeSet::new();
         for map in self.batches.values() {
             expected.extend(self.batch_files(map));
@@ -114,7 +133,7 @@ impl ArchiveStore {
                 if name == DEVICE_MARKER || expected.contains(&path) {
                     continue;
                 }
-                report.orphan_files_removed += repair as u64;
+                report.orphan_files += 1;
                 if repair {
                     disk::remove(&path)?;
                 }
