@@ -163,11 +163,278 @@ enum Command {
     Flush,
     /// Replay a block trace on the SSD simulator (FTL, GC, dedup, block separation).
     Sim(crate::ssd::SimArgs),
+    /// The archive tier: objects sealed into erasure-coded containers with
+    /// dedup before encoding (CodePlugin, paper 001; docs/archive.md). DIR
+    /// is the archive folder.
+    Archive {
+        #[command(subcommand)]
+        command: ArchiveCommand,
+    },
     /// Run an experiment that reproduces a paper's evaluation.
     Eval {
         #[command(subcommand)]
         experiment: crate::eval::EvalCommand,
     },
+}
+
+#[derive(Subcommand)]
+enum ArchiveCommand {
+    /// Create an archive: RS(k,m) containers over N >= k+m device folders.
+    Create {
+        /// Number of device folders to make in the archive folder (dev0, dev1, ...).
+        #[arg(long, default_value_t = 9)]
+        devices: usize,
+        /// Use these folders instead, in position order (repeat).
+        #[arg(long = "device")]
+        device_paths: Vec<PathBuf>,
+        #[arg(short, long, default_value_t = 6)]
+        k: usize,
+        #[arg(short, long, default_value_t = 3)]
+        m: usize,
+        /// Container size (a multiple of k x block).
+        #[arg(long, default_value = "300M")]
+        container: String,
+        /// Dedup block size (a power of two).
+        #[arg(long, default_value = "8K")]
+        block: String,
+        /// Fingerprint: md5 (the paper's), sha1, sha256, blake3.
+        #[arg(long, default_value = "md5")]
+        fingerprint: String,
+        /// Bound of the fingerprint cache (LRU beyond it).
+        #[arg(long, default_value = "512M")]
+        cache: String,
+        /// Containers whose sub-files are exchanged when sealed (0: none).
+        #[arg(long, default_value_t = 0)]
+        exchange: u32,
+        /// Byte-compare a block with its source on a hit: auto (on unless
+        /// the fingerprint is sha256 or blake3), on, off.
+        #[arg(long, default_value = "auto")]
+        verify: String,
+    },
+    /// Store a file as an object (its name by default is the file's).
+    Put {
+        file: PathBuf,
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// Write an object (or a byte range of it) to a file or stdout.
+    Get {
+        name: String,
+        /// Output file [default: stdout].
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        #[arg(long, default_value_t = 0)]
+        offset: u64,
+        /// Bytes to read [default: to the end].
+        #[arg(long)]
+        length: Option<u64>,
+    },
+    /// List objects with their sizes and redundant blocks.
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete an object; batches nothing refers to any more are reclaimed.
+    Rm { name: String },
+    /// Seal the open container (and any waiting for an exchange batch).
+    Seal,
+    /// Check every block and every encoded stripe's parity; repair with --repair.
+    Scrub {
+        #[arg(long)]
+        repair: bool,
+    },
+    /// Counters as JSON (or Prometheus text).
+    Stats {
+        #[arg(long)]
+        prometheus: bool,
+    },
+}
+
+fn run_archive(dir: &Path, command: ArchiveCommand) -> Result<()> {
+    use crate::archive::{ArchiveStore, CreateOptions};
+    match command {
+        ArchiveCommand::Create {
+            devices,
+            device_paths,
+            k,
+            m,
+            container,
+            block,
+            fingerprint,
+            cache,
+            exchange,
+            verify,
+        } => {
+            let verify = match verify.as_str() {
+                "auto" => None,
+                "on" => Some(true),
+                "off" => Some(false),
+                other => {
+                    return Err(Error::Config(format!(
+                        "--verify {other:?}: expected auto, on or off"
+                    )))
+                }
+            };
+            let block_bytes = parse_size(&block)?;
+            let options = CreateOptions {
+                k,
+                m,
+                devices: device_paths,
+                device_count: devices,
+                container_bytes: parse_size(&container)?,
+                block_bytes: u32::try_from(block_bytes)
+                    .map_err(|_| Error::Config(format!("block size {block} is too large")))?,
+                fingerprint: fingerprint.parse().map_err(
+                    |e: crate::fingerprint::FingerprintError| Error::Config(e.to_string()),
+                )?,
+                cache_bytes: parse_size(&cache)?,
+                exchange,
+                verify,
+            };
+            let store = ArchiveStore::create(dir, &options)?;
+            let c = store.config();
+            println!(
+                "created archive in {}: RS({},{}) over {} devices, container {}, block {}, exchange {}",
+                dir.display(),
+                c.k,
+                c.m,
+                c.devices.len(),
+                format_size(c.container_bytes),
+                format_size(c.block_bytes as u64),
+                c.exchange
+            );
+            Ok(())
+        }
+        ArchiveCommand::Put { file, name } => {
+            let name = match name {
+                Some(n) => n,
+                None => file
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .ok_or_else(|| {
+                        Error::InvalidRequest(format!("{}: no file name", file.display()))
+                    })?,
+            };
+            let mut source = std::fs::File::open(&file)
+                .map_err(|e| Error::io(format!("open {}", file.display()), e))?;
+            let mut store = open_archive(dir)?;
+            let record = store.put(&name, &mut source)?;
+            println!("put {name}: {} bytes", record.size);
+            Ok(())
+        }
+        ArchiveCommand::Get {
+            name,
+            output,
+            offset,
+            length,
+        } => {
+            use std::io::Write;
+            let store = open_archive(dir)?;
+            let size = store.object(&name)?.size;
+            let length = length.unwrap_or(size.saturating_sub(offset));
+            let mut out: Box<dyn Write> = match &output {
+                Some(path) => Box::new(
+                    std::fs::File::create(path)
+                        .map_err(|e| Error::io(format!("create {}", path.display()), e))?,
+                ),
+                None => Box::new(std::io::stdout().lock()),
+            };
+            if offset.checked_add(length).is_none_or(|end| end > size) {
+                return Err(Error::OutOfRange {
+                    offset,
+                    length,
+                    size,
+                });
+            }
+            let mut buf = vec![0u8; 8 << 20];
+            let mut done = 0u64;
+            while done < length {
+                let take = (length - done).min(buf.len() as u64) as usize;
+                store.read(&name, offset + done, &mut buf[..take])?;
+                out.write_all(&buf[..take])
+                    .map_err(|e| Error::io("write the object out", e))?;
+                done += take as u64;
+            }
+            out.flush()
+                .map_err(|e| Error::io("write the object out", e))
+        }
+        ArchiveCommand::Ls { json } => {
+            let store = open_archive(dir)?;
+            let list = store.list();
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&list).expect("serializable")
+                );
+            } else {
+                for o in list {
+                    println!(
+                        "{:>12}  {:>5.1}% redundant  {}{}",
+                        o.size,
+                        if o.blocks > 0 {
+                            100.0 * o.redundant_blocks as f64 / o.blocks as f64
+                        } else {
+                            0.0
+                        },
+                        o.name,
+                        if o.unsealed_bytes > 0 {
+                            "  (unsealed)"
+                        } else {
+                            ""
+                        }
+                    );
+                }
+            }
+            Ok(())
+        }
+        ArchiveCommand::Rm { name } => open_archive(dir)?.remove(&name),
+        ArchiveCommand::Seal => open_archive(dir)?.seal(),
+        ArchiveCommand::Scrub { repair } => {
+            let mut store = open_archive(dir)?;
+            let report = store.scrub(repair)?;
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&report).expect("serializable")
+            );
+            let damaged =
+                report.bad_blocks + report.bad_parity_blocks + report.unrecoverable_blocks;
+            if report.unrecoverable_blocks > 0 {
+                return Err(Error::DataLoss(format!(
+                    "{} blocks cannot be recovered",
+                    report.unrecoverable_blocks
+                )));
+            }
+            if damaged > 0 && !repair {
+                return Err(Error::Other(
+                    "scrub found damage (run with --repair to fix it)".into(),
+                ));
+            }
+            Ok(())
+        }
+        ArchiveCommand::Stats { prometheus } => {
+            let stats = open_archive(dir)?.stats();
+            let value = serde_json::to_value(&stats).expect("serializable");
+            if prometheus {
+                for (key, v) in value.as_object().expect("a struct") {
+                    println!("ecdedup_archive_{key} {v}");
+                }
+            } else {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&value).expect("serializable")
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
+fn open_archive(dir: &Path) -> Result<crate::archive::ArchiveStore> {
+    let store = crate::archive::ArchiveStore::open(dir)?;
+    for d in store.missing_devices() {
+        eprintln!("ecdedup: warning: archive device {d} is missing; reads decode around it");
+    }
+    Ok(store)
 }
 
 pub fn main() -> i32 {
@@ -472,6 +739,7 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
+        Command::Archive { command } => run_archive(&dir, command),
         Command::Eval { experiment } => crate::eval::run(experiment),
         Command::Sim(args) => crate::ssd::run_sim(args),
         Command::SetPolicy { policy } => {

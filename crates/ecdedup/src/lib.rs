@@ -7,6 +7,7 @@
 //! arithmetic through Intel ISA-L; [`counters`] is the evidence every layer
 //! leaves behind; [`control`] lets the CLI talk to a running server.
 
+pub mod archive;
 pub mod array;
 pub mod cli;
 pub mod codec;

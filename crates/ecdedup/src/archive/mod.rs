@@ -1,0 +1,965 @@
+//! The archive tier: objects (files, volume images) sealed into fixed-size,
+//! erasure-coded containers with deduplication before encoding (CodePlugin,
+//! paper 001), beside the live array. Design and on-disk format:
+//! docs/archive.md.
+//!
+//! The path of an object: `put` appends its bytes to the open container's
+//! staging file in the archive folder; a full container (or `seal`) is
+//! sealed in a batch of 1 (no exchange) or n_ex containers: its blocks are
+//! fingerprinted and looked up in the [`cache::FingerprintCache`]
+//! (container.rs), pseudo-shuffled (shuffle.rs, Procedure 1), the batch's
+//! sub-files regrouped (exchange.rs, Procedure 2), only the virtual stripes
+//! holding a unique block are encoded, and the k data sub-files, the m
+//! parity sub-files of each group and the batch's map-address table
+//! (map.rs) are written; reads go to the untouched data sub-files and
+//! decode (recover.rs) when a device is missing or a checksum fails;
+//! scrub.rs checks and repairs everything.
+//!
+//! Invariants:
+//! - A batch is visible exactly when its map file exists under `maps/`; the
+//!   map is renamed into place only after every sub-file and parity file it
+//!   names is durable, and deleted before them.
+//! - The catalog (`catalog.json`: objects, the open container and its
+//!   committed length, the full containers waiting for a batch) is replaced
+//!   atomically, last, by every `put`, `rm` and `seal`; an object exists
+//!   exactly when the catalog names it. What a crash leaves beyond the
+//!   catalog (staging bytes past the committed length, containers sealed
+//!   for an object whose `put` never committed) is cut back at open or
+//!   reclaimed by `scrub --repair`.
+//! - Every block of a sealed container is either unique, in an encoded
+//!   virtual stripe of its group, or redundant with a unique source block;
+//!   a batch is kept while any live object or any live batch's redundant
+//!   block refers to it, so a source keeps its protection.
+//! - After an error in a mutating call the store is latched: every later
+//!   call fails until it is opened again (which reconciles the disk).
+//! - All file I/O goes through disk.rs.
+
+mod cache;
+mod container;
+pub mod disk;
+pub mod exchange;
+pub mod map;
+mod recover;
+mod scrub;
+pub mod shuffle;
+
+pub use scrub::ScrubReport;
+
+use crate::codec::Codec;
+use crate::error::{Error, Result};
+use crate::fingerprint::{Algorithm, CpuBackend, Fingerprint};
+use cache::FingerprintCache;
+use map::{BatchMap, BlockAddress};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+const CONFIG_FILE: &str = "archive.json";
+const CATALOG_FILE: &str = "catalog.json";
+const CACHE_FILE: &str = "fpcache.bin";
+const LOCK_FILE: &str = "archive.lock";
+const MAPS_DIR: &str = "maps";
+const STAGING_DIR: &str = "staging";
+const DEVICE_MARKER: &str = "archive-device.json";
+const FORMAT_VERSION: u32 = 1;
+/// Longest object name, in bytes.
+pub const NAME_BYTES_MAX: usize = 1024;
+/// Bytes `put` reads from its source at a time.
+const PUT_BUFFER_BYTES_MAX: usize = 8 << 20;
+pub const CONTAINER_BYTES_DEFAULT: u64 = 300 << 20;
+pub const BLOCK_BYTES_DEFAULT: u32 = 8 << 10;
+pub const CACHE_BYTES_DEFAULT: u64 = 512 << 20;
+
+/// What `create` is given.
+#[derive(Clone, Debug)]
+pub struct CreateOptions {
+    pub k: usize,
+    pub m: usize,
+    /// Device folders in position order; empty: `device_count` folders
+    /// `dev0`, `dev1`, ... inside the archive folder.
+    pub devices: Vec<PathBuf>,
+    pub device_count: usize,
+    pub container_bytes: u64,
+    pub block_bytes: u32,
+    pub fingerprint: Algorithm,
+    pub cache_bytes: u64,
+    /// Containers whose sub-files are exchanged (Procedure 2); 0 or 1: none.
+    pub exchange: u32,
+    /// Byte-compare a block with its source on a fingerprint hit; None:
+    /// on unless the fingerprint is strong (SHA-256, BLAKE3).
+    pub verify: Option<bool>,
+}
+
+impl Default for CreateOptions {
+    fn default() -> Self {
+        CreateOptions {
+            k: 6,
+            m: 3,
+            devices: Vec::new(),
+            device_count: 9,
+            container_bytes: CONTAINER_BYTES_DEFAULT,
+            block_bytes: BLOCK_BYTES_DEFAULT,
+            fingerprint: Algorithm::Md5,
+            cache_bytes: CACHE_BYTES_DEFAULT,
+            exchange: 0,
+            verify: None,
+        }
+    }
+}
+
+/// `archive.json`: fixed at create.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ArchiveConfig {
+    pub version: u32,
+    pub uuid: String,
+    pub k: usize,
+    pub m: usize,
+    /// Device folders; relative ones are inside the archive folder.
+    pub devices: Vec<PathBuf>,
+    pub container_bytes: u64,
+    pub block_bytes: u32,
+    pub fingerprint: Algorithm,
+    pub cache_bytes: u64,
+    pub exchange: u32,
+    pub verify: bool,
+}
+
+impl ArchiveConfig {
+    /// Containers sealed together.
+    pub fn batch_containers(&self) -> usize {
+        self.exchange.max(1) as usize
+    }
+
+    fn validate(&self) -> Result<()> {
+        let bad = |s: String| Err(Error::Config(s));
+        if self.version != FORMAT_VERSION {
+            return bad(format!("archive format version {} unknown", self.version));
+        }
+        Codec::new(self.k, self.m).map_err(|e| Error::Config(e.to_string()))?;
+        if self.k > 255 {
+            return bad("k must be at most 255 for an archive".into());
+        }
+        if self.devices.len() < self.k + self.m || self.devices.len() > u16::MAX as usize {
+            return bad(format!(
+                "RS({},{}) needs at least {} devices, got {}",
+                self.k,
+                self.m,
+                self.k + self.m,
+                self.devices.len()
+            ));
+        }
+        if self.block_bytes < 512 || !self.block_bytes.is_power_of_two() {
+            return bad(format!(
+                "block size {} must be a power of two, at least 512 bytes",
+                self.block_bytes
+            ));
+        }
+        let stripe_bytes = self.k as u64 * self.block_bytes as u64;
+        if self.container_bytes == 0 || self.container_bytes % stripe_bytes != 0 {
+            return bad(format!(
+                "container size {} must be a positive multiple of k x block = {stripe_bytes}",
+                self.container_bytes
+            ));
+        }
+        if self.container_bytes / stripe_bytes >= map::COLUMNS_MAX as u64 {
+            return bad("container too large for its block size".into());
+        }
+        if self.exchange > 64 {
+            return bad(format!("exchange {} exceeds 64 containers", self.exchange));
+        }
+        if !self.fingerprint.cryptographic() && !self.verify {
+            return bad("a crc32c fingerprint needs verify".into());
+        }
+        Ok(())
+    }
+}
+
+/// A run of an object's bytes inside one container.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Extent {
+    pub container: u32,
+    /// Offset in the container's data (its sub-files concatenated).
+    pub offset: u64,
+    pub length: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ObjectRecord {
+    pub size: u64,
+    pub extents: Vec<Extent>,
+}
+
+/// `catalog.json`.
+#[derive(Clone, Debug, Serialize, Deserialize, Default)]
+struct Catalog {
+    /// The container `put` appends to, and its committed length.
+    open_container: u32,
+    open_bytes: u64,
+    /// Full containers waiting for their batch (exchange).
+    pending: Vec<u32>,
+    next_container: u32,
+    objects: BTreeMap<String, ObjectRecord>,
+}
+
+/// One line of `ls`.
+#[derive(Clone, Debug, Serialize)]
+pub struct ObjectInfo {
+    pub name: String,
+    pub size: u64,
+    /// Bytes still in unsealed containers.
+    pub unsealed_bytes: u64,
+    /// Of its sealed blocks (whole blocks touched), how many are redundant.
+    pub blocks: u64,
+    pub redundant_blocks: u64,
+}
+
+/// `stats`: the archive's state, and this process's cache counters.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ArchiveStats {
+    pub objects: u64,
+    pub object_bytes: u64,
+    pub batches: u64,
+    pub containers_sealed: u64,
+    pub containers_unsealed: u64,
+    pub unsealed_bytes: u64,
+    pub sealed_data_bytes: u64,
+    pub blocks: u64,
+    pub unique_blocks: u64,
+    pub redundant_blocks: u64,
+    /// Virtual stripes over all sealed containers (what plain RS encodes).
+    pub stripes: u64,
+    pub stripes_encoded: u64,
+    pub parity_bytes: u64,
+    /// Parity plain RS(k,m) would store for the same containers.
+    pub plain_parity_bytes: u64,
+    pub parity_saving_percent: f64,
+    pub map_bytes: u64,
+    pub cache_entries: u64,
+    pub cache_bytes: u64,
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    pub cache_evictions: u64,
+}
+
+/// Where a container's bytes are.
+enum Location<'a> {
+    Sealed(&'a BatchMap),
+    Staging,
+}
+
+pub struct ArchiveStore {
+    dir: PathBuf,
+    config: ArchiveConfig,
+    codec: Codec,
+    backend: CpuBackend,
+    catalog: Catalog,
+    /// Sealed batches by batch id.
+    batches: BTreeMap<u32, BatchMap>,
+    /// Sealed container id → batch id.
+    container_batch: HashMap<u32, u32>,
+    cache: FingerprintCache,
+    /// Devices whose folder is missing at open.
+    missing_devices: Vec<usize>,
+    /// Set by a failed mutating call (see the module invariants).
+    latched: Option<String>,
+    _lock: std::fs::File,
+}
+
+fn staging_name(id: u32) -> String {
+    format!("c{id:08x}.data")
+}
+
+fn sub_file_name(container: u32, sub_file: u8) -> String {
+    format!("c{container:08x}.{sub_file}")
+}
+
+fn parity_name(group_id: u32, parity: usize) -> String {
+    format!("p{group_id:08x}.{parity}")
+}
+
+fn map_name(batch: u32) -> String {
+    format!("b{batch:08x}.map")
+}
+
+#[derive(Serialize, Deserialize)]
+struct DeviceMarker {
+    archive: String,
+    position: usize,
+}
+
+fn lock(dir: &Path) -> Result<std::fs::File> {
+    use std::os::unix::io::AsRawFd;
+    let path = dir.join(LOCK_FILE);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| Error::io(format!("open {}", path.display()), e))?;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(Error::Busy(format!(
+            "archive {} is open in another process",
+            dir.display()
+        )));
+    }
+    Ok(file)
+}
+
+impl ArchiveStore {
+    /// Creates an archive in `dir` (which must not hold one) and opens it.
+    pub fn create(dir: &Path, options: &CreateOptions) -> Result<ArchiveStore> {
+        let devices: Vec<PathBuf> = if options.devices.is_empty() {
+            (0..options.device_count)
+                .map(|i| PathBuf::from(format!("dev{i}")))
+                .collect()
+        } else {
+            options.devices.clone()
+        };
+        let config = ArchiveConfig {
+            version: FORMAT_VERSION,
+            uuid: uuid::Uuid::new_v4().to_string(),
+            k: options.k,
+            m: options.m,
+            devices,
+            container_bytes: options.container_bytes,
+            block_bytes: options.block_bytes,
+            fingerprint: options.fingerprint,
+            cache_bytes: options.cache_bytes,
+            exchange: options.exchange,
+            verify: options.verify.unwrap_or(!options.fingerprint.strong()),
+        };
+        config.validate()?;
+        if dir.join(CONFIG_FILE).exists() {
+            return Err(Error::Config(format!(
+                "{} already holds an archive",
+                dir.display()
+            )));
+        }
+        disk::create_dir(dir)?;
+        let _lock = lock(dir)?;
+        for (position, device) in config.devices.iter().enumerate() {
+            let path = dir.join(device);
+            if let Some(files) = disk::list_files(&path)? {
+                if !files.is_empty() {
+                    return Err(Error::Device {
+                        path,
+                        reason: "is not empty; an archive device must start empty".into(),
+                    });
+                }
+            }
+            write_marker(&path, &config.uuid, position)?;
+        }
+        disk::create_dir(&dir.join(MAPS_DIR))?;
+        disk::create_dir(&dir.join(STAGING_DIR))?;
+        let catalog = Catalog {
+            next_container: 1,
+            ..Default::default()
+        };
+        write_json(&dir.join(CATALOG_FILE), &catalog)?;
+        // The config last: a crash before it leaves no archive.
+        write_json(&dir.join(CONFIG_FILE), &config)?;
+        drop(_lock);
+        ArchiveStore::open(dir)
+    }
+
+    /// Opens the archive in `dir`, reconciling what a crash left behind.
+    pub fn open(dir: &Path) -> Result<ArchiveStore> {
+        let config_path = dir.join(CONFIG_FILE);
+        let config: ArchiveConfig = read_json(&config_path)?
+            .ok_or_else(|| Error::Config(format!("no archive in {}", dir.display())))?;
+        config.validate()?;
+        let _lock = lock(dir)?;
+        let mut missing_devices = Vec::new();
+        for (position, device) in config.devices.iter().enumerate() {
+            let path = dir.join(device);
+            if !disk::is_dir(&path) {
+                missing_devices.push(position);
+                continue;
+            }
+            let marker: Option<DeviceMarker> = read_json(&path.join(DEVICE_MARKER))?;
+            match marker {
+                Some(m) if m.archive == config.uuid && m.position == position => {}
+                _ => {
+                    return Err(Error::Device {
+                        path,
+                        reason: format!(
+                            "is not device {position} of archive {} (foreign or blank device)",
+                            config.uuid
+                        ),
+                    })
+                }
+            }
+        }
+        let codec = Codec::new(config.k, config.m).map_err(|e| Error::Config(e.to_string()))?;
+        let backend = CpuBackend::new(None).map_err(|e| Error::Other(e.to_string()))?;
+        let mut catalog: Catalog = read_json(&dir.join(CATALOG_FILE))?
+            .ok_or_else(|| Error::Corrupt(format!("{}: catalog missing", dir.display())))?;
+        let mut batches = BTreeMap::new();
+        let mut container_batch = HashMap::new();
+        for name in disk::list_files(&dir.join(MAPS_DIR))?.unwrap_or_default() {
+            if !name.ends_with(".map") || name.starts_with('.') {
+                continue;
+            }
+            let bytes = disk::read_all(&dir.join(MAPS_DIR).join(&name))?.unwrap_or_default();
+            let map = BatchMap::decode(&bytes, &name)?;
+            if map.k as usize != config.k
+                || map.m as usize != config.m
+                || map.block_bytes != config.block_bytes
+            {
+                return Err(Error::Corrupt(format!(
+                    "archive map {name}: geometry differs from the archive's"
+                )));
+            }
+            for c in &map.containers {
+                container_batch.insert(c.id, map.batch);
+            }
+            batches.insert(map.batch, map);
+        }
+        // Reconcile: containers sealed by a put or seal whose catalog
+        // write never happened.
+        catalog
+            .pending
+            .retain(|id| !container_batch.contains_key(id));
+        let newest = container_batch
+            .keys()
+            .chain(catalog.pending.iter())
+            .chain(std::iter::once(&catalog.open_container))
+            .copied()
+            .max()
+            .unwrap_or(0);
+        catalog.next_container = catalog.next_container.max(newest + 1);
+        if container_batch.contains_key(&catalog.open_container) {
+            catalog.open_container = catalog.next_container;
+            catalog.next_container += 1;
+            catalog.open_bytes = 0;
+        }
+        let staging = dir.join(STAGING_DIR);
+        for name in disk::list_files(&staging)?.unwrap_or_default() {
+            let path = staging.join(&name);
+            let id = name
+                .strip_prefix('c')
+                .and_then(|n| n.strip_suffix(".data"))
+                .and_then(|n| u32::from_str_radix(n, 16).ok());
+            match id {
+                Some(id) if id == catalog.open_container => {
+                    disk::truncate(&path, catalog.open_bytes)?
+                }
+                Some(id) if catalog.pending.contains(&id) => {}
+                _ => disk::remove(&path)?,
+            }
+        }
+        let mut cache = FingerprintCache::new(config.cache_bytes);
+        load_cache(&dir.join(CACHE_FILE), config.fingerprint, &mut cache)?;
+        cache.retain_containers(|c| container_batch.contains_key(&c));
+        Ok(ArchiveStore {
+            dir: dir.to_path_buf(),
+            config,
+            codec,
+            backend,
+            catalog,
+            batches,
+            container_batch,
+            cache,
+            missing_devices,
+            latched: None,
+            _lock,
+        })
+    }
+
+    pub fn config(&self) -> &ArchiveConfig {
+        &self.config
+    }
+
+    /// Device positions whose folder was missing at open.
+    pub fn missing_devices(&self) -> &[usize] {
+        &self.missing_devices
+    }
+
+    fn device_dir(&self, device: usize) -> PathBuf {
+        self.dir.join(&self.config.devices[device])
+    }
+
+    fn staging_path(&self, id: u32) -> PathBuf {
+        self.dir.join(STAGING_DIR).join(staging_name(id))
+    }
+
+    fn check_latch(&self) -> Result<()> {
+        match &self.latched {
+            Some(why) => Err(Error::Unavailable(format!(
+                "an earlier call failed ({why}); open the archive again"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs a mutating step, latching the store if it fails.
+    fn latching<T>(&mut self, step: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
+        self.check_latch()?;
+        let result = step(self);
+        if let Err(e) = &result {
+            self.latched = Some(e.to_string());
+        }
+        result
+    }
+
+    fn save_catalog(&self) -> Result<()> {
+        write_json(&self.dir.join(CATALOG_FILE), &self.catalog)
+    }
+
+    fn save_cache(&self) -> Result<()> {
+        let mut out = Vec::new();
+        for (fp, a) in self.cache.oldest_first() {
+            out.push(fp.as_bytes().len() as u8);
+            out.extend_from_slice(fp.as_bytes());
+            out.extend_from_slice(&a.container.to_le_bytes());
+            out.push(a.sub_file);
+            out.extend_from_slice(&a.column.to_le_bytes());
+        }
+        let crc = crc32c::crc32c(&out);
+        out.extend_from_slice(&crc.to_le_bytes());
+        disk::write_durable(&self.dir.join(CACHE_FILE), &out)
+    }
+
+    /// Stores `source`'s bytes as object `name`; the object exists once this
+    /// returns, and not at all if it fails or the process dies first.
+    pub fn put(&mut self, name: &str, source: &mut dyn Read) -> Result<ObjectRecord> {
+        self.check_latch()?;
+        if name.is_empty() || name.len() > NAME_BYTES_MAX || name.contains(['\0', '\n']) {
+            return Err(Error::InvalidRequest(format!(
+                "object name {name:?}: 1 to {NAME_BYTES_MAX} bytes, no NUL or newline"
+            )));
+        }
+        if self.catalog.objects.contains_key(name) {
+            return Err(Error::InvalidRequest(format!("object {name:?} exists")));
+        }
+        self.latching(|store| store.put_inner(name, source))
+    }
+
+    fn put_inner(&mut self, name: &str, source: &mut dyn Read) -> Result<ObjectRecord> {
+        let container_bytes = self.config.container_bytes;
+        let mut buffer = vec![0u8; (container_bytes as usize).min(PUT_BUFFER_BYTES_MAX)];
+        let mut record = ObjectRecord {
+            size: 0,
+            extents: Vec::new(),
+        };
+        loop {
+            let space = container_bytes - self.catalog.open_bytes;
+            if space == 0 {
+                self.close_open_container()?;
+                continue;
+            }
+            let want = (space as usize).min(buffer.len());
+            let got = read_full(source, &mut buffer[..want])?;
+            if got == 0 {
+                break;
+            }
+            let id = self.catalog.open_container;
+            let offset = self.catalog.open_bytes;
+            disk::write_at(&self.staging_path(id), offset, &buffer[..got])?;
+            match record.extents.last_mut() {
+                Some(e) if e.container == id && e.offset + e.length == offset => {
+                    e.length += got as u64
+                }
+                _ => record.extents.push(Extent {
+                    container: id,
+                    offset,
+                    length: got as u64,
+                }),
+            }
+            record.size += got as u64;
+            self.catalog.open_bytes += got as u64;
+        }
+        if self.catalog.open_bytes > 0 {
+            disk::sync_file(&self.staging_path(self.catalog.open_container))?;
+        }
+        self.catalog
+            .objects
+            .insert(name.to_string(), record.clone());
+        self.save_catalog()?;
+        Ok(record)
+    }
+
+    /// Moves the open container to the pending list; seals the batch when
+    /// it is complete.
+    fn close_open_container(&mut self) -> Result<()> {
+        let id = self.catalog.open_container;
+        disk::sync_file(&self.staging_path(id))?;
+        self.catalog.pending.push(id);
+        self.catalog.open_container = self.catalog.next_container;
+        self.catalog.next_container += 1;
+        self.catalog.open_bytes = 0;
+        if self.catalog.pending.len() >= self.config.batch_containers() {
+            self.seal_pending()?;
+        }
+        Ok(())
+    }
+
+    fn seal_pending(&mut self) -> Result<()> {
+        let ids = std::mem::take(&mut self.catalog.pending);
+        for chunk in ids.chunks(self.config.batch_containers()) {
+            self.seal_batch(chunk)?;
+        }
+        Ok(())
+    }
+
+    /// Seals the open container (if it holds bytes) and every pending one.
+    pub fn seal(&mut self) -> Result<()> {
+        self.latching(|store| {
+            if store.catalog.open_bytes > 0 {
+                let id = store.catalog.open_container;
+                disk::sync_file(&store.staging_path(id))?;
+                store.catalog.pending.push(id);
+                store.catalog.open_container = store.catalog.next_container;
+                store.catalog.next_container += 1;
+                store.catalog.open_bytes = 0;
+            }
+            store.seal_pending()?;
+            store.save_catalog()
+        })
+    }
+
+    pub fn object(&self, name: &str) -> Result<&ObjectRecord> {
+        self.catalog
+            .objects
+            .get(name)
+            .ok_or_else(|| Error::InvalidRequest(format!("no object {name:?}")))
+    }
+
+    fn location(&self, container: u32) -> Location<'_> {
+        match self.container_batch.get(&container) {
+            Some(b) => Location::Sealed(&self.batches[b]),
+            None => Location::Staging,
+        }
+    }
+
+    /// Fills `buf` with object `name`'s bytes from `offset`.
+    pub fn read(&self, name: &str, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.check_latch()?;
+        let record = self.object(name)?;
+        let end = offset.checked_add(buf.len() as u64);
+        if end.is_none_or(|end| end > record.size) {
+            return Err(Error::OutOfRange {
+                offset,
+                length: buf.len() as u64,
+                size: record.size,
+            });
+        }
+        let mut object_at = 0u64;
+        let mut filled = 0usize;
+        for extent in &record.extents {
+            let (start, stop) = (object_at, object_at + extent.length);
+            object_at = stop;
+            let want_start = offset + filled as u64;
+            if filled == buf.len() {
+                break;
+            }
+            if stop <= want_start {
+                continue;
+            }
+            let take = ((stop - want_start) as usize).min(buf.len() - filled);
+            let in_container = extent.offset + (want_start - start);
+            self.read_container(
+                extent.container,
+                in_container,
+                &mut buf[filled..filled + take],
+            )?;
+            filled += take;
+        }
+        assert_eq!(filled, buf.len(), "extents cover the object");
+        Ok(())
+    }
+
+    /// The whole object.
+    pub fn get(&self, name: &str) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; self.object(name)?.size as usize];
+        self.read(name, 0, &mut buf)?;
+        Ok(buf)
+    }
+
+    fn read_container(&self, container: u32, offset: u64, buf: &mut [u8]) -> Result<()> {
+        match self.location(container) {
+            Location::Staging => {
+                let path = self.staging_path(container);
+                if !disk::read_at(&path, offset, buf)? {
+                    return Err(Error::Corrupt(format!(
+                        "staging file {} is shorter than the catalog says",
+                        path.display()
+                    )));
+                }
+                Ok(())
+            }
+            Location::Sealed(map) => {
+                let block = self.config.block_bytes as u64;
+                let c = map.container(container).expect("indexed container");
+                let sub_file_bytes = c.blocks_per_sub_file as u64 * block;
+                let mut done = 0usize;
+                while done < buf.len() {
+                    let at = offset + done as u64;
+                    let address = BlockAddress {
+                        container,
+                        sub_file: (at / sub_file_bytes) as u8,
+                        column: ((at % sub_file_bytes) / block) as u32,
+                    };
+                    let bytes = self.read_block(address)?;
+                    let within = (at % block) as usize;
+                    let take = (block as usize - within).min(buf.len() - done);
+                    buf[done..done + take].copy_from_slice(&bytes[within..within + take]);
+                    done += take;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Objects, by name.
+    pub fn list(&self) -> Vec<ObjectInfo> {
+        let block = self.config.block_bytes as u64;
+        self.catalog
+            .objects
+            .iter()
+            .map(|(name, record)| {
+                let mut info = ObjectInfo {
+                    name: name.clone(),
+                    size: record.size,
+                    unsealed_bytes: 0,
+                    blocks: 0,
+                    redundant_blocks: 0,
+                };
+                for e in &record.extents {
+                    match self.location(e.container) {
+                        Location::Staging => info.unsealed_bytes += e.length,
+                        Location::Sealed(map) => {
+                            let c = map.container(e.container).expect("indexed");
+                            let n = c.blocks_per_sub_file as u64;
+                            if e.length == 0 {
+                                continue;
+                            }
+                            for b in e.offset / block..=(e.offset + e.length - 1) / block {
+                                let entry = &c.sub_files[(b / n) as usize].blocks[(b % n) as usize];
+                                info.blocks += 1;
+                                info.redundant_blocks += entry.source.is_some() as u64;
+                            }
+                        }
+                    }
+                }
+                info
+            })
+            .collect()
+    }
+
+    /// Deletes object `name` and reclaims the batches nothing refers to.
+    pub fn remove(&mut self, name: &str) -> Result<()> {
+        self.check_latch()?;
+        self.object(name)?;
+        self.latching(|store| {
+            store.catalog.objects.remove(name);
+            store.save_catalog()?;
+            store.collect_garbage()?;
+            Ok(())
+        })
+    }
+
+    /// Batches still needed: those holding a byte of a live object, and
+    /// (transitively) those holding the source of a needed batch's
+    /// redundant block.
+    fn live_batches(&self) -> BTreeSet<u32> {
+        let mut live: BTreeSet<u32> = self
+            .catalog
+            .objects
+            .values()
+            .flat_map(|r| r.extents.iter())
+            .filter_map(|e| self.container_batch.get(&e.container).copied())
+            .collect();
+        let mut todo: Vec<u32> = live.iter().copied().collect();
+        while let Some(b) = todo.pop() {
+            for c in &self.batches[&b].containers {
+                for s in &c.sub_files {
+                    for entry in &s.blocks {
+                        if let Some(src) = entry.source {
+                            if let Some(&sb) = self.container_batch.get(&src.container) {
+                                if live.insert(sb) {
+                                    todo.push(sb);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        live
+    }
+
+    /// Deletes dead batches: the map first (the batch is gone), then its
+    /// files. Returns the containers reclaimed.
+    fn collect_garbage(&mut self) -> Result<u64> {
+        let live = self.live_batches();
+        let dead: Vec<u32> = self
+            .batches
+            .keys()
+            .filter(|b| !live.contains(b))
+            .copied()
+            .collect();
+        let mut reclaimed = 0;
+        for b in dead {
+            let map = self.batches.remove(&b).expect("listed");
+            disk::remove(&self.dir.join(MAPS_DIR).join(map_name(b)))?;
+            disk::sync_dir(&self.dir.join(MAPS_DIR))?;
+            for c in &map.containers {
+                self.container_batch.remove(&c.id);
+                reclaimed += 1;
+            }
+            for path in self.batch_files(&map) {
+                if path.parent().is_some_and(disk::is_dir) {
+                    disk::remove(&path)?;
+                }
+            }
+        }
+        if reclaimed > 0 {
+            let sealed = &self.container_batch;
+            self.cache.retain_containers(|c| sealed.contains_key(&c));
+            self.save_cache()?;
+        }
+        Ok(reclaimed)
+    }
+
+    /// Every data and parity file a batch has on the devices.
+    fn batch_files(&self, map: &BatchMap) -> Vec<PathBuf> {
+        let mut files = Vec::new();
+        for c in &map.containers {
+            for (j, s) in c.sub_files.iter().enumerate() {
+                files.push(
+                    self.device_dir(s.device as usize)
+                        .join(sub_file_name(c.id, j as u8)),
+                );
+            }
+        }
+        for (g, group) in map.groups.iter().enumerate() {
+            for (i, &d) in group.parity_devices.iter().enumerate() {
+                files.push(
+                    self.device_dir(d as usize)
+                        .join(parity_name(map.group_id(g), i)),
+                );
+            }
+        }
+        files
+    }
+
+    pub fn stats(&self) -> ArchiveStats {
+        let block = self.config.block_bytes as u64;
+        let m = self.config.m as u64;
+        let mut s = ArchiveStats {
+            objects: self.catalog.objects.len() as u64,
+            object_bytes: self.catalog.objects.values().map(|r| r.size).sum(),
+            batches: self.batches.len() as u64,
+            cache_entries: self.cache.entries() as u64,
+            cache_bytes: self.cache.bytes(),
+            cache_hits: self.cache.hits,
+            cache_misses: self.cache.misses,
+            cache_evictions: self.cache.evictions,
+            ..Default::default()
+        };
+        s.containers_unsealed = self.catalog.pending.len() as u64;
+        s.unsealed_bytes = self.catalog.pending.len() as u64 * self.config.container_bytes;
+        if self.catalog.open_bytes > 0 {
+            s.containers_unsealed += 1;
+            s.unsealed_bytes += self.catalog.open_bytes;
+        }
+        for map in self.batches.values() {
+            s.map_bytes += map.encode().len() as u64;
+            for c in &map.containers {
+                s.containers_sealed += 1;
+                s.sealed_data_bytes += c.data_bytes;
+                s.stripes += c.blocks_per_sub_file as u64;
+                for sub in &c.sub_files {
+                    s.blocks += sub.blocks.len() as u64;
+                    s.unique_blocks += sub.unique_blocks() as u64;
+                }
+            }
+            s.stripes_encoded += map.groups.iter().map(|g| g.encoded as u64).sum::<u64>();
+        }
+        s.redundant_blocks = s.blocks - s.unique_blocks;
+        s.parity_bytes = s.stripes_encoded * m * block;
+        s.plain_parity_bytes = s.stripes * m * block;
+        if s.plain_parity_bytes > 0 {
+            s.parity_saving_percent =
+                100.0 * (1.0 - s.parity_bytes as f64 / s.plain_parity_bytes as f64);
+        }
+        s
+    }
+}
+
+fn write_marker(path: &Path, uuid: &str, position: usize) -> Result<()> {
+    disk::create_dir(path)?;
+    write_json(
+        &path.join(DEVICE_MARKER),
+        &DeviceMarker {
+            archive: uuid.to_string(),
+            position,
+        },
+    )
+}
+
+fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+    let bytes = serde_json::to_vec_pretty(value).expect("serializable");
+    disk::write_durable(path, &bytes)
+}
+
+fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Option<T>> {
+    match disk::read_all(path)? {
+        None => Ok(None),
+        Some(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| Error::Corrupt(format!("{}: {e}", path.display()))),
+    }
+}
+
+/// Reads until `buf` is full or the source ends; the bytes read.
+fn read_full(source: &mut dyn Read, buf: &mut [u8]) -> Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match source.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(Error::io("read the object's source", e)),
+        }
+    }
+    Ok(got)
+}
+
+/// Loads a saved cache; a missing or corrupt file is an empty cache (it is
+/// only a cache).
+fn load_cache(path: &Path, algorithm: Algorithm, cache: &mut FingerprintCache) -> Result<()> {
+    let Some(bytes) = disk::read_all(path)? else {
+        return Ok(());
+    };
+    if bytes.len() < 4 {
+        return Ok(());
+    }
+    let (body, tail) = bytes.split_at(bytes.len() - 4);
+    if crc32c::crc32c(body) != u32::from_le_bytes(tail.try_into().expect("4 bytes")) {
+        return Ok(());
+    }
+    let digest = algorithm.digest_bytes();
+    let record = 1 + digest + 9;
+    for r in body.chunks(record) {
+        if r.len() != record || r[0] as usize != digest {
+            return Ok(());
+        }
+        let Ok(fp) = Fingerprint::from_slice(&r[1..1 + digest]) else {
+            return Ok(());
+        };
+        let at = 1 + digest;
+        cache.insert(
+            fp,
+            BlockAddress {
+                container: u32::from_le_bytes(r[at..at + 4].try_into().expect("4")),
+                sub_file: r[at + 4],
+                column: u32::from_le_bytes(r[at + 5..at + 9].try_into().expect("4")),
+            },
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,155 @@
+//! Reading a sealed block, and decoding it when its sub-file is missing or
+//! its checksum fails (paper 001, section 3.2): a redundant block is read
+//! from its source block; a unique block is decoded from its virtual stripe
+//! (the blocks at its position in every member of its group, found through
+//! the map, and the group's parity at that position), with any missing
+//! member that is redundant taken from its own source first.
+//!
+//! Invariants: every block handed back matches the CRC-32C its map
+//! recorded at seal time, or the call fails with `DataLoss`; recursion
+//! through sources is bounded by [`SOURCE_DEPTH_MAX`].
+
+use super::map::{BatchMap, BlockAddress};
+use super::{disk, parity_name, sub_file_name, ArchiveStore};
+use crate::error::{Error, Result};
+
+/// Sources followed in a row before a block is given up as lost (a source
+/// is a unique block, so one hop is what a healthy map needs; the bound
+/// stops cycles through stripes that are themselves being decoded).
+const SOURCE_DEPTH_MAX: u32 = 4;
+
+impl ArchiveStore {
+    fn sealed_map(&self, container: u32) -> Result<&BatchMap> {
+        self.container_batch
+            .get(&container)
+            .map(|b| &self.batches[b])
+            .ok_or_else(|| Error::Corrupt(format!("container {container} is not sealed")))
+    }
+
+    /// The bytes of a sealed block, decoded when needed.
+    pub(super) fn read_block(&self, a: BlockAddress) -> Result<Vec<u8>> {
+        self.read_block_at_depth(a, 0)
+    }
+
+    fn read_block_at_depth(&self, a: BlockAddress, depth: u32) -> Result<Vec<u8>> {
+        if let Some(bytes) = self.read_block_raw(a)? {
+            return Ok(bytes);
+        }
+        self.recover_block(a, depth)
+    }
+
+    /// The block as stored, or None when missing or failing its checksum.
+    pub(super) fn read_block_raw(&self, a: BlockAddress) -> Result<Option<Vec<u8>>> {
+        let map = self.sealed_map(a.container)?;
+        let c = map.container(a.container).expect("indexed");
+        let sub = c
+            .sub_files
+            .get(a.sub_file as usize)
+            .ok_or_else(|| Error::Corrupt(format!("block address {a:?} names no sub-file")))?;
+        let entry = sub
+            .blocks
+            .get(a.column as usize)
+            .ok_or_else(|| Error::Corrupt(format!("block address {a:?} names no column")))?;
+        let block = self.config.block_bytes as u64;
+        let path = self
+            .device_dir(sub.device as usize)
+            .join(sub_file_name(a.container, a.sub_file));
+        let mut bytes = vec![0u8; block as usize];
+        let read = disk::read_at(&path, a.column as u64 * block, &mut bytes)?;
+        Ok((read && crc32c::crc32c(&bytes) == entry.crc).then_some(bytes))
+    }
+
+    /// Decodes a block whose stored copy is missing or corrupt.
+    pub(super) fn recover_block(&self, a: BlockAddress, depth: u32) -> Result<Vec<u8>> {
+        let lost = || Error::DataLoss(format!("block {a:?} cannot be recovered"));
+        if depth > SOURCE_DEPTH_MAX {
+            return Err(lost());
+        }
+        let map = self.sealed_map(a.container)?;
+        let c = map.container(a.container).expect("indexed");
+        let sub = &c.sub_files[a.sub_file as usize];
+        let entry = sub.blocks[a.column as usize];
+        if let Some(source) = entry.source {
+            if let Ok(bytes) = self.read_block_at_depth(source, depth + 1) {
+                if crc32c::crc32c(&bytes) == entry.crc {
+                    return Ok(bytes);
+                }
+            }
+        }
+        let group = &map.groups[sub.group as usize];
+        if entry.position >= group.encoded {
+            return Err(lost());
+        }
+        let shards = self.decode_stripe(map, sub.group as usize, entry.position, depth)?;
+        let bytes = shards
+            .into_iter()
+            .nth(sub.member as usize)
+            .expect("k shards");
+        if crc32c::crc32c(&bytes) != entry.crc {
+            return Err(lost());
+        }
+        Ok(bytes)
+    }
+
+    /// The k data blocks of virtual stripe `position` of group `g`.
+    pub(super) fn decode_stripe(
+        &self,
+        map: &BatchMap,
+        g: usize,
+        position: u32,
+        depth: u32,
+    ) -> Result<Vec<Vec<u8>>> {
+        let (k, m) = (self.config.k, self.config.m);
+        let block = self.config.block_bytes as usize;
+        let group = &map.groups[g];
+        assert!(position < group.encoded, "only encoded stripes decode");
+        let mut shards = vec![vec![0u8; block]; k + m];
+        let mut present = vec![false; k + m];
+        for (i, &(cid, j)) in group.members.iter().enumerate() {
+            let c = map.container(cid).expect("decoded map");
+            if position >= c.blocks_per_sub_file {
+                present[i] = true; // zero padding past a shorter sub-file
+                continue;
+            }
+            let sub = &c.sub_files[j as usize];
+            let column = sub.column_at[position as usize];
+            let address = BlockAddress {
+                container: cid,
+                sub_file: j,
+                column,
+            };
+            if let Some(bytes) = self.read_block_raw(address)? {
+                shards[i] = bytes;
+                present[i] = true;
+            } else if let Some(source) = sub.blocks[column as usize].source {
+                if let Ok(bytes) = self.read_block_at_depth(source, depth + 1) {
+                    if crc32c::crc32c(&bytes) == sub.blocks[column as usize].crc {
+                        shards[i] = bytes;
+                        present[i] = true;
+                    }
+                }
+            }
+        }
+        for i in 0..m {
+            let path = self
+                .device_dir(group.parity_devices[i] as usize)
+                .join(parity_name(map.group_id(g), i));
+            let shard = &mut shards[k + i];
+            if disk::read_at(&path, position as u64 * block as u64, shard)?
+                && crc32c::crc32c(shard)
+                    == group.parity_crcs[i * group.encoded as usize + position as usize]
+            {
+                present[k + i] = true;
+            }
+        }
+        let mut refs: Vec<&mut [u8]> = shards.iter_mut().map(|s| &mut s[..]).collect();
+        self.codec.reconstruct(&mut refs, &present).map_err(|e| {
+            Error::DataLoss(format!(
+                "stripe {position} of group {} in batch {}: {e}",
+                g, map.batch
+            ))
+        })?;
+        shards.truncate(k);
+        Ok(shards)
+    }
+}

@@ -1,0 +1,324 @@
+//! The archive tier (CodePlugin, paper 001) end to end: objects with
+//! planted duplicates read back byte for byte, whole and by range, with
+//! and without sub-file exchange, with up to m devices gone; the map
+//! encodes exactly the virtual stripes that hold a unique block; scrub
+//! repairs lost devices; bad input is a typed error.
+
+use ecdedup::archive::map::BatchMap;
+use ecdedup::archive::{ArchiveStore, CreateOptions};
+use ecdedup::fingerprint::Algorithm;
+use ecdedup::Error;
+use proptest::prelude::*;
+use rand::{Rng, SeedableRng};
+use std::path::Path;
+
+const BLOCK_BYTES: usize = 512;
+const K: usize = 3;
+const M: usize = 2;
+const DEVICES: usize = 6;
+/// 8 blocks per sub-file: small containers, so objects span several.
+const CONTAINER_BYTES: u64 = (K * BLOCK_BYTES * 8) as u64;
+
+fn options(exchange: u32) -> CreateOptions {
+    CreateOptions {
+        k: K,
+        m: M,
+        devices: Vec::new(),
+        device_count: DEVICES,
+        container_bytes: CONTAINER_BYTES,
+        block_bytes: BLOCK_BYTES as u32,
+        fingerprint: Algorithm::Md5,
+        cache_bytes: 1 << 20,
+        exchange,
+        verify: None,
+    }
+}
+
+/// An object of whole blocks, each drawn from a small shared pool (a
+/// planted duplicate) or fresh random bytes, plus a ragged tail.
+fn object(rng: &mut rand::rngs::StdRng, pool: &[Vec<u8>], blocks: usize, tail: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    for _ in 0..blocks {
+        if rng.gen_bool(0.5) {
+            out.extend_from_slice(&pool[rng.gen_range(0..pool.len())]);
+        } else {
+            let mut b = vec![0u8; BLOCK_BYTES];
+            rng.fill(&mut b[..]);
+            out.extend_from_slice(&b);
+        }
+    }
+    let mut t = vec![0u8; tail];
+    rng.fill(&mut t[..]);
+    out.extend_from_slice(&t);
+    out
+}
+
+fn pool(rng: &mut rand::rngs::StdRng) -> Vec<Vec<u8>> {
+    (0..6)
+        .map(|_| {
+            let mut b = vec![0u8; BLOCK_BYTES];
+            rng.fill(&mut b[..]);
+            b
+        })
+        .collect()
+}
+
+fn maps(dir: &Path) -> Vec<BatchMap> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir.join("maps")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "map") {
+            let bytes = std::fs::read(&path).unwrap();
+            out.push(BatchMap::decode(&bytes, "test").unwrap());
+        }
+    }
+    out
+}
+
+/// Each group encodes as many stripes as its member with the most unique
+/// blocks has, and every unique block sits in an encoded stripe.
+fn assert_encoded_stripes_hold_exactly_the_unique_blocks(dir: &Path) {
+    for map in maps(dir) {
+        for (g, group) in map.groups.iter().enumerate() {
+            let most_unique = group
+                .members
+                .iter()
+                .map(|&(c, j)| map.container(c).unwrap().sub_files[j as usize].unique_blocks())
+                .max()
+                .unwrap();
+            assert_eq!(
+                group.encoded, most_unique,
+                "group {g} of batch {}",
+                map.batch
+            );
+            for &(c, j) in &group.members {
+                for b in &map.container(c).unwrap().sub_files[j as usize].blocks {
+                    if b.source.is_none() {
+                        assert!(b.position < group.encoded);
+                    }
+                }
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+
+    #[test]
+    fn objects_with_planted_duplicates_read_back_exactly_with_any_m_devices_gone(
+        seed in any::<u64>(),
+        exchange in prop_oneof![Just(0u32), Just(2), Just(4)],
+        sizes in prop::collection::vec((0usize..40, 0usize..BLOCK_BYTES), 1..5),
+        lost in prop::sample::subsequence((0..DEVICES).collect::<Vec<_>>(), 0..=M),
+        range in (0.0f64..1.0, 0.0f64..1.0),
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let pool = pool(&mut rng);
+        let mut store = ArchiveStore::create(dir.path(), &options(exchange)).unwrap();
+        let mut objects = Vec::new();
+        for (i, &(blocks, tail)) in sizes.iter().enumerate() {
+            let bytes = object(&mut rng, &pool, blocks, tail);
+            store.put(&format!("o{i}"), &mut &bytes[..]).unwrap();
+            objects.push(bytes);
+            // The same object again: every block is a duplicate.
+            if i == 0 {
+                store.put("copy", &mut &objects[0][..]).unwrap();
+            }
+        }
+        store.seal().unwrap();
+        assert_encoded_stripes_hold_exactly_the_unique_blocks(dir.path());
+        let stats = store.stats();
+        prop_assert!(stats.stripes_encoded <= stats.stripes);
+        drop(store);
+
+        for &d in &lost {
+            std::fs::remove_dir_all(dir.path().join(format!("dev{d}"))).unwrap();
+        }
+        let store = ArchiveStore::open(dir.path()).unwrap();
+        prop_assert_eq!(store.get("copy").unwrap(), objects[0].clone());
+        for (i, bytes) in objects.iter().enumerate() {
+            let name = format!("o{i}");
+            prop_assert_eq!(&store.get(&name).unwrap(), bytes);
+            let start = (range.0 * bytes.len() as f64) as usize;
+            let len = (range.1 * (bytes.len() - start) as f64) as usize;
+            let mut part = vec![0u8; len];
+            store.read(&name, start as u64, &mut part).unwrap();
+            prop_assert_eq!(&part[..], &bytes[start..start + len]);
+        }
+        drop(store);
+
+        let mut store = ArchiveStore::open(dir.path()).unwrap();
+        let repaired = store.scrub(true).unwrap();
+        prop_assert_eq!(repaired.unrecoverable_blocks, 0);
+        prop_assert_eq!(repaired.devices_recreated, lost.len() as u64);
+        let clean = store.scrub(false).unwrap();
+        prop_assert_eq!(clean.bad_blocks + clean.bad_parity_blocks, 0);
+    }
+}
+
+#[test]
+fn a_second_copy_of_an_object_is_redundant_and_costs_no_parity() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let mut store = ArchiveStore::create(dir.path(), &options(0)).unwrap();
+    // Exactly two containers of random bytes, then the same bytes again.
+    let mut bytes = vec![0u8; 2 * CONTAINER_BYTES as usize];
+    rng.fill(&mut bytes[..]);
+    store.put("first", &mut &bytes[..]).unwrap();
+    store.put("second", &mut &bytes[..]).unwrap();
+    store.seal().unwrap();
+    let stats = store.stats();
+    assert_eq!(stats.containers_sealed, 4);
+    assert_eq!(stats.redundant_blocks, stats.blocks / 2);
+    assert_eq!(stats.stripes_encoded, stats.stripes / 2);
+    assert_eq!(stats.parity_bytes, stats.plain_parity_bytes / 2);
+    let listed = store.list();
+    assert_eq!(listed[1].name, "second");
+    assert_eq!(listed[1].redundant_blocks, listed[1].blocks);
+    assert_eq!(store.get("second").unwrap(), bytes);
+}
+
+#[test]
+fn removing_the_source_object_keeps_the_blocks_its_copy_refers_to() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(8);
+    let mut store = ArchiveStore::create(dir.path(), &options(0)).unwrap();
+    let mut bytes = vec![0u8; CONTAINER_BYTES as usize];
+    rng.fill(&mut bytes[..]);
+    store.put("first", &mut &bytes[..]).unwrap();
+    store.put("second", &mut &bytes[..]).unwrap();
+    store.seal().unwrap();
+    store.remove("first").unwrap();
+    assert_eq!(store.stats().containers_sealed, 2, "the source is kept");
+    drop(store);
+    // Lose the devices holding the copy's data: it is read through its sources.
+    for d in 1..=M {
+        std::fs::remove_dir_all(dir.path().join(format!("dev{d}"))).unwrap();
+    }
+    let mut store = ArchiveStore::open(dir.path()).unwrap();
+    assert_eq!(store.get("second").unwrap(), bytes);
+    store.remove("second").unwrap();
+    let stats = store.stats();
+    assert_eq!((stats.containers_sealed, stats.objects), (0, 0));
+    let leftover: Vec<_> = std::fs::read_dir(dir.path().join("dev0"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(leftover, vec!["archive-device.json"]);
+}
+
+#[test]
+fn exchanging_sub_files_never_encodes_more_stripes() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+    let pool = pool(&mut rng);
+    let data: Vec<Vec<u8>> = (0..4).map(|_| object(&mut rng, &pool, 48, 0)).collect();
+    let mut encoded = Vec::new();
+    for exchange in [0, 2, 4] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = ArchiveStore::create(dir.path(), &options(exchange)).unwrap();
+        for (i, d) in data.iter().enumerate() {
+            store.put(&format!("o{i}"), &mut &d[..]).unwrap();
+        }
+        store.seal().unwrap();
+        assert_encoded_stripes_hold_exactly_the_unique_blocks(dir.path());
+        for (i, d) in data.iter().enumerate() {
+            assert_eq!(&store.get(&format!("o{i}")).unwrap(), d);
+        }
+        encoded.push(store.stats().stripes_encoded);
+    }
+    assert!(
+        encoded[1] <= encoded[0] && encoded[2] <= encoded[1],
+        "{encoded:?}"
+    );
+}
+
+#[test]
+fn objects_stay_readable_before_their_container_is_sealed_and_after_reopening() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = ArchiveStore::create(dir.path(), &options(0)).unwrap();
+    store.put("small", &mut &b"hello archive"[..]).unwrap();
+    drop(store);
+    let store = ArchiveStore::open(dir.path()).unwrap();
+    assert_eq!(store.get("small").unwrap(), b"hello archive");
+    assert_eq!(store.list()[0].unsealed_bytes, 13);
+}
+
+#[test]
+fn bad_requests_are_typed_errors_and_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = ArchiveStore::create(dir.path(), &options(0)).unwrap();
+    store.put("a", &mut &[1u8; 1000][..]).unwrap();
+    assert!(matches!(
+        store.put("a", &mut &[2u8; 10][..]),
+        Err(Error::InvalidRequest(_))
+    ));
+    assert!(matches!(
+        store.put("", &mut &[2u8; 10][..]),
+        Err(Error::InvalidRequest(_))
+    ));
+    let mut buf = [0u8; 10];
+    assert!(matches!(
+        store.read("a", 995, &mut buf),
+        Err(Error::OutOfRange { .. })
+    ));
+    assert!(matches!(store.get("nope"), Err(Error::InvalidRequest(_))));
+    assert!(matches!(
+        store.remove("nope"),
+        Err(Error::InvalidRequest(_))
+    ));
+    assert!(matches!(
+        ArchiveStore::open(dir.path()),
+        Err(Error::Busy(_))
+    ));
+    store.seal().unwrap();
+    assert_eq!(store.get("a").unwrap(), vec![1u8; 1000]);
+    drop(store);
+    assert!(matches!(
+        ArchiveStore::create(dir.path(), &options(0)),
+        Err(Error::Config(_))
+    ));
+    let mut bad = options(0);
+    bad.container_bytes = 1000;
+    assert!(matches!(
+        ArchiveStore::create(&dir.path().join("other"), &bad),
+        Err(Error::Config(_))
+    ));
+}
+
+#[test]
+fn a_corrupt_map_or_a_foreign_device_is_refused_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = ArchiveStore::create(dir.path(), &options(0)).unwrap();
+    store.put("a", &mut &[1u8; 5000][..]).unwrap();
+    store.seal().unwrap();
+    drop(store);
+    let map = std::fs::read_dir(dir.path().join("maps"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let good = std::fs::read(&map).unwrap();
+    let mut corrupt = good.clone();
+    corrupt[40] ^= 1;
+    std::fs::write(&map, &corrupt).unwrap();
+    assert!(matches!(
+        ArchiveStore::open(dir.path()),
+        Err(Error::Corrupt(_))
+    ));
+    std::fs::write(&map, &good).unwrap();
+
+    let other = tempfile::tempdir().unwrap();
+    ArchiveStore::create(other.path(), &options(0)).unwrap();
+    std::fs::copy(
+        other.path().join("dev2/archive-device.json"),
+        dir.path().join("dev2/archive-device.json"),
+    )
+    .unwrap();
+    assert!(matches!(
+        ArchiveStore::open(dir.path()),
+        Err(Error::Device { .. })
+    ));
+}
