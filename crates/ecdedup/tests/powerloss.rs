@@ -9,8 +9,11 @@
 //!   or in part (torn at a sector): each byte holds its last durable value
 //!   or the value of one of the writes made since;
 //! - nothing else is ever returned, and a read that cannot be answered with
-//!   right data fails (a degraded stripe torn by the crash: the degraded
-//!   write hole, docs/write-hole.md; counted, allowed only there);
+//!   right data fails; a stripe torn by a cut while a device was out (the
+//!   degraded write hole, closed by the degraded-write log) reads old or new
+//!   data too, except under plog and parix, where a degraded journal replay
+//!   cut short can still fold records twice: there wrong blocks are counted
+//!   and reported, not failed (docs/write-hole.md);
 //! - after open, every stripe's parity matches its data (scrub finds
 //!   nothing), and a device failed after the reopen still decodes right data.
 //!
@@ -69,6 +72,10 @@ struct Model {
     since_flush: Vec<(usize, Vec<u8>)>,
     /// Stripes written while a device was out of service since the flush.
     degraded_writes: Vec<(usize, usize)>,
+    /// Whether wrong blocks in the degraded write hole are counted instead
+    /// of failing the test: only for the journaled policies, whose degraded
+    /// replay is not yet covered by the degraded-write log.
+    hole_tolerated: bool,
     /// Stripes whose parity journals held records since the last flush
     /// while a device was out of service (a known bug: see
     /// `Tally::degraded_replay_wrong`).
@@ -83,6 +90,7 @@ impl Model {
             since_flush: Vec::new(),
             degraded_writes: Vec::new(),
             degraded_journaled: Vec::new(),
+            hole_tolerated: false,
         }
     }
 
@@ -212,7 +220,7 @@ fn check(
         match vol.read(&mut got[at..at + BLOCK], at as u64) {
             Ok(()) => {
                 if let Some(i) = (at..at + BLOCK).find(|&i| !model.allowed(i, got[i])) {
-                    if in_hole {
+                    if in_hole && model.hole_tolerated {
                         hole_blocks.0 += 1;
                         continue;
                     }
@@ -250,6 +258,7 @@ fn run_schedule(cfg: Config, seed: u64, tally: &mut Tally) {
     create(&storage, cfg);
     let mut rng = StdRng::seed_from_u64(seed);
     let mut model = Model::new();
+    model.hole_tolerated = cfg.policy.journals();
     let mut failed: Option<usize> = None;
     for crash in 0..CRASHES {
         let what = format!("{what} crash {crash} (failed device: {failed:?})");

@@ -443,6 +443,7 @@ impl Array {
             self.intent_begin(stripe)?;
             let r = if n == sd {
                 self.journal_invalidate(stripe, 0, self.geo.blocks_per_unit())
+                    .and_then(|_| self.log_discarded_missing_units(stripe))
                     .and_then(|_| self.discard_stripe(stripe))
             } else {
                 self.with_replay(|| self.write_stripe(stripe, within, &zeroes[..n as usize]))
@@ -551,6 +552,9 @@ impl Array {
                 self.replay_stripe(stripe)?;
             }
         }
+        if !degraded {
+            self.forget_degraded_records(stripe)?;
+        }
         let result = if degraded {
             bump(&self.counters.array.degraded_writes);
             self.reconstruct_write(stripe, &writes, &rows)
@@ -602,6 +606,9 @@ impl Array {
                 let mut p: Vec<&mut [u8]> = parity.iter_mut().map(|v| v.as_mut_slice()).collect();
                 self.codec.encode(&d, &mut p);
             }
+            // Degraded: the missing units' new values are durable before
+            // any device of the stripe is written (the degraded write hole).
+            self.log_missing_units(stripe, run.start, &data)?;
             for w in writes {
                 let touched = intersect(&w.blocks(block), run);
                 if touched.start < touched.end {
@@ -709,6 +716,10 @@ impl Array {
         }
         self.check_available()?;
         self.failures_made_durable()?;
+        if let Some(log) = &self.degraded_log {
+            log.end_generation()
+                .map_err(|e| Error::io("ending the degraded-write log's generation", e))?;
+        }
         self.intent
             .finish_flush(epoch)
             .map_err(|e| Error::io("updating the write-intent log", e))

@@ -151,6 +151,35 @@ impl Array {
         }
     }
 
+    /// When a device fails: the parity journals are synced with the
+    /// superblocks that record it, so the records of partial writes made
+    /// before the failure (whose data is in place and synced with the
+    /// superblocks) cannot be lost by a power cut that leaves the array
+    /// degraded, where parity is the only record of the missing unit.
+    /// Journals busy in another thread are skipped (never wait on a lock
+    /// here: this runs inside failing I/O paths).
+    pub(super) fn sync_journals_on_failure(&self) {
+        for (d, jr) in self.journals.iter().enumerate() {
+            let Ok(mut guard) = jr.try_lock() else {
+                continue;
+            };
+            let Some(j) = guard.as_mut() else { continue };
+            if j.is_latched() {
+                continue;
+            }
+            if let Err(e) = j.sync() {
+                let stripes = j.stripes();
+                drop(guard);
+                self.warn(format!(
+                    "parity journal of device {d} failed to sync ({e}); its stripes stay dirty"
+                ));
+                for stripe in stripes {
+                    let _ = self.intent.pin(stripe);
+                }
+            }
+        }
+    }
+
     /// Stripes that some parity journal holds records for (tests, status).
     pub fn journaled_stripes(&self) -> Vec<u64> {
         let mut stripes: Vec<u64> = Vec::new();

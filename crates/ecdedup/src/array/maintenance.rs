@@ -52,7 +52,7 @@ impl Array {
             .collect()
     }
 
-    fn encode_parity(&self, units: &[Option<Vec<u8>>]) -> Vec<Vec<u8>> {
+    pub(super) fn encode_parity(&self, units: &[Option<Vec<u8>>]) -> Vec<Vec<u8>> {
         let g = &self.geo;
         let d: Vec<&[u8]> = units[..g.k()]
             .iter()
@@ -144,6 +144,9 @@ impl Array {
                     self.record_checksums(stripe, role, u);
                 }
             }
+            // A degraded stripe: the degraded-write log says what its
+            // missing data units must decode to.
+            return self.resync_from_degraded_log(stripe, &units);
         }
         complete
     }

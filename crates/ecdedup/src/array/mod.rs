@@ -22,6 +22,7 @@
 //! config lock takes a stripe lock.
 
 pub mod checksum;
+pub mod degraded_log;
 pub mod intent;
 mod io;
 pub mod journal;
@@ -58,6 +59,7 @@ use superblock::Superblock;
 pub const STRIPE_LOCKS: usize = 1024;
 pub const CONFIG_FILE: &str = "array.json";
 pub const INTENT_FILE: &str = "intent.map";
+pub const DEGRADED_LOG_FILE: &str = "degraded.log";
 pub const LOCK_FILE: &str = "lock";
 
 const TAG_ACTIVE: u8 = 0;
@@ -290,6 +292,9 @@ pub struct Array {
     backend_why: String,
     write_policy: WritePolicy,
     journal_bytes_max: u64,
+    /// Values of missing data units logged before degraded writes (closes
+    /// the degraded write hole); None where it could not be opened.
+    degraded_log: Option<degraded_log::DegradedLog>,
     /// The parity journal of each device (plog, parix).
     journals: Vec<Mutex<Option<journal::ParityJournal>>>,
     replay_wanted: std::sync::atomic::AtomicBool,
@@ -888,6 +893,28 @@ impl Array {
         let device_uuids = (0..n)
             .map(|i| sbs[i].as_ref().map(|s| s.device_uuid).unwrap_or([0; 16]))
             .collect();
+        let degraded_log = match degraded_log::DegradedLog::open(
+            Arc::clone(&storage),
+            &dir.join(DEGRADED_LOG_FILE),
+            geo.block() as usize,
+        ) {
+            Ok((log, intact)) => {
+                if !intact {
+                    warnings.push(format!(
+                        "the degraded-write log {} was unreadable and is restarted",
+                        dir.join(DEGRADED_LOG_FILE).display()
+                    ));
+                }
+                Some(log)
+            }
+            Err(e) => {
+                warnings.push(format!(
+                    "{e}: degraded writes are not logged (a power cut while a device is out \
+                     can leave its units undecodable)"
+                ));
+                None
+            }
+        };
         let cfg_write_policy = cfg.write_policy;
         let cfg_journal_bytes_max = cfg.journal_bytes_max;
         let mut journal_unreadable = false;
@@ -972,6 +999,7 @@ impl Array {
             operation: Mutex::new(None),
             warnings: Mutex::new(warnings),
             dedup: dedup_layers,
+            degraded_log,
             backend,
             backend_why,
             write_policy: cfg_write_policy,
@@ -1299,6 +1327,7 @@ impl Array {
         self.warn(format!(
             "device {d} failed ({what}: {err}); continuing degraded"
         ));
+        self.sync_journals_on_failure();
         if let Err(e) = self.persist_superblocks() {
             self.warn(format!("recording the failure of device {d}: {e}"));
         }
@@ -1318,6 +1347,7 @@ impl Array {
         }
         self.set_failed(d);
         self.warn(format!("device {d} failed by request"));
+        self.sync_journals_on_failure();
         self.persist_superblocks()
     }
 

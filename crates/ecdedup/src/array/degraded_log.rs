@@ -1,0 +1,462 @@
+//! The degraded-write log: what closes the degraded write hole.
+//!
+//! While a device is out of service, the data unit it held lives only in
+//! the stripe's parity. A stripe write then updates the surviving data and
+//! parity units; a power cut in the middle leaves them disagreeing, and the
+//! missing unit, decoded from them, comes out wrong, including blocks the
+//! torn write never touched that were flushed long before. Resync cannot
+//! help: the missing unit's content is exactly what it cannot read.
+//!
+//! So before a degraded stripe write touches any device, the value every
+//! missing data unit will have after the write (its current content, with
+//! the write laid over it where the write covers it) is appended here and
+//! synced (a partial parity log in the spirit of Linux md's PPL, which is
+//! RAID-5 only). Resync of a dirty stripe with a missing unit then
+//! recomputes the surviving parity from the surviving data and the logged
+//! value, so the missing unit decodes to that value: the old or the new
+//! content, never a mix of two stripes' states.
+//!
+//! Records are only needed until the devices they describe are durable: a
+//! flush that synced every device ends the log's generation (one synced
+//! header write, only when records were appended since), and records of an
+//! older generation are ignored at open.
+//!
+//! File layout (little endian): a 32-byte header (magic `ECDDDW01`, u32
+//! version 1, u64 generation, zeros, u32 CRC32C of bytes 0..28 at 28); then
+//! records starting at multiples of 8 bytes:
+//! ```text
+//! 0   u32 CRC32C of bytes 4..40+payload
+//! 4   u32 payload bytes (count * block)
+//! 8   u64 generation
+//! 16  u64 stripe
+//! 24  u32 role (a data role)
+//! 28  u32 first block in the unit
+//! 32  u32 block count
+//! 36  u32 zero
+//! 40  payload
+//! ```
+//! A record that fails its checksum ends the log (a torn append: its stripe
+//! writes had not started, since devices are written only after the sync).
+//! A record with role `u32::MAX` and no payload is a tombstone: it drops
+//! every earlier record of its stripe (written before a healthy write to a
+//! stripe that still has records, as after a rebuild passed it).
+
+use crate::error::{Error, Result};
+use crate::media::storage::{read_all, write_atomic, Storage, StorageFile};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+const MAGIC: [u8; 8] = *b"ECDDDW01";
+const VERSION: u32 = 1;
+const HEADER_BYTES: u64 = 32;
+const RECORD_HEADER_BYTES: usize = 40;
+/// A log longer than this is cut short by the next append's generation
+/// change... never: it is bounded by the writes between two flushes; this
+/// bound only refuses a single request that could not fit in RAM.
+const PAYLOAD_BYTES_MAX: u64 = 1 << 30;
+const TOMBSTONE: u32 = u32::MAX;
+
+/// Where a logged value sits: (stripe, role, block) -> file offset.
+type Index = HashMap<(u64, u32, u32), u64>;
+
+struct Inner {
+    file: Arc<dyn StorageFile>,
+    generation: u64,
+    end: u64,
+    index: Index,
+}
+
+pub struct DegradedLog {
+    storage: Arc<dyn Storage>,
+    path: PathBuf,
+    block: usize,
+    inner: Mutex<Inner>,
+}
+
+fn header(generation: u64) -> [u8; HEADER_BYTES as usize] {
+    let mut h = [0u8; HEADER_BYTES as usize];
+    h[0..8].copy_from_slice(&MAGIC);
+    h[8..12].copy_from_slice(&VERSION.to_le_bytes());
+    h[12..20].copy_from_slice(&generation.to_le_bytes());
+    let crc = crc32c::crc32c(&h[..28]);
+    h[28..32].copy_from_slice(&crc.to_le_bytes());
+    h
+}
+
+fn parse_header(b: &[u8]) -> Option<u64> {
+    let h = b.get(..HEADER_BYTES as usize)?;
+    if h[0..8] != MAGIC || u32::from_le_bytes(h[8..12].try_into().ok()?) != VERSION {
+        return None;
+    }
+    if u32::from_le_bytes(h[28..32].try_into().ok()?) != crc32c::crc32c(&h[..28]) {
+        return None;
+    }
+    Some(u64::from_le_bytes(h[12..20].try_into().ok()?))
+}
+
+/// One parsed record: (stripe, role, first block, count, payload offset, length).
+struct Parsed {
+    generation: u64,
+    stripe: u64,
+    role: u32,
+    first: u32,
+    count: u32,
+    payload_at: usize,
+    len: usize,
+}
+
+fn parse_record(b: &[u8], at: usize, block: usize) -> Option<Parsed> {
+    let h = b.get(at..at + RECORD_HEADER_BYTES)?;
+    let payload = u32::from_le_bytes(h[4..8].try_into().ok()?) as usize;
+    let count = u32::from_le_bytes(h[32..36].try_into().ok()?);
+    let role = u32::from_le_bytes(h[24..28].try_into().ok()?);
+    let tombstone = role == TOMBSTONE && payload == 0 && count == 0;
+    if !tombstone && (payload != count as usize * block || count == 0) {
+        return None;
+    }
+    let end = at.checked_add(RECORD_HEADER_BYTES)?.checked_add(payload)?;
+    let whole = b.get(at..end)?;
+    if u32::from_le_bytes(h[0..4].try_into().ok()?) != crc32c::crc32c(&whole[4..]) {
+        return None;
+    }
+    Some(Parsed {
+        generation: u64::from_le_bytes(h[8..16].try_into().ok()?),
+        stripe: u64::from_le_bytes(h[16..24].try_into().ok()?),
+        role,
+        first: u32::from_le_bytes(h[28..32].try_into().ok()?),
+        count,
+        payload_at: at + RECORD_HEADER_BYTES,
+        len: (end - at).next_multiple_of(8),
+    })
+}
+
+impl DegradedLog {
+    /// Opens (creating if missing) the log and indexes the records of its
+    /// current generation. An unreadable header starts a new generation:
+    /// the records it held are then unknown, which the caller learns from
+    /// `Ok(false)` (it resyncs as before the log existed).
+    pub fn open(
+        storage: Arc<dyn Storage>,
+        path: &Path,
+        block: usize,
+    ) -> Result<(DegradedLog, bool)> {
+        let io = |e| {
+            Error::io(
+                format!("opening the degraded-write log {}", path.display()),
+                e,
+            )
+        };
+        let bytes = if storage.exists(path) {
+            read_all(storage.as_ref(), path).map_err(io)?
+        } else {
+            Vec::new()
+        };
+        let (generation, intact) = match parse_header(&bytes) {
+            Some(g) => (g, true),
+            None => {
+                let fresh = bytes.is_empty();
+                write_atomic(storage.as_ref(), path, &header(1)).map_err(io)?;
+                (1, fresh)
+            }
+        };
+        let mut index = Index::new();
+        let mut at = HEADER_BYTES as usize;
+        if intact {
+            while let Some(p) = parse_record(&bytes, at, block) {
+                if p.generation == generation && p.role == TOMBSTONE {
+                    index.retain(|&(s, _, _), _| s != p.stripe);
+                } else if p.generation == generation {
+                    for b in 0..p.count {
+                        index.insert(
+                            (p.stripe, p.role, p.first + b),
+                            (p.payload_at + b as usize * block) as u64,
+                        );
+                    }
+                }
+                at += p.len;
+            }
+        }
+        let file = storage.open(path).map_err(io)?;
+        let log = DegradedLog {
+            storage,
+            path: path.to_owned(),
+            block,
+            inner: Mutex::new(Inner {
+                file,
+                generation,
+                end: if intact { at as u64 } else { HEADER_BYTES },
+                index,
+            }),
+        };
+        Ok((log, intact))
+    }
+
+    /// Appends the values of missing data units, `(role, first block,
+    /// bytes)`, for one stripe and syncs them: only then may the stripe's
+    /// devices be written.
+    pub fn log(&self, stripe: u64, values: &[(usize, u64, &[u8])]) -> std::io::Result<()> {
+        let mut inner = self.inner.lock().unwrap();
+        let mut out = Vec::new();
+        for &(role, first, bytes) in values {
+            assert!(bytes.len().is_multiple_of(self.block) && !bytes.is_empty());
+            assert!((bytes.len() as u64) < PAYLOAD_BYTES_MAX);
+            let start = out.len();
+            out.extend_from_slice(&[0u8; 4]);
+            out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+            out.extend_from_slice(&inner.generation.to_le_bytes());
+            out.extend_from_slice(&stripe.to_le_bytes());
+            out.extend_from_slice(&(role as u32).to_le_bytes());
+            out.extend_from_slice(&(first as u32).to_le_bytes());
+            out.extend_from_slice(&((bytes.len() / self.block) as u32).to_le_bytes());
+            out.extend_from_slice(&[0u8; 4]);
+            out.extend_from_slice(bytes);
+            let crc = crc32c::crc32c(&out[start + 4..]);
+            out[start..start + 4].copy_from_slice(&crc.to_le_bytes());
+            out.resize(out.len().next_multiple_of(8), 0);
+        }
+        let at = inner.end;
+        inner.file.write_at(&out, at)?;
+        inner.file.sync()?;
+        // Index only once durable.
+        let mut pos = 0usize;
+        for &(role, first, bytes) in values {
+            let payload_at = at + (pos + RECORD_HEADER_BYTES) as u64;
+            for b in 0..bytes.len() / self.block {
+                inner.index.insert(
+                    (stripe, role as u32, first as u32 + b as u32),
+                    payload_at + (b * self.block) as u64,
+                );
+            }
+            pos += (RECORD_HEADER_BYTES + bytes.len()).next_multiple_of(8);
+        }
+        inner.end = at + out.len() as u64;
+        Ok(())
+    }
+
+    /// The logged value of one block of a missing unit, if any.
+    pub fn value(&self, stripe: u64, role: usize, block: u64) -> std::io::Result<Option<Vec<u8>>> {
+        let inner = self.inner.lock().unwrap();
+        let Some(&at) = inner.index.get(&(stripe, role as u32, block as u32)) else {
+            return Ok(None);
+        };
+        let mut buf = vec![0u8; self.block];
+        inner.file.read_at(&mut buf, at)?;
+        Ok(Some(buf))
+    }
+
+    /// Drops every record of `stripe`, durably (a tombstone).
+    pub fn forget_stripe(&self, stripe: u64) -> std::io::Result<()> {
+        let mut inner = self.inner.lock().unwrap();
+        let mut out = Vec::with_capacity(RECORD_HEADER_BYTES);
+        out.extend_from_slice(&[0u8; 8]);
+        out.extend_from_slice(&inner.generation.to_le_bytes());
+        out.extend_from_slice(&stripe.to_le_bytes());
+        out.extend_from_slice(&TOMBSTONE.to_le_bytes());
+        out.extend_from_slice(&[0u8; 12]);
+        let crc = crc32c::crc32c(&out[4..]);
+        out[0..4].copy_from_slice(&crc.to_le_bytes());
+        let at = inner.end;
+        inner.file.write_at(&out, at)?;
+        inner.file.sync()?;
+        inner.index.retain(|&(s, _, _), _| s != stripe);
+        inner.end = at + out.len() as u64;
+        Ok(())
+    }
+
+    /// Whether any record is held for `stripe`.
+    pub fn has_stripe(&self, stripe: u64) -> bool {
+        self.inner
+            .lock()
+            .unwrap()
+            .index
+            .keys()
+            .any(|&(s, _, _)| s == stripe)
+    }
+
+    /// After every device is durable: starts a new generation, so no record
+    /// written so far is used again. Costs a synced header write, and only
+    /// when records were appended since the last one.
+    pub fn end_generation(&self) -> std::io::Result<()> {
+        let mut inner = self.inner.lock().unwrap();
+        if inner.end == HEADER_BYTES && inner.index.is_empty() {
+            return Ok(());
+        }
+        let next = inner.generation + 1;
+        inner.file.write_at(&header(next), 0)?;
+        inner.file.sync()?;
+        inner.file.set_len(HEADER_BYTES)?;
+        inner.generation = next;
+        inner.end = HEADER_BYTES;
+        inner.index.clear();
+        Ok(())
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn storage(&self) -> &Arc<dyn Storage> {
+        &self.storage
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::media::PowerLossStorage;
+
+    #[test]
+    fn logged_values_are_found_until_the_generation_ends_and_survive_a_reopen() {
+        let sim = PowerLossStorage::new();
+        let storage = sim.shared();
+        storage.create_dir_all(Path::new("/a")).unwrap();
+        let path = Path::new("/a/degraded.log");
+        let (log, intact) = DegradedLog::open(Arc::clone(&storage), path, 4096).unwrap();
+        assert!(intact);
+        let v = vec![7u8; 8192];
+        log.log(3, &[(1, 2, &v)]).unwrap();
+        assert_eq!(log.value(3, 1, 3).unwrap().unwrap(), vec![7u8; 4096]);
+        assert!(log.value(3, 1, 4).unwrap().is_none());
+        drop(log);
+        sim.crash(9);
+        let (log, _) = DegradedLog::open(Arc::clone(&storage), path, 4096).unwrap();
+        assert_eq!(log.value(3, 1, 2).unwrap().unwrap(), vec![7u8; 4096]);
+        log.end_generation().unwrap();
+        assert!(log.value(3, 1, 2).unwrap().is_none());
+        drop(log);
+        sim.crash(10);
+        let (log, _) = DegradedLog::open(storage, path, 4096).unwrap();
+        assert!(
+            !log.has_stripe(3),
+            "records of an ended generation are ignored"
+        );
+    }
+}
+
+impl super::Array {
+    /// Data roles of `stripe` whose devices do not hold it.
+    pub(super) fn missing_data_roles(&self, stripe: u64) -> Vec<usize> {
+        let g = &self.geo;
+        (0..g.k())
+            .filter(|&r| !self.holds(g.place(stripe, r).device, stripe))
+            .collect()
+    }
+
+    /// Before a degraded write of block rows `first..first+len/block` of
+    /// `stripe` touches a device: logs the missing data units' values after
+    /// the write (`data[role]` holds every data role's new run).
+    pub(super) fn log_missing_units(
+        &self,
+        stripe: u64,
+        first: u64,
+        data: &[Vec<u8>],
+    ) -> Result<()> {
+        let Some(log) = &self.degraded_log else {
+            return Ok(());
+        };
+        let missing = self.missing_data_roles(stripe);
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let values: Vec<(usize, u64, &[u8])> = missing
+            .iter()
+            .map(|&r| (r, first, data[r].as_slice()))
+            .collect();
+        log.log(stripe, &values)
+            .map_err(|e| Error::io("appending to the degraded-write log", e))
+    }
+
+    /// Before a healthy write of `stripe`: records logged while it was
+    /// degraded no longer describe it.
+    pub(super) fn forget_degraded_records(&self, stripe: u64) -> Result<()> {
+        match &self.degraded_log {
+            Some(log) if log.has_stripe(stripe) => log
+                .forget_stripe(stripe)
+                .map_err(|e| Error::io("appending to the degraded-write log", e)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Resync of a dirty stripe with a missing data unit: where the log
+    /// holds the missing units' values for a block row, the surviving
+    /// parity is recomputed from the surviving data and those values, so
+    /// the missing units decode to them. Returns whether every row with a
+    /// missing data unit was covered (the stripe is consistent).
+    pub(super) fn resync_from_degraded_log(&self, stripe: u64, units: &[Option<Vec<u8>>]) -> bool {
+        let g = &self.geo;
+        let missing = self.missing_data_roles(stripe);
+        let Some(log) = &self.degraded_log else {
+            return false;
+        };
+        if missing.is_empty() {
+            // Only parity is out: the data is all here, so the surviving
+            // parity is recomputed from it (a later data failure decodes
+            // from that parity).
+            let parity = self.encode_parity(units);
+            for (j, p) in parity.iter().enumerate() {
+                if let Some(u) = &units[g.k() + j] {
+                    if u != p {
+                        crate::counters::bump(&self.counters.array.parity_mismatches);
+                        self.write_unit_blocks(stripe, g.k() + j, 0, p);
+                    }
+                }
+            }
+            return true;
+        }
+        if !log.has_stripe(stripe) {
+            return false;
+        }
+        let block = g.block() as usize;
+        let mut covered_all = true;
+        for row in 0..g.blocks_per_unit() {
+            let at = row as usize * block;
+            let mut data: Vec<Vec<u8>> = Vec::with_capacity(g.k());
+            let mut whole = true;
+            for (role, unit) in units.iter().enumerate().take(g.k()) {
+                match unit {
+                    Some(u) => data.push(u[at..at + block].to_vec()),
+                    None => match log.value(stripe, role, row) {
+                        Ok(Some(v)) => data.push(v),
+                        _ => {
+                            whole = false;
+                            break;
+                        }
+                    },
+                }
+            }
+            if !whole {
+                covered_all = false;
+                continue;
+            }
+            let mut parity = vec![vec![0u8; block]; g.m()];
+            {
+                let d: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+                let mut p: Vec<&mut [u8]> = parity.iter_mut().map(|v| v.as_mut_slice()).collect();
+                self.codec.encode(&d, &mut p);
+            }
+            for (j, p) in parity.iter().enumerate() {
+                if let Some(u) = &units[g.k() + j] {
+                    if u[at..at + block] != p[..] {
+                        crate::counters::bump(&self.counters.array.parity_mismatches);
+                        self.write_unit_blocks(stripe, g.k() + j, row, p);
+                    }
+                }
+            }
+        }
+        covered_all
+    }
+}
+
+impl super::Array {
+    /// A whole-stripe discard while degraded: the missing data units will
+    /// read as zeroes, logged first like any degraded write.
+    pub(super) fn log_discarded_missing_units(&self, stripe: u64) -> Result<()> {
+        if self.missing_data_roles(stripe).is_empty() {
+            return self.forget_degraded_records(stripe);
+        }
+        let unit = self.geo.unit_bytes() as usize;
+        let zeroes = vec![vec![0u8; unit]; self.geo.k()];
+        self.log_missing_units(stripe, 0, &zeroes)
+    }
+}
