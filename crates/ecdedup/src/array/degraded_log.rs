@@ -301,39 +301,6 @@ impl DegradedLog {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::media::PowerLossStorage;
-
-    #[test]
-    fn logged_values_are_found_until_the_generation_ends_and_survive_a_reopen() {
-        let sim = PowerLossStorage::new();
-        let storage = sim.shared();
-        storage.create_dir_all(Path::new("/a")).unwrap();
-        let path = Path::new("/a/degraded.log");
-        let (log, intact) = DegradedLog::open(Arc::clone(&storage), path, 4096).unwrap();
-        assert!(intact);
-        let v = vec![7u8; 8192];
-        log.log(3, &[(1, 2, &v)]).unwrap();
-        assert_eq!(log.value(3, 1, 3).unwrap().unwrap(), vec![7u8; 4096]);
-        assert!(log.value(3, 1, 4).unwrap().is_none());
-        drop(log);
-        sim.crash(9);
-        let (log, _) = DegradedLog::open(Arc::clone(&storage), path, 4096).unwrap();
-        assert_eq!(log.value(3, 1, 2).unwrap().unwrap(), vec![7u8; 4096]);
-        log.end_generation().unwrap();
-        assert!(log.value(3, 1, 2).unwrap().is_none());
-        drop(log);
-        sim.crash(10);
-        let (log, _) = DegradedLog::open(storage, path, 4096).unwrap();
-        assert!(
-            !log.has_stripe(3),
-            "records of an ended generation are ignored"
-        );
-    }
-}
-
 impl super::Array {
     /// Data roles of `stripe` whose devices do not hold it.
     pub(super) fn missing_data_roles(&self, stripe: u64) -> Vec<usize> {
@@ -458,5 +425,38 @@ impl super::Array {
         let unit = self.geo.unit_bytes() as usize;
         let zeroes = vec![vec![0u8; unit]; self.geo.k()];
         self.log_missing_units(stripe, 0, &zeroes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::media::PowerLossStorage;
+
+    #[test]
+    fn logged_values_are_found_until_the_generation_ends_and_survive_a_reopen() {
+        let sim = PowerLossStorage::new();
+        let storage = sim.shared();
+        storage.create_dir_all(Path::new("/a")).unwrap();
+        let path = Path::new("/a/degraded.log");
+        let (log, intact) = DegradedLog::open(Arc::clone(&storage), path, 4096).unwrap();
+        assert!(intact);
+        let v = vec![7u8; 8192];
+        log.log(3, &[(1, 2, &v)]).unwrap();
+        assert_eq!(log.value(3, 1, 3).unwrap().unwrap(), vec![7u8; 4096]);
+        assert!(log.value(3, 1, 4).unwrap().is_none());
+        drop(log);
+        sim.crash(9);
+        let (log, _) = DegradedLog::open(Arc::clone(&storage), path, 4096).unwrap();
+        assert_eq!(log.value(3, 1, 2).unwrap().unwrap(), vec![7u8; 4096]);
+        log.end_generation().unwrap();
+        assert!(log.value(3, 1, 2).unwrap().is_none());
+        drop(log);
+        sim.crash(10);
+        let (log, _) = DegradedLog::open(storage, path, 4096).unwrap();
+        assert!(
+            !log.has_stripe(3),
+            "records of an ended generation are ignored"
+        );
     }
 }
