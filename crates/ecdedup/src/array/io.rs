@@ -536,6 +536,11 @@ impl Array {
             })
             .sum();
         let partial = rcw_reads > 0;
+        if !degraded {
+            // Records logged while the stripe was degraded no longer
+            // describe it once it is written whole-heartedly again.
+            self.forget_degraded_records(stripe)?;
+        }
         if self.write_policy.journals()
             && partial
             && !degraded
@@ -551,9 +556,6 @@ impl Array {
             } else {
                 self.replay_stripe(stripe)?;
             }
-        }
-        if !degraded {
-            self.forget_degraded_records(stripe)?;
         }
         let result = if degraded {
             bump(&self.counters.array.degraded_writes);
