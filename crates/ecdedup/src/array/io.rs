@@ -538,7 +538,7 @@ impl Array {
         let partial = rcw_reads > 0;
         if !degraded {
             // Records logged while the stripe was degraded no longer
-            // describe it once it is written whole-heartedly again.
+            // describe it once it is written with every device in service.
             self.forget_degraded_records(stripe)?;
         }
         if self.write_policy.journals()
