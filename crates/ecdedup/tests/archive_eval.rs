@@ -23,7 +23,7 @@ const IMAGES: usize = 8;
 /// replaced by its own (installed, updated) blocks and 5% zeroed.
 fn images(seed: u64) -> Vec<Vec<u8>> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let mut block = |rng: &mut rand::rngs::StdRng| {
+    let block = |rng: &mut rand::rngs::StdRng| {
         let mut b = vec![0u8; BLOCK_BYTES];
         rng.fill(&mut b[..]);
         b

@@ -20,10 +20,10 @@ pub struct SubFileCount {
 /// Groups of k sub-files; `sub_files.len()` is a multiple of k. The sort is
 /// stable and descending, so equal counts keep their batch order.
 pub fn exchange(sub_files: &[SubFileCount], k: usize) -> Vec<Vec<SubFileCount>> {
-    assert!(k > 0 && sub_files.len() % k == 0);
+    assert!(k > 0 && sub_files.len().is_multiple_of(k));
     let mut ordered = sub_files.to_vec();
     if sub_files.len() > k {
-        ordered.sort_by(|a, b| b.unique.cmp(&a.unique));
+        ordered.sort_by_key(|b| std::cmp::Reverse(b.unique));
     }
     ordered.chunks(k).map(|c| c.to_vec()).collect()
 }

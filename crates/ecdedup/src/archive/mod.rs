@@ -156,7 +156,7 @@ impl ArchiveConfig {
             ));
         }
         let stripe_bytes = self.k as u64 * self.block_bytes as u64;
-        if self.container_bytes == 0 || self.container_bytes % stripe_bytes != 0 {
+        if self.container_bytes == 0 || !self.container_bytes.is_multiple_of(stripe_bytes) {
             return bad(format!(
                 "container size {} must be a positive multiple of k x block = {stripe_bytes}",
                 self.container_bytes
