@@ -8,12 +8,10 @@
 //! - a write acknowledged but not yet flushed reads back whole, not at all,
 //!   or in part (torn at a sector): each byte holds its last durable value
 //!   or the value of one of the writes made since;
-//! - nothing else is ever returned, and a read that cannot be answered with
-//!   right data fails; a stripe torn by a cut while a device was out (the
-//!   degraded write hole, closed by the degraded-write log) reads old or new
-//!   data too, except under plog and parix, where a degraded journal replay
-//!   cut short can still fold records twice: there wrong blocks are counted
-//!   and reported, not failed (docs/write-hole.md);
+//! - nothing else is ever returned, and every read succeeds: a stripe torn
+//!   by a cut while a device was out of service (the degraded write hole)
+//!   reads old or new data too, since the degraded-write log
+//!   (`array/degraded_log.rs`) says what its missing units hold;
 //! - after open, every stripe's parity matches its data (scrub finds
 //!   nothing), and a device failed after the reopen still decodes right data.
 //!
@@ -51,16 +49,6 @@ struct Tally {
     crash_points: u64,
     writes_lost: u64,
     device_failures: u64,
-    /// Blocks of stripes written degraded that read wrong after a cut.
-    write_hole_wrong: u64,
-    /// ... and that failed to read (an error, not wrong data).
-    write_hole_errors: u64,
-    /// Blocks that read wrong after a cut in stripes whose parity journal
-    /// held records while a device was out of service. A known bug, not
-    /// fixed yet: a degraded replay writes parity in place before its
-    /// invalidation mark is durable, so a cut between the two folds the
-    /// same records in again at the next open (docs/write-hole.md).
-    degraded_replay_wrong: u64,
 }
 
 /// A byte model: the durable content and the writes made since the last
@@ -70,16 +58,6 @@ struct Model {
     current: Vec<u8>,
     /// Unflushed writes, in order: (offset, bytes).
     since_flush: Vec<(usize, Vec<u8>)>,
-    /// Stripes written while a device was out of service since the flush.
-    degraded_writes: Vec<(usize, usize)>,
-    /// Whether wrong blocks in the degraded write hole are counted instead
-    /// of failing the test: only for the journaled policies, whose degraded
-    /// replay is not yet covered by the degraded-write log.
-    hole_tolerated: bool,
-    /// Stripes whose parity journals held records since the last flush
-    /// while a device was out of service (a known bug: see
-    /// `Tally::degraded_replay_wrong`).
-    degraded_journaled: Vec<u64>,
 }
 
 impl Model {
@@ -88,17 +66,11 @@ impl Model {
             durable: vec![0; VOLUME_BYTES as usize],
             current: vec![0; VOLUME_BYTES as usize],
             since_flush: Vec::new(),
-            degraded_writes: Vec::new(),
-            degraded_journaled: Vec::new(),
-            hole_tolerated: false,
         }
     }
 
-    fn write(&mut self, off: usize, bytes: &[u8], fua: bool, degraded: bool) {
+    fn write(&mut self, off: usize, bytes: &[u8], fua: bool) {
         self.current[off..off + bytes.len()].copy_from_slice(bytes);
-        if degraded {
-            self.degraded_writes.push((off, off + bytes.len()));
-        }
         if fua {
             // Durable at once; earlier unflushed writes to these bytes can
             // no longer show through.
@@ -115,23 +87,9 @@ impl Model {
         }
     }
 
-    /// A device goes out of service: a crash now can tear every stripe
-    /// written since the last flush (the degraded write hole), whenever it
-    /// was written.
-    fn device_failed(&mut self) {
-        let since: Vec<(usize, usize)> = self
-            .since_flush
-            .iter()
-            .map(|(o, b)| (*o, *o + b.len()))
-            .collect();
-        self.degraded_writes.extend(since);
-    }
-
     fn flush(&mut self) {
         self.durable.copy_from_slice(&self.current);
         self.since_flush.clear();
-        self.degraded_writes.clear();
-        self.degraded_journaled.clear();
     }
 
     fn allowed(&self, i: usize, got: u8) -> bool {
@@ -140,18 +98,6 @@ impl Model {
                 .since_flush
                 .iter()
                 .any(|(o, b)| i >= *o && i < o + b.len() && b[i - o] == got)
-    }
-
-    fn in_degraded_write(&self, stripe_bytes: usize, block_start: usize) -> bool {
-        let s = block_start / stripe_bytes;
-        self.degraded_writes
-            .iter()
-            .any(|&(a, b)| a / stripe_bytes <= s && s <= (b - 1) / stripe_bytes)
-    }
-
-    fn in_degraded_journal(&self, stripe_bytes: usize, block_start: usize) -> bool {
-        self.degraded_journaled
-            .contains(&((block_start / stripe_bytes) as u64))
     }
 }
 
@@ -201,54 +147,26 @@ fn open(storage: &Arc<dyn Storage>, what: &str) -> Array {
 }
 
 /// Reads the whole volume block by block and checks every byte against the
-/// model. Returns what was read and the counts of blocks that read wrong,
-/// and that failed, inside stripes written while a device was out of service (the
-/// degraded write hole: docs/write-hole.md); anything wrong elsewhere fails
-/// the test.
-fn check(
-    vol: &Volume,
-    model: &Model,
-    stripe_bytes: usize,
-    what: &str,
-) -> (Vec<u8>, (u64, u64, u64)) {
+/// model; returns what was read.
+fn check(vol: &Volume, model: &Model, what: &str) -> Vec<u8> {
     let mut got = vec![0u8; VOLUME_BYTES as usize];
-    let mut hole_blocks = (0, 0, 0);
     for b in 0..VOLUME_BYTES as usize / BLOCK {
         let at = b * BLOCK;
-        let in_hole = model.in_degraded_write(stripe_bytes, at);
-        let in_journal = model.in_degraded_journal(stripe_bytes, at);
-        match vol.read(&mut got[at..at + BLOCK], at as u64) {
-            Ok(()) => {
-                if let Some(i) = (at..at + BLOCK).find(|&i| !model.allowed(i, got[i])) {
-                    if in_hole && model.hole_tolerated {
-                        hole_blocks.0 += 1;
-                        continue;
-                    }
-                    if in_journal {
-                        hole_blocks.2 += 1;
-                        continue;
-                    }
-                    panic!(
-                        "{what}: byte {i} (block {b}) reads {:#04x}; durable {:#04x}, \
-                         current {:#04x}, {} unflushed writes",
-                        got[i],
-                        model.durable[i],
-                        model.current[i],
-                        model.since_flush.len()
-                    );
-                }
-            }
-            Err(e) => {
-                assert!(
-                    in_hole || in_journal,
-                    "{what}: block {b} fails to read ({e}) outside the degraded write hole"
-                );
-                hole_blocks.1 += 1;
-                got[at..at + BLOCK].copy_from_slice(&model.durable[at..at + BLOCK]);
-            }
+        if let Err(e) = vol.read(&mut got[at..at + BLOCK], at as u64) {
+            panic!("{what}: block {b} fails to read: {e}");
+        }
+        if let Some(i) = (at..at + BLOCK).find(|&i| !model.allowed(i, got[i])) {
+            panic!(
+                "{what}: byte {i} (block {b}) reads {:#04x}; durable {:#04x}, \
+                 current {:#04x}, {} unflushed writes",
+                got[i],
+                model.durable[i],
+                model.current[i],
+                model.since_flush.len()
+            );
         }
     }
-    (got, hole_blocks)
+    got
 }
 
 fn run_schedule(cfg: Config, seed: u64, tally: &mut Tally) {
@@ -258,24 +176,17 @@ fn run_schedule(cfg: Config, seed: u64, tally: &mut Tally) {
     create(&storage, cfg);
     let mut rng = StdRng::seed_from_u64(seed);
     let mut model = Model::new();
-    model.hole_tolerated = cfg.policy.journals();
     let mut failed: Option<usize> = None;
     for crash in 0..CRASHES {
         let what = format!("{what} crash {crash} (failed device: {failed:?})");
         let array = Arc::new(open(&storage, &what));
-        let stripe_bytes = array.geometry().stripe_data_bytes() as usize;
         let vol = Volume::new(Arc::clone(&array));
         // After the reopen: what survived becomes the model's durable state.
-        let (got, holes) = check(&vol, &model, stripe_bytes, &format!("{what} after reopen"));
-        tally.write_hole_wrong += holes.0;
-        tally.write_hole_errors += holes.1;
-        tally.degraded_replay_wrong += holes.2;
-        model.degraded_journaled.clear();
+        let got = check(&vol, &model, &format!("{what} after reopen"));
         model.durable.copy_from_slice(&got);
         model.current.copy_from_slice(&got);
         model.since_flush.clear();
-        model.degraded_writes.clear();
-        if failed.is_none() && holes == (0, 0, 0) {
+        if failed.is_none() {
             let report = array.scrub(false, None).expect("scrub");
             assert_eq!(
                 (report.checksum_mismatches, report.parity_mismatches),
@@ -289,12 +200,7 @@ fn run_schedule(cfg: Config, seed: u64, tally: &mut Tally) {
             array.fail_device(d).expect("fail");
             failed = Some(d);
             tally.device_failures += 1;
-            check(
-                &vol,
-                &model,
-                stripe_bytes,
-                &format!("{what} with device {d} failed"),
-            );
+            check(&vol, &model, &format!("{what} with device {d} failed"));
         }
         let ops = rng.gen_range(5..40);
         let fail_at = if failed.is_none() && rng.gen_bool(0.1) && failures_on() {
@@ -307,11 +213,7 @@ fn run_schedule(cfg: Config, seed: u64, tally: &mut Tally) {
                 let d = rng.gen_range(0..6);
                 array.fail_device(d).expect("fail");
                 failed = Some(d);
-                model.device_failed();
                 tally.device_failures += 1;
-            }
-            if failed.is_some() {
-                model.degraded_journaled.extend(array.journaled_stripes());
             }
             match rng.gen_range(0..20) {
                 0..=1 => {
@@ -324,7 +226,7 @@ fn run_schedule(cfg: Config, seed: u64, tally: &mut Tally) {
                     let fua = rng.gen_bool(0.2);
                     vol.write_zeroes(off as u64, len as u64, fua)
                         .unwrap_or_else(|e| panic!("{what}: write-zeroes: {e}"));
-                    model.write(off, &vec![0u8; len], fua, failed.is_some());
+                    model.write(off, &vec![0u8; len], fua);
                 }
                 3 => {
                     let len = rng.gen_range(1..=64) * 1024;
@@ -352,7 +254,7 @@ fn run_schedule(cfg: Config, seed: u64, tally: &mut Tally) {
                     let fua = rng.gen_bool(0.1);
                     vol.write(&data, off as u64, fua)
                         .unwrap_or_else(|e| panic!("{what}: write: {e}"));
-                    model.write(off, &data, fua, failed.is_some());
+                    model.write(off, &data, fua);
                 }
             }
         }
@@ -368,12 +270,8 @@ fn run_schedule(cfg: Config, seed: u64, tally: &mut Tally) {
     tally.schedules += 1;
     // A last open: the array still opens and checks.
     let array = Arc::new(open(&storage, &format!("{what} final")));
-    let stripe_bytes = array.geometry().stripe_data_bytes() as usize;
     let vol = Volume::new(Arc::clone(&array));
-    let (_, holes) = check(&vol, &model, stripe_bytes, &format!("{what} final"));
-    tally.write_hole_wrong += holes.0;
-    tally.write_hole_errors += holes.1;
-    tally.degraded_replay_wrong += holes.2;
+    check(&vol, &model, &format!("{what} final"));
 }
 
 /// `ECDEDUP_POWERLOSS_NO_FAILURES=1` leaves devices alone (to tell a
@@ -404,16 +302,12 @@ fn run_config(cfg: Config, base_seed: u64) {
     // One line per configuration that scripts/powerloss.sh collects.
     println!(
         "powerloss: policy={:?} dedup=none schedules={} crash_points={} unsynced_writes_at_crash={} \
-         device_failures={} write_hole_wrong_blocks={} write_hole_error_blocks={} \
-         degraded_replay_wrong_blocks={} failures=0",
+         device_failures={} failures=0",
         cfg.policy,
         tally.schedules,
         tally.crash_points,
         tally.writes_lost,
-        tally.device_failures,
-        tally.write_hole_wrong,
-        tally.write_hole_errors,
-        tally.degraded_replay_wrong
+        tally.device_failures
     );
     assert!(tally.crash_points > 0);
 }
@@ -475,13 +369,13 @@ fn a_failed_journal_sync_is_latched_and_its_stripes_are_resynced() {
         let base = pseudo_random(1, VOLUME_BYTES as usize);
         vol.write(&base, 0, false).unwrap();
         vol.flush().unwrap();
-        model.write(0, &base, false, false);
+        model.write(0, &base, false);
         model.flush();
         for i in 0..16u64 {
             let data = pseudo_random(100 + i, BLOCK);
             let off = (i * 37 % 256) as usize * BLOCK * 2;
             vol.write(&data, off as u64, false).unwrap();
-            model.write(off, &data, false, false);
+            model.write(off, &data, false);
         }
         let logged = array.stats().journal_logged_blocks;
         assert!(
@@ -504,14 +398,8 @@ fn a_failed_journal_sync_is_latched_and_its_stripes_are_resynced() {
         Arc::try_unwrap(array).ok().unwrap().simulate_crash();
         sim.crash_with(7, false, |_, _| ecdedup::media::powerloss::Fate::Keep);
         let array = Arc::new(open(&storage, "after the cut"));
-        let stripe_bytes = array.geometry().stripe_data_bytes() as usize;
         let vol = Volume::new(Arc::clone(&array));
-        check(
-            &vol,
-            &model,
-            stripe_bytes,
-            &format!("{policy:?} after the cut"),
-        );
+        check(&vol, &model, &format!("{policy:?} after the cut"));
         let report = array.scrub(false, None).unwrap();
         assert_eq!(
             (report.checksum_mismatches, report.parity_mismatches),
@@ -519,7 +407,7 @@ fn a_failed_journal_sync_is_latched_and_its_stripes_are_resynced() {
             "{policy:?}: parity matches data after the reopen: {report:?}"
         );
         array.fail_device(0).unwrap();
-        check(&vol, &model, stripe_bytes, &format!("{policy:?} degraded"));
+        check(&vol, &model, &format!("{policy:?} degraded"));
     }
 }
 
@@ -534,13 +422,12 @@ fn a_full_file_system_refuses_writes_fails_no_device_and_serves_again() {
         let storage = sim.shared();
         create(&storage, Config { policy });
         let array = Arc::new(open(&storage, "first open"));
-        let stripe_bytes = array.geometry().stripe_data_bytes() as usize;
         let vol = Volume::new(Arc::clone(&array));
         let mut model = Model::new();
         let known = pseudo_random(5, 512 << 10);
         vol.write(&known, 0, false).unwrap();
         vol.flush().unwrap();
-        model.write(0, &known, false, false);
+        model.write(0, &known, false);
         model.flush();
         // Room for about a quarter of the rest of the volume.
         sim.set_capacity_bytes(Some(sim.allocated_bytes() + (VOLUME_BYTES / 4) * 3 / 2));
@@ -552,7 +439,7 @@ fn a_full_file_system_refuses_writes_fails_no_device_and_serves_again() {
                 + rng.gen_range(0..(VOLUME_BYTES as usize - (512 << 10) - len) / BLOCK) * BLOCK;
             let data = pseudo_random(1000 + i, len);
             match vol.write(&data, off as u64, false) {
-                Ok(()) => model.write(off, &data, false, false),
+                Ok(()) => model.write(off, &data, false),
                 Err(ecdedup::Error::NoSpace(_)) => {
                     // A refused write may have reached some blocks.
                     model.since_flush.push((off, data));
@@ -581,15 +468,10 @@ fn a_full_file_system_refuses_writes_fails_no_device_and_serves_again() {
         sim.set_capacity_bytes(None);
         let data = pseudo_random(99, 3 * BLOCK);
         vol.write(&data, (1 << 20) as u64, false).unwrap();
-        model.write(1 << 20, &data, false, false);
+        model.write(1 << 20, &data, false);
         vol.flush().unwrap();
         // Refused writes are now whatever the flush made durable.
-        let (now, _) = check(
-            &vol,
-            &model,
-            stripe_bytes,
-            &format!("{policy:?} after the fill"),
-        );
+        let now = check(&vol, &model, &format!("{policy:?} after the fill"));
         model.durable.copy_from_slice(&now);
         model.current.copy_from_slice(&now);
         model.since_flush.clear();
@@ -598,12 +480,7 @@ fn a_full_file_system_refuses_writes_fails_no_device_and_serves_again() {
         sim.crash(3);
         let array = Arc::new(open(&storage, "after the cut"));
         let vol = Volume::new(Arc::clone(&array));
-        check(
-            &vol,
-            &model,
-            stripe_bytes,
-            &format!("{policy:?} after the cut"),
-        );
+        check(&vol, &model, &format!("{policy:?} after the cut"));
         let report = array.scrub(false, None).unwrap();
         assert_eq!(
             (report.checksum_mismatches, report.parity_mismatches),

@@ -467,9 +467,16 @@ impl Array {
         }
         self.intent_begin(stripe)?;
         let mut first_error = None;
-        for (j, p) in self.parity_devices(stripe) {
-            if let Err(e) = self.replay_parity(stripe, j, p) {
-                first_error.get_or_insert(e);
+        let missing = self.missing_data_roles(stripe);
+        if !missing.is_empty() && self.degraded_log.is_some() {
+            if let Err(e) = self.replay_degraded(stripe, &missing) {
+                first_error = Some(e);
+            }
+        } else {
+            for (j, p) in self.parity_devices(stripe) {
+                if let Err(e) = self.replay_parity(stripe, j, p) {
+                    first_error.get_or_insert(e);
+                }
             }
         }
         self.intent.end(stripe);
@@ -487,19 +494,57 @@ impl Array {
     /// follows the parity write is logged (or forgotten with the region
     /// pinned), so an error before that leaves them in place.
     fn replay_parity(&self, stripe: u64, j: usize, p: usize) -> Result<()> {
+        let Some((folded, records)) = self.fold_parity(stripe, j, p)? else {
+            return Ok(());
+        };
+        self.write_folded_parity(stripe, j, p, &folded, records)
+    }
+
+    /// Writes parity rows that `fold_parity` computed and drops the records
+    /// folded into them.
+    fn write_folded_parity(
+        &self,
+        stripe: u64,
+        j: usize,
+        p: usize,
+        folded: &std::collections::BTreeMap<u32, Vec<u8>>,
+        records: usize,
+    ) -> Result<()> {
+        let g = self.geo;
+        for (row, parity) in folded {
+            self.write_unit_blocks(stripe, g.k() + j, *row as u64, parity);
+        }
+        self.invalidate_in(p, stripe, 0, g.blocks_per_unit())?;
+        self.counters
+            .array
+            .records_replayed
+            .fetch_add(records as u64, Relaxed);
+        Ok(())
+    }
+
+    /// The parity rows of unit `j` with what device `p`'s journal holds for
+    /// the stripe folded in, in RAM (rows whose parity is unavailable are
+    /// left out), and the count of records; None when nothing is logged.
+    #[allow(clippy::type_complexity)]
+    fn fold_parity(
+        &self,
+        stripe: u64,
+        j: usize,
+        p: usize,
+    ) -> Result<Option<(std::collections::BTreeMap<u32, Vec<u8>>, usize)>> {
         let g = self.geo;
         let block = g.block() as usize;
         let log = match self.journals[p].lock().unwrap().as_ref() {
             Some(jr) => jr.stripe_log(stripe),
             None => None,
         };
-        let Some(log) = log else { return Ok(()) };
+        let Some(log) = log else { return Ok(None) };
         if !self.holds(p, stripe) {
             // Out of service: its parity is rebuilt from data, if ever.
             if let Some(jr) = self.journals[p].lock().unwrap().as_mut() {
                 jr.forget(stripe, 0, u32::MAX);
             }
-            return Ok(());
+            return Ok(None);
         }
         let journal_io = |e| Error::io(format!("reading the parity journal of device {p}"), e);
         // Per parity row: the delta to fold in.
@@ -549,29 +594,97 @@ impl Array {
                 }
             }
         }
+        let mut folded = std::collections::BTreeMap::new();
         for (row, delta) in rows {
             match self.read_parity_block(stripe, j, row as u64) {
                 StoredParity::Intact(mut parity) => {
                     for (x, y) in parity.iter_mut().zip(&delta) {
                         *x ^= y;
                     }
-                    self.write_unit_blocks(stripe, g.k() + j, row as u64, &parity);
+                    folded.insert(row, parity);
                 }
                 // Encoded from the data, which already holds every logged
                 // value: folding the deltas in again would be wrong.
                 StoredParity::Recomputed(parity) => {
-                    self.write_unit_blocks(stripe, g.k() + j, row as u64, &parity);
+                    folded.insert(row, parity);
                 }
                 // Left bad: its checksum fails, so readers decode without it
                 // and repair it from the rest of the row.
                 StoredParity::Unavailable => {}
             }
         }
-        self.invalidate_in(p, stripe, 0, g.blocks_per_unit())?;
-        self.counters
-            .array
-            .records_replayed
-            .fetch_add(log.len() as u64, Relaxed);
+        Ok(Some((folded, log.len())))
+    }
+
+    /// A replay while a data unit of the stripe is out of service. Writing
+    /// the folded parity in place and then logging the invalidation is not
+    /// idempotent: a power cut between the two would fold the same records
+    /// again at the next open, and the missing unit, which lives only in
+    /// parity, would decode wrong. So the folded parity is computed first,
+    /// the missing data units' values are decoded from it and logged in the
+    /// degraded-write log (synced), and only then is parity written: a cut
+    /// at any point leaves the log to say what the missing units hold.
+    fn replay_degraded(&self, stripe: u64, missing: &[usize]) -> Result<()> {
+        let g = self.geo;
+        let block = g.block() as usize;
+        let mut folds = Vec::new();
+        let mut rows = std::collections::BTreeSet::new();
+        for (j, p) in self.parity_devices(stripe) {
+            if let Some((folded, records)) = self.fold_parity(stripe, j, p)? {
+                rows.extend(folded.keys().copied());
+                folds.push((j, p, folded, records));
+            }
+        }
+        for &row in &rows {
+            let row = row as u64;
+            let mut shards: Vec<Vec<u8>> = vec![vec![0u8; block]; g.width()];
+            let mut present = vec![false; g.width()];
+            for role in 0..g.k() {
+                if missing.contains(&role) {
+                    continue;
+                }
+                // As on the device, unverified: in a dirty region (a resync
+                // after a cut) the checksum entries may predate the content.
+                let place = g.place(stripe, role);
+                if self.dev_read(
+                    place.device,
+                    IoClass::Data,
+                    &mut shards[role],
+                    g.device_offset(place.row, row),
+                ) {
+                    present[role] = true;
+                }
+            }
+            for j in 0..g.m() {
+                let folded = folds
+                    .iter()
+                    .find(|(fj, _, _, _)| *fj == j)
+                    .and_then(|(_, _, f, _)| f.get(&(row as u32)));
+                if let Some(parity) = folded {
+                    shards[g.k() + j].copy_from_slice(parity);
+                    present[g.k() + j] = true;
+                } else if self.holds(g.place(stripe, g.k() + j).device, stripe) {
+                    if let StoredParity::Intact(parity) | StoredParity::Recomputed(parity) =
+                        self.read_parity_block(stripe, j, row)
+                    {
+                        shards[g.k() + j] = parity;
+                        present[g.k() + j] = true;
+                    }
+                }
+            }
+            {
+                let mut refs: Vec<&mut [u8]> =
+                    shards.iter_mut().map(|v| v.as_mut_slice()).collect();
+                self.codec
+                    .reconstruct(&mut refs, &present)
+                    .map_err(|e| Error::DataLoss(format!("stripe {stripe} row {row}: {e}")))?;
+            }
+            shards.truncate(g.k());
+            self.log_missing_units(stripe, row, &shards)?;
+        }
+        for (j, p, folded, records) in folds {
+            self.write_folded_parity(stripe, j, p, &folded, records)?;
+        }
         Ok(())
     }
 

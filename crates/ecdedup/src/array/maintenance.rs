@@ -107,8 +107,14 @@ impl Array {
         if self.journal_pending(stripe) {
             let all_held =
                 (0..g.width()).all(|role| self.holds(g.place(stripe, role).device, stripe));
-            if all_held {
-                // Parity is recomputed from data below; nothing logged applies.
+            let logged = self
+                .degraded_log
+                .as_ref()
+                .is_some_and(|l| l.has_stripe(stripe));
+            if all_held || logged {
+                // Parity is recomputed below from data (and, degraded, from
+                // the degraded-write log, which is newer than any record:
+                // a replay cut short may have folded them in already).
                 if let Err(e) = self.journal_invalidate(stripe, 0, g.blocks_per_unit()) {
                     self.warn(format!("stripe {stripe}: {e}"));
                 }
