@@ -96,6 +96,21 @@ impl ChecksumTable {
         }
     }
 
+    /// A copy of the entries in RAM, with no page dirty: what a replaced
+    /// device's blocks should decode to until the rebuild rewrites them.
+    pub fn duplicate(&self) -> ChecksumTable {
+        ChecksumTable {
+            entries: self
+                .entries
+                .iter()
+                .map(|e| AtomicU32::new(e.load(Relaxed)))
+                .collect(),
+            dirty_pages: self.dirty_pages.iter().map(|_| AtomicU64::new(0)).collect(),
+            offset: self.offset,
+            zero_crc: self.zero_crc,
+        }
+    }
+
     pub fn ram_bytes(&self) -> u64 {
         (self.entries.len() * 4 + self.dirty_pages.len() * 8) as u64
     }

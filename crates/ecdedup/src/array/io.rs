@@ -218,62 +218,11 @@ impl Array {
         Ok(out)
     }
 
-    /// Decodes block row `b` of `stripe` from every readable, verified unit;
-    /// rewrites units whose device is healthy but whose block was bad.
-    /// Caller holds the stripe lock.
+    /// Decodes block row `b` of `stripe` from every readable, verified unit,
+    /// checked (`array/decode.rs`); rewrites units whose device is healthy
+    /// but whose block was wrong. Caller holds the stripe lock.
     pub(super) fn reconstruct_row(&self, stripe: u64, b: u64) -> Result<Vec<Vec<u8>>> {
-        if self.journal_pending(stripe) {
-            return Err(Error::NeedsReplay(stripe));
-        }
-        let g = &self.geo;
-        let w = g.width();
-        let block = g.block() as usize;
-        let mut shards = vec![vec![0u8; block]; w];
-        let mut present = vec![false; w];
-        let mut repair = vec![false; w];
-        for role in 0..w {
-            let place = g.place(stripe, role);
-            if !self.holds(place.device, stripe) {
-                continue;
-            }
-            if !self.dev_read(
-                place.device,
-                class_of(role, g.k()),
-                &mut shards[role],
-                g.device_offset(place.row, b),
-            ) {
-                continue;
-            }
-            if crc32c::crc32c(&shards[role])
-                == self.tables[place.device].get(g.checksum_index(place.row, b))
-            {
-                present[role] = true;
-            } else {
-                repair[role] = true;
-            }
-        }
-        let have = present.iter().filter(|p| **p).count();
-        if have < g.k() {
-            return Err(Error::DataLoss(format!(
-                "stripe {stripe} block {b}: only {have} of {w} units readable and intact, {} needed",
-                g.k()
-            )));
-        }
-        if have < w {
-            let mut refs: Vec<&mut [u8]> = shards.iter_mut().map(|s| s.as_mut_slice()).collect();
-            self.codec
-                .reconstruct(&mut refs, &present)
-                .map_err(|e| Error::DataLoss(format!("stripe {stripe} block {b}: {e}")))?;
-            bump(&self.counters.array.reconstructed_blocks);
-        }
-        for role in (0..w).filter(|&r| repair[r]) {
-            let place = g.place(stripe, role);
-            if self.write_unit_blocks_as(stripe, role, b, &shards[role], true) {
-                bump(&self.counters.array.repaired_blocks);
-                let _ = place;
-            }
-        }
-        Ok(shards)
+        Ok(self.decode_row(stripe, b, true)?.shards)
     }
 
     /// Reads from a device, counting; an error fails the device. Returns
@@ -302,7 +251,7 @@ impl Array {
     }
 
     /// As `write_unit_blocks`; `repair` says the bytes replace corrupt content.
-    fn write_unit_blocks_as(
+    pub(super) fn write_unit_blocks_as(
         &self,
         stripe: u64,
         role: usize,
@@ -312,11 +261,22 @@ impl Array {
     ) -> bool {
         let g = &self.geo;
         let place = g.place(stripe, role);
-        if !self.holds(place.device, stripe) {
-            return false;
-        }
-        let Some(dev) = self.device(place.device) else {
-            return false;
+        // What the unit holds from now on, logically, wherever it lands.
+        let note_logical = || {
+            for (j, chunk) in bytes.chunks_exact(g.block() as usize).enumerate() {
+                self.note_logical_crc(
+                    place.device,
+                    g.checksum_index(place.row, b + j as u64),
+                    crc32c::crc32c(chunk),
+                );
+            }
+        };
+        let dev = match self.device(place.device) {
+            Some(dev) if self.holds(place.device, stripe) => dev,
+            _ => {
+                note_logical();
+                return false;
+            }
         };
         let hint = crate::media::WriteHint {
             class: class_of(role, g.k()),
@@ -342,6 +302,7 @@ impl Array {
             }
             Err(e) => {
                 self.latch_failure(place.device, "write", &e);
+                note_logical();
                 false
             }
         }
@@ -466,11 +427,22 @@ impl Array {
         let g = &self.geo;
         for role in 0..g.width() {
             let place = g.place(stripe, role);
-            if !self.holds(place.device, stripe) {
-                continue;
-            }
-            let Some(dev) = self.device(place.device) else {
-                continue;
+            let zero_logical = || {
+                for b in 0..g.blocks_per_unit() {
+                    let index = g.checksum_index(place.row, b);
+                    self.note_logical_crc(
+                        place.device,
+                        index,
+                        super::checksum::zero_block_crc(g.block() as usize),
+                    );
+                }
+            };
+            let dev = match self.device(place.device) {
+                Some(dev) if self.holds(place.device, stripe) => dev,
+                _ => {
+                    zero_logical();
+                    continue;
+                }
             };
             match dev.discard(g.device_offset(place.row, 0), g.unit_bytes()) {
                 Ok(()) => {
@@ -478,7 +450,10 @@ impl Array {
                         self.tables[place.device].set_zero(g.checksum_index(place.row, b));
                     }
                 }
-                Err(e) => self.latch_failure(place.device, "discard", &e),
+                Err(e) => {
+                    self.latch_failure(place.device, "discard", &e);
+                    zero_logical();
+                }
             }
         }
         bump(&self.counters.array.discarded_stripes);

@@ -21,6 +21,10 @@ pub struct ScrubReport {
     /// Stripes that could not be checked fully because a member is out of service.
     pub degraded_stripes: u64,
     pub unrecoverable_blocks: u64,
+    /// Block rows of degraded stripes decoded from exactly k members with
+    /// no checksum known for the missing ones: nothing could check them.
+    #[serde(default)]
+    pub unchecked_rows: u64,
     /// Inconsistencies of the dedup maps (a block naming a slot out of
     /// range, reference counts that disagree with the map, a referenced
     /// slot on a free list, a leaked slot), one line each; a scrub that
@@ -74,6 +78,7 @@ impl Array {
         let total: u64 = ranges.iter().map(|(a, b)| b - a).sum();
         let mut done = 0;
         let mut degraded = 0u64;
+        let mismatches_before = self.counters.array.resync_checksum_mismatches.load(SeqCst);
         for &(start, end) in ranges {
             for stripe in start..end {
                 let _g = self.locks[Self::lock_index(stripe)].write().unwrap();
@@ -87,6 +92,15 @@ impl Array {
                     }
                 }
             }
+        }
+        let mismatches =
+            self.counters.array.resync_checksum_mismatches.load(SeqCst) - mismatches_before;
+        if mismatches > 0 {
+            self.warn(format!(
+                "resync: {mismatches} blocks of the dirty stripes no longer matched their recorded \
+                 checksums (writes in flight at the stop, or corruption); their checksums now follow \
+                 their content"
+            ));
         }
         if degraded > 0 {
             self.warn(format!(
@@ -157,12 +171,21 @@ impl Array {
         complete
     }
 
+    /// Records the checksums of a unit's content after a resync. Entries
+    /// that still match are kept; a block that no longer matches (a write
+    /// in flight at the stop, or bit rot: the two cannot be told apart
+    /// here) is counted, and its entry follows the content.
     fn record_checksums(&self, stripe: u64, role: usize, unit: &[u8]) {
         let g = &self.geo;
         let place = g.place(stripe, role);
+        let table = &self.tables[place.device];
         for (b, chunk) in unit.chunks_exact(g.block() as usize).enumerate() {
-            self.tables[place.device]
-                .set(g.checksum_index(place.row, b as u64), crc32c::crc32c(chunk));
+            let index = g.checksum_index(place.row, b as u64);
+            let crc = crc32c::crc32c(chunk);
+            if table.get(index) != crc {
+                bump(&self.counters.array.resync_checksum_mismatches);
+                table.set(index, crc);
+            }
         }
     }
 
@@ -194,6 +217,17 @@ impl Array {
             // Parity is compared with data: bring it up to date first.
             self.replay_stripe(stripe)?;
             let mut units = self.read_stripe_raw(stripe);
+            if units.iter().any(Option::is_none) {
+                report.degraded_stripes += 1;
+                self.scrub_degraded_stripe(stripe, repair, &mut report);
+                report.stripes += 1;
+                bump(&self.counters.array.scrubbed_stripes);
+                self.progress_operation(stripe + 1);
+                if let Some(p) = &progress {
+                    p("scrub", stripe + 1, g.stripes);
+                }
+                continue;
+            }
             let mut bad_rows = std::collections::BTreeSet::new();
             let mut unrecoverable = false;
             for (role, unit) in units.iter().enumerate() {
@@ -245,8 +279,6 @@ impl Array {
                         }
                     }
                 }
-            } else if units.iter().any(Option::is_none) {
-                report.degraded_stripes += 1;
             }
             report.stripes += 1;
             bump(&self.counters.array.scrubbed_stripes);
@@ -257,6 +289,31 @@ impl Array {
         }
         report.dedup_map_problems = self.check_dedup_maps();
         Ok(report)
+    }
+
+    /// Scrubs a stripe with a member out of service, row by row: each row
+    /// is decoded and checked against the recorded checksums and the spare
+    /// members (`array/decode.rs`), so a stale unit is found as long as
+    /// more than k members, or a checksum of the missing ones, can tell.
+    fn scrub_degraded_stripe(&self, stripe: u64, repair: bool, report: &mut ScrubReport) {
+        let c = &self.counters.array;
+        for b in 0..self.geo.blocks_per_unit() {
+            let mismatches = c.checksum_mismatches.load(SeqCst);
+            let unverified = c.unverified_decodes.load(SeqCst);
+            let repaired = c.repaired_blocks.load(SeqCst);
+            match self.decode_row(stripe, b, repair) {
+                Ok(row) => {
+                    // Members read with a matching checksum that the row's
+                    // codeword disagrees with: stale parity or data.
+                    let bad_crc = (c.checksum_mismatches.load(SeqCst) - mismatches) as usize;
+                    report.checksum_mismatches += bad_crc as u64;
+                    report.parity_mismatches += row.wrong.len().saturating_sub(bad_crc) as u64;
+                }
+                Err(_) => report.unrecoverable_blocks += 1,
+            }
+            report.repaired_blocks += c.repaired_blocks.load(SeqCst) - repaired;
+            report.unchecked_rows += c.unverified_decodes.load(SeqCst) - unverified;
+        }
     }
 
     /// Fills every device in the rebuilding state, stripe by stripe, while
@@ -281,6 +338,7 @@ impl Array {
     fn rebuild_inner(&self, targets: &[usize], progress: Option<ProgressFn>) -> Result<u64> {
         let g = self.geo;
         let mut rebuilt = 0u64;
+        let mut unreadable_blocks = 0u64;
         for (t, &d) in targets.iter().enumerate() {
             let start = self.members[d].cursor.load(SeqCst);
             let mut last_checkpoint = Instant::now();
@@ -296,13 +354,15 @@ impl Array {
                         // Pipelined recovery: the stripe's journals are
                         // replayed, and the fresh parity decodes at once.
                         self.replay_stripe(stripe)?;
-                        let unit = self.reconstruct_unit(stripe, role)?;
+                        let (unit, unreadable) = self.reconstruct_unit(stripe, role)?;
                         self.members[d].cursor.store(stripe + 1, SeqCst);
                         if !self.write_unit_blocks(stripe, role, 0, &unit) {
                             return Err(Error::Unavailable(format!(
                                 "device {d} failed during its rebuild"
                             )));
                         }
+                        self.mark_unreadable(stripe, role, &unit, &unreadable);
+                        unreadable_blocks += unreadable.len() as u64;
                         rebuilt += 1;
                         bump(&self.counters.array.rebuilt_stripes);
                     } else {
@@ -324,24 +384,59 @@ impl Array {
                 }
             }
             self.members[d].tag.store(TAG_ACTIVE, SeqCst);
+            *self.prior_tables[d].lock().unwrap() = None;
+            self.sums_known[d].store(true, SeqCst);
             self.flush()?;
             self.persist_superblocks()?;
-            self.warn(format!("device {d} rebuilt; redundancy restored"));
+            if unreadable_blocks > 0 {
+                self.warn(format!(
+                    "device {d} rebuilt, but {unreadable_blocks} of its blocks could not be \
+                     decoded from the others and read as I/O errors until rewritten \
+                     (counter unreadable_blocks)"
+                ));
+            } else {
+                self.warn(format!("device {d} rebuilt; redundancy restored"));
+            }
         }
         Ok(rebuilt)
     }
 
-    /// Decodes a whole unit of `stripe` from the others (per block row, so a
-    /// bad block elsewhere costs only its row). Caller holds the stripe lock.
-    fn reconstruct_unit(&self, stripe: u64, role: usize) -> Result<Vec<u8>> {
+    /// Decodes a whole unit of `stripe` from the others, checked, per block
+    /// row, so a bad row costs only itself: rows that cannot be decoded are
+    /// left zero and returned. Caller holds the stripe lock.
+    fn reconstruct_unit(&self, stripe: u64, role: usize) -> Result<(Vec<u8>, Vec<u64>)> {
         let g = &self.geo;
         let block = g.block() as usize;
         let mut unit = vec![0u8; g.unit_bytes() as usize];
+        let mut unreadable = Vec::new();
         for b in 0..g.blocks_per_unit() {
-            let row = self.reconstruct_row(stripe, b)?;
-            unit[b as usize * block..(b as usize + 1) * block].copy_from_slice(&row[role]);
+            match self.reconstruct_row(stripe, b) {
+                Ok(row) => {
+                    unit[b as usize * block..(b as usize + 1) * block].copy_from_slice(&row[role])
+                }
+                Err(Error::DataLoss(e)) => {
+                    self.warn(format!("rebuild: {e}"));
+                    unreadable.push(b);
+                }
+                Err(e) => return Err(e),
+            }
         }
-        Ok(unit)
+        Ok((unit, unreadable))
+    }
+
+    /// Marks blocks a rebuild could not decode: their recorded checksum is
+    /// made to disagree with what was written in their place, so every read
+    /// of them is an I/O error (and scrub counts them) until a write
+    /// replaces them; never the zeros written there.
+    fn mark_unreadable(&self, stripe: u64, role: usize, unit: &[u8], rows: &[u64]) {
+        let g = &self.geo;
+        let place = g.place(stripe, role);
+        let block = g.block() as usize;
+        for &b in rows {
+            let at = b as usize * block;
+            let crc = crc32c::crc32c(&unit[at..at + block]);
+            self.tables[place.device].set(g.checksum_index(place.row, b), !crc);
+        }
     }
 
     /// The state of each member (for tests).

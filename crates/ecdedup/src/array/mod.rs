@@ -22,6 +22,7 @@
 //! config lock takes a stripe lock.
 
 pub mod checksum;
+mod decode;
 pub mod degraded_log;
 pub mod intent;
 mod io;
@@ -279,6 +280,16 @@ pub struct Array {
     codec: Codec,
     members: Vec<Member>,
     tables: Vec<ChecksumTable>,
+    /// Whether `tables[d]` still says what device `d`'s blocks hold
+    /// logically where `d` does not hold them (out of service since this
+    /// open: degraded writes keep the entries current). False for a device
+    /// already out at open, whose table could not be read: its decoded
+    /// blocks are checked only against spare members.
+    sums_known: Vec<std::sync::atomic::AtomicBool>,
+    /// For a device being rebuilt: its table before the replacement, kept
+    /// current by degraded writes, so each decoded unit is checked before
+    /// it is written (None when unknown or when no rebuild runs).
+    prior_tables: Vec<Mutex<Option<ChecksumTable>>>,
     intent: IntentLog,
     locks: Vec<RwLock<()>>,
     counters: Counters,
@@ -986,6 +997,10 @@ impl Array {
             geo,
             volume_bytes: newest.volume_bytes,
             codec,
+            sums_known: (0..n)
+                .map(|i| std::sync::atomic::AtomicBool::new(states[i] == MemberState::Active))
+                .collect(),
+            prior_tables: (0..n).map(|_| Mutex::new(None)).collect(),
             members,
             tables,
             intent,
@@ -1451,6 +1466,12 @@ impl Array {
             }
             None => dev,
         };
+        {
+            let mut prior = self.prior_tables[d].lock().unwrap();
+            *prior = self.sums_known[d]
+                .swap(false, SeqCst)
+                .then(|| self.tables[d].duplicate());
+        }
         self.tables[d].reset_zeroed();
         if self.write_policy.journals() {
             let path = self.dir.join(JOURNAL_DIR).join(format!("dev{d}.jrnl"));

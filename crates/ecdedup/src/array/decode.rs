@@ -1,0 +1,295 @@
+//! Decoding a block row from the other members, checked before it is used.
+//!
+//! Reed-Solomon does not detect corruption: decoded from a unit that is
+//! stale but carries a matching checksum (a lost journal record, a torn
+//! degraded write), a missing block comes out wrong, and nothing in the
+//! codec says so. So every decoded block is checked before it is returned
+//! or written anywhere:
+//! - a decoded data block, against the checksum its member recorded for
+//!   it, where that is known (the member holds the stripe; or it went out
+//!   of service since this open, and degraded writes kept its entries
+//!   current; or it is being rebuilt and its table from before the
+//!   replacement was kept); decoded parity is derived, not returned, and
+//!   its entry may describe a value a journal replay could not update;
+//! - and against every present member the decode did not need: the row
+//!   must be one codeword.
+//!
+//! When the check fails and more than k members are present, the other
+//! combinations of members are tried, leaving out one present member, then
+//! two, ... (as ZFS's `vdev_raidz_combrec` does); a combination is taken
+//! only when a known checksum or a spare member vouches for it, and the
+//! members it left out are rewritten. When none is vouched for, the row is
+//! unreadable: an I/O error, never wrong data.
+//!
+//! The one case that cannot be checked: exactly k members present and no
+//! checksum known for the blocks decoded (a member already out when the
+//! array was opened, whose table went with it). Those decodes are counted
+//! (`unverified_decodes`) and served, as every RAID does; every block they
+//! are decoded from was itself checked against its checksum.
+
+use super::Array;
+use crate::counters::{bump, IoClass};
+use crate::error::{Error, Result};
+use std::sync::atomic::Ordering::SeqCst;
+
+/// Most members left out when searching combinations: RS(k, m) with m up
+/// to this many wrong-but-checksummed members (each level tries
+/// C(present, level) decodes).
+const COMBINATION_DEPTH_MAX: usize = 3;
+
+/// A row decoded and checked.
+pub(super) struct DecodedRow {
+    /// Every member's block of the row.
+    pub(super) shards: Vec<Vec<u8>>,
+    /// Members whose block on the device was wrong (checksum mismatch, or
+    /// left out by the combination that checked) and which hold the
+    /// stripe: rewritten when repairing.
+    pub(super) wrong: Vec<usize>,
+}
+
+impl Array {
+    /// The checksum the block at checksum index `index` of device `d`
+    /// should have, where known (see the module documentation).
+    pub(super) fn expected_crc(&self, d: usize, stripe: u64, index: u64) -> Option<u32> {
+        if self.holds(d, stripe) || self.sums_known[d].load(SeqCst) {
+            return Some(self.tables[d].get(index));
+        }
+        self.prior_tables[d]
+            .lock()
+            .unwrap()
+            .as_ref()
+            .map(|t| t.get(index))
+    }
+
+    /// A write or discard of a member that does not hold the stripe (or
+    /// that failed taking it): records what the block holds logically,
+    /// so a later decode of it can be checked.
+    pub(super) fn note_logical_crc(&self, d: usize, index: u64, crc: u32) {
+        if self.sums_known[d].load(SeqCst) {
+            // Out of service since this open: the table is in RAM only
+            // (a failed device's pages are never flushed).
+            self.tables[d].set(index, crc);
+        } else if let Some(t) = self.prior_tables[d].lock().unwrap().as_ref() {
+            t.set(index, crc);
+        }
+    }
+
+    /// Decodes block row `b` of `stripe` from every readable, verified
+    /// unit, checked as the module documentation says; with `repair`,
+    /// rewrites members whose block was wrong. Caller holds the stripe lock.
+    pub(super) fn decode_row(&self, stripe: u64, b: u64, repair: bool) -> Result<DecodedRow> {
+        if self.journal_pending(stripe) {
+            return Err(Error::NeedsReplay(stripe));
+        }
+        let g = &self.geo;
+        let (w, k) = (g.width(), g.k());
+        let block = g.block() as usize;
+        let mut read = vec![vec![0u8; block]; w];
+        let mut present = vec![false; w];
+        let mut wrong = Vec::new();
+        let mut expected = vec![None; w];
+        for (role, shard) in read.iter_mut().enumerate() {
+            let place = g.place(stripe, role);
+            let index = g.checksum_index(place.row, b);
+            // Decoded parity is not checked against its entry: parity is
+            // derived, and a replay that could not fold a journal into a
+            // bad parity block leaves its entry describing an older value.
+            // Decoded data is what reads return: it is checked.
+            if role < k {
+                expected[role] = self.expected_crc(place.device, stripe, index);
+            }
+            if !self.holds(place.device, stripe) {
+                continue;
+            }
+            let stored = self.tables[place.device].get(index);
+            let class = if role < k {
+                IoClass::Data
+            } else {
+                IoClass::Parity
+            };
+            if !self.dev_read(place.device, class, shard, g.device_offset(place.row, b)) {
+                continue;
+            }
+            if crc32c::crc32c(shard) == stored {
+                present[role] = true;
+            } else {
+                wrong.push(role);
+            }
+        }
+        let have = present.iter().filter(|p| **p).count();
+        if have < k {
+            return Err(Error::DataLoss(format!(
+                "stripe {stripe} block {b}: only {have} of {w} units readable and intact, {k} needed"
+            )));
+        }
+        if have == w {
+            return Ok(DecodedRow {
+                shards: read,
+                wrong,
+            });
+        }
+        let avail: Vec<usize> = (0..w).filter(|&r| present[r]).collect();
+        let depth_max = (have - k).min(COMBINATION_DEPTH_MAX);
+        for depth in 0..=depth_max {
+            let mut found = None;
+            for_each_combination(avail.len(), depth, &mut |left_out| {
+                let mut use_ = present.clone();
+                for &i in left_out {
+                    use_[avail[i]] = false;
+                }
+                match self.try_decode(&read, &use_, &present, &expected) {
+                    Some((shards, vouched)) if depth == 0 || vouched => {
+                        found = Some((
+                            shards,
+                            left_out.iter().map(|&i| avail[i]).collect::<Vec<usize>>(),
+                        ));
+                        true
+                    }
+                    _ => false,
+                }
+            });
+            if let Some((shards, left_out)) = found {
+                if depth > 0 {
+                    bump(&self.counters.array.combination_decodes);
+                    self.warn(format!(
+                        "stripe {stripe} block {b}: members {left_out:?} hold stale blocks \
+                         with matching checksums; decoded without them"
+                    ));
+                }
+                wrong.extend(left_out);
+                bump(&self.counters.array.reconstructed_blocks);
+                if repair {
+                    self.rewrite_wrong(stripe, b, &shards, &wrong);
+                }
+                return Ok(DecodedRow { shards, wrong });
+            }
+            if depth == 0 {
+                bump(&self.counters.array.decode_check_failures);
+            }
+        }
+        bump(&self.counters.array.unreadable_blocks);
+        Err(Error::DataLoss(format!(
+            "stripe {stripe} block {b}: no combination of the {have} intact members decodes \
+             to the recorded checksums; the block is unreadable"
+        )))
+    }
+
+    /// Decodes from the members flagged in `use_`; checks every member
+    /// that was not `present` (absent, or read with a checksum mismatch)
+    /// against its known checksum, and every used member past k. Members
+    /// present but left out are taken to be wrong: not checked. Returns
+    /// the row and whether something beyond the decode itself vouched for
+    /// it, or None when a check failed.
+    fn try_decode(
+        &self,
+        read: &[Vec<u8>],
+        use_: &[bool],
+        present: &[bool],
+        expected: &[Option<u32>],
+    ) -> Option<(Vec<Vec<u8>>, bool)> {
+        let k = self.geo.k();
+        let mut shards = read.to_vec();
+        {
+            let mut refs: Vec<&mut [u8]> = shards.iter_mut().map(|s| s.as_mut_slice()).collect();
+            self.codec.reconstruct(&mut refs, use_).ok()?;
+        }
+        let mut vouched = false;
+        for (role, crc) in expected.iter().enumerate() {
+            if present[role] {
+                continue;
+            }
+            match crc {
+                Some(c) if crc32c::crc32c(&shards[role]) == *c => vouched = true,
+                Some(_) => return None,
+                None => {}
+            }
+        }
+        if use_.iter().filter(|u| **u).count() > k {
+            // Spare members: the row must be one codeword.
+            let data: Vec<&[u8]> = shards[..k].iter().map(|s| s.as_slice()).collect();
+            let mut parity = vec![vec![0u8; shards[0].len()]; self.geo.m()];
+            let mut p: Vec<&mut [u8]> = parity.iter_mut().map(|v| v.as_mut_slice()).collect();
+            self.codec.encode(&data, &mut p);
+            for (j, pj) in parity.iter().enumerate() {
+                if use_[k + j] && *pj != shards[k + j] {
+                    return None;
+                }
+            }
+            vouched = true;
+        } else if !vouched {
+            bump(&self.counters.array.unverified_decodes);
+        }
+        Some((shards, vouched))
+    }
+
+    fn rewrite_wrong(&self, stripe: u64, b: u64, shards: &[Vec<u8>], wrong: &[usize]) {
+        for &role in wrong {
+            if self.write_unit_blocks_as(stripe, role, b, &shards[role], true) {
+                bump(&self.counters.array.repaired_blocks);
+            }
+        }
+    }
+}
+
+/// Calls `f` with each `r`-subset of `0..n` (ascending indices) until it
+/// returns true.
+fn for_each_combination(n: usize, r: usize, f: &mut dyn FnMut(&[usize]) -> bool) {
+    fn go(
+        start: usize,
+        n: usize,
+        r: usize,
+        acc: &mut Vec<usize>,
+        f: &mut dyn FnMut(&[usize]) -> bool,
+    ) -> bool {
+        if acc.len() == r {
+            return f(acc);
+        }
+        for i in start..n {
+            acc.push(i);
+            if go(i + 1, n, r, acc, f) {
+                return true;
+            }
+            acc.pop();
+        }
+        false
+    }
+    go(0, n, r, &mut Vec::with_capacity(r), f);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::for_each_combination;
+
+    #[test]
+    fn combinations_are_listed_once_each_in_order_and_stop_when_told() {
+        let mut seen = Vec::new();
+        for_each_combination(4, 2, &mut |c| {
+            seen.push(c.to_vec());
+            false
+        });
+        assert_eq!(
+            seen,
+            vec![
+                vec![0, 1],
+                vec![0, 2],
+                vec![0, 3],
+                vec![1, 2],
+                vec![1, 3],
+                vec![2, 3]
+            ]
+        );
+        let mut calls = 0;
+        for_each_combination(5, 0, &mut |c| {
+            calls += 1;
+            assert!(c.is_empty());
+            false
+        });
+        assert_eq!(calls, 1);
+        calls = 0;
+        for_each_combination(5, 2, &mut |_| {
+            calls += 1;
+            calls == 3
+        });
+        assert_eq!(calls, 3);
+    }
+}
