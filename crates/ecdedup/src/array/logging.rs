@@ -462,6 +462,21 @@ impl Array {
     /// Each parity device is replayed on its own; one that fails keeps its
     /// entries (the stripe stays pending) and the first error is returned.
     pub(super) fn replay_stripe(&self, stripe: u64) -> Result<()> {
+        self.replay_stripe_as(stripe, false)
+    }
+
+    /// As `replay_stripe`, for a stripe being resynchronised (dirty at an
+    /// unclean stop): its checksum entries may predate its content (table
+    /// pages are written at flushes), so a degraded replay takes parity as
+    /// it is on the device instead of judging it by its entry. Judged, a
+    /// parity unit written since the last flush looked bad, could not be
+    /// recomputed (a data unit is out) and was skipped, and the records
+    /// were dropped unfolded: the missing unit decoded wrong.
+    pub(super) fn replay_dirty_stripe(&self, stripe: u64) -> Result<()> {
+        self.replay_stripe_as(stripe, true)
+    }
+
+    fn replay_stripe_as(&self, stripe: u64, dirty: bool) -> Result<()> {
         if !self.journal_pending(stripe) {
             return Ok(());
         }
@@ -469,7 +484,7 @@ impl Array {
         let mut first_error = None;
         let missing = self.missing_data_roles(stripe);
         if !missing.is_empty() && self.degraded_log.is_some() {
-            if let Err(e) = self.replay_degraded(stripe, &missing) {
+            if let Err(e) = self.replay_degraded(stripe, &missing, dirty) {
                 first_error = Some(e);
             }
         } else {
@@ -494,7 +509,7 @@ impl Array {
     /// follows the parity write is logged (or forgotten with the region
     /// pinned), so an error before that leaves them in place.
     fn replay_parity(&self, stripe: u64, j: usize, p: usize) -> Result<()> {
-        let Some((folded, records)) = self.fold_parity(stripe, j, p)? else {
+        let Some((folded, records)) = self.fold_parity(stripe, j, p, false)? else {
             return Ok(());
         };
         self.write_folded_parity(stripe, j, p, &folded, records)
@@ -531,6 +546,7 @@ impl Array {
         stripe: u64,
         j: usize,
         p: usize,
+        dirty: bool,
     ) -> Result<Option<(std::collections::BTreeMap<u32, Vec<u8>>, usize)>> {
         let g = self.geo;
         let block = g.block() as usize;
@@ -567,6 +583,26 @@ impl Array {
                     jr.read_block(l, &mut b).map_err(journal_io)?;
                     drop(guard);
                     self.counters.devices[p].read(IoClass::Journal, 2 * block);
+                    // In a dirty stripe, parity is brought to what the data
+                    // unit holds on its device, which after a power cut may
+                    // be d(0), d(r) or torn between them (the in-place write
+                    // was not yet durable); d(r) stands for a unit out of
+                    // service. Folding d(r) over a lost in-place write would
+                    // leave the row inconsistent and a missing unit decoding
+                    // wrong. (In a clean stripe the device holds d(r), or
+                    // rot that parity must not learn.)
+                    let place = g.place(stripe, *role as usize);
+                    if dirty && self.holds(place.device, stripe) {
+                        let mut on_disk = vec![0u8; block];
+                        if self.dev_read(
+                            place.device,
+                            IoClass::Data,
+                            &mut on_disk,
+                            g.device_offset(place.row, *row as u64),
+                        ) {
+                            b.copy_from_slice(&on_disk);
+                        }
+                    }
                     let delta: Vec<u8> = a.iter().zip(&b).map(|(x, y)| x ^ y).collect();
                     for s in scratch.iter_mut() {
                         s.fill(0);
@@ -596,7 +632,12 @@ impl Array {
         }
         let mut folded = std::collections::BTreeMap::new();
         for (row, delta) in rows {
-            match self.read_parity_block(stripe, j, row as u64) {
+            let stored = if dirty {
+                self.read_parity_block_raw(stripe, j, row as u64)
+            } else {
+                self.read_parity_block(stripe, j, row as u64)
+            };
+            match stored {
                 StoredParity::Intact(mut parity) => {
                     for (x, y) in parity.iter_mut().zip(&delta) {
                         *x ^= y;
@@ -624,13 +665,13 @@ impl Array {
     /// the missing data units' values are decoded from it and logged in the
     /// degraded-write log (synced), and only then is parity written: a cut
     /// at any point leaves the log to say what the missing units hold.
-    fn replay_degraded(&self, stripe: u64, missing: &[usize]) -> Result<()> {
+    fn replay_degraded(&self, stripe: u64, missing: &[usize], dirty: bool) -> Result<()> {
         let g = self.geo;
         let block = g.block() as usize;
         let mut folds = Vec::new();
         let mut rows = std::collections::BTreeSet::new();
         for (j, p) in self.parity_devices(stripe) {
-            if let Some((folded, records)) = self.fold_parity(stripe, j, p)? {
+            if let Some((folded, records)) = self.fold_parity(stripe, j, p, dirty)? {
                 rows.extend(folded.keys().copied());
                 folds.push((j, p, folded, records));
             }
@@ -686,6 +727,26 @@ impl Array {
             self.write_folded_parity(stripe, j, p, &folded, records)?;
         }
         Ok(())
+    }
+
+    /// A parity block as it is on the device, unverified (in a dirty
+    /// stripe, whose entries may predate it); unavailable when unreadable.
+    fn read_parity_block_raw(&self, stripe: u64, j: usize, row: u64) -> StoredParity {
+        let g = &self.geo;
+        let place = g.place(stripe, g.k() + j);
+        let mut buf = vec![0u8; g.block() as usize];
+        if self.holds(place.device, stripe)
+            && self.dev_read(
+                place.device,
+                IoClass::Parity,
+                &mut buf,
+                g.device_offset(place.row, row),
+            )
+        {
+            StoredParity::Intact(buf)
+        } else {
+            StoredParity::Unavailable
+        }
     }
 
     /// A parity block as it is on the device, verified; a bad one is

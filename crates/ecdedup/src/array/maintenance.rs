@@ -132,7 +132,7 @@ impl Array {
                 if let Err(e) = self.journal_invalidate(stripe, 0, g.blocks_per_unit()) {
                     self.warn(format!("stripe {stripe}: {e}"));
                 }
-            } else if let Err(e) = self.replay_stripe(stripe) {
+            } else if let Err(e) = self.replay_dirty_stripe(stripe) {
                 // Degraded: parity cannot be recomputed from data, so the
                 // journal is the only record of the logged updates: fold it
                 // into the surviving parity (dropping it would leave stale
