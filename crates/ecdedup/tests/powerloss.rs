@@ -498,8 +498,9 @@ fn a_full_file_system_refuses_writes_fails_no_device_and_serves_again() {
 /// wrong data).
 #[test]
 fn power_loss_schedules_that_once_failed_pass() {
+    let once_failed: &[(WritePolicy, u64)] = &[(WritePolicy::Parix, 3_000_299)];
     let mut tally = Tally::default();
-    for (policy, seed) in [(WritePolicy::Parix, 3_000_299)] {
+    for &(policy, seed) in once_failed {
         run_schedule(Config { policy }, seed, &mut tally);
     }
     assert!(tally.crash_points > 0);
