@@ -4,8 +4,8 @@
 #   scripts/powerloss.sh --long     3,200 schedules per policy: 102,400 power cuts
 #   SCHEDULES=N scripts/powerloss.sh
 # Prints one line per configuration: schedules, power cuts, unsynced writes
-# at the cuts, device failures and the blocks lost to the degraded write
-# hole; the figures in docs/benchmarks.md come from here.
+# at the cuts and device failures; any wrong or unreadable block fails the
+# run. The figures in docs/benchmarks.md come from here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 schedules="${SCHEDULES:-70}"
