@@ -459,6 +459,24 @@ impl ParityJournal {
         self.index.get(&stripe).cloned()
     }
 
+    /// Drops from the index every logged block that `fits` refuses (a
+    /// stripe past the array's end, a role that is not data, a block past
+    /// the unit, a stripe this device holds no parity of: what a record
+    /// whose checksum holds can still say after a bug or a foreign file).
+    /// Returns the stripes that lost blocks, for the caller to check.
+    pub fn drop_outside(&mut self, fits: impl Fn(u64, u16, u32) -> bool) -> BTreeSet<u64> {
+        let mut dropped = BTreeSet::new();
+        self.index.retain(|&stripe, log| {
+            let before = log.len();
+            log.retain(|&(role, block), _| fits(stripe, role, block));
+            if log.len() != before {
+                dropped.insert(stripe);
+            }
+            !log.is_empty()
+        });
+        dropped
+    }
+
     /// Drops blocks of a stripe from the index only (the file keeps them):
     /// for when an invalidation cannot be logged. The caller makes sure a
     /// restart resynchronises the stripe before replaying.

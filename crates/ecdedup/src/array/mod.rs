@@ -963,7 +963,24 @@ impl Array {
             match opened {
                 Some((mut j, warning)) => {
                     warnings.extend(warning);
-                    let lost = j.take_lost();
+                    let mut lost = j.take_lost();
+                    // Records are checked against the geometry once, here:
+                    // replay and resync then index devices with them.
+                    let outside = j.drop_outside(|stripe, role, block| {
+                        stripe < geo.stripes
+                            && (role as usize) < geo.k()
+                            && (block as u64) < geo.blocks_per_unit()
+                            && (0..geo.m()).any(|p| geo.place(stripe, geo.k() + p).device == i)
+                    });
+                    if !outside.is_empty() {
+                        warnings.push(format!(
+                            "parity journal of device {i} had records naming blocks outside \
+                             its parity units ({} stripes); they are dropped",
+                            outside.len()
+                        ));
+                        lost.stripes.extend(outside);
+                    }
+                    lost.stripes.retain(|&s| s < geo.stripes);
                     if !lost.is_empty() {
                         let which = if lost.unknown_stripes {
                             "of unknown stripes: every stripe it covers".to_string()

@@ -523,3 +523,47 @@ fn a_bad_parity_block_whose_data_cannot_be_read_is_left_for_readers_to_skip() {
         rig.assert_matches_model();
     }
 }
+
+#[test]
+fn journal_records_naming_blocks_outside_the_array_are_dropped_at_open() {
+    for policy in POLICIES {
+        let mut rig = Rig::filled(policy, 4, JOURNAL_BYTES_DEFAULT);
+        let g = rig.geo();
+        let d = rig.parity_device(1, 0);
+        let kind = if policy == WritePolicy::Parix {
+            journal::Kind::Value
+        } else {
+            journal::Kind::Delta
+        };
+        // Well-formed records (their checksums hold) that name a stripe
+        // past the end, a parity role, a block past the unit, and a stripe
+        // whose parity is not on this device.
+        let foreign = (0..g.stripes)
+            .find(|&s| (0..g.m()).all(|j| rig.parity_device(s, j) != d))
+            .expect("a stripe without parity on d");
+        let block = vec![0x3c; g.block() as usize];
+        let mut records = Vec::new();
+        journal::encode(&mut records, kind, g.stripes + 1_000_000, 0, 0, &block);
+        journal::encode(&mut records, kind, 1, g.k() as u16, 0, &block);
+        journal::encode(&mut records, kind, 1, 0, g.blocks_per_unit() as u32, &block);
+        journal::encode(&mut records, kind, foreign, 0, 0, &block);
+        {
+            let mut guard = rig.a().journals[d].lock().unwrap();
+            let j = guard.as_mut().unwrap();
+            j.append(&records).unwrap();
+            j.sync().unwrap();
+        }
+        rig.crash_and_restart();
+        assert!(
+            rig.a()
+                .warnings()
+                .iter()
+                .any(|w| w.contains("outside its parity units")),
+            "{:?}",
+            rig.a().warnings()
+        );
+        assert!(!rig.pending(1));
+        rig.assert_matches_model();
+        rig.assert_consistent();
+    }
+}
