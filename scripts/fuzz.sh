@@ -15,6 +15,10 @@
 # fuzz/regressions/TARGET once the parser is fixed (the stable test
 # tests/fuzz_corpus.rs replays that folder).
 #
+# Built optimised (-O) with debug assertions (-a), so arithmetic overflow
+# and `debug_assert!` fail a run as a panic does, and with AddressSanitizer
+# (cargo-fuzz's default).
+#
 # Environment: FUZZ_JOBS parallel fuzzing processes per target (default 1).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -31,7 +35,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --seconds) seconds=$2; shift 2 ;;
     --runs) runs=$2; shift 2 ;;
-    -h|--help) sed -n 2,19p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,24p "$0"; exit 0 ;;
     *) chosen+=("$1"); shift ;;
   esac
 done
@@ -46,7 +50,7 @@ if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
   exit 3
 fi
 
-cargo +nightly fuzz build -O || exit 1
+cargo +nightly fuzz build -O -a || exit 1
 
 failed=0
 printf '%-16s %12s %10s %8s %10s  %s\n' target executions exec/s seconds corpus result
@@ -58,7 +62,7 @@ for t in "${chosen[@]}"; do
   jobs=()
   [ "${FUZZ_JOBS:-1}" -gt 1 ] && jobs=(-jobs="$FUZZ_JOBS" -workers="$FUZZ_JOBS")
   t0=$SECONDS
-  cargo +nightly fuzz run -O "$t" "fuzz/corpus/$t" "fuzz/seeds/$t" -- \
+  cargo +nightly fuzz run -O -a "$t" "fuzz/corpus/$t" "fuzz/seeds/$t" -- \
     "${limit[@]}" -max_len="${MAX_LEN[$t]:-4096}" -rss_limit_mb=2048 \
     "${jobs[@]}" -print_final_stats=1 >"$log" 2>&1
   rc=$?
