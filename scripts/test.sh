@@ -9,9 +9,15 @@
 # not hide a test failure), except that the tests need a build. A summary
 # at the end lists each step; the exit status is non-zero if any failed.
 #
+# Last, a short fuzzing run (scripts/fuzz.sh, FUZZ_SECONDS per target) when
+# a nightly toolchain and cargo-fuzz are installed; without them the step is
+# reported as SKIPPED (not ok). The committed fuzz seeds and crash inputs
+# are replayed on stable by the tests either way (tests/fuzz_corpus.rs).
+#
 # Environment:
 #   TEST_THREADS              parallel tests per test binary (default 2)
 #   ECDEDUP_CRASH_ITERATIONS  SIGKILL iterations of the crash test (default 20)
+#   FUZZ_SECONDS              fuzzing time per target (default 20)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,6 +28,15 @@ TEST_THREADS="${TEST_THREADS:-2}"
 started=$SECONDS
 summary=()
 failed=0
+skipped=0
+
+# skip_step NAME WHY: records a step that could not run, loudly.
+skip_step() {
+  echo
+  echo "SKIPPED: $1 ($2)"
+  summary+=("SKIPPED        $1 ($2)")
+  skipped=$((skipped + 1))
+}
 
 # run_step NAME COMMAND...: runs, times and records one step.
 run_step() {
@@ -67,7 +82,16 @@ run_step "clippy" cargo clippy --workspace --all-targets -- -D warnings
 if run_step "build" cargo build --workspace; then
   run_step "tests" cargo test --workspace --no-fail-fast -- --test-threads="$TEST_THREADS"
 else
-  summary+=("skipped        tests (the build failed)")
+  skip_step tests "the build failed"
+fi
+
+# cargo-fuzz needs nightly; rustup must not download one here.
+if ! RUSTUP_AUTO_INSTALL=0 cargo +nightly --version >/dev/null 2>&1; then
+  skip_step fuzz "no nightly toolchain"
+elif ! RUSTUP_AUTO_INSTALL=0 cargo +nightly fuzz --version >/dev/null 2>&1; then
+  skip_step fuzz "no cargo-fuzz: cargo install cargo-fuzz"
+else
+  run_step "fuzz (${FUZZ_SECONDS:-20} s per target)" scripts/fuzz.sh --seconds "${FUZZ_SECONDS:-20}"
 fi
 
 echo
@@ -79,4 +103,8 @@ if [ "$failed" -ne 0 ]; then
   echo "FAILED"
   exit 1
 fi
-echo "all checks passed"
+if [ "$skipped" -ne 0 ]; then
+  echo "all checks that ran passed; $skipped SKIPPED (see the summary)"
+else
+  echo "all checks passed"
+fi

@@ -17,6 +17,8 @@ pub mod dedup;
 pub mod error;
 pub mod eval;
 pub mod fingerprint;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod media;
 pub mod ssd;
 pub mod units;

@@ -80,6 +80,30 @@ fn header(array_uuid: &[u8; 16], stripes_per_region: u64, regions: u64) -> Vec<u
     h
 }
 
+/// Parses an intent map file of the array `array_uuid` with `stripes`
+/// stripes: its stripes per region and one byte per region (0 clean). An
+/// error says why the file cannot be used (`open` then resyncs everything).
+pub fn parse_map(bytes: &[u8], array_uuid: &[u8; 16], stripes: u64) -> Result<(u64, Vec<u8>)> {
+    let corrupt = |why: &str| Err(Error::Corrupt(format!("intent map: {why}")));
+    if bytes.len() < HEADER_BYTES as usize || bytes[0..8] != MAGIC {
+        return corrupt("no header");
+    }
+    let crc = u32::from_le_bytes(bytes[4092..4096].try_into().unwrap());
+    if crc != crc32c::crc32c(&bytes[..4092]) {
+        return corrupt("header checksum mismatch");
+    }
+    if bytes[16..32] != array_uuid[..] {
+        return corrupt("written for another array");
+    }
+    let spr = u64::from_le_bytes(bytes[32..40].try_into().unwrap());
+    let regions = u64::from_le_bytes(bytes[40..48].try_into().unwrap());
+    if spr == 0 || regions != stripes.div_ceil(spr) || bytes.len() as u64 != HEADER_BYTES + regions
+    {
+        return corrupt("region count does not match the array");
+    }
+    Ok((spr, bytes[HEADER_BYTES as usize..].to_vec()))
+}
+
 impl IntentLog {
     pub fn stripes_per_region(stripe_data_bytes: u64, region_bytes: u64) -> u64 {
         (region_bytes / stripe_data_bytes).max(1)
@@ -151,24 +175,9 @@ impl IntentLog {
     ) -> Result<(IntentLog, Recovery, Option<String>)> {
         let io = |e| Error::io(format!("opening intent log {}", path.display()), e);
         let mut warning = None;
-        let parsed = read_all(storage, path).ok().and_then(|bytes| {
-            if bytes.len() < HEADER_BYTES as usize || bytes[0..8] != MAGIC {
-                return None;
-            }
-            let crc = u32::from_le_bytes(bytes[4092..4096].try_into().unwrap());
-            if crc != crc32c::crc32c(&bytes[..4092]) || bytes[16..32] != array_uuid[..] {
-                return None;
-            }
-            let spr = u64::from_le_bytes(bytes[32..40].try_into().unwrap());
-            let regions = u64::from_le_bytes(bytes[40..48].try_into().unwrap());
-            if spr == 0
-                || regions != stripes.div_ceil(spr)
-                || bytes.len() as u64 != HEADER_BYTES + regions
-            {
-                return None;
-            }
-            Some((spr, bytes[HEADER_BYTES as usize..].to_vec()))
-        });
+        let parsed = read_all(storage, path)
+            .ok()
+            .and_then(|bytes| parse_map(&bytes, array_uuid, stripes).ok());
         let (spr, map) = match parsed {
             Some(p) => p,
             None => {

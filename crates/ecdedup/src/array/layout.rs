@@ -112,7 +112,9 @@ impl Geometry {
         if self.stripes == 0 {
             return bad("volume size must be greater than zero".into());
         }
-        if self.volume_bytes().checked_mul(2).is_none() || self.stripes > (1u64 << 40) {
+        // Stripes first: the volume's size is only computed once it fits.
+        let volume_bytes = self.stripes.checked_mul(self.stripe_data_bytes());
+        if self.stripes > (1u64 << 40) || volume_bytes.and_then(|v| v.checked_mul(2)).is_none() {
             return bad("volume is too large".into());
         }
         Ok(())

@@ -201,6 +201,18 @@ mod tests {
         }
     }
 
+    /// A stripe count whose volume overflows u64 (with a valid checksum)
+    /// is a corrupt superblock, not an arithmetic overflow in the check.
+    #[test]
+    fn a_stripe_count_whose_volume_overflows_is_refused() {
+        let mut b = sample().encode();
+        b[80..88].copy_from_slice(&(1u64 << 60).to_le_bytes());
+        let crc = crc32c::crc32c(&b[..CHECKSUM_AT]);
+        b[CHECKSUM_AT..].copy_from_slice(&crc.to_le_bytes());
+        let err = Superblock::decode(&b).unwrap_err().to_string();
+        assert!(err.contains("too large"), "{err}");
+    }
+
     #[test]
     fn newest_valid_slot_wins_and_a_torn_slot_falls_back() {
         let a = sample();

@@ -636,6 +636,13 @@ impl DedupDevice {
                 }
             }
         }
+        // The snapshot's fingerprints name slots read from disk: checked
+        // here, before they index the per-slot tables below.
+        if let Some(s) = slot_fp.keys().find(|&&s| s as u64 >= blocks) {
+            return Err(bad(format!(
+                "snapshot holds a fingerprint of slot {s} of {blocks}"
+            )));
+        }
         let mut refs = vec![0u32; blocks as usize];
         for &s in &map {
             if s != UNMAPPED {

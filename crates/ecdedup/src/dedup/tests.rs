@@ -1006,3 +1006,37 @@ fn a_shared_slot_reopens_marked_fingerprinted_without_its_fingerprint() {
     let s = rig.d().stats();
     assert_eq!((s.index_entries, s.slot_fingerprints), (1, 2));
 }
+
+/// Found by the fuzz target `dedup_snapshot`: a snapshot whose fingerprint
+/// list names a slot past the device indexed the reference counts with it
+/// and panicked; it is now a corrupt map.
+#[test]
+fn a_snapshot_fingerprint_of_a_slot_past_the_device_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mem = MemDevice::new("m", DATA_OFFSET + BLOCKS * 4096);
+    drop(open_layer(
+        Arc::new(mem.clone()),
+        sha1_all(8),
+        dir.path(),
+        true,
+    ));
+    let snap = Snapshot {
+        map: vec![UNMAPPED; BLOCKS as usize],
+        fingerprints: vec![(u32::MAX - 1, Algorithm::Sha1.fingerprint(b"x"))],
+    };
+    log::write_snapshot(&dir.path().join("d.snap"), &snap).unwrap();
+    let err = DedupDevice::open(
+        Arc::new(mem),
+        sha1_all(8),
+        Arc::new(CpuBackend::new(Some(1)).unwrap()),
+        DATA_OFFSET,
+        BLOCKS * 4096,
+        dir.path(),
+        "d",
+        false,
+    )
+    .err()
+    .expect("a corrupt snapshot is refused");
+    assert!(matches!(err, Error::Corrupt(_)), "{err}");
+    assert!(err.to_string().contains("fingerprint of slot"), "{err}");
+}

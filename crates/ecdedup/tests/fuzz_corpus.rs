@@ -1,0 +1,337 @@
+//! The fuzz targets' committed inputs, replayed on stable: every seed
+//! (`fuzz/seeds/TARGET/`, small valid files written by the store's own
+//! code) and every input that once crashed a parser
+//! (`fuzz/regressions/TARGET/`) goes through the target's entry point in
+//! `ecdedup::fuzzing`, so the regressions run in every `cargo test`, with or
+//! without a nightly toolchain. The seeds are made by the ignored test
+//! `write_seeds` (`cargo test --test fuzz_corpus -- --ignored`).
+
+use ecdedup::fuzzing;
+use std::path::{Path, PathBuf};
+
+type Target = (&'static str, fn(&[u8]));
+
+/// Every fuzz target, by the name of its folders and of its binary.
+const TARGETS: [Target; 9] = [
+    ("superblock", fuzzing::superblock),
+    ("intent_map", fuzzing::intent_map),
+    ("parity_journal", fuzzing::parity_journal),
+    ("degraded_log", fuzzing::degraded_log),
+    ("config", fuzzing::config),
+    ("dedup_log", fuzzing::dedup_log),
+    ("dedup_snapshot", fuzzing::dedup_snapshot),
+    ("trace", fuzzing::trace),
+    ("archive_map", fuzzing::archive_map),
+];
+
+fn fuzz_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz")
+}
+
+/// The files of `fuzz/KIND/TARGET`, sorted (none if the folder is absent).
+fn inputs(kind: &str, target: &str) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(fuzz_dir().join(kind).join(target)) else {
+        return Vec::new();
+    };
+    let mut files: Vec<PathBuf> = entries
+        .map(|e| e.expect("folder entry").path())
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    files
+}
+
+/// Runs every input of `kind`; returns how many there were per target.
+fn replay(kind: &str) -> Vec<(&'static str, usize)> {
+    TARGETS
+        .iter()
+        .map(|&(name, run)| {
+            let files = inputs(kind, name);
+            for path in &files {
+                let bytes = std::fs::read(path).expect("read input");
+                let outcome = std::panic::catch_unwind(|| run(&bytes));
+                assert!(outcome.is_ok(), "{} panicked on {}", name, path.display());
+            }
+            (name, files.len())
+        })
+        .collect()
+}
+
+#[test]
+fn every_target_has_seeds_and_every_seed_parses_without_a_panic() {
+    for (name, count) in replay("seeds") {
+        assert!(count > 0, "no seeds for fuzz target {name}");
+    }
+}
+
+#[test]
+fn every_input_that_once_crashed_a_parser_now_gets_an_error() {
+    let total: usize = replay("regressions").iter().map(|(_, n)| n).sum();
+    assert!(total > 0, "the regression inputs are missing");
+}
+
+#[test]
+fn the_replay_fails_when_an_entry_point_panics() {
+    let outcome = std::panic::catch_unwind(|| {
+        let run: fn(&[u8]) = |_| panic!("a parser that panics");
+        run(b"")
+    });
+    assert!(outcome.is_err());
+}
+
+/// Writes small valid files made by the store's own encoders into
+/// `fuzz/seeds/TARGET/`.
+#[test]
+#[ignore = "writes fuzz/seeds; run by hand when a format changes"]
+fn write_seeds() {
+    for (name, files) in seeds::all() {
+        let dir = fuzz_dir().join("seeds").join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        for (file, bytes) in files {
+            std::fs::write(dir.join(file), bytes).unwrap();
+        }
+    }
+}
+
+mod seeds {
+    use ecdedup::archive::{self, ArchiveStore};
+    use ecdedup::array::degraded_log::DegradedLog;
+    use ecdedup::array::intent::IntentLog;
+    use ecdedup::array::journal::{self, Kind, ParityJournal};
+    use ecdedup::array::superblock::{MemberState, Superblock};
+    use ecdedup::array::{self, Geometry, WritePolicy};
+    use ecdedup::dedup::log::{self as dedup_log, Record, Snapshot};
+    use ecdedup::dedup::{DedupConfig, Policy};
+    use ecdedup::fingerprint::Algorithm;
+    use ecdedup::media::storage::read_all;
+    use ecdedup::media::{IoMode, PowerLossStorage, Storage};
+    use ecdedup::ssd::trace::{write_ecdedup_line, TraceOp, TraceRequest};
+    use std::path::Path;
+    use std::sync::Arc;
+
+    type Files = Vec<(&'static str, Vec<u8>)>;
+
+    pub fn all() -> Vec<(&'static str, Files)> {
+        vec![
+            ("superblock", superblock()),
+            ("intent_map", intent_map()),
+            ("parity_journal", parity_journal()),
+            ("degraded_log", degraded_log()),
+            ("config", config()),
+            ("dedup_log", dedup_log()),
+            ("dedup_snapshot", dedup_snapshot()),
+            ("trace", trace()),
+            ("archive_map", archive_map()),
+        ]
+    }
+
+    fn sim() -> Arc<dyn Storage> {
+        let storage = PowerLossStorage::new().shared();
+        storage.create_dir_all(Path::new("/s")).unwrap();
+        storage
+    }
+
+    fn superblock() -> Files {
+        let geometry = Geometry::new(6, 4, 2, 32 << 10, 1 << 30).unwrap();
+        let mut sb = Superblock {
+            states: vec![MemberState::Active; geometry.devices as usize],
+            volume_bytes: geometry.volume_bytes(),
+            geometry,
+            generation: 5,
+            position: 3,
+            array_uuid: [0xA1; 16],
+            device_uuid: [0xD3; 16],
+        };
+        let older = sb.encode();
+        sb.generation = 6;
+        sb.states[1] = MemberState::Failed;
+        sb.states[2] = MemberState::Rebuilding { cursor: 42 };
+        let newer = sb.encode();
+        vec![("two-slots", [newer, older].concat())]
+    }
+
+    fn intent_map() -> Files {
+        let storage = sim();
+        let path = Path::new("/s/intent.map");
+        let stripes = 40u64;
+        IntentLog::create_in(storage.as_ref(), path, &[0xEC; 16], stripes, 8).unwrap();
+        let (log, _, _) =
+            IntentLog::open_in(storage.as_ref(), path, &[0xEC; 16], stripes, 8).unwrap();
+        log.begin(17).unwrap();
+        let file = read_all(storage.as_ref(), path).unwrap();
+        vec![(
+            "40-stripes-one-dirty",
+            [&stripes.to_le_bytes()[..], &file].concat(),
+        )]
+    }
+
+    fn parity_journal() -> Files {
+        let storage = sim();
+        let path = Path::new("/s/journal");
+        let mut j = ParityJournal::open_in(storage.clone(), path).unwrap();
+        let mut records = Vec::new();
+        journal::encode(&mut records, Kind::Original, 3, 1, 0, &[1; 4096]);
+        journal::encode(&mut records, Kind::Value, 3, 1, 0, &[2; 4096]);
+        journal::encode_invalidate(&mut records, 9, 0, 1);
+        j.append(&records).unwrap();
+        let empty = journal_header(storage.as_ref(), path);
+        vec![
+            ("records", read_all(storage.as_ref(), path).unwrap()),
+            ("empty", empty),
+        ]
+    }
+
+    fn journal_header(storage: &dyn Storage, path: &Path) -> Vec<u8> {
+        read_all(storage, path).unwrap()[..journal::HEADER_BYTES as usize].to_vec()
+    }
+
+    fn degraded_log() -> Files {
+        let storage = sim();
+        let path = Path::new("/s/degraded.log");
+        // Block size 8 (the target's choice 0): records small enough for
+        // the fuzzer to make more of them.
+        let (log, _) = DegradedLog::open(storage.clone(), path, 8).unwrap();
+        log.log(4, &[(0, 1, &[5; 16]), (2, 0, &[6; 8])]).unwrap();
+        log.forget_stripe(7).unwrap();
+        log.log(7, &[(1, 3, &[7; 8])]).unwrap();
+        let file = read_all(storage.as_ref(), path).unwrap();
+        vec![("block-8", [&[0u8][..], &file].concat())]
+    }
+
+    fn config() -> Files {
+        let storage = sim();
+        let dir = Path::new("/s/array");
+        let opts = array::CreateOptions {
+            devices: (0..3).map(|i| dir.join(format!("dev{i}"))).collect(),
+            k: 2,
+            m: 1,
+            stripe_unit_bytes: 4096,
+            volume_bytes: 1 << 20,
+            intent_region_bytes: 1 << 20,
+            dedup: DedupConfig {
+                policy: Policy::Parity,
+                ..DedupConfig::default()
+            },
+            write_policy: WritePolicy::default(),
+            journal_bytes_max: array::JOURNAL_BYTES_DEFAULT,
+            io: IoMode::default(),
+            sparse: true,
+            force: false,
+        };
+        array::create_in(&storage, dir, &opts).unwrap();
+        let file = read_all(storage.as_ref(), &dir.join(array::CONFIG_FILE)).unwrap();
+        vec![("array.json", file)]
+    }
+
+    fn dedup_records() -> Vec<u8> {
+        let fp = Algorithm::Sha256.fingerprint(b"a block");
+        let mut out = Vec::new();
+        for r in [
+            Record::Write {
+                block: 1,
+                slot: 1,
+                fingerprint: Some(fp),
+            },
+            Record::Reference { block: 2, slot: 1 },
+            Record::Write {
+                block: 3,
+                slot: 3,
+                fingerprint: None,
+            },
+            Record::Unmap { block: 3 },
+        ] {
+            r.encode_into(&mut out);
+        }
+        out
+    }
+
+    fn dedup_log() -> Files {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d.log");
+        drop(dedup_log::reset_log(&path).unwrap());
+        let empty = std::fs::read(&path).unwrap();
+        vec![("records", [&empty[..], &dedup_records()].concat())]
+    }
+
+    fn dedup_snapshot() -> Files {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d.snap");
+        let mut map = vec![dedup_log::UNMAPPED; 16];
+        map[0] = 0;
+        map[5] = 0;
+        map[6] = 2;
+        let snap = Snapshot {
+            map,
+            fingerprints: vec![(0, Algorithm::Sha256.fingerprint(b"slot 0"))],
+        };
+        dedup_log::write_snapshot(&path, &snap).unwrap();
+        let snapshot = std::fs::read(&path).unwrap();
+        let log_path = dir.path().join("d.log");
+        drop(dedup_log::reset_log(&log_path).unwrap());
+        let log = [std::fs::read(&log_path).unwrap(), dedup_records()].concat();
+        let split = (snapshot.len() as u16).to_le_bytes();
+        vec![("snapshot-and-log", [&split[..], &snapshot, &log].concat())]
+    }
+
+    fn trace() -> Files {
+        let mut ours = b"# ecdedup trace\n".to_vec();
+        let page = |digest: u128| ecdedup::ssd::ftl::PageFingerprint {
+            digest,
+            crc: digest as u32,
+        };
+        for (time_us, op, offset, length, pages) in [
+            (0, TraceOp::Write, 0, 8192, vec![page(1), page(2)]),
+            (120, TraceOp::Read, 0, 4096, vec![]),
+            (250, TraceOp::Trim, 4096, 4096, vec![]),
+            (300, TraceOp::Flush, 0, 0, vec![]),
+        ] {
+            let req = TraceRequest {
+                time_us,
+                op,
+                offset,
+                length,
+                pages,
+            };
+            write_ecdedup_line(&mut ours, &req).unwrap();
+        }
+        let fiu = b"89968195792462 20782 gzip 283193184 8 R 6 0 56f11b711d91a065a2b6458eca924523\n\
+89968195800000 20782 gzip 283193192 16 W 6 0 56f11b711d91a065a2b6458eca924523 0123456789abcdef0123456789abcdef\n"
+            .to_vec();
+        vec![("ecdedup-format", ours), ("fiu-format", fiu)]
+    }
+
+    fn archive_map() -> Files {
+        let dir = tempfile::tempdir().unwrap();
+        let options = archive::CreateOptions {
+            k: 2,
+            m: 1,
+            devices: Vec::new(),
+            device_count: 3,
+            container_bytes: 2 * 512 * 4,
+            block_bytes: 512,
+            fingerprint: Algorithm::Md5,
+            cache_bytes: 1 << 20,
+            exchange: 2,
+            verify: None,
+        };
+        let mut store = ArchiveStore::create(dir.path(), &options).unwrap();
+        let object: Vec<u8> = (0..9000u32).map(|i| (i / 512 % 3) as u8).collect();
+        store.put("object", &mut &object[..]).unwrap();
+        store.seal().unwrap();
+        let mut files = Vec::new();
+        for e in std::fs::read_dir(dir.path().join("maps")).unwrap() {
+            let path = e.unwrap().path();
+            let bytes = std::fs::read(&path).unwrap();
+            files.push((
+                if files.is_empty() {
+                    "batch-0"
+                } else {
+                    "batch-1"
+                },
+                bytes,
+            ));
+        }
+        files.truncate(2);
+        files
+    }
+}

@@ -1,0 +1,4 @@
+//! Fuzz target: see `ecdedup::fuzzing::dedup_log`.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| ecdedup::fuzzing::dedup_log(data));
