@@ -8,7 +8,9 @@
 //! in the serving process. What is advertised holds: FUA is native (a FUA
 //! write is durable before the reply), a flush is durable on every device in
 //! service, and multi-conn is safe because a flush on any connection flushes
-//! the whole array.
+//! the whole array. A panic aborts the server, and a stop signal ends idle
+//! client connections so that the array is closed cleanly within a bound
+//! ([`lifecycle`]).
 //!
 //! Parameters: `dir=ARRAY_FOLDER` (required), `metrics=HOST:PORT`,
 //! `trace=FILE`, `fingerprint_backend=cpu|gpu|auto` (optional; the last
@@ -19,6 +21,8 @@ use ecdedup::volume::Volume;
 use nbdkit::*;
 use std::sync::{Arc, Mutex, OnceLock};
 
+mod lifecycle;
+
 static DIR: Mutex<Option<String>> = Mutex::new(None);
 static METRICS: Mutex<Option<String>> = Mutex::new(None);
 static TRACE: Mutex<Option<String>> = Mutex::new(None);
@@ -27,18 +31,6 @@ static VOLUME: OnceLock<Arc<Volume>> = OnceLock::new();
 
 fn to_nbd(e: ecdedup::Error) -> Error {
     Error::new(e.errno(), e.to_string())
-}
-
-/// Runs a callback; a panic (a bug) becomes an EIO for this request instead
-/// of aborting nbdkit and every connection with it.
-fn guard<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
-        Ok(r) => r,
-        Err(_) => Err(Error::new(
-            libc::EIO,
-            "internal error in ecdedup (a bug; see the server log)",
-        )),
-    }
 }
 
 fn volume() -> Result<&'static Arc<Volume>> {
@@ -81,6 +73,7 @@ impl Server for Handle {
     }
 
     fn config_complete() -> Result<()> {
+        lifecycle::fail_stop_on_panic();
         let dir = DIR.lock().unwrap().clone().ok_or_else(|| {
             Error::new(libc::EINVAL, "the dir=<ARRAY_FOLDER> parameter is required")
         })?;
@@ -128,6 +121,7 @@ impl Server for Handle {
     }
 
     fn unload() {
+        lifecycle::closing();
         if let Some(vol) = VOLUME.get() {
             if let Err(e) = vol.close() {
                 eprintln!("ecdedup: closing the array: {e}");
@@ -137,6 +131,8 @@ impl Server for Handle {
 
     fn open(_readonly: bool) -> Result<Box<dyn Server>> {
         volume()?;
+        // nbdkit serves, so its signal handlers are in place: chain ours.
+        lifecycle::stop_idle_clients_on_signal();
         Ok(Box::new(Handle))
     }
 
@@ -173,35 +169,29 @@ impl Server for Handle {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        guard(|| volume()?.read(buf, offset).map_err(to_nbd))
+        volume()?.read(buf, offset).map_err(to_nbd)
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, flags: Flags) -> Result<()> {
-        guard(|| {
-            volume()?
-                .write(buf, offset, flags.contains(Flags::FUA))
-                .map_err(to_nbd)
-        })
+        volume()?
+            .write(buf, offset, flags.contains(Flags::FUA))
+            .map_err(to_nbd)
     }
 
     fn flush(&self) -> Result<()> {
-        guard(|| volume()?.flush().map_err(to_nbd))
+        volume()?.flush().map_err(to_nbd)
     }
 
     fn trim(&self, count: u32, offset: u64, flags: Flags) -> Result<()> {
-        guard(|| {
-            volume()?
-                .write_zeroes(offset, count as u64, flags.contains(Flags::FUA))
-                .map_err(to_nbd)
-        })
+        volume()?
+            .write_zeroes(offset, count as u64, flags.contains(Flags::FUA))
+            .map_err(to_nbd)
     }
 
     fn zero(&self, count: u32, offset: u64, flags: Flags) -> Result<()> {
-        guard(|| {
-            volume()?
-                .write_zeroes(offset, count as u64, flags.contains(Flags::FUA))
-                .map_err(to_nbd)
-        })
+        volume()?
+            .write_zeroes(offset, count as u64, flags.contains(Flags::FUA))
+            .map_err(to_nbd)
     }
 }
 

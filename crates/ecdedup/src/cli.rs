@@ -908,10 +908,11 @@ fn serve(
     use std::os::unix::process::CommandExt;
     // Fail early, with our own words, on the common mistakes.
     array::ConfigFile::load(dir)?;
-    if open_offline_probe(dir)? {
+    if held_by_another_server(dir)? {
         return Err(Error::Busy(format!(
-            "array {} is already being served",
-            dir.display()
+            "array {} is already being served (or its lock stayed held for {} s while no server answered)",
+            dir.display(),
+            SERVE_LOCK_WAIT.as_secs()
         )));
     }
     let plugin = plugin_path(plugin)?;
@@ -987,11 +988,30 @@ fn remove_stale_socket(path: &Path) -> Result<()> {
         .map_err(|e| Error::io(format!("removing stale socket {}", path.display()), e))
 }
 
-/// True when another process holds the array.
-fn open_offline_probe(dir: &Path) -> Result<bool> {
-    match array::lock_dir(dir) {
-        Ok(_) => Ok(false),
-        Err(Error::Busy(_)) => Ok(true),
-        Err(e) => Err(e),
+/// How long `serve` waits for the array folder's lock while no server
+/// answers on the array's control socket: a server killed a moment ago
+/// (kill -9) holds the lock until the kernel has torn the process down.
+const SERVE_LOCK_WAIT: Duration = Duration::from_secs(10);
+/// How often `serve` tries the lock while it waits.
+const SERVE_LOCK_POLL: Duration = Duration::from_millis(50);
+
+/// True when another process holds the array: at once when a server
+/// answers a status request on its control socket, after
+/// [`SERVE_LOCK_WAIT`] otherwise.
+fn held_by_another_server(dir: &Path) -> Result<bool> {
+    let deadline = std::time::Instant::now() + SERVE_LOCK_WAIT;
+    loop {
+        match array::lock_dir(dir) {
+            Ok(_) => return Ok(false),
+            Err(Error::Busy(_)) => {}
+            Err(e) => return Err(e),
+        }
+        // A killed server's control socket still takes connections until
+        // its teardown ends, so only an answer shows a live server.
+        let answers = control::request(dir, &Request::Status).is_ok();
+        if answers || std::time::Instant::now() >= deadline {
+            return Ok(true);
+        }
+        std::thread::sleep(SERVE_LOCK_POLL);
     }
 }

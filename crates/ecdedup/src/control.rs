@@ -172,7 +172,7 @@ pub fn request(dir: &Path, req: &Request) -> Result<Response> {
     conn.set_read_timeout(Some(IO_TIMEOUT)).ok();
     let mut line = serde_json::to_string(req).expect("request serialises");
     line.push('\n');
-    (&conn)
+    SocketWriter(&conn)
         .write_all(line.as_bytes())
         .map_err(|e| Error::io("sending to the server", e))?;
     let mut answer = String::new();
@@ -185,6 +185,39 @@ pub fn request(dir: &Path, req: &Request) -> Result<Response> {
         return Err(Error::Other(message));
     }
     Ok(resp)
+}
+
+/// Writes to a socket with MSG_NOSIGNAL: a peer that went away is an
+/// `EPIPE` error, never a SIGPIPE (the CLI lets SIGPIPE end it, for a
+/// closed stdout; see `main.rs`).
+pub struct SocketWriter<'a>(pub &'a UnixStream);
+
+impl Write for SocketWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        use std::os::fd::AsRawFd;
+        loop {
+            // SAFETY: send(2) on an open socket, from a live buffer.
+            let n = unsafe {
+                libc::send(
+                    self.0.as_raw_fd(),
+                    buf.as_ptr().cast(),
+                    buf.len(),
+                    libc::MSG_NOSIGNAL,
+                )
+            };
+            if n >= 0 {
+                return Ok(n as usize);
+            }
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Serves Prometheus text at `GET /metrics` on `addr` (one request per

@@ -22,6 +22,18 @@ pub const REQUEST_BYTES_MAX: u64 = 64 << 20;
 pub struct Volume {
     array: Arc<Array>,
     trace: Option<TraceRecorder>,
+    /// The test fault of [`FAULT_PANIC_ON_WRITE_ENV`], if set.
+    panic_on_write_at: Option<u64>,
+}
+
+/// Test fault: names a volume offset; a write starting there panics once
+/// the array has taken it, before the client's answer. The tests of the
+/// server's fail-stop on a bug (`tests/operations.rs`) set it; it is read
+/// once, when the volume is made.
+pub const FAULT_PANIC_ON_WRITE_ENV: &str = "ECDEDUP_TEST_PANIC_ON_WRITE_AT";
+
+fn fault_panic_on_write_at() -> Option<u64> {
+    std::env::var(FAULT_PANIC_ON_WRITE_ENV).ok()?.parse().ok()
 }
 
 /// Records a block trace of the requests that succeeded, in the format
@@ -196,7 +208,11 @@ impl Volume {
 
 impl Volume {
     pub fn new(array: Arc<Array>) -> Volume {
-        Volume { array, trace: None }
+        Volume {
+            array,
+            trace: None,
+            panic_on_write_at: fault_panic_on_write_at(),
+        }
     }
 
     /// A volume that records a block trace of every request.
@@ -204,6 +220,7 @@ impl Volume {
         Volume {
             array,
             trace: Some(trace),
+            panic_on_write_at: fault_panic_on_write_at(),
         }
     }
 
@@ -254,12 +271,22 @@ impl Volume {
     pub fn write(&self, buf: &[u8], offset: u64, fua: bool) -> Result<()> {
         self.validate(offset, buf.len() as u64)?;
         let Some(t) = &self.trace else {
-            return self.array.write(buf, offset, fua);
+            self.array.write(buf, offset, fua)?;
+            self.test_fault(offset);
+            return Ok(());
         };
         let time_us = t.now_us();
         self.array.write(buf, offset, fua)?;
+        self.test_fault(offset);
         self.trace_write(t, time_us, buf, offset);
         Ok(())
+    }
+
+    /// The fault of [`FAULT_PANIC_ON_WRITE_ENV`].
+    fn test_fault(&self, offset: u64) {
+        if self.panic_on_write_at == Some(offset) {
+            panic!("test fault {FAULT_PANIC_ON_WRITE_ENV}: a write at {offset}");
+        }
     }
 
     /// Trim and write-zeroes both leave zeroes behind (whole stripes are

@@ -96,7 +96,9 @@ impl Client {
         msg.extend_from_slice(&6u32.to_be_bytes()); // name length 0 + info count 0
         msg.extend_from_slice(&0u32.to_be_bytes());
         msg.extend_from_slice(&0u16.to_be_bytes());
-        self.sock.write_all(&msg).map_err(io("write"))?;
+        crate::control::SocketWriter(&self.sock)
+            .write_all(&msg)
+            .map_err(io("write"))?;
         let mut size = None;
         loop {
             if self.u64()? != OPT_REPLY_MAGIC {
@@ -138,9 +140,13 @@ impl Client {
         hdr.extend_from_slice(&handle.to_be_bytes());
         hdr.extend_from_slice(&offset.to_be_bytes());
         hdr.extend_from_slice(&len.to_be_bytes());
-        self.sock.write_all(&hdr).map_err(io("write"))?;
+        crate::control::SocketWriter(&self.sock)
+            .write_all(&hdr)
+            .map_err(io("write"))?;
         if let Some(p) = payload {
-            self.sock.write_all(p).map_err(io("write"))?;
+            crate::control::SocketWriter(&self.sock)
+                .write_all(p)
+                .map_err(io("write"))?;
         }
         if typ == CMD_DISC {
             return Ok(());

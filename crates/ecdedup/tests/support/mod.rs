@@ -431,10 +431,20 @@ impl TestArray {
 
     /// Starts a server; Err (with its log) if it exits or never answers.
     pub fn try_serve(&self, extra: &[&str]) -> Result<Server, String> {
+        self.try_serve_with_env(extra, &[])
+    }
+
+    /// [`TestArray::try_serve`] with environment variables set for the
+    /// server (test faults).
+    pub fn try_serve_with_env(
+        &self,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<Server, String> {
         let n = SERVER_COUNT.fetch_add(1, Ordering::SeqCst);
         let socket = self.path(&format!("nbd{n}.sock"));
         let log = self.path(&format!("server{n}.log"));
-        Server::start(&self.dir, &socket, &log, extra)
+        Server::start_with_env(&self.dir, &socket, &log, extra, env)
     }
 
     /// `scrub --check-only` on a stopped array (it resyncs first if the
@@ -481,6 +491,17 @@ pub struct Server {
 
 impl Server {
     pub fn start(dir: &Path, socket: &Path, log: &Path, extra: &[&str]) -> Result<Server, String> {
+        Server::start_with_env(dir, socket, log, extra, &[])
+    }
+
+    /// [`Server::start`] with environment variables set for the server.
+    pub fn start_with_env(
+        dir: &Path,
+        socket: &Path,
+        log: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<Server, String> {
         let _ = plugin_path();
         require_tool("nbdkit");
         require_tool("nbdinfo");
@@ -494,6 +515,7 @@ impl Server {
             .arg("--threads")
             .arg("8")
             .args(extra)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::from(logf.try_clone().unwrap()))
             .stderr(Stdio::from(logf))
@@ -572,6 +594,14 @@ impl Server {
                 );
             }
         }
+    }
+
+    /// Waits up to `timeout` for the server to exit by itself; its status,
+    /// or None while it still runs.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let status = wait_timeout(self.child.as_mut().expect("server running"), timeout)?;
+        self.child = None;
+        Some(status)
     }
 
     /// Crash: SIGKILL, no clean shutdown.
