@@ -8,6 +8,7 @@ use proptest::prelude::*;
 use rand::{Rng, RngCore, SeedableRng};
 use std::sync::atomic::Ordering;
 
+mod batch;
 mod policies;
 
 struct Rig {
