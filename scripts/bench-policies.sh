@@ -63,8 +63,6 @@
 #   KEEP=1       keep the work folder too (raw fio JSON, stats snapshots)
 #   PEER_CACHE [] nbdkit file's cache= option for the peer (none: O_DIRECT)
 #   DROP_CACHES=1 write back and drop the page cache before every run (root)
-#   PEER_CACHE [] nbdkit file's cache= option (none: O_DIRECT)
-#   DROP_CACHES=1 write back and drop the page cache before every run (root)
 #
 # Output: progress on stderr, the markdown tables on stdout (also in
 # RESULTS/summary.md). Every server started here is stopped by its PID.
