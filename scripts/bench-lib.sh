@@ -104,15 +104,34 @@ serve_ecdedup() {
   wait_ready "$s"
 }
 
-# start_peer S: nbdkit's file plugin serving a fresh sparse file of SIZE bytes.
+# start_peer S: nbdkit's file plugin serving a fresh sparse file of SIZE
+# bytes; PEER_CACHE (none, or unset for the page cache) is its cache= option.
 start_peer() {
   local s=$1 f=$WORK/$1.img
   truncate -s "$SIZE" "$f"
   KIND[$s]=peer; DIR[$s]=""; SOCK[$s]=$WORK/$s.sock
   rm -f "${SOCK[$s]}"  # a stale socket would look ready
-  nbdkit --foreground --threads "$THREADS" --unix "${SOCK[$s]}" file "$f" >"$WORK/$s.log" 2>&1 &
+  local cache=()
+  [ -n "${PEER_CACHE:-}" ] && cache=("cache=$PEER_CACHE")
+  nbdkit --foreground --threads "$THREADS" --unix "${SOCK[$s]}" file "$f" "${cache[@]}" >"$WORK/$s.log" 2>&1 &
   PID[$s]=$!; _note_started "$s"
   wait_ready "$s"
+}
+
+# start_raw S: no server: fio itself on one preallocated file of SIZE bytes
+# (O_DIRECT, io_uring), the disk's own limit in the same run.
+start_raw() {
+  local s=$1
+  KIND[$s]=raw; DIR[$s]=""; SOCK[$s]=""
+  fallocate -l "$SIZE" "$WORK/$s.img"
+}
+
+# drop_caches: when DROP_CACHES=1, writes back and drops the page cache
+# (needs root), so no run reads what an earlier one left in memory.
+drop_caches() {
+  [ "${DROP_CACHES:-0}" = 1 ] || return 0
+  sync
+  echo 3 >/proc/sys/vm/drop_caches || die "cannot drop caches (DROP_CACHES=1 needs root)"
 }
 
 # sync_files S: fsync every file of server S (its device files and parity
@@ -120,7 +139,7 @@ start_peer() {
 # measurement.
 sync_files() {
   local s=$1
-  if [ "${KIND[$s]}" = peer ]; then
+  if [ "${KIND[$s]}" = peer ] || [ "${KIND[$s]}" = raw ]; then
     python3 -c 'import os, sys
 for p in sys.argv[1:]:
     fd = os.open(p, os.O_RDONLY); os.fsync(fd); os.close(fd)' "$WORK/$s.img"

@@ -28,6 +28,14 @@
 #   PAIRS [5]  RUNTIME [10] seconds  RAMP [2] seconds  SIZE [2G]
 #   THREADS [16] nbdkit worker threads (both sides)
 #   CONTROL [peer] peer | ecdedup
+#   PEER_CACHE []  nbdkit file's cache= option for the peer (none: O_DIRECT,
+#              the fair peer of an array on O_DIRECT devices)
+#   RAW=1      a fourth side R: fio itself on one preallocated file of SIZE
+#              (--direct=1 --ioengine=io_uring), the disk's limit in the same
+#              run; reported as ecdedup/raw
+#   DROP_CACHES=1  write back and drop the page cache before every run (root)
+#   ECDEDUP_IO_URING=0  the server's device I/O without io_uring (one
+#              pread/pwrite/fdatasync per operation), for before/after counts
 #   JOBS [randwrite-qd1 randwrite-qd32 randread-qd32 seqwrite-1m-qd8] the jobs to run;
 #              randwrite-qd1-flush64 (a flush every 64 writes) is also known
 #   QUICK=1    smoke run: PAIRS=2 RUNTIME=2 RAMP=0 SIZE=256M
@@ -85,16 +93,26 @@ job_opts() {
   esac
 }
 
+# fio's target options for server S: NBD, or the raw file.
+target_opts() {
+  if [ "${KIND[$1]}" = raw ]; then
+    echo "--ioengine=io_uring --direct=1 --filename=$WORK/$1.img"
+  else
+    echo "--ioengine=nbd --uri=$(uri "$1")"
+  fi
+}
+
 # run_one JOB ROUND SERVER
 run_one() {
   local job=$1 round=$2 s=$3 tag out
   tag=$job.r$round.$s
   out=$WORK/fio/$tag.json
+  drop_caches
   if [ "${KIND[$s]}" = ecdedup ]; then stats_snapshot "$s" "$WORK/stats/$tag.before.json"; fi
   local load_before
   load_before=$(cut -d' ' -f1 /proc/loadavg)
   # shellcheck disable=SC2046
-  fio --name="$job" --ioengine=nbd --uri="$(uri "$s")" --size="$SIZE" \
+  fio --name="$job" $(target_opts "$s") --size="$SIZE" \
       $(job_opts "$job") --time_based --runtime="$RUNTIME" --ramp_time="$RAMP" \
       --output-format=json --output="$out" >/dev/null 2>"$WORK/fio/$tag.err" \
     || die "fio $tag failed: $(tail -5 "$WORK/fio/$tag.err")"
@@ -105,7 +123,8 @@ run_one() {
 precondition() {
   local s=$1
   log "preconditioning $s: one sequential 1M write of $SIZE"
-  fio --name=precondition --ioengine=nbd --uri="$(uri "$s")" --size="$SIZE" \
+  # shellcheck disable=SC2046
+  fio --name=precondition $(target_opts "$s") --size="$SIZE" \
       --rw=write --bs=1M --iodepth=8 --output-format=json \
       --output="$WORK/fio/precondition.$s.json" >/dev/null 2>"$WORK/fio/precondition.$s.err" \
     || die "precondition of $s failed: $(tail -5 "$WORK/fio/precondition.$s.err")"
@@ -115,16 +134,23 @@ log "work folder $WORK; PAIRS=$PAIRS RUNTIME=${RUNTIME}s RAMP=${RAMP}s SIZE=$SIZ
 start_ecdedup E
 start_peer P
 if [ "$CONTROL" = peer ]; then start_peer C; else start_ecdedup C; fi
-for s in E P C; do precondition "$s"; done
+SIDES=(E P C)
+if [ "${RAW:-0}" = 1 ]; then start_raw R; SIDES+=(R); fi
+for s in "${SIDES[@]}"; do precondition "$s"; done
 
 # The shared side sits in the middle of a round.
 if [ "$CONTROL" = peer ]; then ORDER=(E P C); else ORDER=(P E C); fi
+if [ "${RAW:-0}" = 1 ]; then ORDER+=(R); fi
 echo "job,round,server,kind,load_before,load_after,fio_json" >"$WORK/runs.csv"
 njobs=$(wc -w <<<"$JOBS")
-log "running $njobs jobs x $PAIRS rounds x 3 servers x $((RUNTIME + RAMP)) s (about $((njobs * PAIRS * 3 * (RUNTIME + RAMP + 1) / 60 + 1)) min)"
+nsides=${#ORDER[@]}
+log "running $njobs jobs x $PAIRS rounds x $nsides sides x $((RUNTIME + RAMP)) s (about $((njobs * PAIRS * nsides * (RUNTIME + RAMP + 1) / 60 + 1)) min)"
 for job in $JOBS; do
   for round in $(seq 1 "$PAIRS"); do
-    if [ $((round % 2)) = 1 ]; then order=("${ORDER[@]}"); else order=("${ORDER[2]}" "${ORDER[1]}" "${ORDER[0]}"); fi
+    order=("${ORDER[@]}")
+    if [ $((round % 2)) = 0 ]; then
+      order=(); for ((i = nsides - 1; i >= 0; i--)); do order+=("${ORDER[$i]}"); done
+    fi
     for s in "${order[@]}"; do run_one "$job" "$round" "$s"; done
     log "$job round $round/$PAIRS done"
   done
@@ -143,7 +169,8 @@ def fio_result(path):
     # fio may print notes before the JSON document.
     j = json.loads(text[text.index("{"):])["jobs"][0]
     side = j["write"] if j["write"]["io_bytes"] > 0 else j["read"]
-    return side["iops"], side["bw_bytes"], side["lat_ns"]["mean"] / 1000.0
+    p50 = side.get("clat_ns", {}).get("percentile", {}).get("50.000000", 0) / 1000.0
+    return side["iops"], side["bw_bytes"], side["lat_ns"]["mean"] / 1000.0, p50
 
 runs = {}
 jobs = []
@@ -153,7 +180,7 @@ for row in csv.DictReader(open(os.path.join(work, "runs.csv"))):
     runs[(row["job"], int(row["round"]), row["server"])] = fio_result(row["fio_json"])
 
 def metric(job, r):
-    iops, bw, _ = r
+    iops, bw = r[0], r[1]
     return bw / 1e6 if job.startswith("seq") else iops
 
 def unit(job):
@@ -165,8 +192,10 @@ def spread(vals):
 ctrl_label = "peer2/peer" if control == "peer" else "ecdedup2/ecdedup"
 ctrl_ref = "P" if control == "peer" else "E"
 print(f"### Throughput, ecdedup vs nbdkit file ({pairs} rounds x {runtime} s per side, ramp {ramp} s, volume {size}, {threads} nbdkit threads)\n")
-print(f"| job | ecdedup (median) | nbdkit file (median) | ecdedup/peer: median (min–max) | A/A control {ctrl_label}: median (min–max) | ecdedup mean latency | peer mean latency |")
-print("|---|---|---|---|---|---|---|")
+raw = any(k[2] == "R" for k in runs)
+raw_head = " raw file (median) | ecdedup/raw: median (min–max) |" if raw else ""
+print(f"| job | ecdedup (median) | nbdkit file (median) | ecdedup/peer: median (min–max) | A/A control {ctrl_label}: median (min–max) |{raw_head} ecdedup mean latency | ecdedup p50 latency | peer mean latency |")
+print("|---|---|---|---|---|" + ("---|---|" if raw else "") + "---|---|---|")
 for job in jobs:
     rounds = sorted({k[1] for k in runs if k[0] == job})
     e = [metric(job, runs[(job, r, "E")]) for r in rounds]
@@ -177,8 +206,13 @@ for job in jobs:
     cratio = [a / b for a, b in zip(c, ref)]
     le = statistics.median(runs[(job, r, "E")][2] for r in rounds)
     lp = statistics.median(runs[(job, r, "P")][2] for r in rounds)
+    p50 = statistics.median(runs[(job, r, "E")][3] for r in rounds)
     u = unit(job)
-    print(f"| {job} | {statistics.median(e):,.0f} {u} | {statistics.median(p):,.0f} {u} | {spread(ratio)} | {spread(cratio)} | {le:,.0f} µs | {lp:,.0f} µs |")
+    raw_cells = ""
+    if raw:
+        w = [metric(job, runs[(job, r, "R")]) for r in rounds]
+        raw_cells = f" {statistics.median(w):,.0f} {u} | {spread([a / b for a, b in zip(e, w)])} |"
+    print(f"| {job} | {statistics.median(e):,.0f} {u} | {statistics.median(p):,.0f} {u} | {spread(ratio)} | {spread(cratio)} |{raw_cells} {le:,.0f} µs | {p50:,.0f} µs | {lp:,.0f} µs |")
 
 # Deterministic device cost, from `ecdedup stats` deltas over every ecdedup run.
 def load(path):
@@ -190,11 +224,11 @@ def dev_sum(st, field, classes=("data", "parity", "metadata")):
 
 servers = ["E"] + (["C"] if control == "ecdedup" else [])
 print("\n### Device I/O per client request (ecdedup, from `ecdedup stats` deltas; all 6 devices)\n")
-print("| job | client requests | device reads / req (data+parity) | device writes / req (data+parity) | checksum-page writes / req | device syncs / req | bytes written to devices / client byte | rmw / rcw / full-stripe stripe updates per req | intent marks (per req) | client flushes |")
-print("|---|---|---|---|---|---|---|---|---|---|")
+print("| job | client requests | device reads / req (data+parity) | device writes / req (data+parity) | checksum-page writes / req | device syncs / req | device submissions / req | device syscalls / req | bytes written to devices / client byte | rmw / rcw / full-stripe stripe updates per req | intent marks (per req) | client flushes |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 for job in jobs:
     tot = {}
-    keys = ["cw", "cr", "cwb", "crb", "rd", "wr", "wmeta", "wb", "rmw", "rcw", "full", "marks", "flushes", "syncs"]
+    keys = ["cw", "cr", "cwb", "crb", "rd", "wr", "wmeta", "wb", "rmw", "rcw", "full", "marks", "flushes", "syncs", "subs", "calls"]
     for k in keys:
         tot[k] = 0
     for fn in sorted(os.listdir(os.path.join(work, "stats"))):
@@ -209,6 +243,7 @@ for job in jobs:
         tot["cwb"] += d("client_write_bytes"); tot["crb"] += d("client_read_bytes")
         tot["rmw"] += d("rmw_writes"); tot["rcw"] += d("rcw_writes"); tot["full"] += d("full_stripe_writes")
         tot["marks"] += d("intent_marks"); tot["flushes"] += d("client_flushes")
+        tot["subs"] += d("device_submissions"); tot["calls"] += d("device_syscalls")
         tot["rd"] += dev_sum(a, "read_ops", ("data", "parity")) - dev_sum(b, "read_ops", ("data", "parity"))
         tot["wr"] += dev_sum(a, "write_ops", ("data", "parity")) - dev_sum(b, "write_ops", ("data", "parity"))
         tot["wmeta"] += dev_sum(a, "write_ops", ("metadata",)) - dev_sum(b, "write_ops", ("metadata",))
@@ -220,7 +255,7 @@ for job in jobs:
         continue
     wbyte = f"{tot['wb'] / tot['cwb']:.2f}" if tot["cwb"] else "–"
     paths = f"{tot['rmw'] / n:.2f} / {tot['rcw'] / n:.2f} / {tot['full'] / n:.2f}" if is_write else "–"
-    print(f"| {job} | {n:,} {'writes' if is_write else 'reads'} | {tot['rd'] / n:.2f} | {tot['wr'] / n:.2f} | {tot['wmeta'] / n:.4f} | {tot['syncs'] / n:.4f} | {wbyte} | {paths} | {tot['marks']} ({tot['marks'] / n:.4f}) | {tot['flushes']} |")
+    print(f"| {job} | {n:,} {'writes' if is_write else 'reads'} | {tot['rd'] / n:.2f} | {tot['wr'] / n:.2f} | {tot['wmeta'] / n:.4f} | {tot['syncs'] / n:.4f} | {tot['subs'] / n:.2f} | {tot['calls'] / n:.2f} | {wbyte} | {paths} | {tot['marks']} ({tot['marks'] / n:.4f}) | {tot['flushes']} |")
 
 rss_path = os.path.join(work, "rss.csv")
 if os.path.exists(rss_path):

@@ -61,6 +61,8 @@
 #              fio results, counter deltas), runs.csv and summary.md are kept
 #   CODE [git HEAD + count of changed files, at the start] what was built
 #   KEEP=1       keep the work folder too (raw fio JSON, stats snapshots)
+#   PEER_CACHE [] nbdkit file's cache= option for the peer (none: O_DIRECT)
+#   DROP_CACHES=1 write back and drop the page cache before every run (root)
 #
 # Output: progress on stderr, the markdown tables on stdout (also in
 # RESULTS/summary.md). Every server started here is stopped by its PID.
@@ -180,6 +182,7 @@ run_one() {
   warm=""
   qd=${job##*-qd}
   read -r off size <<<"$(region "$job")"
+  drop_caches
   load_before=$(cut -d' ' -f1 /proc/loadavg)
   if [ "${job%%-*}" = ow ]; then
     warm=$WORK/warm/$tag.json

@@ -140,6 +140,9 @@ array_counters! {
     stripes_replayed: "stripes whose parity journals were replayed",
     journal_errors: "parity journal appends, reads or space reservations that failed (the stripe was resynchronised or kept pending)",
     journal_compactions: "parity journals rewritten to their live records after a replay",
+    device_submissions: "batches of device I/O the array issued (reads, writes and syncs of one step of a request, submitted together)",
+    device_syscalls: "system calls those batches made: io_uring_enter calls, or one per pread, pwrite and fdatasync where io_uring is unavailable or the device is not a plain file",
+    fua_syncs: "FUA requests made durable by syncing only the devices and journals they touched",
 }
 
 impl ArrayCounters {

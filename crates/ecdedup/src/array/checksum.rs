@@ -78,8 +78,7 @@ impl ChecksumTable {
 
     pub fn set(&self, index: u64, crc: u32) {
         self.entries[index as usize].store(crc, Relaxed);
-        let page = index / ENTRIES_PER_PAGE;
-        self.dirty_pages[(page / 64) as usize].fetch_or(1 << (page % 64), Relaxed);
+        self.mark_dirty(index / ENTRIES_PER_PAGE);
     }
 
     pub fn set_zero(&self, index: u64) {
@@ -118,54 +117,61 @@ impl ChecksumTable {
     /// Writes every page changed since the last flush. A page's dirty bit is
     /// cleared before its entries are read, so a concurrent `set` re-marks it.
     pub fn flush(&self, dev: &dyn Device, counters: &DeviceCounters) -> io::Result<()> {
-        let mut page_buf = vec![0u8; PAGE_BYTES];
-        for (word_index, word) in self.dirty_pages.iter().enumerate() {
-            let bits = word.swap(0, Relaxed);
-            if bits == 0 {
-                continue;
-            }
-            for bit in 0..64 {
-                if bits & (1 << bit) == 0 {
-                    continue;
-                }
-                let page = word_index as u64 * 64 + bit;
-                if page >= self.pages() {
-                    continue;
-                }
-                self.write_page(dev, counters, page, &mut page_buf)
-                    .inspect_err(|_| {
-                        word.fetch_or(1 << bit, Relaxed);
-                    })?;
-            }
+        for page in self.take_dirty_pages() {
+            dev.write_at(&page.bytes, page.offset)
+                .inspect_err(|_| self.mark_dirty(page.page))?;
+            counters.write(IoClass::Metadata, page.bytes.len());
         }
         Ok(())
+    }
+
+    /// The images of every dirty page, clearing their dirty marks: the
+    /// caller writes them (in one batch with other devices' pages) and
+    /// calls [`ChecksumTable::mark_dirty`] for each page whose write failed.
+    pub fn take_dirty_pages(&self) -> Vec<DirtyPage> {
+        let mut out = Vec::new();
+        for (word_index, word) in self.dirty_pages.iter().enumerate() {
+            let bits = word.swap(0, Relaxed);
+            for bit in (0..64).filter(|b| bits & (1 << b) != 0) {
+                let page = word_index as u64 * 64 + bit;
+                if page < self.pages() {
+                    out.push(DirtyPage {
+                        page,
+                        offset: self.offset + page * PAGE_BYTES as u64,
+                        bytes: self.page_image(page),
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// Marks a page dirty again (its write failed).
+    pub fn mark_dirty(&self, page: u64) {
+        self.dirty_pages[(page / 64) as usize].fetch_or(1 << (page % 64), Relaxed);
     }
 
     fn pages(&self) -> u64 {
         (self.entries.len() as u64).div_ceil(ENTRIES_PER_PAGE)
     }
 
-    fn write_page(
-        &self,
-        dev: &dyn Device,
-        counters: &DeviceCounters,
-        page: u64,
-        buf: &mut [u8],
-    ) -> io::Result<()> {
+    fn page_image(&self, page: u64) -> Vec<u8> {
+        let mut buf = vec![0u8; PAGE_BYTES];
         let first = page * ENTRIES_PER_PAGE;
-        buf.fill(0);
-        for j in 0..ENTRIES_PER_PAGE {
-            let i = first + j;
-            if i >= self.entries.len() as u64 {
-                break;
-            }
+        let last = (first + ENTRIES_PER_PAGE).min(self.entries.len() as u64);
+        for (i, out) in (first..last).zip(buf.chunks_exact_mut(4)) {
             let stored = self.entries[i as usize].load(Relaxed) ^ self.zero_crc;
-            buf[j as usize * 4..j as usize * 4 + 4].copy_from_slice(&stored.to_le_bytes());
+            out.copy_from_slice(&stored.to_le_bytes());
         }
-        dev.write_at(buf, self.offset + page * PAGE_BYTES as u64)?;
-        counters.write(IoClass::Metadata, buf.len());
-        Ok(())
+        buf
     }
+}
+
+/// A checksum page to write: its number, device offset and bytes.
+pub struct DirtyPage {
+    pub page: u64,
+    pub offset: u64,
+    pub bytes: Vec<u8>,
 }
 
 #[cfg(test)]

@@ -12,10 +12,12 @@
 //!   whichever reads fewer blocks (ties go to RMW). A stripe with a member
 //!   out of service always takes RCW, which decodes what it cannot read.
 
-use super::{Array, IntentLog};
+use super::{checksum, Array, IntentLog};
 use crate::counters::{bump, IoClass};
 use crate::error::{Error, Result};
+use crate::media::{self, Device, DeviceIo, Op};
 use std::ops::Range;
+use std::sync::Arc;
 
 /// One data unit's share of a stripe write.
 pub(super) struct UnitWrite<'a> {
@@ -38,22 +40,13 @@ impl UnitWrite<'_> {
     }
 }
 
-/// A write request at least this large and spanning several stripes
-/// updates them in parallel (`Array::write`): a thread start costs tens of
-/// microseconds, small next to a quarter MiB of encoding and writing.
-pub(super) const PARALLEL_WRITE_MIN_BYTES: usize = 256 << 10;
-/// Most threads one write request uses.
-const WRITE_THREADS_MAX: usize = 4;
+/// A stripe piece of a write request: (stripe, offset in the stripe's
+/// data, length, offset in the request's buffer).
+type Piece = (u64, u64, usize, usize);
 
-/// Threads for one large write: the CPUs, at most [`WRITE_THREADS_MAX`].
-fn write_threads() -> usize {
-    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *THREADS.get_or_init(|| {
-        std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .min(WRITE_THREADS_MAX)
-    })
-}
+/// Most whole stripes of one request written in one batch (their locks
+/// held together); a larger request is written in groups of this many.
+pub(super) const WHOLE_STRIPES_BATCH_MAX: usize = 16;
 
 fn class_of(role: usize, k: usize) -> IoClass {
     if role < k {
@@ -231,15 +224,192 @@ impl Array {
         let Some(dev) = self.device(d) else {
             return false;
         };
-        match dev.read_at(buf, offset) {
+        let len = buf.len();
+        let mut ios = [DeviceIo {
+            dev: dev.as_ref(),
+            op: Op::Read { buf, offset },
+        }];
+        let [r] = self.submit(&mut ios).try_into().expect("one result");
+        self.note_read(d, class, len, r)
+    }
+
+    /// Counts a completed device read, or latches its error. Returns
+    /// whether the bytes arrived.
+    fn note_read(&self, d: usize, class: IoClass, len: usize, r: std::io::Result<()>) -> bool {
+        match r {
             Ok(()) => {
-                self.counters.devices[d].read(class, buf.len());
+                self.counters.devices[d].read(class, len);
                 true
             }
             Err(e) => {
                 self.latch_failure(d, "read", &e);
                 false
             }
+        }
+    }
+
+    /// Runs a batch of device I/O and counts what it cost.
+    fn submit(&self, ios: &mut [DeviceIo<'_>]) -> Vec<std::io::Result<()>> {
+        let (results, cost) = media::submit(ios);
+        let a = &self.counters.array;
+        a.add(&a.device_submissions, cost.submissions);
+        a.add(&a.device_syscalls, cost.syscalls);
+        results
+    }
+
+    /// Reads units of a stripe (role, blocks) in one batch, each verified
+    /// against its checksums; a unit whose device is out, fails or returns
+    /// a bad block is read again through [`Array::read_unit_blocks`], which
+    /// decodes what it cannot read. Caller holds the stripe lock.
+    fn read_units(&self, stripe: u64, wants: &[(usize, Range<u64>)]) -> Result<Vec<Vec<u8>>> {
+        let g = &self.geo;
+        let block = g.block() as usize;
+        let mut out: Vec<Vec<u8>> = wants
+            .iter()
+            .map(|(_, blocks)| vec![0u8; len_of(blocks) as usize * block])
+            .collect();
+        let devs: Vec<Option<Arc<dyn Device>>> = wants
+            .iter()
+            .map(|&(role, _)| {
+                let d = g.place(stripe, role).device;
+                self.device(d).filter(|_| self.holds(d, stripe))
+            })
+            .collect();
+        let mut ios = Vec::with_capacity(wants.len());
+        let mut issued = Vec::with_capacity(wants.len());
+        for (i, (buf, dev)) in out.iter_mut().zip(&devs).enumerate() {
+            if let Some(dev) = dev {
+                let (role, blocks) = &wants[i];
+                let place = g.place(stripe, *role);
+                ios.push(DeviceIo {
+                    dev: dev.as_ref(),
+                    op: Op::Read {
+                        buf,
+                        offset: g.device_offset(place.row, blocks.start),
+                    },
+                });
+                issued.push(i);
+            }
+        }
+        let results = self.submit(&mut ios);
+        drop(ios);
+        let mut good = vec![false; wants.len()];
+        for (i, r) in issued.into_iter().zip(results) {
+            let (role, blocks) = &wants[i];
+            let place = g.place(stripe, *role);
+            let table = &self.tables[place.device];
+            good[i] = self.note_read(place.device, class_of(*role, g.k()), out[i].len(), r)
+                && blocks
+                    .clone()
+                    .zip(out[i].chunks_exact(block))
+                    .all(|(b, bytes)| {
+                        crc32c::crc32c(bytes) == table.get(g.checksum_index(place.row, b))
+                    });
+        }
+        for (i, (role, blocks)) in wants.iter().enumerate() {
+            if !good[i] {
+                out[i] = self.read_unit_blocks(stripe, *role, blocks.clone())?;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes units (stripe, role, first block, bytes) in one batch and
+    /// records their checksums; skips devices that do not hold a unit's
+    /// stripe. Returns, per unit, whether its device took the write.
+    pub(super) fn write_units(
+        &self,
+        units: &[(u64, usize, u64, &[u8])],
+        repair: bool,
+    ) -> Vec<bool> {
+        let g = &self.geo;
+        let devs: Vec<Option<Arc<dyn Device>>> = units
+            .iter()
+            .map(|&(stripe, role, _, _)| {
+                let d = g.place(stripe, role).device;
+                self.device(d).filter(|_| self.holds(d, stripe))
+            })
+            .collect();
+        let mut ios = Vec::with_capacity(units.len());
+        let mut issued = Vec::with_capacity(units.len());
+        for (i, (&(stripe, role, b, bytes), dev)) in units.iter().zip(&devs).enumerate() {
+            let Some(dev) = dev else {
+                self.note_logical_unit(stripe, role, b, bytes);
+                continue;
+            };
+            let hint = crate::media::WriteHint {
+                class: class_of(role, g.k()),
+                repair,
+                // Decided below the array, by a PlacementDevice if stacked.
+                stream: crate::media::Stream::Unknown,
+            };
+            ios.push(DeviceIo {
+                dev: dev.as_ref(),
+                op: Op::Write {
+                    buf: bytes,
+                    offset: g.device_offset(g.place(stripe, role).row, b),
+                    hint,
+                    fua: false,
+                },
+            });
+            issued.push(i);
+        }
+        let results = self.submit(&mut ios);
+        let mut took = vec![false; units.len()];
+        for (i, r) in issued.into_iter().zip(results) {
+            let (stripe, role, b, bytes) = units[i];
+            took[i] = self.note_unit_write(stripe, role, b, bytes, r);
+        }
+        took
+    }
+
+    /// Records a unit write's checksums, or handles its error (a full file
+    /// system is noted, any other error latched). Returns whether it took.
+    fn note_unit_write(
+        &self,
+        stripe: u64,
+        role: usize,
+        b: u64,
+        bytes: &[u8],
+        r: std::io::Result<()>,
+    ) -> bool {
+        let g = &self.geo;
+        let place = g.place(stripe, role);
+        match r {
+            Ok(()) => {
+                self.counters.devices[place.device].write(class_of(role, g.k()), bytes.len());
+                let table = &self.tables[place.device];
+                for (j, chunk) in bytes.chunks_exact(g.block() as usize).enumerate() {
+                    table.set(
+                        g.checksum_index(place.row, b + j as u64),
+                        crc32c::crc32c(chunk),
+                    );
+                }
+                true
+            }
+            Err(e) if Self::is_space_error(&e) => {
+                self.note_space_error(place.device, stripe, &e);
+                false
+            }
+            Err(e) => {
+                self.latch_failure(place.device, "write", &e);
+                self.note_logical_unit(stripe, role, b, bytes);
+                false
+            }
+        }
+    }
+
+    /// A unit write that no device took: what the unit holds from now on,
+    /// logically, for checking its decode later (`array/decode.rs`).
+    fn note_logical_unit(&self, stripe: u64, role: usize, b: u64, bytes: &[u8]) {
+        let g = &self.geo;
+        let place = g.place(stripe, role);
+        for (j, chunk) in bytes.chunks_exact(g.block() as usize).enumerate() {
+            self.note_logical_crc(
+                place.device,
+                g.checksum_index(place.row, b + j as u64),
+                crc32c::crc32c(chunk),
+            );
         }
     }
 
@@ -259,53 +429,7 @@ impl Array {
         bytes: &[u8],
         repair: bool,
     ) -> bool {
-        let g = &self.geo;
-        let place = g.place(stripe, role);
-        // What the unit holds from now on, logically, wherever it lands.
-        let note_logical = || {
-            for (j, chunk) in bytes.chunks_exact(g.block() as usize).enumerate() {
-                self.note_logical_crc(
-                    place.device,
-                    g.checksum_index(place.row, b + j as u64),
-                    crc32c::crc32c(chunk),
-                );
-            }
-        };
-        let dev = match self.device(place.device) {
-            Some(dev) if self.holds(place.device, stripe) => dev,
-            _ => {
-                note_logical();
-                return false;
-            }
-        };
-        let hint = crate::media::WriteHint {
-            class: class_of(role, g.k()),
-            repair,
-            // Decided below the array, by a PlacementDevice if stacked.
-            stream: crate::media::Stream::Unknown,
-        };
-        match dev.write_hinted(bytes, g.device_offset(place.row, b), hint) {
-            Ok(()) => {
-                self.counters.devices[place.device].write(class_of(role, g.k()), bytes.len());
-                let table = &self.tables[place.device];
-                for (j, chunk) in bytes.chunks_exact(g.block() as usize).enumerate() {
-                    table.set(
-                        g.checksum_index(place.row, b + j as u64),
-                        crc32c::crc32c(chunk),
-                    );
-                }
-                true
-            }
-            Err(e) if Self::is_space_error(&e) => {
-                self.note_space_error(place.device, stripe, &e);
-                false
-            }
-            Err(e) => {
-                self.latch_failure(place.device, "write", &e);
-                note_logical();
-                false
-            }
-        }
+        self.write_units(&[(stripe, role, b, bytes)], repair)[0]
     }
 
     pub(super) fn intent_begin(&self, stripe: u64) -> Result<()> {
@@ -332,50 +456,31 @@ impl Array {
         self.counters
             .array
             .add(&self.counters.array.client_write_bytes, buf.len() as u64);
-        // (stripe, offset in its data, length, offset in buf)
-        let mut pieces = Vec::new();
+        let mut pieces: Vec<Piece> = Vec::new();
         let mut done = 0usize;
         for (stripe, within, n) in self.pieces(offset, buf.len() as u64) {
             pieces.push((stripe, within, n as usize, done));
             done += n as usize;
         }
-        let one = |&(stripe, within, n, at): &(u64, u64, usize, usize)| -> Result<()> {
+        let one = |&(stripe, within, n, at): &Piece| -> Result<()> {
             let _g = self.locks[Self::lock_index(stripe)].write().unwrap();
             self.intent_begin(stripe)?;
             let r = self.with_replay(|| self.write_stripe(stripe, within, &buf[at..at + n]));
             self.intent.end(stripe);
             r
         };
-        // Stripes are independent (each its own lock, intent and parity):
-        // a large request splits them into contiguous groups, one per CPU
-        // (at most WRITE_THREADS_MAX), updated by scoped threads beside
-        // this one, as a real array keeps its devices busy at once. Plain
-        // threads, not a work-stealing pool: a task holding a stripe lock
-        // while it waits must never pick up another that wants the same
-        // lock. On an error, stripes already written stay written (as when
-        // a sequential loop stops), and the request fails.
-        let threads = if buf.len() >= PARALLEL_WRITE_MIN_BYTES {
-            write_threads().min(pieces.len())
-        } else {
-            1
-        };
-        if threads > 1 {
-            let per = pieces.len().div_ceil(threads);
-            let results: Vec<Result<()>> = std::thread::scope(|scope| {
-                let mut groups = pieces.chunks(per);
-                let mine = groups.next().unwrap_or(&[]);
-                let others: Vec<_> = groups
-                    .map(|g| scope.spawn(move || g.iter().try_for_each(one)))
-                    .collect();
-                let mut results = vec![mine.iter().try_for_each(one)];
-                for h in others {
-                    results.push(h.join().unwrap_or_else(|_| {
-                        Err(Error::Unavailable("a stripe writer thread panicked".into()))
-                    }));
-                }
-                results
-            });
-            results.into_iter().collect::<Result<()>>()?;
+        // Whole stripes (a sequential copy) go to the devices in one
+        // batch per group, every unit of every stripe at once, so one
+        // request keeps every device busy without a thread of its own.
+        // Other pieces are written one stripe after another, each stripe's
+        // reads in one batch and its writes in another. On an error,
+        // stripes already written stay written, and the request fails.
+        let sd = self.geo.stripe_data_bytes();
+        let whole = pieces.len() > 1 && pieces.iter().all(|&(_, w, n, _)| w == 0 && n as u64 == sd);
+        if whole {
+            for group in pieces.chunks(WHOLE_STRIPES_BATCH_MAX) {
+                self.write_whole_stripes(group, buf, &one)?;
+            }
         } else {
             pieces.iter().try_for_each(one)?;
         }
@@ -387,9 +492,87 @@ impl Array {
             ));
         }
         if fua {
-            self.flush()?;
+            let pieces: Vec<(u64, u64, u64)> = pieces
+                .iter()
+                .map(|&(s, w, n, _)| (s, w, n as u64))
+                .collect();
+            self.make_durable(&pieces)?;
         }
         Ok(())
+    }
+
+    /// Writes whole stripes (stripe, 0, stripe bytes, offset in `buf`) of
+    /// one request: their locks taken in lock order, their intents marked,
+    /// parity encoded, and every unit written in one batch. A group with a
+    /// degraded stripe or pending journal records goes stripe by stripe
+    /// through `one` instead.
+    fn write_whole_stripes(
+        &self,
+        group: &[Piece],
+        buf: &[u8],
+        one: &dyn Fn(&Piece) -> Result<()>,
+    ) -> Result<()> {
+        let g = &self.geo;
+        let unit = g.unit_bytes() as usize;
+        let mut order: Vec<usize> = group.iter().map(|p| Self::lock_index(p.0)).collect();
+        order.sort_unstable();
+        order.dedup();
+        let plain = {
+            let _guards: Vec<_> = order
+                .iter()
+                .map(|&i| self.locks[i].write().unwrap())
+                .collect();
+            group
+                .iter()
+                .all(|&(s, ..)| !self.degraded(s) && !self.journal_pending(s))
+                .then(|| {
+                    let mut begun = Vec::with_capacity(group.len());
+                    let r = (|| {
+                        for &(stripe, ..) in group {
+                            self.intent_begin(stripe)?;
+                            begun.push(stripe);
+                            self.forget_degraded_records(stripe)?;
+                        }
+                        let parity: Vec<Vec<Vec<u8>>> = group
+                            .iter()
+                            .map(|&(_, _, n, at)| {
+                                let d: Vec<&[u8]> = buf[at..at + n].chunks(unit).collect();
+                                let mut p = vec![vec![0u8; unit]; g.m()];
+                                let mut refs: Vec<&mut [u8]> =
+                                    p.iter_mut().map(|v| v.as_mut_slice()).collect();
+                                self.codec.encode(&d, &mut refs);
+                                p
+                            })
+                            .collect();
+                        let mut units = Vec::with_capacity(group.len() * g.width());
+                        for (&(stripe, _, n, at), p) in group.iter().zip(&parity) {
+                            for (role, bytes) in buf[at..at + n].chunks(unit).enumerate() {
+                                units.push((stripe, role, 0, bytes));
+                            }
+                            for (j, bytes) in p.iter().enumerate() {
+                                units.push((stripe, g.k() + j, 0, bytes.as_slice()));
+                            }
+                            bump(&self.counters.array.full_stripe_writes);
+                        }
+                        self.write_units(&units, false);
+                        self.check_available()
+                    })();
+                    for stripe in begun {
+                        self.intent.end(stripe);
+                    }
+                    r
+                })
+        };
+        match plain {
+            Some(r) => r,
+            None => group.iter().try_for_each(one),
+        }
+    }
+
+    /// Whether a device of the stripe is out of service.
+    fn degraded(&self, stripe: u64) -> bool {
+        let g = &self.geo;
+        (0..g.width()).any(|r| !self.holds(g.place(stripe, r).device, stripe))
     }
 
     /// Writes zeroes; whole stripes are discarded on the media instead.
@@ -418,7 +601,7 @@ impl Array {
             ));
         }
         if fua {
-            self.flush()?;
+            self.make_durable(&self.pieces(offset, len).collect::<Vec<_>>())?;
         }
         Ok(())
     }
@@ -493,7 +676,7 @@ impl Array {
             pos += n as u64;
         }
         let rows = runs(writes.iter().map(|w| w.blocks(block)).collect());
-        let degraded = (0..g.width()).any(|r| !self.holds(g.place(stripe, r).device, stripe));
+        let degraded = self.degraded(stripe);
         let rmw_reads: u64 = writes.iter().map(|w| len_of(&w.blocks(block))).sum::<u64>()
             + g.m() as u64 * rows.iter().map(len_of).sum::<u64>();
         let rcw_reads: u64 = rows
@@ -559,23 +742,24 @@ impl Array {
         let block = g.block();
         for run in rows {
             let run_bytes = (len_of(run) * block) as usize;
-            let mut data: Vec<Vec<u8>> = Vec::with_capacity(g.k());
+            // The blocks of the run that the write does not cover, of every
+            // data unit, read in one batch (none for a full stripe).
+            let mut need = Vec::new();
             for role in 0..g.k() {
-                let mut buf = vec![0u8; run_bytes];
-                let w = writes.iter().find(|w| w.role == role);
-                let need = match w {
+                let parts = match writes.iter().find(|w| w.role == role) {
                     Some(w) => subtract(run.clone(), &w.covered(block)),
                     None => vec![run.clone()],
                 };
-                for part in need {
-                    let old = self.read_unit_blocks(stripe, role, part.clone())?;
-                    let at = ((part.start - run.start) * block) as usize;
-                    buf[at..at + old.len()].copy_from_slice(&old);
-                }
-                if let Some(w) = w {
-                    overlay(&mut buf, run.start * block, w);
-                }
-                data.push(buf);
+                need.extend(parts.into_iter().map(|part| (role, part)));
+            }
+            let old = self.read_units(stripe, &need)?;
+            let mut data = vec![vec![0u8; run_bytes]; g.k()];
+            for ((role, part), old) in need.iter().zip(&old) {
+                let at = ((part.start - run.start) * block) as usize;
+                data[*role][at..at + old.len()].copy_from_slice(old);
+            }
+            for w in writes {
+                overlay(&mut data[w.role], run.start * block, w);
             }
             let mut parity = vec![vec![0u8; run_bytes]; g.m()];
             {
@@ -586,22 +770,20 @@ impl Array {
             // Degraded: the missing units' new values are durable before
             // any device of the stripe is written (the degraded write hole).
             self.log_missing_units(stripe, run.start, &data)?;
+            // The touched data blocks and the parity of the run: one batch.
+            let mut units: Vec<(u64, usize, u64, &[u8])> = Vec::with_capacity(writes.len() + g.m());
             for w in writes {
                 let touched = intersect(&w.blocks(block), run);
                 if touched.start < touched.end {
                     let at = ((touched.start - run.start) * block) as usize;
                     let len = (len_of(&touched) * block) as usize;
-                    self.write_unit_blocks(
-                        stripe,
-                        w.role,
-                        touched.start,
-                        &data[w.role][at..at + len],
-                    );
+                    units.push((stripe, w.role, touched.start, &data[w.role][at..at + len]));
                 }
             }
             for (j, p) in parity.iter().enumerate() {
-                self.write_unit_blocks(stripe, g.k() + j, run.start, p);
+                units.push((stripe, g.k() + j, run.start, p));
             }
+            self.write_units(&units, false);
         }
         Ok(())
     }
@@ -614,18 +796,23 @@ impl Array {
     ) -> Result<()> {
         let g = &self.geo;
         let block = g.block();
-        let mut parity: Vec<Vec<Vec<u8>>> = Vec::with_capacity(rows.len());
+        // Old parity of every run and old data of every write: one batch.
+        let mut wants: Vec<(usize, Range<u64>)> =
+            Vec::with_capacity(rows.len() * g.m() + writes.len());
         for run in rows {
-            let mut per_run = Vec::with_capacity(g.m());
-            for j in 0..g.m() {
-                per_run.push(self.read_unit_blocks(stripe, g.k() + j, run.clone())?);
-            }
-            parity.push(per_run);
+            wants.extend((0..g.m()).map(|j| (g.k() + j, run.clone())));
+        }
+        wants.extend(writes.iter().map(|w| (w.role, w.blocks(block))));
+        let mut old = self.read_units(stripe, &wants)?;
+        let old_data = old.split_off(rows.len() * g.m());
+        let mut parity: Vec<Vec<Vec<u8>>> = Vec::with_capacity(rows.len());
+        let mut old_parity = old.into_iter();
+        for _ in rows {
+            parity.push(old_parity.by_ref().take(g.m()).collect());
         }
         let mut new_data = Vec::with_capacity(writes.len());
-        for w in writes {
+        for (w, old) in writes.iter().zip(old_data) {
             let blocks = w.blocks(block);
-            let old = self.read_unit_blocks(stripe, w.role, blocks.clone())?;
             let mut new = old.clone();
             overlay(&mut new, blocks.start * block, w);
             let delta: Vec<u8> = old.iter().zip(&new).map(|(a, b)| a ^ b).collect();
@@ -641,14 +828,17 @@ impl Array {
             self.codec.update(w.role, &delta, &mut p);
             new_data.push((w.role, blocks.start, new));
         }
-        for (role, b, bytes) in &new_data {
-            self.write_unit_blocks(stripe, *role, *b, bytes);
-        }
+        // New data and new parity: one batch.
+        let mut units: Vec<(u64, usize, u64, &[u8])> = new_data
+            .iter()
+            .map(|(role, b, bytes)| (stripe, *role, *b, bytes.as_slice()))
+            .collect();
         for (run, per_run) in rows.iter().zip(&parity) {
             for (j, p) in per_run.iter().enumerate() {
-                self.write_unit_blocks(stripe, g.k() + j, run.start, p);
+                units.push((stripe, g.k() + j, run.start, p));
             }
         }
+        self.write_units(&units, false);
         Ok(())
     }
 
@@ -658,39 +848,8 @@ impl Array {
         bump(&self.counters.array.client_flushes);
         let epoch = self.intent.start_flush();
         self.sync_journals()?;
-        // Every device at once: a flush costs one sync's latency, not N.
-        let results: Vec<(usize, std::io::Result<()>)> = std::thread::scope(|scope| {
-            let handles: Vec<_> = (0..self.members.len())
-                .filter_map(|d| self.device(d).map(|dev| (d, dev)))
-                .map(|(d, dev)| {
-                    let table = &self.tables[d];
-                    let counters = &self.counters.devices[d];
-                    (
-                        d,
-                        scope.spawn(move || {
-                            table.flush(dev.as_ref(), counters).and_then(|_| dev.sync())
-                        }),
-                    )
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|(d, h)| {
-                    (
-                        d,
-                        h.join().unwrap_or_else(|_| {
-                            Err(std::io::Error::other("flush thread panicked"))
-                        }),
-                    )
-                })
-                .collect()
-        });
-        for (d, r) in results {
-            match r {
-                Ok(()) => self.counters.devices[d].sync(),
-                Err(e) => self.latch_failure(d, "flush", &e),
-            }
-        }
+        let every = vec![true; self.members.len()];
+        self.sync_devices(&every);
         self.check_available()?;
         self.failures_made_durable()?;
         if let Some(log) = &self.degraded_log {
@@ -700,6 +859,97 @@ impl Array {
         self.intent
             .finish_flush(epoch)
             .map_err(|e| Error::io("updating the write-intent log", e))
+    }
+
+    /// FUA: makes durable what a request wrote to these stripe pieces
+    /// (stripe, offset in its data, length) and nothing more: the devices
+    /// of the data units it touched and of the stripes' parity, with their
+    /// checksum pages, and the stripes' parity journals. The intent mark of
+    /// each stripe was synced before its write, and the degraded-write log
+    /// syncs its own records, so after a power cut the stripes are resynced
+    /// from data that is durable here.
+    fn make_durable(&self, pieces: &[(u64, u64, u64)]) -> Result<()> {
+        let g = &self.geo;
+        let unit = g.unit_bytes();
+        let mut devices = vec![false; self.members.len()];
+        let mut journals = vec![false; self.members.len()];
+        for &(stripe, within, n) in pieces {
+            let roles = (within / unit) as usize..(within + n).div_ceil(unit) as usize;
+            for role in roles {
+                devices[g.place(stripe, role).device] = true;
+            }
+            for role in g.k()..g.width() {
+                let d = g.place(stripe, role).device;
+                devices[d] = true;
+                journals[d] = true;
+            }
+        }
+        self.sync_journals_of(&journals)?;
+        self.sync_devices(&devices);
+        bump(&self.counters.array.fua_syncs);
+        self.check_available()?;
+        self.failures_made_durable()
+    }
+
+    /// Makes the chosen devices durable: their dirty checksum pages written
+    /// (one batch across the devices), then the devices synced (one batch:
+    /// one sync's latency, not one per device). A device that fails either
+    /// step is latched.
+    fn sync_devices(&self, chosen: &[bool]) {
+        let devs: Vec<(usize, Arc<dyn Device>)> = (0..self.members.len())
+            .filter(|&d| chosen[d])
+            .filter_map(|d| self.device(d).map(|dev| (d, dev)))
+            .collect();
+        let pages: Vec<(usize, &Arc<dyn Device>, checksum::DirtyPage)> = devs
+            .iter()
+            .flat_map(|(d, dev)| {
+                self.tables[*d]
+                    .take_dirty_pages()
+                    .into_iter()
+                    .map(move |page| (*d, dev, page))
+            })
+            .collect();
+        let mut ios: Vec<DeviceIo> = pages
+            .iter()
+            .map(|(_, dev, page)| DeviceIo {
+                dev: dev.as_ref(),
+                op: Op::Write {
+                    buf: &page.bytes,
+                    offset: page.offset,
+                    // What a plain `write_at` says.
+                    hint: media::WriteHint::new(IoClass::Data),
+                    fua: false,
+                },
+            })
+            .collect();
+        let mut failed = vec![false; self.members.len()];
+        for ((d, _, page), r) in pages.iter().zip(self.submit(&mut ios)) {
+            match r {
+                Ok(()) => self.counters.devices[*d].write(IoClass::Metadata, page.bytes.len()),
+                Err(e) => {
+                    self.tables[*d].mark_dirty(page.page);
+                    if !failed[*d] {
+                        failed[*d] = true;
+                        self.latch_failure(*d, "flush", &e);
+                    }
+                }
+            }
+        }
+        let syncing: Vec<&(usize, Arc<dyn Device>)> =
+            devs.iter().filter(|(d, _)| !failed[*d]).collect();
+        let mut ios: Vec<DeviceIo> = syncing
+            .iter()
+            .map(|(_, dev)| DeviceIo {
+                dev: dev.as_ref(),
+                op: Op::Sync,
+            })
+            .collect();
+        for ((d, _), r) in syncing.iter().zip(self.submit(&mut ios)) {
+            match r {
+                Ok(()) => self.counters.devices[*d].sync(),
+                Err(e) => self.latch_failure(*d, "flush", &e),
+            }
+        }
     }
 
     /// Stripes per intent region (for tests and tools).

@@ -464,11 +464,17 @@ impl ParityJournal {
     /// the unit, a stripe this device holds no parity of: what a record
     /// whose checksum holds can still say after a bug or a foreign file).
     /// Returns the stripes that lost blocks, for the caller to check.
-    pub fn drop_outside(&mut self, fits: impl Fn(u64, u16, u32) -> bool) -> BTreeSet<u64> {
+    /// `fits` is also told whether the block holds data values (parix's
+    /// d(0)/d(r), whose role is a data role) or only parity deltas (plog's,
+    /// whose role is the parity unit's).
+    pub fn drop_outside(&mut self, fits: impl Fn(u64, u16, u32, bool) -> bool) -> BTreeSet<u64> {
         let mut dropped = BTreeSet::new();
         self.index.retain(|&stripe, log| {
             let before = log.len();
-            log.retain(|&(role, block), _| fits(stripe, role, block));
+            log.retain(|&(role, block), entry| {
+                let values = entry.original.is_some() || entry.latest.is_some();
+                fits(stripe, role, block, values)
+            });
             if log.len() != before {
                 dropped.insert(stripe);
             }

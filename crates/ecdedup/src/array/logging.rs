@@ -119,8 +119,17 @@ impl Array {
     /// stripes go in place), and this flush fails. Later flushes skip the
     /// latched journal and succeed: nothing they acknowledge depends on it.
     pub(super) fn sync_journals(&self) -> Result<()> {
+        self.sync_journals_of(&vec![true; self.journals.len()])
+    }
+
+    /// [`Array::sync_journals`] for the journals of the chosen devices (a
+    /// FUA write's stripes).
+    pub(super) fn sync_journals_of(&self, chosen: &[bool]) -> Result<()> {
         let mut first_error = None;
         for (d, jr) in self.journals.iter().enumerate() {
+            if !chosen[d] {
+                continue;
+            }
             let mut guard = jr.lock().unwrap();
             let Some(j) = guard.as_mut() else { continue };
             if j.is_latched() {

@@ -966,9 +966,10 @@ impl Array {
                     let mut lost = j.take_lost();
                     // Records are checked against the geometry once, here:
                     // replay and resync then index devices with them.
-                    let outside = j.drop_outside(|stripe, role, block| {
+                    let outside = j.drop_outside(|stripe, role, block, values| {
+                        let roles = if values { geo.k() } else { geo.width() };
                         stripe < geo.stripes
-                            && (role as usize) < geo.k()
+                            && (role as usize) < roles
                             && (block as u64) < geo.blocks_per_unit()
                             && (0..geo.m()).any(|p| geo.place(stripe, geo.k() + p).device == i)
                     });

@@ -8,6 +8,7 @@ use proptest::prelude::*;
 use rand::{Rng, RngCore, SeedableRng};
 use std::sync::atomic::Ordering;
 
+mod batch;
 mod decode;
 mod policies;
 
@@ -417,17 +418,18 @@ fn a_device_that_dies_mid_run_is_latched_failed_and_no_data_is_lost() {
     rig.assert_matches_model();
 }
 
-/// A request of at least PARALLEL_WRITE_MIN_BYTES spanning many stripes
-/// is updated by several threads: everything reads back, parity is
-/// consistent, a device dying during such a request is latched with no
-/// data lost, and a request that cannot be written (m+1 devices dead)
-/// fails rather than half-succeeding silently.
+/// A request spanning more whole stripes than one batch holds is written
+/// in batches: everything reads back, parity is consistent, a device dying
+/// during such a request is latched with no data lost, and a request that
+/// cannot be written (m+1 devices dead) fails rather than half-succeeding
+/// silently.
 #[test]
-fn a_large_request_written_by_several_threads_reads_back_and_fails_cleanly() {
+fn a_large_request_written_in_batches_reads_back_and_fails_cleanly() {
     for policy in [Policy::None, Policy::Parity] {
         let mut rig = Rig::with_dedup(6, 4, 2, 4096, 256, dedup(policy));
         let vol = rig.model.len();
-        assert!(vol >= 2 * io::PARALLEL_WRITE_MIN_BYTES);
+        let stripe_data_bytes = 4 * 4096;
+        assert!(vol >= 2 * io::WHOLE_STRIPES_BATCH_MAX * stripe_data_bytes);
         rig.write(0, &pattern(31, vol));
         rig.write(4096 + 512, &pattern(32, vol / 2));
         rig.assert_matches_model();

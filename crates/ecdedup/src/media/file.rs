@@ -126,4 +126,8 @@ impl Device for FileDevice {
     fn describe(&self) -> String {
         self.file.describe()
     }
+
+    fn ring_file(&self) -> Option<super::storage::RingFile> {
+        self.file.ring_file()
+    }
 }

@@ -10,6 +10,7 @@
 //! [`Device::size`]); `sync` returns only when every completed write is
 //! durable. A device reports errors; it never decides what they mean.
 
+pub mod batch;
 mod faulty;
 mod file;
 mod mem;
@@ -17,12 +18,13 @@ pub mod placement;
 pub mod powerloss;
 pub mod storage;
 
+pub use batch::{submit, BatchCost, DeviceIo, Op};
 pub use faulty::{FaultPlan, FaultyDevice};
 pub use file::FileDevice;
 pub use mem::MemDevice;
 pub use placement::{PlacementDevice, PlacementFilter, Stream};
 pub use powerloss::PowerLossStorage;
-pub use storage::{OsStorage, Storage, StorageFile};
+pub use storage::{OsStorage, RingFile, Storage, StorageFile};
 
 use crate::counters::IoClass;
 use std::io;
@@ -117,6 +119,13 @@ pub trait Device: Send + Sync {
     fn size(&self) -> u64;
     /// Where this device lives, for messages.
     fn describe(&self) -> String;
+    /// The descriptors of a real file or block device that the io_uring
+    /// engine ([`batch`]) addresses directly. `None`, the default, makes a
+    /// batch loop through `read_at`, `write_hinted` and `sync`, so memory,
+    /// fault-injecting, dedup and simulated devices need nothing more.
+    fn ring_file(&self) -> Option<RingFile> {
+        None
+    }
 }
 
 /// Writes zeroes over a range, 1 MiB at a time.

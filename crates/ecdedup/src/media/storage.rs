@@ -69,8 +69,24 @@ pub trait StorageFile: Send + Sync {
     fn is_block_device(&self) -> bool {
         false
     }
+    /// The descriptors a batch engine may read and write directly
+    /// ([`super::batch`]); `None` (the default, as for the power-loss
+    /// simulator) makes a batch loop through `read_at`/`write_at`/`sync`.
+    fn ring_file(&self) -> Option<RingFile> {
+        None
+    }
     /// Where this file lives, for messages.
     fn describe(&self) -> String;
+}
+
+/// A real file's descriptors, for the io_uring engine: valid while the
+/// file they were taken from is alive.
+#[derive(Clone, Copy, Debug)]
+pub struct RingFile {
+    /// Buffered descriptor: unaligned I/O and `fdatasync`.
+    pub fd: std::os::unix::io::RawFd,
+    /// The `O_DIRECT` descriptor, for block-aligned I/O from aligned memory.
+    pub direct_fd: Option<std::os::unix::io::RawFd>,
 }
 
 /// Held while a folder is locked; dropping it releases the lock.
@@ -159,13 +175,13 @@ pub struct OsFile {
 pub const DIRECT_ALIGN_BYTES: usize = 4096;
 
 /// A zeroed buffer aligned for `O_DIRECT`.
-struct AlignedBuf {
+pub(crate) struct AlignedBuf {
     ptr: std::ptr::NonNull<u8>,
     layout: std::alloc::Layout,
 }
 
 impl AlignedBuf {
-    fn new(len: usize) -> AlignedBuf {
+    pub(crate) fn new(len: usize) -> AlignedBuf {
         let layout = std::alloc::Layout::from_size_align(len.max(1), DIRECT_ALIGN_BYTES)
             .expect("aligned layout");
         // SAFETY: the layout has a non-zero size.
@@ -175,7 +191,7 @@ impl AlignedBuf {
         AlignedBuf { ptr, layout }
     }
 
-    fn as_mut_slice(&mut self, len: usize) -> &mut [u8] {
+    pub(crate) fn as_mut_slice(&mut self, len: usize) -> &mut [u8] {
         assert!(len <= self.layout.size());
         // SAFETY: `ptr` owns `layout.size()` initialised (zeroed) bytes.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), len) }
@@ -189,7 +205,7 @@ impl Drop for AlignedBuf {
     }
 }
 
-fn direct_aligned(offset: u64, len: usize) -> bool {
+pub(crate) fn direct_aligned(offset: u64, len: usize) -> bool {
     len > 0
         && offset.is_multiple_of(DIRECT_ALIGN_BYTES as u64)
         && len.is_multiple_of(DIRECT_ALIGN_BYTES)
@@ -355,6 +371,13 @@ impl StorageFile for OsFile {
 
     fn is_block_device(&self) -> bool {
         self.is_block_device
+    }
+
+    fn ring_file(&self) -> Option<RingFile> {
+        Some(RingFile {
+            fd: self.file.as_raw_fd(),
+            direct_fd: self.direct.as_ref().map(|d| d.as_raw_fd()),
+        })
     }
 
     fn describe(&self) -> String {

@@ -370,7 +370,12 @@ fn replay_at_open_alone_restores_parity_when_the_intent_regions_are_clean() {
         assert!(rig.a().journal_usage().1 > 0);
         rig.crash_and_restart();
         let s = rig.a().stats().array;
-        assert_eq!(s.resync_stripes, 0, "nothing was resynchronised");
+        assert_eq!(
+            s.resync_stripes,
+            0,
+            "nothing was resynchronised {:?}",
+            rig.a().warnings()
+        );
         assert!(s.records_replayed > 0 && s.stripes_replayed > 0, "{s:?}");
         rig.assert_consistent();
         rig.assert_matches_model();
@@ -536,15 +541,15 @@ fn journal_records_naming_blocks_outside_the_array_are_dropped_at_open() {
             journal::Kind::Delta
         };
         // Well-formed records (their checksums hold) that name a stripe
-        // past the end, a parity role, a block past the unit, and a stripe
-        // whose parity is not on this device.
+        // past the end, a role past the stripe, a block past the unit, and
+        // a stripe whose parity is not on this device.
         let foreign = (0..g.stripes)
             .find(|&s| (0..g.m()).all(|j| rig.parity_device(s, j) != d))
             .expect("a stripe without parity on d");
         let block = vec![0x3c; g.block() as usize];
         let mut records = Vec::new();
         journal::encode(&mut records, kind, g.stripes + 1_000_000, 0, 0, &block);
-        journal::encode(&mut records, kind, 1, g.k() as u16, 0, &block);
+        journal::encode(&mut records, kind, 1, g.width() as u16, 0, &block);
         journal::encode(&mut records, kind, 1, 0, g.blocks_per_unit() as u32, &block);
         journal::encode(&mut records, kind, foreign, 0, 0, &block);
         {

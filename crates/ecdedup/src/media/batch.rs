@@ -1,0 +1,550 @@
+//! Batches of device I/O: several reads, writes or syncs, on one device or
+//! several, submitted together and awaited together.
+//!
+//! Devices backed by real files or block devices ([`Device::ring_file`])
+//! go through io_uring: every operation of a batch that addresses them is
+//! one entry of one submission (`io_uring_enter` once per batch, not once
+//! per unit), and the kernel runs them in parallel. Any other device (memory,
+//! fault-injecting, dedup, the power-loss simulator) runs its operations on
+//! the calling thread through `read_at`, `write_hinted` and `sync`, one after
+//! another: the plain twin the tests compare against.
+//!
+//! Rings are per thread (the server's fixed set of request threads), made on
+//! a thread's first batch with [`RING_ENTRIES`] entries. Where io_uring is
+//! unavailable (an old kernel, a seccomp filter, `kernel.io_uring_disabled`,
+//! or `ECDEDUP_IO_URING=0` in the environment) every batch takes the looped
+//! path, after one message on stderr: never a hard failure.
+//!
+//! Invariants: a batch returns only once every operation it submitted has
+//! completed (the kernel never holds a buffer after [`submit`] returns); each
+//! operation has its own result, so the caller latches exactly the device
+//! that failed; a FUA write is durable when its result is `Ok`
+//! (`RWF_DSYNC`, or a `sync` of its device on the looped path).
+
+use super::storage::{direct_aligned, AlignedBuf, RingFile, DIRECT_ALIGN_BYTES};
+use super::{Device, WriteHint};
+use io_uring::{opcode, types, IoUring};
+use std::cell::RefCell;
+use std::io;
+use std::sync::OnceLock;
+
+/// Submission queue entries per ring; a larger batch is submitted in parts.
+pub const RING_ENTRIES: u32 = 64;
+
+/// What one operation of a batch does.
+pub enum Op<'a> {
+    /// Reads exactly `buf.len()` bytes at `offset`.
+    Read { buf: &'a mut [u8], offset: u64 },
+    /// Writes all of `buf` at `offset`; `fua`: durable on return.
+    Write {
+        buf: &'a [u8],
+        offset: u64,
+        hint: WriteHint,
+        fua: bool,
+    },
+    /// Makes the device's completed writes durable.
+    Sync,
+}
+
+/// One operation on one device.
+pub struct DeviceIo<'a> {
+    pub dev: &'a dyn Device,
+    pub op: Op<'a>,
+}
+
+/// What a batch cost in system calls, for the array's counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BatchCost {
+    /// Batches handed to the kernel or looped (1 per [`submit`] with work).
+    pub submissions: u64,
+    /// System calls made: `io_uring_enter` calls on the ring path; one per
+    /// read, write or sync on the looped path (two for a FUA write).
+    pub syscalls: u64,
+}
+
+/// Runs every operation of `ios` and returns their results, in order.
+pub fn submit(ios: &mut [DeviceIo<'_>]) -> (Vec<io::Result<()>>, BatchCost) {
+    let mut results: Vec<io::Result<()>> = (0..ios.len()).map(|_| Ok(())).collect();
+    let mut cost = BatchCost::default();
+    if ios.is_empty() {
+        return (results, cost);
+    }
+    cost.submissions = 1;
+    let mut ring_ops = Vec::new();
+    for (i, io) in ios.iter_mut().enumerate() {
+        match io.dev.ring_file().filter(|_| ring_enabled()) {
+            Some(file) => ring_ops.push((i, file)),
+            None => {
+                let (r, calls) = run_looped(io);
+                results[i] = r;
+                cost.syscalls += calls;
+            }
+        }
+    }
+    if !ring_ops.is_empty() {
+        let done = RING.with(|cell| {
+            let mut slot = cell.borrow_mut();
+            if slot.is_none() {
+                *slot = new_ring().ok();
+            }
+            slot.as_mut()
+                .map(|ring| run_on_ring(ring, ios, &ring_ops, &mut results))
+        });
+        match done {
+            Some(Ok(calls)) => cost.syscalls += calls,
+            // No ring on this thread, or the kernel took none of the
+            // entries: the looped path runs them.
+            Some(Err(_)) | None => {
+                RING.with(|cell| *cell.borrow_mut() = None);
+                for &(i, _) in &ring_ops {
+                    let (r, calls) = run_looped(&mut ios[i]);
+                    results[i] = r;
+                    cost.syscalls += calls;
+                }
+            }
+        }
+    }
+    (results, cost)
+}
+
+/// The plain twin: one call per operation on the calling thread.
+fn run_looped(io: &mut DeviceIo<'_>) -> (io::Result<()>, u64) {
+    match &mut io.op {
+        Op::Read { buf, offset } => (io.dev.read_at(buf, *offset), 1),
+        Op::Write {
+            buf,
+            offset,
+            hint,
+            fua,
+        } => {
+            let r = io.dev.write_hinted(buf, *offset, *hint);
+            if *fua && r.is_ok() {
+                (io.dev.sync(), 2)
+            } else {
+                (r, 1)
+            }
+        }
+        Op::Sync => (io.dev.sync(), 1),
+    }
+}
+
+thread_local! {
+    static RING: RefCell<Option<IoUring>> = const { RefCell::new(None) };
+}
+
+/// Whether batches may use io_uring in this process: probed once (a ring
+/// made, its opcodes checked); the reason for a refusal is printed once.
+pub fn ring_enabled() -> bool {
+    static ENABLED: OnceLock<bool> = OnceLock::new();
+    *ENABLED.get_or_init(|| {
+        if std::env::var("ECDEDUP_IO_URING").is_ok_and(|v| v == "0") {
+            return false;
+        }
+        match new_ring() {
+            Ok(_) => true,
+            Err(e) => {
+                eprintln!(
+                    "ecdedup: io_uring is unavailable ({e}); device I/O goes through one \
+                     pread/pwrite/fdatasync per operation"
+                );
+                false
+            }
+        }
+    })
+}
+
+fn new_ring() -> io::Result<IoUring> {
+    let ring = IoUring::new(RING_ENTRIES)?;
+    let mut probe = io_uring::Probe::new();
+    ring.submitter().register_probe(&mut probe)?;
+    for code in [opcode::Read::CODE, opcode::Write::CODE, opcode::Fsync::CODE] {
+        if !probe.is_supported(code) {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("the kernel's io_uring lacks opcode {code}"),
+            ));
+        }
+    }
+    Ok(ring)
+}
+
+/// One ring entry's memory: the caller's buffer, or an aligned bounce
+/// buffer for `O_DIRECT` when the caller's is not aligned.
+struct Slot {
+    /// Index into the batch.
+    io: usize,
+    bounce: Option<AlignedBuf>,
+    /// The descriptor the entry used (a short transfer is finished on it
+    /// with `pread`/`pwrite`).
+    fd: types::Fd,
+}
+
+/// Runs the ring's share of a batch; `Err` only when the kernel took none
+/// of the entries (the caller loops instead). Returns the system calls made.
+fn run_on_ring(
+    ring: &mut IoUring,
+    ios: &mut [DeviceIo<'_>],
+    ring_ops: &[(usize, RingFile)],
+    results: &mut [io::Result<()>],
+) -> io::Result<u64> {
+    let mut calls = 0u64;
+    let mut first_part = true;
+    for part in ring_ops.chunks(RING_ENTRIES as usize) {
+        let mut slots = Vec::with_capacity(part.len());
+        for (n, &(i, file)) in part.iter().enumerate() {
+            let (entry, slot) = prepare(&mut ios[i], i, file);
+            // SAFETY: every buffer named by the entry (the caller's, borrowed
+            // for the whole batch, or the slot's bounce buffer, kept in
+            // `slots`) outlives its completion, which is awaited below.
+            unsafe {
+                ring.submission()
+                    .push(&entry.user_data(n as u64))
+                    .expect("a part fits the ring");
+            }
+            slots.push(slot);
+        }
+        let mut pending = part.len();
+        let mut results_of_part: Vec<Option<i32>> = vec![None; part.len()];
+        while pending > 0 {
+            match ring.submit_and_wait(pending) {
+                Ok(_) => calls += 1,
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY)
+                    ) =>
+                {
+                    calls += 1
+                }
+                Err(e) => {
+                    calls += 1;
+                    if first_part && ring.submission().len() == part.len() {
+                        // Nothing reached the kernel: safe to drop the ring.
+                        return Err(e);
+                    }
+                    // Entries are in flight with our buffers: they must
+                    // complete before anything here is freed.
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                    continue;
+                }
+            }
+            for cqe in ring.completion() {
+                let n = cqe.user_data() as usize;
+                debug_assert!(results_of_part[n].is_none(), "one completion per entry");
+                results_of_part[n] = Some(cqe.result());
+                pending -= 1;
+            }
+        }
+        first_part = false;
+        for (slot, res) in slots.into_iter().zip(results_of_part) {
+            let res = res.expect("every entry completed");
+            let i = slot.io;
+            results[i] = complete(&mut ios[i], slot, res, &mut calls);
+        }
+    }
+    Ok(calls)
+}
+
+/// The descriptor for a transfer of `len` bytes at `offset` from memory at
+/// `ptr`, and the bounce buffer it needs: `O_DIRECT` for block-aligned
+/// I/O (through an aligned copy when the memory is not aligned), the
+/// buffered descriptor otherwise.
+fn choose_fd(file: RingFile, ptr: *const u8, len: usize, offset: u64) -> (i32, Option<AlignedBuf>) {
+    match file.direct_fd.filter(|_| direct_aligned(offset, len)) {
+        Some(d) if (ptr as usize).is_multiple_of(DIRECT_ALIGN_BYTES) => (d, None),
+        Some(d) => (d, Some(AlignedBuf::new(len))),
+        None => (file.fd, None),
+    }
+}
+
+/// The ring entry of one operation and the memory it uses.
+fn prepare(io: &mut DeviceIo<'_>, index: usize, file: RingFile) -> (io_uring::squeue::Entry, Slot) {
+    let (entry, fd, bounce) = match &mut io.op {
+        Op::Read { buf, offset } => {
+            let (fd, mut bounce) = choose_fd(file, buf.as_ptr(), buf.len(), *offset);
+            let ptr = match &mut bounce {
+                Some(b) => b.as_mut_slice(buf.len()).as_mut_ptr(),
+                None => buf.as_mut_ptr(),
+            };
+            let entry = opcode::Read::new(types::Fd(fd), ptr, buf.len() as u32)
+                .offset(*offset)
+                .build();
+            (entry, fd, bounce)
+        }
+        Op::Write {
+            buf, offset, fua, ..
+        } => {
+            let (fd, mut bounce) = choose_fd(file, buf.as_ptr(), buf.len(), *offset);
+            let ptr = match &mut bounce {
+                Some(b) => {
+                    let s = b.as_mut_slice(buf.len());
+                    s.copy_from_slice(buf);
+                    s.as_ptr()
+                }
+                None => buf.as_ptr(),
+            };
+            let flags = if *fua { libc::RWF_DSYNC } else { 0 };
+            let entry = opcode::Write::new(types::Fd(fd), ptr, buf.len() as u32)
+                .offset(*offset)
+                .rw_flags(flags)
+                .build();
+            (entry, fd, bounce)
+        }
+        Op::Sync => (
+            opcode::Fsync::new(types::Fd(file.fd))
+                .flags(types::FsyncFlags::DATASYNC)
+                .build(),
+            file.fd,
+            None,
+        ),
+    };
+    let slot = Slot {
+        io: index,
+        bounce,
+        fd: types::Fd(fd),
+    };
+    (entry, slot)
+}
+
+/// Turns a completion into the operation's result: copies a bounce buffer
+/// out, finishes a short transfer with plain calls (counted in `calls`).
+fn complete(io: &mut DeviceIo<'_>, mut slot: Slot, res: i32, calls: &mut u64) -> io::Result<()> {
+    if res < 0 {
+        return Err(io::Error::from_raw_os_error(-res));
+    }
+    let done = res as usize;
+    match &mut io.op {
+        Op::Read { buf, offset } => {
+            let len = buf.len();
+            match &mut slot.bounce {
+                Some(b) => {
+                    finish(
+                        slot.fd,
+                        Mem::Read(b.as_mut_slice(len)),
+                        *offset,
+                        done,
+                        calls,
+                    )?;
+                    buf.copy_from_slice(b.as_mut_slice(len));
+                    Ok(())
+                }
+                None => finish(slot.fd, Mem::Read(buf), *offset, done, calls),
+            }
+        }
+        Op::Write {
+            buf, offset, fua, ..
+        } => {
+            let len = buf.len();
+            match &mut slot.bounce {
+                Some(b) => finish(
+                    slot.fd,
+                    Mem::Write(b.as_mut_slice(len)),
+                    *offset,
+                    done,
+                    calls,
+                )?,
+                None => finish(slot.fd, Mem::Write(buf), *offset, done, calls)?,
+            }
+            if *fua && done < len {
+                // The tail went through plain pwrite: sync it.
+                *calls += 1;
+                // SAFETY: fdatasync on a descriptor the device keeps open.
+                if unsafe { libc::fdatasync(slot.fd.0) } != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        }
+        Op::Sync => Ok(()),
+    }
+}
+
+/// The memory of a transfer that [`finish`] completes.
+enum Mem<'b> {
+    Read(&'b mut [u8]),
+    Write(&'b [u8]),
+}
+
+/// Completes a transfer of which `done` bytes went through:
+/// `pread`/`pwrite` for the rest, `UnexpectedEof` at the end of a file.
+fn finish(
+    fd: types::Fd,
+    mut mem: Mem<'_>,
+    offset: u64,
+    mut done: usize,
+    calls: &mut u64,
+) -> io::Result<()> {
+    let len = match &mem {
+        Mem::Read(b) => b.len(),
+        Mem::Write(b) => b.len(),
+    };
+    while done < len {
+        *calls += 1;
+        let at = (offset + done as u64) as libc::off_t;
+        // SAFETY: the pointer is valid for `len - done` bytes; the
+        // descriptor is open.
+        let n = unsafe {
+            match &mut mem {
+                Mem::Write(b) => libc::pwrite(fd.0, b[done..].as_ptr().cast(), len - done, at),
+                Mem::Read(b) => libc::pread(fd.0, b[done..].as_mut_ptr().cast(), len - done, at),
+            }
+        };
+        match n {
+            n if n > 0 => done += n as usize,
+            0 if matches!(mem, Mem::Read(_)) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "read past the end of the device",
+                ))
+            }
+            0 => return Err(io::Error::new(io::ErrorKind::WriteZero, "wrote nothing")),
+            _ => {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::counters::IoClass;
+    use crate::media::{DeviceOptions, IoMode, OsStorage};
+    use crate::media::{FileDevice, MemDevice};
+
+    fn pattern(seed: u8, len: usize) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+            .collect()
+    }
+
+    /// The same batch on a direct file device (io_uring when available)
+    /// and on a memory device (the looped twin) reads back the same bytes.
+    #[test]
+    fn a_batch_on_a_file_reads_back_what_the_looped_twin_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let size = 1 << 20;
+        let file = match FileDevice::create_with(
+            &OsStorage,
+            &dir.path().join("dev"),
+            size,
+            DeviceOptions {
+                io: IoMode::Direct,
+                sparse: false,
+            },
+        ) {
+            Ok(f) => f,
+            // tmpfs refuses O_DIRECT: the buffered descriptor then serves.
+            Err(_) => FileDevice::create_file(&dir.path().join("dev"), size).unwrap(),
+        };
+        let mem = MemDevice::new("mem", size);
+        let hint = WriteHint::new(IoClass::Data);
+        // Aligned, unaligned-memory and unaligned-offset writes, one FUA.
+        let a = pattern(1, 8192);
+        let b = pattern(2, 4096 + 1);
+        let c = pattern(3, 100);
+        for dev in [&file as &dyn Device, &mem] {
+            let mut ios = vec![
+                DeviceIo {
+                    dev,
+                    op: Op::Write {
+                        buf: &a,
+                        offset: 0,
+                        hint,
+                        fua: false,
+                    },
+                },
+                DeviceIo {
+                    dev,
+                    op: Op::Write {
+                        buf: &b[1..],
+                        offset: 65536,
+                        hint,
+                        fua: true,
+                    },
+                },
+                DeviceIo {
+                    dev,
+                    op: Op::Write {
+                        buf: &c,
+                        offset: 12345,
+                        hint,
+                        fua: false,
+                    },
+                },
+                DeviceIo { dev, op: Op::Sync },
+            ];
+            let (results, cost) = submit(&mut ios);
+            assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
+            assert_eq!(cost.submissions, 1);
+        }
+        let read_all = |dev: &dyn Device| {
+            let mut x = vec![0u8; 8192];
+            let mut y = vec![0u8; 4097];
+            let mut z = vec![0u8; 100];
+            let mut ios = vec![
+                DeviceIo {
+                    dev,
+                    op: Op::Read {
+                        buf: &mut x,
+                        offset: 0,
+                    },
+                },
+                DeviceIo {
+                    dev,
+                    op: Op::Read {
+                        buf: &mut y[1..],
+                        offset: 65536,
+                    },
+                },
+                DeviceIo {
+                    dev,
+                    op: Op::Read {
+                        buf: &mut z,
+                        offset: 12345,
+                    },
+                },
+            ];
+            let (results, _) = submit(&mut ios);
+            assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
+            (x, y[1..].to_vec(), z)
+        };
+        let from_file = read_all(&file);
+        assert_eq!(from_file, read_all(&mem));
+        assert_eq!(from_file, (a, b[1..].to_vec(), c));
+    }
+
+    #[test]
+    fn a_read_past_the_end_fails_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let dev = FileDevice::create_file(&dir.path().join("dev"), 8192).unwrap();
+        let mut x = vec![0u8; 4096];
+        let mut y = vec![0u8; 4096];
+        let mut ios = vec![
+            DeviceIo {
+                dev: &dev,
+                op: Op::Read {
+                    buf: &mut x,
+                    offset: 1 << 20,
+                },
+            },
+            DeviceIo {
+                dev: &dev,
+                op: Op::Read {
+                    buf: &mut y,
+                    offset: 0,
+                },
+            },
+        ];
+        let (results, _) = submit(&mut ios);
+        assert_eq!(
+            results[0].as_ref().unwrap_err().kind(),
+            io::ErrorKind::UnexpectedEof
+        );
+        assert!(results[1].is_ok());
+    }
+}
