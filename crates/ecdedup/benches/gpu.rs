@@ -291,6 +291,7 @@ fn main() {
     let cpu = CpuBackend::new(None).expect("cpu backend");
     let gpu = GpuBackend::with_config(GpuConfig {
         min_batch_bytes: 0,
+        measure_crossover: false,
         ..GpuConfig::default()
     });
     match &gpu {

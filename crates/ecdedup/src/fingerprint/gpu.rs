@@ -21,10 +21,13 @@
 //!   pinned buffer, then copy-in, kernel and copy-out are queued on the
 //!   lane's stream, and the next slice is packed while they run. So the
 //!   copy engine, the SMs and the CPU work on different slices at once.
-//! - Auto: batches under [`GPU_MIN_BATCH_BYTES`] (too small to pay for the
-//!   copies and the launch), BLAKE3 batches (no kernel: they fall back to the
-//!   CPU, not an error) and every batch after a device failure go to the
-//!   backend's own [`CpuBackend`].
+//! - Auto: batches under the crossover measured at start (or
+//!   [`GPU_MIN_BATCH_BYTES`] with the measurement off: too small to pay for
+//!   the copies and the launch), BLAKE3 batches (no kernel: they fall back
+//!   to the CPU, not an error) and every batch after a device failure go to
+//!   the backend's own [`CpuBackend`]. [`choose_backend`] puts the GPU
+//!   backend behind the coalescing queue (`fingerprint/coalesce.rs`), which
+//!   gathers concurrent requests into batches up to the crossover.
 //! - Tests without a GPU: `build.rs` compiles `hash.cu` as C (through
 //!   `hash_cpu.c`, whose macros stand in for CUDA's qualifiers and thread
 //!   indices), and [`KernelOnCpuBackend`] runs that build through the same
@@ -175,6 +178,9 @@ pub struct GpuConfig {
     /// Threads of the CPU backend used for small and BLAKE3 batches;
     /// `None`: one per core.
     pub cpu_threads: Option<usize>,
+    /// Replace `min_batch_bytes` at start by the crossover measured on this
+    /// machine (SHA-256, GPU end to end against all CPU threads).
+    pub measure_crossover: bool,
 }
 
 impl Default for GpuConfig {
@@ -184,6 +190,7 @@ impl Default for GpuConfig {
             memory_fraction: DEVICE_MEMORY_FRACTION,
             min_batch_bytes: GPU_MIN_BATCH_BYTES,
             cpu_threads: None,
+            measure_crossover: true,
         }
     }
 }
@@ -206,10 +213,14 @@ impl GpuBackend {
     pub fn with_config(config: GpuConfig) -> Result<Self, FingerprintError> {
         let opened = device::open(&config)?;
         let cpu = CpuBackend::new(config.cpu_threads)?;
-        Ok(GpuBackend {
+        let backend = GpuBackend {
             device: opened.device,
             offload: Offload::new(opened.lanes, cpu, config.min_batch_bytes),
-        })
+        };
+        if config.measure_crossover {
+            backend.offload.measure_crossover(Algorithm::Sha256);
+        }
+        Ok(backend)
     }
 
     /// The device, its memory at start and the pool sized from it.
@@ -242,8 +253,8 @@ impl GpuBackend {
         let d = &self.device;
         format!(
             "{} (device {}, compute {}.{}, {} MiB free of {} MiB at start; pool {} streams x \
-             {} MiB pinned+device); batches under {} KiB and BLAKE3 go to the CPU backend \
-             ({} threads)",
+             {} MiB pinned+device); batches under {} KiB (the crossover measured at start, \
+             or as configured) and BLAKE3 go to the CPU backend ({} threads)",
             d.name,
             d.ordinal,
             d.compute_capability.0,
@@ -374,7 +385,7 @@ pub fn choose_backend(
         BackendChoice::Gpu => match GpuBackend::with_config(config) {
             Ok(gpu) => {
                 let why = format!("gpu: chosen by configuration: {}", gpu.describe());
-                Ok((Arc::new(gpu), why))
+                Ok((coalesced(gpu), why))
             }
             Err(FingerprintError::Unavailable(why)) => Err(FingerprintError::Unavailable(format!(
                 "gpu backend chosen by configuration cannot run: {why}"
@@ -384,7 +395,7 @@ pub fn choose_backend(
         BackendChoice::Auto => match GpuBackend::with_config(config) {
             Ok(gpu) => {
                 let why = format!("auto: found a usable GPU, using gpu: {}", gpu.describe());
-                Ok((Arc::new(gpu), why))
+                Ok((coalesced(gpu), why))
             }
             Err(gpu_error) => {
                 let cpu = CpuBackend::new(cpu_threads)?;
@@ -400,4 +411,17 @@ pub fn choose_backend(
             }
         },
     }
+}
+
+/// The GPU backend behind the coalescing queue (`fingerprint/coalesce.rs`),
+/// which gathers concurrent requests up to the measured crossover.
+fn coalesced(gpu: GpuBackend) -> Arc<dyn FingerprintBackend> {
+    let config = crate::fingerprint::coalesce::CoalesceConfig {
+        batch_bytes_min: gpu.min_batch_bytes().min(64 << 20),
+        ..Default::default()
+    };
+    Arc::new(crate::fingerprint::coalesce::CoalescingBackend::new(
+        Arc::new(gpu),
+        config,
+    ))
 }

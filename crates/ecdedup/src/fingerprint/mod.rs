@@ -52,6 +52,7 @@
 //! bound after ~65,000 chunks. It is the cheap, hardware-accelerated filter
 //! for deciding which chunks are worth a real fingerprint or a closer look.
 
+pub mod coalesce;
 mod cpu;
 pub mod gpu;
 #[cfg(test)]

@@ -145,6 +145,18 @@ impl KernelOnCpuBackend {
         })
     }
 
+    /// Measures the crossover against its CPU backend and routes by it,
+    /// as the GPU backend does at start (tests the measurement's plumbing
+    /// without a GPU).
+    pub fn measure_crossover(&self, algorithm: Algorithm) -> usize {
+        self.offload.measure_crossover(algorithm)
+    }
+
+    /// Batches under this many bytes go to the CPU backend.
+    pub fn min_batch_bytes(&self) -> usize {
+        self.offload.min_batch_bytes()
+    }
+
     /// What this backend has hashed, through the kernel and beside it.
     pub fn stats(&self) -> OffloadStats {
         self.offload.stats()

@@ -18,7 +18,7 @@ use crate::fingerprint::{
     Algorithm, CpuBackend, Fingerprint, FingerprintBackend, FingerprintError, FingerprintStats,
 };
 use serde::Serialize;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Mutex;
 
 /// What an offloading backend has hashed since it was made.
@@ -46,7 +46,7 @@ pub struct OffloadStats {
 pub(crate) struct Offload<L> {
     pool: LanePool<L>,
     cpu: CpuBackend,
-    min_batch_bytes: usize,
+    min_batch_bytes: AtomicUsize,
     failed: AtomicBool,
     failure: Mutex<Option<String>>,
     offloaded_batches: AtomicU64,
@@ -62,7 +62,7 @@ impl<L: Lane> Offload<L> {
         Offload {
             pool: LanePool::new(lanes),
             cpu,
-            min_batch_bytes,
+            min_batch_bytes: AtomicUsize::new(min_batch_bytes),
             failed: AtomicBool::new(false),
             failure: Mutex::new(None),
             offloaded_batches: AtomicU64::new(0),
@@ -83,7 +83,42 @@ impl<L: Lane> Offload<L> {
     }
 
     pub(crate) fn min_batch_bytes(&self) -> usize {
-        self.min_batch_bytes
+        self.min_batch_bytes.load(Relaxed)
+    }
+
+    /// Measures, on this machine, the batch size from which the lanes beat
+    /// the CPU backend (`coalesce::crossover` over 4 KiB to 64 MiB, best of
+    /// 3 each), and routes by it from now on; usize::MAX when the lanes
+    /// never win. Returns what was set.
+    pub(crate) fn measure_crossover(&self, algorithm: Algorithm) -> usize {
+        let Some(code) = algorithm_code(algorithm) else {
+            return self.min_batch_bytes();
+        };
+        let sizes = crate::fingerprint::coalesce::crossover_sizes();
+        let chunk = vec![0x5au8; 4096];
+        let mut out = Vec::new();
+        let crossover = crate::fingerprint::coalesce::crossover(&sizes, |side, bytes| {
+            let chunks: Vec<&[u8]> = (0..bytes / chunk.len()).map(|_| &chunk[..]).collect();
+            (0..3)
+                .map(|_| {
+                    let t = std::time::Instant::now();
+                    let _ = if side == 0 {
+                        self.cpu.fingerprint_batch(algorithm, &chunks, &mut out)
+                    } else {
+                        out.clear();
+                        out.resize(chunks.len(), Fingerprint::UNSET);
+                        run(&self.pool, algorithm, code, &chunks, &mut out, bytes)
+                            .map(|_| ())
+                            .map_err(FingerprintError::Backend)
+                    };
+                    t.elapsed()
+                })
+                .min()
+                .unwrap_or_default()
+        })
+        .unwrap_or(usize::MAX);
+        self.min_batch_bytes.store(crossover, Relaxed);
+        crossover
     }
 
     pub(crate) fn stats(&self) -> OffloadStats {
@@ -126,7 +161,7 @@ impl<L: Lane> Offload<L> {
         let code = match algorithm_code(algorithm) {
             Some(code)
                 if !chunks.is_empty()
-                    && total >= self.min_batch_bytes
+                    && total >= self.min_batch_bytes()
                     && !self.failed.load(Relaxed) =>
             {
                 code

@@ -714,3 +714,25 @@ fn kernel_source_compiles_as_cuda_cpp_with_clang() {
         "full blocks load as 16-byte vectors"
     );
 }
+
+#[test]
+fn the_crossover_measured_at_start_is_what_batches_are_routed_by() {
+    let backend = KernelOnCpuBackend::new(PoolLayout::new(2, 1 << 20)).unwrap();
+    let set = backend.measure_crossover(Algorithm::Sha256);
+    let sizes = crate::fingerprint::coalesce::crossover_sizes();
+    assert!(
+        set == usize::MAX || sizes.contains(&set),
+        "{set} is neither a measured size nor 'never'"
+    );
+    assert_eq!(backend.min_batch_bytes(), set);
+    // Whatever it is, fingerprints stay right on either side of it.
+    let chunk = vec![7u8; 4096];
+    let chunks: Vec<&[u8]> = (0..8).map(|_| &chunk[..]).collect();
+    let mut out = Vec::new();
+    backend
+        .fingerprint_batch(Algorithm::Sha256, &chunks, &mut out)
+        .unwrap();
+    assert_eq!(out, reference(Algorithm::Sha256, &chunks));
+    // BLAKE3 has no kernel: nothing to measure, the threshold stays.
+    assert_eq!(backend.measure_crossover(Algorithm::Blake3), set);
+}
