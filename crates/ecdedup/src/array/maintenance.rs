@@ -104,8 +104,10 @@ impl Array {
         }
         if degraded > 0 {
             self.warn(format!(
-                "{degraded} stripes were being written during an unclean stop while a device was out of service; \
-                 their missing units are decoded from parity that may predate the last writes (the degraded write hole)"
+                "{degraded} dirty stripes with a device out of service have rows the degraded-write log does not \
+                 cover: rows not written while degraded since the last flush (the failure synced every \
+                 device), or whose log a cut tore; they decode from parity as it is, and every decoded \
+                 block is checked (docs/write-hole.md)"
             ));
         }
         self.flush()?;
