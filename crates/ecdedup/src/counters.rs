@@ -125,6 +125,7 @@ array_counters! {
     decode_check_failures: "decoded rows that failed a recorded checksum or disagreed with a spare member",
     combination_decodes: "rows decoded by leaving out members that held stale blocks with matching checksums",
     unverified_decodes: "rows decoded from exactly k members with no checksum known for the decoded blocks",
+    read_errors_corrected: "medium read errors survived by decoding the block and rewriting it (the device stays in service)",
     unreadable_blocks: "block rows no combination of members decodes to their checksums (an I/O error, never wrong data)",
     resync_checksum_mismatches: "blocks of dirty stripes whose content no longer matched their recorded checksum at resync (a write in flight at the stop, or corruption)",
     resync_stripes: "stripes resynchronised after an unclean shutdown",

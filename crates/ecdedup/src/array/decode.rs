@@ -87,6 +87,7 @@ impl Array {
         let mut read = vec![vec![0u8; block]; w];
         let mut present = vec![false; w];
         let mut wrong = Vec::new();
+        let mut unreadable = Vec::new();
         let mut expected = vec![None; w];
         for (role, shard) in read.iter_mut().enumerate() {
             let place = g.place(stripe, role);
@@ -108,6 +109,11 @@ impl Array {
                 IoClass::Parity
             };
             if !self.dev_read(place.device, class, shard, g.device_offset(place.row, b)) {
+                // An unreadable block on a device still in service (a
+                // medium error): rewritten with the rest.
+                if self.holds(place.device, stripe) {
+                    unreadable.push(role);
+                }
                 continue;
             }
             if crc32c::crc32c(shard) == stored {
@@ -160,6 +166,7 @@ impl Array {
                 bump(&self.counters.array.reconstructed_blocks);
                 if repair {
                     self.rewrite_wrong(stripe, b, &shards, &wrong);
+                    self.rewrite_wrong(stripe, b, &shards, &unreadable);
                 }
                 return Ok(DecodedRow { shards, wrong });
             }

@@ -242,7 +242,7 @@ impl Array {
                 true
             }
             Err(e) => {
-                self.latch_failure(d, "read", &e);
+                self.note_read_error(d, &e);
                 false
             }
         }

@@ -65,6 +65,9 @@ pub const LOCK_FILE: &str = "lock";
 
 const TAG_ACTIVE: u8 = 0;
 const TAG_FAILED: u8 = 1;
+/// Medium read errors a device may return (each block decoded and
+/// rewritten) before it is failed: Linux md's `max_read_errors` default.
+pub const READ_ERRORS_MAX: u32 = 20;
 const TAG_REBUILDING: u8 = 2;
 
 /// Reports progress of a long operation: (what, done, total).
@@ -290,6 +293,8 @@ pub struct Array {
     /// current by degraded writes, so each decoded unit is checked before
     /// it is written (None when unknown or when no rebuild runs).
     prior_tables: Vec<Mutex<Option<ChecksumTable>>>,
+    /// Medium read errors per device since open (`note_read_error`).
+    read_errors: Vec<std::sync::atomic::AtomicU32>,
     intent: IntentLog,
     locks: Vec<RwLock<()>>,
     counters: Counters,
@@ -1019,6 +1024,9 @@ impl Array {
                 .map(|i| std::sync::atomic::AtomicBool::new(states[i] == MemberState::Active))
                 .collect(),
             prior_tables: (0..n).map(|_| Mutex::new(None)).collect(),
+            read_errors: (0..n)
+                .map(|_| std::sync::atomic::AtomicU32::new(0))
+                .collect(),
             members,
             tables,
             intent,
@@ -1342,6 +1350,29 @@ impl Array {
         }
         self.warn("space is back: writes are taken again".into());
         Ok(())
+    }
+
+    /// A read error: a medium error (EIO, EILSEQ, EBADMSG, ENODATA: an
+    /// unreadable sector) is counted, and the caller decodes the block from
+    /// the others and rewrites it (the disk remaps the sector); the device
+    /// fails at the [`READ_ERRORS_MAX`]th, as Linux md's `max_read_errors`.
+    /// Any other error (the device gone, a bad request) fails it at once.
+    pub(super) fn note_read_error(&self, d: usize, err: &std::io::Error) {
+        let medium = matches!(
+            err.raw_os_error(),
+            Some(libc::EIO) | Some(libc::EILSEQ) | Some(libc::EBADMSG) | Some(libc::ENODATA)
+        );
+        let seen = self.read_errors[d].fetch_add(1, SeqCst) + 1;
+        if !medium || seen >= READ_ERRORS_MAX {
+            self.latch_failure(d, "read", err);
+            return;
+        }
+        self.counters.devices[d].error();
+        crate::counters::bump(&self.counters.array.read_errors_corrected);
+        self.warn(format!(
+            "device {d}: read error ({err}), {seen} of {READ_ERRORS_MAX} before it is failed; \
+             the block is decoded from the others and rewritten"
+        ));
     }
 
     /// Latches an I/O error: the device is failed from now on.

@@ -3,7 +3,8 @@
 //! Fault model: the device can fail every I/O from some moment on (a dead
 //! disk), drop writes after a budget of writes (a crash: later writes never
 //! reach the media, as after a power cut where nothing after the cut
-//! persisted), or fail reads or writes of one offset range (a bad sector).
+//! persisted), or fail reads or writes of one offset range (a bad sector;
+//! an unreadable one is remapped by the next write over it).
 //! Silent
 //! corruption is injected by writing the inner device directly.
 
@@ -19,7 +20,8 @@ pub struct FaultPlan {
     /// Writes left before the simulated crash; negative means no crash armed.
     /// At zero, further writes are silently dropped.
     pub writes_before_crash: AtomicI64,
-    /// Reads overlapping this byte range fail with EIO.
+    /// Reads overlapping this byte range fail with EIO (a medium error);
+    /// a write overlapping it clears it (the disk remaps the sector).
     pub bad_read_range: Mutex<Option<(u64, u64)>>,
     /// Writes overlapping this byte range fail with EIO.
     pub bad_write_range: Mutex<Option<(u64, u64)>>,
@@ -79,7 +81,8 @@ impl<D: Device> Device for FaultyDevice<D> {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.check_dead()?;
         if overlaps(&self.plan.bad_read_range, offset, buf.len()) {
-            return Err(io::Error::other("injected: bad sector"));
+            // A medium error, as a disk reports an unreadable sector.
+            return Err(io::Error::from_raw_os_error(libc::EIO));
         }
         self.inner.read_at(buf, offset)
     }
@@ -97,6 +100,10 @@ impl<D: Device> Device for FaultyDevice<D> {
         }
         if self.crashed() {
             return Ok(());
+        }
+        // Writing a sector that could not be read remaps it, as disks do.
+        if overlaps(&self.plan.bad_read_range, offset, buf.len()) {
+            *self.plan.bad_read_range.lock().unwrap() = None;
         }
         self.inner.write_at(buf, offset)
     }

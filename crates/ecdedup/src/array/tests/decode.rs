@@ -181,3 +181,44 @@ fn resync_keeps_matching_checksums_and_counts_the_blocks_that_do_not() {
         .iter()
         .any(|w| w.contains("no longer matched their recorded checksums")));
 }
+
+#[test]
+fn a_medium_read_error_is_decoded_and_rewritten_and_only_repeated_ones_fail_the_device() {
+    let rig = Rig::filled_rs42();
+    let g = *rig.a().geometry();
+    let place = g.place(4, 1);
+    let at = g.device_offset(place.row, 2);
+    let bad_sector = |rig: &Rig| {
+        *rig.plans[place.device].bad_read_range.lock().unwrap() = Some((at + 512, at + 1024));
+    };
+    bad_sector(&rig);
+    assert_eq!(rig.unreadable_blocks(), Vec::<u64>::new());
+    assert!(rig
+        .a()
+        .member_states()
+        .iter()
+        .all(|s| *s == MemberState::Active));
+    let stats = rig.a().stats().array;
+    assert!(stats.read_errors_corrected >= 1, "{stats:?}");
+    assert!(
+        rig.plans[place.device]
+            .bad_read_range
+            .lock()
+            .unwrap()
+            .is_none(),
+        "the unreadable block was rewritten (the sector remapped)"
+    );
+    // The same device keeps returning medium errors: it is failed at the
+    // READ_ERRORS_MAX-th, and every read still returns right data.
+    let mut reads = 0;
+    while rig.a().member_states()[place.device] == MemberState::Active {
+        bad_sector(&rig);
+        let mut buf = vec![0u8; BLOCK];
+        let off = rig.block_offset(4, 1, 2);
+        rig.a().read(&mut buf, off).unwrap();
+        assert!(buf == rig.model[off as usize..off as usize + BLOCK]);
+        reads += 1;
+        assert!(reads <= READ_ERRORS_MAX, "the device was never failed");
+    }
+    assert_eq!(rig.unreadable_blocks(), Vec::<u64>::new());
+}
