@@ -164,3 +164,87 @@ fn a_preallocated_array_keeps_its_space_through_trims_and_a_sparse_one_returns_i
         }
     }
 }
+
+/// A loop device over a sparse file, detached when dropped.
+struct Loop {
+    dev: std::path::PathBuf,
+    backing: std::path::PathBuf,
+}
+
+impl Loop {
+    fn attach(backing: &Path, bytes: u64) -> Loop {
+        std::fs::File::create(backing)
+            .unwrap()
+            .set_len(bytes)
+            .unwrap();
+        let out = std::process::Command::new("losetup")
+            .args(["--find", "--show"])
+            .arg(backing)
+            .output()
+            .expect("losetup (util-linux) runs");
+        assert!(
+            out.status.success(),
+            "losetup failed (the tests run as root with loop devices): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Loop {
+            dev: String::from_utf8(out.stdout).unwrap().trim().into(),
+            backing: backing.to_owned(),
+        }
+    }
+
+    fn allocated_bytes(&self) -> u64 {
+        std::fs::metadata(&self.backing).unwrap().blocks() * 512
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("losetup")
+            .arg("-d")
+            .arg(&self.dev)
+            .status();
+    }
+}
+
+#[test]
+fn trims_on_block_devices_unmap_through_write_zeroes_instead_of_writing_zeroes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let loops: Vec<Loop> = (0..6)
+        .map(|i| Loop::attach(&tmp.path().join(format!("backing{i}")), 16 << 20))
+        .collect();
+    let dir = tmp.path().join("array");
+    let opts = CreateOptions {
+        devices: loops.iter().map(|l| l.dev.clone()).collect(),
+        k: 4,
+        m: 2,
+        stripe_unit_bytes: 32 << 10,
+        volume_bytes: VOLUME_BYTES,
+        intent_region_bytes: 1 << 20,
+        dedup: DedupConfig::default(),
+        write_policy: WritePolicy::Rmw,
+        journal_bytes_max: array::JOURNAL_BYTES_DEFAULT,
+        io: IoMode::Direct,
+        sparse: false,
+        force: false,
+    };
+    array::create(&dir, &opts).unwrap();
+    let vol = Volume::new(Arc::new(Array::open(&dir, None).unwrap()));
+    let data: Vec<u8> = (0..VOLUME_BYTES).map(|i| (i % 251) as u8 + 1).collect();
+    vol.write(&data, 0, false).unwrap();
+    vol.flush().unwrap();
+    let allocated = |loops: &[Loop]| loops.iter().map(Loop::allocated_bytes).sum::<u64>();
+    let before = allocated(&loops);
+    vol.write_zeroes(0, VOLUME_BYTES, false).unwrap();
+    vol.flush().unwrap();
+    let after = allocated(&loops);
+    assert!(read_all(&vol).iter().all(|&x| x == 0));
+    // The loop driver turns an unmapping write-zeroes into a hole in its
+    // backing file, and a BLKZEROOUT into an allocated zero range: the
+    // space coming back shows the device was asked to unmap.
+    assert!(
+        after + VOLUME_BYTES <= before,
+        "trimmed stripes stay allocated on the loop devices' files: {before} -> {after} bytes"
+    );
+    drop(vol);
+}

@@ -49,12 +49,14 @@ pub trait StorageFile: Send + Sync {
     /// file system.
     fn reserve(&self, len: u64) -> io::Result<()>;
     /// `[offset, offset+len)` reads as zeroes afterwards and its space may
-    /// be released (hole punching on files; zeroes written on block devices).
+    /// be released (hole punching on files; on block devices as `zero_range`).
     fn punch(&self, offset: u64, len: u64) -> io::Result<()>;
     /// `[offset, offset+len)` reads as zeroes afterwards and stays
     /// allocated, so writes there cannot meet a full file system:
-    /// `FALLOC_FL_ZERO_RANGE` on files, `BLKZEROOUT` on block devices
-    /// (which the device offloads where it can). Default: zeroes written.
+    /// `FALLOC_FL_ZERO_RANGE` on files; on block devices the device's
+    /// write-zeroes command, which may unmap the range (flash is not
+    /// worn), and `BLKZEROOUT` only where there is none. Default: zeroes
+    /// written.
     fn zero_range(&self, offset: u64, len: u64) -> io::Result<()> {
         write_zeroes_to(self, offset, len)
     }
@@ -328,7 +330,8 @@ impl StorageFile for OsFile {
 
     fn punch(&self, offset: u64, len: u64) -> io::Result<()> {
         if self.is_block_device {
-            // BLKDISCARD does not promise zeroes on every device.
+            // BLKDISCARD does not promise zeroes on every device; the
+            // write-zeroes offload of zero_range does, and may unmap.
             return self.zero_range(offset, len);
         }
         self.fallocate(
@@ -340,7 +343,22 @@ impl StorageFile for OsFile {
 
     fn zero_range(&self, offset: u64, len: u64) -> io::Result<()> {
         let r = if self.is_block_device {
-            self.ioctl_range(BLKZEROOUT, offset, len)
+            // Write-zeroes offloaded to the device, which may unmap the
+            // range (fallocate PUNCH_HOLE|KEEP_SIZE on a block device is the
+            // kernel's BLKDEV_ZERO_NOFALLBACK: never a write of zeroes, and
+            // the range reads zero after it). Only a device that offers no
+            // such command gets BLKZEROOUT, which the kernel may carry out
+            // by writing zeroes.
+            match self.fallocate(
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                offset,
+                len,
+            ) {
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP)) => {
+                    self.ioctl_range(BLKZEROOUT, offset, len)
+                }
+                r => r,
+            }
         } else {
             self.fallocate(
                 libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
