@@ -202,7 +202,7 @@ impl Array {
         {
             for (j, b) in blocks.clone().enumerate() {
                 let crc = crc32c::crc32c(&out[j * block..(j + 1) * block]);
-                if crc != self.tables[place.device].get(g.checksum_index(place.row, b)) {
+                if Some(crc) != self.tables[place.device].get(g.checksum_index(place.row, b)) {
                     bump(&self.counters.array.checksum_mismatches);
                     bad.push(b);
                 }

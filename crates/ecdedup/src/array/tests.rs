@@ -9,6 +9,7 @@ use rand::{Rng, RngCore, SeedableRng};
 use std::sync::atomic::Ordering;
 
 mod decode;
+mod paged_tables;
 mod policies;
 
 struct Rig {
