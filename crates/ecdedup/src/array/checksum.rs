@@ -11,12 +11,13 @@
 //! read) or set. A `set` reads nothing: a page that is not resident is
 //! started *partial*, holding only the entries set since, and is read from
 //! the device and merged under them when an entry it lacks is read, or
-//! before it is written. Resident pages are kept in shards (a mutex each),
-//! each bounded by its share of the configured bytes and evicted by CLOCK.
-//! A dirty page is written when evicted, or at `flush`; never dropped
-//! unwritten. A page written before the flush is covered, like one written
-//! at the flush, by the write-intent log until that flush completes (see
-//! docs/format.md). After an I/O error on the table the error is latched:
+//! before it is written. Resident pages are kept in shards (a mutex each,
+//! held across the page's device I/O), each bounded by its share of the
+//! configured bytes and evicted by CLOCK. A dirty page is written when
+//! evicted, or at `flush`; never dropped unwritten. A page written before
+//! the flush is covered, like one written at the flush (which orders
+//! nothing against the data either), by the write-intent log until that
+//! flush completes (see docs/format.md). After an I/O error on the table the error is latched:
 //! every later `flush` returns it (the array then fails the device), no
 //! page is evicted any more, and entries that are not resident read as
 //! unknown.
