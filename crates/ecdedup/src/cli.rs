@@ -79,6 +79,10 @@ enum Command {
         /// Bound of each device's parity journal (plog, parix).
         #[arg(long, default_value = "256M")]
         journal_max: String,
+        /// RAM bound of the per-block checksum tables, all devices together
+        /// (pages beyond it are read from the devices on demand).
+        #[arg(long, default_value = "64M")]
+        checksum_cache: String,
         /// Device I/O: direct (O_DIRECT, the device answers) or buffered
         /// (the page cache; for file systems that refuse O_DIRECT, as tmpfs).
         #[arg(long, default_value = "direct")]
@@ -523,6 +527,7 @@ fn run(cli: Cli) -> Result<()> {
             fingerprint_backend,
             write_policy,
             journal_max,
+            checksum_cache,
             io,
             sparse,
             force,
@@ -590,6 +595,10 @@ fn run(cli: Cli) -> Result<()> {
             array::set_fingerprint_backend(&dir, fingerprint_backend)?;
             if ssd_sim != crate::ssd::SsdSimConfig::default() {
                 array::set_ssd_sim(&dir, ssd_sim)?;
+            }
+            let checksum_cache_bytes = parse_size(&checksum_cache)?;
+            if checksum_cache_bytes != array::checksum::CACHE_BYTES_DEFAULT {
+                array::set_checksum_cache(&dir, checksum_cache_bytes)?;
             }
             println!(
                 "created RS({k},{m}) array in {} over {} devices: stripe unit {}, volume {}",

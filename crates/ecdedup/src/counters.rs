@@ -208,14 +208,15 @@ pub struct Stats {
 
 pub struct Counters {
     pub array: ArrayCounters,
-    pub devices: Vec<DeviceCounters>,
+    /// Shared with each device's checksum table, which counts its page I/O.
+    pub devices: Vec<std::sync::Arc<DeviceCounters>>,
 }
 
 impl Counters {
     pub fn new(devices: usize) -> Counters {
         Counters {
             array: ArrayCounters::default(),
-            devices: (0..devices).map(|_| DeviceCounters::default()).collect(),
+            devices: (0..devices).map(|_| Default::default()).collect(),
         }
     }
 

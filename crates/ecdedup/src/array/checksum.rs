@@ -1,21 +1,61 @@
-//! Per-block CRC32C tables, one per device, held whole in RAM (4 bytes per
-//! 4 KiB block: 0.1% of the device) and written back page by page.
+//! Per-block CRC32C tables, one per device, paged through a bounded cache:
+//! RAM follows the configured bound (`checksum_cache_bytes_max`), not the
+//! device's capacity, and opening a table reads nothing.
 //!
 //! On disk an entry stores `crc ^ ZERO_BLOCK_CRC`, so a zero-filled area
 //! (a fresh sparse file, a punched hole) describes all-zero blocks: creating
 //! an array writes no table, and a discard needs no table rewrite beyond the
-//! entries it resets. Entries changed since the last flush are tracked per
-//! 4 KiB table page; the write-intent log covers them until they are flushed
-//! (see docs/format.md).
+//! entries it resets. The table is cut into 4 KiB pages of 1024 entries.
+//!
+//! A page becomes resident when an entry of it is read (one 4 KiB device
+//! read) or set. A `set` reads nothing: a page that is not resident is
+//! started *partial*, holding only the entries set since, and is read from
+//! the device and merged under them when an entry it lacks is read, or
+//! before it is written. Resident pages are kept in shards (a mutex each,
+//! held across the page's device I/O), each bounded by its share of the
+//! configured bytes and evicted by CLOCK. A dirty page is written when
+//! evicted, or at `flush`; never dropped unwritten. A page written before
+//! the flush is covered, like one written at the flush (which orders
+//! nothing against the data either), by the write-intent log until that
+//! flush completes (see docs/format.md). After an I/O error on the table the error is latched:
+//! every later `flush` returns it (the array then fails the device), no
+//! page is evicted any more, and entries that are not resident read as
+//! unknown.
+//!
+//! Where the pages come from ([`Base`]): the device in the member's slot
+//! (shared with the array, so a failure or a replacement is seen at once);
+//! zeros ([`ChecksumTable::new_zeroed`], for benches and tests that flush to
+//! their own device); or nothing (a [`ChecksumTable::duplicate`]). A table
+//! whose pages cannot be read back (no device in the slot: a failed member,
+//! or a duplicate) evicts nothing: its resident pages are pinned, so the
+//! entries degraded writes set while a device is out stay known until the
+//! rebuild; entries of pages that were not resident when the device went
+//! out read as `None` (unknown), never as a made-up CRC. Such a table grows
+//! past the bound with the pages degraded writes touch, up to the whole
+//! table (4 bytes per 4 KiB block).
 
 use crate::counters::{DeviceCounters, IoClass};
 use crate::media::Device;
+use std::collections::{HashMap, VecDeque};
 use std::io;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
-const ENTRIES_PER_PAGE: u64 = 1024;
+/// The device a member position holds now (None while it is out of
+/// service); shared by the array and the position's table.
+pub type DeviceSlot = Arc<RwLock<Option<Arc<dyn Device>>>>;
+
+const ENTRIES_PER_PAGE: usize = 1024;
 const PAGE_BYTES: usize = 4096;
+const MASK_WORDS: usize = ENTRIES_PER_PAGE / 64;
+/// RAM of a resident page: its entries plus the map slot and clock entry.
+const PAGE_RAM_BYTES: u64 = PAGE_BYTES as u64 + 64;
+/// Extra RAM of a partial page: its known-entry mask.
+const MASK_RAM_BYTES: u64 = (MASK_WORDS * 8) as u64;
+/// Shards per table at most (fewer under a bound of fewer pages).
+const SHARDS_MAX: usize = 16;
+/// Default of `checksum_cache_bytes_max`: the RAM of all of an array's
+/// checksum tables together.
+pub const CACHE_BYTES_DEFAULT: u64 = 64 << 20;
 
 /// CRC32C of an all-zero block of `block_bytes`.
 pub fn zero_block_crc(block_bytes: usize) -> u32 {
@@ -24,173 +64,422 @@ pub fn zero_block_crc(block_bytes: usize) -> u32 {
     *ZERO_4K.get_or_init(|| crc32c::crc32c(&[0u8; 4096]))
 }
 
+/// Where pages that are not resident come from.
+enum Base {
+    /// The device in the slot, when there is one.
+    Device {
+        slot: DeviceSlot,
+        counters: Arc<DeviceCounters>,
+    },
+    /// Every entry describes a zero block.
+    Zero,
+    /// Unknown: a copy that cannot read pages back.
+    Unknown,
+}
+
+struct Page {
+    entries: Box<[u32; ENTRIES_PER_PAGE]>,
+    /// None when every entry is known; else bit i says entry i is (it was
+    /// set since the page became resident without being read).
+    known: Option<Box<[u64; MASK_WORDS]>>,
+    dirty: bool,
+    referenced: bool,
+}
+
+impl Page {
+    fn filled(crc: u32) -> Page {
+        Page {
+            entries: Box::new([crc; ENTRIES_PER_PAGE]),
+            known: None,
+            dirty: false,
+            referenced: true,
+        }
+    }
+
+    fn partial() -> Page {
+        Page {
+            known: Some(Box::new([0; MASK_WORDS])),
+            ..Page::filled(0)
+        }
+    }
+
+    fn is_known(&self, slot: usize) -> bool {
+        self.known
+            .as_ref()
+            .is_none_or(|m| m[slot / 64] & (1 << (slot % 64)) != 0)
+    }
+
+    /// Takes the entries this page does not know from the page's bytes on
+    /// the device; the page is then whole.
+    fn merge_under(&mut self, stored: &[u8], zero_crc: u32) {
+        assert_eq!(stored.len(), PAGE_BYTES);
+        for (slot, chunk) in stored.chunks_exact(4).enumerate() {
+            if !self.is_known(slot) {
+                self.entries[slot] = u32::from_le_bytes(chunk.try_into().unwrap()) ^ zero_crc;
+            }
+        }
+        self.known = None;
+    }
+
+    /// The page as the device stores it.
+    fn encode(&self, zero_crc: u32, buf: &mut [u8]) {
+        assert!(
+            self.known.is_none(),
+            "a partial page is merged before it is written"
+        );
+        for (chunk, crc) in buf.chunks_exact_mut(4).zip(self.entries.iter()) {
+            chunk.copy_from_slice(&(crc ^ zero_crc).to_le_bytes());
+        }
+    }
+
+    fn ram_bytes(&self) -> u64 {
+        PAGE_RAM_BYTES
+            + if self.known.is_some() {
+                MASK_RAM_BYTES
+            } else {
+                0
+            }
+    }
+}
+
+#[derive(Default)]
+struct Shard {
+    pages: HashMap<u64, Page>,
+    /// Resident pages in CLOCK order (the hand is the front).
+    clock: VecDeque<u64>,
+}
+
 pub struct ChecksumTable {
-    entries: Vec<AtomicU32>,
-    dirty_pages: Vec<AtomicU64>,
+    base: Base,
+    shards: Vec<Mutex<Shard>>,
+    pages_per_shard_max: usize,
+    blocks: u64,
     offset: u64,
     zero_crc: u32,
+    /// The first I/O error met reading or writing pages (kind, message).
+    error: Mutex<Option<(io::ErrorKind, String)>>,
 }
 
 impl ChecksumTable {
-    /// A table for `blocks` blocks, every entry describing a zero block.
-    pub fn new_zeroed(blocks: u64, offset: u64, block_bytes: usize) -> ChecksumTable {
-        let zero_crc = zero_block_crc(block_bytes);
-        let pages = blocks.div_ceil(ENTRIES_PER_PAGE);
-        ChecksumTable {
-            entries: (0..blocks).map(|_| AtomicU32::new(zero_crc)).collect(),
-            dirty_pages: (0..pages.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
-            offset,
-            zero_crc,
-        }
-    }
-
-    /// Loads the table from a device.
-    pub fn load(
-        dev: &dyn Device,
-        counters: &DeviceCounters,
+    /// The table of the device in `slot`, paged within `cache_bytes_max`
+    /// bytes (at least one page per shard). Reads nothing.
+    pub fn open(
+        slot: DeviceSlot,
+        counters: Arc<DeviceCounters>,
         blocks: u64,
         offset: u64,
         block_bytes: usize,
-    ) -> io::Result<ChecksumTable> {
-        let table = ChecksumTable::new_zeroed(blocks, offset, block_bytes);
-        let bytes = (blocks * 4).div_ceil(PAGE_BYTES as u64) * PAGE_BYTES as u64;
-        let mut buf = vec![0u8; (1 << 20).min(bytes as usize)];
-        let mut done = 0u64;
-        while done < bytes {
-            let n = (bytes - done).min(buf.len() as u64) as usize;
-            dev.read_at(&mut buf[..n], offset + done)?;
-            counters.read(IoClass::Metadata, n);
-            for (j, chunk) in buf[..n].chunks_exact(4).enumerate() {
-                let i = done / 4 + j as u64;
-                if i < blocks {
-                    let stored = u32::from_le_bytes(chunk.try_into().unwrap());
-                    table.entries[i as usize].store(stored ^ table.zero_crc, Relaxed);
-                }
-            }
-            done += n as u64;
+        cache_bytes_max: u64,
+    ) -> ChecksumTable {
+        ChecksumTable::with_base(
+            Base::Device { slot, counters },
+            blocks,
+            offset,
+            block_bytes,
+            cache_bytes_max,
+        )
+    }
+
+    /// A table for `blocks` blocks, every entry describing a zero block,
+    /// with no device behind it: pages it touches stay resident (flush
+    /// writes the dirty ones to the device it is given).
+    pub fn new_zeroed(blocks: u64, offset: u64, block_bytes: usize) -> ChecksumTable {
+        ChecksumTable::with_base(Base::Zero, blocks, offset, block_bytes, u64::MAX)
+    }
+
+    fn with_base(
+        base: Base,
+        blocks: u64,
+        offset: u64,
+        block_bytes: usize,
+        cache_bytes_max: u64,
+    ) -> ChecksumTable {
+        let pages_max = (cache_bytes_max / PAGE_RAM_BYTES).clamp(1, 1 << 40) as usize;
+        let shards = pages_max.min(SHARDS_MAX);
+        ChecksumTable {
+            base,
+            shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
+            pages_per_shard_max: pages_max / shards,
+            blocks,
+            offset,
+            zero_crc: zero_block_crc(block_bytes),
+            error: Mutex::new(None),
         }
-        Ok(table)
     }
 
-    pub fn get(&self, index: u64) -> u32 {
-        self.entries[index as usize].load(Relaxed)
+    /// The entry of block `index`; None where it is unknown: its page is
+    /// not resident and cannot be read (no device, or an I/O error, which
+    /// is latched).
+    pub fn get(&self, index: u64) -> Option<u32> {
+        assert!(index < self.blocks);
+        let (page_number, slot) = split(index);
+        let mut shard = self.shard(page_number);
+        if let Some(page) = shard.pages.get_mut(&page_number) {
+            page.referenced = true;
+            if !page.is_known(slot) {
+                let stored = self.read_page(page_number)?;
+                page.merge_under(&stored, self.zero_crc);
+            }
+            return Some(page.entries[slot]);
+        }
+        let page = match &self.base {
+            Base::Zero => return Some(self.zero_crc),
+            Base::Unknown => return None,
+            Base::Device { .. } => {
+                let stored = self.read_page(page_number)?;
+                let mut page = Page::partial();
+                page.merge_under(&stored, self.zero_crc);
+                page
+            }
+        };
+        let crc = page.entries[slot];
+        self.insert(&mut shard, page_number, page);
+        Some(crc)
     }
 
+    /// Records the checksum of block `index`. Never reads the device.
     pub fn set(&self, index: u64, crc: u32) {
-        self.entries[index as usize].store(crc, Relaxed);
-        self.mark_dirty(index / ENTRIES_PER_PAGE);
+        assert!(index < self.blocks);
+        let (page_number, slot) = split(index);
+        let mut shard = self.shard(page_number);
+        if !shard.pages.contains_key(&page_number) {
+            let page = match self.base {
+                Base::Zero => Page::filled(self.zero_crc),
+                Base::Device { .. } | Base::Unknown => Page::partial(),
+            };
+            self.insert(&mut shard, page_number, page);
+        }
+        let page = shard.pages.get_mut(&page_number).expect("inserted above");
+        page.entries[slot] = crc;
+        if let Some(mask) = page.known.as_mut() {
+            mask[slot / 64] |= 1 << (slot % 64);
+        }
+        page.dirty = true;
+        page.referenced = true;
     }
 
     pub fn set_zero(&self, index: u64) {
         self.set(index, self.zero_crc);
     }
 
-    /// Every entry back to "zero block", all pages dirty (a wiped device).
+    /// Every entry back to "zero block" on a wiped device: the caller has
+    /// made the table's area read as zeros (`install_replacement`
+    /// discards the whole device), so every page is forgotten unwritten,
+    /// and so is a latched error (it was the old device's).
     pub fn reset_zeroed(&self) {
-        for e in &self.entries {
-            e.store(self.zero_crc, Relaxed);
+        for shard in &self.shards {
+            *shard.lock().unwrap() = Shard::default();
         }
-        for w in &self.dirty_pages {
-            w.store(u64::MAX, Relaxed);
-        }
+        *self.error.lock().unwrap() = None;
     }
 
-    /// A copy of the entries in RAM, with no page dirty: what a replaced
-    /// device's blocks should decode to until the rebuild rewrites them.
+    /// A copy of the resident entries, with no page dirty and no device:
+    /// what a replaced device's blocks should decode to until the rebuild
+    /// rewrites them. Entries not resident here read as unknown there.
     pub fn duplicate(&self) -> ChecksumTable {
-        ChecksumTable {
-            entries: self
-                .entries
-                .iter()
-                .map(|e| AtomicU32::new(e.load(Relaxed)))
+        let copy = ChecksumTable {
+            base: Base::Unknown,
+            shards: (0..self.shards.len())
+                .map(|_| Mutex::new(Shard::default()))
                 .collect(),
-            dirty_pages: self.dirty_pages.iter().map(|_| AtomicU64::new(0)).collect(),
+            pages_per_shard_max: self.pages_per_shard_max,
+            blocks: self.blocks,
             offset: self.offset,
             zero_crc: self.zero_crc,
+            error: Mutex::new(None),
+        };
+        for (from, to) in self.shards.iter().zip(&copy.shards) {
+            let from = from.lock().unwrap();
+            let mut to = to.lock().unwrap();
+            for (&number, page) in &from.pages {
+                let page = Page {
+                    entries: page.entries.clone(),
+                    known: page.known.clone(),
+                    dirty: false,
+                    referenced: false,
+                };
+                to.pages.insert(number, page);
+                to.clock.push_back(number);
+            }
         }
+        copy
     }
 
+    /// RAM held by resident pages.
     pub fn ram_bytes(&self) -> u64 {
-        (self.entries.len() * 4 + self.dirty_pages.len() * 8) as u64
+        self.shards
+            .iter()
+            .map(|s| {
+                s.lock()
+                    .unwrap()
+                    .pages
+                    .values()
+                    .map(Page::ram_bytes)
+                    .sum::<u64>()
+            })
+            .sum()
     }
 
-    /// Writes every page changed since the last flush. A page's dirty bit is
-    /// cleared before its entries are read, so a concurrent `set` re-marks it.
+    /// Writes every page changed since the last flush to `dev` (a partial
+    /// page is read and merged first). Returns the latched error, if any.
+    /// Each page is written under its shard's lock, so a concurrent `set`
+    /// either lands before the page is encoded or leaves it dirty again.
     pub fn flush(&self, dev: &dyn Device, counters: &DeviceCounters) -> io::Result<()> {
-        for page in self.take_dirty_pages() {
-            dev.write_at(&page.bytes, page.offset)
-                .inspect_err(|_| self.mark_dirty(page.page))?;
-            counters.write(IoClass::Metadata, page.bytes.len());
+        self.check_latched()?;
+        let mut buf = vec![0u8; PAGE_BYTES];
+        for shard in &self.shards {
+            let dirty: Vec<u64> = {
+                let s = shard.lock().unwrap();
+                s.pages
+                    .iter()
+                    .filter(|(_, p)| p.dirty)
+                    .map(|(&n, _)| n)
+                    .collect()
+            };
+            for number in dirty {
+                let mut s = shard.lock().unwrap();
+                let Some(page) = s.pages.get_mut(&number) else {
+                    continue; // evicted, so written, meanwhile
+                };
+                if page.dirty {
+                    self.write_page(dev, counters, number, page, &mut buf)
+                        .inspect_err(|e| self.latch(e))?;
+                }
+            }
         }
         Ok(())
     }
 
-    /// The images of every dirty page, clearing their dirty marks: the
-    /// caller writes them (in one batch with other devices' pages) and
-    /// calls [`ChecksumTable::mark_dirty`] for each page whose write failed.
-    pub fn take_dirty_pages(&self) -> Vec<DirtyPage> {
-        let mut out = Vec::new();
-        for (word_index, word) in self.dirty_pages.iter().enumerate() {
-            let bits = word.swap(0, Relaxed);
-            for bit in (0..64).filter(|b| bits & (1 << b) != 0) {
-                let page = word_index as u64 * 64 + bit;
-                if page < self.pages() {
-                    out.push(DirtyPage {
-                        page,
-                        offset: self.offset + page * PAGE_BYTES as u64,
-                        bytes: self.page_image(page),
-                    });
-                }
+    fn check_latched(&self) -> io::Result<()> {
+        match self.error.lock().unwrap().as_ref() {
+            Some((kind, msg)) => Err(io::Error::new(
+                *kind,
+                format!("checksum table: an earlier I/O error: {msg}"),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    fn latch(&self, e: &io::Error) {
+        self.error
+            .lock()
+            .unwrap()
+            .get_or_insert_with(|| (e.kind(), e.to_string()));
+    }
+
+    fn shard(&self, page_number: u64) -> std::sync::MutexGuard<'_, Shard> {
+        self.shards[(page_number % self.shards.len() as u64) as usize]
+            .lock()
+            .unwrap()
+    }
+
+    /// The device behind the table, when pages can be read from it and
+    /// written back to it.
+    fn device(&self) -> Option<(Arc<dyn Device>, &DeviceCounters)> {
+        match &self.base {
+            Base::Device { slot, counters } if self.error.lock().unwrap().is_none() => {
+                let dev = slot.read().unwrap().clone()?;
+                Some((dev, counters.as_ref()))
+            }
+            _ => None,
+        }
+    }
+
+    /// The stored bytes of page `page_number`, or None (no device, or an
+    /// error, latched).
+    fn read_page(&self, page_number: u64) -> Option<Vec<u8>> {
+        let (dev, counters) = self.device()?;
+        let mut buf = vec![0u8; PAGE_BYTES];
+        match dev.read_at(&mut buf, self.page_offset(page_number)) {
+            Ok(()) => {
+                counters.read(IoClass::Metadata, PAGE_BYTES);
+                Some(buf)
+            }
+            Err(e) => {
+                self.latch(&e);
+                None
             }
         }
-        out
     }
 
-    /// Marks a page dirty again (its write failed).
-    pub fn mark_dirty(&self, page: u64) {
-        self.dirty_pages[(page / 64) as usize].fetch_or(1 << (page % 64), Relaxed);
+    fn page_offset(&self, page_number: u64) -> u64 {
+        self.offset + page_number * PAGE_BYTES as u64
     }
 
-    fn pages(&self) -> u64 {
-        (self.entries.len() as u64).div_ceil(ENTRIES_PER_PAGE)
-    }
-
-    fn page_image(&self, page: u64) -> Vec<u8> {
-        let mut buf = vec![0u8; PAGE_BYTES];
-        let first = page * ENTRIES_PER_PAGE;
-        let last = (first + ENTRIES_PER_PAGE).min(self.entries.len() as u64);
-        for (i, out) in (first..last).zip(buf.chunks_exact_mut(4)) {
-            let stored = self.entries[i as usize].load(Relaxed) ^ self.zero_crc;
-            out.copy_from_slice(&stored.to_le_bytes());
+    /// Writes a dirty page (merging a partial one under the device's copy
+    /// first) and marks it clean.
+    fn write_page(
+        &self,
+        dev: &dyn Device,
+        counters: &DeviceCounters,
+        page_number: u64,
+        page: &mut Page,
+        buf: &mut [u8],
+    ) -> io::Result<()> {
+        let at = self.page_offset(page_number);
+        if page.known.is_some() {
+            dev.read_at(buf, at)?;
+            counters.read(IoClass::Metadata, buf.len());
+            page.merge_under(buf, self.zero_crc);
         }
-        buf
+        page.encode(self.zero_crc, buf);
+        dev.write_at(buf, at)?;
+        counters.write(IoClass::Metadata, buf.len());
+        page.dirty = false;
+        Ok(())
+    }
+
+    /// Adds a page to its shard, first evicting pages past the bound when
+    /// they can be read back.
+    fn insert(&self, shard: &mut Shard, page_number: u64, page: Page) {
+        if shard.pages.len() >= self.pages_per_shard_max {
+            if let Some((dev, counters)) = self.device() {
+                self.evict(shard, dev.as_ref(), counters);
+            }
+        }
+        shard.pages.insert(page_number, page);
+        shard.clock.push_back(page_number);
+    }
+
+    /// CLOCK: passes over referenced pages (clearing the bit) and evicts
+    /// until the shard has room for one page; a dirty page is written
+    /// first. Stops at an I/O error (latched; the page stays).
+    fn evict(&self, shard: &mut Shard, dev: &dyn Device, counters: &DeviceCounters) {
+        let mut buf = vec![0u8; PAGE_BYTES];
+        let mut steps = 2 * shard.clock.len() + 1;
+        while shard.pages.len() >= self.pages_per_shard_max && steps > 0 {
+            steps -= 1;
+            let Some(number) = shard.clock.pop_front() else {
+                return;
+            };
+            let page = shard
+                .pages
+                .get_mut(&number)
+                .expect("clock holds resident pages");
+            if page.referenced {
+                page.referenced = false;
+                shard.clock.push_back(number);
+                continue;
+            }
+            if page.dirty {
+                if let Err(e) = self.write_page(dev, counters, number, page, &mut buf) {
+                    self.latch(&e);
+                    shard.clock.push_back(number);
+                    return;
+                }
+            }
+            shard.pages.remove(&number);
+        }
     }
 }
 
-/// A checksum page to write: its number, device offset and bytes.
-pub struct DirtyPage {
-    pub page: u64,
-    pub offset: u64,
-    pub bytes: Vec<u8>,
+/// (page number, entry within the page) of block `index`.
+fn split(index: u64) -> (u64, usize) {
+    (
+        index / ENTRIES_PER_PAGE as u64,
+        (index % ENTRIES_PER_PAGE as u64) as usize,
+    )
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::media::MemDevice;
-
-    #[test]
-    fn a_zeroed_area_describes_zero_blocks_and_flushed_entries_reload() {
-        let dev = MemDevice::new("t", 64 << 10);
-        let c = DeviceCounters::default();
-        let t = ChecksumTable::load(&dev, &c, 3000, 8192, 4096).unwrap();
-        assert_eq!(t.get(2999), crc32c::crc32c(&[0u8; 4096]));
-        t.set(1500, 0xdead_beef);
-        t.set(7, 1);
-        t.flush(&dev, &c).unwrap();
-        let u = ChecksumTable::load(&dev, &c, 3000, 8192, 4096).unwrap();
-        assert_eq!(u.get(1500), 0xdead_beef);
-        assert_eq!(u.get(7), 1);
-        assert_eq!(u.get(8), zero_block_crc(4096));
-    }
-}
+mod tests;

@@ -9,7 +9,10 @@
 //!   it, where that is known (the member holds the stripe; or it went out
 //!   of service since this open, and degraded writes kept its entries
 //!   current; or it is being rebuilt and its table from before the
-//!   replacement was kept); decoded parity is derived, not returned, and
+//!   replacement was kept; in the last two cases only for entries whose
+//!   table page was resident when the member went out, or that a degraded
+//!   write set since: the table's pages are pinned then, see
+//!   [`super::checksum`]); decoded parity is derived, not returned, and
 //!   its entry may describe a value a journal replay could not update;
 //! - and against every present member the decode did not need: the row
 //!   must be one codeword.
@@ -23,7 +26,8 @@
 //!
 //! The one case that cannot be checked: exactly k members present and no
 //! checksum known for the blocks decoded (a member already out when the
-//! array was opened, whose table went with it). Those decodes are counted
+//! array was opened, whose table went with it, or an entry whose table
+//! page was not resident when its member went out). Those decodes are counted
 //! (`unverified_decodes`) and served, as every RAID does; every block they
 //! are decoded from was itself checked against its checksum.
 
@@ -52,13 +56,13 @@ impl Array {
     /// should have, where known (see the module documentation).
     pub(super) fn expected_crc(&self, d: usize, stripe: u64, index: u64) -> Option<u32> {
         if self.holds(d, stripe) || self.sums_known[d].load(SeqCst) {
-            return Some(self.tables[d].get(index));
+            return self.tables[d].get(index);
         }
         self.prior_tables[d]
             .lock()
             .unwrap()
             .as_ref()
-            .map(|t| t.get(index))
+            .and_then(|t| t.get(index))
     }
 
     /// A write or discard of a member that does not hold the stripe (or
@@ -66,8 +70,8 @@ impl Array {
     /// so a later decode of it can be checked.
     pub(super) fn note_logical_crc(&self, d: usize, index: u64, crc: u32) {
         if self.sums_known[d].load(SeqCst) {
-            // Out of service since this open: the table is in RAM only
-            // (a failed device's pages are never flushed).
+            // Out of service since this open: the table's pages are pinned
+            // in RAM (a failed device's pages are never flushed).
             self.tables[d].set(index, crc);
         } else if let Some(t) = self.prior_tables[d].lock().unwrap().as_ref() {
             t.set(index, crc);
@@ -116,7 +120,7 @@ impl Array {
                 }
                 continue;
             }
-            if crc32c::crc32c(shard) == stored {
+            if Some(crc32c::crc32c(shard)) == stored {
                 present[role] = true;
             } else {
                 wrong.push(role);

@@ -12,7 +12,7 @@
 //!   whichever reads fewer blocks (ties go to RMW). A stripe with a member
 //!   out of service always takes RCW, which decodes what it cannot read.
 
-use super::{checksum, Array, IntentLog};
+use super::{Array, IntentLog};
 use crate::counters::{bump, IoClass};
 use crate::error::{Error, Result};
 use crate::media::{self, Device, DeviceIo, Op};
@@ -195,7 +195,7 @@ impl Array {
         {
             for (j, b) in blocks.clone().enumerate() {
                 let crc = crc32c::crc32c(&out[j * block..(j + 1) * block]);
-                if crc != self.tables[place.device].get(g.checksum_index(place.row, b)) {
+                if Some(crc) != self.tables[place.device].get(g.checksum_index(place.row, b)) {
                     bump(&self.counters.array.checksum_mismatches);
                     bad.push(b);
                 }
@@ -303,7 +303,7 @@ impl Array {
                     .clone()
                     .zip(out[i].chunks_exact(block))
                     .all(|(b, bytes)| {
-                        crc32c::crc32c(bytes) == table.get(g.checksum_index(place.row, b))
+                        Some(crc32c::crc32c(bytes)) == table.get(g.checksum_index(place.row, b))
                     });
         }
         for (i, (role, blocks)) in wants.iter().enumerate() {
@@ -900,39 +900,13 @@ impl Array {
             .filter(|&d| chosen[d])
             .filter_map(|d| self.device(d).map(|dev| (d, dev)))
             .collect();
-        let pages: Vec<(usize, &Arc<dyn Device>, checksum::DirtyPage)> = devs
-            .iter()
-            .flat_map(|(d, dev)| {
-                self.tables[*d]
-                    .take_dirty_pages()
-                    .into_iter()
-                    .map(move |page| (*d, dev, page))
-            })
-            .collect();
-        let mut ios: Vec<DeviceIo> = pages
-            .iter()
-            .map(|(_, dev, page)| DeviceIo {
-                dev: dev.as_ref(),
-                op: Op::Write {
-                    buf: &page.bytes,
-                    offset: page.offset,
-                    // What a plain `write_at` says.
-                    hint: media::WriteHint::new(IoClass::Data),
-                    fua: false,
-                },
-            })
-            .collect();
+        // Checksum pages first (each table writes its dirty pages through
+        // its bounded cache), then every device synced in one batch.
         let mut failed = vec![false; self.members.len()];
-        for ((d, _, page), r) in pages.iter().zip(self.submit(&mut ios)) {
-            match r {
-                Ok(()) => self.counters.devices[*d].write(IoClass::Metadata, page.bytes.len()),
-                Err(e) => {
-                    self.tables[*d].mark_dirty(page.page);
-                    if !failed[*d] {
-                        failed[*d] = true;
-                        self.latch_failure(*d, "flush", &e);
-                    }
-                }
+        for (d, dev) in &devs {
+            if let Err(e) = self.tables[*d].flush(dev.as_ref(), &self.counters.devices[*d]) {
+                failed[*d] = true;
+                self.latch_failure(*d, "flush", &e);
             }
         }
         let syncing: Vec<&(usize, Arc<dyn Device>)> =

@@ -770,7 +770,7 @@ impl Array {
             IoClass::Parity,
             &mut buf,
             g.device_offset(place.row, row),
-        ) && crc32c::crc32c(&buf)
+        ) && Some(crc32c::crc32c(&buf))
             == self.tables[place.device].get(g.checksum_index(place.row, row))
         {
             return StoredParity::Intact(buf);

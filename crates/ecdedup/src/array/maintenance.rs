@@ -184,7 +184,7 @@ impl Array {
         for (b, chunk) in unit.chunks_exact(g.block() as usize).enumerate() {
             let index = g.checksum_index(place.row, b as u64);
             let crc = crc32c::crc32c(chunk);
-            if table.get(index) != crc {
+            if table.get(index) != Some(crc) {
                 bump(&self.counters.array.resync_checksum_mismatches);
                 table.set(index, crc);
             }
@@ -236,7 +236,7 @@ impl Array {
                 let Some(unit) = unit else { continue };
                 let place = g.place(stripe, role);
                 for (b, chunk) in unit.chunks_exact(block).enumerate() {
-                    if crc32c::crc32c(chunk)
+                    if Some(crc32c::crc32c(chunk))
                         != self.tables[place.device].get(g.checksum_index(place.row, b as u64))
                     {
                         report.checksum_mismatches += 1;

@@ -109,6 +109,14 @@ pub struct ConfigFile {
     /// field were): discard punches holes instead of zeroing in place.
     #[serde(default = "default_sparse")]
     pub sparse: bool,
+    /// RAM bound of the checksum tables of all devices together, bytes
+    /// (split evenly between them; see `checksum`).
+    #[serde(default = "default_checksum_cache_bytes")]
+    pub checksum_cache_bytes_max: u64,
+}
+
+fn default_checksum_cache_bytes() -> u64 {
+    checksum::CACHE_BYTES_DEFAULT
 }
 
 fn default_sparse() -> bool {
@@ -211,7 +219,9 @@ pub struct CreateOptions {
 const FOREIGN_HEAD_BYTES: u64 = 72 << 10;
 
 struct Member {
-    dev: RwLock<Option<Arc<dyn Device>>>,
+    /// Shared with the position's checksum table, which reads its pages
+    /// from the device there.
+    dev: checksum::DeviceSlot,
     tag: AtomicU8,
     cursor: AtomicU64,
 }
@@ -588,6 +598,7 @@ pub fn format_in(
         ssd_sim: crate::ssd::SsdSimConfig::default(),
         io: opts.io,
         sparse: opts.sparse,
+        checksum_cache_bytes_max: default_checksum_cache_bytes(),
     }
     .store_in(storage.as_ref(), dir)
 }
@@ -599,6 +610,15 @@ pub fn set_ssd_sim(dir: &Path, sim: crate::ssd::SsdSimConfig) -> Result<()> {
     let _lock = lock_dir(dir)?;
     let mut cfg = ConfigFile::load(dir)?;
     cfg.ssd_sim = sim;
+    cfg.store(dir)
+}
+
+/// Records the RAM bound of the checksum tables of the array in `dir`
+/// (`create --checksum-cache`); it applies from the next open.
+pub fn set_checksum_cache(dir: &Path, bytes: u64) -> Result<()> {
+    let _lock = lock_dir(dir)?;
+    let mut cfg = ConfigFile::load(dir)?;
+    cfg.checksum_cache_bytes_max = bytes;
     cfg.store(dir)
 }
 
@@ -863,25 +883,23 @@ impl Array {
         }
         let codec = Codec::new(geo.k(), geo.m()).map_err(|e| Error::Config(e.to_string()))?;
         let counters = Counters::new(n);
-        let mut tables = Vec::with_capacity(n);
-        for (i, device) in devices.iter().enumerate() {
-            let table = match device {
-                Some(d) => ChecksumTable::load(
-                    d.as_ref(),
-                    &counters.devices[i],
+        let slots: Vec<checksum::DeviceSlot> = devices
+            .iter()
+            .map(|d| Arc::new(RwLock::new(d.clone())))
+            .collect();
+        let cache_bytes_per_device = cfg.checksum_cache_bytes_max / n as u64;
+        let tables = (0..n)
+            .map(|i| {
+                ChecksumTable::open(
+                    Arc::clone(&slots[i]),
+                    Arc::clone(&counters.devices[i]),
                     geo.blocks_per_device(),
                     layout::CHECKSUM_OFFSET,
                     geo.block() as usize,
+                    cache_bytes_per_device,
                 )
-                .map_err(|e| Error::io(format!("reading checksum table of device {i}"), e))?,
-                None => ChecksumTable::new_zeroed(
-                    geo.blocks_per_device(),
-                    layout::CHECKSUM_OFFSET,
-                    geo.block() as usize,
-                ),
-            };
-            tables.push(table);
-        }
+            })
+            .collect();
         let spr = IntentLog::stripes_per_region(geo.stripe_data_bytes(), cfg.intent_region_bytes);
         let (intent, recovery, intent_warning) = IntentLog::open_in(
             storage.as_ref(),
@@ -900,7 +918,7 @@ impl Array {
                     MemberState::Rebuilding { cursor } => (TAG_REBUILDING, cursor),
                 };
                 Member {
-                    dev: RwLock::new(devices[i].clone()),
+                    dev: Arc::clone(&slots[i]),
                     tag: AtomicU8::new(tag),
                     cursor: AtomicU64::new(cursor),
                 }

@@ -46,7 +46,7 @@ impl Rig {
         let off = g.device_offset(place.row, b) as usize;
         let index = g.checksum_index(place.row, b);
         let old = self.mems[place.device].with_bytes(|d| d[off..off + BLOCK].to_vec());
-        let old_crc = self.a().tables[place.device].get(index);
+        let old_crc = self.a().tables[place.device].get(index).unwrap();
         change(self);
         self.a().flush().unwrap();
         self.mems[place.device].with_bytes(|d| d[off..off + BLOCK].copy_from_slice(&old));
