@@ -132,12 +132,14 @@ enum Command {
         #[arg(long)]
         fingerprint_backend: Option<String>,
     },
-    /// Show geometry, device states and any running operation.
+    /// Show geometry, device states and any running operation (a stopped
+    /// array is only read: no recovery, no file changed).
     Status {
         #[arg(long)]
         json: bool,
     },
-    /// Print the running server's counters (JSON, or Prometheus text).
+    /// Print the running server's counters (JSON, or Prometheus text); 0 for
+    /// a stopped array, which is not opened.
     Stats {
         #[arg(long)]
         prometheus: bool,
@@ -616,12 +618,14 @@ fn run(cli: Cli) -> Result<()> {
             serve(&dir, socket, tcp, metrics, trace, threads, plugin, backend)
         }
         Command::Status { json } => {
-            let status = match open_offline(&dir)? {
-                Some(a) => a.status(),
-                None => match control::request(&dir, &Request::Status)? {
+            let status = match array::lock_dir(&dir) {
+                // Held while reading, so that no server starts meanwhile.
+                Ok(_lock) => array::inspect(&dir)?,
+                Err(Error::Busy(_)) => match control::request(&dir, &Request::Status)? {
                     Response::Status(s) => *s,
                     other => return Err(unexpected(other)),
                 },
+                Err(e) => return Err(e),
             };
             if json {
                 println!(
@@ -634,12 +638,22 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Stats { prometheus } => {
-            let stats = match open_offline(&dir)? {
-                Some(a) => a.stats(),
-                None => match control::request(&dir, &Request::Stats)? {
+            let stats = match array::lock_dir(&dir) {
+                Ok(_lock) => {
+                    // Counters count what one server did; a stopped array
+                    // is not opened (that would recover it), so they are 0.
+                    eprintln!(
+                        "ecdedup: no server runs on {}: counters cover one serve session, so they are all 0",
+                        dir.display()
+                    );
+                    let devices = array::ConfigFile::load(&dir)?.devices.len();
+                    crate::counters::Counters::new(devices).snapshot(0)
+                }
+                Err(Error::Busy(_)) => match control::request(&dir, &Request::Stats)? {
                     Response::Stats(s) => *s,
                     other => return Err(unexpected(other)),
                 },
+                Err(e) => return Err(e),
             };
             if prometheus {
                 print!("{}", stats.prometheus());

@@ -55,6 +55,25 @@ struct Inner {
     epoch: u64,
 }
 
+/// The stripes per region and the region bytes of a map file, if its
+/// header is intact and describes an array of `stripes` stripes.
+fn parse_map(bytes: &[u8], array_uuid: &[u8; 16], stripes: u64) -> Option<(u64, Vec<u8>)> {
+    if bytes.len() < HEADER_BYTES as usize || bytes[0..8] != MAGIC {
+        return None;
+    }
+    let crc = u32::from_le_bytes(bytes[4092..4096].try_into().unwrap());
+    if crc != crc32c::crc32c(&bytes[..4092]) || bytes[16..32] != array_uuid[..] {
+        return None;
+    }
+    let spr = u64::from_le_bytes(bytes[32..40].try_into().unwrap());
+    let regions = u64::from_le_bytes(bytes[40..48].try_into().unwrap());
+    if spr == 0 || regions != stripes.div_ceil(spr) || bytes.len() as u64 != HEADER_BYTES + regions
+    {
+        return None;
+    }
+    Some((spr, bytes[HEADER_BYTES as usize..].to_vec()))
+}
+
 pub struct IntentLog {
     file: Arc<dyn StorageFile>,
     stripes_per_region: u64,
@@ -151,24 +170,9 @@ impl IntentLog {
     ) -> Result<(IntentLog, Recovery, Option<String>)> {
         let io = |e| Error::io(format!("opening intent log {}", path.display()), e);
         let mut warning = None;
-        let parsed = read_all(storage, path).ok().and_then(|bytes| {
-            if bytes.len() < HEADER_BYTES as usize || bytes[0..8] != MAGIC {
-                return None;
-            }
-            let crc = u32::from_le_bytes(bytes[4092..4096].try_into().unwrap());
-            if crc != crc32c::crc32c(&bytes[..4092]) || bytes[16..32] != array_uuid[..] {
-                return None;
-            }
-            let spr = u64::from_le_bytes(bytes[32..40].try_into().unwrap());
-            let regions = u64::from_le_bytes(bytes[40..48].try_into().unwrap());
-            if spr == 0
-                || regions != stripes.div_ceil(spr)
-                || bytes.len() as u64 != HEADER_BYTES + regions
-            {
-                return None;
-            }
-            Some((spr, bytes[HEADER_BYTES as usize..].to_vec()))
-        });
+        let parsed = read_all(storage, path)
+            .ok()
+            .and_then(|bytes| parse_map(&bytes, array_uuid, stripes));
         let (spr, map) = match parsed {
             Some(p) => p,
             None => {
@@ -215,6 +219,15 @@ impl IntentLog {
             },
             warning,
         ))
+    }
+
+    /// How many regions the map at `path` marks dirty, read without
+    /// changing it (the status of a stopped array); None when the map is
+    /// missing or corrupt (the next open resynchronises every stripe).
+    pub fn dirty_regions_at(path: &Path, array_uuid: &[u8; 16], stripes: u64) -> Option<usize> {
+        let bytes = std::fs::read(path).ok()?;
+        let (_, map) = parse_map(&bytes, array_uuid, stripes)?;
+        Some(map.iter().filter(|&&b| b != 0).count())
     }
 
     /// Announces a write into `stripe`: marks its region dirty (durably) if

@@ -23,6 +23,7 @@
 
 pub mod checksum;
 pub mod degraded_log;
+mod inspect;
 pub mod intent;
 mod io;
 pub mod journal;
@@ -33,6 +34,7 @@ pub mod superblock;
 #[cfg(test)]
 mod tests;
 
+pub use inspect::inspect;
 pub use layout::Geometry;
 pub use logging::WritePolicy;
 pub use maintenance::ScrubReport;
@@ -319,6 +321,16 @@ pub struct Array {
     /// The simulated-SSD wear layer of each device (empty when off).
     ssd_wear: Vec<RwLock<Option<Arc<crate::ssd::WearDevice>>>>,
     _lock: StorageLock,
+}
+
+/// "healthy", "degraded (...)" or "failed (...)": how many members are out
+/// of service against the m the code survives.
+fn health(states: &[MemberState], m: usize) -> String {
+    match states.iter().filter(|s| **s != MemberState::Active).count() {
+        0 => "healthy".to_string(),
+        x if x <= m => format!("degraded ({x} of {} devices not in service)", states.len()),
+        x => format!("failed ({x} devices not in service)"),
+    }
 }
 
 /// Takes the array folder's lock, or says who holds it.
@@ -716,22 +728,7 @@ impl Array {
             let Some(dev) = slot else { continue };
             match read_superblock(dev.as_ref()) {
                 Ok(sb) => {
-                    if sb.array_uuid != *cfg.array_uuid.as_bytes() {
-                        return Err(Error::Device {
-                            path: cfg.devices[i].clone(),
-                            reason: format!(
-                                "belongs to another array ({}), not {}",
-                                uuid::Uuid::from_bytes(sb.array_uuid),
-                                cfg.array_uuid
-                            ),
-                        });
-                    }
-                    if sb.position as usize != i {
-                        return Err(Error::Device {
-                            path: cfg.devices[i].clone(),
-                            reason: format!("is position {} of this array, listed at position {i}: were devices swapped?", sb.position),
-                        });
-                    }
+                    inspect::check_member(&cfg, i, &sb)?;
                     sbs[i] = Some(sb);
                 }
                 Err(e) => {
@@ -743,14 +740,7 @@ impl Array {
                 }
             }
         }
-        let newest = sbs
-            .iter()
-            .flatten()
-            .max_by_key(|sb| sb.generation)
-            .cloned()
-            .ok_or_else(|| {
-                Error::Unavailable("no device of the array has a readable superblock".into())
-            })?;
+        let newest = inspect::newest_superblock(&sbs)?;
         let geo = newest.geometry;
         if geo.devices as usize != n {
             return Err(Error::Corrupt(format!(
@@ -837,13 +827,7 @@ impl Array {
         }
         let unusable = states.iter().filter(|s| **s == MemberState::Failed).count();
         if unusable > geo.m() {
-            return Err(Error::Unavailable(format!(
-                "{unusable} of {n} devices are failed or missing; RS({},{}) survives at most {}. {}",
-                geo.k,
-                geo.m,
-                geo.m,
-                warnings.join("; ")
-            )));
+            return Err(inspect::too_many_failed(unusable, &geo, &warnings));
         }
         let codec = Codec::new(geo.k(), geo.m()).map_err(|e| Error::Config(e.to_string()))?;
         let counters = Counters::new(n);
@@ -1147,17 +1131,8 @@ impl Array {
                 state: self.member_state(d),
             })
             .collect();
-        let down = devices
-            .iter()
-            .filter(|d| d.state != MemberState::Active)
-            .count();
-        let health = match down {
-            0 => "healthy".to_string(),
-            x if x <= self.geo.m() => {
-                format!("degraded ({x} of {} devices not in service)", devices.len())
-            }
-            x => format!("failed ({x} devices not in service)"),
-        };
+        let states: Vec<MemberState> = devices.iter().map(|d| d.state).collect();
+        let health = health(&states, self.geo.m());
         Status {
             array_uuid: cfg.file.array_uuid,
             devices_total: self.geo.devices,
