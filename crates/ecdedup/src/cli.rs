@@ -155,6 +155,19 @@ enum Command {
     },
     /// Rebuild replaced devices from the others, with progress.
     Rebuild,
+    /// Bring back a failed device whose data is still there (its failure
+    /// was transient), reconstructing only the regions written while it was
+    /// out. Runs on a stopped array with the rmw policy and no dedup.
+    ReAdd { position: usize },
+    /// Open a stopped array with more than m devices marked failed whose
+    /// data is still there (a transient fault took them out): the freshest
+    /// of them (the last to leave service) are marked active again, as few
+    /// as bring the failed count down to m.
+    Assemble {
+        /// Required: the devices brought back are trusted as they are.
+        #[arg(long)]
+        force: bool,
+    },
     /// Verify every block checksum and every stripe's parity; repair what is wrong.
     Scrub {
         /// Report only, change nothing.
@@ -750,6 +763,49 @@ fn run(cli: Cli) -> Result<()> {
                 return Err(Error::Other(
                     "scrub found inconsistencies (run without --check-only to repair)".into(),
                 ));
+            }
+            Ok(())
+        }
+        Command::ReAdd { position } => {
+            let Some(mut a) = open_offline(&dir)? else {
+                return Err(Error::Busy(format!(
+                    "stop the server of {} first: re-add runs on a stopped array",
+                    dir.display()
+                )));
+            };
+            let units = a.re_add(position)?;
+            a.close()?;
+            println!(
+                "device {position} re-added: {units} stripe units it missed were reconstructed (of {} stripes)",
+                a.geometry().stripes
+            );
+            Ok(())
+        }
+        Command::Assemble { force } => {
+            if !force {
+                return Err(Error::Config(
+                    "an array assembles whenever it is opened; `assemble --force` brings back \
+                     failed devices whose data is still there when more than m are failed"
+                        .into(),
+                ));
+            }
+            let back = array::force_assemble(&dir)?;
+            let status = array::inspect(&dir)?;
+            let still: Vec<String> = status
+                .devices
+                .iter()
+                .filter(|d| d.state == array::MemberState::Failed)
+                .map(|d| d.position.to_string())
+                .collect();
+            println!(
+                "device(s) {} marked active again, their data taken as it is (the dirty regions are resynchronised when the array opens)",
+                back.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")
+            );
+            if !still.is_empty() {
+                println!(
+                    "still failed: {} (`ecdedup re-add N` if a device's data is still there, else `replace` and `rebuild`)",
+                    still.join(", ")
+                );
             }
             Ok(())
         }

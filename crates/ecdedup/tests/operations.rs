@@ -179,16 +179,7 @@ fn sigterm_stops_the_server_cleanly_while_an_idle_client_stays_connected() {
 
 #[test]
 fn status_and_stats_of_a_killed_array_change_no_file_and_run_no_recovery() {
-    let a = TestArray::create_with(&[
-        "create",
-        "--size",
-        "64M",
-        "--sparse",
-        "--intent-region",
-        "4M",
-        "--write-policy",
-        "plog",
-    ]);
+    let a = TestArray::create_64m_small_regions(&["--write-policy", "plog"]);
     let data = pseudo_random(47, 3 * MIB as usize);
     let server = a.serve();
     let mut client = server.client();

@@ -18,7 +18,7 @@ use std::path::Path;
 
 /// What one device's superblock says, read without writing; Err names why
 /// the device counts as failed.
-fn read_member(path: &Path) -> std::result::Result<(Superblock, u64), String> {
+pub(super) fn read_member(path: &Path) -> std::result::Result<(Superblock, u64), String> {
     use std::io::{Seek, SeekFrom};
     use std::os::unix::fs::FileExt;
     let mut file = std::fs::File::open(path).map_err(|e| format!("cannot be opened: {e}"))?;

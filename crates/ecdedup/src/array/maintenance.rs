@@ -333,7 +333,7 @@ impl Array {
 
     /// Decodes a whole unit of `stripe` from the others (per block row, so a
     /// bad block elsewhere costs only its row). Caller holds the stripe lock.
-    fn reconstruct_unit(&self, stripe: u64, role: usize) -> Result<Vec<u8>> {
+    pub(super) fn reconstruct_unit(&self, stripe: u64, role: usize) -> Result<Vec<u8>> {
         let g = &self.geo;
         let block = g.block() as usize;
         let mut unit = vec![0u8; g.unit_bytes() as usize];

@@ -21,6 +21,7 @@
 //! Lock order: stripe lock, then the config lock. Nothing that holds the
 //! config lock takes a stripe lock.
 
+mod assemble;
 pub mod checksum;
 pub mod degraded_log;
 mod inspect;
@@ -30,10 +31,12 @@ pub mod journal;
 pub mod layout;
 mod logging;
 mod maintenance;
+mod readd;
 pub mod superblock;
 #[cfg(test)]
 mod tests;
 
+pub use assemble::force_assemble;
 pub use inspect::inspect;
 pub use layout::Geometry;
 pub use logging::WritePolicy;
@@ -63,6 +66,7 @@ pub const CONFIG_FILE: &str = "array.json";
 pub const INTENT_FILE: &str = "intent.map";
 pub const DEGRADED_LOG_FILE: &str = "degraded.log";
 pub const LOCK_FILE: &str = "lock";
+pub use readd::MISSED_FILE;
 
 const TAG_ACTIVE: u8 = 0;
 const TAG_FAILED: u8 = 1;
@@ -1019,6 +1023,7 @@ impl Array {
         if journal_unreadable {
             dirty = vec![(0, geo.stripes)];
         }
+        array.resume_missed_tracking();
         if !dirty.is_empty() {
             array.resync(&dirty, progress.as_ref())?;
         }
@@ -1236,6 +1241,7 @@ impl Array {
         self.members[d].tag.store(TAG_FAILED, SeqCst);
         *self.members[d].dev.write().unwrap() = None;
         *self.dedup[d].write().unwrap() = None;
+        self.track_missed_writes(true);
     }
 
     /// Whether an error says the space under a device ran out (the file
@@ -1298,6 +1304,7 @@ impl Array {
         }
         *self.members[d].dev.write().unwrap() = None;
         *self.dedup[d].write().unwrap() = None;
+        self.track_missed_writes(true);
         self.replay_wanted.store(true, SeqCst);
         self.warn(format!(
             "device {d} failed ({what}: {err}); continuing degraded"
