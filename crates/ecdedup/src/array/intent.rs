@@ -288,10 +288,10 @@ impl IntentLog {
     }
 
     /// Starts keeping the missed map at `path` (a member left service):
-    /// an existing intact map is kept and added to; otherwise a new one
-    /// starts with every region dirty now (writes in flight as the member
-    /// left), or with every region when `history_known` is false (the
-    /// member was out before anything was tracked).
+    /// the regions dirty now (writes in flight as the member left, or at a
+    /// crash before this open) are added to an existing intact map, or
+    /// start a new one; every region is when `history_known` is false
+    /// (the member was out before anything was tracked).
     pub fn track_missed_in(
         &self,
         storage: &dyn Storage,
@@ -310,20 +310,25 @@ impl IntentLog {
             .ok()
             .and_then(|bytes| parse_map(&bytes, array_uuid, stripes))
             .filter(|(spr, _)| *spr == self.stripes_per_region);
-        let regions: Vec<bool> = match kept {
-            Some((_, map)) => map.iter().map(|&b| b != 0).collect(),
-            None => {
-                let regions: Vec<bool> = inner
-                    .regions
-                    .iter()
-                    .map(|r| !history_known || r.dirty || r.in_flight > 0)
-                    .collect();
-                let mut bytes = header(array_uuid, self.stripes_per_region, regions.len() as u64);
-                bytes.extend(regions.iter().map(|&d| d as u8));
-                crate::media::storage::write_atomic(storage, path, &bytes).map_err(io)?;
-                regions
-            }
+        // Regions a write may be in as the member leaves (or was in at a
+        // crash before this open) are missed too.
+        let now: Vec<bool> = inner
+            .regions
+            .iter()
+            .map(|r| !history_known || r.dirty || r.in_flight > 0)
+            .collect();
+        let regions: Vec<bool> = match &kept {
+            Some((_, map)) => map.iter().zip(&now).map(|(&b, &n)| b != 0 || n).collect(),
+            None => now,
         };
+        let unchanged = kept
+            .as_ref()
+            .is_some_and(|(_, map)| map.iter().zip(&regions).all(|(&b, &r)| (b != 0) == r));
+        if !unchanged {
+            let mut bytes = header(array_uuid, self.stripes_per_region, regions.len() as u64);
+            bytes.extend(regions.iter().map(|&d| d as u8));
+            crate::media::storage::write_atomic(storage, path, &bytes).map_err(io)?;
+        }
         let file = storage.open(path).map_err(io)?;
         *missed = Some(Missed { file, regions });
         Ok(())

@@ -48,11 +48,18 @@ impl Array {
 
     /// At open: keeps the missed map while a member is failed (a missing
     /// map means the member left before anything was tracked: every region
-    /// counts as missed).
+    /// counts as missed), and removes one that no failed member needs any
+    /// more (its members were replaced and rebuilt).
     pub(super) fn resume_missed_tracking(&self) {
+        let path = self.dir.join(MISSED_FILE);
         if self.unavailable_count() > 0 {
-            let known = self.storage.exists(&self.dir.join(MISSED_FILE));
+            let known = self.storage.exists(&path);
             self.track_missed_writes(known);
+        } else if let Err(e) = self
+            .intent
+            .stop_tracking_missed_in(self.storage.as_ref(), &path)
+        {
+            self.warn(e.to_string());
         }
     }
 
