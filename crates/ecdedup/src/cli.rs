@@ -929,6 +929,11 @@ fn print_status(s: &Status) {
         );
     }
     println!("dirty intent regions: {}", s.dirty_regions);
+    if let Some(n) = s.missed_regions {
+        println!(
+            "regions written while a device was failed: {n} (`re-add` reconstructs them on it)"
+        );
+    }
     if let Some(op) = &s.operation {
         println!(
             "operation: {} {}/{}{}",

@@ -76,6 +76,11 @@ fn re_add_brings_back_a_transiently_failed_device_resyncing_only_what_it_missed(
     let a = array();
     let w = write_around_failures(&a, &[2]);
     assert_eq!(a.device_states()[2], "failed");
+    let missed = a.status()["missed_regions"].as_u64();
+    assert!(
+        matches!(missed, Some(1..=3)),
+        "status must show the regions device 2 missed: {missed:?}"
+    );
 
     let out = a.cli(&["re-add", "2"]).ok();
     let units = units_reconstructed(&out);
@@ -87,7 +92,7 @@ fn re_add_brings_back_a_transiently_failed_device_resyncing_only_what_it_missed(
     );
     assert_eq!(a.status()["health"], "healthy");
     assert!(
-        !a.dir.join(ecdedup::array::MISSED_FILE).exists(),
+        !a.dir.join(ecdedup::array::MISSED_FILE).exists() && a.status()["missed_regions"].is_null(),
         "with no device failed the missed map is gone"
     );
     a.scrub_check_clean();
@@ -121,6 +126,22 @@ fn assemble_force_brings_back_the_freshest_failed_devices_and_re_add_the_rest() 
     assert_eq!(a.status()["health"], "healthy");
     a.scrub_check_clean();
     read_back_without(&a, &[0, 2], &w);
+}
+
+#[test]
+fn re_add_refuses_an_array_with_parity_journals_and_names_the_way_instead() {
+    let a = TestArray::create_64m_small_regions(&["--write-policy", "plog"]);
+    write_around_failures(&a, &[2]);
+    let out = a.cli(&["re-add", "2"]).failed();
+    assert!(
+        out.stderr.contains("ecdedup replace 2"),
+        "the refusal must say what to do instead: {out}"
+    );
+    assert_eq!(
+        a.device_states()[2],
+        "failed",
+        "a refused re-add changes nothing"
+    );
 }
 
 /// Writes a new generation of the superblock on `survivors` that marks

@@ -109,6 +109,11 @@ pub fn inspect(dir: &Path) -> Result<Status> {
         ssd_sim: cfg.ssd_sim.clone(),
         devices,
         dirty_regions,
+        missed_regions: super::IntentLog::dirty_regions_at(
+            &dir.join(super::MISSED_FILE),
+            cfg.array_uuid.as_bytes(),
+            geo.stripes,
+        ),
         operation: None,
         warnings,
     })

@@ -271,6 +271,10 @@ pub struct Status {
     pub ssd_sim: crate::ssd::SsdSimConfig,
     pub devices: Vec<DeviceStatus>,
     pub dirty_regions: usize,
+    /// Regions written while a device was failed (`missed.map`), which
+    /// `re-add` reconstructs on it; absent when there is no such map.
+    #[serde(default)]
+    pub missed_regions: Option<usize>,
     pub operation: Option<OpProgress>,
     pub warnings: Vec<String>,
 }
@@ -1155,6 +1159,10 @@ impl Array {
             write_policy: self.write_policy,
             devices,
             dirty_regions: self.intent.dirty_regions(),
+            missed_regions: self
+                .intent
+                .missed_regions()
+                .map(|m| m.iter().filter(|&&r| r).count()),
             operation: self.operation.lock().unwrap().clone(),
             warnings: self.warnings(),
         }
