@@ -92,8 +92,10 @@ fn install() -> std::io::Result<()> {
             let _ = PREVIOUS[i].set(previous);
             let mut ours: libc::sigaction = std::mem::zeroed();
             ours.sa_sigaction = on_stop_signal as *const () as usize;
-            ours.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
-            libc::sigemptyset(&mut ours.sa_mask);
+            // nbdkit's own restart behaviour and mask, so that its loops
+            // see the interruptions they expect.
+            ours.sa_flags = libc::SA_SIGINFO | (previous.sa_flags & libc::SA_RESTART);
+            ours.sa_mask = previous.sa_mask;
             if libc::sigaction(sig, &ours, std::ptr::null_mut()) != 0 {
                 return Err(std::io::Error::last_os_error());
             }

@@ -136,12 +136,14 @@ enum Command {
         #[arg(long)]
         fingerprint_backend: Option<String>,
     },
-    /// Show geometry, device states and any running operation.
+    /// Show geometry, device states and any running operation (a stopped
+    /// array is only read: no recovery, no file changed).
     Status {
         #[arg(long)]
         json: bool,
     },
-    /// Print the running server's counters (JSON, or Prometheus text).
+    /// Print the running server's counters (JSON, or Prometheus text); 0 for
+    /// a stopped array, which is not opened.
     Stats {
         #[arg(long)]
         prometheus: bool,
@@ -157,6 +159,19 @@ enum Command {
     },
     /// Rebuild replaced devices from the others, with progress.
     Rebuild,
+    /// Bring back a failed device whose data is still there (its failure
+    /// was transient), reconstructing only the regions written while it was
+    /// out. Runs on a stopped array with the rmw policy and no dedup.
+    ReAdd { position: usize },
+    /// Open a stopped array with more than m devices marked failed whose
+    /// data is still there (a transient fault took them out): the freshest
+    /// of them (the last to leave service) are marked active again, as few
+    /// as bring the failed count down to m.
+    Assemble {
+        /// Required: the devices brought back are trusted as they are.
+        #[arg(long)]
+        force: bool,
+    },
     /// Verify every block checksum and every stripe's parity; repair what is wrong.
     Scrub {
         /// Report only, change nothing.
@@ -625,12 +640,14 @@ fn run(cli: Cli) -> Result<()> {
             serve(&dir, socket, tcp, metrics, trace, threads, plugin, backend)
         }
         Command::Status { json } => {
-            let status = match open_offline(&dir)? {
-                Some(a) => a.status(),
-                None => match control::request(&dir, &Request::Status)? {
+            let status = match array::lock_dir(&dir) {
+                // Held while reading, so that no server starts meanwhile.
+                Ok(_lock) => array::inspect(&dir)?,
+                Err(Error::Busy(_)) => match control::request(&dir, &Request::Status)? {
                     Response::Status(s) => *s,
                     other => return Err(unexpected(other)),
                 },
+                Err(e) => return Err(e),
             };
             if json {
                 println!(
@@ -643,12 +660,22 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Stats { prometheus } => {
-            let stats = match open_offline(&dir)? {
-                Some(a) => a.stats(),
-                None => match control::request(&dir, &Request::Stats)? {
+            let stats = match array::lock_dir(&dir) {
+                Ok(_lock) => {
+                    // Counters count what one server did; a stopped array
+                    // is not opened (that would recover it), so they are 0.
+                    eprintln!(
+                        "ecdedup: no server runs on {}: counters cover one serve session, so they are all 0",
+                        dir.display()
+                    );
+                    let devices = array::ConfigFile::load(&dir)?.devices.len();
+                    crate::counters::Counters::new(devices).snapshot(0)
+                }
+                Err(Error::Busy(_)) => match control::request(&dir, &Request::Stats)? {
                     Response::Stats(s) => *s,
                     other => return Err(unexpected(other)),
                 },
+                Err(e) => return Err(e),
             };
             if prometheus {
                 print!("{}", stats.prometheus());
@@ -745,6 +772,49 @@ fn run(cli: Cli) -> Result<()> {
                 return Err(Error::Other(
                     "scrub found inconsistencies (run without --check-only to repair)".into(),
                 ));
+            }
+            Ok(())
+        }
+        Command::ReAdd { position } => {
+            let Some(mut a) = open_offline(&dir)? else {
+                return Err(Error::Busy(format!(
+                    "stop the server of {} first: re-add runs on a stopped array",
+                    dir.display()
+                )));
+            };
+            let units = a.re_add(position)?;
+            a.close()?;
+            println!(
+                "device {position} re-added: {units} stripe units it missed were reconstructed (of {} stripes)",
+                a.geometry().stripes
+            );
+            Ok(())
+        }
+        Command::Assemble { force } => {
+            if !force {
+                return Err(Error::Config(
+                    "an array assembles whenever it is opened; `assemble --force` brings back \
+                     failed devices whose data is still there when more than m are failed"
+                        .into(),
+                ));
+            }
+            let back = array::force_assemble(&dir)?;
+            let status = array::inspect(&dir)?;
+            let still: Vec<String> = status
+                .devices
+                .iter()
+                .filter(|d| d.state == array::MemberState::Failed)
+                .map(|d| d.position.to_string())
+                .collect();
+            println!(
+                "device(s) {} marked active again, their data taken as it is (the dirty regions are resynchronised when the array opens)",
+                back.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")
+            );
+            if !still.is_empty() {
+                println!(
+                    "still failed: {} (`ecdedup re-add N` if a device's data is still there, else `replace` and `rebuild`)",
+                    still.join(", ")
+                );
             }
             Ok(())
         }
@@ -868,6 +938,11 @@ fn print_status(s: &Status) {
         );
     }
     println!("dirty intent regions: {}", s.dirty_regions);
+    if let Some(n) = s.missed_regions {
+        println!(
+            "regions written while a device was failed: {n} (`re-add` reconstructs them on it)"
+        );
+    }
     if let Some(op) = &s.operation {
         println!(
             "operation: {} {}/{}{}",

@@ -65,12 +65,19 @@ fn eval(args: &[&std::ffi::OsStr], path_env: Option<&str>, limit: Duration) -> R
     if let Some(p) = path_env {
         cmd.env("PATH", p);
     }
+    run_limited(&mut cmd, limit)
+}
+
+/// Runs a command with its output captured; past `limit` it gets SIGTERM
+/// (by PID), then SIGKILL, and the test fails.
+fn run_limited(cmd: &mut Command, limit: Duration) -> Run {
+    let what = format!("{cmd:?}");
     let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("spawn ecdedup");
+        .unwrap_or_else(|e| panic!("spawn {what}: {e}"));
     let mut so = child.stdout.take().unwrap();
     let mut se = child.stderr.take().unwrap();
     let t_out = std::thread::spawn(move || {
@@ -94,7 +101,7 @@ fn eval(args: &[&std::ffi::OsStr], path_env: Option<&str>, limit: Duration) -> R
             std::thread::sleep(Duration::from_secs(30));
             let _ = child.kill();
             let _ = child.wait();
-            panic!("ecdedup eval did not finish within {limit:?}");
+            panic!("{what} did not finish within {limit:?}");
         }
         std::thread::sleep(Duration::from_millis(50));
     };
@@ -294,6 +301,57 @@ fn raw_mode_dedup_counts_match_the_layout_model_exactly() {
     assert_eq!(model(16, 256 * KIB), (36, 12));
     // The work folder given by --work stays, its arrays are gone.
     assert_eq!(std::fs::read_dir(&work).unwrap().count(), 0);
+}
+
+/// A tar of 50,000 small files ran ext4 out of inodes at the default
+/// volume size (one inode per 16 KiB). The plan for such a workload, put
+/// through the eval's own mkfs.ext4 command on a sparse file of the planned
+/// size, leaves an inode for every entry and a block for every file.
+#[test]
+fn ext4_on_the_planned_volume_has_room_for_50000_small_files() {
+    use ecdedup::eval::parity_dedup::{ext4_plan, mkfs_ext4};
+    for tool in ["mkfs.ext4", "dumpe2fs"] {
+        assert!(have(tool), "{tool} is not installed (e2fsprogs)");
+    }
+    let files = 50_000u64;
+    let entries = files + 2; // and two folders
+    let workload_bytes = files * PAGE;
+    let plan = ext4_plan(workload_bytes, entries, None);
+    let tmp = tempfile::tempdir().unwrap();
+    let volume = tmp.path().join("volume");
+    std::fs::File::create(&volume)
+        .unwrap()
+        .set_len(plan.volume_bytes)
+        .unwrap();
+    let made = run_limited(&mut mkfs_ext4(&volume, &plan), Duration::from_secs(600));
+    assert!(made.status.success(), "mkfs.ext4 failed: {}", made.stderr);
+    let header = run_limited(
+        Command::new("dumpe2fs").arg("-h").arg(&volume),
+        Duration::from_secs(300),
+    );
+    assert!(
+        header.status.success(),
+        "dumpe2fs failed: {}",
+        header.stderr
+    );
+    let field = |name: &str| -> u64 {
+        header
+            .stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in dumpe2fs -h:\n{}", header.stdout))
+    };
+    let free_inodes = field("Free inodes:");
+    let free_bytes = field("Free blocks:") * field("Block size:");
+    assert!(
+        free_inodes >= entries,
+        "{free_inodes} free inodes for {entries} entries ({plan:?})"
+    );
+    assert!(
+        free_bytes >= workload_bytes,
+        "{free_bytes} free bytes for {files} files of 4 KiB ({plan:?})"
+    );
 }
 
 fn is_root() -> bool {

@@ -55,10 +55,23 @@ struct Inner {
     epoch: u64,
 }
 
+/// The regions written while a member was out of service: Linux md's
+/// bitmap kept while degraded. Kept in `missed.map` (the intent map's
+/// format), never cleared by a flush: `re-add` resynchronises exactly
+/// these regions of a member whose data is still there.
+struct Missed {
+    file: Arc<dyn StorageFile>,
+    regions: Vec<bool>,
+}
+
 pub struct IntentLog {
     file: Arc<dyn StorageFile>,
     stripes_per_region: u64,
     inner: Mutex<Inner>,
+    /// Set while a member is out of service (lock order: `inner`, then this).
+    missed: Mutex<Option<Missed>>,
+    /// The array's UUID, for the header of the missed map.
+    array_uuid: [u8; 16],
     /// Quiet time before a flush clears a region, milliseconds.
     quiet_before_clear_ms: AtomicU64,
 }
@@ -215,6 +228,8 @@ impl IntentLog {
             file,
             stripes_per_region: spr,
             inner: Mutex::new(Inner { regions, epoch: 1 }),
+            missed: Mutex::new(None),
+            array_uuid: *array_uuid,
             quiet_before_clear_ms: AtomicU64::new(QUIET_BEFORE_CLEAR.as_millis() as u64),
         };
         Ok((
@@ -226,11 +241,21 @@ impl IntentLog {
         ))
     }
 
+    /// How many regions the map at `path` marks dirty, read without
+    /// changing it (the status of a stopped array); None when the map is
+    /// missing or corrupt (the next open resynchronises every stripe).
+    pub fn dirty_regions_at(path: &Path, array_uuid: &[u8; 16], stripes: u64) -> Option<usize> {
+        let bytes = std::fs::read(path).ok()?;
+        let (_, map) = parse_map(&bytes, array_uuid, stripes).ok()?;
+        Some(map.iter().filter(|&&b| b != 0).count())
+    }
+
     /// Announces a write into `stripe`: marks its region dirty (durably) if
     /// it is clean. Returns whether a mark was written. Pair with `end`.
     pub fn begin(&self, stripe: u64) -> std::io::Result<bool> {
         let r = (stripe / self.stripes_per_region) as usize;
         let mut inner = self.inner.lock().unwrap();
+        self.mark_missed(r)?;
         let epoch = inner.epoch;
         let region = &mut inner.regions[r];
         region.in_flight += 1;
@@ -249,6 +274,98 @@ impl IntentLog {
         }
         inner.regions[r].dirty = true;
         Ok(true)
+    }
+
+    /// Records region `r` in the missed map (durably), if one is kept.
+    /// Caller holds `inner`, so that no write slips past the start of
+    /// tracking.
+    fn mark_missed(&self, r: usize) -> std::io::Result<()> {
+        let mut missed = self.missed.lock().unwrap();
+        let Some(m) = missed.as_mut() else {
+            return Ok(());
+        };
+        if !m.regions[r] {
+            m.file.write_at(&[1], HEADER_BYTES + r as u64)?;
+            m.file.sync()?;
+            m.regions[r] = true;
+        }
+        Ok(())
+    }
+
+    /// Starts keeping the missed map at `path` (a member left service):
+    /// the regions dirty now (writes in flight as the member left, or at a
+    /// crash before this open) are added to an existing intact map, or
+    /// start a new one; every region is when `history_known` is false
+    /// (the member was out before anything was tracked).
+    pub fn track_missed_in(
+        &self,
+        storage: &dyn Storage,
+        path: &Path,
+        history_known: bool,
+    ) -> Result<()> {
+        let array_uuid = &self.array_uuid;
+        let inner = self.inner.lock().unwrap();
+        let mut missed = self.missed.lock().unwrap();
+        if missed.is_some() {
+            return Ok(());
+        }
+        let io = |e| Error::io(format!("missed-write map {}", path.display()), e);
+        let stripes = inner.regions.len() as u64 * self.stripes_per_region;
+        let kept = read_all(storage, path)
+            .ok()
+            .and_then(|bytes| parse_map(&bytes, array_uuid, stripes).ok())
+            .filter(|(spr, _)| *spr == self.stripes_per_region);
+        // Regions a write may be in as the member leaves (or was in at a
+        // crash before this open) are missed too.
+        let now: Vec<bool> = inner
+            .regions
+            .iter()
+            .map(|r| !history_known || r.dirty || r.in_flight > 0)
+            .collect();
+        let regions: Vec<bool> = match &kept {
+            Some((_, map)) => map.iter().zip(&now).map(|(&b, &n)| b != 0 || n).collect(),
+            None => now,
+        };
+        let unchanged = kept
+            .as_ref()
+            .is_some_and(|(_, map)| map.iter().zip(&regions).all(|(&b, &r)| (b != 0) == r));
+        if !unchanged {
+            let mut bytes = header(array_uuid, self.stripes_per_region, regions.len() as u64);
+            bytes.extend(regions.iter().map(|&d| d as u8));
+            crate::media::storage::write_atomic(storage, path, &bytes).map_err(io)?;
+        }
+        let file = storage.open(path).map_err(io)?;
+        *missed = Some(Missed { file, regions });
+        Ok(())
+    }
+
+    /// The region that holds `stripe`.
+    pub fn region_of(&self, stripe: u64) -> usize {
+        (stripe / self.stripes_per_region) as usize
+    }
+
+    /// The regions of the missed map, if one is kept.
+    pub fn missed_regions(&self) -> Option<Vec<bool>> {
+        self.missed
+            .lock()
+            .unwrap()
+            .as_ref()
+            .map(|m| m.regions.clone())
+    }
+
+    /// Stops keeping the missed map (no member is out of service any
+    /// more) and removes it.
+    pub fn stop_tracking_missed_in(&self, storage: &dyn Storage, path: &Path) -> Result<()> {
+        let _inner = self.inner.lock().unwrap();
+        let mut missed = self.missed.lock().unwrap();
+        missed.take();
+        if storage.exists(path) {
+            storage
+                .remove(path)
+                .and_then(|_| storage.sync_dir(crate::media::storage::parent_of(path)))
+                .map_err(|e| Error::io(format!("removing {}", path.display()), e))?;
+        }
+        Ok(())
     }
 
     /// A write leaves the region. It may have changed checksums after a

@@ -406,7 +406,7 @@ impl Array {
     /// Decodes a whole unit of `stripe` from the others, checked, per block
     /// row, so a bad row costs only itself: rows that cannot be decoded are
     /// left zero and returned. Caller holds the stripe lock.
-    fn reconstruct_unit(&self, stripe: u64, role: usize) -> Result<(Vec<u8>, Vec<u64>)> {
+    pub(super) fn reconstruct_unit(&self, stripe: u64, role: usize) -> Result<(Vec<u8>, Vec<u64>)> {
         let g = &self.geo;
         let block = g.block() as usize;
         let mut unit = vec![0u8; g.unit_bytes() as usize];
@@ -430,7 +430,7 @@ impl Array {
     /// made to disagree with what was written in their place, so every read
     /// of them is an I/O error (and scrub counts them) until a write
     /// replaces them; never the zeros written there.
-    fn mark_unreadable(&self, stripe: u64, role: usize, unit: &[u8], rows: &[u64]) {
+    pub(super) fn mark_unreadable(&self, stripe: u64, role: usize, unit: &[u8], rows: &[u64]) {
         let g = &self.geo;
         let place = g.place(stripe, role);
         let block = g.block() as usize;

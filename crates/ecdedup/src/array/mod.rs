@@ -21,19 +21,24 @@
 //! Lock order: stripe lock, then the config lock. Nothing that holds the
 //! config lock takes a stripe lock.
 
+mod assemble;
 pub mod checksum;
 mod decode;
 pub mod degraded_log;
+mod inspect;
 pub mod intent;
 mod io;
 pub mod journal;
 pub mod layout;
 mod logging;
 mod maintenance;
+mod readd;
 pub mod superblock;
 #[cfg(test)]
 mod tests;
 
+pub use assemble::force_assemble;
+pub use inspect::inspect;
 pub use layout::Geometry;
 pub use logging::WritePolicy;
 pub use maintenance::ScrubReport;
@@ -62,6 +67,7 @@ pub const CONFIG_FILE: &str = "array.json";
 pub const INTENT_FILE: &str = "intent.map";
 pub const DEGRADED_LOG_FILE: &str = "degraded.log";
 pub const LOCK_FILE: &str = "lock";
+pub use readd::MISSED_FILE;
 
 const TAG_ACTIVE: u8 = 0;
 const TAG_FAILED: u8 = 1;
@@ -279,6 +285,10 @@ pub struct Status {
     pub ssd_sim: crate::ssd::SsdSimConfig,
     pub devices: Vec<DeviceStatus>,
     pub dirty_regions: usize,
+    /// Regions written while a device was failed (`missed.map`), which
+    /// `re-add` reconstructs on it; absent when there is no such map.
+    #[serde(default)]
+    pub missed_regions: Option<usize>,
     pub operation: Option<OpProgress>,
     pub warnings: Vec<String>,
 }
@@ -345,6 +355,16 @@ pub struct Array {
     /// The simulated-SSD wear layer of each device (empty when off).
     ssd_wear: Vec<RwLock<Option<Arc<crate::ssd::WearDevice>>>>,
     _lock: StorageLock,
+}
+
+/// "healthy", "degraded (...)" or "failed (...)": how many members are out
+/// of service against the m the code survives.
+fn health(states: &[MemberState], m: usize) -> String {
+    match states.iter().filter(|s| **s != MemberState::Active).count() {
+        0 => "healthy".to_string(),
+        x if x <= m => format!("degraded ({x} of {} devices not in service)", states.len()),
+        x => format!("failed ({x} devices not in service)"),
+    }
 }
 
 /// Takes the array folder's lock, or says who holds it.
@@ -752,22 +772,7 @@ impl Array {
             let Some(dev) = slot else { continue };
             match read_superblock(dev.as_ref()) {
                 Ok(sb) => {
-                    if sb.array_uuid != *cfg.array_uuid.as_bytes() {
-                        return Err(Error::Device {
-                            path: cfg.devices[i].clone(),
-                            reason: format!(
-                                "belongs to another array ({}), not {}",
-                                uuid::Uuid::from_bytes(sb.array_uuid),
-                                cfg.array_uuid
-                            ),
-                        });
-                    }
-                    if sb.position as usize != i {
-                        return Err(Error::Device {
-                            path: cfg.devices[i].clone(),
-                            reason: format!("is position {} of this array, listed at position {i}: were devices swapped?", sb.position),
-                        });
-                    }
+                    inspect::check_member(&cfg, i, &sb)?;
                     sbs[i] = Some(sb);
                 }
                 Err(e) => {
@@ -779,14 +784,7 @@ impl Array {
                 }
             }
         }
-        let newest = sbs
-            .iter()
-            .flatten()
-            .max_by_key(|sb| sb.generation)
-            .cloned()
-            .ok_or_else(|| {
-                Error::Unavailable("no device of the array has a readable superblock".into())
-            })?;
+        let newest = inspect::newest_superblock(&sbs)?;
         let geo = newest.geometry;
         if geo.devices as usize != n {
             return Err(Error::Corrupt(format!(
@@ -873,13 +871,7 @@ impl Array {
         }
         let unusable = states.iter().filter(|s| **s == MemberState::Failed).count();
         if unusable > geo.m() {
-            return Err(Error::Unavailable(format!(
-                "{unusable} of {n} devices are failed or missing; RS({},{}) survives at most {}. {}",
-                geo.k,
-                geo.m,
-                geo.m,
-                warnings.join("; ")
-            )));
+            return Err(inspect::too_many_failed(unusable, &geo, &warnings));
         }
         let codec = Codec::new(geo.k(), geo.m()).map_err(|e| Error::Config(e.to_string()))?;
         let counters = Counters::new(n);
@@ -1094,6 +1086,7 @@ impl Array {
         if journal_unreadable {
             dirty = vec![(0, geo.stripes)];
         }
+        array.resume_missed_tracking();
         if !dirty.is_empty() {
             array.resync(&dirty, progress.as_ref())?;
         }
@@ -1206,17 +1199,8 @@ impl Array {
                 state: self.member_state(d),
             })
             .collect();
-        let down = devices
-            .iter()
-            .filter(|d| d.state != MemberState::Active)
-            .count();
-        let health = match down {
-            0 => "healthy".to_string(),
-            x if x <= self.geo.m() => {
-                format!("degraded ({x} of {} devices not in service)", devices.len())
-            }
-            x => format!("failed ({x} devices not in service)"),
-        };
+        let states: Vec<MemberState> = devices.iter().map(|d| d.state).collect();
+        let health = health(&states, self.geo.m());
         Status {
             array_uuid: cfg.file.array_uuid,
             devices_total: self.geo.devices,
@@ -1234,6 +1218,10 @@ impl Array {
             write_policy: self.write_policy,
             devices,
             dirty_regions: self.intent.dirty_regions(),
+            missed_regions: self
+                .intent
+                .missed_regions()
+                .map(|m| m.iter().filter(|&&r| r).count()),
             operation: self.operation.lock().unwrap().clone(),
             warnings: self.warnings(),
         }
@@ -1320,6 +1308,7 @@ impl Array {
         self.members[d].tag.store(TAG_FAILED, SeqCst);
         *self.members[d].dev.write().unwrap() = None;
         *self.dedup[d].write().unwrap() = None;
+        self.track_missed_writes(true);
     }
 
     /// Whether an error says the space under a device ran out (the file
@@ -1405,6 +1394,7 @@ impl Array {
         }
         *self.members[d].dev.write().unwrap() = None;
         *self.dedup[d].write().unwrap() = None;
+        self.track_missed_writes(true);
         self.replay_wanted.store(true, SeqCst);
         self.warn(format!(
             "device {d} failed ({what}: {err}); continuing degraded"

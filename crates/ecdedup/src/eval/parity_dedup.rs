@@ -74,7 +74,10 @@ pub struct Options {
     #[arg(long, value_enum, default_value = "both")]
     pub mode: ModeArg,
     /// Volume size of every array [default: 2 x the workload + 256M, at
-    /// least 256M, in 64M steps].
+    /// least 256M, in 64M steps; for many small files 2 x (a block and an
+    /// inode per tar entry) + 256M where that is larger]. ext4 gets an
+    /// inode count (mkfs -N) when its default would be short of the
+    /// entries; both are printed.
     #[arg(long)]
     pub size: Option<String>,
     /// Policies to run, comma-separated (none is the baseline of every ratio).
@@ -163,6 +166,10 @@ pub struct WorkloadInfo {
     pub zero_blocks_4k: u64,
     /// 1 - unique / blocks: the share a single global 4 KiB index could remove.
     pub duplicate_ratio_4k: f64,
+    /// Entries (files, folders, links) of the workload tars (fs mode; 0 in
+    /// raw mode): each takes an ext4 inode, and a file at least a block.
+    #[serde(default)]
+    pub entries: u64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -278,6 +285,10 @@ pub struct Results {
     pub verify: bool,
     pub index_entries_max: u64,
     pub volume_bytes: u64,
+    /// The inode count given to mkfs.ext4 (`-N`), where its default
+    /// (one per 16 KiB) would be short of the workload's entries.
+    #[serde(default)]
+    pub ext4_inodes: Option<u64>,
     pub workload: WorkloadInfo,
     #[serde(default = "one")]
     pub rounds: u32,
@@ -503,13 +514,70 @@ pub fn analyze(files: &[PathBuf]) -> Result<WorkloadInfo> {
         } else {
             0.0
         },
+        entries: 0,
     })
 }
 
-/// The default volume: room for ext4 and the workload twice over.
-fn default_size(workload_bytes: u64) -> u64 {
+/// What a file costs ext4 beyond its content, at most: the rest of its last
+/// 4 KiB block and its 256-byte inode.
+pub const EXT4_BYTES_PER_FILE_MAX: u64 = 4096 + 256;
+/// Volume bytes per inode that mkfs.ext4 gives by default on the volumes
+/// the eval makes (`inode_ratio` of /etc/mke2fs.conf's defaults; "small"
+/// file systems under 512 MiB get one per 4 KiB, "big" ones from 4 TiB one
+/// per 32 KiB).
+pub const EXT4_DEFAULT_BYTES_PER_INODE: u64 = 16 << 10;
+/// Inodes wanted beyond the workload's entries: the 11 reserved ones, the
+/// root, lost+found, a folder per workload, and slack.
+pub const EXT4_INODE_SLACK: u64 = 1024;
+
+/// The volume and the ext4 layout of the fs mode, from the workload's
+/// bytes and its entries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ext4Plan {
+    pub volume_bytes: u64,
+    /// `mkfs.ext4 -N`, where the default would be short of the entries.
+    pub inodes: Option<u64>,
+}
+
+/// Sizes the volume (unless `size_bytes` is given) and the inode count.
+/// What the files take is at most their bytes plus a block and an inode
+/// per entry; the default volume holds twice the larger of the two, plus
+/// 256 MiB for ext4's journal and metadata, in 64 MiB steps (at least 256
+/// MiB). For files of 4 KiB and more on average, that is twice the
+/// workload plus 256 MiB, as before entries were counted. The inode count
+/// is given to mkfs only where its default may not cover every entry, with
+/// an eighth to spare.
+pub fn ext4_plan(workload_bytes: u64, entries: u64, size_bytes: Option<u64>) -> Ext4Plan {
     let step = 64u64 << 20;
-    ((2 * workload_bytes + (256 << 20)).div_ceil(step) * step).max(256 << 20)
+    let footprint = workload_bytes.max(entries * EXT4_BYTES_PER_FILE_MAX);
+    let volume_bytes = size_bytes
+        .unwrap_or_else(|| ((2 * footprint + (256 << 20)).div_ceil(step) * step).max(256 << 20));
+    let wanted = entries + entries / 8 + EXT4_INODE_SLACK;
+    let by_default = volume_bytes / EXT4_DEFAULT_BYTES_PER_INODE;
+    Ext4Plan {
+        volume_bytes,
+        inodes: (entries > 0 && by_default < wanted).then_some(wanted),
+    }
+}
+
+/// `mkfs.ext4` of the fs mode on `device`, with the inode count of `plan`.
+pub fn mkfs_ext4(device: &Path, plan: &Ext4Plan) -> Command {
+    let mut cmd = Command::new("mkfs.ext4");
+    cmd.arg("-q")
+        .arg("-F")
+        .arg("-E")
+        .arg("lazy_itable_init=0,lazy_journal_init=0,nodiscard");
+    if let Some(n) = plan.inodes {
+        cmd.arg("-N").arg(n.to_string());
+    }
+    cmd.arg(device);
+    cmd
+}
+
+/// Entries of a tar archive (any compression tar reads): `tar -tf`'s lines.
+fn tar_entries(path: &Path) -> Result<u64> {
+    let out = proc::run_ok(Command::new("tar").arg("-tf").arg(path), proc::STEP_TIMEOUT)?;
+    Ok(out.stdout.lines().count() as u64)
 }
 
 fn fetch_stats(dir: &Path) -> Result<Stats> {
@@ -587,7 +655,7 @@ fn counters(r: &mut RunResult, b: &Stats, a: &Stats) {
 struct Context<'a> {
     opts: &'a Options,
     work: PathBuf,
-    volume_bytes: u64,
+    plan: Ext4Plan,
     workload: &'a WorkloadInfo,
 }
 
@@ -606,17 +674,13 @@ fn write_fs(
     base: &Path,
     workloads: &[PathBuf],
     total_bytes: u64,
+    plan: &Ext4Plan,
 ) -> Result<(Stats, Stats, f64, Vec<WorkloadTime>, Vec<(u64, u64)>)> {
     let mut fuse = Fuse::start(&base.join("fuse"), &server.uri())?;
     let mut lo = Loop::attach(&fuse.file())?;
     eprintln!("  mkfs.ext4 on {} ...", lo.path());
     proc::run_ok(
-        Command::new("mkfs.ext4")
-            .arg("-q")
-            .arg("-F")
-            .arg("-E")
-            .arg("lazy_itable_init=0,lazy_journal_init=0,nodiscard")
-            .arg(lo.path()),
+        &mut mkfs_ext4(Path::new(lo.path()), plan),
         Duration::from_secs(3600),
     )?;
     let mut mnt = Mount::new(lo.path(), &base.join("mnt"))?;
@@ -876,7 +940,7 @@ fn run_one_in(
         k: K,
         m: M,
         stripe_unit_bytes: chunk,
-        volume_bytes: ctx.volume_bytes,
+        volume_bytes: ctx.plan.volume_bytes,
         intent_region_bytes: crate::array::intent::REGION_BYTES_DEFAULT,
         write_policy: Default::default(),
         journal_bytes_max: crate::array::JOURNAL_BYTES_DEFAULT,
@@ -901,7 +965,7 @@ fn run_one_in(
     let stripe_data = K as u64 * chunk as u64;
     let (before, after, write_s, times, written, used) = match mode {
         Mode::Fs => {
-            let (b, a, s, t, used) = write_fs(&server, base, workloads, wl_bytes)?;
+            let (b, a, s, t, used) = write_fs(&server, base, workloads, wl_bytes, &ctx.plan)?;
             (b, a, s, t, None, used)
         }
         Mode::Raw => {
@@ -1094,7 +1158,12 @@ pub fn run(opts: Options) -> Result<()> {
         "[0] hashing {} workload file(s) at 4 KiB (duplicate ratio; warms the page cache)",
         opts.workloads.len()
     );
-    let workload = analyze(&opts.workloads)?;
+    let mut workload = analyze(&opts.workloads)?;
+    if modes.contains(&Mode::Fs) {
+        for w in &opts.workloads {
+            workload.entries += tar_entries(w)?;
+        }
+    }
     eprintln!(
         "    {} in {} blocks of 4 KiB: {:.1}% duplicates, {:.1}% zero blocks",
         format_size_approx(workload.bytes),
@@ -1102,10 +1171,33 @@ pub fn run(opts: Options) -> Result<()> {
         100.0 * workload.duplicate_ratio_4k,
         100.0 * workload.zero_blocks_4k as f64 / workload.blocks_4k.max(1) as f64
     );
-    let volume_bytes = match &opts.size {
-        Some(s) => parse_size(s)?,
-        None => default_size(workload.bytes),
-    };
+    let size_bytes = opts.size.as_deref().map(parse_size).transpose()?;
+    let plan = ext4_plan(workload.bytes, workload.entries, size_bytes);
+    let volume_bytes = plan.volume_bytes;
+    eprintln!(
+        "    volume {} ({}){}",
+        format_size(volume_bytes),
+        if size_bytes.is_some() {
+            "--size".to_string()
+        } else {
+            format!(
+                "for {} and {} tar entries",
+                format_size_approx(workload.bytes),
+                workload.entries
+            )
+        },
+        match (modes.contains(&Mode::Fs), plan.inodes) {
+            (false, _) => String::new(),
+            (true, Some(n)) => format!(
+                "; ext4 with {n} inodes (mkfs -N; its default of one per {} would be short)",
+                format_size(EXT4_DEFAULT_BYTES_PER_INODE)
+            ),
+            (true, None) => format!(
+                "; ext4 with its default inodes (one per {}: enough)",
+                format_size(EXT4_DEFAULT_BYTES_PER_INODE)
+            ),
+        }
+    );
     if modes.contains(&Mode::Raw) && volume_bytes < workload.bytes {
         return Err(Error::Config(format!(
             "--size {} is smaller than the workload ({})",
@@ -1132,7 +1224,7 @@ pub fn run(opts: Options) -> Result<()> {
     let ctx = Context {
         opts: &opts,
         work: work.clone(),
-        volume_bytes,
+        plan,
         workload: &workload,
     };
     let command = std::env::args().collect::<Vec<_>>().join(" ");
@@ -1154,6 +1246,7 @@ pub fn run(opts: Options) -> Result<()> {
         verify: opts.verify || !opts.fingerprint.cryptographic(),
         index_entries_max: INDEX_ENTRIES_DEFAULT,
         volume_bytes,
+        ext4_inodes: plan.inodes,
         workload: workload.clone(),
         rounds: opts.repeat,
         runs: Vec::new(),

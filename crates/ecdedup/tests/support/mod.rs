@@ -380,6 +380,21 @@ impl TestArray {
         )
     }
 
+    /// RS(4,2) over 6 sparse files, 64 MiB (512 stripes of 128 KiB), with
+    /// 4 MiB intent regions (32 stripes each) and `extra` create words.
+    pub fn create_64m_small_regions(extra: &[&str]) -> TestArray {
+        let mut args = vec![
+            "create",
+            "--size",
+            "64M",
+            "--sparse",
+            "--intent-region",
+            "4M",
+        ];
+        args.extend_from_slice(extra);
+        Self::create_with(&args)
+    }
+
     /// `ecdedup create` with the given words (starting with "create").
     pub fn create_with(args: &[&str]) -> TestArray {
         let a = TestArray::empty();

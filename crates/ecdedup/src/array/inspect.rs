@@ -1,0 +1,200 @@
+//! Inspecting a stopped array without changing a byte of it.
+//!
+//! Opening an array ([`Array::open`](super::Array::open)) recovers it:
+//! resync of dirty regions, journal replay, superblocks rewritten, the
+//! intent map cleared at close. `status` and `stats` of an array that no
+//! server holds must not: an operator looking at an array left dirty by a
+//! crash would otherwise change what they look at, before deciding anything.
+//! Here every file is opened read-only and only read: `array.json`, the two
+//! superblock slots of each device, the intent map. The caller holds the
+//! folder's lock, so that no server starts (and recovers) meanwhile.
+
+use super::superblock::{MemberState, Superblock};
+use super::{ConfigFile, DeviceStatus, Geometry, Status, INTENT_FILE};
+use crate::dedup::Policy;
+use crate::error::{Error, Result};
+use crate::fingerprint::gpu::{choose_backend, BackendChoice};
+use std::path::Path;
+
+/// What one device's superblock says, read without writing; Err names why
+/// the device counts as failed.
+pub(super) fn read_member(path: &Path) -> std::result::Result<(Superblock, u64), String> {
+    use std::io::{Seek, SeekFrom};
+    use std::os::unix::fs::FileExt;
+    let mut file = std::fs::File::open(path).map_err(|e| format!("cannot be opened: {e}"))?;
+    let size = file
+        .seek(SeekFrom::End(0))
+        .map_err(|e| format!("size unknown: {e}"))?;
+    let mut buf = vec![0u8; 2 * super::SUPERBLOCK_BYTES as usize];
+    file.read_exact_at(&mut buf, 0)
+        .map_err(|e| format!("superblock unreadable: {e}"))?;
+    let (a, b) = buf.split_at(super::SUPERBLOCK_BYTES as usize);
+    let sb = Superblock::newest(a, b).map_err(|e| e.to_string())?;
+    Ok((sb, size))
+}
+
+/// The status of the stopped array in `dir`, read without changing any
+/// file and without recovery. The caller holds the folder's lock.
+pub fn inspect(dir: &Path) -> Result<Status> {
+    let cfg = ConfigFile::load(dir)?;
+    let mut warnings = Vec::new();
+    let members: Vec<Option<Superblock>> = cfg
+        .devices
+        .iter()
+        .enumerate()
+        .map(|(i, path)| {
+            let member = read_member(path).and_then(|(sb, size)| {
+                if size < sb.geometry.device_bytes_min() {
+                    return Err(format!(
+                        "holds {size} bytes, needs {}",
+                        sb.geometry.device_bytes_min()
+                    ));
+                }
+                Ok(sb)
+            });
+            match member {
+                // A foreign or swapped device is refused, as open refuses it.
+                Ok(sb) => check_member(&cfg, i, &sb).map(|()| Some(sb)),
+                Err(why) => {
+                    warnings.push(format!(
+                        "device {i} ({}) treated as failed: {why}",
+                        path.display()
+                    ));
+                    Ok(None)
+                }
+            }
+        })
+        .collect::<Result<_>>()?;
+    let newest = newest_superblock(&members)?;
+    let geo = newest.geometry;
+    let devices: Vec<DeviceStatus> = cfg
+        .devices
+        .iter()
+        .enumerate()
+        .map(|(i, path)| DeviceStatus {
+            position: i,
+            path: path.clone(),
+            state: match (&members[i], newest.states.get(i)) {
+                (Some(_), Some(state)) => *state,
+                _ => MemberState::Failed,
+            },
+        })
+        .collect();
+    let dirty_regions = dirty_regions(dir, &cfg, geo.stripes, &mut warnings);
+    if dirty_regions > 0 {
+        warnings.push(format!(
+            "stopped uncleanly: {dirty_regions} intent regions are dirty; the next open \
+             (serve, or a maintenance command) resynchronises them"
+        ));
+    }
+    let states: Vec<MemberState> = devices.iter().map(|d| d.state).collect();
+    let unusable = states.iter().filter(|s| **s == MemberState::Failed).count();
+    if unusable > geo.m() {
+        return Err(too_many_failed(unusable, &geo, &warnings));
+    }
+    Ok(Status {
+        array_uuid: cfg.array_uuid,
+        devices_total: geo.devices,
+        k: geo.k,
+        m: geo.m,
+        stripe_unit_bytes: geo.stripe_unit_bytes,
+        block_bytes: geo.block_bytes,
+        stripes: geo.stripes,
+        volume_bytes: newest.volume_bytes,
+        generation: newest.generation,
+        health: super::health(&states, geo.m()),
+        write_policy: cfg.write_policy,
+        dedup: cfg.dedup.clone(),
+        fingerprint_backend: offline_backend(&cfg),
+        ssd_sim: cfg.ssd_sim.clone(),
+        devices,
+        dirty_regions,
+        missed_regions: super::IntentLog::dirty_regions_at(
+            &dir.join(super::MISSED_FILE),
+            cfg.array_uuid.as_bytes(),
+            geo.stripes,
+        ),
+        operation: None,
+        warnings,
+    })
+}
+
+/// The fingerprint backend an offline command would hash with, and why
+/// (a configured `gpu` is tried as `auto` offline, as `ecdedup` does).
+fn offline_backend(cfg: &ConfigFile) -> String {
+    let choice = cfg.fingerprint_backend;
+    if cfg.dedup.policy == Policy::None {
+        return format!("none: dedup is off ({choice} configured)");
+    }
+    let choice = match choice {
+        BackendChoice::Gpu => BackendChoice::Auto,
+        other => other,
+    };
+    match choose_backend(choice, None) {
+        Ok((_, why)) => why,
+        Err(e) => format!("{choice}: {e}"),
+    }
+}
+
+/// The superblock of the highest generation among the members read.
+pub(super) fn newest_superblock(members: &[Option<Superblock>]) -> Result<Superblock> {
+    members
+        .iter()
+        .flatten()
+        .max_by_key(|sb| sb.generation)
+        .cloned()
+        .ok_or_else(|| {
+            Error::Unavailable("no device of the array has a readable superblock".into())
+        })
+}
+
+/// Refuses a device of another array, or one listed at another position.
+pub(super) fn check_member(cfg: &ConfigFile, i: usize, sb: &Superblock) -> Result<()> {
+    if sb.array_uuid != *cfg.array_uuid.as_bytes() {
+        return Err(Error::Device {
+            path: cfg.devices[i].clone(),
+            reason: format!(
+                "belongs to another array ({}), not {}",
+                uuid::Uuid::from_bytes(sb.array_uuid),
+                cfg.array_uuid
+            ),
+        });
+    }
+    if sb.position as usize != i {
+        return Err(Error::Device {
+            path: cfg.devices[i].clone(),
+            reason: format!(
+                "is position {} of this array, listed at position {i}: were devices swapped?",
+                sb.position
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// The refusal of an array with more members out than the code survives.
+pub(super) fn too_many_failed(unusable: usize, geo: &Geometry, warnings: &[String]) -> Error {
+    Error::Unavailable(format!(
+        "{unusable} of {} devices are failed or missing; RS({},{}) survives at most {}. {}",
+        geo.devices,
+        geo.k,
+        geo.m,
+        geo.m,
+        warnings.join("; ")
+    ))
+}
+
+/// Dirty regions of the intent map, read only (0, with a warning, when
+/// the map is missing or corrupt).
+fn dirty_regions(dir: &Path, cfg: &ConfigFile, stripes: u64, warnings: &mut Vec<String>) -> usize {
+    let path = dir.join(INTENT_FILE);
+    super::IntentLog::dirty_regions_at(&path, cfg.array_uuid.as_bytes(), stripes).unwrap_or_else(
+        || {
+            warnings.push(format!(
+                "intent log {} is missing or corrupt: the next open resynchronises every stripe",
+                path.display()
+            ));
+            0
+        },
+    )
+}

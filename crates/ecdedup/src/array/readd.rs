@@ -1,0 +1,179 @@
+//! `ecdedup re-add N`: brings back a member whose failure was transient (a
+//! cable, a controller reset) and whose data is still there, resyncing only
+//! what it missed.
+//!
+//! While any member is out of service the intent log also keeps the
+//! *missed map* (`missed.map`, [`IntentLog::track_missed_in`]): every
+//! region written since, plus those dirty as the member left (writes in
+//! flight then). Flushes never clear it. A re-added member keeps its data
+//! and its checksum table; each stripe of a missed region gets its unit on
+//! the member reconstructed from the others, every other stripe is taken
+//! as it is. The member is rebuilding meanwhile (its cursor vouches for the
+//! stripes before it, as in `rebuild`), so a crash halfway leaves a
+//! rebuilding member that `rebuild` finishes in full. The map is removed
+//! once no member is failed.
+//!
+//! Limits: offline (the array stopped), and only under the `rmw` write
+//! policy without dedup: a parity journal or a dedup map of the member
+//! would have to be reconciled with what it missed, which is not done;
+//! those arrays use `replace` + `rebuild`.
+
+use super::checksum::ChecksumTable;
+use super::{layout, read_superblock, Array, MemberState, TAG_ACTIVE, TAG_FAILED, TAG_REBUILDING};
+use crate::dedup::Policy;
+use crate::error::{Error, Result};
+use crate::media::{Device, FileDevice};
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::Arc;
+
+/// The missed map, in the array folder.
+pub const MISSED_FILE: &str = "missed.map";
+
+impl Array {
+    /// A member left service: keeps the missed map from now on (a warning
+    /// where it cannot be written: `re-add` then resyncs every stripe).
+    /// Takes no array lock: it runs where a member fails, the config lock
+    /// held or not.
+    pub(super) fn track_missed_writes(&self, history_known: bool) {
+        if let Err(e) = self.intent.track_missed_in(
+            self.storage.as_ref(),
+            &self.dir.join(MISSED_FILE),
+            history_known,
+        ) {
+            self.warn(format!(
+                "{e}: a re-added device will be resynchronised in full"
+            ));
+        }
+    }
+
+    /// At open: keeps the missed map while a member is failed (a missing
+    /// map means the member left before anything was tracked: every region
+    /// counts as missed), and removes one that no failed member needs any
+    /// more (its members were replaced and rebuilt).
+    pub(super) fn resume_missed_tracking(&self) {
+        let path = self.dir.join(MISSED_FILE);
+        if self.unavailable_count() > 0 {
+            let known = self.storage.exists(&path);
+            self.track_missed_writes(known);
+        } else if let Err(e) = self
+            .intent
+            .stop_tracking_missed_in(self.storage.as_ref(), &path)
+        {
+            self.warn(e.to_string());
+        }
+    }
+
+    /// Brings failed member `d` back with the data it still holds and
+    /// reconstructs only the stripes of regions written while it was out;
+    /// returns how many stripe units were reconstructed.
+    pub fn re_add(&mut self, d: usize) -> Result<u64> {
+        self.check_position(d)?;
+        if self.members[d].tag.load(SeqCst) != TAG_FAILED {
+            return Err(Error::Config(format!("device {d} is not failed")));
+        }
+        let cfg = self.config.lock().unwrap().file.clone();
+        if self.write_policy != super::WritePolicy::Rmw || cfg.dedup.policy != Policy::None {
+            return Err(Error::Config(format!(
+                "re-add works on arrays with the rmw policy and no dedup (this one: {}, dedup {}); \
+                 use `ecdedup replace {d}` and `rebuild`",
+                self.write_policy, cfg.dedup.policy
+            )));
+        }
+        let path = cfg.devices[d].clone();
+        let dev_err = |reason: String| Error::Device {
+            path: path.clone(),
+            reason,
+        };
+        let raw = FileDevice::open_with(self.storage.as_ref(), &path, cfg.device_options())
+            .map_err(|e| dev_err(format!("cannot be opened: {e}")))?;
+        let sb = read_superblock(&raw)?;
+        super::inspect::check_member(&cfg, d, &sb)?;
+        if sb.states.get(d) != Some(&MemberState::Active) {
+            return Err(dev_err(
+                "its own superblock does not list it active (it was being rebuilt): \
+                 `rebuild` it instead"
+                    .into(),
+            ));
+        }
+        if raw.size() < self.geo.device_bytes_min() {
+            return Err(dev_err(format!(
+                "holds {} bytes, needs {}",
+                raw.size(),
+                self.geo.device_bytes_min()
+            )));
+        }
+        // No map: nothing is known about what it missed, so everything is.
+        let missed = self.intent.missed_regions().unwrap_or_default();
+        let (dev, wear) = cfg.ssd_sim.wrap(Arc::new(raw))?;
+        // A fresh table over the member's slot: its pages are read from the
+        // device on demand once the device is in the slot (below); nothing
+        // from the time it was out (pages read as unknown) is kept.
+        let cache_bytes = cfg.checksum_cache_bytes_max / self.members.len() as u64;
+        self.tables[d] = ChecksumTable::open(
+            Arc::clone(&self.members[d].dev),
+            Arc::clone(&self.counters.devices[d]),
+            self.geo.blocks_per_device(),
+            layout::CHECKSUM_OFFSET,
+            self.geo.block() as usize,
+            cache_bytes,
+        );
+        if let Some(slot) = self.ssd_wear.get(d) {
+            *slot.write().unwrap() = wear;
+        }
+        self.config.lock().unwrap().device_uuids[d] = sb.device_uuid;
+        self.members[d].cursor.store(0, SeqCst);
+        *self.members[d].dev.write().unwrap() = Some(dev);
+        self.members[d].tag.store(TAG_REBUILDING, SeqCst);
+        self.persist_superblocks()?;
+        let resynced = self.resync_missed(d, &missed)?;
+        self.members[d].tag.store(TAG_ACTIVE, SeqCst);
+        self.flush()?;
+        self.persist_superblocks()?;
+        if self.unavailable_count() == 0 {
+            self.intent
+                .stop_tracking_missed_in(self.storage.as_ref(), &self.dir.join(MISSED_FILE))?;
+        }
+        self.warn(format!(
+            "device {d} re-added; {resynced} stripe units it missed were reconstructed"
+        ));
+        Ok(resynced)
+    }
+
+    /// Moves the cursor of rebuilding member `d` over every stripe,
+    /// reconstructing its unit where the stripe's region is in `missed`
+    /// (every stripe past its end).
+    fn resync_missed(&self, d: usize, missed: &[bool]) -> Result<u64> {
+        let g = self.geo;
+        let mut resynced = 0u64;
+        for stripe in 0..g.stripes {
+            let _g = self.locks[Self::lock_index(stripe)].write().unwrap();
+            let was_missed = missed
+                .get(self.intent.region_of(stripe))
+                .copied()
+                .unwrap_or(true);
+            // Decoded before the cursor passes the stripe: until then the
+            // member's stale unit takes no part in a decode.
+            let unit = match g.role_on(stripe, d) {
+                Some(role) if was_missed => Some((role, self.reconstruct_unit(stripe, role)?)),
+                _ => None,
+            };
+            self.members[d].cursor.store(stripe + 1, SeqCst);
+            if let Some((role, (unit, unreadable))) = unit {
+                self.put_missed_unit(d, stripe, role, &unit)?;
+                self.mark_unreadable(stripe, role, &unit, &unreadable);
+                resynced += 1;
+            }
+        }
+        Ok(resynced)
+    }
+
+    /// Writes a reconstructed unit to the member being re-added.
+    fn put_missed_unit(&self, d: usize, stripe: u64, role: usize, unit: &[u8]) -> Result<()> {
+        if self.write_unit_blocks(stripe, role, 0, unit) {
+            return Ok(());
+        }
+        Err(Error::Unavailable(format!(
+            "device {d} failed while it was re-added"
+        )))
+    }
+}
