@@ -22,13 +22,15 @@
 //! one u32 slot per block (u32::MAX = unmapped), then the count of
 //! fingerprinted slots and (u32 slot, fingerprint) pairs, then a CRC32C of
 //! everything before it. Written to a temporary file, synced, renamed.
+//!
+//! Every byte goes through the array's [`Storage`], so the power-loss
+//! simulator meets the maps as it meets the devices.
 
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
-use std::fs::{File, OpenOptions};
-use std::io::Write;
-use std::os::unix::fs::FileExt;
+use crate::media::storage::{read_all, write_atomic, Storage, StorageFile};
 use std::path::Path;
+use std::sync::Arc;
 
 pub const LOG_MAGIC: [u8; 8] = *b"ECDDML01";
 pub const SNAPSHOT_MAGIC: [u8; 8] = *b"ECDDMS01";
@@ -119,25 +121,19 @@ fn log_header() -> [u8; LOG_HEADER_BYTES as usize] {
     h
 }
 
-/// Creates an empty log (truncating any old one) and syncs it.
-pub fn reset_log(path: &Path) -> Result<File> {
+/// Replaces the log by an empty one, durably and atomically (a temporary
+/// file, synced, renamed, its folder synced: a crash leaves the old log or
+/// the empty one), and opens it.
+pub fn reset_log(storage: &dyn Storage, path: &Path) -> Result<Arc<dyn StorageFile>> {
     let io = |e| Error::io(format!("writing dedup log {}", path.display()), e);
-    let f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(path)
-        .map_err(io)?;
-    f.write_all_at(&log_header(), 0).map_err(io)?;
-    f.sync_all().map_err(io)?;
-    Ok(f)
+    write_atomic(storage, path, &log_header()).map_err(io)?;
+    storage.open(path).map_err(io)
 }
 
 /// Reads a log: its records, the offset where valid records end, and
 /// whether a torn tail was cut.
-pub fn read_log(path: &Path) -> Result<(Vec<Record>, u64, bool)> {
-    let bytes = std::fs::read(path)
+pub fn read_log(storage: &dyn Storage, path: &Path) -> Result<(Vec<Record>, u64, bool)> {
+    let bytes = read_all(storage, path)
         .map_err(|e| Error::io(format!("reading dedup log {}", path.display()), e))?;
     if bytes.len() < LOG_HEADER_BYTES as usize || bytes[..32] != log_header() {
         return Err(Error::Corrupt(format!(
@@ -159,8 +155,8 @@ pub struct Snapshot {
     pub fingerprints: Vec<(u32, Fingerprint)>,
 }
 
-pub fn write_snapshot(path: &Path, snap: &Snapshot) -> Result<()> {
-    let tmp = path.with_extension("tmp");
+/// Replaces the snapshot atomically and durably (see [`write_atomic`]).
+pub fn write_snapshot(storage: &dyn Storage, path: &Path, snap: &Snapshot) -> Result<()> {
     let io = |e| Error::io(format!("writing dedup snapshot {}", path.display()), e);
     let fp_len = snap
         .fingerprints
@@ -184,18 +180,11 @@ pub fn write_snapshot(path: &Path, snap: &Snapshot) -> Result<()> {
     }
     let crc = crc32c::crc32c(&b);
     b.extend_from_slice(&crc.to_le_bytes());
-    let mut f = File::create(&tmp).map_err(io)?;
-    f.write_all(&b).map_err(io)?;
-    f.sync_all().map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)?;
-    if let Some(dir) = path.parent() {
-        File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
-    }
-    Ok(())
+    write_atomic(storage, path, &b).map_err(io)
 }
 
-pub fn read_snapshot(path: &Path, blocks: u64) -> Result<Snapshot> {
-    let bytes = std::fs::read(path)
+pub fn read_snapshot(storage: &dyn Storage, path: &Path, blocks: u64) -> Result<Snapshot> {
+    let bytes = read_all(storage, path)
         .map_err(|e| Error::io(format!("reading dedup snapshot {}", path.display()), e))?;
     let corrupt = |why: &str| Error::Corrupt(format!("dedup snapshot {}: {why}", path.display()));
     if bytes.len() < 32 || bytes[..8] != SNAPSHOT_MAGIC {
@@ -247,6 +236,7 @@ pub fn read_snapshot(path: &Path, blocks: u64) -> Result<Snapshot> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::media::OsStorage;
     use proptest::prelude::*;
 
     fn fp(n: u8) -> Fingerprint {
@@ -257,7 +247,7 @@ mod tests {
     fn a_torn_log_tail_is_cut_at_the_last_good_record() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("log");
-        let f = reset_log(&path).unwrap();
+        let f = reset_log(&OsStorage, &path).unwrap();
         let mut buf = Vec::new();
         Record::Write {
             block: 1,
@@ -268,8 +258,8 @@ mod tests {
         Record::Reference { block: 3, slot: 2 }.encode_into(&mut buf);
         let good = buf.len();
         Record::Unmap { block: 1 }.encode_into(&mut buf);
-        f.write_all_at(&buf[..good + 10], LOG_HEADER_BYTES).unwrap();
-        let (recs, end, torn) = read_log(&path).unwrap();
+        f.write_at(&buf[..good + 10], LOG_HEADER_BYTES).unwrap();
+        let (recs, end, torn) = read_log(&OsStorage, &path).unwrap();
         assert_eq!(recs.len(), 2);
         assert_eq!(end, LOG_HEADER_BYTES + good as u64);
         assert!(torn);
@@ -280,6 +270,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("snap");
         write_snapshot(
+            &OsStorage,
             &path,
             &Snapshot {
                 map: vec![1, UNMAPPED, 1],
@@ -287,15 +278,18 @@ mod tests {
             },
         )
         .unwrap();
-        let s = read_snapshot(&path, 3).unwrap();
+        let s = read_snapshot(&OsStorage, &path, 3).unwrap();
         assert_eq!(s.map, vec![1, UNMAPPED, 1]);
         assert_eq!(s.fingerprints, vec![(1, fp(3))]);
         let mut bytes = std::fs::read(&path).unwrap();
         bytes[30] ^= 1;
         std::fs::write(&path, &bytes).unwrap();
-        let err = read_snapshot(&path, 3).err().unwrap().to_string();
+        let err = read_snapshot(&OsStorage, &path, 3)
+            .err()
+            .unwrap()
+            .to_string();
         assert!(err.contains("checksum mismatch"), "{err}");
-        assert!(read_snapshot(&path, 4).is_err());
+        assert!(read_snapshot(&OsStorage, &path, 4).is_err());
     }
 
     proptest! {

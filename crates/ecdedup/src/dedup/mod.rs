@@ -40,13 +40,12 @@ pub mod log;
 use crate::counters::IoClass;
 use crate::error::{Error, Result};
 use crate::fingerprint::{Algorithm, Fingerprint, FingerprintBackend};
+use crate::media::storage::{Storage, StorageFile};
 use crate::media::{Device, WriteHint};
 use index::FingerprintIndex;
 use log::{Record, Snapshot, UNMAPPED};
 use serde::{Deserialize, Serialize};
-use std::fs::File;
 use std::io;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -329,7 +328,7 @@ struct State {
     /// Log bytes known durable: a sync with nothing appended since skips
     /// the log's fdatasync.
     log_synced: u64,
-    log: File,
+    log: Arc<dyn StorageFile>,
 }
 
 /// `slot_entry` of a slot whose content was not fingerprinted (it may be
@@ -421,7 +420,7 @@ impl State {
     }
 
     fn append(&mut self, records: &[u8]) -> io::Result<()> {
-        self.log.write_all_at(records, self.log_end)?;
+        self.log.write_at(records, self.log_end)?;
         self.log_end += records.len() as u64;
         Ok(())
     }
@@ -467,6 +466,8 @@ enum Plan {
 }
 
 pub struct DedupDevice {
+    /// Where the map's files live (the array's storage).
+    storage: Arc<dyn Storage>,
     inner: Arc<dyn Device>,
     config: DedupConfig,
     backend: Arc<dyn FingerprintBackend>,
@@ -484,13 +485,30 @@ pub struct DedupDevice {
     counters: Counters,
 }
 
-/// Starts an empty map for a device (at create and on replacement).
-pub fn reset_state(state_dir: &Path, name: &str) -> Result<()> {
-    std::fs::create_dir_all(state_dir)
+/// Starts an empty map for a device (at create and on replacement): the
+/// snapshot removed, an empty log renamed into place, the folder synced
+/// (which makes both names durable).
+pub fn reset_state(storage: &dyn Storage, state_dir: &Path, name: &str) -> Result<()> {
+    storage
+        .create_dir_all(state_dir)
         .map_err(|e| Error::io(format!("creating {}", state_dir.display()), e))?;
-    let _ = std::fs::remove_file(state_dir.join(format!("{name}.snap")));
-    log::reset_log(&state_dir.join(format!("{name}.log")))?;
+    reset_files(storage, state_dir, name)?;
     Ok(())
+}
+
+/// Removes `<name>.snap` and replaces `<name>.log` by an empty log.
+fn reset_files(
+    storage: &dyn Storage,
+    state_dir: &Path,
+    name: &str,
+) -> Result<Arc<dyn StorageFile>> {
+    let snapshot = state_dir.join(format!("{name}.snap"));
+    if storage.exists(&snapshot) {
+        storage
+            .remove(&snapshot)
+            .map_err(|e| Error::io(format!("removing {}", snapshot.display()), e))?;
+    }
+    log::reset_log(storage, &state_dir.join(format!("{name}.log")))
 }
 
 fn io_err(e: Error) -> io::Error {
@@ -500,9 +518,11 @@ fn io_err(e: Error) -> io::Error {
 impl DedupDevice {
     /// Opens (or, with `fresh`, starts empty) the dedup layer of a device
     /// whose data area starts at `data_offset` and holds `data_bytes`. Its
-    /// map lives in `state_dir` as `<name>.snap` and `<name>.log`.
+    /// map lives in `state_dir` of `storage` as `<name>.snap` and
+    /// `<name>.log`.
     #[allow(clippy::too_many_arguments)]
     pub fn open(
+        storage: Arc<dyn Storage>,
         inner: Arc<dyn Device>,
         config: DedupConfig,
         backend: Arc<dyn FingerprintBackend>,
@@ -521,13 +541,13 @@ impl DedupDevice {
                 "a device of {blocks} dedup blocks is too large (2^32-1 at most)"
             )));
         }
-        std::fs::create_dir_all(state_dir)
+        storage
+            .create_dir_all(state_dir)
             .map_err(|e| Error::io(format!("creating {}", state_dir.display()), e))?;
         let log_path = state_dir.join(format!("{name}.log"));
         let snapshot_path = state_dir.join(format!("{name}.snap"));
         let (map, fps, records, log_end) = if fresh {
-            let _ = std::fs::remove_file(&snapshot_path);
-            log::reset_log(&log_path)?;
+            reset_files(storage.as_ref(), state_dir, name)?;
             (
                 vec![UNMAPPED; blocks as usize],
                 Vec::new(),
@@ -535,26 +555,25 @@ impl DedupDevice {
                 log::LOG_HEADER_BYTES,
             )
         } else {
-            let (map, fps) = if snapshot_path.exists() {
-                let s = log::read_snapshot(&snapshot_path, blocks)?;
+            let (map, fps) = if storage.exists(&snapshot_path) {
+                let s = log::read_snapshot(storage.as_ref(), &snapshot_path, blocks)?;
                 (s.map, s.fingerprints)
             } else {
                 (vec![UNMAPPED; blocks as usize], Vec::new())
             };
-            if !log_path.exists() {
+            if !storage.exists(&log_path) {
                 return Err(Error::Corrupt(format!(
                     "dedup log {} is missing",
                     log_path.display()
                 )));
             }
-            let (records, end, torn) = log::read_log(&log_path)?;
+            let (records, end, torn) = log::read_log(storage.as_ref(), &log_path)?;
             if torn {
                 // Cut the tail, so that no stale record beyond it can ever
                 // line up with a later append and be replayed.
-                std::fs::OpenOptions::new()
-                    .write(true)
+                storage
                     .open(&log_path)
-                    .and_then(|f| f.set_len(end).and_then(|_| f.sync_all()))
+                    .and_then(|f| f.set_len(end).and_then(|_| f.sync()))
                     .map_err(|e| {
                         Error::io(
                             format!("cutting the torn tail of {}", log_path.display()),
@@ -564,9 +583,7 @@ impl DedupDevice {
             }
             (map, fps, records, end)
         };
-        let log = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
+        let log = storage
             .open(&log_path)
             .map_err(|e| Error::io(format!("opening {}", log_path.display()), e))?;
         // What an earlier process wrote but did not sync may still be only
@@ -575,7 +592,7 @@ impl DedupDevice {
         // freed.
         inner
             .sync()
-            .and_then(|_| log.sync_data())
+            .and_then(|_| log.sync())
             .map_err(|e| Error::io(format!("syncing {}", log_path.display()), e))?;
         // Slots in the order they were last written or referenced, oldest
         // first: the snapshot's fingerprints (persisted least recent first),
@@ -694,6 +711,7 @@ impl DedupDevice {
         }
         drop(slot_fp);
         Ok(DedupDevice {
+            storage,
             inner,
             config,
             backend,
@@ -819,7 +837,7 @@ impl DedupDevice {
     fn sync_locked(&self, st: &mut State) -> io::Result<()> {
         self.inner.sync()?;
         if st.log_end != st.log_synced {
-            st.log.sync_data()?;
+            st.log.sync()?;
             st.log_synced = st.log_end;
             self.counters.log_syncs.fetch_add(1, Relaxed);
         }
@@ -857,13 +875,14 @@ impl DedupDevice {
             })
             .collect();
         log::write_snapshot(
+            self.storage.as_ref(),
             &self.snapshot_path,
             &Snapshot {
                 map: st.map.clone(),
                 fingerprints,
             },
         )?;
-        st.log = log::reset_log(&self.log_path)?;
+        st.log = log::reset_log(self.storage.as_ref(), &self.log_path)?;
         st.log_end = log::LOG_HEADER_BYTES;
         st.log_synced = st.log_end;
         self.counters.snapshots.fetch_add(1, Relaxed);

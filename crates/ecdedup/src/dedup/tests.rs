@@ -66,6 +66,7 @@ impl Rig {
 fn open_layer(dev: Arc<dyn Device>, config: DedupConfig, dir: &Path, fresh: bool) -> DedupDevice {
     let data = BLOCKS * config.block_bytes as u64;
     DedupDevice::open(
+        crate::media::OsStorage::shared(),
         dev,
         config,
         Arc::new(CpuBackend::new(Some(1)).unwrap()),
@@ -779,7 +780,7 @@ fn a_write_that_finds_no_free_slot_waits_for_writes_in_flight() {
     let dir = tempfile::tempdir().unwrap();
     let mem = MemDevice::new("m", DATA_OFFSET + BLOCKS * 4096);
     let open = |dev: Arc<dyn Device>| open_layer(dev, sha1_all(1024), dir.path(), false);
-    reset_state(dir.path(), "d").unwrap();
+    reset_state(&crate::media::OsStorage, dir.path(), "d").unwrap();
     {
         let dev = open(Arc::new(mem.clone()));
         for b in 0..BLOCKS - 2 {
