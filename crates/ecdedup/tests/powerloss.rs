@@ -87,6 +87,9 @@ struct Tally {
     /// Blocks that read back neither their durable value nor one of the
     /// writes since the last flush (each a failure of the test).
     wrong_blocks: u64,
+    /// Map records the dedup layers refused at a reopen (their slot did
+    /// not hold their content): the fix of issue 10 at work.
+    refused_records: u64,
     /// Blocks that fail to read (each a failure of the test).
     unreadable_blocks: u64,
     /// Checksum or parity mismatches and dedup map problems that scrub
@@ -256,6 +259,17 @@ fn check(vol: &Volume, model: &Model, what: &str, tally: &mut Tally) -> Vec<u8> 
     got
 }
 
+/// Map records the array's dedup layers refused when it opened.
+fn refused_records(array: &Array) -> u64 {
+    array
+        .stats()
+        .dedup
+        .iter()
+        .flatten()
+        .map(|d| d.refused_records)
+        .sum()
+}
+
 /// [`check`] for the stories below, which must find nothing wrong.
 fn check_all(vol: &Volume, model: &Model, what: &str) -> Vec<u8> {
     let mut tally = Tally::default();
@@ -293,6 +307,7 @@ fn run_schedule(cfg: Config, seed: u64, tally: &mut Tally) {
         let array = Arc::new(open(&storage, &what));
         let vol = Volume::new(Arc::clone(&array));
         // After the reopen: what survived becomes the model's durable state.
+        tally.refused_records += refused_records(&array);
         let got = check(&vol, &model, &format!("{what} after reopen"), tally);
         model.durable.copy_from_slice(&got);
         model.current.copy_from_slice(&got);
@@ -418,7 +433,8 @@ fn run_config(cfg: Config, base_seed: u64) -> Tally {
     // One line per configuration that scripts/powerloss.sh collects.
     println!(
         "powerloss: policy={:?} dedup={} verify={} schedules={} crash_points={} \
-         unsynced_writes_at_crash={} device_failures={} failures={} unreadable={} scrub_findings={}",
+         unsynced_writes_at_crash={} device_failures={} refused_map_records={} failures={} \
+         unreadable={} scrub_findings={}",
         cfg.policy,
         cfg.dedup,
         cfg.verify,
@@ -426,6 +442,7 @@ fn run_config(cfg: Config, base_seed: u64) -> Tally {
         tally.crash_points,
         tally.writes_lost,
         tally.device_failures,
+        tally.refused_records,
         tally.wrong_blocks,
         tally.unreadable_blocks,
         tally.scrub_findings
@@ -516,6 +533,7 @@ fn a_map_record_that_reached_the_disk_without_its_slot_bytes_is_not_believed() {
             let what = format!("{} cut {cut}", cfg.name());
             let array = Arc::new(open(&storage, &what));
             let vol = Volume::new(Arc::clone(&array));
+            tally.refused_records += refused_records(&array);
             let got = check(&vol, &model, &format!("{what} after reopen"), &mut tally);
             model.durable.copy_from_slice(&got);
             model.current.copy_from_slice(&got);
@@ -547,6 +565,7 @@ fn a_map_record_that_reached_the_disk_without_its_slot_bytes_is_not_believed() {
             });
         }
         let array = Arc::new(open(&storage, "final"));
+        tally.refused_records += refused_records(&array);
         let vol = Volume::new(Arc::clone(&array));
         check(&vol, &model, &format!("{} final", cfg.name()), &mut tally);
         scrub_after_reopen(&array, "final", &mut tally);
@@ -560,6 +579,10 @@ fn a_map_record_that_reached_the_disk_without_its_slot_bytes_is_not_believed() {
         tally.unreadable_blocks,
         tally.scrub_findings,
         tally.first_wrong.unwrap_or_default()
+    );
+    assert!(
+        tally.refused_records > 0,
+        "the cuts kept records whose slot bytes they lost, and replay refused them"
     );
 }
 
