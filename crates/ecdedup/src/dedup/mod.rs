@@ -8,7 +8,7 @@
 //! count. Which writes are fingerprinted is the [`Policy`]: `all` (every
 //! block), `parity` (only parity units, hashed in sub-chunks of
 //! `block_bytes`: paper 000's method). A write whose fingerprint is in the
-//! index becomes a *reference*: a 24-byte log record instead of a data write.
+//! index becomes a *reference*: a 28-byte log record instead of a data write.
 //!
 //! Invariants:
 //! - a slot holding a fingerprinted block is never overwritten while
@@ -29,6 +29,14 @@
 //! - a slot freed by an overwrite or unmap is reused only after the log
 //!   record that freed it is durable (`sync`), so a crash never leaves a
 //!   block pointing at a slot that has since been given other content;
+//! - a sync writes the slots first, then a sync record, then syncs the log;
+//!   every record carries the CRC32C of the content it maps, and a record
+//!   after the last sync record is believed at open only when its slot
+//!   holds that content (`replay.rs`), so a power loss that keeps a record
+//!   and loses its slot write leaves the block on its older content, never
+//!   on another block's or stale bytes;
+//! - every file the layer keeps (map log, snapshot) goes through the
+//!   array's [`Storage`];
 //! - the index is bounded; eviction loses dedup opportunities, nothing else.
 //!
 //! The array's stripe locks guarantee that no two requests touch the same
