@@ -240,18 +240,23 @@ pub fn config(data: &[u8]) {
 /// The dedup map's log (`dedup/log.rs`): a thin call into its reader, on
 /// the bytes as given and with the header and record checksums repaired.
 pub fn dedup_log(data: &[u8]) {
-    let _ = dedup_log_file::Record::decode(data);
+    let _ = dedup_log_file::Record::decode(data, dedup_log_file::LOG_VERSION);
+    let _ = dedup_log_file::Record::decode(data, dedup_log_file::LOG_VERSION_MIN);
     let scratch = ScratchDir::new();
     let path = scratch.0.join("d.log");
     for bytes in [data.to_vec(), repair_dedup_log(data)] {
         std::fs::write(&path, &bytes).expect("scratch file");
-        let _ = dedup_log_file::read_log(&path);
+        let _ = dedup_log_file::read_log(crate::media::OsStorage::shared().as_ref(), &path);
     }
 }
 
 fn repair_dedup_log(data: &[u8]) -> Vec<u8> {
     let mut b = data.to_vec();
-    repair_header(&mut b, &dedup_log_file::LOG_MAGIC, 1);
+    repair_header(
+        &mut b,
+        &dedup_log_file::LOG_MAGIC,
+        dedup_log_file::LOG_VERSION,
+    );
     let start = dedup_log_file::LOG_HEADER_BYTES as usize;
     seal_records(&mut b, start, dedup_log_file::RECORD_HEADER_BYTES, 1, |h| {
         h[5] as usize
@@ -281,7 +286,11 @@ pub fn dedup_snapshot(data: &[u8]) {
     seal_tail(&mut repaired);
     for bytes in [snapshot.to_vec(), repaired] {
         std::fs::write(&snapshot_path, &bytes).expect("scratch file");
-        let _ = dedup_log_file::read_snapshot(&snapshot_path, DEDUP_BLOCKS);
+        let _ = dedup_log_file::read_snapshot(
+            crate::media::OsStorage::shared().as_ref(),
+            &snapshot_path,
+            DEDUP_BLOCKS,
+        );
         std::fs::write(&log_path, repair_dedup_log(&log)).expect("scratch file");
         let config = DedupConfig {
             policy: Policy::All,
@@ -293,6 +302,7 @@ pub fn dedup_snapshot(data: &[u8]) {
         let data_bytes = DEDUP_BLOCKS * DEDUP_BLOCK_BYTES as u64;
         let inner = Arc::new(MemDevice::new("fuzz", data_bytes));
         if let Ok(layer) = DedupDevice::open(
+            crate::media::OsStorage::shared(),
             inner,
             config,
             cpu_backend(),

@@ -104,6 +104,7 @@ mod seeds {
     use ecdedup::dedup::{DedupConfig, Policy};
     use ecdedup::fingerprint::Algorithm;
     use ecdedup::media::storage::read_all;
+    use ecdedup::media::OsStorage;
     use ecdedup::media::{IoMode, PowerLossStorage, Storage};
     use ecdedup::ssd::trace::{write_ecdedup_line, TraceOp, TraceRequest};
     use std::path::Path;
@@ -231,12 +232,18 @@ mod seeds {
                 block: 1,
                 slot: 1,
                 fingerprint: Some(fp),
+                content: Some(7),
             },
-            Record::Reference { block: 2, slot: 1 },
+            Record::Reference {
+                block: 2,
+                slot: 1,
+                content: Some(7),
+            },
             Record::Write {
                 block: 3,
                 slot: 3,
                 fingerprint: None,
+                content: None,
             },
             Record::Unmap { block: 3 },
         ] {
@@ -248,7 +255,7 @@ mod seeds {
     fn dedup_log() -> Files {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("d.log");
-        drop(dedup_log::reset_log(&path).unwrap());
+        drop(dedup_log::reset_log(OsStorage::shared().as_ref(), &path).unwrap());
         let empty = std::fs::read(&path).unwrap();
         vec![("records", [&empty[..], &dedup_records()].concat())]
     }
@@ -264,10 +271,10 @@ mod seeds {
             map,
             fingerprints: vec![(0, Algorithm::Sha256.fingerprint(b"slot 0"))],
         };
-        dedup_log::write_snapshot(&path, &snap).unwrap();
+        dedup_log::write_snapshot(OsStorage::shared().as_ref(), &path, &snap).unwrap();
         let snapshot = std::fs::read(&path).unwrap();
         let log_path = dir.path().join("d.log");
-        drop(dedup_log::reset_log(&log_path).unwrap());
+        drop(dedup_log::reset_log(OsStorage::shared().as_ref(), &log_path).unwrap());
         let log = [std::fs::read(&log_path).unwrap(), dedup_records()].concat();
         let split = (snapshot.len() as u16).to_le_bytes();
         vec![("snapshot-and-log", [&split[..], &snapshot, &log].concat())]

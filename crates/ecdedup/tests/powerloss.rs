@@ -15,13 +15,21 @@
 //! - after open, every stripe's parity matches its data (scrub finds
 //!   nothing), and a device failed after the reopen still decodes right data.
 //!
+//! A configuration is a write policy (rmw, plog, parix, replicate) and a
+//! dedup mode (none; all or parity, each with the byte compare on and
+//! off). Under dedup, half of the writes are made of a few repeated blocks
+//! and stripes, so references (and parity references) abound; the dedup
+//! maps go through the same simulated storage as the devices.
+//!
 //! Every configuration runs `SCHEDULES` seeded schedules of `CRASHES` power
-//! cuts each. `ECDEDUP_POWERLOSS_SCHEDULES=N` sets N schedules per
-//! configuration (`scripts/powerloss.sh --long` runs enough for 100,000
-//! crash points); `ECDEDUP_POWERLOSS_SEED` replays one schedule.
+//! cuts each. A block that reads back wrong is counted (and the schedule
+//! goes on from what it read); the test fails at the end with the count.
+//! `ECDEDUP_POWERLOSS_SCHEDULES=N` sets N schedules per configuration
+//! (`scripts/powerloss.sh --long` runs enough for 100,000 crash points);
+//! `ECDEDUP_POWERLOSS_SEED` replays one schedule.
 
 use ecdedup::array::{self, Array, ConfigFile, CreateOptions, WritePolicy};
-use ecdedup::dedup::DedupConfig;
+use ecdedup::dedup::{DedupConfig, Policy};
 use ecdedup::fingerprint::gpu::BackendChoice;
 use ecdedup::media::{PowerLossStorage, Storage};
 use ecdedup::volume::Volume;
@@ -34,12 +42,40 @@ const VOLUME_BYTES: u64 = 2 << 20;
 const BLOCK: usize = 4096;
 /// Power cuts per schedule.
 const CRASHES: u64 = 8;
-/// Schedules per configuration in CI: 4 policies x 70 x 8 = 2,240 cuts.
-const SCHEDULES_DEFAULT: u64 = 70;
+/// Schedules per configuration in CI, without dedup: 4 policies x 40 x 8 =
+/// 1,280 cuts.
+const SCHEDULES_DEFAULT: u64 = 40;
+/// Schedules per configuration in CI, with dedup: 4 dedup modes x 4
+/// policies x 16 x 8 = 2,048 cuts (3,328 in all with the above, plus the
+/// staged test's 30; about 40 s in a debug build on a loaded 2-core box).
+const SCHEDULES_DEDUP_DEFAULT: u64 = 16;
+/// Distinct blocks that the repeated writes under dedup are made of.
+const POOL_BLOCKS: u64 = 6;
+/// Data bytes of a stripe (k = 4 units of 16 KiB).
+const STRIPE_DATA_BYTES: usize = 4 * (16 << 10);
 
 #[derive(Clone, Copy, Debug)]
 struct Config {
     policy: WritePolicy,
+    dedup: Policy,
+    verify: bool,
+}
+
+impl Config {
+    fn plain(policy: WritePolicy) -> Config {
+        Config {
+            policy,
+            dedup: Policy::None,
+            verify: false,
+        }
+    }
+
+    fn name(&self) -> String {
+        match self.dedup {
+            Policy::None => format!("{:?} dedup=none", self.policy),
+            d => format!("{:?} dedup={d} verify={}", self.policy, self.verify),
+        }
+    }
 }
 
 /// What a run saw, for the summary line and docs/benchmarks.md.
@@ -49,6 +85,25 @@ struct Tally {
     crash_points: u64,
     writes_lost: u64,
     device_failures: u64,
+    /// Blocks that read back neither their durable value nor one of the
+    /// writes since the last flush (each a failure of the test).
+    wrong_blocks: u64,
+    /// Map records the dedup layers refused at a reopen (their slot did
+    /// not hold their content): the fix of issue 10 at work.
+    refused_records: u64,
+    /// Blocks that fail to read (each a failure of the test).
+    unreadable_blocks: u64,
+    /// Checksum or parity mismatches and dedup map problems that scrub
+    /// found right after a reopen (each a failure of the test).
+    scrub_findings: u64,
+    /// The first wrong read or scrub finding, to replay.
+    first_wrong: Option<String>,
+}
+
+impl Tally {
+    fn failures(&self) -> u64 {
+        self.wrong_blocks + self.unreadable_blocks + self.scrub_findings
+    }
 }
 
 /// A byte model: the durable content and the writes made since the last
@@ -108,6 +163,30 @@ fn pseudo_random(seed: u64, len: usize) -> Vec<u8> {
     v
 }
 
+/// Bytes for a write of `len` at `off`: random, or (half of the time) made
+/// of a few repeated blocks, or of whole repeated stripes where the write
+/// covers whole stripes (so parity repeats too, for parity dedup). The same
+/// under every dedup mode, so one seed runs the same operations on the same
+/// bytes with dedup on and off: a failure is told apart as dedup's or the
+/// array's by replaying its seed under `..._without_dedup`.
+fn write_bytes(rng: &mut StdRng, off: usize, len: usize) -> Vec<u8> {
+    if rng.gen_bool(0.5) {
+        return pseudo_random(rng.gen(), len);
+    }
+    let stripes = off.is_multiple_of(STRIPE_DATA_BYTES) && len.is_multiple_of(STRIPE_DATA_BYTES);
+    let unit = if stripes { STRIPE_DATA_BYTES } else { BLOCK };
+    // Repeated units line up with the volume's blocks.
+    let skip = off % unit;
+    let mut v = Vec::with_capacity(len + unit);
+    while v.len() < skip + len {
+        let pick = rng.gen_range(0..POOL_BLOCKS);
+        v.extend_from_slice(&pseudo_random(pick * 7919 + unit as u64, unit));
+    }
+    v.drain(..skip);
+    v.truncate(len);
+    v
+}
+
 fn dir() -> PathBuf {
     PathBuf::from("/sim/array")
 }
@@ -126,7 +205,13 @@ fn create(storage: &Arc<dyn Storage>, cfg: Config) {
         stripe_unit_bytes: 16 << 10,
         volume_bytes: VOLUME_BYTES,
         intent_region_bytes: 64 << 10,
-        dedup: DedupConfig::default(),
+        dedup: DedupConfig {
+            policy: cfg.dedup,
+            verify: cfg.verify,
+            // Small enough that eviction happens too.
+            index_entries_max: 256,
+            ..DedupConfig::default()
+        },
         write_policy: cfg.policy,
         journal_bytes_max: 4 << 20,
         io: ecdedup::media::IoMode::Buffered,
@@ -147,30 +232,74 @@ fn open(storage: &Arc<dyn Storage>, what: &str) -> Array {
 }
 
 /// Reads the whole volume block by block and checks every byte against the
-/// model; returns what was read.
-fn check(vol: &Volume, model: &Model, what: &str) -> Vec<u8> {
+/// model, counting the blocks that read back wrong in `tally`; returns
+/// what was read.
+fn check(vol: &Volume, model: &Model, what: &str, tally: &mut Tally) -> Vec<u8> {
     let mut got = vec![0u8; VOLUME_BYTES as usize];
     for b in 0..VOLUME_BYTES as usize / BLOCK {
         let at = b * BLOCK;
         if let Err(e) = vol.read(&mut got[at..at + BLOCK], at as u64) {
-            panic!("{what}: block {b} fails to read: {e}");
+            tally.unreadable_blocks += 1;
+            tally
+                .first_wrong
+                .get_or_insert_with(|| format!("{what}: block {b} fails to read: {e}"));
+            got[at..at + BLOCK].copy_from_slice(&model.durable[at..at + BLOCK]);
+            continue;
         }
         if let Some(i) = (at..at + BLOCK).find(|&i| !model.allowed(i, got[i])) {
-            panic!(
-                "{what}: byte {i} (block {b}) reads {:#04x}; durable {:#04x}, \
-                 current {:#04x}, {} unflushed writes",
-                got[i],
-                model.durable[i],
-                model.current[i],
-                model.since_flush.len()
-            );
+            tally.wrong_blocks += 1;
+            tally.first_wrong.get_or_insert_with(|| {
+                format!(
+                    "{what}: byte {i} (block {b}) reads {:#04x}; durable {:#04x}, \
+                     current {:#04x}, {} unflushed writes",
+                    got[i],
+                    model.durable[i],
+                    model.current[i],
+                    model.since_flush.len()
+                )
+            });
         }
     }
     got
 }
 
+/// Map records the array's dedup layers refused when it opened.
+fn refused_records(array: &Array) -> u64 {
+    array
+        .stats()
+        .dedup
+        .iter()
+        .flatten()
+        .map(|d| d.refused_records)
+        .sum()
+}
+
+/// [`check`] for the stories below, which must find nothing wrong.
+fn check_all(vol: &Volume, model: &Model, what: &str) -> Vec<u8> {
+    let mut tally = Tally::default();
+    let got = check(vol, model, what, &mut tally);
+    assert_eq!(tally.wrong_blocks, 0, "{}", tally.first_wrong.unwrap());
+    got
+}
+
+/// After a reopen with no device out: scrub (check only) must find every
+/// stripe's parity and checksums right and the dedup maps consistent;
+/// what it finds is counted in `tally`.
+fn scrub_after_reopen(array: &Array, what: &str, tally: &mut Tally) {
+    let report = array.scrub(false, None).expect("scrub");
+    let found = report.checksum_mismatches
+        + report.parity_mismatches
+        + report.dedup_map_problems.len() as u64;
+    if found > 0 {
+        tally.scrub_findings += found;
+        tally
+            .first_wrong
+            .get_or_insert_with(|| format!("{what}: scrub after reopen: {report:?}"));
+    }
+}
+
 fn run_schedule(cfg: Config, seed: u64, tally: &mut Tally) {
-    let what = format!("{:?} seed {seed}", cfg.policy);
+    let what = format!("{} seed {seed}", cfg.name());
     let sim = PowerLossStorage::new();
     let storage = sim.shared();
     create(&storage, cfg);
@@ -182,17 +311,13 @@ fn run_schedule(cfg: Config, seed: u64, tally: &mut Tally) {
         let array = Arc::new(open(&storage, &what));
         let vol = Volume::new(Arc::clone(&array));
         // After the reopen: what survived becomes the model's durable state.
-        let got = check(&vol, &model, &format!("{what} after reopen"));
+        tally.refused_records += refused_records(&array);
+        let got = check(&vol, &model, &format!("{what} after reopen"), tally);
         model.durable.copy_from_slice(&got);
         model.current.copy_from_slice(&got);
         model.since_flush.clear();
         if failed.is_none() {
-            let report = array.scrub(false, None).expect("scrub");
-            assert_eq!(
-                (report.checksum_mismatches, report.parity_mismatches),
-                (0, 0),
-                "{what}: scrub after reopen: {report:?}"
-            );
+            scrub_after_reopen(&array, &what, tally);
         }
         // A device failed after the reopen still decodes right data.
         if failed.is_none() && crash > 0 && rng.gen_bool(0.1) && failures_on() {
@@ -200,7 +325,12 @@ fn run_schedule(cfg: Config, seed: u64, tally: &mut Tally) {
             array.fail_device(d).expect("fail");
             failed = Some(d);
             tally.device_failures += 1;
-            check(&vol, &model, &format!("{what} with device {d} failed"));
+            check(
+                &vol,
+                &model,
+                &format!("{what} with device {d} failed"),
+                tally,
+            );
         }
         let ops = rng.gen_range(5..40);
         let fail_at = if failed.is_none() && rng.gen_bool(0.1) && failures_on() {
@@ -250,7 +380,7 @@ fn run_schedule(cfg: Config, seed: u64, tally: &mut Tally) {
                     } else {
                         rng.gen_range(0..=VOLUME_BYTES as usize - len)
                     };
-                    let data = pseudo_random(rng.gen(), len);
+                    let data = write_bytes(&mut rng, off, len);
                     let fua = rng.gen_bool(0.1);
                     vol.write(&data, off as u64, fua)
                         .unwrap_or_else(|e| panic!("{what}: write: {e}"));
@@ -271,7 +401,7 @@ fn run_schedule(cfg: Config, seed: u64, tally: &mut Tally) {
     // A last open: the array still opens and checks.
     let array = Arc::new(open(&storage, &format!("{what} final")));
     let vol = Volume::new(Arc::clone(&array));
-    check(&vol, &model, &format!("{what} final"));
+    check(&vol, &model, &format!("{what} final"), tally);
 }
 
 /// `ECDEDUP_POWERLOSS_NO_FAILURES=1` leaves devices alone (to tell a
@@ -280,14 +410,19 @@ fn failures_on() -> bool {
     std::env::var_os("ECDEDUP_POWERLOSS_NO_FAILURES").is_none()
 }
 
-fn schedules() -> u64 {
+fn schedules(cfg: Config) -> u64 {
     std::env::var("ECDEDUP_POWERLOSS_SCHEDULES")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(SCHEDULES_DEFAULT)
+        .unwrap_or(if cfg.dedup == Policy::None {
+            SCHEDULES_DEFAULT
+        } else {
+            SCHEDULES_DEDUP_DEFAULT
+        })
 }
 
-fn run_config(cfg: Config, base_seed: u64) {
+/// Runs the schedules of one configuration; returns its tally.
+fn run_config(cfg: Config, base_seed: u64) -> Tally {
     let mut tally = Tally::default();
     if let Some(seed) = std::env::var("ECDEDUP_POWERLOSS_SEED")
         .ok()
@@ -295,60 +430,163 @@ fn run_config(cfg: Config, base_seed: u64) {
     {
         run_schedule(cfg, seed, &mut tally);
     } else {
-        for s in 0..schedules() {
+        for s in 0..schedules(cfg) {
             run_schedule(cfg, base_seed * 1_000_003 + s, &mut tally);
         }
     }
     // One line per configuration that scripts/powerloss.sh collects.
     println!(
-        "powerloss: policy={:?} dedup=none schedules={} crash_points={} unsynced_writes_at_crash={} \
-         device_failures={} failures=0",
+        "powerloss: policy={:?} dedup={} verify={} schedules={} crash_points={} \
+         unsynced_writes_at_crash={} device_failures={} refused_map_records={} failures={} \
+         unreadable={} scrub_findings={}",
         cfg.policy,
+        cfg.dedup,
+        cfg.verify,
         tally.schedules,
         tally.crash_points,
         tally.writes_lost,
-        tally.device_failures
+        tally.device_failures,
+        tally.refused_records,
+        tally.wrong_blocks,
+        tally.unreadable_blocks,
+        tally.scrub_findings
     );
     assert!(tally.crash_points > 0);
+    tally
 }
 
+/// Runs every write policy under one dedup mode and fails with the count
+/// of wrong blocks over all of them.
+fn run_policies(dedup: Policy, verify: bool, base_seed: u64) {
+    let policies = [
+        WritePolicy::Rmw,
+        WritePolicy::Plog,
+        WritePolicy::Parix,
+        WritePolicy::Replicate,
+    ];
+    let (mut wrong, mut unreadable, mut findings) = (0, 0, 0);
+    let mut first = None;
+    let mut crash_points = 0;
+    for (i, policy) in policies.into_iter().enumerate() {
+        let cfg = Config {
+            policy,
+            dedup,
+            verify,
+        };
+        let tally = run_config(cfg, base_seed * 10 + i as u64);
+        wrong += tally.wrong_blocks;
+        unreadable += tally.unreadable_blocks;
+        findings += tally.scrub_findings;
+        crash_points += tally.crash_points;
+        first = first.or(tally.first_wrong);
+    }
+    assert_eq!(
+        (wrong, unreadable, findings),
+        (0, 0, 0),
+        "{wrong} blocks read back wrong, {unreadable} failed to read and scrub found \
+         {findings} problems over {crash_points} power cuts (dedup {dedup}, verify {verify}); \
+         the first: {}",
+        first.unwrap_or_default()
+    );
+}
+
+/// One test per dedup mode, each over every write policy.
+macro_rules! power_loss_tests {
+    ($($name:ident: $dedup:expr, verify $verify:expr, seed $seed:expr;)*) => {$(
+        #[test]
+        fn $name() {
+            run_policies($dedup, $verify, $seed);
+        }
+    )*};
+}
+
+power_loss_tests! {
+    power_loss_never_loses_a_flushed_write_without_dedup: Policy::None, verify false, seed 1;
+    power_loss_never_loses_a_flushed_write_with_dedup_all: Policy::All, verify false, seed 2;
+    power_loss_never_loses_a_flushed_write_with_dedup_all_and_verify: Policy::All, verify true, seed 3;
+    power_loss_never_loses_a_flushed_write_with_dedup_parity: Policy::Parity, verify false, seed 4;
+    power_loss_never_loses_a_flushed_write_with_dedup_parity_and_verify: Policy::Parity, verify true, seed 5;
+}
+
+/// Issue 10's ordering, staged: at each cut the kernel has written the map
+/// logs back but none of the device writes made since the last flush. A
+/// block whose record survives must not read another block's (or stale)
+/// bytes, and scrub must not find (or bless) anything.
 #[test]
-fn power_loss_never_loses_a_flushed_write_with_rmw() {
-    run_config(
-        Config {
+fn a_map_record_that_reached_the_disk_without_its_slot_bytes_is_not_believed() {
+    let mut tally = Tally::default();
+    for (n, (dedup, verify)) in [
+        (Policy::All, false),
+        (Policy::All, true),
+        (Policy::Parity, false),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let cfg = Config {
             policy: WritePolicy::Rmw,
-        },
-        1,
+            dedup,
+            verify,
+        };
+        let sim = PowerLossStorage::new();
+        let storage = sim.shared();
+        create(&storage, cfg);
+        let mut rng = StdRng::seed_from_u64(40 + n as u64);
+        let mut model = Model::new();
+        for cut in 0..10 {
+            let what = format!("{} cut {cut}", cfg.name());
+            let array = Arc::new(open(&storage, &what));
+            let vol = Volume::new(Arc::clone(&array));
+            tally.refused_records += refused_records(&array);
+            let got = check(&vol, &model, &format!("{what} after reopen"), &mut tally);
+            model.durable.copy_from_slice(&got);
+            model.current.copy_from_slice(&got);
+            model.since_flush.clear();
+            scrub_after_reopen(&array, &what, &mut tally);
+            // Flushed writes, then unflushed overwrites of the same area
+            // (fresh slots whose records the cut keeps).
+            for round in 0..2 {
+                for _ in 0..12 {
+                    let len = rng.gen_range(1..=8) * BLOCK;
+                    let off = rng.gen_range(0..(VOLUME_BYTES as usize - len) / BLOCK) * BLOCK;
+                    let data = write_bytes(&mut rng, off, len);
+                    vol.write(&data, off as u64, false).unwrap();
+                    model.write(off, &data, false);
+                }
+                if round == 0 {
+                    vol.flush().unwrap();
+                    model.flush();
+                }
+            }
+            drop(vol);
+            Arc::try_unwrap(array).ok().unwrap().simulate_crash();
+            sim.crash_with(cut, false, |path, _| {
+                if path.extension().is_some_and(|e| e == "log") {
+                    ecdedup::media::powerloss::Fate::Keep
+                } else {
+                    ecdedup::media::powerloss::Fate::Drop
+                }
+            });
+        }
+        let array = Arc::new(open(&storage, "final"));
+        tally.refused_records += refused_records(&array);
+        let vol = Volume::new(Arc::clone(&array));
+        check(&vol, &model, &format!("{} final", cfg.name()), &mut tally);
+        scrub_after_reopen(&array, "final", &mut tally);
+    }
+    assert_eq!(
+        tally.failures(),
+        0,
+        "{} blocks read back wrong, {} failed to read and scrub found {} problems over 30 \
+         cuts; the first: {}",
+        tally.wrong_blocks,
+        tally.unreadable_blocks,
+        tally.scrub_findings,
+        tally.first_wrong.unwrap_or_default()
     );
-}
-
-#[test]
-fn power_loss_never_loses_a_flushed_write_with_plog() {
-    run_config(
-        Config {
-            policy: WritePolicy::Plog,
-        },
-        2,
-    );
-}
-
-#[test]
-fn power_loss_never_loses_a_flushed_write_with_parix() {
-    run_config(
-        Config {
-            policy: WritePolicy::Parix,
-        },
-        3,
-    );
-}
-
-#[test]
-fn power_loss_never_loses_a_flushed_write_with_replicate() {
-    run_config(
-        Config {
-            policy: WritePolicy::Replicate,
-        },
-        4,
+    assert!(
+        tally.refused_records > 0,
+        "the cuts kept records whose slot bytes they lost, and replay refused them"
     );
 }
 
@@ -361,7 +599,7 @@ fn a_failed_journal_sync_is_latched_and_its_stripes_are_resynced() {
     for policy in [WritePolicy::Parix, WritePolicy::Plog] {
         let sim = PowerLossStorage::new();
         let storage = sim.shared();
-        create(&storage, Config { policy });
+        create(&storage, Config::plain(policy));
         let array = Arc::new(open(&storage, "first open"));
         let vol = Volume::new(Arc::clone(&array));
         let mut model = Model::new();
@@ -399,7 +637,7 @@ fn a_failed_journal_sync_is_latched_and_its_stripes_are_resynced() {
         sim.crash_with(7, false, |_, _| ecdedup::media::powerloss::Fate::Keep);
         let array = Arc::new(open(&storage, "after the cut"));
         let vol = Volume::new(Arc::clone(&array));
-        check(&vol, &model, &format!("{policy:?} after the cut"));
+        check_all(&vol, &model, &format!("{policy:?} after the cut"));
         let report = array.scrub(false, None).unwrap();
         assert_eq!(
             (report.checksum_mismatches, report.parity_mismatches),
@@ -407,7 +645,7 @@ fn a_failed_journal_sync_is_latched_and_its_stripes_are_resynced() {
             "{policy:?}: parity matches data after the reopen: {report:?}"
         );
         array.fail_device(0).unwrap();
-        check(&vol, &model, &format!("{policy:?} degraded"));
+        check_all(&vol, &model, &format!("{policy:?} degraded"));
     }
 }
 
@@ -420,7 +658,7 @@ fn a_full_file_system_refuses_writes_fails_no_device_and_serves_again() {
     for policy in [WritePolicy::Rmw, WritePolicy::Parix] {
         let sim = PowerLossStorage::new();
         let storage = sim.shared();
-        create(&storage, Config { policy });
+        create(&storage, Config::plain(policy));
         let array = Arc::new(open(&storage, "first open"));
         let vol = Volume::new(Arc::clone(&array));
         let mut model = Model::new();
@@ -471,7 +709,7 @@ fn a_full_file_system_refuses_writes_fails_no_device_and_serves_again() {
         model.write(1 << 20, &data, false);
         vol.flush().unwrap();
         // Refused writes are now whatever the flush made durable.
-        let now = check(&vol, &model, &format!("{policy:?} after the fill"));
+        let now = check_all(&vol, &model, &format!("{policy:?} after the fill"));
         model.durable.copy_from_slice(&now);
         model.current.copy_from_slice(&now);
         model.since_flush.clear();
@@ -480,7 +718,7 @@ fn a_full_file_system_refuses_writes_fails_no_device_and_serves_again() {
         sim.crash(3);
         let array = Arc::new(open(&storage, "after the cut"));
         let vol = Volume::new(Arc::clone(&array));
-        check(&vol, &model, &format!("{policy:?} after the cut"));
+        check_all(&vol, &model, &format!("{policy:?} after the cut"));
         let report = array.scrub(false, None).unwrap();
         assert_eq!(
             (report.checksum_mismatches, report.parity_mismatches),
@@ -490,18 +728,36 @@ fn a_full_file_system_refuses_writes_fails_no_device_and_serves_again() {
     }
 }
 
-/// Schedules that once failed, replayed in every run. 3000299 (parix): a
-/// healthy journaled write, a device failed by request, a cut; at the
-/// reopen the degraded replay judged parity by checksum entries older than
-/// it, skipped every row and dropped the records unfolded: a flushed block
-/// of the missing unit read as an I/O error (before the decode checks, as
-/// wrong data).
+/// Schedules that once failed, replayed in every run:
+/// - 32000114 (plog and parix, with and without dedup): journaled writes,
+///   a device failed by request, a cut; at the reopen the degraded replay
+///   judged parity by checksum entries older than it, skipped every row
+///   and dropped the records unfolded, so a flushed block of the missing
+///   unit decoded wrong (4 wrong blocks in the 48,000-cut run).
 #[test]
 fn power_loss_schedules_that_once_failed_pass() {
-    let once_failed: &[(WritePolicy, u64)] = &[(WritePolicy::Parix, 3_000_299)];
+    let once_failed: &[(WritePolicy, Policy, bool, u64)] = &[
+        (WritePolicy::Parix, Policy::None, false, 32_000_114),
+        (WritePolicy::Plog, Policy::None, false, 32_000_114),
+        (WritePolicy::Parix, Policy::All, true, 32_000_114),
+    ];
     let mut tally = Tally::default();
-    for &(policy, seed) in once_failed {
-        run_schedule(Config { policy }, seed, &mut tally);
+    for &(policy, dedup, verify, seed) in once_failed {
+        run_schedule(
+            Config {
+                policy,
+                dedup,
+                verify,
+            },
+            seed,
+            &mut tally,
+        );
     }
     assert!(tally.crash_points > 0);
+    assert_eq!(
+        tally.failures(),
+        0,
+        "{}",
+        tally.first_wrong.clone().unwrap_or_default()
+    );
 }

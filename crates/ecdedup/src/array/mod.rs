@@ -385,7 +385,9 @@ pub fn lock_dir_in(storage: &dyn Storage, dir: &Path) -> Result<StorageLock> {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn wrap_dedup(
+    storage: &Arc<dyn Storage>,
     dir: &Path,
     config: &DedupConfig,
     geo: &Geometry,
@@ -395,6 +397,7 @@ fn wrap_dedup(
     fresh: bool,
 ) -> Result<Arc<DedupDevice>> {
     let layer = DedupDevice::open(
+        Arc::clone(storage),
         raw,
         config.clone(),
         backend,
@@ -601,7 +604,7 @@ pub fn format_in(
     )?;
     if opts.dedup.policy != Policy::None {
         for i in 0..devices.len() {
-            crate::dedup::reset_state(&dir.join(DEDUP_DIR), &dedup_name(i))?;
+            crate::dedup::reset_state(storage.as_ref(), &dir.join(DEDUP_DIR), &dedup_name(i))?;
         }
     }
     let devices_abs = opts.devices.iter().map(|p| absolute_path(p)).collect();
@@ -842,6 +845,7 @@ impl Array {
             let layer = match (slot.as_ref(), &backend) {
                 (Some(raw), Some(backend)) => {
                     match wrap_dedup(
+                        &storage,
                         dir,
                         &cfg.dedup,
                         &geo,
@@ -1510,6 +1514,7 @@ impl Array {
         let dev: Arc<dyn Device> = match &self.backend {
             Some(backend) => {
                 let layer = wrap_dedup(
+                    &self.storage,
                     &self.dir,
                     &cfg.file.dedup,
                     &self.geo,

@@ -8,7 +8,7 @@
 //! count. Which writes are fingerprinted is the [`Policy`]: `all` (every
 //! block), `parity` (only parity units, hashed in sub-chunks of
 //! `block_bytes`: paper 000's method). A write whose fingerprint is in the
-//! index becomes a *reference*: a 24-byte log record instead of a data write.
+//! index becomes a *reference*: a 28-byte log record instead of a data write.
 //!
 //! Invariants:
 //! - a slot holding a fingerprinted block is never overwritten while
@@ -29,6 +29,14 @@
 //! - a slot freed by an overwrite or unmap is reused only after the log
 //!   record that freed it is durable (`sync`), so a crash never leaves a
 //!   block pointing at a slot that has since been given other content;
+//! - a sync writes the slots first, then a sync record, then syncs the log;
+//!   every record carries the CRC32C of the content it maps, and a record
+//!   after the last sync record is believed at open only when its slot
+//!   holds that content (`replay.rs`), so a power loss that keeps a record
+//!   and loses its slot write leaves the block on its older content, never
+//!   on another block's or stale bytes;
+//! - every file the layer keeps (map log, snapshot) goes through the
+//!   array's [`Storage`];
 //! - the index is bounded; eviction loses dedup opportunities, nothing else.
 //!
 //! The array's stripe locks guarantee that no two requests touch the same
@@ -36,17 +44,17 @@
 
 pub mod index;
 pub mod log;
+mod replay;
 
 use crate::counters::IoClass;
 use crate::error::{Error, Result};
 use crate::fingerprint::{Algorithm, Fingerprint, FingerprintBackend};
+use crate::media::storage::{Storage, StorageFile};
 use crate::media::{Device, WriteHint};
 use index::FingerprintIndex;
 use log::{Record, Snapshot, UNMAPPED};
 use serde::{Deserialize, Serialize};
-use std::fs::File;
 use std::io;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -170,6 +178,7 @@ struct Counters {
     verify_compares: AtomicU64,
     verify_mismatches: AtomicU64,
     unmaps: AtomicU64,
+    refused_records: AtomicU64,
     snapshots: AtomicU64,
     log_syncs: AtomicU64,
     /// Write-path phase timers (paper 002, Fig. 1); see `DedupStats`.
@@ -213,6 +222,11 @@ pub struct DedupStats {
     pub verify_compares: u64,
     pub verify_mismatches: u64,
     pub unmaps: u64,
+    /// Map records refused at open: written after the last sync, they
+    /// named content their slot did not hold (a power loss kept the record
+    /// and lost or tore the slot write); the block kept its older mapping.
+    #[serde(default)]
+    pub refused_records: u64,
     pub snapshots: u64,
     /// fdatasyncs of the map log (a sync with no new record skips it).
     #[serde(default)]
@@ -245,7 +259,8 @@ pub struct DedupStats {
     /// Slots whose content was fingerprinted (in the index or evicted).
     #[serde(default)]
     pub slot_fingerprints: u64,
-    /// RAM of the block map, reference counts and free lists.
+    /// RAM of the block map, reference counts, free lists and the two
+    /// bitmaps cleared at a sync (slots whose count fell, blocks logged).
     pub map_bytes: u64,
     /// Write-path time in ns, summed over writes (and threads): cutting a
     /// write into dedup blocks (with the merge of a partial head or tail),
@@ -285,6 +300,10 @@ impl DedupStats {
             "verify_compares" => (c, "byte compares on a fingerprint hit"),
             "verify_mismatches" => (c, "byte compares that differed (collisions)"),
             "unmaps" => (c, "blocks unmapped by discard"),
+            "refused_records" => (
+                c,
+                "map records refused at open: their slot lacked their content",
+            ),
             "snapshots" => (c, "map snapshots written"),
             "log_syncs" => (c, "fdatasyncs of the map log"),
             "mapped_blocks" => (g, "blocks that map to a slot"),
@@ -298,7 +317,10 @@ impl DedupStats {
             "index_bytes_per_entry" => (g, "index_bytes / index_entries"),
             "slot_entry_bytes" => (g, "RAM of the slot to index entry table in bytes"),
             "slot_fingerprints" => (g, "slots whose content was fingerprinted"),
-            "map_bytes" => (g, "RAM of the block map, reference counts and free lists"),
+            "map_bytes" => (
+                g,
+                "RAM of the block map, reference counts, free lists and sync bitmaps",
+            ),
             "chunking_ns" => (c, "ns spent cutting writes into dedup blocks"),
             "fingerprint_ns" => (c, "ns spent fingerprinting"),
             "index_ns" => (c, "ns spent in index lookups, verify and inserts"),
@@ -322,14 +344,53 @@ struct State {
     /// log was last synced, one bit each: the records that say so may
     /// not survive a power loss, so on disk the slot may still be shared,
     /// and it must not be overwritten in place until the next sync.
-    dropped: Vec<u64>,
-    dropped_any: bool,
+    dropped: Marks,
+    /// Blocks with a map record appended since the last sync record. An
+    /// in-place overwrite of such a block appends a record too: replay
+    /// checks the block's last record after the sync against its slot's
+    /// bytes, which the overwrite changed (`replay.rs`).
+    logged: Marks,
     index: FingerprintIndex,
     log_end: u64,
     /// Log bytes known durable: a sync with nothing appended since skips
     /// the log's fdatasync.
     log_synced: u64,
-    log: File,
+    log: Arc<dyn StorageFile>,
+}
+
+/// One bit per slot or block, all cleared at once (at a sync).
+struct Marks {
+    words: Vec<u64>,
+    any: bool,
+}
+
+impl Marks {
+    fn new(bits: u64) -> Marks {
+        Marks {
+            words: vec![0; bits.div_ceil(64) as usize],
+            any: false,
+        }
+    }
+
+    fn set(&mut self, i: u64) {
+        self.words[(i / 64) as usize] |= 1 << (i % 64);
+        self.any = true;
+    }
+
+    fn get(&self, i: u64) -> bool {
+        self.words[(i / 64) as usize] & (1 << (i % 64)) != 0
+    }
+
+    fn clear(&mut self) {
+        if self.any {
+            self.words.fill(0);
+            self.any = false;
+        }
+    }
+
+    fn ram_bytes(&self) -> u64 {
+        self.words.capacity() as u64 * 8
+    }
 }
 
 /// `slot_entry` of a slot whose content was not fingerprinted (it may be
@@ -347,15 +408,14 @@ impl State {
             self.forget(slot);
             self.pending_free.push(slot);
         } else {
-            self.dropped[slot as usize / 64] |= 1 << (slot % 64);
-            self.dropped_any = true;
+            self.dropped.set(slot as u64);
         }
     }
 
     /// Whether the slot's count fell since the last log sync (so it may
     /// still be shared on disk).
     fn dropped(&self, slot: u32) -> bool {
-        self.dropped[slot as usize / 64] & (1 << (slot % 64)) != 0
+        self.dropped.get(slot as u64)
     }
 
     /// Whether new content may go over the block's own slot `cur`: it
@@ -420,8 +480,31 @@ impl State {
         }
     }
 
+    /// Encodes a map record for `append`, marking its block logged.
+    fn encode(&mut self, rec: &Record, out: &mut Vec<u8>) {
+        if let Record::Write { block, .. }
+        | Record::Reference { block, .. }
+        | Record::Unmap { block } = *rec
+        {
+            self.logged.set(block);
+        }
+        rec.encode_into(out);
+    }
+
+    /// Appends a sync record and makes the log durable. Only once the
+    /// slots every record points at are durable: the sync record vouches
+    /// for every record before it (`replay.rs`).
+    fn sync_log(&mut self) -> io::Result<()> {
+        let mut rec = Vec::with_capacity(log::RECORD_HEADER_BYTES);
+        Record::Sync.encode_into(&mut rec);
+        self.append(&rec)?;
+        self.log.sync()?;
+        self.log_synced = self.log_end;
+        Ok(())
+    }
+
     fn append(&mut self, records: &[u8]) -> io::Result<()> {
-        self.log.write_all_at(records, self.log_end)?;
+        self.log.write_at(records, self.log_end)?;
         self.log_end += records.len() as u64;
         Ok(())
     }
@@ -467,6 +550,8 @@ enum Plan {
 }
 
 pub struct DedupDevice {
+    /// Where the map's files live (the array's storage).
+    storage: Arc<dyn Storage>,
     inner: Arc<dyn Device>,
     config: DedupConfig,
     backend: Arc<dyn FingerprintBackend>,
@@ -484,13 +569,36 @@ pub struct DedupDevice {
     counters: Counters,
 }
 
-/// Starts an empty map for a device (at create and on replacement).
-pub fn reset_state(state_dir: &Path, name: &str) -> Result<()> {
-    std::fs::create_dir_all(state_dir)
+/// Starts an empty map for a device (at create and on replacement): the
+/// snapshot removed, an empty log renamed into place, the folder synced
+/// (which makes both names durable).
+pub fn reset_state(storage: &dyn Storage, state_dir: &Path, name: &str) -> Result<()> {
+    storage
+        .create_dir_all(state_dir)
         .map_err(|e| Error::io(format!("creating {}", state_dir.display()), e))?;
-    let _ = std::fs::remove_file(state_dir.join(format!("{name}.snap")));
-    log::reset_log(&state_dir.join(format!("{name}.log")))?;
+    reset_files(storage, state_dir, name)?;
     Ok(())
+}
+
+/// Removes `<name>.snap` and replaces `<name>.log` by an empty log.
+fn reset_files(
+    storage: &dyn Storage,
+    state_dir: &Path,
+    name: &str,
+) -> Result<Arc<dyn StorageFile>> {
+    let snapshot = state_dir.join(format!("{name}.snap"));
+    if storage.exists(&snapshot) {
+        storage
+            .remove(&snapshot)
+            .map_err(|e| Error::io(format!("removing {}", snapshot.display()), e))?;
+    }
+    log::reset_log(storage, &state_dir.join(format!("{name}.log")))
+}
+
+/// The content checksum a map record carries: CRC32C of the block's bytes,
+/// checked against the slot at replay (`replay.rs`).
+fn content_crc(chunk: &[u8]) -> Option<u32> {
+    Some(crc32c::crc32c(chunk))
 }
 
 fn io_err(e: Error) -> io::Error {
@@ -500,9 +608,11 @@ fn io_err(e: Error) -> io::Error {
 impl DedupDevice {
     /// Opens (or, with `fresh`, starts empty) the dedup layer of a device
     /// whose data area starts at `data_offset` and holds `data_bytes`. Its
-    /// map lives in `state_dir` as `<name>.snap` and `<name>.log`.
+    /// map lives in `state_dir` of `storage` as `<name>.snap` and
+    /// `<name>.log`.
     #[allow(clippy::too_many_arguments)]
     pub fn open(
+        storage: Arc<dyn Storage>,
         inner: Arc<dyn Device>,
         config: DedupConfig,
         backend: Arc<dyn FingerprintBackend>,
@@ -521,40 +631,40 @@ impl DedupDevice {
                 "a device of {blocks} dedup blocks is too large (2^32-1 at most)"
             )));
         }
-        std::fs::create_dir_all(state_dir)
+        storage
+            .create_dir_all(state_dir)
             .map_err(|e| Error::io(format!("creating {}", state_dir.display()), e))?;
         let log_path = state_dir.join(format!("{name}.log"));
         let snapshot_path = state_dir.join(format!("{name}.snap"));
-        let (map, fps, records, log_end) = if fresh {
-            let _ = std::fs::remove_file(&snapshot_path);
-            log::reset_log(&log_path)?;
+        let (map, fps, records, log_end, log_version) = if fresh {
+            reset_files(storage.as_ref(), state_dir, name)?;
             (
                 vec![UNMAPPED; blocks as usize],
                 Vec::new(),
                 Vec::new(),
                 log::LOG_HEADER_BYTES,
+                log::LOG_VERSION,
             )
         } else {
-            let (map, fps) = if snapshot_path.exists() {
-                let s = log::read_snapshot(&snapshot_path, blocks)?;
+            let (map, fps) = if storage.exists(&snapshot_path) {
+                let s = log::read_snapshot(storage.as_ref(), &snapshot_path, blocks)?;
                 (s.map, s.fingerprints)
             } else {
                 (vec![UNMAPPED; blocks as usize], Vec::new())
             };
-            if !log_path.exists() {
+            if !storage.exists(&log_path) {
                 return Err(Error::Corrupt(format!(
                     "dedup log {} is missing",
                     log_path.display()
                 )));
             }
-            let (records, end, torn) = log::read_log(&log_path)?;
-            if torn {
+            let contents = log::read_log(storage.as_ref(), &log_path)?;
+            if contents.torn {
                 // Cut the tail, so that no stale record beyond it can ever
                 // line up with a later append and be replayed.
-                std::fs::OpenOptions::new()
-                    .write(true)
+                storage
                     .open(&log_path)
-                    .and_then(|f| f.set_len(end).and_then(|_| f.sync_all()))
+                    .and_then(|f| f.set_len(contents.end).and_then(|_| f.sync()))
                     .map_err(|e| {
                         Error::io(
                             format!("cutting the torn tail of {}", log_path.display()),
@@ -562,11 +672,9 @@ impl DedupDevice {
                         )
                     })?;
             }
-            (map, fps, records, end)
+            (map, fps, contents.records, contents.end, contents.version)
         };
-        let log = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
+        let log = storage
             .open(&log_path)
             .map_err(|e| Error::io(format!("opening {}", log_path.display()), e))?;
         // What an earlier process wrote but did not sync may still be only
@@ -575,7 +683,7 @@ impl DedupDevice {
         // freed.
         inner
             .sync()
-            .and_then(|_| log.sync_data())
+            .and_then(|_| log.sync())
             .map_err(|e| Error::io(format!("syncing {}", log_path.display()), e))?;
         // Slots in the order they were last written or referenced, oldest
         // first: the snapshot's fingerprints (persisted least recent first),
@@ -586,56 +694,30 @@ impl DedupDevice {
         // The fingerprints are gathered in a transient table (open only),
         // then offered to the bounded index.
         let key_bytes = config.algorithm.digest_bytes();
-        let mut recency: Vec<u32> = fps.iter().map(|(s, _)| *s).collect();
-        let mut slot_fp: std::collections::HashMap<u32, Fingerprint> = fps.into_iter().collect();
-        let mut map = map;
         let bad =
             |what: String| Error::Corrupt(format!("dedup map {}: {what}", log_path.display()));
-        for rec in records {
-            match rec {
-                Record::Write {
-                    block,
-                    slot,
-                    fingerprint,
-                } => {
-                    if block >= blocks || slot >= blocks {
-                        return Err(bad(format!(
-                            "record names block {block} slot {slot} of {blocks}"
-                        )));
-                    }
-                    map[block as usize] = slot as u32;
-                    match fingerprint {
-                        Some(fp) if fp.as_bytes().len() != key_bytes => {
-                            return Err(bad(format!(
-                                "record holds a {}-byte fingerprint, {} uses {key_bytes}",
-                                fp.as_bytes().len(),
-                                config.algorithm
-                            )));
-                        }
-                        Some(fp) => {
-                            recency.push(slot as u32);
-                            slot_fp.insert(slot as u32, fp)
-                        }
-                        None => slot_fp.remove(&(slot as u32)),
-                    };
-                }
-                Record::Reference { block, slot } => {
-                    if block >= blocks || slot >= blocks {
-                        return Err(bad(format!(
-                            "record names block {block} slot {slot} of {blocks}"
-                        )));
-                    }
-                    map[block as usize] = slot as u32;
-                    recency.push(slot as u32);
-                }
-                Record::Unmap { block } => {
-                    if block >= blocks {
-                        return Err(bad(format!("record names block {block} of {blocks}")));
-                    }
-                    map[block as usize] = UNMAPPED;
-                }
-            }
-        }
+        let mut slot_bytes = vec![0u8; block as usize];
+        let replayed = replay::replay(
+            map,
+            fps,
+            &records,
+            key_bytes,
+            &mut |slot| {
+                inner
+                    .read_at(&mut slot_bytes, data_offset + slot as u64 * block)
+                    .map_err(|e| Error::io(format!("reading slot {slot} to check the map"), e))?;
+                Ok(crc32c::crc32c(&slot_bytes))
+            },
+            &bad,
+        )?;
+        drop(records);
+        let replay::Replayed {
+            map,
+            recency,
+            mut slot_fp,
+            unsynced_records,
+            refused_records,
+        } = replayed;
         // The snapshot's fingerprints name slots read from disk: checked
         // here, before they index the per-slot tables below.
         if let Some(s) = slot_fp.keys().find(|&&s| s as u64 >= blocks) {
@@ -681,8 +763,8 @@ impl DedupDevice {
             }
         }
         let mut state = State {
-            dropped: vec![0u64; (blocks as usize).div_ceil(64)],
-            dropped_any: false,
+            dropped: Marks::new(blocks),
+            logged: Marks::new(blocks),
             map,
             refs,
             slot_entry,
@@ -700,7 +782,8 @@ impl DedupDevice {
             }
         }
         drop(slot_fp);
-        Ok(DedupDevice {
+        let dev = DedupDevice {
+            storage,
             inner,
             config,
             backend,
@@ -713,7 +796,23 @@ impl DedupDevice {
             slot_freed: std::sync::Condvar::new(),
             slot_waiters: AtomicU64::new(0),
             counters: Counters::default(),
-        })
+        };
+        dev.counters.refused_records.store(refused_records, Relaxed);
+        let mut st = dev.state.lock().unwrap();
+        if refused_records > 0 || log_version != log::LOG_VERSION {
+            // The refused records must never be replayed as they stand
+            // (a sync record after them would vouch for them), and an old
+            // log is not appended to: the map as replayed becomes a
+            // snapshot, with a new, empty log.
+            dev.compact(&mut st)?;
+        } else if unsynced_records > 0 {
+            // Every record after the last sync record was borne out, and
+            // the slots were synced above: a sync record says so.
+            st.sync_log()
+                .map_err(|e| Error::io(format!("syncing {}", dev.log_path.display()), e))?;
+        }
+        drop(st);
+        Ok(dev)
     }
 
     fn slot_offset(&self, slot: u32) -> u64 {
@@ -802,6 +901,8 @@ impl DedupDevice {
                             block,
                             slot: slot as u64,
                             fingerprint: None,
+                            // The block stays on its slot: nothing to check.
+                            content: None,
                         },
                     )?;
                 }
@@ -826,16 +927,16 @@ impl DedupDevice {
     fn sync_locked(&self, st: &mut State) -> io::Result<()> {
         self.inner.sync()?;
         if st.log_end != st.log_synced {
-            st.log.sync_data()?;
-            st.log_synced = st.log_end;
+            st.sync_log()?;
             self.counters.log_syncs.fetch_add(1, Relaxed);
+            self.counters
+                .log_bytes
+                .fetch_add(log::RECORD_HEADER_BYTES as u64, Relaxed);
         }
         // Every record appended so far is durable: counts that fell are
-        // durable too.
-        if st.dropped_any {
-            st.dropped.fill(0);
-            st.dropped_any = false;
-        }
+        // durable too, and the sync record vouches for every record.
+        st.dropped.clear();
+        st.logged.clear();
         let pending = std::mem::take(&mut st.pending_free);
         st.free.extend(pending);
         if st.log_end > LOG_COMPACT_BYTES {
@@ -864,13 +965,14 @@ impl DedupDevice {
             })
             .collect();
         log::write_snapshot(
+            self.storage.as_ref(),
             &self.snapshot_path,
             &Snapshot {
                 map: st.map.clone(),
                 fingerprints,
             },
         )?;
-        st.log = log::reset_log(&self.log_path)?;
+        st.log = log::reset_log(self.storage.as_ref(), &self.log_path)?;
         st.log_end = log::LOG_HEADER_BYTES;
         st.log_synced = st.log_end;
         self.counters.snapshots.fetch_add(1, Relaxed);
@@ -1180,25 +1282,32 @@ impl DedupDevice {
         let mut rec = Vec::with_capacity(n * (log::RECORD_HEADER_BYTES + 32));
         for (i, plan) in plans.iter().enumerate() {
             let b = first + i as u64;
-            match *plan {
-                Plan::Keep | Plan::InPlace(_) => {}
+            let content = content_crc(chunk(i));
+            let record = match *plan {
+                Plan::Keep => None,
+                Plan::InPlace(s) => st.logged.get(b).then_some(Record::Write {
+                    block: b,
+                    slot: s as u64,
+                    fingerprint: None,
+                    content,
+                }),
                 Plan::Reference(s) | Plan::Local { slot: s, .. } => {
                     st.assign(b, s);
-                    Record::Reference {
+                    Some(Record::Reference {
                         block: b,
                         slot: s as u64,
-                    }
-                    .encode_into(&mut rec);
+                        content,
+                    })
                 }
                 Plan::Rewrite(s) => {
                     let fp = fps.expect("a rewrite is fingerprinted")[i];
                     st.offer(&fp, s, parity);
-                    Record::Write {
+                    Some(Record::Write {
                         block: b,
                         slot: s as u64,
                         fingerprint: Some(fp),
-                    }
-                    .encode_into(&mut rec);
+                        content,
+                    })
                 }
                 Plan::Fresh(s) => {
                     st.assign(b, s);
@@ -1206,13 +1315,16 @@ impl DedupDevice {
                     if let Some(fp) = fingerprint {
                         st.offer(&fp, s, parity);
                     }
-                    Record::Write {
+                    Some(Record::Write {
                         block: b,
                         slot: s as u64,
                         fingerprint,
-                    }
-                    .encode_into(&mut rec);
+                        content,
+                    })
                 }
+            };
+            if let Some(record) = record {
+                st.encode(&record, &mut rec);
             }
         }
         if fps.is_some() {
@@ -1271,6 +1383,7 @@ impl DedupDevice {
                         Record::Reference {
                             block,
                             slot: slot as u64,
+                            content: content_crc(chunk),
                         },
                     )?;
                 }
@@ -1302,6 +1415,7 @@ impl DedupDevice {
                 block,
                 slot: slot as u64,
                 fingerprint: Some(fp),
+                content: content_crc(chunk),
             },
         )?;
         self.count_physical(chunk.len(), class);
@@ -1314,6 +1428,19 @@ impl DedupDevice {
         if st.own_in_place(cur) {
             drop(st);
             self.inner.write_at(chunk, self.slot_offset(cur))?;
+            let mut st = self.state.lock().unwrap();
+            if st.logged.get(block) {
+                // The block's record since the sync names its old content.
+                self.log(
+                    &mut st,
+                    Record::Write {
+                        block,
+                        slot: cur as u64,
+                        fingerprint: None,
+                        content: content_crc(chunk),
+                    },
+                )?;
+            }
         } else {
             let (slot, new) = self.place(block, chunk, st)?;
             let mut st = self.state.lock().unwrap();
@@ -1326,6 +1453,7 @@ impl DedupDevice {
                     block,
                     slot: slot as u64,
                     fingerprint: None,
+                    content: content_crc(chunk),
                 },
             )?;
         }
@@ -1336,7 +1464,7 @@ impl DedupDevice {
     /// Appends one map record and counts its bytes.
     fn log(&self, st: &mut State, rec: Record) -> io::Result<()> {
         let mut buf = Vec::with_capacity(log::RECORD_HEADER_BYTES + 32);
-        rec.encode_into(&mut buf);
+        st.encode(&rec, &mut buf);
         st.append(&buf)?;
         self.counters.log_bytes.fetch_add(buf.len() as u64, Relaxed);
         Ok(())
@@ -1397,7 +1525,9 @@ impl DedupDevice {
         let entries = st.index.len() as u64;
         let parity_entries = st.index.parity_entries() as u64;
         let map_bytes = (st.map.capacity() * 4 + st.refs.capacity() * 4) as u64
-            + (st.free.capacity() + st.pending_free.capacity()) as u64 * 4;
+            + (st.free.capacity() + st.pending_free.capacity()) as u64 * 4
+            + st.dropped.ram_bytes()
+            + st.logged.ram_bytes();
         let slot_entry_bytes = st.slot_entry.capacity() as u64 * 4;
         DedupStats {
             policy: self.config.policy.to_string(),
@@ -1417,6 +1547,7 @@ impl DedupDevice {
             verify_compares: c.verify_compares.load(Relaxed),
             verify_mismatches: c.verify_mismatches.load(Relaxed),
             unmaps: c.unmaps.load(Relaxed),
+            refused_records: c.refused_records.load(Relaxed),
             snapshots: c.snapshots.load(Relaxed),
             log_syncs: c.log_syncs.load(Relaxed),
             mapped_blocks: st.map.iter().filter(|s| **s != UNMAPPED).count() as u64,
@@ -1626,7 +1757,7 @@ impl Device for DedupDevice {
         for block in first_whole..last_whole {
             if st.map[block as usize] != UNMAPPED {
                 st.assign(block, UNMAPPED);
-                Record::Unmap { block }.encode_into(&mut rec);
+                st.encode(&Record::Unmap { block }, &mut rec);
                 self.counters.unmaps.fetch_add(1, Relaxed);
             }
         }

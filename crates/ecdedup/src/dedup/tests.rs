@@ -66,6 +66,7 @@ impl Rig {
 fn open_layer(dev: Arc<dyn Device>, config: DedupConfig, dir: &Path, fresh: bool) -> DedupDevice {
     let data = BLOCKS * config.block_bytes as u64;
     DedupDevice::open(
+        crate::media::OsStorage::shared(),
         dev,
         config,
         Arc::new(CpuBackend::new(Some(1)).unwrap()),
@@ -779,7 +780,7 @@ fn a_write_that_finds_no_free_slot_waits_for_writes_in_flight() {
     let dir = tempfile::tempdir().unwrap();
     let mem = MemDevice::new("m", DATA_OFFSET + BLOCKS * 4096);
     let open = |dev: Arc<dyn Device>| open_layer(dev, sha1_all(1024), dir.path(), false);
-    reset_state(dir.path(), "d").unwrap();
+    reset_state(&crate::media::OsStorage, dir.path(), "d").unwrap();
     {
         let dev = open(Arc::new(mem.clone()));
         for b in 0..BLOCKS - 2 {
@@ -1024,8 +1025,14 @@ fn a_snapshot_fingerprint_of_a_slot_past_the_device_is_refused() {
         map: vec![UNMAPPED; BLOCKS as usize],
         fingerprints: vec![(u32::MAX - 1, Algorithm::Sha1.fingerprint(b"x"))],
     };
-    log::write_snapshot(&dir.path().join("d.snap"), &snap).unwrap();
+    log::write_snapshot(
+        crate::media::OsStorage::shared().as_ref(),
+        &dir.path().join("d.snap"),
+        &snap,
+    )
+    .unwrap();
     let err = DedupDevice::open(
+        crate::media::OsStorage::shared(),
         Arc::new(mem),
         sha1_all(8),
         Arc::new(CpuBackend::new(Some(1)).unwrap()),
@@ -1039,4 +1046,93 @@ fn a_snapshot_fingerprint_of_a_slot_past_the_device_is_refused() {
     .expect("a corrupt snapshot is refused");
     assert!(matches!(err, Error::Corrupt(_)), "{err}");
     assert!(err.to_string().contains("fingerprint of slot"), "{err}");
+}
+
+/// The opposite power loss (issue 10): the log keeps every record written
+/// since the last sync while the slot writes made since are lost. The
+/// records name content their slots do not hold: replay refuses them and
+/// each block keeps its content at the sync, with counts that match.
+#[test]
+fn records_whose_slot_writes_were_lost_are_refused_and_the_blocks_keep_their_synced_content() {
+    for config in [sha1_all(1024), sha1_verified(), parity_policy()] {
+        let mut rig = Rig::new(config);
+        let (a, b, c) = (content(1, 4096), content(2, 4096), content(3, 4096));
+        for (i, bytes) in [&a, &b, &a, &c].into_iter().enumerate() {
+            rig.d()
+                .write_at(bytes, DATA_OFFSET + i as u64 * 4096)
+                .unwrap();
+        }
+        rig.d().sync().unwrap();
+        let at_sync = read_all(rig.d(), (BLOCKS * 4096) as usize);
+        let mut media = vec![0u8; (BLOCKS * 4096) as usize];
+        rig.mem.read_at(&mut media, DATA_OFFSET).unwrap();
+        // New content (fresh slots), a reference to it, an unmap.
+        let d = content(4, 4096);
+        for i in [0u64, 1, 5] {
+            rig.d().write_at(&d, DATA_OFFSET + i * 4096).unwrap();
+        }
+        rig.d().discard(DATA_OFFSET + 3 * 4096, 4096).unwrap();
+        // Power loss: no slot write since the sync reached the media.
+        rig.dev = None;
+        rig.mem.write_at(&media, DATA_OFFSET).unwrap();
+        rig.open(false);
+        let got = read_all(rig.d(), (BLOCKS * 4096) as usize);
+        let mut want = at_sync.clone();
+        want[3 * 4096..4 * 4096].fill(0);
+        assert!(
+            got == want,
+            "every block reads its synced content (block 3 unmapped)"
+        );
+        assert!(rig.d().stats().refused_records > 0);
+        assert!(rig.d().check().is_empty(), "{:?}", rig.d().check());
+        // The refused records are gone for good: a clean restart agrees.
+        restart(&mut rig);
+        assert!(read_all(rig.d(), (BLOCKS * 4096) as usize) == want);
+        assert_eq!(rig.d().stats().refused_records, 0);
+    }
+}
+
+fn parity_policy() -> DedupConfig {
+    DedupConfig {
+        policy: Policy::Parity,
+        ..sha1_all(1024)
+    }
+}
+
+/// A map log of version 1 (records without content checksums, as the
+/// build before issue 10 wrote them) is read, its records believed as
+/// they stand, and rewritten as a snapshot and a version 2 log at open.
+#[test]
+fn a_version_1_map_log_is_read_and_rewritten_in_version_2() {
+    let mut rig = Rig::new(sha1_all(1024));
+    let a = content(1, 4096);
+    rig.d().write_at(&a, DATA_OFFSET + 4096).unwrap();
+    rig.d().sync().unwrap();
+    rig.dev = None;
+    // Block 1 on slot 0, block 2 a reference to it: in version 1 records.
+    let v1 = |kind: u8, block: u64, slot: u64| {
+        let mut r = vec![0u8; 4];
+        r.extend_from_slice(&[kind, 0, 0, 0]);
+        r.extend_from_slice(&block.to_le_bytes());
+        r.extend_from_slice(&slot.to_le_bytes());
+        let crc = crc32c::crc32c(&r[4..]);
+        r[..4].copy_from_slice(&crc.to_le_bytes());
+        r
+    };
+    let mut header = [0u8; 32];
+    header[..8].copy_from_slice(&log::LOG_MAGIC);
+    header[8..12].copy_from_slice(&1u32.to_le_bytes());
+    let crc = crc32c::crc32c(&header[..28]);
+    header[28..].copy_from_slice(&crc.to_le_bytes());
+    let path = rig.dir.path().join("d.log");
+    let old = [header.to_vec(), v1(1, 1, 0), v1(2, 2, 0)].concat();
+    std::fs::write(&path, &old).unwrap();
+    let _ = std::fs::remove_file(rig.dir.path().join("d.snap"));
+    rig.open(false);
+    let got = read_all(rig.d(), 3 * 4096);
+    assert!(got[4096..2 * 4096] == a[..] && got[2 * 4096..] == a[..]);
+    assert!(rig.d().check().is_empty());
+    let now = std::fs::read(&path).unwrap();
+    assert_eq!(now[8..12], log::LOG_VERSION.to_le_bytes(), "rewritten");
+    assert!(rig.dir.path().join("d.snap").exists());
 }
