@@ -23,8 +23,9 @@
 //!          | m x device u32 | m x encoded x parity crc32c u32
 //! ```
 //! Decoding checks the checksum, every count against the bytes present,
-//! every reference and that each sub-file's positions are a permutation,
-//! so a corrupt map is an error, never a wrong read.
+//! every reference, that each sub-file's positions are a permutation and
+//! that the group ids (batch, batch + 1, ...) fit in a u32, so a corrupt map
+//! is an error, never a wrong read.
 
 use crate::error::{Error, Result};
 

@@ -36,7 +36,8 @@
 //! 40  payload
 //! ```
 //! A record that fails its checksum ends the log (a torn append: its stripe
-//! writes had not started, since devices are written only after the sync).
+//! writes had not started, since devices are written only after the sync),
+//! as does one whose blocks run past u32::MAX (never written).
 //! A record with role `u32::MAX` and no payload is a tombstone: it drops
 //! every earlier record of its stripe (written before a healthy write to a
 //! stripe that still has records, as after a rebuild passed it).
