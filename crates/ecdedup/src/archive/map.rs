@@ -23,8 +23,9 @@
 //!          | m x device u32 | m x encoded x parity crc32c u32
 //! ```
 //! Decoding checks the checksum, every count against the bytes present,
-//! every reference and that each sub-file's positions are a permutation,
-//! so a corrupt map is an error, never a wrong read.
+//! every reference, that each sub-file's positions are a permutation and
+//! that the group ids (batch, batch + 1, ...) fit in a u32, so a corrupt map
+//! is an error, never a wrong read.
 
 use crate::error::{Error, Result};
 
@@ -195,6 +196,10 @@ impl BatchMap {
         if k == 0 || m == 0 || block_bytes == 0 || containers == 0 || groups != containers {
             return Err(bad("impossible geometry in header"));
         }
+        // Groups are named batch, batch + 1, ... (`group_id`).
+        if batch.checked_add(groups - 1).is_none() {
+            return Err(bad("group ids run past u32::MAX"));
+        }
         let truncated = || bad("truncated");
         let mut map = BatchMap {
             k,
@@ -348,5 +353,55 @@ impl Reader<'_> {
     }
     fn u64(&mut self) -> Option<u64> {
         self.take().map(u64::from_le_bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A batch of two one-block containers, k = 1, m = 1.
+    fn two_groups(batch: u32) -> BatchMap {
+        let container = |id: u32, group: u16| ContainerMap {
+            id,
+            data_bytes: 1,
+            blocks_per_sub_file: 1,
+            sub_files: vec![SubFileMap {
+                device: group,
+                group,
+                member: 0,
+                blocks: vec![BlockEntry {
+                    position: 0,
+                    crc: 0,
+                    source: None,
+                }],
+                column_at: vec![0],
+            }],
+        };
+        let group = |id: u32| GroupMap {
+            members: vec![(id, 0)],
+            encoded: 1,
+            parity_devices: vec![2],
+            parity_crcs: vec![0],
+        };
+        BatchMap {
+            k: 1,
+            m: 1,
+            block_bytes: 512,
+            batch,
+            containers: vec![container(7, 0), container(8, 1)],
+            groups: vec![group(7), group(8)],
+        }
+    }
+
+    /// Found while writing the `archive_map` fuzz target (confirmed with
+    /// it): a batch id whose group ids run past u32::MAX decoded, and
+    /// naming its last group's parity files overflowed.
+    #[test]
+    fn a_batch_whose_group_ids_run_past_u32_max_is_refused() {
+        let map = two_groups(7);
+        assert_eq!(BatchMap::decode(&map.encode(), "t").unwrap(), map);
+        let err = BatchMap::decode(&two_groups(u32::MAX).encode(), "t").unwrap_err();
+        assert!(err.to_string().contains("group ids"), "{err}");
     }
 }

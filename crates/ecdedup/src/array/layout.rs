@@ -76,19 +76,15 @@ impl Geometry {
         if self.m < 1 {
             return bad("m must be at least 1 (m = 0 has no redundancy)".into());
         }
-        if self.k + self.m > 255 {
-            return bad(format!(
-                "k + m = {} exceeds 255, the GF(2^8) limit",
-                self.k + self.m
-            ));
+        // In u64: k and m may come from disk, and their u32 sum can wrap.
+        let width = self.k as u64 + self.m as u64;
+        if width > 255 {
+            return bad(format!("k + m = {width} exceeds 255, the GF(2^8) limit"));
         }
-        if self.devices < self.k + self.m {
+        if (self.devices as u64) < width {
             return bad(format!(
-                "RS({},{}) needs at least {} devices, {} given",
-                self.k,
-                self.m,
-                self.k + self.m,
-                self.devices
+                "RS({},{}) needs at least {width} devices, {} given",
+                self.k, self.m, self.devices
             ));
         }
         if self.devices > DEVICES_MAX {

@@ -213,6 +213,19 @@ mod tests {
         assert!(err.contains("too large"), "{err}");
     }
 
+    /// Found by the fuzz target `superblock`: k and m whose u32 sum wraps
+    /// (with a valid checksum) are refused, not an overflow in the check.
+    #[test]
+    fn k_and_m_whose_sum_wraps_are_refused() {
+        let mut b = sample().encode();
+        b[64..68].copy_from_slice(&u32::MAX.to_le_bytes());
+        b[68..72].copy_from_slice(&2u32.to_le_bytes());
+        let crc = crc32c::crc32c(&b[..CHECKSUM_AT]);
+        b[CHECKSUM_AT..].copy_from_slice(&crc.to_le_bytes());
+        let err = Superblock::decode(&b).unwrap_err().to_string();
+        assert!(err.contains("exceeds 255"), "{err}");
+    }
+
     #[test]
     fn newest_valid_slot_wins_and_a_torn_slot_falls_back() {
         let a = sample();

@@ -280,7 +280,7 @@ pub fn read_snapshot(storage: &dyn Storage, path: &Path, blocks: u64) -> Result<
     }
     let mut at = 24usize;
     let need = |at: usize, len: usize| {
-        if at + len <= body.len() {
+        if at.checked_add(len).is_some_and(|end| end <= body.len()) {
             Ok(())
         } else {
             Err(corrupt("truncated"))
@@ -396,6 +396,33 @@ mod tests {
         std::fs::write(&path, log_header(3)).unwrap();
         let err = read_log(&OsStorage, &path).err().unwrap().to_string();
         assert!(err.contains("is version 3"), "{err}");
+    }
+
+    /// Found by the fuzz target `dedup_snapshot`: a fingerprint count whose
+    /// byte length saturates (with a valid checksum) overflowed the bounds
+    /// check; it is now a truncated snapshot.
+    #[test]
+    fn a_fingerprint_count_past_the_file_is_truncated_not_an_overflow() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s");
+        let snap = Snapshot {
+            map: vec![UNMAPPED; 4],
+            fingerprints: Vec::new(),
+        };
+        let os = crate::media::OsStorage::shared();
+        write_snapshot(os.as_ref(), &path, &snap).unwrap();
+        let mut b = std::fs::read(&path).unwrap();
+        let at = 24 + 4 * 4;
+        b[at..at + 8].copy_from_slice(&u64::MAX.to_le_bytes());
+        let end = b.len() - 4;
+        let crc = crc32c::crc32c(&b[..end]);
+        b[end..].copy_from_slice(&crc.to_le_bytes());
+        std::fs::write(&path, &b).unwrap();
+        let err = read_snapshot(os.as_ref(), &path, 4)
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(err.contains("truncated"), "{err}");
     }
 
     #[test]

@@ -369,7 +369,12 @@ pub fn parse_fiu_line(line: &str, req: &mut TraceRequest) -> std::result::Result
         .ok_or_else(|| format!("size {sectors} overflows"))?;
     req.time_us = ts_ns / 1000;
     req.offset = start / TRACE_PAGE_BYTES * TRACE_PAGE_BYTES;
-    req.length = end.div_ceil(TRACE_PAGE_BYTES) * TRACE_PAGE_BYTES - req.offset;
+    // Widened to whole pages: the end's page boundary may pass u64::MAX.
+    let end_page = end
+        .div_ceil(TRACE_PAGE_BYTES)
+        .checked_mul(TRACE_PAGE_BYTES)
+        .ok_or_else(|| format!("lba {lba} + size {sectors} overflows"))?;
+    req.length = end_page - req.offset;
     if req.length > REQUEST_BYTES_MAX {
         return Err(format!(
             "size {sectors} sectors is over {REQUEST_BYTES_MAX} bytes"
@@ -559,6 +564,17 @@ mod tests {
             out.push(req.clone());
         }
         Ok((out, reader.skipped_lines()))
+    }
+
+    /// Found while writing the `trace` fuzz target (confirmed with it): an
+    /// FIU request ending in the last page below 2^64 overflowed when widened
+    /// to whole pages; it is now a malformed line.
+    #[test]
+    fn an_fiu_request_whose_last_page_passes_u64_max_is_malformed() {
+        let lba = u64::MAX / FIU_SECTOR_BYTES - 1;
+        let text = format!("1 1 p {lba} 1 W 6 0 56f11b711d91a065a2b6458eca924523\n");
+        let err = read_all(&text, TraceFormat::Fiu, OnError::Fail).unwrap_err();
+        assert!(err.to_string().contains("overflows"), "{err}");
     }
 
     #[test]
