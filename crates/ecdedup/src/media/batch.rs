@@ -83,19 +83,23 @@ pub fn submit(ios: &mut [DeviceIo<'_>]) -> (Vec<io::Result<()>>, BatchCost) {
     }
     if !ring_ops.is_empty() {
         let done = RING.with(|cell| {
-            let mut slot = cell.borrow_mut();
-            if slot.is_none() {
-                *slot = new_ring().ok();
+            let mut state = cell.borrow_mut();
+            if let ThreadRing::NotMade = *state {
+                *state = new_ring().map_or(ThreadRing::Refused, |r| ThreadRing::Ready(Box::new(r)));
             }
-            slot.as_mut()
-                .map(|ring| run_on_ring(ring, ios, &ring_ops, &mut results))
+            match &mut *state {
+                ThreadRing::Ready(ring) => Some(run_on_ring(ring, ios, &ring_ops, &mut results)),
+                _ => None,
+            }
         });
         match done {
             Some(Ok(calls)) => cost.syscalls += calls,
-            // No ring on this thread, or the kernel took none of the
-            // entries: the looped path runs them.
+            // No ring on this thread (the kernel refused one, as it may for
+            // lack of locked memory), or the kernel took none of the
+            // entries: the looped path runs them, and this thread loops
+            // from now on.
             Some(Err(_)) | None => {
-                RING.with(|cell| *cell.borrow_mut() = None);
+                RING.with(|cell| *cell.borrow_mut() = ThreadRing::Refused);
                 for &(i, _) in &ring_ops {
                     let (r, calls) = run_looped(&mut ios[i]);
                     results[i] = r;
@@ -128,8 +132,16 @@ fn run_looped(io: &mut DeviceIo<'_>) -> (io::Result<()>, u64) {
     }
 }
 
+/// This thread's ring.
+enum ThreadRing {
+    NotMade,
+    Ready(Box<IoUring>),
+    /// Making one failed, or the kernel failed a submission: loop.
+    Refused,
+}
+
 thread_local! {
-    static RING: RefCell<Option<IoUring>> = const { RefCell::new(None) };
+    static RING: RefCell<ThreadRing> = const { RefCell::new(ThreadRing::NotMade) };
 }
 
 /// Whether batches may use io_uring in this process: probed once (a ring
