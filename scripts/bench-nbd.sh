@@ -238,7 +238,7 @@ for job in jobs:
             continue
         b = load(os.path.join(work, "stats", fn))
         a = load(os.path.join(work, "stats", fn.replace(".before.", ".after.")))
-        d = lambda f: a["array"][f] - b["array"][f]
+        d = lambda f: a["array"].get(f, 0) - b["array"].get(f, 0)  # 0: a build without the counter
         tot["cw"] += d("client_writes"); tot["cr"] += d("client_reads")
         tot["cwb"] += d("client_write_bytes"); tot["crb"] += d("client_read_bytes")
         tot["rmw"] += d("rmw_writes"); tot["rcw"] += d("rcw_writes"); tot["full"] += d("full_stripe_writes")

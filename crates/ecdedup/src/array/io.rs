@@ -152,9 +152,13 @@ impl Array {
         Ok(())
     }
 
+    /// Reads `out.len()` bytes at `within` of the stripe's data: the blocks
+    /// of every unit the range touches, in one batch.
     fn read_stripe(&self, stripe: u64, within: u64, out: &mut [u8]) -> Result<()> {
         let unit = self.geo.unit_bytes();
         let block = self.geo.block();
+        // (role, blocks, first byte wanted in the blocks, bytes wanted)
+        let mut parts = Vec::new();
         let mut pos = within;
         let mut done = 0usize;
         while done < out.len() {
@@ -163,11 +167,18 @@ impl Array {
             let n = (unit - in_unit).min((out.len() - done) as u64) as usize;
             let b0 = in_unit / block;
             let b1 = (in_unit + n as u64).div_ceil(block);
-            let blocks = self.read_unit_blocks(stripe, role, b0..b1)?;
-            let skip = (in_unit - b0 * block) as usize;
-            out[done..done + n].copy_from_slice(&blocks[skip..skip + n]);
+            parts.push((role, b0..b1, (in_unit - b0 * block) as usize, n));
             done += n;
             pos += n as u64;
+        }
+        let wants: Vec<(usize, Range<u64>)> = parts
+            .iter()
+            .map(|(role, blocks, ..)| (*role, blocks.clone()))
+            .collect();
+        let mut done = 0usize;
+        for (blocks, &(_, _, skip, n)) in self.read_units(stripe, &wants)?.iter().zip(&parts) {
+            out[done..done + n].copy_from_slice(&blocks[skip..skip + n]);
+            done += n;
         }
         Ok(())
     }

@@ -83,24 +83,36 @@ pub fn submit(ios: &mut [DeviceIo<'_>]) -> (Vec<io::Result<()>>, BatchCost) {
     }
     if !ring_ops.is_empty() {
         let done = RING.with(|cell| {
-            let mut slot = cell.borrow_mut();
-            if slot.is_none() {
-                *slot = new_ring().ok();
+            let mut state = cell.borrow_mut();
+            if let ThreadRing::NotMade = *state {
+                *state = new_ring().map_or(ThreadRing::Refused, |r| ThreadRing::Ready(Box::new(r)));
             }
-            slot.as_mut()
-                .map(|ring| run_on_ring(ring, ios, &ring_ops, &mut results))
+            match &mut *state {
+                ThreadRing::Ready(ring) => Some(run_on_ring(ring, ios, &ring_ops, &mut results)),
+                _ => None,
+            }
         });
-        match done {
-            Some(Ok(calls)) => cost.syscalls += calls,
-            // No ring on this thread, or the kernel took none of the
-            // entries: the looped path runs them.
-            Some(Err(_)) | None => {
-                RING.with(|cell| *cell.borrow_mut() = None);
-                for &(i, _) in &ring_ops {
-                    let (r, calls) = run_looped(&mut ios[i]);
-                    results[i] = r;
-                    cost.syscalls += calls;
-                }
+        // No ring on this thread (the kernel refused one, as it may for
+        // lack of locked memory), or the kernel took none of a part's
+        // entries: the looped path runs what did not run, and this thread
+        // loops from now on.
+        let from = match done {
+            Some(Ok(calls)) => {
+                cost.syscalls += calls;
+                ring_ops.len()
+            }
+            Some(Err(refused)) => {
+                cost.syscalls += refused.calls;
+                refused.from
+            }
+            None => 0,
+        };
+        if from < ring_ops.len() {
+            RING.with(|cell| *cell.borrow_mut() = ThreadRing::Refused);
+            for &(i, _) in &ring_ops[from..] {
+                let (r, calls) = run_looped(&mut ios[i]);
+                results[i] = r;
+                cost.syscalls += calls;
             }
         }
     }
@@ -128,8 +140,16 @@ fn run_looped(io: &mut DeviceIo<'_>) -> (io::Result<()>, u64) {
     }
 }
 
+/// This thread's ring.
+enum ThreadRing {
+    NotMade,
+    Ready(Box<IoUring>),
+    /// Making one failed, or the kernel failed a submission: loop.
+    Refused,
+}
+
 thread_local! {
-    static RING: RefCell<Option<IoUring>> = const { RefCell::new(None) };
+    static RING: RefCell<ThreadRing> = const { RefCell::new(ThreadRing::NotMade) };
 }
 
 /// Whether batches may use io_uring in this process: probed once (a ring
@@ -168,6 +188,17 @@ fn new_ring() -> io::Result<IoUring> {
     Ok(ring)
 }
 
+/// The kernel took none of a part's entries: the operations of `ring_ops`
+/// from `from` on did not run (those before it completed).
+struct RingRefused {
+    calls: u64,
+    from: usize,
+}
+
+/// Failed waits (1 ms apart) for entries already in flight before the
+/// process stops: their buffers cannot be freed while the kernel holds them.
+const RING_FAILED_WAITS_MAX: u32 = 10_000;
+
 /// One ring entry's memory: the caller's buffer, or an aligned bounce
 /// buffer for `O_DIRECT` when the caller's is not aligned.
 struct Slot {
@@ -186,10 +217,9 @@ fn run_on_ring(
     ios: &mut [DeviceIo<'_>],
     ring_ops: &[(usize, RingFile)],
     results: &mut [io::Result<()>],
-) -> io::Result<u64> {
+) -> Result<u64, RingRefused> {
     let mut calls = 0u64;
-    let mut first_part = true;
-    for part in ring_ops.chunks(RING_ENTRIES as usize) {
+    for (part_index, part) in ring_ops.chunks(RING_ENTRIES as usize).enumerate() {
         let mut slots = Vec::with_capacity(part.len());
         for (n, &(i, file)) in part.iter().enumerate() {
             let (entry, slot) = prepare(&mut ios[i], i, file);
@@ -205,6 +235,7 @@ fn run_on_ring(
         }
         let mut pending = part.len();
         let mut results_of_part: Vec<Option<i32>> = vec![None; part.len()];
+        let mut failed_waits = 0u32;
         while pending > 0 {
             match ring.submit_and_wait(pending) {
                 Ok(_) => calls += 1,
@@ -218,12 +249,24 @@ fn run_on_ring(
                 }
                 Err(e) => {
                     calls += 1;
-                    if first_part && ring.submission().len() == part.len() {
-                        // Nothing reached the kernel: safe to drop the ring.
-                        return Err(e);
+                    if ring.submission().len() == part.len() {
+                        // Nothing of this part reached the kernel: safe to
+                        // drop the ring with these entries unsubmitted.
+                        return Err(RingRefused {
+                            calls,
+                            from: part_index * RING_ENTRIES as usize,
+                        });
                     }
                     // Entries are in flight with our buffers: they must
                     // complete before anything here is freed.
+                    failed_waits += 1;
+                    if failed_waits > RING_FAILED_WAITS_MAX {
+                        eprintln!(
+                            "ecdedup: io_uring_enter keeps failing ({e}) with I/O in flight; \
+                             stopping rather than free memory the kernel may still write"
+                        );
+                        std::process::abort();
+                    }
                     std::thread::sleep(std::time::Duration::from_millis(1));
                     continue;
                 }
@@ -235,7 +278,6 @@ fn run_on_ring(
                 pending -= 1;
             }
         }
-        first_part = false;
         for (slot, res) in slots.into_iter().zip(results_of_part) {
             let res = res.expect("every entry completed");
             let i = slot.io;
@@ -516,6 +558,52 @@ mod tests {
         let from_file = read_all(&file);
         assert_eq!(from_file, read_all(&mem));
         assert_eq!(from_file, (a, b[1..].to_vec(), c));
+    }
+
+    /// Operation `i` of `ops` placed at block `i` of `dev`.
+    fn block_by_block<'a>(
+        dev: &'a dyn Device,
+        ops: impl Iterator<Item = Op<'a>>,
+    ) -> Vec<DeviceIo<'a>> {
+        ops.enumerate()
+            .map(|(i, mut op)| {
+                let at = (i * 4096) as u64;
+                match &mut op {
+                    Op::Read { offset, .. } | Op::Write { offset, .. } => *offset = at,
+                    Op::Sync => {}
+                }
+                DeviceIo { dev, op }
+            })
+            .collect()
+    }
+
+    /// More operations than the ring holds go in parts; each result lands
+    /// on its own operation.
+    #[test]
+    fn a_batch_larger_than_the_ring_reads_back_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let n = RING_ENTRIES as usize * 2 + 7;
+        let dev = FileDevice::create_file(&dir.path().join("dev"), (n * 4096) as u64).unwrap();
+        let blocks: Vec<Vec<u8>> = (0..n).map(|i| pattern(i as u8, 4096)).collect();
+        let hint = WriteHint::new(IoClass::Data);
+        let writes = blocks.iter().map(|b| Op::Write {
+            buf: b,
+            offset: 0,
+            hint,
+            fua: false,
+        });
+        let mut ios = block_by_block(&dev, writes);
+        let (results, _) = submit(&mut ios);
+        assert!(results.iter().all(|r| r.is_ok()));
+        let mut back = vec![vec![0u8; 4096]; n];
+        let reads = back.iter_mut().map(|b| Op::Read { buf: b, offset: 0 });
+        let mut ios = block_by_block(&dev, reads);
+        ios.reverse();
+        let (results, cost) = submit(&mut ios);
+        assert!(results.iter().all(|r| r.is_ok()));
+        assert_eq!(cost.submissions, 1);
+        drop(ios);
+        assert_eq!(back, blocks);
     }
 
     #[test]

@@ -4,7 +4,10 @@
 //! fault-injecting test device ([`FaultyDevice`]) all run under the same code
 //! above them. Every byte the store keeps on disk, device data and metadata
 //! files alike, goes through one [`Storage`] ([`storage`]), so the
-//! power-loss simulator ([`powerloss`]) can stand in for the disk.
+//! power-loss simulator ([`powerloss`]) can stand in for the disk. The
+//! array hands the device I/O of one request step to [`batch::submit`],
+//! which sends what lands on real files to the kernel as one io_uring
+//! submission and loops through the [`Device`] methods for everything else.
 //!
 //! Invariants: reads and writes never extend a device (callers stay below
 //! [`Device::size`]); `sync` returns only when every completed write is

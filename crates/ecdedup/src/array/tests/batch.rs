@@ -76,3 +76,19 @@ fn whole_stripes_of_one_request_go_in_one_batch() {
     rig.assert_matches_model();
     rig.assert_consistent();
 }
+
+#[test]
+fn a_read_across_the_units_of_a_stripe_is_one_batch() {
+    let rig = filled();
+    let before = rig.a().stats().array;
+    let mut buf = vec![0u8; 3 * 4096];
+    rig.a().read(&mut buf, 2048).unwrap();
+    assert_eq!(buf, rig.model[2048..2048 + buf.len()]);
+    let s = rig.a().stats().array;
+    assert_eq!(s.device_submissions - before.device_submissions, 1);
+    assert_eq!(
+        s.device_syscalls - before.device_syscalls,
+        4,
+        "4 units touched"
+    );
+}
