@@ -76,3 +76,47 @@ fn the_config_keeps_device_paths_as_given_not_resolved_through_links() {
     let cfg = array::ConfigFile::load(&dir).unwrap();
     assert_eq!(cfg.devices, links);
 }
+
+#[test]
+fn devices_found_at_each_others_paths_are_assembled_by_their_superblocks() {
+    use ecdedup::array::{Array, ConfigFile};
+    use ecdedup::volume::Volume;
+    use std::sync::Arc;
+    let tmp = tempfile::tempdir().unwrap();
+    let devices = files(tmp.path());
+    let dir = tmp.path().join("array");
+    array::create(&dir, &options(devices.clone(), false)).unwrap();
+    let data: Vec<u8> = (0..8 << 20).map(|i: u32| (i % 253) as u8).collect();
+    {
+        let vol = Volume::new(Arc::new(Array::open(&dir, None).unwrap()));
+        vol.write(&data, 0, false).unwrap();
+        vol.flush().unwrap();
+    }
+    // The names move (as /dev/sdX names do across boots): disk1 <-> disk4.
+    let aside = tmp.path().join("aside");
+    std::fs::rename(&devices[1], &aside).unwrap();
+    std::fs::rename(&devices[4], &devices[1]).unwrap();
+    std::fs::rename(&aside, &devices[4]).unwrap();
+    let array = Arc::new(Array::open(&dir, None).expect("assembled by superblock"));
+    assert!(
+        array
+            .warnings()
+            .iter()
+            .any(|w| w.contains("found at other paths")),
+        "{:?}",
+        array.warnings()
+    );
+    let cfg = ConfigFile::load(&dir).unwrap();
+    assert_eq!(cfg.devices[1], devices[4]);
+    assert_eq!(cfg.devices[4], devices[1]);
+    let vol = Volume::new(Arc::clone(&array));
+    let mut got = vec![0u8; data.len()];
+    vol.read(&mut got, 0).unwrap();
+    assert!(got == data, "data read back wrong after the paths moved");
+    let report = array.scrub(false, None).unwrap();
+    assert_eq!(
+        (report.checksum_mismatches, report.parity_mismatches),
+        (0, 0),
+        "{report:?}"
+    );
+}

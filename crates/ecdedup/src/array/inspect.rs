@@ -53,7 +53,22 @@ pub fn inspect(dir: &Path) -> Result<Status> {
                 Ok(sb)
             });
             match member {
-                // A foreign or swapped device is refused, as open refuses it.
+                // A device of this array found at another position's path
+                // is followed by open (`Array::follow_moved_devices`),
+                // which rewrites the config; here it is only reported. A
+                // foreign device is refused, as open refuses it.
+                Ok(sb)
+                    if sb.array_uuid == *cfg.array_uuid.as_bytes() && sb.position as usize != i =>
+                {
+                    warnings.push(format!(
+                        "{} holds device {} (listed at position {i}): the next open \
+                         follows the superblocks and rewrites {}",
+                        path.display(),
+                        sb.position,
+                        super::CONFIG_FILE
+                    ));
+                    Ok(Some(sb))
+                }
                 Ok(sb) => check_member(&cfg, i, &sb).map(|()| Some(sb)),
                 Err(why) => {
                     warnings.push(format!(

@@ -752,6 +752,59 @@ impl Array {
         )
     }
 
+    /// Devices are found by their superblocks, not by where the config
+    /// says they are: when the devices at the configured paths are members
+    /// of this array at other positions (`/dev/sdX` names move across
+    /// boots; a user swapped two files), each is put back at the position
+    /// its superblock names and the config follows, durably, with a
+    /// warning. Only a clean permutation is followed: two devices claiming
+    /// one position (a stale member and its replacement) are left as they
+    /// are, for the member checks to refuse.
+    fn follow_moved_devices(
+        storage: &dyn Storage,
+        dir: &Path,
+        cfg: &mut ConfigFile,
+        devices: &mut [Option<Arc<dyn Device>>],
+        warnings: &mut Vec<String>,
+    ) -> Result<()> {
+        let n = devices.len();
+        let mut target: Vec<usize> = (0..n).collect();
+        for (i, slot) in devices.iter().enumerate() {
+            let Some(dev) = slot else { continue };
+            if let Ok(sb) = read_superblock(dev.as_ref()) {
+                if sb.array_uuid == *cfg.array_uuid.as_bytes() && (sb.position as usize) < n {
+                    target[i] = sb.position as usize;
+                }
+            }
+        }
+        let mut seen = vec![false; n];
+        if target
+            .iter()
+            .all(|&t| !std::mem::replace(&mut seen[t], true))
+            && target.iter().enumerate().any(|(i, &t)| i != t)
+        {
+            let mut moved_devices: Vec<Option<Arc<dyn Device>>> = vec![None; n];
+            let mut paths = cfg.devices.clone();
+            let mut moves = Vec::new();
+            for (i, &t) in target.iter().enumerate() {
+                moved_devices[t] = devices[i].take();
+                paths[t] = cfg.devices[i].clone();
+                if i != t {
+                    moves.push(format!("{} is device {t}", cfg.devices[i].display()));
+                }
+            }
+            devices.clone_from_slice(&moved_devices);
+            cfg.devices = paths;
+            cfg.store_in(storage, dir)?;
+            warnings.push(format!(
+                "devices were found at other paths than {CONFIG_FILE} said ({}); \
+                 it now lists them where they are",
+                moves.join(", ")
+            ));
+        }
+        Ok(())
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn assemble(
         storage: Arc<dyn Storage>,
@@ -770,6 +823,8 @@ impl Array {
                 devices.len()
             )));
         }
+        let mut cfg = cfg;
+        Self::follow_moved_devices(storage.as_ref(), dir, &mut cfg, &mut devices, &mut warnings)?;
         let mut sbs: Vec<Option<Superblock>> = vec![None; n];
         for (i, slot) in devices.iter_mut().enumerate() {
             let Some(dev) = slot else { continue };
