@@ -124,6 +124,19 @@ impl Superblock {
         if position >= geometry.devices {
             return corrupt("position out of range");
         }
+        // The volume's size bounds every request: past the last stripe it
+        // would name units that do not exist.
+        let volume_bytes = u64_at(88);
+        let stripes_bytes = geometry.volume_bytes();
+        if volume_bytes == 0
+            || volume_bytes > stripes_bytes
+            || volume_bytes <= stripes_bytes - geometry.stripe_data_bytes()
+        {
+            return corrupt(&format!(
+                "volume of {volume_bytes} bytes does not fit its {} stripes",
+                geometry.stripes
+            ));
+        }
         let mut states = Vec::with_capacity(geometry.devices as usize);
         for i in 0..geometry.devices as usize {
             let at = HEADER_BYTES + i * STATE_ENTRY_BYTES;
@@ -138,7 +151,7 @@ impl Superblock {
             generation: u64_at(48),
             position,
             geometry,
-            volume_bytes: u64_at(88),
+            volume_bytes,
             states,
         })
     }
@@ -199,6 +212,25 @@ mod tests {
                 "flip at {at} went unnoticed"
             );
         }
+    }
+
+    /// A volume size past the last stripe (with a valid checksum) would let
+    /// requests name stripes that do not exist: a corrupt superblock.
+    #[test]
+    fn a_volume_size_that_does_not_fit_the_stripes_is_refused() {
+        let s = sample();
+        let fits = s.geometry.volume_bytes();
+        for bad in [0, fits + 1, fits - s.geometry.stripe_data_bytes(), u64::MAX] {
+            let mut b = s.encode();
+            b[88..96].copy_from_slice(&bad.to_le_bytes());
+            let crc = crc32c::crc32c(&b[..CHECKSUM_AT]);
+            b[CHECKSUM_AT..].copy_from_slice(&crc.to_le_bytes());
+            let err = Superblock::decode(&b).unwrap_err().to_string();
+            assert!(err.contains("does not fit"), "{bad}: {err}");
+        }
+        let mut ok = s.clone();
+        ok.volume_bytes = fits - s.geometry.stripe_data_bytes() + 1;
+        assert_eq!(Superblock::decode(&ok.encode()).unwrap(), ok);
     }
 
     /// A stripe count whose volume overflows u64 (with a valid checksum)
