@@ -18,8 +18,14 @@ use std::sync::Arc;
 const VOLUME_BYTES: u64 = 8 << 20;
 
 fn create(dir: &Path, io: IoMode, sparse: bool) {
-    let opts = CreateOptions {
-        devices: (0..6).map(|i| dir.join(format!("dev{i}"))).collect(),
+    let devices = (0..6).map(|i| dir.join(format!("dev{i}"))).collect();
+    array::create(dir, &options(devices, io, sparse)).unwrap();
+}
+
+/// RS(4,2) over `devices`, a volume of [`VOLUME_BYTES`].
+fn options(devices: Vec<std::path::PathBuf>, io: IoMode, sparse: bool) -> CreateOptions {
+    CreateOptions {
+        devices,
         k: 4,
         m: 2,
         stripe_unit_bytes: 32 << 10,
@@ -31,8 +37,7 @@ fn create(dir: &Path, io: IoMode, sparse: bool) {
         io,
         sparse,
         force: false,
-    };
-    array::create(dir, &opts).unwrap();
+    }
 }
 
 fn allocated_bytes(dir: &Path) -> u64 {
@@ -214,20 +219,11 @@ fn trims_on_block_devices_unmap_through_write_zeroes_instead_of_writing_zeroes()
         .map(|i| Loop::attach(&tmp.path().join(format!("backing{i}")), 16 << 20))
         .collect();
     let dir = tmp.path().join("array");
-    let opts = CreateOptions {
-        devices: loops.iter().map(|l| l.dev.clone()).collect(),
-        k: 4,
-        m: 2,
-        stripe_unit_bytes: 32 << 10,
-        volume_bytes: VOLUME_BYTES,
-        intent_region_bytes: 1 << 20,
-        dedup: DedupConfig::default(),
-        write_policy: WritePolicy::Rmw,
-        journal_bytes_max: array::JOURNAL_BYTES_DEFAULT,
-        io: IoMode::Direct,
-        sparse: false,
-        force: false,
-    };
+    let opts = options(
+        loops.iter().map(|l| l.dev.clone()).collect(),
+        IoMode::Direct,
+        false,
+    );
     array::create(&dir, &opts).unwrap();
     let vol = Volume::new(Arc::new(Array::open(&dir, None).unwrap()));
     let data: Vec<u8> = (0..VOLUME_BYTES).map(|i| (i % 251) as u8 + 1).collect();

@@ -195,6 +195,15 @@ mod tests {
         }
     }
 
+    /// Decodes `b` after `patch` changed it, its checksum resealed (a
+    /// slot whose fields lie but whose checksum holds).
+    fn decode_patched(mut b: Vec<u8>, patch: impl FnOnce(&mut [u8])) -> Result<Superblock> {
+        patch(&mut b);
+        let crc = crc32c::crc32c(&b[..CHECKSUM_AT]);
+        b[CHECKSUM_AT..].copy_from_slice(&crc.to_le_bytes());
+        Superblock::decode(&b)
+    }
+
     #[test]
     fn superblock_round_trips() {
         let s = sample();
@@ -221,11 +230,11 @@ mod tests {
         let s = sample();
         let fits = s.geometry.volume_bytes();
         for bad in [0, fits + 1, fits - s.geometry.stripe_data_bytes(), u64::MAX] {
-            let mut b = s.encode();
-            b[88..96].copy_from_slice(&bad.to_le_bytes());
-            let crc = crc32c::crc32c(&b[..CHECKSUM_AT]);
-            b[CHECKSUM_AT..].copy_from_slice(&crc.to_le_bytes());
-            let err = Superblock::decode(&b).unwrap_err().to_string();
+            let err = decode_patched(s.encode(), |b| {
+                b[88..96].copy_from_slice(&bad.to_le_bytes())
+            })
+            .unwrap_err()
+            .to_string();
             assert!(err.contains("does not fit"), "{bad}: {err}");
         }
         let mut ok = s.clone();
@@ -237,11 +246,11 @@ mod tests {
     /// is a corrupt superblock, not an arithmetic overflow in the check.
     #[test]
     fn a_stripe_count_whose_volume_overflows_is_refused() {
-        let mut b = sample().encode();
-        b[80..88].copy_from_slice(&(1u64 << 60).to_le_bytes());
-        let crc = crc32c::crc32c(&b[..CHECKSUM_AT]);
-        b[CHECKSUM_AT..].copy_from_slice(&crc.to_le_bytes());
-        let err = Superblock::decode(&b).unwrap_err().to_string();
+        let err = decode_patched(sample().encode(), |b| {
+            b[80..88].copy_from_slice(&(1u64 << 60).to_le_bytes())
+        })
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("too large"), "{err}");
     }
 
@@ -249,12 +258,12 @@ mod tests {
     /// (with a valid checksum) are refused, not an overflow in the check.
     #[test]
     fn k_and_m_whose_sum_wraps_are_refused() {
-        let mut b = sample().encode();
-        b[64..68].copy_from_slice(&u32::MAX.to_le_bytes());
-        b[68..72].copy_from_slice(&2u32.to_le_bytes());
-        let crc = crc32c::crc32c(&b[..CHECKSUM_AT]);
-        b[CHECKSUM_AT..].copy_from_slice(&crc.to_le_bytes());
-        let err = Superblock::decode(&b).unwrap_err().to_string();
+        let err = decode_patched(sample().encode(), |b| {
+            b[64..68].copy_from_slice(&u32::MAX.to_le_bytes());
+            b[68..72].copy_from_slice(&2u32.to_le_bytes());
+        })
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("exceeds 255"), "{err}");
     }
 
