@@ -13,6 +13,7 @@
 //! [`Device::size`]); `sync` returns only when every completed write is
 //! durable. A device reports errors; it never decides what they mean.
 
+pub mod area;
 pub mod batch;
 mod faulty;
 mod file;

@@ -1,0 +1,956 @@
+//! The metadata area: a small file system inside a reserved byte range of
+//! a device, so that a device carries its own metadata (its dedup map and
+//! log, its parity journal, a copy of the write-intent map) and a set of
+//! devices assembles anywhere without a side folder (as md's internal
+//! bitmap, dm-thin's metadata device or BlueStore's DB on the data disk).
+//!
+//! It implements the same [`StorageFile`] contract as a real file system
+//! (media/storage.rs, POSIX taken strictly), so the journal, map and log
+//! code above it is unchanged, and it does its I/O through the device's
+//! [`Device`], so the power-loss simulator and the fault-injecting devices
+//! run the real code under it.
+//!
+//! Layout (little endian; drawn in docs/format.md), from the area's start:
+//! ```text
+//! 0        directory slot 0 (64 KiB)   even sequence numbers
+//! 64 KiB   directory slot 1 (64 KiB)   odd sequence numbers
+//! 128 KiB  extents, in units of 64 KiB
+//! ```
+//! A directory slot: magic `ECDDMA01`, u32 version 1, u32 entry count, u64
+//! sequence, u64 area bytes, then 512-byte entries from byte 64 (u16 name
+//! bytes, name of up to 118 bytes, u64 length at 120, u32 extent count at
+//! 128, then up to 47 extents of (u32 first unit, u32 units) from 136), and
+//! a CRC32C of the slot's first 65,532 bytes in its last 4.
+//!
+//! Invariants:
+//! - The directory that counts is the valid slot with the highest
+//!   sequence; a commit writes sequence s+1 into the other slot and syncs
+//!   the device, so a torn commit leaves the previous directory whole.
+//! - A file's length in a committed directory never exceeds what was made
+//!   durable by a [`StorageFile::sync`] of it (or zeroed and synced), so a
+//!   power cut never shows bytes a file never had (stale bytes of a reused
+//!   extent): a file's sync flushes the device first, then commits its
+//!   length.
+//! - An extent is reused only when neither the committed directory nor the
+//!   in-memory one (nor a removed file still open) refers to it, so a crash
+//!   before a commit that freed it finds its old content intact.
+//! - Names change (create, rename, remove) in memory and become durable
+//!   with the next commit ([`AreaFs::commit`], which `sync_dir` and file
+//!   syncs call), as a real folder's entries do with its fsync.
+
+use super::storage::{RingFile, StorageFile};
+use super::Device;
+use std::collections::BTreeMap;
+use std::io;
+use std::sync::{Arc, Mutex};
+
+pub const DIR_SLOT_BYTES: u64 = 64 << 10;
+pub const UNIT_BYTES: u64 = 64 << 10;
+/// Where extents start, after the two directory slots.
+pub const EXTENTS_OFFSET: u64 = 2 * DIR_SLOT_BYTES;
+pub const MAGIC: [u8; 8] = *b"ECDDMA01";
+pub const VERSION: u32 = 1;
+const HEADER_BYTES: usize = 64;
+const ENTRY_BYTES: usize = 512;
+pub const NAME_BYTES_MAX: usize = 118;
+const EXTENTS_AT: usize = 136;
+pub const EXTENTS_PER_FILE_MAX: usize = (ENTRY_BYTES - EXTENTS_AT) / 8;
+/// Files one area holds.
+pub const FILES_MAX: usize = 96;
+const _: () = assert!(HEADER_BYTES + FILES_MAX * ENTRY_BYTES <= DIR_SLOT_BYTES as usize - 4);
+/// The smallest area: the directory and a few extents.
+pub const AREA_BYTES_MIN: u64 = EXTENTS_OFFSET + 16 * UNIT_BYTES;
+
+/// A run of allocation units: (first unit, units).
+type Extent = (u32, u32);
+
+/// One file: its extents and lengths. Shared by the directory and the
+/// handles open on it.
+struct Node {
+    /// Bytes the file holds now.
+    len: u64,
+    /// Bytes that a sync made durable: what a commit records.
+    durable_len: u64,
+    extents: Vec<Extent>,
+    /// Unlinked: its extents are freed once no handle holds it.
+    removed: bool,
+}
+
+impl Node {
+    fn capacity(&self) -> u64 {
+        self.extents.iter().map(|e| e.1 as u64 * UNIT_BYTES).sum()
+    }
+}
+
+struct Inner {
+    names: BTreeMap<String, Arc<Mutex<Node>>>,
+    /// Removed files that a handle may still hold.
+    orphans: Vec<Arc<Mutex<Node>>>,
+    /// Extents the committed directory refers to.
+    committed: Vec<Extent>,
+    /// Sequence of the committed directory.
+    seq: u64,
+    /// Names or extents changed since the last commit.
+    dirty: bool,
+    /// A failed commit or device sync: every later call fails (latched).
+    error: Option<String>,
+}
+
+/// A file system in `[offset, offset + bytes)` of a device.
+pub struct AreaFs {
+    dev: Arc<dyn Device>,
+    offset: u64,
+    bytes: u64,
+    units: u32,
+    inner: Mutex<Inner>,
+}
+
+fn corrupt(what: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, what)
+}
+
+/// ENOSPC as the OS would give it, so that callers recognise a full
+/// space (`Array::is_space_error`); `what` goes to the log.
+fn no_space(what: String) -> io::Error {
+    log_space_error(&what);
+    io::Error::from_raw_os_error(libc::ENOSPC)
+}
+
+fn log_space_error(what: &str) {
+    eprintln!("ecdedup: {what}");
+}
+
+impl AreaFs {
+    /// Writes an empty directory over the area (sequence 1 in slot 1; slot
+    /// 0 zeroed) and syncs the device.
+    pub fn format(dev: Arc<dyn Device>, offset: u64, bytes: u64) -> io::Result<AreaFs> {
+        let fs = AreaFs::new(dev, offset, bytes)?;
+        fs.dev
+            .write_at(&vec![0u8; DIR_SLOT_BYTES as usize], offset)?;
+        {
+            let mut inner = fs.inner.lock().unwrap();
+            inner.seq = 0;
+            inner.dirty = true;
+            fs.commit_locked(&mut inner)?;
+        }
+        Ok(fs)
+    }
+
+    /// Reads the newest valid directory.
+    pub fn open(dev: Arc<dyn Device>, offset: u64, bytes: u64) -> io::Result<AreaFs> {
+        let fs = AreaFs::new(dev, offset, bytes)?;
+        let mut best: Option<(u64, Vec<(String, u64, Vec<Extent>)>)> = None;
+        let mut why = Vec::new();
+        for slot in 0..2u64 {
+            let mut b = vec![0u8; DIR_SLOT_BYTES as usize];
+            fs.dev.read_at(&mut b, offset + slot * DIR_SLOT_BYTES)?;
+            match decode_dir(&b, bytes, fs.units) {
+                Ok((seq, entries)) if seq % 2 == slot => {
+                    if best.as_ref().is_none_or(|(s, _)| seq > *s) {
+                        best = Some((seq, entries));
+                    }
+                }
+                Ok((seq, _)) => why.push(format!("slot {slot} holds sequence {seq}")),
+                Err(e) => why.push(format!("slot {slot}: {e}")),
+            }
+        }
+        let Some((seq, entries)) = best else {
+            return Err(corrupt(format!(
+                "metadata area of {}: no valid directory ({})",
+                fs.dev.describe(),
+                why.join("; ")
+            )));
+        };
+        {
+            let mut inner = fs.inner.lock().unwrap();
+            inner.seq = seq;
+            for (name, len, extents) in entries {
+                inner.committed.extend(extents.iter().copied());
+                let node = Node {
+                    len,
+                    durable_len: len,
+                    extents,
+                    removed: false,
+                };
+                inner.names.insert(name, Arc::new(Mutex::new(node)));
+            }
+        }
+        Ok(fs)
+    }
+
+    fn new(dev: Arc<dyn Device>, offset: u64, bytes: u64) -> io::Result<AreaFs> {
+        if bytes < AREA_BYTES_MIN || !bytes.is_multiple_of(UNIT_BYTES) {
+            return Err(corrupt(format!(
+                "metadata area of {bytes} bytes: at least {AREA_BYTES_MIN}, in 64 KiB units"
+            )));
+        }
+        if offset.checked_add(bytes).is_none_or(|end| end > dev.size()) {
+            return Err(corrupt(format!(
+                "metadata area [{offset}, +{bytes}) runs past the end of {}",
+                dev.describe()
+            )));
+        }
+        let units = u32::try_from((bytes - EXTENTS_OFFSET) / UNIT_BYTES)
+            .map_err(|_| corrupt("metadata area too large".into()))?;
+        Ok(AreaFs {
+            dev,
+            offset,
+            bytes,
+            units,
+            inner: Mutex::new(Inner {
+                names: BTreeMap::new(),
+                orphans: Vec::new(),
+                committed: Vec::new(),
+                seq: 0,
+                dirty: false,
+                error: None,
+            }),
+        })
+    }
+
+    pub fn area_bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    pub fn describe(&self) -> String {
+        format!("metadata area of {}", self.dev.describe())
+    }
+
+    fn check(inner: &Inner) -> io::Result<()> {
+        match &inner.error {
+            Some(e) => Err(io::Error::other(format!(
+                "metadata area failed earlier: {e}"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    fn check_name(name: &str) -> io::Result<()> {
+        if name.is_empty() || name.len() > NAME_BYTES_MAX {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("metadata file name {name:?}: 1 to {NAME_BYTES_MAX} bytes"),
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn exists(&self, name: &str) -> bool {
+        self.inner.lock().unwrap().names.contains_key(name)
+    }
+
+    /// Names in the area, sorted.
+    pub fn list(&self) -> Vec<String> {
+        self.inner.lock().unwrap().names.keys().cloned().collect()
+    }
+
+    pub fn open_file(self: &Arc<Self>, name: &str) -> io::Result<Arc<dyn StorageFile>> {
+        let inner = self.inner.lock().unwrap();
+        Self::check(&inner)?;
+        let node = inner.names.get(name).cloned().ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("{name} not in {}", self.describe()),
+            )
+        })?;
+        Ok(Arc::new(AreaFile {
+            fs: Arc::clone(self),
+            name: name.to_owned(),
+            node,
+        }))
+    }
+
+    pub fn create_file(
+        self: &Arc<Self>,
+        name: &str,
+        truncate: bool,
+    ) -> io::Result<Arc<dyn StorageFile>> {
+        Self::check_name(name)?;
+        let mut inner = self.inner.lock().unwrap();
+        Self::check(&inner)?;
+        let node = match inner.names.get(name).cloned() {
+            Some(node) => {
+                if truncate {
+                    let mut n = node.lock().unwrap();
+                    n.len = 0;
+                    n.durable_len = 0;
+                    drop(n);
+                    inner.dirty = true;
+                }
+                node
+            }
+            None => {
+                if inner.names.len() >= FILES_MAX {
+                    return Err(no_space(format!(
+                        "{}: {FILES_MAX} files already",
+                        self.describe()
+                    )));
+                }
+                let node = Arc::new(Mutex::new(Node {
+                    len: 0,
+                    durable_len: 0,
+                    extents: Vec::new(),
+                    removed: false,
+                }));
+                inner.names.insert(name.to_owned(), Arc::clone(&node));
+                inner.dirty = true;
+                node
+            }
+        };
+        Ok(Arc::new(AreaFile {
+            fs: Arc::clone(self),
+            name: name.to_owned(),
+            node,
+        }))
+    }
+
+    pub fn remove(&self, name: &str) -> io::Result<()> {
+        let mut inner = self.inner.lock().unwrap();
+        Self::check(&inner)?;
+        let node = inner.names.remove(name).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("{name} not in {}", self.describe()),
+            )
+        })?;
+        node.lock().unwrap().removed = true;
+        inner.orphans.push(node);
+        inner.dirty = true;
+        Ok(())
+    }
+
+    pub fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+        Self::check_name(to)?;
+        let mut inner = self.inner.lock().unwrap();
+        Self::check(&inner)?;
+        let node = inner.names.remove(from).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("{from} not in {}", self.describe()),
+            )
+        })?;
+        if let Some(old) = inner.names.insert(to.to_owned(), node) {
+            old.lock().unwrap().removed = true;
+            inner.orphans.push(old);
+        }
+        inner.dirty = true;
+        Ok(())
+    }
+
+    /// Makes the names and the synced lengths durable (a commit, only when
+    /// something changed).
+    pub fn commit(&self) -> io::Result<()> {
+        let mut inner = self.inner.lock().unwrap();
+        Self::check(&inner)?;
+        if !inner.dirty {
+            return Ok(());
+        }
+        self.dev.sync().map_err(|e| self.latch(&mut inner, e))?;
+        self.commit_locked(&mut inner)
+    }
+
+    fn latch(&self, inner: &mut Inner, e: io::Error) -> io::Error {
+        inner.error.get_or_insert_with(|| e.to_string());
+        e
+    }
+
+    /// Writes the directory as it is in memory (with synced lengths) into
+    /// the other slot and syncs. The caller synced file data first.
+    fn commit_locked(&self, inner: &mut Inner) -> io::Result<()> {
+        let seq = inner.seq + 1;
+        let mut b = vec![0u8; DIR_SLOT_BYTES as usize];
+        b[0..8].copy_from_slice(&MAGIC);
+        b[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        b[12..16].copy_from_slice(&(inner.names.len() as u32).to_le_bytes());
+        b[16..24].copy_from_slice(&seq.to_le_bytes());
+        b[24..32].copy_from_slice(&self.bytes.to_le_bytes());
+        let mut committed = Vec::new();
+        for (i, (name, node)) in inner.names.iter().enumerate() {
+            let n = node.lock().unwrap();
+            let e = &mut b[HEADER_BYTES + i * ENTRY_BYTES..HEADER_BYTES + (i + 1) * ENTRY_BYTES];
+            e[0..2].copy_from_slice(&(name.len() as u16).to_le_bytes());
+            e[2..2 + name.len()].copy_from_slice(name.as_bytes());
+            e[120..128].copy_from_slice(&n.durable_len.min(n.len).to_le_bytes());
+            e[128..132].copy_from_slice(&(n.extents.len() as u32).to_le_bytes());
+            for (j, &(first, units)) in n.extents.iter().enumerate() {
+                let at = EXTENTS_AT + j * 8;
+                e[at..at + 4].copy_from_slice(&first.to_le_bytes());
+                e[at + 4..at + 8].copy_from_slice(&units.to_le_bytes());
+            }
+            committed.extend(n.extents.iter().copied());
+        }
+        let crc = crc32c::crc32c(&b[..DIR_SLOT_BYTES as usize - 4]);
+        b[DIR_SLOT_BYTES as usize - 4..].copy_from_slice(&crc.to_le_bytes());
+        debug_assert!(decode_dir(&b, self.bytes, self.units).is_ok());
+        let at = self.offset + (seq % 2) * DIR_SLOT_BYTES;
+        let r = self.dev.write_at(&b, at).and_then(|_| self.dev.sync());
+        if let Err(e) = r {
+            return Err(self.latch(inner, e));
+        }
+        inner.seq = seq;
+        inner.committed = committed;
+        inner.dirty = false;
+        Ok(())
+    }
+
+    /// Finds `units` free units: not in the committed directory, not in
+    /// any file named now or still open after removal.
+    fn allocate(&self, inner: &mut Inner, units: u32, after: Option<Extent>) -> Option<Extent> {
+        // An orphan only this list holds has no handle left: its extents
+        // are free (the committed directory may still name them: below).
+        inner.orphans.retain(|o| Arc::strong_count(o) > 1);
+        let mut used: Vec<Extent> = inner.committed.clone();
+        for node in inner.names.values().chain(inner.orphans.iter()) {
+            used.extend(node.lock().unwrap().extents.iter().copied());
+        }
+        used.sort_unstable();
+        let is_free = |first: u32, n: u32| {
+            let end = first as u64 + n as u64;
+            end <= self.units as u64
+                && used
+                    .iter()
+                    .all(|&(f, u)| end <= f as u64 || first as u64 >= f as u64 + u as u64)
+        };
+        // Growing in place keeps a file in one extent.
+        if let Some((f, u)) = after {
+            if is_free(f + u, units) {
+                return Some((f + u, units));
+            }
+        }
+        let mut candidate = 0u32;
+        for &(f, u) in used.iter().chain(std::iter::once(&(self.units, 0))) {
+            if f >= candidate && f - candidate >= units {
+                return Some((candidate, units));
+            }
+            candidate = candidate.max(f + u);
+        }
+        None
+    }
+
+    /// Gives the file room for `want` bytes. Extents change only under
+    /// `inner` (lock order: `inner`, then a node).
+    fn grow(&self, node: &Arc<Mutex<Node>>, want: u64) -> io::Result<()> {
+        if want <= node.lock().unwrap().capacity() {
+            return Ok(());
+        }
+        let mut inner = self.inner.lock().unwrap();
+        Self::check(&inner)?;
+        let (have, last) = {
+            let n = node.lock().unwrap();
+            (n.capacity(), n.extents.last().copied())
+        };
+        if want <= have {
+            return Ok(());
+        }
+        // Doubling: a file that grows by appends needs few extents.
+        let need = (want - have).max(have).div_ceil(UNIT_BYTES);
+        let exact = (want - have).div_ceil(UNIT_BYTES);
+        let mut got = None;
+        for units in [need, exact] {
+            let Ok(units) = u32::try_from(units) else {
+                continue;
+            };
+            if let Some(e) = self.allocate(&mut inner, units, last) {
+                got = Some(e);
+                break;
+            }
+        }
+        let Some((first, units)) = got else {
+            return Err(no_space(format!(
+                "{}: no room for {} more bytes",
+                self.describe(),
+                want - have
+            )));
+        };
+        let mut n = node.lock().unwrap();
+        match n.extents.last_mut() {
+            Some(l) if l.0 + l.1 == first => l.1 += units,
+            _ => {
+                if n.extents.len() >= EXTENTS_PER_FILE_MAX {
+                    return Err(no_space(format!(
+                        "{}: a file reached {EXTENTS_PER_FILE_MAX} extents",
+                        self.describe()
+                    )));
+                }
+                n.extents.push((first, units));
+            }
+        }
+        inner.dirty = true;
+        Ok(())
+    }
+
+    /// Device runs of `[pos, pos + len)` of a file: (device offset, bytes).
+    fn runs(&self, node: &Node, mut pos: u64, len: u64) -> Vec<(u64, usize)> {
+        let mut out = Vec::new();
+        let end = pos + len;
+        let mut base = 0u64;
+        for &(first, units) in &node.extents {
+            let ext_bytes = units as u64 * UNIT_BYTES;
+            if pos < base + ext_bytes && pos < end {
+                let within = pos - base;
+                let n = (ext_bytes - within).min(end - pos);
+                out.push((
+                    self.offset + EXTENTS_OFFSET + first as u64 * UNIT_BYTES + within,
+                    n as usize,
+                ));
+                pos += n;
+            }
+            base += ext_bytes;
+        }
+        debug_assert_eq!(pos, end, "runs past the file's extents");
+        out
+    }
+
+    fn write_node(&self, node: &Arc<Mutex<Node>>, buf: &[u8], offset: u64) -> io::Result<()> {
+        let end = offset
+            .checked_add(buf.len() as u64)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "offset overflows"))?;
+        self.grow(node, end)?;
+        let mut n = node.lock().unwrap();
+        if offset > n.len {
+            // The gap reads as zeroes, not as a reused extent's old bytes.
+            let zeroes = vec![0u8; (offset - n.len).min(1 << 20) as usize];
+            let mut at = n.len;
+            while at < offset {
+                let k = (offset - at).min(zeroes.len() as u64);
+                self.write_runs(&n, &zeroes[..k as usize], at)?;
+                at += k;
+            }
+        }
+        self.write_runs(&n, buf, offset)?;
+        n.len = n.len.max(end);
+        Ok(())
+    }
+
+    fn write_runs(&self, node: &Node, buf: &[u8], offset: u64) -> io::Result<()> {
+        let mut done = 0usize;
+        for (at, n) in self.runs(node, offset, buf.len() as u64) {
+            self.dev.write_at(&buf[done..done + n], at)?;
+            done += n;
+        }
+        Ok(())
+    }
+}
+
+/// Decodes and checks a directory slot: (sequence, entries).
+#[allow(clippy::type_complexity)]
+fn decode_dir(
+    b: &[u8],
+    area_bytes: u64,
+    units: u32,
+) -> io::Result<(u64, Vec<(String, u64, Vec<Extent>)>)> {
+    if b.len() != DIR_SLOT_BYTES as usize || b[0..8] != MAGIC {
+        return Err(corrupt("no directory magic".into()));
+    }
+    let at = DIR_SLOT_BYTES as usize - 4;
+    if u32::from_le_bytes(b[at..].try_into().unwrap()) != crc32c::crc32c(&b[..at]) {
+        return Err(corrupt("directory checksum mismatch".into()));
+    }
+    let u32_at = |b: &[u8], at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
+    let u64_at = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+    if u32_at(b, 8) != VERSION {
+        return Err(corrupt(format!("directory version {}", u32_at(b, 8))));
+    }
+    if u64_at(b, 24) != area_bytes {
+        return Err(corrupt(format!(
+            "directory of an area of {} bytes, this one has {area_bytes}",
+            u64_at(b, 24)
+        )));
+    }
+    let count = u32_at(b, 12) as usize;
+    if count > FILES_MAX {
+        return Err(corrupt(format!("{count} files in a directory")));
+    }
+    let mut out = Vec::with_capacity(count);
+    let mut all: Vec<Extent> = Vec::new();
+    for i in 0..count {
+        let e = &b[HEADER_BYTES + i * ENTRY_BYTES..HEADER_BYTES + (i + 1) * ENTRY_BYTES];
+        let name_len = u16::from_le_bytes([e[0], e[1]]) as usize;
+        let name = (name_len >= 1 && name_len <= NAME_BYTES_MAX)
+            .then(|| std::str::from_utf8(&e[2..2 + name_len]).ok())
+            .flatten()
+            .ok_or_else(|| corrupt(format!("entry {i}: bad name")))?;
+        let len = u64_at(e, 120);
+        let n = u32_at(e, 128) as usize;
+        if n > EXTENTS_PER_FILE_MAX {
+            return Err(corrupt(format!("{name}: {n} extents")));
+        }
+        let mut extents = Vec::with_capacity(n);
+        let mut capacity = 0u64;
+        for j in 0..n {
+            let (first, count) = (
+                u32_at(e, EXTENTS_AT + j * 8),
+                u32_at(e, EXTENTS_AT + j * 8 + 4),
+            );
+            if count == 0 || first as u64 + count as u64 > units as u64 {
+                return Err(corrupt(format!("{name}: extent outside the area")));
+            }
+            capacity += count as u64 * UNIT_BYTES;
+            extents.push((first, count));
+        }
+        if len > capacity {
+            return Err(corrupt(format!(
+                "{name}: {len} bytes in {capacity} of extents"
+            )));
+        }
+        if out
+            .iter()
+            .any(|(n, _, _): &(String, u64, Vec<Extent>)| n == name)
+        {
+            return Err(corrupt(format!("{name} named twice")));
+        }
+        all.extend(extents.iter().copied());
+        out.push((name.to_owned(), len, extents));
+    }
+    all.sort_unstable();
+    if all.windows(2).any(|w| w[0].0 + w[0].1 > w[1].0) {
+        return Err(corrupt("two files share an extent".into()));
+    }
+    Ok((u64_at(b, 16), out))
+}
+
+/// An open file of an area.
+struct AreaFile {
+    fs: Arc<AreaFs>,
+    name: String,
+    node: Arc<Mutex<Node>>,
+}
+
+impl StorageFile for AreaFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let node = self.node.lock().unwrap();
+        let end = offset.checked_add(buf.len() as u64);
+        if end.is_none_or(|end| end > node.len) {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("read past the end of {}", self.describe()),
+            ));
+        }
+        let mut done = 0usize;
+        for (at, n) in self.fs.runs(&node, offset, buf.len() as u64) {
+            self.fs.dev.read_at(&mut buf[done..done + n], at)?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        // A removed file keeps its extents while open (as an unlinked
+        // inode): writes land there and are never seen under a name.
+        self.fs.write_node(&self.node, buf, offset)
+    }
+
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.node.lock().unwrap().len)
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        let from = self.node.lock().unwrap().len;
+        if len > from {
+            let zeroes = vec![0u8; (len - from).min(1 << 20) as usize];
+            let mut at = from;
+            while at < len {
+                let n = (len - at).min(zeroes.len() as u64);
+                self.fs.write_node(&self.node, &zeroes[..n as usize], at)?;
+                at += n;
+            }
+        } else if len < from {
+            let mut inner = self.fs.inner.lock().unwrap();
+            let mut node = self.node.lock().unwrap();
+            node.len = len;
+            node.durable_len = node.durable_len.min(len);
+            inner.dirty = true;
+        }
+        Ok(())
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        let mut inner = self.fs.inner.lock().unwrap();
+        AreaFs::check(&inner)?;
+        self.fs
+            .dev
+            .sync()
+            .map_err(|e| self.fs.latch(&mut inner, e))?;
+        let mut node = self.node.lock().unwrap();
+        if node.durable_len != node.len && !node.removed {
+            node.durable_len = node.len;
+            inner.dirty = true;
+        }
+        drop(node);
+        if inner.dirty {
+            self.fs.commit_locked(&mut inner)?;
+        }
+        Ok(())
+    }
+
+    fn reserve(&self, len: u64) -> io::Result<()> {
+        self.fs.grow(&self.node, len)
+    }
+
+    fn punch(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.zero_range(offset, len)
+    }
+
+    fn zero_range(&self, offset: u64, len: u64) -> io::Result<()> {
+        super::storage::write_zeroes_to(self, offset, len)
+    }
+
+    fn allocate(&self, len: u64) -> io::Result<()> {
+        if self.len()? < len {
+            self.set_len(len)?;
+        }
+        Ok(())
+    }
+
+    fn ring_file(&self) -> Option<RingFile> {
+        None
+    }
+
+    fn describe(&self) -> String {
+        format!("{} in {}", self.name, self.fs.describe())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::media::{FileDevice, MemDevice, PowerLossStorage, Storage};
+    use proptest::prelude::*;
+    use std::path::Path;
+
+    const AREA: u64 = 4 << 20;
+
+    fn read(fs: &Arc<AreaFs>, name: &str) -> Vec<u8> {
+        let f = fs.open_file(name).unwrap();
+        let mut b = vec![0u8; f.len().unwrap() as usize];
+        f.read_at(&mut b, 0).unwrap();
+        b
+    }
+
+    /// Replaces `name` as `write_atomic` does on a real file system.
+    fn replace(fs: &Arc<AreaFs>, name: &str, bytes: &[u8]) -> io::Result<()> {
+        let tmp = format!("{name}.tmp");
+        let f = fs.create_file(&tmp, true)?;
+        f.write_at(bytes, 0)?;
+        f.sync()?;
+        fs.rename(&tmp, name)?;
+        fs.commit()
+    }
+
+    #[test]
+    fn files_written_and_committed_read_back_after_reopen() {
+        let dev: Arc<dyn Device> = Arc::new(MemDevice::new("m", 8 << 20));
+        let fs = Arc::new(AreaFs::format(Arc::clone(&dev), 1 << 20, AREA).unwrap());
+        let a = fs.create_file("journal/dev0.jrnl", false).unwrap();
+        a.write_at(b"hello", 0).unwrap();
+        a.write_at(b"world", 70_000).unwrap();
+        a.sync().unwrap();
+        replace(&fs, "intent.map", &[7u8; 100_000]).unwrap();
+        let fs = Arc::new(AreaFs::open(dev, 1 << 20, AREA).unwrap());
+        let got = read(&fs, "journal/dev0.jrnl");
+        assert_eq!(got.len(), 70_005);
+        assert_eq!(&got[..5], b"hello");
+        assert!(
+            got[5..70_000].iter().all(|&b| b == 0),
+            "the gap reads as zeroes"
+        );
+        assert_eq!(&got[70_000..], b"world");
+        assert_eq!(read(&fs, "intent.map"), vec![7u8; 100_000]);
+        assert_eq!(fs.list(), vec!["intent.map", "journal/dev0.jrnl"]);
+    }
+
+    #[test]
+    fn a_full_area_refuses_with_enospc_and_keeps_what_it_holds() {
+        let dev: Arc<dyn Device> = Arc::new(MemDevice::new("m", 8 << 20));
+        let fs = Arc::new(AreaFs::format(Arc::clone(&dev), 0, AREA_BYTES_MIN).unwrap());
+        replace(&fs, "a", &[1u8; 300_000]).unwrap();
+        let e = replace(&fs, "b", &[2u8; 900_000]).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+        assert_eq!(read(&fs, "a"), vec![1u8; 300_000]);
+        // Removing a frees its extents once committed.
+        fs.remove("a").unwrap();
+        fs.commit().unwrap();
+        replace(&fs, "b", &[2u8; 900_000]).unwrap();
+        assert_eq!(read(&fs, "b"), vec![2u8; 900_000]);
+    }
+
+    #[test]
+    fn corrupt_directories_are_refused_and_a_torn_commit_falls_back() {
+        let dev = Arc::new(MemDevice::new("m", 8 << 20));
+        let d: Arc<dyn Device> = dev.clone();
+        let fs = Arc::new(AreaFs::format(Arc::clone(&d), 0, AREA).unwrap());
+        replace(&fs, "x", b"one").unwrap();
+        // The newest slot torn: the previous directory is read.
+        let seq = fs.inner.lock().unwrap().seq;
+        let newest = (seq % 2) * DIR_SLOT_BYTES;
+        dev.with_bytes(|b| b[newest as usize + 100] ^= 0xff);
+        let back = Arc::new(AreaFs::open(Arc::clone(&d), 0, AREA).unwrap());
+        assert!(back.inner.lock().unwrap().seq < seq);
+        // Both slots bad: a clear error.
+        dev.with_bytes(|b| b[(DIR_SLOT_BYTES - newest) as usize + 100] ^= 0xff);
+        let e = AreaFs::open(d, 0, AREA).err().unwrap();
+        assert!(e.to_string().contains("no valid directory"), "{e}");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        /// Random file operations against a model of named byte vectors:
+        /// after syncing everything and reopening, the area holds exactly
+        /// the model.
+        #[test]
+        fn the_area_matches_a_model_of_files_after_reopen(
+            ops in proptest::collection::vec((0u8..6, 0usize..4, 0u64..200_000, 1usize..70_000, any::<u8>()), 1..40)
+        ) {
+            let dev: Arc<dyn Device> = Arc::new(MemDevice::new("m", 16 << 20));
+            let fs = Arc::new(AreaFs::format(Arc::clone(&dev), 1 << 20, 12 << 20).unwrap());
+            let mut model: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+            let name = |i: usize| format!("f{i}");
+            for (op, i, at, len, byte) in ops {
+                match op {
+                    0 | 1 => {
+                        let f = fs.create_file(&name(i), false).unwrap();
+                        f.write_at(&vec![byte; len], at).unwrap();
+                        let m = model.entry(name(i)).or_default();
+                        if m.len() < at as usize + len { m.resize(at as usize + len, 0); }
+                        m[at as usize..at as usize + len].fill(byte);
+                    }
+                    2 => if let Some(m) = model.get_mut(&name(i)) {
+                        let new_len = (at as usize) / 2;
+                        fs.open_file(&name(i)).unwrap().set_len(new_len as u64).unwrap();
+                        m.resize(new_len, 0);
+                    },
+                    3 => if let Some(m) = model.remove(&name(i)) {
+                        fs.rename(&name(i), &name((i + 1) % 4)).unwrap();
+                        model.insert(name((i + 1) % 4), m);
+                    },
+                    4 => if model.remove(&name(i)).is_some() {
+                        fs.remove(&name(i)).unwrap();
+                    },
+                    _ => if model.contains_key(&name(i)) {
+                        fs.open_file(&name(i)).unwrap().sync().unwrap();
+                    },
+                }
+            }
+            for n in model.keys() {
+                fs.open_file(n).unwrap().sync().unwrap();
+            }
+            fs.commit().unwrap();
+            let fs = Arc::new(AreaFs::open(dev, 1 << 20, 12 << 20).unwrap());
+            prop_assert_eq!(fs.list(), model.keys().cloned().collect::<Vec<_>>());
+            for (n, m) in &model {
+                prop_assert_eq!(&read(&fs, n), m);
+            }
+        }
+    }
+
+    /// Power cuts through the simulator: an appended log never shows bytes
+    /// that were not appended (a reused extent's stale content), keeps
+    /// every synced byte, and a replaced file is its old or its new
+    /// version, never a mix.
+    #[test]
+    fn power_cuts_never_show_stale_bytes_and_keep_what_was_synced() {
+        let path = Path::new("/sim/dev0");
+        for seed in 0..200u64 {
+            let sim = PowerLossStorage::new();
+            let storage = sim.shared();
+            storage.create_dir_all(Path::new("/sim")).unwrap();
+            let open = |format: bool| {
+                let dev: Arc<dyn Device> = if format {
+                    Arc::new(FileDevice::create_in(storage.as_ref(), path, 8 << 20).unwrap())
+                } else {
+                    Arc::new(FileDevice::open_in(storage.as_ref(), path).unwrap())
+                };
+                if format {
+                    storage.sync_dir(Path::new("/sim")).unwrap();
+                    Arc::new(AreaFs::format(dev, 1 << 20, AREA).unwrap())
+                } else {
+                    Arc::new(AreaFs::open(dev, 1 << 20, AREA).unwrap())
+                }
+            };
+            let mut fs = open(true);
+            let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+            let mut next = || {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                rng
+            };
+            // The log's content so far (what may survive) and how much of
+            // it was synced (what must).
+            let mut log: Vec<u8> = Vec::new();
+            let mut synced = 0usize;
+            let mut versions: Vec<Vec<u8>> = vec![];
+            let mut map_done: Option<Vec<u8>> = None;
+            for step in 0..60u64 {
+                match next() % 5 {
+                    0 | 1 => {
+                        let n = (next() % 20_000) as usize + 1;
+                        let bytes: Vec<u8> =
+                            (0..n).map(|i| (step as usize * 31 + i) as u8 | 1).collect();
+                        let f = match fs.open_file("log") {
+                            Ok(f) => f,
+                            Err(_) => fs.create_file("log", false).unwrap(),
+                        };
+                        f.write_at(&bytes, log.len() as u64).unwrap();
+                        log.extend_from_slice(&bytes);
+                        if next() % 2 == 0 {
+                            f.sync().unwrap();
+                            synced = log.len();
+                        }
+                    }
+                    2 => {
+                        // Shrink the log (a journal reset), synced.
+                        if let Ok(f) = fs.open_file("log") {
+                            f.set_len(0).unwrap();
+                            f.sync().unwrap();
+                            log.clear();
+                            synced = 0;
+                        }
+                    }
+                    3 => {
+                        let n = (next() % 200_000) as usize + 1;
+                        let v = vec![(step as u8) | 0x80; n];
+                        versions = vec![v.clone()];
+                        if let Some(d) = &map_done {
+                            versions.push(d.clone());
+                        }
+                        replace(&fs, "map", &v).unwrap();
+                        map_done = Some(v);
+                    }
+                    _ => {
+                        sim.crash(seed * 1000 + step);
+                        fs = open(false);
+                        let got = fs
+                            .open_file("log")
+                            .map(|f| {
+                                let mut b = vec![0u8; f.len().unwrap() as usize];
+                                f.read_at(&mut b, 0).unwrap();
+                                b
+                            })
+                            .unwrap_or_default();
+                        assert!(
+                            got.len() >= synced,
+                            "seed {seed} step {step}: synced bytes lost"
+                        );
+                        assert!(
+                            got.len() <= log.len(),
+                            "seed {seed} step {step}: the log grew"
+                        );
+                        assert_eq!(
+                            got[..],
+                            log[..got.len()],
+                            "seed {seed} step {step}: stale bytes"
+                        );
+                        log.truncate(got.len());
+                        synced = got.len();
+                        if let Some(done) = &map_done {
+                            let m = read(&fs, "map");
+                            assert_eq!(&m, done, "seed {seed} step {step}: replaced file");
+                        }
+                        let _ = &versions;
+                    }
+                }
+            }
+        }
+    }
+}
