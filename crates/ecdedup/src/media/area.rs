@@ -64,6 +64,9 @@ pub const AREA_BYTES_MIN: u64 = EXTENTS_OFFSET + 16 * UNIT_BYTES;
 /// A run of allocation units: (first unit, units).
 type Extent = (u32, u32);
 
+/// A decoded directory: (name, length, extents) per file.
+type Entries = Vec<(String, u64, Vec<Extent>)>;
+
 /// One file: its extents and lengths. Shared by the directory and the
 /// handles open on it.
 struct Node {
@@ -139,7 +142,7 @@ impl AreaFs {
     /// Reads the newest valid directory.
     pub fn open(dev: Arc<dyn Device>, offset: u64, bytes: u64) -> io::Result<AreaFs> {
         let fs = AreaFs::new(dev, offset, bytes)?;
-        let mut best: Option<(u64, Vec<(String, u64, Vec<Extent>)>)> = None;
+        let mut best: Option<(u64, Entries)> = None;
         let mut why = Vec::new();
         for slot in 0..2u64 {
             let mut b = vec![0u8; DIR_SLOT_BYTES as usize];
@@ -566,7 +569,8 @@ fn decode_dir(
     for i in 0..count {
         let e = &b[HEADER_BYTES + i * ENTRY_BYTES..HEADER_BYTES + (i + 1) * ENTRY_BYTES];
         let name_len = u16::from_le_bytes([e[0], e[1]]) as usize;
-        let name = (name_len >= 1 && name_len <= NAME_BYTES_MAX)
+        let name = (1..=NAME_BYTES_MAX)
+            .contains(&name_len)
             .then(|| std::str::from_utf8(&e[2..2 + name_len]).ok())
             .flatten()
             .ok_or_else(|| corrupt(format!("entry {i}: bad name")))?;
@@ -714,7 +718,7 @@ impl StorageFile for AreaFile {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::media::{FileDevice, MemDevice, PowerLossStorage, Storage};
+    use crate::media::{FileDevice, MemDevice, PowerLossStorage};
     use proptest::prelude::*;
     use std::path::Path;
 
