@@ -96,6 +96,11 @@ enum Command {
         /// table or an md member.
         #[arg(long)]
         force: bool,
+        /// Where the parity journals, dedup maps and logs live: device (a
+        /// metadata area on each device, which then assembles anywhere) or
+        /// folder (the array folder: a separate, fast file system).
+        #[arg(long, default_value = "device")]
+        metadata: String,
         /// Simulated SSD under each device, counting flash wear of the real
         /// writes (data stays on the device): none, plain (FTL without
         /// dedup), inline, offline, separated, hinted. Counters cover one
@@ -546,6 +551,7 @@ fn run(cli: Cli) -> Result<()> {
             io,
             sparse,
             force,
+            metadata,
             ssd_sim,
             ssd_op,
         } => {
@@ -605,6 +611,7 @@ fn run(cli: Cli) -> Result<()> {
                 io: io.parse()?,
                 sparse,
                 force,
+                metadata: metadata.parse()?,
             };
             array::create(&dir, &opts)?;
             array::set_fingerprint_backend(&dir, fingerprint_backend)?;

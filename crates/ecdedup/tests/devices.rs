@@ -22,6 +22,7 @@ fn options(devices: Vec<PathBuf>, force: bool) -> CreateOptions {
         io: IoMode::Buffered,
         sparse: true,
         force,
+        metadata: ecdedup::array::MetadataPlacement::Devices,
     }
 }
 

@@ -218,6 +218,7 @@ mod seeds {
             io: IoMode::default(),
             sparse: true,
             force: false,
+            metadata: array::MetadataPlacement::Devices,
         };
         array::create_in(&storage, dir, &opts).unwrap();
         let file = read_all(storage.as_ref(), &dir.join(array::CONFIG_FILE)).unwrap();

@@ -37,6 +37,7 @@ fn options(devices: Vec<std::path::PathBuf>, io: IoMode, sparse: bool) -> Create
         io,
         sparse,
         force: false,
+        metadata: ecdedup::array::MetadataPlacement::Devices,
     }
 }
 

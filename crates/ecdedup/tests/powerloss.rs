@@ -217,6 +217,7 @@ fn create(storage: &Arc<dyn Storage>, cfg: Config) {
         io: ecdedup::media::IoMode::Buffered,
         sparse: true,
         force: false,
+        metadata: ecdedup::array::MetadataPlacement::Devices,
     };
     array::create_in(storage, &dir(), &opts).expect("create");
     let mut file = ConfigFile::load_in(storage.as_ref(), &dir()).unwrap();

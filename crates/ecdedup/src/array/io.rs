@@ -861,6 +861,7 @@ impl Array {
         self.sync_journals()?;
         let every = vec![true; self.members.len()];
         self.sync_devices(&every);
+        self.fail_broken_metadata_copies();
         self.check_available()?;
         self.failures_made_durable()?;
         if let Some(log) = &self.degraded_log {

@@ -9,7 +9,9 @@
 //! (with m = 2 and N = k + 2 this is RAID-6 with rotated P and Q).
 //!
 //! Per device: two superblock slots, the checksum area (4 bytes per block of
-//! the data area), then the data area, aligned to 1 MiB.
+//! the data area), the metadata area (format 2: the device's own journal,
+//! dedup maps and copies of the array-wide logs; see
+//! `crate::media::area`), then the data area, aligned to 1 MiB.
 
 use crate::error::{Error, Result};
 
@@ -31,7 +33,13 @@ pub struct Geometry {
     pub stripe_unit_bytes: u32,
     pub block_bytes: u32,
     pub stripes: u64,
+    /// Bytes of each device's metadata area; 0: the metadata lives in the
+    /// array folder (format 1).
+    pub meta_area_bytes: u64,
 }
+
+/// Largest metadata area per device.
+pub const META_AREA_BYTES_MAX: u64 = 1 << 40;
 
 /// A unit's physical place.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,6 +64,7 @@ impl Geometry {
             stripe_unit_bytes,
             block_bytes: BLOCK_BYTES_DEFAULT,
             stripes: 0,
+            meta_area_bytes: 0,
         };
         let stripe_data = g.stripe_data_bytes();
         if stripe_data == 0 {
@@ -108,6 +117,16 @@ impl Geometry {
         if self.stripes == 0 {
             return bad("volume size must be greater than zero".into());
         }
+        let area = self.meta_area_bytes;
+        if area != 0
+            && (!area.is_multiple_of(DATA_ALIGN_BYTES)
+                || area < crate::media::area::AREA_BYTES_MIN
+                || area > META_AREA_BYTES_MAX)
+        {
+            return bad(format!(
+                "metadata area of {area} bytes: a multiple of 1 MiB from 1 MiB to 1 TiB"
+            ));
+        }
         // Stripes first: the volume's size is only computed once it fits.
         let volume_bytes = self.stripes.checked_mul(self.stripe_data_bytes());
         if self.stripes > (1u64 << 40) || volume_bytes.and_then(|v| v.checked_mul(2)).is_none() {
@@ -150,8 +169,22 @@ impl Geometry {
     pub fn checksum_area_bytes(&self) -> u64 {
         (self.blocks_per_device() * 4).div_ceil(4096) * 4096
     }
-    pub fn data_offset(&self) -> u64 {
+    /// Where the metadata area starts (1 MiB aligned, after the checksums).
+    pub fn meta_area_offset(&self) -> u64 {
         (CHECKSUM_OFFSET + self.checksum_area_bytes()).div_ceil(DATA_ALIGN_BYTES) * DATA_ALIGN_BYTES
+    }
+    pub fn data_offset(&self) -> u64 {
+        self.meta_area_offset() + self.meta_area_bytes
+    }
+    /// The same geometry with a metadata area of `bytes` on each device
+    /// (rounded up to 1 MiB).
+    pub fn with_meta_area(self, bytes: u64) -> Result<Geometry> {
+        let g = Geometry {
+            meta_area_bytes: bytes.div_ceil(DATA_ALIGN_BYTES) * DATA_ALIGN_BYTES,
+            ..self
+        };
+        g.validate()?;
+        Ok(g)
     }
     /// The smallest device that holds this geometry.
     pub fn device_bytes_min(&self) -> u64 {

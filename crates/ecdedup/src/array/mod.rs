@@ -32,6 +32,7 @@ pub mod journal;
 pub mod layout;
 mod logging;
 mod maintenance;
+pub mod meta;
 mod readd;
 pub mod superblock;
 #[cfg(test)]
@@ -50,6 +51,7 @@ use crate::dedup::{DedupConfig, DedupDevice, Policy};
 use crate::error::{Error, Result};
 use crate::fingerprint::gpu::{choose_backend, BackendChoice};
 use crate::fingerprint::FingerprintBackend;
+use crate::media::area::AreaFs;
 use crate::media::storage::{read_all, write_atomic, OsStorage, Storage, StorageLock};
 use crate::media::{Device, FileDevice};
 use checksum::ChecksumTable;
@@ -218,6 +220,76 @@ pub struct CreateOptions {
     /// Overwrite devices that hold a file system, LVM, a partition table
     /// (`--force`).
     pub force: bool,
+    /// Where the journals, dedup maps and logs live (`--metadata`).
+    pub metadata: MetadataPlacement,
+}
+
+/// Where an array's metadata (parity journals, dedup maps, the
+/// write-intent map, the degraded-write and missed-write logs) lives.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MetadataPlacement {
+    /// In a metadata area on each device (format 2): each device carries
+    /// its journal and dedup maps, and a copy of the array-wide logs.
+    #[default]
+    Devices,
+    /// In the array folder (format 1): a separate (fast) file system.
+    Folder,
+}
+
+impl std::str::FromStr for MetadataPlacement {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<MetadataPlacement> {
+        match s {
+            "device" | "devices" => Ok(MetadataPlacement::Devices),
+            "folder" => Ok(MetadataPlacement::Folder),
+            _ => Err(Error::Config(format!(
+                "metadata placement {s:?}: device or folder"
+            ))),
+        }
+    }
+}
+
+/// Most bytes the degraded-write log may take in each metadata area: it
+/// holds the values written to missing units between two flushes.
+pub const DEGRADED_LOG_AREA_BYTES_MAX: u64 = 64 << 20;
+
+/// The geometry `create` gives these options: with a metadata area on
+/// each device sized for everything the options let it hold.
+pub fn geometry_for(opts: &CreateOptions) -> Result<Geometry> {
+    let n = opts.devices.len() as u32;
+    let geo = Geometry::new(n, opts.k, opts.m, opts.stripe_unit_bytes, opts.volume_bytes)?;
+    if opts.metadata == MetadataPlacement::Folder {
+        return Ok(geo);
+    }
+    geo.with_meta_area(meta_area_bytes_for(opts, &geo))
+}
+
+/// Bytes of each device's metadata area for these options: room for
+/// every file twice where it is replaced by a new copy (`NAME.tmp`), and
+/// half as much again for extents that do not fit end to end.
+pub fn meta_area_bytes_for(opts: &CreateOptions, geo: &Geometry) -> u64 {
+    use crate::media::area::{EXTENTS_OFFSET, UNIT_BYTES};
+    let file = |b: u64| b.div_ceil(UNIT_BYTES) * UNIT_BYTES;
+    let spr = IntentLog::stripes_per_region(geo.stripe_data_bytes(), opts.intent_region_bytes);
+    let map = file(4096 + geo.stripes.div_ceil(spr));
+    let data_bytes = geo.rows_per_device() * geo.unit_bytes();
+    let mut b = 2 * map // intent.map
+        + 2 * map // missed.map
+        + 2 * file(256 << 10) // array.json
+        + file((data_bytes / 8).clamp(4 << 20, DEGRADED_LOG_AREA_BYTES_MAX));
+    if opts.write_policy.journals() {
+        b += 2 * file(opts.journal_bytes_max);
+    }
+    if opts.dedup.policy != Policy::None {
+        let slots = data_bytes / opts.dedup.block_bytes.max(1) as u64;
+        // Snapshot: a 4-byte map entry per slot and a fingerprint (up to
+        // 32 bytes) with its slot number; the log is compacted at
+        // LOG_COMPACT_BYTES.
+        b += 2 * file(64 + slots * (4 + 4 + 32))
+            + file(crate::dedup::LOG_COMPACT_BYTES + (16 << 20));
+    }
+    EXTENTS_OFFSET + b + b / 2
 }
 
 /// Bytes of a device's head read for foreign signatures (btrfs's sits at
@@ -296,8 +368,11 @@ pub struct Status {
 pub struct Array {
     dir: PathBuf,
     /// Where every byte of the array's state is kept (the real file system,
-    /// or the power-loss simulator in tests).
+    /// or the power-loss simulator in tests); with format 2, routed to the
+    /// devices' metadata areas by `meta`.
     storage: Arc<dyn Storage>,
+    /// The devices' metadata areas (format 2); None for format 1.
+    meta: Option<meta::MetaStorage>,
     geo: Geometry,
     volume_bytes: u64,
     codec: Codec,
@@ -467,8 +542,7 @@ pub fn create_in(storage: &Arc<dyn Storage>, dir: &Path, opts: &CreateOptions) -
     storage
         .create_dir_all(dir)
         .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
-    let n = opts.devices.len() as u32;
-    let geo = Geometry::new(n, opts.k, opts.m, opts.stripe_unit_bytes, opts.volume_bytes)?;
+    let geo = geometry_for(opts)?;
     if storage.exists(&dir.join(CONFIG_FILE)) {
         return Err(Error::Config(format!(
             "{} already holds an array; remove it first or choose another --dir",
@@ -529,7 +603,7 @@ pub fn format_in(
     }
     let n = opts.devices.len() as u32;
     assert_eq!(devices.len(), n as usize);
-    let geo = Geometry::new(n, opts.k, opts.m, opts.stripe_unit_bytes, opts.volume_bytes)?;
+    let geo = geometry_for(opts)?;
     opts.dedup.validate(opts.stripe_unit_bytes)?;
     if opts.write_policy.journals() && opts.journal_bytes_max < logging::JOURNAL_BYTES_MIN {
         return Err(Error::Config(format!(
@@ -594,6 +668,26 @@ pub fn format_in(
             .map_err(io)?;
         dev.sync().map_err(io)?;
     }
+    // With a metadata area on each device, everything below goes there.
+    let storage = &match geo.meta_area_bytes {
+        0 => Arc::clone(storage),
+        bytes => {
+            let mut areas = Vec::new();
+            for dev in &devices {
+                let area = AreaFs::format(Arc::clone(dev), geo.meta_area_offset(), bytes).map_err(
+                    |e| {
+                        Error::io(
+                            format!("formatting the metadata area of {}", dev.describe()),
+                            e,
+                        )
+                    },
+                )?;
+                areas.push(Some(Arc::new(area)));
+            }
+            meta::MetaStorage::new(Arc::clone(storage), dir, areas, (0..n as usize).collect())
+                .shared()
+        }
+    };
     let spr = IntentLog::stripes_per_region(geo.stripe_data_bytes(), opts.intent_region_bytes);
     IntentLog::create_in(
         storage.as_ref(),
@@ -883,6 +977,43 @@ impl Array {
                 devices[i] = None;
             }
         }
+        // Format 2: the metadata is on the devices; a member whose area
+        // cannot be read is failed like one whose superblock cannot.
+        let mut meta = None;
+        let storage = match geo.meta_area_bytes {
+            0 => storage,
+            bytes => {
+                let mut areas = Vec::with_capacity(n);
+                for (i, slot) in devices.iter_mut().enumerate() {
+                    let area = slot.as_ref().and_then(|dev| {
+                        match AreaFs::open(Arc::clone(dev), geo.meta_area_offset(), bytes) {
+                            Ok(a) => Some(Arc::new(a)),
+                            Err(e) => {
+                                warnings.push(format!(
+                                    "device {i} ({}) treated as failed: {e}",
+                                    cfg.devices[i].display()
+                                ));
+                                None
+                            }
+                        }
+                    });
+                    if area.is_none() && slot.is_some() {
+                        *slot = None;
+                        states[i] = MemberState::Failed;
+                        changed = true;
+                    }
+                    areas.push(area);
+                }
+                let active = (0..n).filter(|&i| states[i] == MemberState::Active);
+                let rebuilding =
+                    (0..n).filter(|&i| matches!(states[i], MemberState::Rebuilding { .. }));
+                let m =
+                    meta::MetaStorage::new(storage, dir, areas, active.chain(rebuilding).collect());
+                let shared = m.shared();
+                meta = Some(m);
+                shared
+            }
+        };
         let choice = fingerprint_backend.unwrap_or(cfg.fingerprint_backend);
         let (backend, backend_why) = if cfg.dedup.policy != Policy::None {
             cfg.dedup.validate(geo.stripe_unit_bytes)?;
@@ -1086,6 +1217,7 @@ impl Array {
         let array = Array {
             dir: dir.to_owned(),
             storage,
+            meta,
             geo,
             volume_bytes: newest.volume_bytes,
             codec,
@@ -1145,6 +1277,7 @@ impl Array {
         if journal_unreadable {
             dirty = vec![(0, geo.stripes)];
         }
+        array.refresh_config_copy();
         array.resume_missed_tracking();
         if !dirty.is_empty() {
             array.resync(&dirty, progress.as_ref())?;
@@ -1155,6 +1288,34 @@ impl Array {
 
     pub fn geometry(&self) -> &Geometry {
         &self.geo
+    }
+
+    /// Format 2: the copy of `array.json` on the devices, which `assemble`
+    /// reads when the folder is lost, is rewritten where it differs from
+    /// the folder's (settings changed offline go to the folder only).
+    fn refresh_config_copy(&self) {
+        let Some(meta) = &self.meta else { return };
+        let cfg = self.config.lock().unwrap();
+        let want = serde_json::to_string_pretty(&cfg.file).expect("config serialises");
+        let current = meta.area_copy(CONFIG_FILE);
+        if current.as_deref() != Some(want.as_bytes()) {
+            if let Err(e) = cfg.file.store_in(self.storage.as_ref(), &self.dir) {
+                drop(cfg);
+                self.warn(format!(
+                    "updating the copy of {CONFIG_FILE} on the devices: {e}"
+                ));
+            }
+        }
+    }
+
+    /// Format 2: devices whose copy of a mirrored metadata file failed are
+    /// failed, as any device write error fails its device.
+    pub(super) fn fail_broken_metadata_copies(&self) {
+        let Some(meta) = &self.meta else { return };
+        for d in meta.take_broken() {
+            let e = std::io::Error::other("a write to its metadata area failed");
+            self.latch_failure(d, "metadata write", &e);
+        }
     }
 
     pub fn volume_bytes(&self) -> u64 {
@@ -1362,6 +1523,9 @@ impl Array {
     }
 
     fn set_failed(&self, d: usize) {
+        if let Some(meta) = &self.meta {
+            meta.detach(d);
+        }
         self.failures_latched.fetch_add(1, SeqCst);
         self.replay_wanted.store(true, SeqCst);
         self.members[d].tag.store(TAG_FAILED, SeqCst);
@@ -1450,6 +1614,9 @@ impl Array {
         if self.members[d].tag.swap(TAG_FAILED, SeqCst) == TAG_FAILED {
             self.failures_latched.fetch_sub(1, SeqCst);
             return;
+        }
+        if let Some(meta) = &self.meta {
+            meta.detach(d);
         }
         *self.members[d].dev.write().unwrap() = None;
         *self.dedup[d].write().unwrap() = None;
@@ -1566,6 +1733,17 @@ impl Array {
         }
         dev.discard(0, need)
             .map_err(|e| dev_err(format!("cannot wipe: {e}")))?;
+        if let Some(meta) = &self.meta {
+            // Its metadata area, with a copy of every mirrored file, before
+            // anything (its dedup maps, its journal) is written there.
+            AreaFs::format(
+                Arc::clone(&dev),
+                self.geo.meta_area_offset(),
+                self.geo.meta_area_bytes,
+            )
+            .and_then(|area| meta.attach_new(d, Arc::new(area)))
+            .map_err(|e| dev_err(format!("cannot write its metadata area: {e}")))?;
+        }
         let dev: Arc<dyn Device> = match &self.backend {
             Some(backend) => {
                 let layer = wrap_dedup(

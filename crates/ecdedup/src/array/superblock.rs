@@ -8,7 +8,10 @@ use super::layout::{Geometry, DEVICES_MAX, SUPERBLOCK_BYTES};
 use crate::error::{Error, Result};
 
 pub const MAGIC: [u8; 8] = *b"ECDDSB01";
-pub const FORMAT_VERSION: u32 = 1;
+/// Format 1: metadata in the array folder; format 2: a metadata area on
+/// each device (its size at byte 104). A superblock is written in the
+/// format its geometry needs, so arrays of format 1 stay format 1.
+pub const FORMAT_VERSION: u32 = 2;
 const HEADER_BYTES: usize = 128;
 const STATE_ENTRY_BYTES: usize = 16;
 const CHECKSUM_AT: usize = SUPERBLOCK_BYTES as usize - 4;
@@ -62,7 +65,8 @@ impl Superblock {
         assert_eq!(self.states.len(), g.devices as usize);
         let mut b = vec![0u8; SUPERBLOCK_BYTES as usize];
         b[0..8].copy_from_slice(&MAGIC);
-        b[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        let version: u32 = if g.meta_area_bytes == 0 { 1 } else { 2 };
+        b[8..12].copy_from_slice(&version.to_le_bytes());
         b[12..16].copy_from_slice(&(HEADER_BYTES as u32).to_le_bytes());
         b[16..32].copy_from_slice(&self.array_uuid);
         b[32..48].copy_from_slice(&self.device_uuid);
@@ -76,6 +80,7 @@ impl Superblock {
         b[80..88].copy_from_slice(&g.stripes.to_le_bytes());
         b[88..96].copy_from_slice(&self.volume_bytes.to_le_bytes());
         b[96..104].copy_from_slice(&g.data_offset().to_le_bytes());
+        b[104..112].copy_from_slice(&g.meta_area_bytes.to_le_bytes());
         for (i, s) in self.states.iter().enumerate() {
             let (tag, cursor) = s.encode();
             let at = HEADER_BYTES + i * STATE_ENTRY_BYTES;
@@ -103,8 +108,15 @@ impl Superblock {
         if crc != crc32c::crc32c(&b[..CHECKSUM_AT]) {
             return corrupt("checksum mismatch");
         }
-        if u32_at(8) != FORMAT_VERSION {
-            return corrupt(&format!("format version {} is not supported", u32_at(8)));
+        let version = u32_at(8);
+        if version == 0 || version > FORMAT_VERSION {
+            return corrupt(&format!("format version {version} is not supported"));
+        }
+        let meta_area_bytes = u64_at(104);
+        if (version == 1) != (meta_area_bytes == 0) {
+            return corrupt(&format!(
+                "format {version} with a metadata area of {meta_area_bytes} bytes"
+            ));
         }
         let geometry = Geometry {
             devices: u32_at(60),
@@ -113,6 +125,7 @@ impl Superblock {
             stripe_unit_bytes: u32_at(72),
             block_bytes: u32_at(76),
             stripes: u64_at(80),
+            meta_area_bytes,
         };
         geometry
             .validate()

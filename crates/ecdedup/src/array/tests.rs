@@ -100,6 +100,7 @@ impl Rig {
             io: crate::media::IoMode::Buffered,
             sparse: true,
             force: false,
+            metadata: crate::array::MetadataPlacement::Folder,
         };
         let devs = mems
             .iter()

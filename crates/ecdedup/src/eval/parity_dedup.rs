@@ -956,6 +956,7 @@ fn run_one_in(
             index_entries_max: INDEX_ENTRIES_DEFAULT,
             verify: ctx.opts.verify || !ctx.opts.fingerprint.cryptographic(),
         },
+        metadata: crate::array::MetadataPlacement::Devices,
     };
     array::create(&dir, &opts)?;
     let mut server = Server::start(&dir)?;

@@ -927,6 +927,7 @@ fn an_array_runs_on_simulated_ssds_and_reads_back_what_it_wrote() {
         io: crate::media::IoMode::Buffered,
         sparse: true,
         force: false,
+        metadata: crate::array::MetadataPlacement::Folder,
     };
     let as_devices = || {
         devs.iter()
@@ -1010,6 +1011,7 @@ fn the_placement_hint_of_an_array_write_reaches_the_simulated_ssd() {
         io: crate::media::IoMode::Buffered,
         sparse: true,
         force: false,
+        metadata: crate::array::MetadataPlacement::Folder,
     };
     let as_devices = || {
         devs.iter()

@@ -1,0 +1,625 @@
+//! Where an array's metadata lives when its devices carry it (format 2,
+//! `create --metadata device`, the default): a [`Storage`] that routes the
+//! array folder's metadata names to the metadata areas of the devices
+//! ([`crate::media::area`]), so the intent log, journal, dedup and
+//! degraded-log code keeps naming paths and stays unchanged.
+//!
+//! Routes, by the path's name inside the array folder:
+//! - `journal/devN.*`, `dedup/devN.*`: device N's own area (its parity
+//!   journal, its dedup map log and snapshot);
+//! - `intent.map*`, `degraded.log*`, `missed.map*`: mirrored, one copy in
+//!   the area of every device in service;
+//! - `array.json*`: the folder (primary) and a mirrored copy, from which
+//!   `assemble` rebuilds a lost folder;
+//! - anything else (the lock, sockets, device files): the folder.
+//!
+//! Mirrors: every write and sync goes to every copy whose device is in
+//! service; a read comes from the first copy in the preference order
+//! (members in service by position, then members being rebuilt). A copy
+//! whose write fails is dropped from the mirror and its device reported
+//! ([`MetaStorage::take_broken`]) for the array to fail, as any device I/O
+//! error does; the call fails only when no copy took it. A replacement's
+//! area gets a copy of every mirrored file before it is put in service.
+//!
+//! Failure analysis: every copy obeys the storage contract on its own (its
+//! writes and syncs come in the same order), so the copy read at open is
+//! one that a crash could have left on a single file system. The one gap:
+//! a copy dropped after a write error, on a device whose failure had not
+//! reached the superblocks when the power went, may be read at the next
+//! open while it missed the last marks; the stripes concerned are then
+//! not resynchronised, and their checksums (checked decoding) and scrub
+//! find any parity they left stale.
+
+use crate::media::area::AreaFs;
+use crate::media::storage::{StorageFile, StorageLock};
+use crate::media::{RingFile, Storage};
+use std::collections::BTreeSet;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+
+/// Names mirrored on every device.
+const MIRRORED: [&str; 3] = [
+    super::INTENT_FILE,
+    super::DEGRADED_LOG_FILE,
+    super::MISSED_FILE,
+];
+
+#[derive(Debug, PartialEq, Eq)]
+enum Route {
+    Folder,
+    Device(usize, String),
+    Mirror(String),
+    FolderAndMirror(String),
+    /// A folder that exists only inside the areas (`journal`, `dedup`).
+    AreaFolder,
+}
+
+struct Shared {
+    base: Arc<dyn Storage>,
+    dir: PathBuf,
+    areas: Vec<RwLock<Option<Arc<AreaFs>>>>,
+    /// Positions in the order mirrored copies are read.
+    order: RwLock<Vec<usize>>,
+    /// Devices whose copy of a mirrored file failed a write or sync.
+    broken: Mutex<BTreeSet<usize>>,
+}
+
+/// The array's storage when its devices carry the metadata.
+#[derive(Clone)]
+pub struct MetaStorage {
+    shared: Arc<Shared>,
+}
+
+impl MetaStorage {
+    /// `areas[d]`: device d's area (None while it is out of service);
+    /// `order`: positions whose copies are read first.
+    pub fn new(
+        base: Arc<dyn Storage>,
+        dir: &Path,
+        areas: Vec<Option<Arc<AreaFs>>>,
+        order: Vec<usize>,
+    ) -> MetaStorage {
+        MetaStorage {
+            shared: Arc::new(Shared {
+                base,
+                dir: dir.to_owned(),
+                areas: areas.into_iter().map(RwLock::new).collect(),
+                order: RwLock::new(order),
+                broken: Mutex::new(BTreeSet::new()),
+            }),
+        }
+    }
+
+    pub fn shared(&self) -> Arc<dyn Storage> {
+        Arc::new(self.clone())
+    }
+
+    /// Device `d` left service: its area is not written any more.
+    pub fn detach(&self, d: usize) {
+        if let Some(slot) = self.shared.areas.get(d) {
+            *slot.write().unwrap() = None;
+        }
+    }
+
+    /// Puts a freshly formatted area in service for device `d`, after
+    /// copying every mirrored file into it (durably).
+    pub fn attach_new(&self, d: usize, area: Arc<AreaFs>) -> io::Result<()> {
+        for name in self.mirrored_names() {
+            let from = self.open_mirror(&name)?;
+            let len = from.len()?;
+            let to = area.create_file(&name, true)?;
+            let mut at = 0u64;
+            let mut buf = vec![0u8; 1 << 20];
+            while at < len {
+                let n = (len - at).min(buf.len() as u64) as usize;
+                from.read_at(&mut buf[..n], at)?;
+                to.write_at(&buf[..n], at)?;
+                at += n as u64;
+            }
+            to.sync()?;
+        }
+        area.commit()?;
+        *self.shared.areas[d].write().unwrap() = Some(area);
+        let mut order = self.shared.order.write().unwrap();
+        if !order.contains(&d) {
+            order.push(d);
+        }
+        Ok(())
+    }
+
+    /// Devices whose mirrored copy failed since the last call.
+    pub fn take_broken(&self) -> Vec<usize> {
+        std::mem::take(&mut *self.shared.broken.lock().unwrap())
+            .into_iter()
+            .collect()
+    }
+
+    /// The bytes of mirrored file `name` in the primary area, if any.
+    pub fn area_copy(&self, name: &str) -> Option<Vec<u8>> {
+        let (_, area) = self.copies().into_iter().next()?;
+        let f = area.open_file(name).ok()?;
+        let mut b = vec![0u8; usize::try_from(f.len().ok()?).ok()?];
+        f.read_at(&mut b, 0).ok()?;
+        Some(b)
+    }
+
+    /// The area of device `d`, if in service.
+    pub fn area(&self, d: usize) -> Option<Arc<AreaFs>> {
+        self.shared.areas.get(d)?.read().unwrap().clone()
+    }
+
+    /// Mirrored names present in the primary copy.
+    fn mirrored_names(&self) -> Vec<String> {
+        match self.copies().first() {
+            Some((_, a)) => a
+                .list()
+                .into_iter()
+                .filter(|n| {
+                    matches!(
+                        self.route_name(n),
+                        Route::Mirror(_) | Route::FolderAndMirror(_)
+                    )
+                })
+                .collect(),
+            None => Vec::new(),
+        }
+    }
+
+    /// Areas in service, in read order.
+    fn copies(&self) -> Vec<(usize, Arc<AreaFs>)> {
+        let order = self.shared.order.read().unwrap();
+        let mut out: Vec<(usize, Arc<AreaFs>)> = Vec::new();
+        let rest = (0..self.shared.areas.len()).filter(|d| !order.contains(d));
+        for d in order.iter().copied().chain(rest) {
+            if let Some(a) = self.area(d) {
+                out.push((d, a));
+            }
+        }
+        out
+    }
+
+    fn route(&self, path: &Path) -> Route {
+        match path.strip_prefix(&self.shared.dir) {
+            Ok(rel) => match rel.to_str() {
+                Some(name) => self.route_name(name),
+                None => Route::Folder,
+            },
+            Err(_) => Route::Folder,
+        }
+    }
+
+    fn route_name(&self, name: &str) -> Route {
+        if name == super::JOURNAL_DIR || name == super::DEDUP_DIR {
+            return Route::AreaFolder;
+        }
+        if name == super::CONFIG_FILE || name.strip_prefix(super::CONFIG_FILE) == Some(".tmp") {
+            return Route::FolderAndMirror(name.to_owned());
+        }
+        if MIRRORED.iter().any(|m| {
+            name == *m
+                || name
+                    .strip_prefix(m)
+                    .is_some_and(|rest| rest.starts_with('.'))
+        }) {
+            return Route::Mirror(name.to_owned());
+        }
+        for folder in [super::JOURNAL_DIR, super::DEDUP_DIR] {
+            let Some(file) = name
+                .strip_prefix(folder)
+                .and_then(|r| r.strip_prefix("/dev"))
+            else {
+                continue;
+            };
+            let digits: String = file.chars().take_while(|c| c.is_ascii_digit()).collect();
+            let rest = &file[digits.len()..];
+            if let Ok(d) = digits.parse::<usize>() {
+                if d < self.shared.areas.len() && rest.starts_with('.') && !digits.is_empty() {
+                    return Route::Device(d, name.to_owned());
+                }
+            }
+        }
+        Route::Folder
+    }
+
+    fn out_of_service(d: usize) -> io::Error {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("device {d} is out of service: its metadata area cannot be used"),
+        )
+    }
+
+    fn device_area(&self, d: usize) -> io::Result<Arc<AreaFs>> {
+        self.area(d).ok_or_else(|| Self::out_of_service(d))
+    }
+
+    fn mark_broken(&self, d: usize, e: &io::Error) {
+        eprintln!(
+            "ecdedup: device {d}: a mirrored metadata copy failed ({e}); the device is failed"
+        );
+        self.shared.broken.lock().unwrap().insert(d);
+        self.detach(d);
+    }
+
+    fn open_mirror(&self, name: &str) -> io::Result<Arc<dyn StorageFile>> {
+        let copies = self.copies();
+        let Some((_, primary)) = copies.first() else {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                "no device in service holds the array's metadata",
+            ));
+        };
+        if !primary.exists(name) {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("{name} not in the metadata areas"),
+            ));
+        }
+        let mut files = Vec::new();
+        for (d, area) in &copies {
+            match area.open_file(name) {
+                Ok(f) => files.push((*d, f)),
+                Err(e) => self.mark_broken(*d, &e),
+            }
+        }
+        Ok(Arc::new(MirrorFile {
+            meta: self.clone(),
+            base: None,
+            copies: Mutex::new(files),
+            name: name.to_owned(),
+        }))
+    }
+
+    fn create_mirror(
+        &self,
+        name: &str,
+        truncate: bool,
+    ) -> io::Result<Vec<(usize, Arc<dyn StorageFile>)>> {
+        let mut files = Vec::new();
+        let mut last_err = None;
+        for (d, area) in self.copies() {
+            match area.create_file(name, truncate) {
+                Ok(f) => files.push((d, f)),
+                Err(e) => {
+                    self.mark_broken(d, &e);
+                    last_err = Some(e);
+                }
+            }
+        }
+        if files.is_empty() {
+            return Err(last_err.unwrap_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::NotFound,
+                    "no device in service holds the metadata",
+                )
+            }));
+        }
+        Ok(files)
+    }
+
+    /// Applies `op` to every copy; Ok when at least one took it (the
+    /// others are dropped and their devices reported).
+    fn each_area(&self, op: impl Fn(&AreaFs) -> io::Result<()>) -> io::Result<()> {
+        let mut ok = false;
+        let mut first_err = None;
+        for (d, area) in self.copies() {
+            match op(&area) {
+                Ok(()) => ok = true,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => first_err = first_err.or(Some(e)),
+                Err(e) => {
+                    self.mark_broken(d, &e);
+                    first_err = Some(e);
+                }
+            }
+        }
+        match (ok, first_err) {
+            (true, _) | (false, None) => Ok(()),
+            (false, Some(e)) => Err(e),
+        }
+    }
+}
+
+/// A mirrored file: `base` (the folder's copy, primary when present) and
+/// the copies in device areas.
+struct MirrorFile {
+    meta: MetaStorage,
+    base: Option<Arc<dyn StorageFile>>,
+    copies: Mutex<Vec<(usize, Arc<dyn StorageFile>)>>,
+    name: String,
+}
+
+impl MirrorFile {
+    /// Runs `op` on the folder copy (whose error is the call's) and on
+    /// every area copy (a failing one is dropped).
+    fn each(&self, op: impl Fn(&dyn StorageFile) -> io::Result<()>) -> io::Result<()> {
+        if let Some(b) = &self.base {
+            op(b.as_ref())?;
+        }
+        let mut copies = self.copies.lock().unwrap();
+        let mut first_err = None;
+        copies.retain(|(d, f)| {
+            if self.meta.area(*d).is_none() {
+                return false;
+            }
+            match op(f.as_ref()) {
+                Ok(()) => true,
+                Err(e) => {
+                    self.meta.mark_broken(*d, &e);
+                    first_err.get_or_insert(e);
+                    false
+                }
+            }
+        });
+        if copies.is_empty() && self.base.is_none() {
+            return Err(first_err.unwrap_or_else(|| {
+                io::Error::other(format!("{}: no device in service holds a copy", self.name))
+            }));
+        }
+        Ok(())
+    }
+
+    fn primary(&self) -> io::Result<Arc<dyn StorageFile>> {
+        if let Some(b) = &self.base {
+            return Ok(Arc::clone(b));
+        }
+        let copies = self.copies.lock().unwrap();
+        copies
+            .iter()
+            .find(|(d, _)| self.meta.area(*d).is_some())
+            .map(|(_, f)| Arc::clone(f))
+            .ok_or_else(|| {
+                io::Error::other(format!("{}: no device in service holds a copy", self.name))
+            })
+    }
+}
+
+impl StorageFile for MirrorFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.primary()?.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.each(|f| f.write_at(buf, offset))
+    }
+    fn len(&self) -> io::Result<u64> {
+        self.primary()?.len()
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.each(|f| f.set_len(len))
+    }
+    fn sync(&self) -> io::Result<()> {
+        self.each(|f| f.sync())
+    }
+    fn reserve(&self, len: u64) -> io::Result<()> {
+        self.each(|f| f.reserve(len))
+    }
+    fn punch(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.each(|f| f.punch(offset, len))
+    }
+    fn zero_range(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.each(|f| f.zero_range(offset, len))
+    }
+    fn allocate(&self, len: u64) -> io::Result<()> {
+        self.each(|f| f.allocate(len))
+    }
+    fn ring_file(&self) -> Option<RingFile> {
+        None
+    }
+    fn describe(&self) -> String {
+        format!("{} (mirrored on the devices)", self.name)
+    }
+}
+
+impl Storage for MetaStorage {
+    fn open(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>> {
+        match self.route(path) {
+            Route::Folder | Route::AreaFolder => self.shared.base.open(path),
+            Route::Device(d, name) => self.device_area(d)?.open_file(&name),
+            Route::Mirror(name) => self.open_mirror(&name),
+            Route::FolderAndMirror(name) => {
+                let base = self.shared.base.open(path)?;
+                let copies = self
+                    .copies()
+                    .into_iter()
+                    .filter_map(|(d, a)| a.open_file(&name).ok().map(|f| (d, f)))
+                    .collect();
+                Ok(Arc::new(MirrorFile {
+                    meta: self.clone(),
+                    base: Some(base),
+                    copies: Mutex::new(copies),
+                    name,
+                }))
+            }
+        }
+    }
+
+    fn open_device(&self, path: &Path, direct: bool) -> io::Result<Arc<dyn StorageFile>> {
+        self.shared.base.open_device(path, direct)
+    }
+
+    fn create(&self, path: &Path, truncate: bool) -> io::Result<Arc<dyn StorageFile>> {
+        match self.route(path) {
+            Route::Folder | Route::AreaFolder => self.shared.base.create(path, truncate),
+            Route::Device(d, name) => self.device_area(d)?.create_file(&name, truncate),
+            Route::Mirror(name) => {
+                let copies = self.create_mirror(&name, truncate)?;
+                Ok(Arc::new(MirrorFile {
+                    meta: self.clone(),
+                    base: None,
+                    copies: Mutex::new(copies),
+                    name,
+                }))
+            }
+            Route::FolderAndMirror(name) => {
+                let base = self.shared.base.create(path, truncate)?;
+                let copies = self.create_mirror(&name, truncate).unwrap_or_default();
+                Ok(Arc::new(MirrorFile {
+                    meta: self.clone(),
+                    base: Some(base),
+                    copies: Mutex::new(copies),
+                    name,
+                }))
+            }
+        }
+    }
+
+    fn exists(&self, path: &Path) -> bool {
+        match self.route(path) {
+            Route::Folder | Route::FolderAndMirror(_) => self.shared.base.exists(path),
+            Route::AreaFolder => true,
+            Route::Device(d, name) => self.area(d).is_some_and(|a| a.exists(&name)),
+            Route::Mirror(name) => self.copies().first().is_some_and(|(_, a)| a.exists(&name)),
+        }
+    }
+
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        match self.route(path) {
+            Route::Folder | Route::AreaFolder => self.shared.base.remove(path),
+            Route::Device(d, name) => self.device_area(d)?.remove(&name),
+            Route::Mirror(name) => {
+                if !self.exists(path) {
+                    return Err(io::Error::from(io::ErrorKind::NotFound));
+                }
+                self.each_area(|a| a.remove(&name).or_else(ignore_not_found))
+            }
+            Route::FolderAndMirror(name) => {
+                self.shared.base.remove(path)?;
+                self.each_area(|a| a.remove(&name).or_else(ignore_not_found))
+            }
+        }
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        match (self.route(from), self.route(to)) {
+            (Route::Folder, Route::Folder) => self.shared.base.rename(from, to),
+            (Route::Device(d, a), Route::Device(e, b)) if d == e => {
+                self.device_area(d)?.rename(&a, &b)
+            }
+            (Route::Mirror(a), Route::Mirror(b)) => {
+                if !self.exists(from) {
+                    return Err(io::Error::from(io::ErrorKind::NotFound));
+                }
+                self.each_area(|area| area.rename(&a, &b))
+            }
+            (Route::FolderAndMirror(a), Route::FolderAndMirror(b)) => {
+                self.shared.base.rename(from, to)?;
+                self.each_area(|area| area.rename(&a, &b).or_else(ignore_not_found))
+            }
+            (f, t) => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("cannot rename {f:?} to {t:?} across metadata places"),
+            )),
+        }
+    }
+
+    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        match self.route(path) {
+            Route::AreaFolder => Ok(()),
+            _ => self.shared.base.create_dir_all(path),
+        }
+    }
+
+    fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        let inside = path.starts_with(&self.shared.dir);
+        if inside {
+            // Names in the areas: every area commits what changed.
+            self.each_area(|a| a.commit())?;
+        }
+        match self.route(path) {
+            Route::AreaFolder => Ok(()),
+            _ => self.shared.base.sync_dir(path),
+        }
+    }
+
+    fn try_lock(&self, path: &Path) -> io::Result<Option<StorageLock>> {
+        self.shared.base.try_lock(path)
+    }
+}
+
+fn ignore_not_found(e: io::Error) -> io::Result<()> {
+    if e.kind() == io::ErrorKind::NotFound {
+        Ok(())
+    } else {
+        Err(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::media::{Device, MemDevice, OsStorage};
+
+    fn meta(n: usize) -> (tempfile::TempDir, MetaStorage, Vec<Arc<dyn Device>>) {
+        let dir = tempfile::tempdir().unwrap();
+        let devs: Vec<Arc<dyn Device>> = (0..n)
+            .map(|i| Arc::new(MemDevice::new(&format!("d{i}"), 8 << 20)) as Arc<dyn Device>)
+            .collect();
+        let areas = devs
+            .iter()
+            .map(|d| {
+                Some(Arc::new(
+                    AreaFs::format(Arc::clone(d), 1 << 20, 4 << 20).unwrap(),
+                ))
+            })
+            .collect();
+        let m = MetaStorage::new(OsStorage::shared(), dir.path(), areas, (0..n).collect());
+        (dir, m, devs)
+    }
+
+    #[test]
+    fn names_route_to_their_device_or_to_every_device() {
+        let (dir, m, _) = meta(3);
+        let p = |s: &str| dir.path().join(s);
+        assert_eq!(
+            m.route(&p("journal/dev2.jrnl")),
+            Route::Device(2, "journal/dev2.jrnl".into())
+        );
+        assert_eq!(
+            m.route(&p("dedup/dev0.snap.tmp")),
+            Route::Device(0, "dedup/dev0.snap.tmp".into())
+        );
+        assert_eq!(m.route(&p("dedup/dev3.log")), Route::Folder, "no device 3");
+        assert_eq!(
+            m.route(&p("intent.map.tmp")),
+            Route::Mirror("intent.map.tmp".into())
+        );
+        assert_eq!(m.route(&p("intent.mapx")), Route::Folder);
+        assert_eq!(
+            m.route(&p("array.json")),
+            Route::FolderAndMirror("array.json".into())
+        );
+        assert_eq!(m.route(&p("lock")), Route::Folder);
+        assert_eq!(m.route(&p("dev0")), Route::Folder);
+        assert_eq!(
+            m.route(Path::new("/elsewhere/journal/dev0.jrnl")),
+            Route::Folder
+        );
+    }
+
+    #[test]
+    fn a_mirrored_file_survives_on_any_device_and_a_replacement_gets_a_copy() {
+        let (dir, m, devs) = meta(3);
+        let path = dir.path().join("intent.map");
+        crate::media::storage::write_atomic(&m, &path, b"marks").unwrap();
+        for d in 0..3 {
+            assert_eq!(m.area(d).unwrap().list(), vec!["intent.map"]);
+        }
+        // Device 0 leaves: reads come from device 1, writes skip device 0.
+        m.detach(0);
+        let f = m.open(&path).unwrap();
+        f.write_at(b"M", 0).unwrap();
+        f.sync().unwrap();
+        assert_eq!(
+            crate::media::storage::read_all(&m, &path).unwrap(),
+            b"Marks"
+        );
+        // Its replacement gets the current copy before it serves.
+        let fresh = Arc::new(AreaFs::format(Arc::clone(&devs[0]), 1 << 20, 4 << 20).unwrap());
+        m.attach_new(0, fresh).unwrap();
+        m.detach(1);
+        m.detach(2);
+        assert_eq!(
+            crate::media::storage::read_all(&m, &path).unwrap(),
+            b"Marks"
+        );
+    }
+}
