@@ -120,8 +120,7 @@ impl Geometry {
         let area = self.meta_area_bytes;
         if area != 0
             && (!area.is_multiple_of(DATA_ALIGN_BYTES)
-                || area < crate::media::area::AREA_BYTES_MIN
-                || area > META_AREA_BYTES_MAX)
+                || !(crate::media::area::AREA_BYTES_MIN..=META_AREA_BYTES_MAX).contains(&area))
         {
             return bad(format!(
                 "metadata area of {area} bytes: a multiple of 1 MiB from 1 MiB to 1 TiB"
