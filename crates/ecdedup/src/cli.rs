@@ -173,9 +173,15 @@ enum Command {
     /// of them (the last to leave service) are marked active again, as few
     /// as bring the failed count down to m.
     Assemble {
-        /// Required: the devices brought back are trusted as they are.
+        /// Bring back failed devices whose data is still there when more
+        /// than m are failed: the devices brought back are trusted as they are.
         #[arg(long)]
         force: bool,
+        /// Rebuild a lost array folder (--dir) from these devices, in any
+        /// order (repeat): their superblocks and the copy of the settings
+        /// on them (arrays made with --metadata device).
+        #[arg(long = "device")]
+        devices: Vec<PathBuf>,
     },
     /// Verify every block checksum and every stripe's parity; repair what is wrong.
     Scrub {
@@ -797,7 +803,23 @@ fn run(cli: Cli) -> Result<()> {
             );
             Ok(())
         }
-        Command::Assemble { force } => {
+        Command::Assemble { force, devices } => {
+            if !devices.is_empty() {
+                if force {
+                    return Err(Error::Config(
+                        "--device rebuilds a folder; run `assemble --force` on it afterwards if needed".into(),
+                    ));
+                }
+                let cfg = array::assemble_from_devices(&dir, &devices)?;
+                println!(
+                    "assembled array {} in {} from {} of its {} devices",
+                    cfg.array_uuid,
+                    dir.display(),
+                    devices.len(),
+                    cfg.devices.len()
+                );
+                return Ok(());
+            }
             if !force {
                 return Err(Error::Config(
                     "an array assembles whenever it is opened; `assemble --force` brings back \

@@ -15,12 +15,19 @@
 //! next open resynchronises as after any crash. Members that stay failed
 //! keep their place until `re-add` (data still there) or `replace` +
 //! `rebuild`.
+//!
+//! `ecdedup assemble --device ...` (format 2): rebuilds a lost array
+//! folder from the devices' superblocks and the copy of `array.json` in
+//! their metadata areas.
 
 use super::inspect::{check_member, newest_superblock, read_member};
 use super::superblock::{MemberState, Superblock};
 use super::{lock_dir, ConfigFile};
 use crate::error::{Error, Result};
-use std::path::Path;
+use crate::media::area::AreaFs;
+use crate::media::{FileDevice, OsStorage};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Marks the freshest failed members of the stopped array in `dir` active
 /// again until at most m are failed; returns the positions brought back.
@@ -98,4 +105,131 @@ fn write_superblock(path: &Path, sb: &Superblock) -> std::io::Result<()> {
     let file = std::fs::OpenOptions::new().write(true).open(path)?;
     file.write_all_at(&sb.encode(), Superblock::slot_offset(sb.generation))?;
     file.sync_all()
+}
+
+/// Rebuilds a lost array folder from the devices alone (format 2): the
+/// superblocks say which array each device belongs to and where it sits,
+/// and the copy of `array.json` in their metadata areas holds the
+/// settings. `paths` may come in any order and must all belong to one
+/// array; positions not given keep the path the copy names. Writes
+/// `dir/array.json` (nothing on the devices) and returns it.
+pub fn assemble_from_devices(dir: &Path, paths: &[PathBuf]) -> Result<ConfigFile> {
+    if paths.is_empty() {
+        return Err(Error::Config(
+            "name the array's devices with --device".into(),
+        ));
+    }
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    let _lock = lock_dir(dir)?;
+    if dir.join(super::CONFIG_FILE).exists() {
+        return Err(Error::Config(format!(
+            "{} already holds an array ({}); assemble into an empty folder",
+            dir.display(),
+            super::CONFIG_FILE
+        )));
+    }
+    let mut found: Vec<(PathBuf, Superblock)> = Vec::new();
+    for path in paths {
+        let (sb, _) = read_member(path).map_err(|why| Error::Device {
+            path: path.clone(),
+            reason: why,
+        })?;
+        if let Some((other, first)) = found.first() {
+            if first.array_uuid != sb.array_uuid {
+                return Err(Error::Device {
+                    path: path.clone(),
+                    reason: format!(
+                        "belongs to array {}, {} to array {}",
+                        uuid::Uuid::from_bytes(sb.array_uuid),
+                        other.display(),
+                        uuid::Uuid::from_bytes(first.array_uuid)
+                    ),
+                });
+            }
+        }
+        if let Some((other, _)) = found.iter().find(|(_, s)| s.position == sb.position) {
+            return Err(Error::Device {
+                path: path.clone(),
+                reason: format!(
+                    "claims position {} as {} does (a stale member and its replacement?)",
+                    sb.position,
+                    other.display()
+                ),
+            });
+        }
+        found.push((path.clone(), sb));
+    }
+    let members: Vec<Option<Superblock>> = {
+        let n = found[0].1.geometry.devices as usize;
+        let mut v = vec![None; n];
+        for (_, sb) in &found {
+            if let Some(slot) = v.get_mut(sb.position as usize) {
+                *slot = Some(sb.clone());
+            }
+        }
+        v
+    };
+    let newest = newest_superblock(&members)?;
+    let geo = newest.geometry;
+    if geo.meta_area_bytes == 0 {
+        return Err(Error::Config(
+            "this array keeps its metadata in its folder (format 1, `create --metadata folder`): \
+             the folder cannot be rebuilt from the devices"
+                .into(),
+        ));
+    }
+    // The newest copy: members in service by position, freshest superblock first.
+    let mut order: Vec<&(PathBuf, Superblock)> = found
+        .iter()
+        .filter(|(_, sb)| newest.states.get(sb.position as usize) == Some(&MemberState::Active))
+        .collect();
+    order.sort_by_key(|(_, sb)| (std::cmp::Reverse(sb.generation), sb.position));
+    let mut why = Vec::new();
+    let mut cfg = None;
+    for (path, _) in order {
+        let read = FileDevice::open_in(&OsStorage, path)
+            .and_then(|dev| {
+                let area =
+                    AreaFs::open(Arc::new(dev), geo.meta_area_offset(), geo.meta_area_bytes)?;
+                let f = Arc::new(area).open_file(super::CONFIG_FILE)?;
+                let mut b = vec![0u8; f.len()? as usize];
+                f.read_at(&mut b, 0)?;
+                Ok(b)
+            })
+            .map_err(|e| e.to_string())
+            .and_then(|b| serde_json::from_slice::<ConfigFile>(&b).map_err(|e| e.to_string()));
+        match read {
+            Ok(c) if c.array_uuid.as_bytes() == &newest.array_uuid => {
+                cfg = Some(c);
+                break;
+            }
+            Ok(_) => why.push(format!(
+                "{}: a copy of another array's settings",
+                path.display()
+            )),
+            Err(e) => why.push(format!("{}: {e}", path.display())),
+        }
+    }
+    let Some(mut cfg) = cfg else {
+        return Err(Error::Corrupt(format!(
+            "no device in service holds a readable copy of {} ({})",
+            super::CONFIG_FILE,
+            why.join("; ")
+        )));
+    };
+    if cfg.devices.len() != geo.devices as usize {
+        return Err(Error::Corrupt(format!(
+            "the copy of {} lists {} devices, the superblocks {}",
+            super::CONFIG_FILE,
+            cfg.devices.len(),
+            geo.devices
+        )));
+    }
+    for (path, sb) in &found {
+        cfg.devices[sb.position as usize] =
+            std::path::absolute(path).unwrap_or_else(|_| path.clone());
+    }
+    cfg.store(dir)?;
+    Ok(cfg)
 }

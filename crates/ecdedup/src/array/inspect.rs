@@ -14,7 +14,10 @@ use super::{ConfigFile, DeviceStatus, Geometry, Status, INTENT_FILE};
 use crate::dedup::Policy;
 use crate::error::{Error, Result};
 use crate::fingerprint::gpu::{choose_backend, BackendChoice};
+use crate::media::area::AreaFs;
+use crate::media::{FileDevice, OsStorage, Storage};
 use std::path::Path;
+use std::sync::Arc;
 
 /// What one device's superblock says, read without writing; Err names why
 /// the device counts as failed.
@@ -95,7 +98,8 @@ pub fn inspect(dir: &Path) -> Result<Status> {
             },
         })
         .collect();
-    let dirty_regions = dirty_regions(dir, &cfg, geo.stripes, &mut warnings);
+    let storage = metadata_view(dir, &cfg, &geo, &members, &newest.states, &mut warnings);
+    let dirty_regions = dirty_regions(storage.as_ref(), dir, &cfg, geo.stripes, &mut warnings);
     if dirty_regions > 0 {
         warnings.push(format!(
             "stopped uncleanly: {dirty_regions} intent regions are dirty; the next open \
@@ -125,6 +129,7 @@ pub fn inspect(dir: &Path) -> Result<Status> {
         devices,
         dirty_regions,
         missed_regions: super::IntentLog::dirty_regions_at(
+            storage.as_ref(),
             &dir.join(super::MISSED_FILE),
             cfg.array_uuid.as_bytes(),
             geo.stripes,
@@ -132,6 +137,47 @@ pub fn inspect(dir: &Path) -> Result<Status> {
         operation: None,
         warnings,
     })
+}
+
+/// Where a stopped array's metadata is read: the folder (format 1) or the
+/// metadata areas of its members, opened without writing (format 2).
+fn metadata_view(
+    dir: &Path,
+    cfg: &ConfigFile,
+    geo: &Geometry,
+    members: &[Option<Superblock>],
+    states: &[MemberState],
+    warnings: &mut Vec<String>,
+) -> Arc<dyn Storage> {
+    let base = OsStorage::shared();
+    if geo.meta_area_bytes == 0 {
+        return base;
+    }
+    let areas = cfg
+        .devices
+        .iter()
+        .enumerate()
+        .map(|(i, path)| {
+            members.get(i)?.as_ref()?;
+            let opened = FileDevice::open_in(base.as_ref(), path)
+                .map_err(|e| e.to_string())
+                .and_then(|dev| {
+                    AreaFs::open(Arc::new(dev), geo.meta_area_offset(), geo.meta_area_bytes)
+                        .map_err(|e| e.to_string())
+                });
+            match opened {
+                Ok(area) => Some(Arc::new(area)),
+                Err(e) => {
+                    warnings.push(format!("device {i}: metadata area unreadable: {e}"));
+                    None
+                }
+            }
+        })
+        .collect();
+    let order = (0..states.len())
+        .filter(|&i| states[i] == MemberState::Active)
+        .collect();
+    super::meta::MetaStorage::new(base, dir, areas, order).shared()
 }
 
 /// The fingerprint backend an offline command would hash with, and why
@@ -201,15 +247,20 @@ pub(super) fn too_many_failed(unusable: usize, geo: &Geometry, warnings: &[Strin
 
 /// Dirty regions of the intent map, read only (0, with a warning, when
 /// the map is missing or corrupt).
-fn dirty_regions(dir: &Path, cfg: &ConfigFile, stripes: u64, warnings: &mut Vec<String>) -> usize {
+fn dirty_regions(
+    storage: &dyn Storage,
+    dir: &Path,
+    cfg: &ConfigFile,
+    stripes: u64,
+    warnings: &mut Vec<String>,
+) -> usize {
     let path = dir.join(INTENT_FILE);
-    super::IntentLog::dirty_regions_at(&path, cfg.array_uuid.as_bytes(), stripes).unwrap_or_else(
-        || {
+    super::IntentLog::dirty_regions_at(storage, &path, cfg.array_uuid.as_bytes(), stripes)
+        .unwrap_or_else(|| {
             warnings.push(format!(
                 "intent log {} is missing or corrupt: the next open resynchronises every stripe",
                 path.display()
             ));
             0
-        },
-    )
+        })
 }

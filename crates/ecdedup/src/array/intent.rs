@@ -244,8 +244,13 @@ impl IntentLog {
     /// How many regions the map at `path` marks dirty, read without
     /// changing it (the status of a stopped array); None when the map is
     /// missing or corrupt (the next open resynchronises every stripe).
-    pub fn dirty_regions_at(path: &Path, array_uuid: &[u8; 16], stripes: u64) -> Option<usize> {
-        let bytes = std::fs::read(path).ok()?;
+    pub fn dirty_regions_at(
+        storage: &dyn Storage,
+        path: &Path,
+        array_uuid: &[u8; 16],
+        stripes: u64,
+    ) -> Option<usize> {
+        let bytes = crate::media::storage::read_all(storage, path).ok()?;
         let (_, map) = parse_map(&bytes, array_uuid, stripes).ok()?;
         Some(map.iter().filter(|&&b| b != 0).count())
     }

@@ -38,7 +38,7 @@ pub mod superblock;
 #[cfg(test)]
 mod tests;
 
-pub use assemble::force_assemble;
+pub use assemble::{assemble_from_devices, force_assemble};
 pub use inspect::inspect;
 pub use layout::Geometry;
 pub use logging::WritePolicy;
