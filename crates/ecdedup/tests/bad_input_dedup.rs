@@ -5,6 +5,10 @@
 //! content, map and index from the others); the volume stays readable;
 //! after the rebuild the device holds a map again and serves reads alone.
 //! More lost maps than the parity covers (m) refuse to serve, naming them.
+//! These arrays keep their metadata in the folder (`--metadata folder`,
+//! format 1), where the files can be damaged one by one; in format 2 the
+//! maps live in each device's metadata area, and a damaged area fails its
+//! device the same way (tests/metadata_on_devices.rs).
 
 mod support;
 
@@ -25,7 +29,11 @@ fn data() -> Vec<u8> {
 /// An array with dedup `all`, the data written and flushed, server stopped.
 fn array_with_data() -> (TestArray, Vec<u8>) {
     let mut args = support::create_args("64M");
-    args.extend(["--dedup", "all"].iter().map(|s| s.to_string()));
+    args.extend(
+        ["--dedup", "all", "--metadata", "folder"]
+            .iter()
+            .map(|s| s.to_string()),
+    );
     let a = TestArray::create_with(&args.iter().map(String::as_str).collect::<Vec<_>>());
     let d = data();
     let server = a.serve();

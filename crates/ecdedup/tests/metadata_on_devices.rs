@@ -252,3 +252,54 @@ fn an_array_with_its_metadata_in_the_folder_keeps_it_there() {
     let vol = Volume::new(Arc::new(Array::open(&dir, None).unwrap()));
     assert!(read_all(&vol) == model);
 }
+
+#[test]
+fn a_device_whose_metadata_area_is_corrupt_is_failed_and_rebuilt() {
+    use std::os::unix::fs::FileExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let paths: Vec<PathBuf> = (0..6).map(|i| tmp.path().join(format!("d{i}"))).collect();
+    let dir = tmp.path().join("array");
+    let opts = options(
+        paths.clone(),
+        WritePolicy::Parix,
+        Policy::All,
+        MetadataPlacement::Devices,
+    );
+    array::create(&dir, &opts).unwrap();
+    let model = {
+        let vol = Volume::new(Arc::new(Array::open(&dir, None).unwrap()));
+        let model = fill(&vol, 5);
+        vol.array().close().unwrap();
+        model
+    };
+    // Both directory slots of device 2's area damaged.
+    let geo = array::geometry_for(&opts).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&paths[2])
+        .unwrap();
+    for slot in 0..2u64 {
+        f.write_all_at(b"garbage", geo.meta_area_offset() + slot * (64 << 10) + 200)
+            .unwrap();
+    }
+    drop(f);
+    let array = Array::open(&dir, None).unwrap();
+    let warnings = array.warnings().join("\n");
+    assert!(
+        warnings.contains("device 2") && warnings.contains("no valid directory"),
+        "{warnings}"
+    );
+    let vol = Volume::new(Arc::new(array));
+    assert!(read_all(&vol) == model, "degraded reads differ");
+    vol.array().replace_device(2, None).unwrap();
+    vol.array().rebuild(None).unwrap();
+    vol.array().close().unwrap();
+    drop(vol);
+    let vol = Volume::new(Arc::new(Array::open(&dir, None).unwrap()));
+    assert!(
+        vol.array().warnings().is_empty(),
+        "{:?}",
+        vol.array().warnings()
+    );
+    assert!(read_all(&vol) == model, "data differs after the rebuild");
+}

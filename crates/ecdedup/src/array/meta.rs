@@ -18,7 +18,10 @@
 //! (members in service by position, then members being rebuilt). A copy
 //! whose write fails is dropped from the mirror and its device reported
 //! ([`MetaStorage::take_broken`]) for the array to fail, as any device I/O
-//! error does; the call fails only when no copy took it. A replacement's
+//! error does; the call fails only when no copy took it. A full space
+//! (ENOSPC, EDQUOT: sparse device files on a full file system, or a full
+//! area) fails the call and drops no copy: it is the host's fault, and the
+//! array refuses writes until space is back, as for data. A replacement's
 //! area gets a copy of every mirrored file before it is put in service.
 //!
 //! Failure analysis: every copy obeys the storage contract on its own (its
@@ -305,6 +308,7 @@ impl MetaStorage {
         for (d, area) in self.copies() {
             match op(&area) {
                 Ok(()) => ok = true,
+                Err(e) if is_space_error(&e) => return Err(e),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => first_err = first_err.or(Some(e)),
                 Err(e) => {
                     self.mark_broken(d, &e);
@@ -343,6 +347,11 @@ impl MirrorFile {
             }
             match op(f.as_ref()) {
                 Ok(()) => true,
+                // A full space is the host's fault, not the device's.
+                Err(e) if is_space_error(&e) => {
+                    first_err.get_or_insert(e);
+                    true
+                }
                 Err(e) => {
                     self.meta.mark_broken(*d, &e);
                     first_err.get_or_insert(e);
@@ -350,6 +359,9 @@ impl MirrorFile {
                 }
             }
         });
+        if let Some(e) = first_err.take_if(|e| is_space_error(e)) {
+            return Err(e);
+        }
         if copies.is_empty() && self.base.is_none() {
             return Err(first_err.unwrap_or_else(|| {
                 io::Error::other(format!("{}: no device in service holds a copy", self.name))
@@ -533,6 +545,10 @@ impl Storage for MetaStorage {
     fn try_lock(&self, path: &Path) -> io::Result<Option<StorageLock>> {
         self.shared.base.try_lock(path)
     }
+}
+
+fn is_space_error(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
 }
 
 fn ignore_not_found(e: io::Error) -> io::Result<()> {

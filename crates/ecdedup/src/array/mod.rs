@@ -1139,7 +1139,10 @@ impl Array {
         let mut journal_lost: Vec<(u64, u64)> = Vec::new();
         let mut journals = Vec::with_capacity(n);
         for i in 0..n {
-            if !cfg_write_policy.journals() {
+            // A member out of service with its metadata area (format 2)
+            // took its journal with it, as it took the parity it covers.
+            let journal_gone = meta.as_ref().is_some_and(|m| m.area(i).is_none());
+            if !cfg_write_policy.journals() || journal_gone {
                 journals.push(Mutex::new(None));
                 continue;
             }
