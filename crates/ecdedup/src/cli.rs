@@ -930,6 +930,13 @@ fn print_status(s: &Status) {
         s.stripes
     );
     println!("health: {}", s.health);
+    match s.metadata_area_bytes {
+        0 => println!("metadata: in the array folder (format 1)"),
+        b => println!(
+            "metadata: on the devices, a {} area on each (format 2)",
+            format_size(b)
+        ),
+    }
     println!("write policy: {}", s.write_policy);
     let d = &s.dedup;
     if d.policy == crate::dedup::Policy::None {

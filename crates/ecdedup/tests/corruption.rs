@@ -39,9 +39,9 @@ struct Target {
 /// The device block holding data unit `role` (0..4), block `b`, of
 /// `stripe`; checks that it holds the bytes written there.
 fn data_target(a: &TestArray, data: &[u8], stripe: u64, role: usize, b: u64) -> Target {
-    let (device, offset) = unit_block(VOLUME, stripe, role, b);
+    let (device, offset) = unit_block(&a.geometry(), stripe, role, b);
     let vol = stripe * STRIPE_DATA + role as u64 * 32 * 1024 + b * 4096;
-    let l = locate(VOLUME, vol);
+    let l = locate(&a.geometry(), vol);
     assert_eq!(
         (l.device, l.offset),
         (device, offset),
@@ -57,8 +57,8 @@ fn data_target(a: &TestArray, data: &[u8], stripe: u64, role: usize, b: u64) -> 
 }
 
 /// The device block holding parity unit `j` (0 or 1) of `stripe`, block `b`.
-fn parity_target(stripe: u64, j: usize, b: u64) -> Target {
-    let (device, offset) = unit_block(VOLUME, stripe, 4 + j, b);
+fn parity_target(a: &TestArray, stripe: u64, j: usize, b: u64) -> Target {
+    let (device, offset) = unit_block(&a.geometry(), stripe, 4 + j, b);
     Target { device, offset }
 }
 
@@ -118,8 +118,8 @@ fn offline_scrub_finds_and_repairs_corruption() {
     let (a, data) = array_with_data(2);
     let targets = [
         data_target(&a, &data, 3, 1, 0),
-        parity_target(12, 0, 0),
-        parity_target(13, 1, 7),
+        parity_target(&a, 12, 0, 0),
+        parity_target(&a, 13, 1, 7),
     ];
     let originals: Vec<Vec<u8>> = targets.iter().map(|&t| corrupt(&a, t)).collect();
     let corrupted: Vec<Vec<u8>> = targets
@@ -166,7 +166,7 @@ fn offline_scrub_finds_and_repairs_corruption() {
 #[test]
 fn corrupted_parity_is_found_and_repaired_by_scrub_through_the_server() {
     let (a, data) = array_with_data(3);
-    let t = parity_target(40, 1, 2);
+    let t = parity_target(&a, 40, 1, 2);
     let orig = corrupt(&a, t);
     let server = a.serve();
     // Reads touch data units only: nothing to see yet.
@@ -188,7 +188,7 @@ fn scrub_check_only_through_the_server_exits_nonzero_on_corruption() {
     // `scrub --check-only` promises a non-zero exit when it finds checksum
     // or parity mismatches; that must hold when a server holds the array too.
     let (a, _data) = array_with_data(4);
-    corrupt(&a, parity_target(50, 0, 1));
+    corrupt(&a, parity_target(&a, 50, 0, 1));
     let server = a.serve();
     let out = a.cli(&["scrub", "--check-only"]);
     assert!(
@@ -205,7 +205,7 @@ fn reads_fail_cleanly_when_corruption_exceeds_the_parity() {
     let stripe = 30;
     corrupt(&a, data_target(&a, &data, stripe, 0, 0));
     corrupt(&a, data_target(&a, &data, stripe, 1, 0));
-    corrupt(&a, parity_target(stripe, 0, 0));
+    corrupt(&a, parity_target(&a, stripe, 0, 0));
     let mut server = a.serve();
     let mut c = server.client();
     // Data units 0 and 1, block 0: both beyond repair.
@@ -247,7 +247,7 @@ fn scrub_exits_nonzero_when_blocks_are_unrecoverable() {
     let stripe = 33;
     corrupt(&a, data_target(&a, &data, stripe, 2, 4));
     corrupt(&a, data_target(&a, &data, stripe, 3, 4));
-    corrupt(&a, parity_target(stripe, 1, 4));
+    corrupt(&a, parity_target(&a, stripe, 1, 4));
     let out = a.cli(&["scrub"]);
     let report = out.json();
     assert!(

@@ -190,8 +190,11 @@ pub fn assemble_from_devices(dir: &Path, paths: &[PathBuf]) -> Result<ConfigFile
     for (path, _) in order {
         let read = FileDevice::open_in(&OsStorage, path)
             .and_then(|dev| {
-                let area =
-                    AreaFs::open(Arc::new(dev), geo.meta_area_offset(), geo.meta_area_bytes)?;
+                let area = AreaFs::open_read_only(
+                    Arc::new(dev),
+                    geo.meta_area_offset(),
+                    geo.meta_area_bytes,
+                )?;
                 let f = Arc::new(area).open_file(super::CONFIG_FILE)?;
                 let mut b = vec![0u8; f.len()? as usize];
                 f.read_at(&mut b, 0)?;

@@ -128,6 +128,7 @@ pub fn inspect(dir: &Path) -> Result<Status> {
         ssd_sim: cfg.ssd_sim.clone(),
         devices,
         dirty_regions,
+        metadata_area_bytes: geo.meta_area_bytes,
         missed_regions: super::IntentLog::dirty_regions_at(
             storage.as_ref(),
             &dir.join(super::MISSED_FILE),
@@ -162,8 +163,12 @@ fn metadata_view(
             let opened = FileDevice::open_in(base.as_ref(), path)
                 .map_err(|e| e.to_string())
                 .and_then(|dev| {
-                    AreaFs::open(Arc::new(dev), geo.meta_area_offset(), geo.meta_area_bytes)
-                        .map_err(|e| e.to_string())
+                    AreaFs::open_read_only(
+                        Arc::new(dev),
+                        geo.meta_area_offset(),
+                        geo.meta_area_bytes,
+                    )
+                    .map_err(|e| e.to_string())
                 });
             match opened {
                 Ok(area) => Some(Arc::new(area)),

@@ -250,9 +250,10 @@ impl std::str::FromStr for MetadataPlacement {
     }
 }
 
-/// Most bytes the degraded-write log may take in each metadata area: it
-/// holds the values written to missing units between two flushes.
-pub const DEGRADED_LOG_AREA_BYTES_MAX: u64 = 64 << 20;
+/// Bytes the degraded-write log may take in each metadata area: it holds
+/// the values written to missing units between two flushes (beyond, a
+/// degraded write is refused with ENOSPC until the next flush).
+pub const DEGRADED_LOG_AREA_BYTES: u64 = 64 << 20;
 
 /// The geometry `create` gives these options: with a metadata area on
 /// each device sized for everything the options let it hold.
@@ -273,15 +274,15 @@ pub fn meta_area_bytes_for(opts: &CreateOptions, geo: &Geometry) -> u64 {
     let file = |b: u64| b.div_ceil(UNIT_BYTES) * UNIT_BYTES;
     let spr = IntentLog::stripes_per_region(geo.stripe_data_bytes(), opts.intent_region_bytes);
     let map = file(4096 + geo.stripes.div_ceil(spr));
-    let data_bytes = geo.rows_per_device() * geo.unit_bytes();
     let mut b = 2 * map // intent.map
         + 2 * map // missed.map
         + 2 * file(256 << 10) // array.json
-        + file((data_bytes / 8).clamp(4 << 20, DEGRADED_LOG_AREA_BYTES_MAX));
+        + file(DEGRADED_LOG_AREA_BYTES);
     if opts.write_policy.journals() {
         b += 2 * file(opts.journal_bytes_max);
     }
     if opts.dedup.policy != Policy::None {
+        let data_bytes = geo.rows_per_device() * geo.unit_bytes();
         let slots = data_bytes / opts.dedup.block_bytes.max(1) as u64;
         // Snapshot: a 4-byte map entry per slot and a fingerprint (up to
         // 32 bytes) with its slot number; the log is compacted at
@@ -357,6 +358,10 @@ pub struct Status {
     pub ssd_sim: crate::ssd::SsdSimConfig,
     pub devices: Vec<DeviceStatus>,
     pub dirty_regions: usize,
+    /// Bytes of each device's metadata area (format 2); 0 when the
+    /// metadata lives in the array folder (format 1).
+    #[serde(default)]
+    pub metadata_area_bytes: u64,
     /// Regions written while a device was failed (`missed.map`), which
     /// `re-add` reconstructs on it; absent when there is no such map.
     #[serde(default)]
@@ -1441,6 +1446,7 @@ impl Array {
             write_policy: self.write_policy,
             devices,
             dirty_regions: self.intent.dirty_regions(),
+            metadata_area_bytes: self.geo.meta_area_bytes,
             missed_regions: self
                 .intent
                 .missed_regions()

@@ -406,6 +406,15 @@ impl TestArray {
         self.tmp.path().join(name)
     }
 
+    /// The geometry device 0's superblock records.
+    pub fn geometry(&self) -> ecdedup::array::Geometry {
+        let head = read_at(&self.device(0), 0, 8192);
+        let (a, b) = head.split_at(4096);
+        ecdedup::array::superblock::Superblock::newest(a, b)
+            .expect("superblock")
+            .geometry
+    }
+
     pub fn device(&self, i: usize) -> PathBuf {
         self.dir.join(format!("dev{i}"))
     }
@@ -792,8 +801,9 @@ pub fn pseudo_random(seed: u64, len: usize) -> Vec<u8> {
     v
 }
 
-/// Where a volume byte lives on the media of a 6-device RS(4,2) array with
-/// a 32 KiB stripe unit, computed with the library's own layout (the tests
+/// Where a volume byte lives on the media of an array of geometry `g`
+/// ([`TestArray::geometry`]: as its superblocks say, metadata area
+/// included), computed with the library's own layout (the tests
 /// cross-check it against the device files before relying on it).
 pub struct Location {
     pub device: usize,
@@ -802,8 +812,7 @@ pub struct Location {
     pub role: usize,
 }
 
-pub fn locate(volume_bytes: u64, volume_offset: u64) -> Location {
-    let g = ecdedup::array::Geometry::new(6, 4, 2, 32 << 10, volume_bytes).expect("geometry");
+pub fn locate(g: &ecdedup::array::Geometry, volume_offset: u64) -> Location {
     let sd = g.stripe_data_bytes();
     let stripe = volume_offset / sd;
     let within = volume_offset % sd;
@@ -819,8 +828,7 @@ pub fn locate(volume_bytes: u64, volume_offset: u64) -> Location {
 }
 
 /// Device offset of block `b` of the unit with `role` in `stripe`.
-pub fn unit_block(volume_bytes: u64, stripe: u64, role: usize, b: u64) -> (usize, u64) {
-    let g = ecdedup::array::Geometry::new(6, 4, 2, 32 << 10, volume_bytes).expect("geometry");
+pub fn unit_block(g: &ecdedup::array::Geometry, stripe: u64, role: usize, b: u64) -> (usize, u64) {
     let p = g.place(stripe, role);
     (p.device, g.device_offset(p.row, b))
 }
