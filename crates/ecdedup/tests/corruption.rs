@@ -10,7 +10,6 @@ use support::{
     MIB,
 };
 
-const VOLUME: u64 = 256 * MIB;
 const DATA_LEN: usize = 16 * MIB as usize;
 /// Bytes of one stripe's data: 4 units of 32 KiB.
 const STRIPE_DATA: u64 = 128 * 1024;
