@@ -156,6 +156,45 @@ pub fn superblock(data: &[u8]) {
     let _ = Superblock::newest(&slots[0], &slots[1]);
 }
 
+/// A device's metadata area (`media/area.rs`): the bytes are directory
+/// slot 0 (padded to 64 KiB; its magic, version, area size and checksum
+/// repaired in the second parse) and then the length hints. A directory
+/// that opens must list files whose every byte reads back.
+pub fn meta_area(data: &[u8]) {
+    use crate::media::area::{self, AreaFs, AREA_BYTES_MIN, DIR_SLOT_BYTES, HINTS_OFFSET};
+    let slot = DIR_SLOT_BYTES as usize;
+    let hints = padded(data, slot, 4096);
+    let mut repaired = padded(data, 0, slot);
+    repaired[..8].copy_from_slice(&area::MAGIC);
+    repaired[8..12].copy_from_slice(&area::VERSION.to_le_bytes());
+    repaired[24..32].copy_from_slice(&AREA_BYTES_MIN.to_le_bytes());
+    let seq = u64_at(&repaired, 16) & !1;
+    repaired[16..24].copy_from_slice(&seq.to_le_bytes());
+    seal_tail(&mut repaired);
+    for dir in [padded(data, 0, slot), repaired] {
+        let dev = Arc::new(MemDevice::new("fuzz", AREA_BYTES_MIN));
+        dev.with_bytes(|b| {
+            b[..slot].copy_from_slice(&dir);
+            b[HINTS_OFFSET as usize..HINTS_OFFSET as usize + hints.len()].copy_from_slice(&hints);
+        });
+        let Ok(fs) = AreaFs::open_read_only(dev, 0, AREA_BYTES_MIN) else {
+            continue;
+        };
+        let fs = Arc::new(fs);
+        for name in fs.list() {
+            let f = fs.open_file(&name).expect("a listed file opens");
+            let len = f.len().expect("length");
+            assert!(
+                len <= AREA_BYTES_MIN,
+                "{name}: {len} bytes in a smaller area"
+            );
+            let mut b = vec![0u8; len as usize];
+            f.read_at(&mut b, 0)
+                .expect("every byte of a listed file reads");
+        }
+    }
+}
+
 /// The write-intent map (`array/intent.rs`): the first 8 bytes are the
 /// array's stripe count (within the bound a geometry allows), the rest the
 /// file.

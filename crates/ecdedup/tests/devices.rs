@@ -32,7 +32,7 @@ fn files(dir: &Path) -> Vec<PathBuf> {
             let p = dir.join(format!("disk{i}"));
             std::fs::File::create(&p)
                 .unwrap()
-                .set_len(16 << 20)
+                .set_len(128 << 20)
                 .unwrap();
             p
         })

@@ -14,6 +14,7 @@ type Target = (&'static str, fn(&[u8]));
 /// Every fuzz target, by the name of its folders and of its binary.
 const TARGETS: [Target; 9] = [
     ("superblock", fuzzing::superblock),
+    ("meta_area", fuzzing::meta_area),
     ("intent_map", fuzzing::intent_map),
     ("parity_journal", fuzzing::parity_journal),
     ("degraded_log", fuzzing::degraded_log),
@@ -115,6 +116,7 @@ mod seeds {
     pub fn all() -> Vec<(&'static str, Files)> {
         vec![
             ("superblock", superblock()),
+            ("meta_area", meta_area()),
             ("intent_map", intent_map()),
             ("parity_journal", parity_journal()),
             ("degraded_log", degraded_log()),
@@ -130,6 +132,42 @@ mod seeds {
         let storage = PowerLossStorage::new().shared();
         storage.create_dir_all(Path::new("/s")).unwrap();
         storage
+    }
+
+    /// A metadata area with three files, one grown past its committed
+    /// length (so its hint counts): slot 1's directory then the hints.
+    fn meta_area() -> Files {
+        use ecdedup::media::area::{AreaFs, AREA_BYTES_MIN, DIR_SLOT_BYTES};
+        use ecdedup::media::{Device, MemDevice};
+        let mem = MemDevice::new("seed", AREA_BYTES_MIN);
+        let dev: Arc<dyn Device> = Arc::new(mem.clone());
+        let fs = Arc::new(AreaFs::format(dev, 0, AREA_BYTES_MIN).unwrap());
+        for (name, len) in [
+            ("intent.map", 5000usize),
+            ("journal/dev0.jrnl", 70_000),
+            ("dedup/dev0.log", 300),
+        ] {
+            let f = fs.create_file(name, false).unwrap();
+            f.write_at(&vec![0x5a; len], 0).unwrap();
+            f.sync().unwrap();
+        }
+        fs.commit().unwrap();
+        let f = fs.open_file("dedup/dev0.log").unwrap();
+        f.write_at(&[0x33; 1000], 300).unwrap();
+        // The newest directory is in slot 0 or 1: take the valid one with
+        // the even sequence, as the fuzz entry point puts it in slot 0.
+        let bytes = mem.with_bytes(|b| b.clone());
+        let slot = DIR_SLOT_BYTES as usize;
+        let newest = if u64::from_le_bytes(bytes[16..24].try_into().unwrap())
+            > u64::from_le_bytes(bytes[slot + 16..slot + 24].try_into().unwrap())
+        {
+            0
+        } else {
+            slot
+        };
+        let mut seed = bytes[newest..newest + slot].to_vec();
+        seed.extend_from_slice(&bytes[2 * slot..2 * slot + 4096]);
+        vec![("area.bin", seed)]
     }
 
     fn superblock() -> Files {

@@ -217,7 +217,7 @@ impl Drop for Loop {
 fn trims_on_block_devices_unmap_through_write_zeroes_instead_of_writing_zeroes() {
     let tmp = tempfile::tempdir().unwrap();
     let loops: Vec<Loop> = (0..6)
-        .map(|i| Loop::attach(&tmp.path().join(format!("backing{i}")), 16 << 20))
+        .map(|i| Loop::attach(&tmp.path().join(format!("backing{i}")), 128 << 20))
         .collect();
     let dir = tmp.path().join("array");
     let opts = options(

@@ -250,10 +250,18 @@ impl std::str::FromStr for MetadataPlacement {
     }
 }
 
-/// Bytes the degraded-write log may take in each metadata area: it holds
-/// the values written to missing units between two flushes (beyond, a
-/// degraded write is refused with ENOSPC until the next flush).
-pub const DEGRADED_LOG_AREA_BYTES: u64 = 64 << 20;
+/// Most bytes the degraded-write log may take in each metadata area: it
+/// holds the values written to missing units between two flushes (beyond,
+/// a degraded write is refused with ENOSPC until the next flush).
+pub const DEGRADED_LOG_AREA_BYTES_MAX: u64 = 64 << 20;
+
+/// The degraded-write log's room in each area: twice the device's data
+/// (a rewrite between flushes logs again), from 4 MiB to
+/// [`DEGRADED_LOG_AREA_BYTES_MAX`].
+pub fn degraded_log_area_bytes(geo: &Geometry) -> u64 {
+    let data_bytes = geo.rows_per_device() * geo.unit_bytes();
+    (2 * data_bytes).clamp(4 << 20, DEGRADED_LOG_AREA_BYTES_MAX)
+}
 
 /// The geometry `create` gives these options: with a metadata area on
 /// each device sized for everything the options let it hold.
@@ -277,7 +285,7 @@ pub fn meta_area_bytes_for(opts: &CreateOptions, geo: &Geometry) -> u64 {
     let mut b = 2 * map // intent.map
         + 2 * map // missed.map
         + 2 * file(256 << 10) // array.json
-        + file(DEGRADED_LOG_AREA_BYTES);
+        + file(degraded_log_area_bytes(geo));
     if opts.write_policy.journals() {
         b += 2 * file(opts.journal_bytes_max);
     }
