@@ -48,6 +48,7 @@ pub use scrub::ScrubReport;
 use crate::codec::Codec;
 use crate::error::{Error, Result};
 use crate::fingerprint::{Algorithm, CpuBackend, Fingerprint};
+use crate::media::storage::FileLock;
 use cache::FingerprintCache;
 use map::{BatchMap, BlockAddress};
 use serde::{Deserialize, Serialize};
@@ -263,7 +264,7 @@ pub struct ArchiveStore {
     missing_devices: Vec<usize>,
     /// Set by a failed mutating call (see the module invariants).
     latched: Option<String>,
-    _lock: std::fs::File,
+    _lock: FileLock,
 }
 
 fn staging_name(id: u32) -> String {
@@ -288,23 +289,16 @@ struct DeviceMarker {
     position: usize,
 }
 
-fn lock(dir: &Path) -> Result<std::fs::File> {
-    use std::os::unix::io::AsRawFd;
+fn lock(dir: &Path) -> Result<FileLock> {
     let path = dir.join(LOCK_FILE);
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(|e| Error::io(format!("open {}", path.display()), e))?;
-    // SAFETY: flock on a descriptor we own.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        return Err(Error::Busy(format!(
+    match FileLock::try_exclusive(&path) {
+        Ok(Some(lock)) => Ok(lock),
+        Ok(None) => Err(Error::Busy(format!(
             "archive {} is open in another process",
             dir.display()
-        )));
+        ))),
+        Err(e) => Err(Error::io(format!("locking {}", path.display()), e)),
     }
-    Ok(file)
 }
 
 impl ArchiveStore {

@@ -496,13 +496,38 @@ impl Storage for OsStorage {
     }
 
     fn try_lock(&self, path: &Path) -> io::Result<Option<StorageLock>> {
-        let f = OpenOptions::new()
+        Ok(FileLock::try_exclusive(path)?.map(|l| Box::new(l) as StorageLock))
+    }
+}
+
+/// An exclusive `flock` on a file, released when dropped.
+///
+/// The lock belongs to the open file description, which every duplicate
+/// of the descriptor shares, and a child process gets a duplicate of every
+/// descriptor when it is forked: close-on-exec closes it only once the
+/// child execs (or exits, when its `exec` fails). Closing our descriptor
+/// would leave the lock held for as long as such a child is between its
+/// fork and its exec, so that a folder this process has just closed would
+/// read as in use by another process when it reopens it. Dropping unlocks
+/// explicitly instead (`LOCK_UN` releases the lock for every duplicate),
+/// then closes. A process that forks while it holds the lock and lets the
+/// child keep going (a server going into the background) is unaffected:
+/// the lock lasts until it is dropped, or until every duplicate is closed.
+pub struct FileLock {
+    file: File,
+}
+
+impl FileLock {
+    /// Takes an exclusive lock on `path` (created if missing), or None
+    /// when another open file description holds it.
+    pub fn try_exclusive(path: &Path) -> io::Result<Option<FileLock>> {
+        let file = OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
             .open(path)?;
         // SAFETY: flock on a valid descriptor.
-        let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
         if rc != 0 {
             let e = io::Error::last_os_error();
             if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
@@ -510,7 +535,15 @@ impl Storage for OsStorage {
             }
             return Err(e);
         }
-        Ok(Some(Box::new(f)))
+        Ok(Some(FileLock { file }))
+    }
+}
+
+impl Drop for FileLock {
+    fn drop(&mut self) {
+        // SAFETY: flock on the descriptor this struct owns. Failing, it
+        // leaves the lock to the close that follows, as before.
+        unsafe { libc::flock(self.file.as_raw_fd(), libc::LOCK_UN) };
     }
 }
 
@@ -568,5 +601,28 @@ mod tests {
         head[512..520].copy_from_slice(b"LABELONE");
         assert_eq!(foreign_signature(&head), Some("an LVM physical volume"));
         assert_eq!(foreign_signature(&[]), None, "a short head is no signature");
+    }
+
+    /// A duplicate of the lock's descriptor (what a child process holds
+    /// between its fork and its exec) must not keep the lock once the
+    /// holder drops it.
+    #[test]
+    fn a_dropped_lock_is_free_although_a_duplicate_of_its_descriptor_is_open() {
+        use std::os::unix::io::{FromRawFd, OwnedFd};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lock");
+        let lock = OsStorage.try_lock(&path).unwrap().expect("free");
+        assert!(OsStorage.try_lock(&path).unwrap().is_none(), "held");
+        let file = &lock.downcast_ref::<FileLock>().expect("a FileLock").file;
+        // SAFETY: dup of a valid descriptor; the new one is owned below.
+        let fd = unsafe { libc::dup(file.as_raw_fd()) };
+        assert!(fd >= 0, "{}", io::Error::last_os_error());
+        // SAFETY: `fd` is open and owned by nothing else.
+        let duplicate = unsafe { OwnedFd::from_raw_fd(fd) };
+        drop(lock);
+        let again = OsStorage.try_lock(&path).unwrap();
+        assert!(again.is_some(), "the duplicate kept the folder locked");
+        assert!(OsStorage.try_lock(&path).unwrap().is_none(), "held again");
+        drop(duplicate);
     }
 }

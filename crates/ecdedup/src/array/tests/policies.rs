@@ -94,15 +94,6 @@ impl Rig {
             .join(JOURNAL_DIR)
             .join(format!("dev{d}.jrnl"))
     }
-
-    /// Sets the quiet time before a flush marks regions clean (array.json).
-    fn set_intent_clear_quiet_ms(&mut self, ms: u64) {
-        self.array = None;
-        let mut cfg = ConfigFile::load(self.dir.path()).unwrap();
-        cfg.intent_clear_quiet_ms = ms;
-        cfg.store(self.dir.path()).unwrap();
-        self.open();
-    }
 }
 
 #[test]
