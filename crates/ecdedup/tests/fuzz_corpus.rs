@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 type Target = (&'static str, fn(&[u8]));
 
 /// Every fuzz target, by the name of its folders and of its binary.
-const TARGETS: [Target; 9] = [
+const TARGETS: [Target; 10] = [
     ("superblock", fuzzing::superblock),
     ("meta_area", fuzzing::meta_area),
     ("intent_map", fuzzing::intent_map),
