@@ -226,7 +226,12 @@ fn create(storage: &Arc<dyn Storage>, cfg: Config, metadata: MetadataPlacement) 
             ..DedupConfig::default()
         },
         write_policy: cfg.policy,
-        journal_bytes_max: 4 << 20,
+        // The metadata area holds two journals: a smaller bound keeps the
+        // simulated device files (copied at every cut) small.
+        journal_bytes_max: match metadata {
+            MetadataPlacement::Devices => 2 << 20,
+            MetadataPlacement::Folder => 4 << 20,
+        },
         io: ecdedup::media::IoMode::Buffered,
         sparse: true,
         force: false,

@@ -256,11 +256,11 @@ impl std::str::FromStr for MetadataPlacement {
 pub const DEGRADED_LOG_AREA_BYTES_MAX: u64 = 64 << 20;
 
 /// The degraded-write log's room in each area: twice the device's data
-/// (a rewrite between flushes logs again), from 4 MiB to
+/// (a rewrite between flushes logs again), from 1 MiB to
 /// [`DEGRADED_LOG_AREA_BYTES_MAX`].
 pub fn degraded_log_area_bytes(geo: &Geometry) -> u64 {
     let data_bytes = geo.rows_per_device() * geo.unit_bytes();
-    (2 * data_bytes).clamp(4 << 20, DEGRADED_LOG_AREA_BYTES_MAX)
+    (2 * data_bytes).clamp(1 << 20, DEGRADED_LOG_AREA_BYTES_MAX)
 }
 
 /// The geometry `create` gives these options: with a metadata area on
@@ -276,7 +276,7 @@ pub fn geometry_for(opts: &CreateOptions) -> Result<Geometry> {
 
 /// Bytes of each device's metadata area for these options: room for
 /// every file twice where it is replaced by a new copy (`NAME.tmp`), and
-/// half as much again for extents that do not fit end to end.
+/// a quarter as much again for extents that do not fit end to end.
 pub fn meta_area_bytes_for(opts: &CreateOptions, geo: &Geometry) -> u64 {
     use crate::media::area::{EXTENTS_OFFSET, UNIT_BYTES};
     let file = |b: u64| b.div_ceil(UNIT_BYTES) * UNIT_BYTES;
@@ -298,7 +298,7 @@ pub fn meta_area_bytes_for(opts: &CreateOptions, geo: &Geometry) -> u64 {
         b += 2 * file(64 + slots * (4 + 4 + 32))
             + file(crate::dedup::LOG_COMPACT_BYTES + (16 << 20));
     }
-    EXTENTS_OFFSET + b + b / 2
+    EXTENTS_OFFSET + b + b / 4
 }
 
 /// Bytes of a device's head read for foreign signatures (btrfs's sits at

@@ -44,7 +44,16 @@ use std::sync::{Arc, Mutex};
 /// One write or length change not yet synced.
 #[derive(Clone, Debug)]
 enum Pending {
-    Write { offset: u64, bytes: Vec<u8> },
+    Write {
+        offset: u64,
+        bytes: Vec<u8>,
+    },
+    /// Zeroes over a range (a punched hole), kept compact: device files
+    /// are large and are punched whole.
+    Zero {
+        offset: u64,
+        len: u64,
+    },
     SetLen(u64),
 }
 
@@ -133,6 +142,13 @@ fn apply(buf: &mut Vec<u8>, op: &Pending) {
                 buf.resize(end, 0);
             }
             buf[*offset as usize..end].copy_from_slice(bytes);
+        }
+        Pending::Zero { offset, len } => {
+            let end = (*offset + *len) as usize;
+            if buf.len() < end {
+                buf.resize(end, 0);
+            }
+            buf[*offset as usize..end].fill(0);
         }
         Pending::SetLen(len) => buf.resize(*len as usize, 0),
     }
@@ -317,6 +333,21 @@ impl PowerLossStorage {
                                 at = end;
                             }
                         }
+                        Pending::Zero { offset, len } => {
+                            report.torn += 1;
+                            let mut at = offset;
+                            while at < offset + len {
+                                let end =
+                                    ((at / sector_bytes + 1) * sector_bytes).min(offset + len);
+                                if rng.gen_bool(0.5) {
+                                    kept.push(Pending::Zero {
+                                        offset: at,
+                                        len: end - at,
+                                    });
+                                }
+                                at = end;
+                            }
+                        }
                         other => {
                             report.kept += 1;
                             kept.push(other);
@@ -331,7 +362,12 @@ impl PowerLossStorage {
             for op in &kept {
                 apply(&mut d.durable, op);
             }
-            d.volatile = d.durable.clone();
+            // In place: a device file's image is large, and a fresh copy
+            // per cut costs page faults for all of it.
+            let InodeData {
+                volatile, durable, ..
+            } = &mut *d;
+            volatile.clone_from(durable);
         }
         // Files that lost their name are gone with their content.
         st.durable_names = st.names.clone();
@@ -445,6 +481,7 @@ impl SimFile {
             Pending::Write { offset, bytes } => {
                 self.allocate(&st, &mut d, *offset, bytes.len() as u64)?
             }
+            Pending::Zero { .. } => {}
             Pending::SetLen(len) => self.free(&mut d, len.next_multiple_of(PAGE_BYTES), u64::MAX),
         }
         apply(&mut d.volatile, &op);
@@ -525,9 +562,9 @@ impl StorageFile for SimFile {
         }
         // Zeroes, as an unsynced write (a punch not yet durable can be
         // lost too), without allocating; whole pages are freed.
-        let op = Pending::Write {
+        let op = Pending::Zero {
             offset,
-            bytes: vec![0u8; (end - offset) as usize],
+            len: end - offset,
         };
         apply(&mut d.volatile, &op);
         d.pending.push(op);
