@@ -17,6 +17,9 @@ const DEVICES: usize = 6;
 
 fn create(extra: &[&str]) -> TestArray {
     let mut args = support::create_args("32M");
+    // The simulated SSD spans the whole device: a metadata area would add
+    // flash that the test's writes never fill, and GC would never run.
+    args.extend(["--metadata", "folder"].iter().map(|s| s.to_string()));
     args.extend(extra.iter().map(|s| s.to_string()));
     TestArray::create_with(&args.iter().map(String::as_str).collect::<Vec<_>>())
 }

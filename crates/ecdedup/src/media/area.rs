@@ -172,7 +172,7 @@ impl AreaFs {
                 let capacity = n.capacity();
                 if n.len < capacity {
                     for (at, count) in fs.runs(&n, n.len, capacity - n.len) {
-                        fs.dev.discard(at, count as u64)?;
+                        fs.zero(at, count as u64)?;
                     }
                     zeroed = true;
                 }
@@ -482,11 +482,33 @@ impl AreaFs {
     fn truncate_node(&self, n: &mut Node, len: u64) -> io::Result<()> {
         if len < n.len {
             for (at, count) in self.runs(n, len, n.len - len) {
-                self.dev.discard(at, count as u64)?;
+                self.zero(at, count as u64)?;
             }
             self.dev.sync()?;
             n.len = len;
             n.durable_len = n.durable_len.min(len);
+        }
+        Ok(())
+    }
+
+    /// Zeroes `[at, at + len)` of the device: the 4 KiB-aligned middle by
+    /// discard (block devices refuse unaligned ranges), the edges by
+    /// writing zeroes.
+    fn zero(&self, at: u64, len: u64) -> io::Result<()> {
+        const ALIGN: u64 = 4096;
+        let end = at + len;
+        let body_start = at.next_multiple_of(ALIGN).min(end);
+        let body_end = (end / ALIGN * ALIGN).max(body_start);
+        if body_start > at {
+            self.dev
+                .write_at(&vec![0u8; (body_start - at) as usize], at)?;
+        }
+        if body_end > body_start {
+            self.dev.discard(body_start, body_end - body_start)?;
+        }
+        if end > body_end {
+            self.dev
+                .write_at(&vec![0u8; (end - body_end) as usize], body_end)?;
         }
         Ok(())
     }
