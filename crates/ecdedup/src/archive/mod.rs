@@ -32,7 +32,9 @@
 //!   block refers to it, so a source keeps its protection.
 //! - After an error in a mutating call the store is latched: every later
 //!   call fails until it is opened again (which reconciles the disk).
-//! - All file I/O goes through disk.rs.
+//! - All file I/O goes through disk.rs, over the `Arc<dyn Storage>` the
+//!   archive was opened on (the real file system, or the power-loss
+//!   simulator in tests).
 
 mod cache;
 mod container;
@@ -48,12 +50,16 @@ pub use scrub::ScrubReport;
 use crate::codec::Codec;
 use crate::error::{Error, Result};
 use crate::fingerprint::{Algorithm, CpuBackend, Fingerprint};
+use crate::media::storage::StorageLock;
+use crate::media::{OsStorage, Storage};
 use cache::FingerprintCache;
+use disk::Disk;
 use map::{BatchMap, BlockAddress};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 const CONFIG_FILE: &str = "archive.json";
 const CATALOG_FILE: &str = "catalog.json";
@@ -250,6 +256,8 @@ enum Location<'a> {
 
 pub struct ArchiveStore {
     dir: PathBuf,
+    /// Every file operation goes through here.
+    disk: Disk,
     config: ArchiveConfig,
     codec: Codec,
     backend: CpuBackend,
@@ -263,7 +271,7 @@ pub struct ArchiveStore {
     missing_devices: Vec<usize>,
     /// Set by a failed mutating call (see the module invariants).
     latched: Option<String>,
-    _lock: std::fs::File,
+    _lock: StorageLock,
 }
 
 fn staging_name(id: u32) -> String {
@@ -288,28 +296,35 @@ struct DeviceMarker {
     position: usize,
 }
 
-fn lock(dir: &Path) -> Result<std::fs::File> {
-    use std::os::unix::io::AsRawFd;
-    let path = dir.join(LOCK_FILE);
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(|e| Error::io(format!("open {}", path.display()), e))?;
-    // SAFETY: flock on a descriptor we own.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        return Err(Error::Busy(format!(
+fn lock(disk: &Disk, dir: &Path) -> Result<StorageLock> {
+    disk.try_lock(&dir.join(LOCK_FILE))?.ok_or_else(|| {
+        Error::Busy(format!(
             "archive {} is open in another process",
             dir.display()
-        )));
-    }
-    Ok(file)
+        ))
+    })
 }
 
 impl ArchiveStore {
-    /// Creates an archive in `dir` (which must not hold one) and opens it.
+    /// Creates an archive in `dir` (which must not hold one) on the real
+    /// file system and opens it.
     pub fn create(dir: &Path, options: &CreateOptions) -> Result<ArchiveStore> {
+        ArchiveStore::create_in(OsStorage::shared(), dir, options)
+    }
+
+    /// Opens the archive in `dir` on the real file system.
+    pub fn open(dir: &Path) -> Result<ArchiveStore> {
+        ArchiveStore::open_in(OsStorage::shared(), dir)
+    }
+
+    /// Creates an archive in `dir` of `storage` (which must not hold one)
+    /// and opens it.
+    pub fn create_in(
+        storage: Arc<dyn Storage>,
+        dir: &Path,
+        options: &CreateOptions,
+    ) -> Result<ArchiveStore> {
+        let disk = Disk::new(storage);
         let devices: Vec<PathBuf> = if options.devices.is_empty() {
             (0..options.device_count)
                 .map(|i| PathBuf::from(format!("dev{i}")))
@@ -331,17 +346,17 @@ impl ArchiveStore {
             verify: options.verify.unwrap_or(!options.fingerprint.strong()),
         };
         config.validate()?;
-        if dir.join(CONFIG_FILE).exists() {
+        if disk.exists(&dir.join(CONFIG_FILE)) {
             return Err(Error::Config(format!(
                 "{} already holds an archive",
                 dir.display()
             )));
         }
-        disk::create_dir(dir)?;
-        let _lock = lock(dir)?;
+        disk.create_dir(dir)?;
+        let _lock = lock(&disk, dir)?;
         for (position, device) in config.devices.iter().enumerate() {
             let path = dir.join(device);
-            if let Some(files) = disk::list_files(&path)? {
+            if let Some(files) = disk.list_files(&path)? {
                 if !files.is_empty() {
                     return Err(Error::Device {
                         path,
@@ -349,36 +364,38 @@ impl ArchiveStore {
                     });
                 }
             }
-            write_marker(&path, &config.uuid, position)?;
+            write_marker(&disk, &path, &config.uuid, position)?;
         }
-        disk::create_dir(&dir.join(MAPS_DIR))?;
-        disk::create_dir(&dir.join(STAGING_DIR))?;
+        disk.create_dir(&dir.join(MAPS_DIR))?;
+        disk.create_dir(&dir.join(STAGING_DIR))?;
         let catalog = Catalog {
             next_container: 1,
             ..Default::default()
         };
-        write_json(&dir.join(CATALOG_FILE), &catalog)?;
+        write_json(&disk, &dir.join(CATALOG_FILE), &catalog)?;
         // The config last: a crash before it leaves no archive.
-        write_json(&dir.join(CONFIG_FILE), &config)?;
+        write_json(&disk, &dir.join(CONFIG_FILE), &config)?;
         drop(_lock);
-        ArchiveStore::open(dir)
+        ArchiveStore::open_in(Arc::clone(disk.storage()), dir)
     }
 
-    /// Opens the archive in `dir`, reconciling what a crash left behind.
-    pub fn open(dir: &Path) -> Result<ArchiveStore> {
+    /// Opens the archive in `dir` of `storage`, reconciling what a crash
+    /// left behind.
+    pub fn open_in(storage: Arc<dyn Storage>, dir: &Path) -> Result<ArchiveStore> {
+        let disk = Disk::new(storage);
         let config_path = dir.join(CONFIG_FILE);
-        let config: ArchiveConfig = read_json(&config_path)?
+        let config: ArchiveConfig = read_json(&disk, &config_path)?
             .ok_or_else(|| Error::Config(format!("no archive in {}", dir.display())))?;
         config.validate()?;
-        let _lock = lock(dir)?;
+        let _lock = lock(&disk, dir)?;
         let mut missing_devices = Vec::new();
         for (position, device) in config.devices.iter().enumerate() {
             let path = dir.join(device);
-            if !disk::is_dir(&path) {
+            if !disk.is_dir(&path) {
                 missing_devices.push(position);
                 continue;
             }
-            let marker: Option<DeviceMarker> = read_json(&path.join(DEVICE_MARKER))?;
+            let marker: Option<DeviceMarker> = read_json(&disk, &path.join(DEVICE_MARKER))?;
             match marker {
                 Some(m) if m.archive == config.uuid && m.position == position => {}
                 _ => {
@@ -394,15 +411,17 @@ impl ArchiveStore {
         }
         let codec = Codec::new(config.k, config.m).map_err(|e| Error::Config(e.to_string()))?;
         let backend = CpuBackend::new(None).map_err(|e| Error::Other(e.to_string()))?;
-        let mut catalog: Catalog = read_json(&dir.join(CATALOG_FILE))?
+        let mut catalog: Catalog = read_json(&disk, &dir.join(CATALOG_FILE))?
             .ok_or_else(|| Error::Corrupt(format!("{}: catalog missing", dir.display())))?;
         let mut batches = BTreeMap::new();
         let mut container_batch = HashMap::new();
-        for name in disk::list_files(&dir.join(MAPS_DIR))?.unwrap_or_default() {
+        for name in disk.list_files(&dir.join(MAPS_DIR))?.unwrap_or_default() {
             if !name.ends_with(".map") || name.starts_with('.') {
                 continue;
             }
-            let bytes = disk::read_all(&dir.join(MAPS_DIR).join(&name))?.unwrap_or_default();
+            let bytes = disk
+                .read_all(&dir.join(MAPS_DIR).join(&name))?
+                .unwrap_or_default();
             let map = BatchMap::decode(&bytes, &name)?;
             if map.k as usize != config.k
                 || map.m as usize != config.m
@@ -436,7 +455,7 @@ impl ArchiveStore {
             catalog.open_bytes = 0;
         }
         let staging = dir.join(STAGING_DIR);
-        for name in disk::list_files(&staging)?.unwrap_or_default() {
+        for name in disk.list_files(&staging)?.unwrap_or_default() {
             let path = staging.join(&name);
             let id = name
                 .strip_prefix('c')
@@ -444,17 +463,18 @@ impl ArchiveStore {
                 .and_then(|n| u32::from_str_radix(n, 16).ok());
             match id {
                 Some(id) if id == catalog.open_container => {
-                    disk::truncate(&path, catalog.open_bytes)?
+                    disk.truncate(&path, catalog.open_bytes)?
                 }
                 Some(id) if catalog.pending.contains(&id) => {}
-                _ => disk::remove(&path)?,
+                _ => disk.remove(&path)?,
             }
         }
         let mut cache = FingerprintCache::new(config.cache_bytes);
-        load_cache(&dir.join(CACHE_FILE), config.fingerprint, &mut cache)?;
+        load_cache(&disk, &dir.join(CACHE_FILE), config.fingerprint, &mut cache)?;
         cache.retain_containers(|c| container_batch.contains_key(&c));
         Ok(ArchiveStore {
             dir: dir.to_path_buf(),
+            disk,
             config,
             codec,
             backend,
@@ -505,7 +525,7 @@ impl ArchiveStore {
     }
 
     fn save_catalog(&self) -> Result<()> {
-        write_json(&self.dir.join(CATALOG_FILE), &self.catalog)
+        write_json(&self.disk, &self.dir.join(CATALOG_FILE), &self.catalog)
     }
 
     fn save_cache(&self) -> Result<()> {
@@ -519,7 +539,7 @@ impl ArchiveStore {
         }
         let crc = crc32c::crc32c(&out);
         out.extend_from_slice(&crc.to_le_bytes());
-        disk::write_durable(&self.dir.join(CACHE_FILE), &out)
+        self.disk.write_durable(&self.dir.join(CACHE_FILE), &out)
     }
 
     /// Stores `source`'s bytes as object `name`; the object exists once this
@@ -557,7 +577,8 @@ impl ArchiveStore {
             }
             let id = self.catalog.open_container;
             let offset = self.catalog.open_bytes;
-            disk::write_at(&self.staging_path(id), offset, &buffer[..got])?;
+            self.disk
+                .write_at(&self.staging_path(id), offset, &buffer[..got])?;
             match record.extents.last_mut() {
                 Some(e) if e.container == id && e.offset + e.length == offset => {
                     e.length += got as u64
@@ -572,7 +593,8 @@ impl ArchiveStore {
             self.catalog.open_bytes += got as u64;
         }
         if self.catalog.open_bytes > 0 {
-            disk::sync_file(&self.staging_path(self.catalog.open_container))?;
+            self.disk
+                .sync_file(&self.staging_path(self.catalog.open_container))?;
         }
         self.catalog
             .objects
@@ -585,7 +607,7 @@ impl ArchiveStore {
     /// it is complete.
     fn close_open_container(&mut self) -> Result<()> {
         let id = self.catalog.open_container;
-        disk::sync_file(&self.staging_path(id))?;
+        self.disk.sync_file(&self.staging_path(id))?;
         self.catalog.pending.push(id);
         self.catalog.open_container = self.catalog.next_container;
         self.catalog.next_container += 1;
@@ -609,7 +631,7 @@ impl ArchiveStore {
         self.latching(|store| {
             if store.catalog.open_bytes > 0 {
                 let id = store.catalog.open_container;
-                disk::sync_file(&store.staging_path(id))?;
+                store.disk.sync_file(&store.staging_path(id))?;
                 store.catalog.pending.push(id);
                 store.catalog.open_container = store.catalog.next_container;
                 store.catalog.next_container += 1;
@@ -682,7 +704,7 @@ impl ArchiveStore {
         match self.location(container) {
             Location::Staging => {
                 let path = self.staging_path(container);
-                if !disk::read_at(&path, offset, buf)? {
+                if !self.disk.read_at(&path, offset, buf)? {
                     return Err(Error::Corrupt(format!(
                         "staging file {} is shorter than the catalog says",
                         path.display()
@@ -804,15 +826,16 @@ impl ArchiveStore {
         let mut reclaimed = 0;
         for b in dead {
             let map = self.batches.remove(&b).expect("listed");
-            disk::remove(&self.dir.join(MAPS_DIR).join(map_name(b)))?;
-            disk::sync_dir(&self.dir.join(MAPS_DIR))?;
+            self.disk
+                .remove(&self.dir.join(MAPS_DIR).join(map_name(b)))?;
+            self.disk.sync_dir(&self.dir.join(MAPS_DIR))?;
             for c in &map.containers {
                 self.container_batch.remove(&c.id);
                 reclaimed += 1;
             }
             for path in self.batch_files(&map) {
-                if path.parent().is_some_and(disk::is_dir) {
-                    disk::remove(&path)?;
+                if path.parent().is_some_and(|d| self.disk.is_dir(d)) {
+                    self.disk.remove(&path)?;
                 }
             }
         }
@@ -890,9 +913,10 @@ impl ArchiveStore {
     }
 }
 
-fn write_marker(path: &Path, uuid: &str, position: usize) -> Result<()> {
-    disk::create_dir(path)?;
+fn write_marker(disk: &Disk, path: &Path, uuid: &str, position: usize) -> Result<()> {
+    disk.create_dir(path)?;
     write_json(
+        disk,
         &path.join(DEVICE_MARKER),
         &DeviceMarker {
             archive: uuid.to_string(),
@@ -901,13 +925,13 @@ fn write_marker(path: &Path, uuid: &str, position: usize) -> Result<()> {
     )
 }
 
-fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+fn write_json<T: Serialize>(disk: &Disk, path: &Path, value: &T) -> Result<()> {
     let bytes = serde_json::to_vec_pretty(value).expect("serializable");
-    disk::write_durable(path, &bytes)
+    disk.write_durable(path, &bytes)
 }
 
-fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Option<T>> {
-    match disk::read_all(path)? {
+fn read_json<T: for<'de> Deserialize<'de>>(disk: &Disk, path: &Path) -> Result<Option<T>> {
+    match disk.read_all(path)? {
         None => Ok(None),
         Some(bytes) => serde_json::from_slice(&bytes)
             .map(Some)
@@ -931,8 +955,13 @@ fn read_full(source: &mut dyn Read, buf: &mut [u8]) -> Result<usize> {
 
 /// Loads a saved cache; a missing or corrupt file is an empty cache (it is
 /// only a cache).
-fn load_cache(path: &Path, algorithm: Algorithm, cache: &mut FingerprintCache) -> Result<()> {
-    let Some(bytes) = disk::read_all(path)? else {
+fn load_cache(
+    disk: &Disk,
+    path: &Path,
+    algorithm: Algorithm,
+    cache: &mut FingerprintCache,
+) -> Result<()> {
+    let Some(bytes) = disk.read_all(path)? else {
         return Ok(());
     };
     if bytes.len() < 4 {

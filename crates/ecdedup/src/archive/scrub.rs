@@ -10,7 +10,7 @@
 //! scrub leaves each file old or new.
 
 use super::map::{BatchMap, BlockAddress};
-use super::{disk, parity_name, sub_file_name, write_marker, ArchiveStore, DEVICE_MARKER};
+use super::{parity_name, sub_file_name, write_marker, ArchiveStore, DEVICE_MARKER};
 use crate::error::Result;
 use serde::Serialize;
 use std::collections::BTreeSet;
@@ -45,7 +45,7 @@ impl ArchiveStore {
         if repair {
             for position in std::mem::take(&mut self.missing_devices) {
                 let uuid = self.config.uuid.clone();
-                write_marker(&self.device_dir(position), &uuid, position)?;
+                write_marker(&self.disk, &self.device_dir(position), &uuid, position)?;
                 report.devices_recreated += 1;
             }
             report.unreferenced_containers = self.collect_garbage()?;
@@ -107,18 +107,18 @@ impl ArchiveStore {
             }
             if repair && report.unrecoverable_blocks == 0 {
                 for (path, bytes) in rewrites {
-                    disk::write_durable(&path, &bytes)?;
+                    self.disk.write_durable(&path, &bytes)?;
                     report.files_rewritten += 1;
                 }
             }
         }
         // Files no map names, and maps a crash left half written.
         let maps_dir = self.dir.join(super::MAPS_DIR);
-        for name in disk::list_files(&maps_dir)?.unwrap_or_default() {
+        for name in self.disk.list_files(&maps_dir)?.unwrap_or_default() {
             if name.starts_with('.') {
                 report.orphan_files += 1;
                 if repair {
-                    disk::remove(&maps_dir.join(name))?;
+                    self.disk.remove(&maps_dir.join(name))?;
                 }
             }
         }
@@ -128,18 +128,18 @@ impl ArchiveStore {
         }
         for position in 0..self.config.devices.len() {
             let dir = self.device_dir(position);
-            for name in disk::list_files(&dir)?.unwrap_or_default() {
+            for name in self.disk.list_files(&dir)?.unwrap_or_default() {
                 let path = dir.join(&name);
                 if name == DEVICE_MARKER || expected.contains(&path) {
                     continue;
                 }
                 report.orphan_files += 1;
                 if repair {
-                    disk::remove(&path)?;
+                    self.disk.remove(&path)?;
                 }
             }
             if repair {
-                disk::sync_dir(&dir).ok();
+                self.disk.sync_dir(&dir).ok();
             }
         }
         Ok(report)
@@ -165,7 +165,7 @@ impl ArchiveStore {
             .collect();
         let stored: Vec<Option<Vec<u8>>> = paths
             .iter()
-            .map(|p| disk::read_all(p))
+            .map(|p| self.disk.read_all(p))
             .collect::<Result<_>>()?;
         let mut fresh = vec![vec![0u8; encoded * block]; m];
         let mut bad = 0u64;

@@ -636,6 +636,25 @@ impl Storage for PowerLossStorage {
             epoch: st.epoch,
         })))
     }
+
+    fn list_files(&self, path: &Path) -> io::Result<Vec<String>> {
+        let st = self.shared.state.lock().unwrap();
+        if !st.dirs.contains(path) {
+            return Err(io::Error::from(io::ErrorKind::NotFound));
+        }
+        // `names` is ordered by path, so the names of one folder come sorted.
+        Ok(st
+            .names
+            .keys()
+            .filter(|p| parent_of(p) == path)
+            .filter_map(|p| p.file_name())
+            .map(|n| n.to_string_lossy().into_owned())
+            .collect())
+    }
+
+    fn is_dir(&self, path: &Path) -> bool {
+        self.shared.state.lock().unwrap().dirs.contains(path)
+    }
 }
 
 struct SimLock {
@@ -722,6 +741,32 @@ mod tests {
             vanished |= !s.exists(Path::new("/a/new"));
         }
         assert!(vanished);
+    }
+
+    #[test]
+    fn a_listing_shows_the_names_of_now_and_a_cut_may_revert_the_unsynced_ones() {
+        let s = storage();
+        s.create_dir_all(Path::new("/a/sub")).unwrap();
+        s.create(Path::new("/a/b"), true).unwrap();
+        s.sync_dir(Path::new("/a")).unwrap();
+        s.create(Path::new("/a/sub/x"), true).unwrap();
+        s.create(Path::new("/a/a"), true).unwrap();
+        assert_eq!(s.list_files(Path::new("/a")).unwrap(), vec!["a", "b"]);
+        assert!(s.is_dir(Path::new("/a/sub")) && !s.is_dir(Path::new("/a/b")));
+        let e = s.list_files(Path::new("/none")).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+        let mut reverted = false;
+        for seed in 0..32 {
+            let s = storage();
+            s.create(Path::new("/a/b"), true).unwrap();
+            s.sync_dir(Path::new("/a")).unwrap();
+            s.create(Path::new("/a/a"), true).unwrap();
+            s.crash(seed);
+            let names = s.list_files(Path::new("/a")).unwrap();
+            assert!(names == ["a", "b"] || names == ["b"], "{names:?}");
+            reverted |= names == ["b"];
+        }
+        assert!(reverted);
     }
 
     #[test]
