@@ -6,11 +6,12 @@
 
 use ecdedup::archive::map::BatchMap;
 use ecdedup::archive::{ArchiveStore, CreateOptions};
-use ecdedup::fingerprint::Algorithm;
 use ecdedup::Error;
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
 use std::path::Path;
+
+mod support;
 
 const BLOCK_BYTES: usize = 512;
 const K: usize = 3;
@@ -20,18 +21,7 @@ const DEVICES: usize = 6;
 const CONTAINER_BYTES: u64 = (K * BLOCK_BYTES * 8) as u64;
 
 fn options(exchange: u32) -> CreateOptions {
-    CreateOptions {
-        k: K,
-        m: M,
-        devices: Vec::new(),
-        device_count: DEVICES,
-        container_bytes: CONTAINER_BYTES,
-        block_bytes: BLOCK_BYTES as u32,
-        fingerprint: Algorithm::Md5,
-        cache_bytes: 1 << 20,
-        exchange,
-        verify: None,
-    }
+    support::archive::options(K, M, BLOCK_BYTES, DEVICES, CONTAINER_BYTES, exchange)
 }
 
 /// An object of whole blocks, each drawn from a small shared pool (a

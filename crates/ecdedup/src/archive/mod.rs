@@ -438,6 +438,11 @@ impl ArchiveStore {
         }
         // Reconcile: containers sealed by a put or seal whose catalog
         // write never happened.
+        let committed = (
+            catalog.pending.clone(),
+            catalog.open_container,
+            catalog.next_container,
+        );
         catalog
             .pending
             .retain(|id| !container_batch.contains_key(id));
@@ -453,6 +458,19 @@ impl ArchiveStore {
             catalog.open_container = catalog.next_container;
             catalog.next_container += 1;
             catalog.open_bytes = 0;
+        }
+        // Committed before anything else: a batch that justified the
+        // reconciliation may be reclaimed (it holds no live object), after
+        // which the old catalog would name a sealed container as open or
+        // pending with no staging file left, and reuse its id.
+        if committed
+            != (
+                catalog.pending.clone(),
+                catalog.open_container,
+                catalog.next_container,
+            )
+        {
+            write_json(&disk, &dir.join(CATALOG_FILE), &catalog)?;
         }
         let staging = dir.join(STAGING_DIR);
         for name in disk.list_files(&staging)?.unwrap_or_default() {

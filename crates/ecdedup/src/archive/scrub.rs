@@ -3,14 +3,16 @@
 //! encode, and with `repair` rewrites what is missing or wrong (a lost
 //! device's folder is made again and its files decoded), removes files no
 //! map names (left by a crash between the files of a batch and its map, or
-//! by a removal that stopped half way) and reclaims batches no object
+//! by a removal that stopped half way, or not yet durable) and the
+//! temporaries of an interrupted durable write (`.NAME.tmp` in the archive
+//! folder, `maps/` and on the devices), and reclaims batches no object
 //! needs (left by a `put` that never committed).
 //!
 //! Repairs go through the same durable write as sealing, so a crash during
 //! scrub leaves each file old or new.
 
 use super::map::{BatchMap, BlockAddress};
-use super::{parity_name, sub_file_name, write_marker, ArchiveStore, DEVICE_MARKER};
+use super::{disk, parity_name, sub_file_name, write_marker, ArchiveStore, DEVICE_MARKER};
 use crate::error::Result;
 use serde::Serialize;
 use std::collections::BTreeSet;
@@ -112,14 +114,21 @@ impl ArchiveStore {
                 }
             }
         }
-        // Files no map names, and maps a crash left half written.
-        let maps_dir = self.dir.join(super::MAPS_DIR);
-        for name in self.disk.list_files(&maps_dir)?.unwrap_or_default() {
-            if name.starts_with('.') {
-                report.orphan_files += 1;
-                if repair {
-                    self.disk.remove(&maps_dir.join(name))?;
+        // Files no map names, and maps, catalogs and caches a crash left
+        // half written (the temporaries of `write_durable`).
+        for folder in [self.dir.clone(), self.dir.join(super::MAPS_DIR)] {
+            let mut removed = false;
+            for name in self.disk.list_files(&folder)?.unwrap_or_default() {
+                if disk::is_temporary(&name) || (folder != self.dir && name.starts_with('.')) {
+                    report.orphan_files += 1;
+                    if repair {
+                        self.disk.remove(&folder.join(name))?;
+                        removed = true;
+                    }
                 }
+            }
+            if removed {
+                self.disk.sync_dir(&folder)?;
             }
         }
         let mut expected: BTreeSet<PathBuf> = BTreeSet::new();

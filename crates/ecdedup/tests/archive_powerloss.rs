@@ -1,0 +1,559 @@
+//! Power loss in the archive tier: random `put`, `rm`, `seal` and
+//! `scrub --repair` calls through the real archive code over the power-loss
+//! simulator (`media/powerloss.rs`), with the power cut at a random storage
+//! operation (a write, a sync, a create, a rename, a removal: whichever
+//! comes n-th), after which every unsynced write is dropped, kept or torn
+//! and reordered, and every folder's unsynced names are kept or reverted.
+//!
+//! The oracle, after every reopen:
+//! - every object whose `put` returned `Ok` reads back bit-exact, and every
+//!   object whose `rm` returned `Ok` is gone (each call commits the catalog
+//!   durably before it returns, so each `Ok` is a sync point);
+//! - the object of an interrupted `put` or `rm` is wholly there (bit-exact)
+//!   or wholly absent; an interrupted `seal` or scrub changes no object;
+//!   no other name appears;
+//! - `scrub` (check only) finds no bad block, no bad parity block and
+//!   nothing unrecoverable: only leftovers (orphan files, unreferenced
+//!   containers) that it can reclaim;
+//! - after `scrub --repair` (every other reopen, and at the end), a second
+//!   scrub finds nothing at all, and nothing is leaked: the archive folder
+//!   holds only its config, catalog and cache, `maps/` exactly one map per
+//!   batch, `staging/` exactly the unsealed bytes, and every device file is
+//!   named by a map (scrub's orphan count).
+//!
+//! `ECDEDUP_ARCHIVE_POWERLOSS_SCHEDULES=N` sets the schedule count
+//! (`scripts/powerloss.sh --long` runs many more);
+//! `ECDEDUP_ARCHIVE_POWERLOSS_SEED=S` replays one schedule.
+
+use ecdedup::archive::{ArchiveStore, CreateOptions};
+use ecdedup::media::storage::StorageLock;
+use ecdedup::media::{PowerLossStorage, Storage, StorageFile};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::collections::BTreeMap;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::Arc;
+
+mod support;
+
+const BLOCK_BYTES: usize = 512;
+const K: usize = 3;
+const M: usize = 2;
+const DEVICES: usize = 6;
+/// Four stripes of k blocks.
+const CONTAINER_BYTES: u64 = (K * BLOCK_BYTES * 4) as u64;
+/// Power cuts per schedule.
+const CUTS: u64 = 8;
+/// Schedules in CI: 200 x 8 = 1,600 cuts.
+const SCHEDULES_DEFAULT: u64 = 200;
+/// Calls made between two cuts, at most.
+const CALLS_MAX: u64 = 6;
+/// The power goes after a number of storage operations drawn below this
+/// (a `put` that seals a batch takes a hundred or more).
+const OPS_BEFORE_CUT_MAX: u64 = 240;
+/// Objects kept at most (more and the schedule removes instead).
+const OBJECTS_MAX: usize = 10;
+/// Distinct blocks the planted duplicates are drawn from.
+const POOL_BLOCKS: usize = 6;
+
+/// No cut armed.
+const UNARMED: u64 = u64::MAX;
+
+/// A storage whose power goes after a set number of mutating operations:
+/// that operation and every later one fails before it reaches the
+/// simulator (reads still work, as they would from the page cache of a
+/// process that has not noticed yet). The test then cuts the simulator's
+/// power, which decides what the unsynced writes and names become.
+struct CutStorage {
+    inner: Arc<dyn Storage>,
+    switch: Arc<Switch>,
+}
+
+struct Switch {
+    /// Mutating operations left before the cut; UNARMED: none planned.
+    left: AtomicU64,
+    /// Mutating operations that reached the simulator, over all time.
+    done: AtomicU64,
+}
+
+impl Switch {
+    fn step(&self) -> io::Result<()> {
+        let r = self.left.fetch_update(SeqCst, SeqCst, |n| match n {
+            UNARMED => Some(UNARMED),
+            0 => None,
+            n => Some(n - 1),
+        });
+        match r {
+            Ok(_) => {
+                self.done.fetch_add(1, SeqCst);
+                Ok(())
+            }
+            Err(_) => Err(io::Error::other("power cut (simulated)")),
+        }
+    }
+
+    fn arm(&self, ops: Option<u64>) {
+        self.left.store(ops.unwrap_or(UNARMED), SeqCst);
+    }
+
+    fn fired(&self) -> bool {
+        self.left.load(SeqCst) == 0
+    }
+}
+
+struct CutFile {
+    inner: Arc<dyn StorageFile>,
+    switch: Arc<Switch>,
+}
+
+impl StorageFile for CutFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.switch.step()?;
+        self.inner.write_at(buf, offset)
+    }
+    fn len(&self) -> io::Result<u64> {
+        self.inner.len()
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.switch.step()?;
+        self.inner.set_len(len)
+    }
+    fn sync(&self) -> io::Result<()> {
+        self.switch.step()?;
+        self.inner.sync()
+    }
+    fn reserve(&self, len: u64) -> io::Result<()> {
+        self.switch.step()?;
+        self.inner.reserve(len)
+    }
+    fn punch(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.switch.step()?;
+        self.inner.punch(offset, len)
+    }
+    fn zero_range(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.switch.step()?;
+        self.inner.zero_range(offset, len)
+    }
+    fn allocate(&self, len: u64) -> io::Result<()> {
+        self.switch.step()?;
+        self.inner.allocate(len)
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+}
+
+impl CutStorage {
+    fn wrap(&self, f: Arc<dyn StorageFile>) -> Arc<dyn StorageFile> {
+        Arc::new(CutFile {
+            inner: f,
+            switch: Arc::clone(&self.switch),
+        })
+    }
+}
+
+impl Storage for CutStorage {
+    fn open(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>> {
+        Ok(self.wrap(self.inner.open(path)?))
+    }
+    fn create(&self, path: &Path, truncate: bool) -> io::Result<Arc<dyn StorageFile>> {
+        self.switch.step()?;
+        Ok(self.wrap(self.inner.create(path, truncate)?))
+    }
+    fn exists(&self, path: &Path) -> bool {
+        self.inner.exists(path)
+    }
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        self.switch.step()?;
+        self.inner.remove(path)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.switch.step()?;
+        self.inner.rename(from, to)
+    }
+    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        self.switch.step()?;
+        self.inner.create_dir_all(path)
+    }
+    fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        self.switch.step()?;
+        self.inner.sync_dir(path)
+    }
+    fn try_lock(&self, path: &Path) -> io::Result<Option<StorageLock>> {
+        self.inner.try_lock(path)
+    }
+    fn list_files(&self, path: &Path) -> io::Result<Vec<String>> {
+        self.inner.list_files(path)
+    }
+    fn is_dir(&self, path: &Path) -> bool {
+        self.inner.is_dir(path)
+    }
+}
+
+fn dir() -> PathBuf {
+    PathBuf::from("/sim/archive")
+}
+
+fn options(exchange: u32) -> CreateOptions {
+    support::archive::options(K, M, BLOCK_BYTES, DEVICES, CONTAINER_BYTES, exchange)
+}
+
+/// The call a cut interrupted, and what it may leave.
+#[derive(Debug)]
+enum Interrupted {
+    /// Wholly there or wholly absent.
+    Put(String, Vec<u8>),
+    /// Still there (bit-exact) or gone.
+    Rm(String, Vec<u8>),
+    /// No object changes.
+    Other,
+}
+
+/// What a run saw, for the summary line and docs.
+#[derive(Default, Debug)]
+struct Tally {
+    schedules: u64,
+    cuts: u64,
+    /// Cuts that fell inside a call (the rest fell between calls).
+    cuts_inside_calls: u64,
+    puts_kept: u64,
+    puts_lost: u64,
+    rms_kept: u64,
+    rms_done: u64,
+    unsynced_writes_at_cuts: u64,
+    /// Leftovers scrub found right after a reopen (reclaimable).
+    orphan_files: u64,
+    unreferenced_containers: u64,
+    repairs: u64,
+}
+
+/// An object of `blocks` whole blocks plus a tail, with planted
+/// duplicates: blocks of a small pool (within and across containers) and
+/// blocks of objects already stored.
+fn object_bytes(rng: &mut StdRng, pool: &[Vec<u8>], stored: &BTreeMap<String, Vec<u8>>) -> Vec<u8> {
+    let blocks = rng.gen_range(0..=3 * CONTAINER_BYTES as usize / BLOCK_BYTES);
+    let mut out = Vec::new();
+    for _ in 0..blocks {
+        match rng.gen_range(0..4) {
+            0 => out.extend_from_slice(&pool[rng.gen_range(0..pool.len())]),
+            1 if !stored.is_empty() => {
+                let o = stored.values().nth(rng.gen_range(0..stored.len())).unwrap();
+                let whole = o.len() / BLOCK_BYTES;
+                if whole > 0 {
+                    let b = rng.gen_range(0..whole) * BLOCK_BYTES;
+                    out.extend_from_slice(&o[b..b + BLOCK_BYTES]);
+                } else {
+                    out.extend_from_slice(&pool[0]);
+                }
+            }
+            _ => {
+                let mut b = vec![0u8; BLOCK_BYTES];
+                rng.fill(&mut b[..]);
+                out.extend_from_slice(&b);
+            }
+        }
+    }
+    let tail = rng.gen_range(0..BLOCK_BYTES);
+    let mut t = vec![0u8; tail];
+    rng.fill(&mut t[..]);
+    out.extend_from_slice(&t);
+    out
+}
+
+fn open(storage: &Arc<dyn Storage>, what: &str) -> ArchiveStore {
+    ArchiveStore::open_in(Arc::clone(storage), &dir())
+        .unwrap_or_else(|e| panic!("{what}: open after the power cut failed: {e}"))
+}
+
+/// Checks the reopened archive against the model (see the module comment)
+/// and settles the interrupted call.
+fn check(
+    store: &mut ArchiveStore,
+    model: &mut BTreeMap<String, Vec<u8>>,
+    interrupted: Option<Interrupted>,
+    what: &str,
+    tally: &mut Tally,
+) {
+    assert!(
+        store.missing_devices().is_empty(),
+        "{what}: a device is missing"
+    );
+    let names: Vec<String> = store.list().into_iter().map(|o| o.name).collect();
+    let settled = match interrupted {
+        Some(Interrupted::Put(name, bytes)) => Some((true, name, bytes)),
+        Some(Interrupted::Rm(name, bytes)) => Some((false, name, bytes)),
+        Some(Interrupted::Other) | None => None,
+    };
+    if let Some((put, name, bytes)) = settled {
+        let there = names.contains(&name);
+        if there {
+            model.insert(name, bytes);
+        }
+        let counter = match (put, there) {
+            (true, true) => &mut tally.puts_kept,
+            (true, false) => &mut tally.puts_lost,
+            (false, true) => &mut tally.rms_kept,
+            (false, false) => &mut tally.rms_done,
+        };
+        *counter += 1;
+    }
+    let expected: Vec<String> = model.keys().cloned().collect();
+    assert_eq!(names, expected, "{what}: the objects differ");
+    for (name, bytes) in model.iter() {
+        let got = store
+            .get(name)
+            .unwrap_or_else(|e| panic!("{what}: get {name}: {e}"));
+        assert!(got == *bytes, "{what}: object {name} reads back wrong");
+    }
+    let report = store
+        .scrub(false)
+        .unwrap_or_else(|e| panic!("{what}: scrub: {e}"));
+    assert_eq!(
+        (
+            report.bad_blocks,
+            report.bad_parity_blocks,
+            report.unrecoverable_blocks
+        ),
+        (0, 0, 0),
+        "{what}: scrub after the reopen: {report:?}"
+    );
+    tally.orphan_files += report.orphan_files;
+    tally.unreferenced_containers += report.unreferenced_containers;
+}
+
+/// `scrub --repair`, then: a second scrub finds nothing, and nothing is
+/// leaked (see the module comment).
+fn repair_and_check_leaks(store: &mut ArchiveStore, storage: &Arc<dyn Storage>, what: &str) {
+    let repair = store
+        .scrub(true)
+        .unwrap_or_else(|e| panic!("{what}: scrub --repair: {e}"));
+    assert_eq!(repair.unrecoverable_blocks, 0, "{what}: {repair:?}");
+    let after = store.scrub(false).unwrap();
+    assert_eq!(
+        after,
+        ecdedup::archive::ScrubReport {
+            blocks_checked: after.blocks_checked,
+            parity_blocks_checked: after.parity_blocks_checked,
+            ..Default::default()
+        },
+        "{what}: scrub after scrub --repair"
+    );
+    let list = |d: &Path| storage.list_files(d).unwrap();
+    let root = list(&dir());
+    assert!(
+        root.iter()
+            .all(|n| ["archive.json", "catalog.json", "fpcache.bin"].contains(&n.as_str())),
+        "{what}: leaked in the archive folder: {root:?}"
+    );
+    let stats = store.stats();
+    let maps = list(&dir().join("maps"));
+    assert_eq!(maps.len() as u64, stats.batches, "{what}: maps {maps:?}");
+    assert!(maps
+        .iter()
+        .all(|n| n.ends_with(".map") && !n.starts_with('.')));
+    let staging: u64 = list(&dir().join("staging"))
+        .iter()
+        .map(|n| {
+            storage
+                .open(&dir().join("staging").join(n))
+                .unwrap()
+                .len()
+                .unwrap()
+        })
+        .sum();
+    assert_eq!(
+        staging, stats.unsealed_bytes,
+        "{what}: staging bytes against unsealed bytes"
+    );
+}
+
+fn run_schedule(seed: u64, tally: &mut Tally) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let exchange = [0, 2, 4][rng.gen_range(0..3)];
+    let story = format!("seed {seed} (exchange {exchange})");
+    let sim = PowerLossStorage::new();
+    let switch = Arc::new(Switch {
+        left: AtomicU64::new(UNARMED),
+        done: AtomicU64::new(0),
+    });
+    let storage: Arc<dyn Storage> = Arc::new(CutStorage {
+        inner: sim.shared(),
+        switch: Arc::clone(&switch),
+    });
+    drop(ArchiveStore::create_in(Arc::clone(&storage), &dir(), &options(exchange)).unwrap());
+    let pool: Vec<Vec<u8>> = (0..POOL_BLOCKS)
+        .map(|_| {
+            let mut b = vec![0u8; BLOCK_BYTES];
+            rng.fill(&mut b[..]);
+            b
+        })
+        .collect();
+    let mut model: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    let mut interrupted: Option<Interrupted> = None;
+    let mut next_name = 0u64;
+    for cut in 0..=CUTS {
+        let what = format!("{story}, after cut {cut}");
+        let mut store = open(&storage, &what);
+        if trace() {
+            let l = |d: &str| storage.list_files(&dir().join(d)).unwrap_or_default();
+            eprintln!(
+                "{what}: reopened: {} unsealed bytes, staging {:?}, maps {:?}, catalog {}",
+                store.stats().unsealed_bytes,
+                l("staging"),
+                l("maps"),
+                String::from_utf8_lossy(&sim.read_file(&dir().join("catalog.json")).unwrap())
+                    .replace(char::is_whitespace, "")
+            );
+        }
+        check(&mut store, &mut model, interrupted.take(), &what, tally);
+        if cut % 2 == 1 || cut == CUTS {
+            repair_and_check_leaks(&mut store, &storage, &what);
+            tally.repairs += 1;
+        }
+        if cut == CUTS {
+            break;
+        }
+        // Calls until the power goes.
+        switch.arm(Some(rng.gen_range(0..OPS_BEFORE_CUT_MAX)));
+        for _ in 0..rng.gen_range(1..=CALLS_MAX) {
+            let call = rng.gen_range(0..10);
+            let (result, attempt) = if call < 5 && model.len() < OBJECTS_MAX {
+                next_name += 1;
+                let name = format!("o{next_name}");
+                let bytes = object_bytes(&mut rng, &pool, &model);
+                let r = store.put(&name, &mut &bytes[..]).map(|_| ());
+                if r.is_ok() {
+                    let got = store.get(&name).unwrap();
+                    assert!(
+                        got == bytes,
+                        "{what}: {name} reads back wrong before the cut"
+                    );
+                    model.insert(name, bytes);
+                    (r, None)
+                } else {
+                    (r, Some(Interrupted::Put(name, bytes)))
+                }
+            } else if call < 8 && !model.is_empty() {
+                let name = model
+                    .keys()
+                    .nth(rng.gen_range(0..model.len()))
+                    .unwrap()
+                    .clone();
+                let r = store.remove(&name);
+                match r {
+                    Ok(()) => {
+                        model.remove(&name);
+                        (r, None)
+                    }
+                    Err(_) => {
+                        let bytes = model.remove(&name).unwrap();
+                        (r, Some(Interrupted::Rm(name, bytes)))
+                    }
+                }
+            } else if call < 9 {
+                (store.seal(), Some(Interrupted::Other))
+            } else {
+                let r = store.scrub(true).map(|_| ());
+                (r, Some(Interrupted::Other))
+            };
+            if trace() {
+                eprintln!(
+                    "{what}: call {call} -> {result:?}, {} ops done, {} objects",
+                    switch.done.load(SeqCst),
+                    model.len()
+                );
+            }
+            if let Err(e) = result {
+                assert!(
+                    switch.fired(),
+                    "{what}: a call failed with the power on: {e}"
+                );
+                interrupted = attempt;
+                tally.cuts_inside_calls += 1;
+                break;
+            }
+        }
+        // The power goes (inside a call, or now between calls).
+        switch.arm(None);
+        drop(store);
+        tally.unsynced_writes_at_cuts += sim.crash(rng.gen()).pending_writes;
+        tally.cuts += 1;
+    }
+    tally.schedules += 1;
+}
+
+/// Replaying one seed prints every call.
+fn trace() -> bool {
+    std::env::var_os("ECDEDUP_ARCHIVE_POWERLOSS_SEED").is_some()
+}
+
+fn schedules() -> u64 {
+    std::env::var("ECDEDUP_ARCHIVE_POWERLOSS_SCHEDULES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(SCHEDULES_DEFAULT)
+}
+
+#[test]
+fn power_cuts_during_put_rm_seal_and_repair_lose_nothing_committed_and_leak_nothing() {
+    let mut tally = Tally::default();
+    match std::env::var("ECDEDUP_ARCHIVE_POWERLOSS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
+        Some(seed) => run_schedule(seed, &mut tally),
+        None => {
+            for s in 0..schedules() {
+                run_schedule(s, &mut tally);
+            }
+        }
+    }
+    // One line that scripts/powerloss.sh collects.
+    println!(
+        "archive powerloss: schedules={} cuts={} inside_calls={} unsynced_writes_at_cuts={} \
+         interrupted_puts_kept={} interrupted_puts_lost={} interrupted_rms_kept={} \
+         interrupted_rms_done={} orphan_files_found={} unreferenced_containers_found={} \
+         repairs={} failures=0",
+        tally.schedules,
+        tally.cuts,
+        tally.cuts_inside_calls,
+        tally.unsynced_writes_at_cuts,
+        tally.puts_kept,
+        tally.puts_lost,
+        tally.rms_kept,
+        tally.rms_done,
+        tally.orphan_files,
+        tally.unreferenced_containers,
+        tally.repairs,
+    );
+    assert!(
+        tally.cuts_inside_calls > 0,
+        "the cuts must fall inside calls"
+    );
+}
+
+/// Schedules that found a bug, replayed in CI; each failed before its fix.
+/// - 6: a cut between the catalog's temporary and its rename left
+///   `.catalog.json.tmp` in the archive folder, which nothing reported or
+///   removed (a leak); scrub now counts the temporaries of the archive
+///   folder and `maps/` as orphan files and `--repair` removes them.
+/// - 78: a put sealed container 1 and died before its catalog write; open
+///   moved the open container on in memory but left the old catalog
+///   naming container 1 open with 3,042 bytes; `scrub --repair` reclaimed
+///   the batch (no object needs it), and after the next cut the catalog
+///   named a container with neither a map nor a staging file: `seal`
+///   failed ("open .../staging/c00000001.data: entity not found"), and
+///   container ids could be reused. Open now commits what it reconciles.
+#[test]
+fn schedules_that_found_bugs_run_clean() {
+    for seed in [6, 78] {
+        let mut tally = Tally::default();
+        run_schedule(seed, &mut tally);
+        assert_eq!(tally.cuts, CUTS);
+    }
+}
