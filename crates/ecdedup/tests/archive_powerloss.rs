@@ -33,7 +33,7 @@ use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 
 mod support;
@@ -58,6 +58,19 @@ const OBJECTS_MAX: usize = 10;
 /// Distinct blocks the planted duplicates are drawn from.
 const POOL_BLOCKS: usize = 6;
 
+/// Rounds in which one file's next sync fails with EIO.
+const SYNC_FAULT_PROBABILITY: f64 = 0.2;
+/// Which file's: the staging file, the temporaries of the catalog, the
+/// cache, a map, data sub-file or parity file 0 or 1.
+const SYNC_FAULT_SUFFIXES: [&str; 6] = [
+    ".data",
+    "catalog.json.tmp",
+    "fpcache.bin.tmp",
+    ".map.tmp",
+    ".0.tmp",
+    ".1.tmp",
+];
+
 /// No cut armed.
 const UNARMED: u64 = u64::MAX;
 
@@ -76,6 +89,9 @@ struct Switch {
     left: AtomicU64,
     /// Mutating operations that reached the simulator, over all time.
     done: AtomicU64,
+    /// A disk that lies: file and folder syncs return Ok and do nothing
+    /// (to prove the oracle catches what such a disk loses).
+    lying: AtomicBool,
 }
 
 impl Switch {
@@ -125,6 +141,9 @@ impl StorageFile for CutFile {
     }
     fn sync(&self) -> io::Result<()> {
         self.switch.step()?;
+        if self.switch.lying.load(SeqCst) {
+            return Ok(());
+        }
         self.inner.sync()
     }
     fn reserve(&self, len: u64) -> io::Result<()> {
@@ -182,6 +201,9 @@ impl Storage for CutStorage {
     }
     fn sync_dir(&self, path: &Path) -> io::Result<()> {
         self.switch.step()?;
+        if self.switch.lying.load(SeqCst) {
+            return Ok(());
+        }
         self.inner.sync_dir(path)
     }
     fn try_lock(&self, path: &Path) -> io::Result<Option<StorageLock>> {
@@ -230,6 +252,10 @@ struct Tally {
     orphan_files: u64,
     unreferenced_containers: u64,
     repairs: u64,
+    /// Rounds in which a file's next sync was set to fail, and calls that
+    /// failed on it (the store latched, then the power went).
+    sync_faults_armed: u64,
+    calls_failed_by_sync: u64,
 }
 
 /// An object of `blocks` whole blocks plus a tail, with planted
@@ -373,19 +399,27 @@ fn repair_and_check_leaks(store: &mut ArchiveStore, storage: &Arc<dyn Storage>, 
 }
 
 fn run_schedule(seed: u64, tally: &mut Tally) {
+    run_schedule_on(seed, false, tally)
+}
+
+/// One schedule; `lying`: over a disk whose syncs do nothing.
+fn run_schedule_on(seed: u64, lying: bool, tally: &mut Tally) {
     let mut rng = StdRng::seed_from_u64(seed);
+    let mut faults = StdRng::seed_from_u64(seed ^ 0x5eed_fa17);
     let exchange = [0, 2, 4][rng.gen_range(0..3)];
     let story = format!("seed {seed} (exchange {exchange})");
     let sim = PowerLossStorage::new();
     let switch = Arc::new(Switch {
         left: AtomicU64::new(UNARMED),
         done: AtomicU64::new(0),
+        lying: AtomicBool::new(false),
     });
     let storage: Arc<dyn Storage> = Arc::new(CutStorage {
         inner: sim.shared(),
         switch: Arc::clone(&switch),
     });
     drop(ArchiveStore::create_in(Arc::clone(&storage), &dir(), &options(exchange)).unwrap());
+    switch.lying.store(lying, SeqCst);
     let pool: Vec<Vec<u8>> = (0..POOL_BLOCKS)
         .map(|_| {
             let mut b = vec![0u8; BLOCK_BYTES];
@@ -418,8 +452,18 @@ fn run_schedule(seed: u64, tally: &mut Tally) {
         if cut == CUTS {
             break;
         }
-        // Calls until the power goes.
+        // Calls until the power goes; in some rounds a file's next sync
+        // fails first (EIO), which must latch the store (drawn from their
+        // own generator, so the schedules of the seeds below stay as they
+        // were when they found their bugs).
         switch.arm(Some(rng.gen_range(0..OPS_BEFORE_CUT_MAX)));
+        let sync_fault = faults
+            .gen_bool(SYNC_FAULT_PROBABILITY)
+            .then(|| SYNC_FAULT_SUFFIXES[faults.gen_range(0..SYNC_FAULT_SUFFIXES.len())]);
+        if let Some(suffix) = sync_fault {
+            sim.fail_next_sync(suffix);
+            tally.sync_faults_armed += 1;
+        }
         for _ in 0..rng.gen_range(1..=CALLS_MAX) {
             let call = rng.gen_range(0..10);
             let (result, attempt) = if call < 5 && model.len() < OBJECTS_MAX {
@@ -469,12 +513,16 @@ fn run_schedule(seed: u64, tally: &mut Tally) {
                 );
             }
             if let Err(e) = result {
-                assert!(
-                    switch.fired(),
-                    "{what}: a call failed with the power on: {e}"
-                );
+                if switch.fired() {
+                    tally.cuts_inside_calls += 1;
+                } else {
+                    assert!(
+                        sync_fault.is_some(),
+                        "{what}: a call failed with the power on: {e}"
+                    );
+                    tally.calls_failed_by_sync += 1;
+                }
                 interrupted = attempt;
-                tally.cuts_inside_calls += 1;
                 break;
             }
         }
@@ -518,7 +566,7 @@ fn power_cuts_during_put_rm_seal_and_repair_lose_nothing_committed_and_leak_noth
         "archive powerloss: schedules={} cuts={} inside_calls={} unsynced_writes_at_cuts={} \
          interrupted_puts_kept={} interrupted_puts_lost={} interrupted_rms_kept={} \
          interrupted_rms_done={} orphan_files_found={} unreferenced_containers_found={} \
-         repairs={} failures=0",
+         repairs={} sync_faults_armed={} calls_failed_by_sync={} failures=0",
         tally.schedules,
         tally.cuts,
         tally.cuts_inside_calls,
@@ -530,6 +578,8 @@ fn power_cuts_during_put_rm_seal_and_repair_lose_nothing_committed_and_leak_noth
         tally.orphan_files,
         tally.unreferenced_containers,
         tally.repairs,
+        tally.sync_faults_armed,
+        tally.calls_failed_by_sync,
     );
     assert!(
         tally.cuts_inside_calls > 0,
@@ -556,4 +606,17 @@ fn schedules_that_found_bugs_run_clean() {
         run_schedule(seed, &mut tally);
         assert_eq!(tally.cuts, CUTS);
     }
+}
+
+/// The harness can fail: over a disk whose syncs do nothing, committed
+/// objects are lost at the cuts, and the oracle says so.
+#[test]
+fn a_disk_that_ignores_syncs_is_caught() {
+    let caught = (0..8).any(|seed| {
+        std::panic::catch_unwind(|| run_schedule_on(seed, true, &mut Tally::default())).is_err()
+    });
+    assert!(
+        caught,
+        "eight schedules over a lying disk passed the oracle"
+    );
 }

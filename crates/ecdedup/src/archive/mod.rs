@@ -842,6 +842,7 @@ impl ArchiveStore {
             .copied()
             .collect();
         let mut reclaimed = 0;
+        let mut folders = BTreeSet::new();
         for b in dead {
             let map = self.batches.remove(&b).expect("listed");
             self.disk
@@ -852,10 +853,17 @@ impl ArchiveStore {
                 reclaimed += 1;
             }
             for path in self.batch_files(&map) {
-                if path.parent().is_some_and(|d| self.disk.is_dir(d)) {
+                let folder = path.parent().expect("device files live in a folder");
+                if self.disk.is_dir(folder) {
                     self.disk.remove(&path)?;
+                    folders.insert(folder.to_path_buf());
                 }
             }
+        }
+        // The space is reclaimed for good (a cut before this leaves the
+        // files as orphans, which scrub finds and removes).
+        for folder in &folders {
+            self.disk.sync_dir(folder)?;
         }
         if reclaimed > 0 {
             let sealed = &self.container_batch;
