@@ -25,7 +25,9 @@
 //!   exactly when the catalog names it. What a crash leaves beyond the
 //!   catalog (staging bytes past the committed length, containers sealed
 //!   for an object whose `put` never committed) is cut back at open or
-//!   reclaimed by `scrub --repair`.
+//!   reclaimed by `scrub --repair`; what open reconciles (containers the
+//!   catalog calls open or pending that a map says are sealed) it commits
+//!   at once, before anything can reclaim the batch that said so.
 //! - Every block of a sealed container is either unique, in an encoded
 //!   virtual stripe of its group, or redundant with a unique source block;
 //!   a batch is kept while any live object or any live batch's redundant
