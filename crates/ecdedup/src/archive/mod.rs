@@ -67,6 +67,10 @@ const CONFIG_FILE: &str = "archive.json";
 const CATALOG_FILE: &str = "catalog.json";
 const CACHE_FILE: &str = "fpcache.bin";
 const LOCK_FILE: &str = "archive.lock";
+/// Written by `create` before the first device marker and removed once the
+/// config is durable: the uuid whose markers a repeated `create` may
+/// overwrite after a crash.
+const CREATING_FILE: &str = "creating.json";
 const MAPS_DIR: &str = "maps";
 const STAGING_DIR: &str = "staging";
 const DEVICE_MARKER: &str = "archive-device.json";
@@ -292,6 +296,12 @@ fn map_name(batch: u32) -> String {
     format!("b{batch:08x}.map")
 }
 
+/// `creating.json`: the archive a create in progress is making.
+#[derive(Serialize, Deserialize)]
+struct Creating {
+    archive: String,
+}
+
 #[derive(Serialize, Deserialize)]
 struct DeviceMarker {
     archive: String,
@@ -356,17 +366,39 @@ impl ArchiveStore {
         }
         disk.create_dir(dir)?;
         let _lock = lock(&disk, dir)?;
-        for (position, device) in config.devices.iter().enumerate() {
+        // A create of this folder that a crash interrupted: its markers
+        // (and nothing else) may be overwritten.
+        let creating_path = dir.join(CREATING_FILE);
+        let interrupted: Option<Creating> = read_json(&disk, &creating_path)?;
+        for device in &config.devices {
             let path = dir.join(device);
-            if let Some(files) = disk.list_files(&path)? {
-                if !files.is_empty() {
-                    return Err(Error::Device {
-                        path,
-                        reason: "is not empty; an archive device must start empty".into(),
-                    });
-                }
+            let files = disk.list_files(&path)?.unwrap_or_default();
+            let ours = |name: &String| {
+                name == DEVICE_MARKER || name == &disk::temporary_name(DEVICE_MARKER)
+            };
+            let left_by_interrupted_create = interrupted.as_ref().is_some_and(|c| {
+                files.iter().all(ours)
+                    && read_json::<DeviceMarker>(&disk, &path.join(DEVICE_MARKER))
+                        .ok()
+                        .flatten()
+                        .is_none_or(|m| m.archive == c.archive)
+            });
+            if !files.is_empty() && !left_by_interrupted_create {
+                return Err(Error::Device {
+                    path,
+                    reason: "is not empty; an archive device must start empty".into(),
+                });
             }
-            write_marker(&disk, &path, &config.uuid, position)?;
+        }
+        write_json(
+            &disk,
+            &creating_path,
+            &Creating {
+                archive: config.uuid.clone(),
+            },
+        )?;
+        for (position, device) in config.devices.iter().enumerate() {
+            write_marker(&disk, &dir.join(device), &config.uuid, position)?;
         }
         disk.create_dir(&dir.join(MAPS_DIR))?;
         disk.create_dir(&dir.join(STAGING_DIR))?;
@@ -377,6 +409,8 @@ impl ArchiveStore {
         write_json(&disk, &dir.join(CATALOG_FILE), &catalog)?;
         // The config last: a crash before it leaves no archive.
         write_json(&disk, &dir.join(CONFIG_FILE), &config)?;
+        disk.remove(&creating_path)?;
+        disk.sync_dir(dir)?;
         drop(_lock);
         ArchiveStore::open_in(Arc::clone(disk.storage()), dir)
     }
@@ -386,10 +420,22 @@ impl ArchiveStore {
     pub fn open_in(storage: Arc<dyn Storage>, dir: &Path) -> Result<ArchiveStore> {
         let disk = Disk::new(storage);
         let config_path = dir.join(CONFIG_FILE);
-        let config: ArchiveConfig = read_json(&disk, &config_path)?
-            .ok_or_else(|| Error::Config(format!("no archive in {}", dir.display())))?;
+        let creating_path = dir.join(CREATING_FILE);
+        let config: ArchiveConfig = read_json(&disk, &config_path)?.ok_or_else(|| {
+            let hint = if disk.exists(&creating_path) {
+                " (a create was interrupted: run create again)"
+            } else {
+                ""
+            };
+            Error::Config(format!("no archive in {}{hint}", dir.display()))
+        })?;
         config.validate()?;
         let _lock = lock(&disk, dir)?;
+        // A create that a crash stopped after its config was durable.
+        if disk.exists(&creating_path) {
+            disk.remove(&creating_path)?;
+            disk.sync_dir(dir)?;
+        }
         let mut missing_devices = Vec::new();
         for (position, device) in config.devices.iter().enumerate() {
             let path = dir.join(device);
