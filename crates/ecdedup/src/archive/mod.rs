@@ -446,6 +446,17 @@ impl ArchiveStore {
             let marker: Option<DeviceMarker> = read_json(&disk, &path.join(DEVICE_MARKER))?;
             match marker {
                 Some(m) if m.archive == config.uuid && m.position == position => {}
+                // An empty folder (a replacement, or one whose repair a
+                // crash stopped before its marker was durable) is a missing
+                // device: `scrub --repair` writes it.
+                None if disk
+                    .list_files(&path)?
+                    .unwrap_or_default()
+                    .iter()
+                    .all(|n| n == &disk::temporary_name(DEVICE_MARKER)) =>
+                {
+                    missing_devices.push(position);
+                }
                 _ => {
                     return Err(Error::Device {
                         path,
