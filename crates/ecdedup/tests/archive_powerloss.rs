@@ -669,9 +669,18 @@ fn power_cuts_during_put_rm_seal_and_repair_lose_nothing_committed_and_leak_noth
 ///   open then refused the archive ("is not device 3 ... foreign or blank
 ///   device"). Open now takes a folder holding nothing (but the marker's
 ///   temporary) for a missing device, which `scrub --repair` writes.
+/// - 4347 (all hazards): `rm` reclaimed dead batches oldest first and the
+///   cut stopped it after batch 1, leaving dead batches 3 and 4 whose
+///   redundant blocks' sources were in batch 1; with device 5 taken away
+///   scrub found a block unrecoverable. Reclaiming goes newest first now.
 #[test]
 fn schedules_that_found_bugs_run_clean() {
-    for (seed, hazards) in [(6, CUTS_ONLY), (78, CUTS_ONLY), (45, ALL_HAZARDS)] {
+    for (seed, hazards) in [
+        (6, CUTS_ONLY),
+        (78, CUTS_ONLY),
+        (45, ALL_HAZARDS),
+        (4347, ALL_HAZARDS),
+    ] {
         let mut tally = Tally::default();
         run_schedule_on(seed, hazards, &mut tally);
         assert_eq!(tally.cuts, CUTS);

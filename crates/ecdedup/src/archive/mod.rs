@@ -902,7 +902,11 @@ impl ArchiveStore {
             .collect();
         let mut reclaimed = 0;
         let mut folders = BTreeSet::new();
-        for b in dead {
+        // Newest first: a redundant block's source is in its own batch or
+        // one sealed before it (batch ids grow in sealing order), so a cut
+        // part way leaves no batch whose sources are gone (its redundant
+        // blocks would be unrecoverable with a device out).
+        for b in dead.into_iter().rev() {
             let map = self.batches.remove(&b).expect("listed");
             self.disk
                 .remove(&self.dir.join(MAPS_DIR).join(map_name(b)))?;
