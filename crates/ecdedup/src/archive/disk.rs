@@ -21,7 +21,7 @@
 //! what was written before stays, nothing after it happens.
 
 use crate::error::{Error, Result};
-use crate::media::{OsStorage, Storage, StorageFile};
+use crate::media::{Storage, StorageFile};
 use std::cell::Cell;
 use std::io::ErrorKind;
 use std::path::Path;
@@ -72,13 +72,6 @@ pub fn is_temporary(name: &str) -> bool {
 #[derive(Clone)]
 pub struct Disk {
     storage: Arc<dyn Storage>,
-}
-
-impl Default for Disk {
-    /// The real file system.
-    fn default() -> Self {
-        Disk::new(OsStorage::shared())
-    }
 }
 
 impl Disk {
