@@ -4,6 +4,10 @@
 //! operation (a write, a sync, a create, a rename, a removal: whichever
 //! comes n-th), after which every unsynced write is dropped, kept or torn
 //! and reordered, and every folder's unsynced names are kept or reverted.
+//! Besides the cuts ([`Hazards`]): in a fifth of the rounds a file's next
+//! sync fails with EIO (the store must latch), and in a tenth a device
+//! folder is taken away and the round starts with the `scrub --repair`
+//! that writes it again, under the same cut.
 //!
 //! The oracle, after every reopen:
 //! - every object whose `put` returned `Ok` reads back bit-exact, and every
@@ -12,9 +16,11 @@
 //! - the object of an interrupted `put` or `rm` is wholly there (bit-exact)
 //!   or wholly absent; an interrupted `seal` or scrub changes no object;
 //!   no other name appears;
-//! - `scrub` (check only) finds no bad block, no bad parity block and
-//!   nothing unrecoverable: only leftovers (orphan files, unreferenced
-//!   containers) that it can reclaim;
+//! - `scrub` (check only) finds nothing unrecoverable and, unless a device
+//!   is out, no bad block and no bad parity block: only leftovers (orphan
+//!   files, unreferenced containers) that it can reclaim; only the device
+//!   taken away may be missing, and every object reads back (decoded)
+//!   while it is;
 //! - after `scrub --repair` (every other reopen, and at the end), a second
 //!   scrub finds nothing at all, and nothing is leaked: the archive folder
 //!   holds only its config, catalog and cache, `maps/` exactly one map per
