@@ -6,11 +6,12 @@
 
 use ecdedup::archive::map::BatchMap;
 use ecdedup::archive::{ArchiveStore, CreateOptions};
-use ecdedup::fingerprint::Algorithm;
 use ecdedup::Error;
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
 use std::path::Path;
+
+mod support;
 
 const BLOCK_BYTES: usize = 512;
 const K: usize = 3;
@@ -20,18 +21,7 @@ const DEVICES: usize = 6;
 const CONTAINER_BYTES: u64 = (K * BLOCK_BYTES * 8) as u64;
 
 fn options(exchange: u32) -> CreateOptions {
-    CreateOptions {
-        k: K,
-        m: M,
-        devices: Vec::new(),
-        device_count: DEVICES,
-        container_bytes: CONTAINER_BYTES,
-        block_bytes: BLOCK_BYTES as u32,
-        fingerprint: Algorithm::Md5,
-        cache_bytes: 1 << 20,
-        exchange,
-        verify: None,
-    }
+    support::archive::options(K, M, BLOCK_BYTES, DEVICES, CONTAINER_BYTES, exchange)
 }
 
 /// An object of whole blocks, each drawn from a small shared pool (a
@@ -321,4 +311,35 @@ fn a_corrupt_map_or_a_foreign_device_is_refused_at_open() {
         ArchiveStore::open(dir.path()),
         Err(Error::Device { .. })
     ));
+}
+
+#[test]
+fn an_empty_folder_in_place_of_a_lost_device_is_a_missing_device_and_repair_fills_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let mut bytes = vec![0u8; 2 * CONTAINER_BYTES as usize + 100];
+    rng.fill(&mut bytes[..]);
+    let mut store = ArchiveStore::create(dir.path(), &options(0)).unwrap();
+    store.put("o", &mut &bytes[..]).unwrap();
+    store.seal().unwrap();
+    drop(store);
+    std::fs::remove_dir_all(dir.path().join("dev1")).unwrap();
+    std::fs::create_dir(dir.path().join("dev1")).unwrap();
+    let mut store = ArchiveStore::open(dir.path()).unwrap();
+    assert_eq!(store.missing_devices(), [1]);
+    assert_eq!(store.get("o").unwrap(), bytes);
+    let repair = store.scrub(true).unwrap();
+    assert_eq!(
+        (repair.devices_recreated, repair.unrecoverable_blocks),
+        (1, 0)
+    );
+    drop(store);
+    let mut store = ArchiveStore::open(dir.path()).unwrap();
+    assert!(store.missing_devices().is_empty());
+    let after = store.scrub(false).unwrap();
+    assert_eq!(
+        after.bad_blocks + after.bad_parity_blocks + after.orphan_files,
+        0
+    );
+    assert_eq!(store.get("o").unwrap(), bytes);
 }

@@ -6,26 +6,16 @@
 //! reclaimed by `scrub --repair`, after which a second scrub finds nothing.
 
 use ecdedup::archive::{disk, ArchiveStore, CreateOptions};
-use ecdedup::fingerprint::Algorithm;
 use rand::{Rng, SeedableRng};
 use std::path::Path;
+
+mod support;
 
 const BLOCK_BYTES: usize = 512;
 const CONTAINER_BYTES: u64 = 3 * 512 * 4;
 
 fn options(exchange: u32) -> CreateOptions {
-    CreateOptions {
-        k: 3,
-        m: 2,
-        devices: Vec::new(),
-        device_count: 5,
-        container_bytes: CONTAINER_BYTES,
-        block_bytes: BLOCK_BYTES as u32,
-        fingerprint: Algorithm::Md5,
-        cache_bytes: 1 << 20,
-        exchange,
-        verify: None,
-    }
+    support::archive::options(3, 2, BLOCK_BYTES, 5, CONTAINER_BYTES, exchange)
 }
 
 fn random(rng: &mut rand::rngs::StdRng, bytes: usize) -> Vec<u8> {

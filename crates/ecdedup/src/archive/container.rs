@@ -12,7 +12,7 @@
 use super::exchange::{self, SubFileCount};
 use super::map::{BatchMap, BlockAddress, BlockEntry, ContainerMap, GroupMap, SubFileMap};
 use super::shuffle::pseudo_shuffle;
-use super::{disk, map_name, parity_name, sub_file_name, ArchiveStore, MAPS_DIR, STAGING_DIR};
+use super::{map_name, parity_name, sub_file_name, ArchiveStore, MAPS_DIR, STAGING_DIR};
 use crate::error::{Error, Result};
 use crate::fingerprint::FingerprintBackend;
 
@@ -46,7 +46,7 @@ impl ArchiveStore {
         let mut staged = Vec::new();
         for &id in ids {
             let path = self.staging_path(id);
-            let mut bytes = disk::read_all(&path)?.ok_or_else(|| {
+            let mut bytes = self.disk.read_all(&path)?.ok_or_else(|| {
                 Error::Corrupt(format!("staging file {} is missing", path.display()))
             })?;
             let data_bytes = bytes.len() as u64;
@@ -211,26 +211,27 @@ impl ArchiveStore {
                 let path = self
                     .device_dir(sub.device as usize)
                     .join(sub_file_name(c.id, j as u8));
-                disk::write_durable(
+                self.disk.write_durable(
                     &path,
                     &c.bytes[j * sub_file_bytes..(j + 1) * sub_file_bytes],
                 )?;
             }
         }
         for (path, bytes) in &parity_files {
-            disk::write_durable(path, bytes)?;
+            self.disk.write_durable(path, bytes)?;
         }
         let encoded = map.encode();
         debug_assert!(BatchMap::decode(&encoded, "new").is_ok_and(|d| d == map));
-        disk::write_durable(&self.dir.join(MAPS_DIR).join(map_name(batch)), &encoded)?;
+        self.disk
+            .write_durable(&self.dir.join(MAPS_DIR).join(map_name(batch)), &encoded)?;
         for c in &map.containers {
             self.container_batch.insert(c.id, batch);
         }
         self.batches.insert(batch, map);
         for &id in ids {
-            disk::remove(&self.staging_path(id))?;
+            self.disk.remove(&self.staging_path(id))?;
         }
-        disk::sync_dir(&self.dir.join(STAGING_DIR))?;
+        self.disk.sync_dir(&self.dir.join(STAGING_DIR))?;
         self.save_cache()
     }
 

@@ -25,14 +25,18 @@
 //!   exactly when the catalog names it. What a crash leaves beyond the
 //!   catalog (staging bytes past the committed length, containers sealed
 //!   for an object whose `put` never committed) is cut back at open or
-//!   reclaimed by `scrub --repair`.
+//!   reclaimed by `scrub --repair`; what open reconciles (containers the
+//!   catalog calls open or pending that a map says are sealed) it commits
+//!   at once, before anything can reclaim the batch that said so.
 //! - Every block of a sealed container is either unique, in an encoded
 //!   virtual stripe of its group, or redundant with a unique source block;
 //!   a batch is kept while any live object or any live batch's redundant
 //!   block refers to it, so a source keeps its protection.
 //! - After an error in a mutating call the store is latched: every later
 //!   call fails until it is opened again (which reconciles the disk).
-//! - All file I/O goes through disk.rs.
+//! - All file I/O goes through disk.rs, over the `Arc<dyn Storage>` the
+//!   archive was opened on (the real file system, or the power-loss
+//!   simulator in tests).
 
 mod cache;
 mod container;
@@ -48,18 +52,25 @@ pub use scrub::ScrubReport;
 use crate::codec::Codec;
 use crate::error::{Error, Result};
 use crate::fingerprint::{Algorithm, CpuBackend, Fingerprint};
-use crate::media::storage::FileLock;
+use crate::media::storage::StorageLock;
+use crate::media::{OsStorage, Storage};
 use cache::FingerprintCache;
+use disk::Disk;
 use map::{BatchMap, BlockAddress};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 const CONFIG_FILE: &str = "archive.json";
 const CATALOG_FILE: &str = "catalog.json";
 const CACHE_FILE: &str = "fpcache.bin";
 const LOCK_FILE: &str = "archive.lock";
+/// Written by `create` before the first device marker and removed once the
+/// config is durable: the uuid whose markers a repeated `create` may
+/// overwrite after a crash.
+const CREATING_FILE: &str = "creating.json";
 const MAPS_DIR: &str = "maps";
 const STAGING_DIR: &str = "staging";
 const DEVICE_MARKER: &str = "archive-device.json";
@@ -251,6 +262,8 @@ enum Location<'a> {
 
 pub struct ArchiveStore {
     dir: PathBuf,
+    /// Every file operation goes through here.
+    disk: Disk,
     config: ArchiveConfig,
     codec: Codec,
     backend: CpuBackend,
@@ -264,7 +277,7 @@ pub struct ArchiveStore {
     missing_devices: Vec<usize>,
     /// Set by a failed mutating call (see the module invariants).
     latched: Option<String>,
-    _lock: FileLock,
+    _lock: StorageLock,
 }
 
 fn staging_name(id: u32) -> String {
@@ -283,27 +296,47 @@ fn map_name(batch: u32) -> String {
     format!("b{batch:08x}.map")
 }
 
+/// `creating.json`: the archive a create in progress is making.
+#[derive(Serialize, Deserialize)]
+struct Creating {
+    archive: String,
+}
+
 #[derive(Serialize, Deserialize)]
 struct DeviceMarker {
     archive: String,
     position: usize,
 }
 
-fn lock(dir: &Path) -> Result<FileLock> {
-    let path = dir.join(LOCK_FILE);
-    match FileLock::try_exclusive(&path) {
-        Ok(Some(lock)) => Ok(lock),
-        Ok(None) => Err(Error::Busy(format!(
+fn lock(disk: &Disk, dir: &Path) -> Result<StorageLock> {
+    disk.try_lock(&dir.join(LOCK_FILE))?.ok_or_else(|| {
+        Error::Busy(format!(
             "archive {} is open in another process",
             dir.display()
-        ))),
-        Err(e) => Err(Error::io(format!("locking {}", path.display()), e)),
-    }
+        ))
+    })
 }
 
 impl ArchiveStore {
-    /// Creates an archive in `dir` (which must not hold one) and opens it.
+    /// Creates an archive in `dir` (which must not hold one) on the real
+    /// file system and opens it.
     pub fn create(dir: &Path, options: &CreateOptions) -> Result<ArchiveStore> {
+        ArchiveStore::create_in(OsStorage::shared(), dir, options)
+    }
+
+    /// Opens the archive in `dir` on the real file system.
+    pub fn open(dir: &Path) -> Result<ArchiveStore> {
+        ArchiveStore::open_in(OsStorage::shared(), dir)
+    }
+
+    /// Creates an archive in `dir` of `storage` (which must not hold one)
+    /// and opens it.
+    pub fn create_in(
+        storage: Arc<dyn Storage>,
+        dir: &Path,
+        options: &CreateOptions,
+    ) -> Result<ArchiveStore> {
+        let disk = Disk::new(storage);
         let devices: Vec<PathBuf> = if options.devices.is_empty() {
             (0..options.device_count)
                 .map(|i| PathBuf::from(format!("dev{i}")))
@@ -325,56 +358,105 @@ impl ArchiveStore {
             verify: options.verify.unwrap_or(!options.fingerprint.strong()),
         };
         config.validate()?;
-        if dir.join(CONFIG_FILE).exists() {
+        if disk.exists(&dir.join(CONFIG_FILE)) {
             return Err(Error::Config(format!(
                 "{} already holds an archive",
                 dir.display()
             )));
         }
-        disk::create_dir(dir)?;
-        let _lock = lock(dir)?;
-        for (position, device) in config.devices.iter().enumerate() {
+        disk.create_dir(dir)?;
+        let _lock = lock(&disk, dir)?;
+        // A create of this folder that a crash interrupted: its markers
+        // (and nothing else) may be overwritten.
+        let creating_path = dir.join(CREATING_FILE);
+        let interrupted: Option<Creating> = read_json(&disk, &creating_path)?;
+        for device in &config.devices {
             let path = dir.join(device);
-            if let Some(files) = disk::list_files(&path)? {
-                if !files.is_empty() {
-                    return Err(Error::Device {
-                        path,
-                        reason: "is not empty; an archive device must start empty".into(),
-                    });
-                }
+            let files = disk.list_files(&path)?.unwrap_or_default();
+            let ours = |name: &String| {
+                name == DEVICE_MARKER || name == &disk::temporary_name(DEVICE_MARKER)
+            };
+            let left_by_interrupted_create = interrupted.as_ref().is_some_and(|c| {
+                files.iter().all(ours)
+                    && read_json::<DeviceMarker>(&disk, &path.join(DEVICE_MARKER))
+                        .ok()
+                        .flatten()
+                        .is_none_or(|m| m.archive == c.archive)
+            });
+            if !files.is_empty() && !left_by_interrupted_create {
+                return Err(Error::Device {
+                    path,
+                    reason: "is not empty; an archive device must start empty".into(),
+                });
             }
-            write_marker(&path, &config.uuid, position)?;
         }
-        disk::create_dir(&dir.join(MAPS_DIR))?;
-        disk::create_dir(&dir.join(STAGING_DIR))?;
+        write_json(
+            &disk,
+            &creating_path,
+            &Creating {
+                archive: config.uuid.clone(),
+            },
+        )?;
+        for (position, device) in config.devices.iter().enumerate() {
+            write_marker(&disk, &dir.join(device), &config.uuid, position)?;
+        }
+        disk.create_dir(&dir.join(MAPS_DIR))?;
+        disk.create_dir(&dir.join(STAGING_DIR))?;
         let catalog = Catalog {
             next_container: 1,
             ..Default::default()
         };
-        write_json(&dir.join(CATALOG_FILE), &catalog)?;
+        write_json(&disk, &dir.join(CATALOG_FILE), &catalog)?;
         // The config last: a crash before it leaves no archive.
-        write_json(&dir.join(CONFIG_FILE), &config)?;
+        write_json(&disk, &dir.join(CONFIG_FILE), &config)?;
+        disk.remove(&creating_path)?;
+        disk.sync_dir(dir)?;
         drop(_lock);
-        ArchiveStore::open(dir)
+        ArchiveStore::open_in(Arc::clone(disk.storage()), dir)
     }
 
-    /// Opens the archive in `dir`, reconciling what a crash left behind.
-    pub fn open(dir: &Path) -> Result<ArchiveStore> {
+    /// Opens the archive in `dir` of `storage`, reconciling what a crash
+    /// left behind.
+    pub fn open_in(storage: Arc<dyn Storage>, dir: &Path) -> Result<ArchiveStore> {
+        let disk = Disk::new(storage);
         let config_path = dir.join(CONFIG_FILE);
-        let config: ArchiveConfig = read_json(&config_path)?
-            .ok_or_else(|| Error::Config(format!("no archive in {}", dir.display())))?;
+        let creating_path = dir.join(CREATING_FILE);
+        let config: ArchiveConfig = read_json(&disk, &config_path)?.ok_or_else(|| {
+            let hint = if disk.exists(&creating_path) {
+                " (a create was interrupted: run create again)"
+            } else {
+                ""
+            };
+            Error::Config(format!("no archive in {}{hint}", dir.display()))
+        })?;
         config.validate()?;
-        let _lock = lock(dir)?;
+        let _lock = lock(&disk, dir)?;
+        // A create that a crash stopped after its config was durable.
+        if disk.exists(&creating_path) {
+            disk.remove(&creating_path)?;
+            disk.sync_dir(dir)?;
+        }
         let mut missing_devices = Vec::new();
         for (position, device) in config.devices.iter().enumerate() {
             let path = dir.join(device);
-            if !disk::is_dir(&path) {
+            if !disk.is_dir(&path) {
                 missing_devices.push(position);
                 continue;
             }
-            let marker: Option<DeviceMarker> = read_json(&path.join(DEVICE_MARKER))?;
+            let marker: Option<DeviceMarker> = read_json(&disk, &path.join(DEVICE_MARKER))?;
             match marker {
                 Some(m) if m.archive == config.uuid && m.position == position => {}
+                // An empty folder (a replacement, or one whose repair a
+                // crash stopped before its marker was durable) is a missing
+                // device: `scrub --repair` writes it.
+                None if disk
+                    .list_files(&path)?
+                    .unwrap_or_default()
+                    .iter()
+                    .all(|n| n == &disk::temporary_name(DEVICE_MARKER)) =>
+                {
+                    missing_devices.push(position);
+                }
                 _ => {
                     return Err(Error::Device {
                         path,
@@ -388,15 +470,17 @@ impl ArchiveStore {
         }
         let codec = Codec::new(config.k, config.m).map_err(|e| Error::Config(e.to_string()))?;
         let backend = CpuBackend::new(None).map_err(|e| Error::Other(e.to_string()))?;
-        let mut catalog: Catalog = read_json(&dir.join(CATALOG_FILE))?
+        let mut catalog: Catalog = read_json(&disk, &dir.join(CATALOG_FILE))?
             .ok_or_else(|| Error::Corrupt(format!("{}: catalog missing", dir.display())))?;
         let mut batches = BTreeMap::new();
         let mut container_batch = HashMap::new();
-        for name in disk::list_files(&dir.join(MAPS_DIR))?.unwrap_or_default() {
+        for name in disk.list_files(&dir.join(MAPS_DIR))?.unwrap_or_default() {
             if !name.ends_with(".map") || name.starts_with('.') {
                 continue;
             }
-            let bytes = disk::read_all(&dir.join(MAPS_DIR).join(&name))?.unwrap_or_default();
+            let bytes = disk
+                .read_all(&dir.join(MAPS_DIR).join(&name))?
+                .unwrap_or_default();
             let map = BatchMap::decode(&bytes, &name)?;
             if map.k as usize != config.k
                 || map.m as usize != config.m
@@ -413,6 +497,11 @@ impl ArchiveStore {
         }
         // Reconcile: containers sealed by a put or seal whose catalog
         // write never happened.
+        let committed = (
+            catalog.pending.clone(),
+            catalog.open_container,
+            catalog.next_container,
+        );
         catalog
             .pending
             .retain(|id| !container_batch.contains_key(id));
@@ -429,8 +518,21 @@ impl ArchiveStore {
             catalog.next_container += 1;
             catalog.open_bytes = 0;
         }
+        // Committed before anything else: a batch that justified the
+        // reconciliation may be reclaimed (it holds no live object), after
+        // which the old catalog would name a sealed container as open or
+        // pending with no staging file left, and reuse its id.
+        if committed
+            != (
+                catalog.pending.clone(),
+                catalog.open_container,
+                catalog.next_container,
+            )
+        {
+            write_json(&disk, &dir.join(CATALOG_FILE), &catalog)?;
+        }
         let staging = dir.join(STAGING_DIR);
-        for name in disk::list_files(&staging)?.unwrap_or_default() {
+        for name in disk.list_files(&staging)?.unwrap_or_default() {
             let path = staging.join(&name);
             let id = name
                 .strip_prefix('c')
@@ -438,17 +540,18 @@ impl ArchiveStore {
                 .and_then(|n| u32::from_str_radix(n, 16).ok());
             match id {
                 Some(id) if id == catalog.open_container => {
-                    disk::truncate(&path, catalog.open_bytes)?
+                    disk.truncate(&path, catalog.open_bytes)?
                 }
                 Some(id) if catalog.pending.contains(&id) => {}
-                _ => disk::remove(&path)?,
+                _ => disk.remove(&path)?,
             }
         }
         let mut cache = FingerprintCache::new(config.cache_bytes);
-        load_cache(&dir.join(CACHE_FILE), config.fingerprint, &mut cache)?;
+        load_cache(&disk, &dir.join(CACHE_FILE), config.fingerprint, &mut cache)?;
         cache.retain_containers(|c| container_batch.contains_key(&c));
         Ok(ArchiveStore {
             dir: dir.to_path_buf(),
+            disk,
             config,
             codec,
             backend,
@@ -499,7 +602,7 @@ impl ArchiveStore {
     }
 
     fn save_catalog(&self) -> Result<()> {
-        write_json(&self.dir.join(CATALOG_FILE), &self.catalog)
+        write_json(&self.disk, &self.dir.join(CATALOG_FILE), &self.catalog)
     }
 
     fn save_cache(&self) -> Result<()> {
@@ -513,7 +616,7 @@ impl ArchiveStore {
         }
         let crc = crc32c::crc32c(&out);
         out.extend_from_slice(&crc.to_le_bytes());
-        disk::write_durable(&self.dir.join(CACHE_FILE), &out)
+        self.disk.write_durable(&self.dir.join(CACHE_FILE), &out)
     }
 
     /// Stores `source`'s bytes as object `name`; the object exists once this
@@ -551,7 +654,8 @@ impl ArchiveStore {
             }
             let id = self.catalog.open_container;
             let offset = self.catalog.open_bytes;
-            disk::write_at(&self.staging_path(id), offset, &buffer[..got])?;
+            self.disk
+                .write_at(&self.staging_path(id), offset, &buffer[..got])?;
             match record.extents.last_mut() {
                 Some(e) if e.container == id && e.offset + e.length == offset => {
                     e.length += got as u64
@@ -566,7 +670,8 @@ impl ArchiveStore {
             self.catalog.open_bytes += got as u64;
         }
         if self.catalog.open_bytes > 0 {
-            disk::sync_file(&self.staging_path(self.catalog.open_container))?;
+            self.disk
+                .sync_file(&self.staging_path(self.catalog.open_container))?;
         }
         self.catalog
             .objects
@@ -579,7 +684,7 @@ impl ArchiveStore {
     /// it is complete.
     fn close_open_container(&mut self) -> Result<()> {
         let id = self.catalog.open_container;
-        disk::sync_file(&self.staging_path(id))?;
+        self.disk.sync_file(&self.staging_path(id))?;
         self.catalog.pending.push(id);
         self.catalog.open_container = self.catalog.next_container;
         self.catalog.next_container += 1;
@@ -603,7 +708,7 @@ impl ArchiveStore {
         self.latching(|store| {
             if store.catalog.open_bytes > 0 {
                 let id = store.catalog.open_container;
-                disk::sync_file(&store.staging_path(id))?;
+                store.disk.sync_file(&store.staging_path(id))?;
                 store.catalog.pending.push(id);
                 store.catalog.open_container = store.catalog.next_container;
                 store.catalog.next_container += 1;
@@ -676,7 +781,7 @@ impl ArchiveStore {
         match self.location(container) {
             Location::Staging => {
                 let path = self.staging_path(container);
-                if !disk::read_at(&path, offset, buf)? {
+                if !self.disk.read_at(&path, offset, buf)? {
                     return Err(Error::Corrupt(format!(
                         "staging file {} is shorter than the catalog says",
                         path.display()
@@ -796,19 +901,32 @@ impl ArchiveStore {
             .copied()
             .collect();
         let mut reclaimed = 0;
-        for b in dead {
+        let mut folders = BTreeSet::new();
+        // Newest first: a redundant block's source is in its own batch or
+        // one sealed before it (batch ids grow in sealing order), so a cut
+        // part way leaves no batch whose sources are gone (its redundant
+        // blocks would be unrecoverable with a device out).
+        for b in dead.into_iter().rev() {
             let map = self.batches.remove(&b).expect("listed");
-            disk::remove(&self.dir.join(MAPS_DIR).join(map_name(b)))?;
-            disk::sync_dir(&self.dir.join(MAPS_DIR))?;
+            self.disk
+                .remove(&self.dir.join(MAPS_DIR).join(map_name(b)))?;
+            self.disk.sync_dir(&self.dir.join(MAPS_DIR))?;
             for c in &map.containers {
                 self.container_batch.remove(&c.id);
                 reclaimed += 1;
             }
             for path in self.batch_files(&map) {
-                if path.parent().is_some_and(disk::is_dir) {
-                    disk::remove(&path)?;
+                let folder = path.parent().expect("device files live in a folder");
+                if self.disk.is_dir(folder) {
+                    self.disk.remove(&path)?;
+                    folders.insert(folder.to_path_buf());
                 }
             }
+        }
+        // The space is reclaimed for good (a cut before this leaves the
+        // files as orphans, which scrub finds and removes).
+        for folder in &folders {
+            self.disk.sync_dir(folder)?;
         }
         if reclaimed > 0 {
             let sealed = &self.container_batch;
@@ -884,9 +1002,10 @@ impl ArchiveStore {
     }
 }
 
-fn write_marker(path: &Path, uuid: &str, position: usize) -> Result<()> {
-    disk::create_dir(path)?;
+fn write_marker(disk: &Disk, path: &Path, uuid: &str, position: usize) -> Result<()> {
+    disk.create_dir(path)?;
     write_json(
+        disk,
         &path.join(DEVICE_MARKER),
         &DeviceMarker {
             archive: uuid.to_string(),
@@ -895,13 +1014,13 @@ fn write_marker(path: &Path, uuid: &str, position: usize) -> Result<()> {
     )
 }
 
-fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+fn write_json<T: Serialize>(disk: &Disk, path: &Path, value: &T) -> Result<()> {
     let bytes = serde_json::to_vec_pretty(value).expect("serializable");
-    disk::write_durable(path, &bytes)
+    disk.write_durable(path, &bytes)
 }
 
-fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Option<T>> {
-    match disk::read_all(path)? {
+fn read_json<T: for<'de> Deserialize<'de>>(disk: &Disk, path: &Path) -> Result<Option<T>> {
+    match disk.read_all(path)? {
         None => Ok(None),
         Some(bytes) => serde_json::from_slice(&bytes)
             .map(Some)
@@ -925,8 +1044,13 @@ fn read_full(source: &mut dyn Read, buf: &mut [u8]) -> Result<usize> {
 
 /// Loads a saved cache; a missing or corrupt file is an empty cache (it is
 /// only a cache).
-fn load_cache(path: &Path, algorithm: Algorithm, cache: &mut FingerprintCache) -> Result<()> {
-    let Some(bytes) = disk::read_all(path)? else {
+fn load_cache(
+    disk: &Disk,
+    path: &Path,
+    algorithm: Algorithm,
+    cache: &mut FingerprintCache,
+) -> Result<()> {
+    let Some(bytes) = disk.read_all(path)? else {
         return Ok(());
     };
     if bytes.len() < 4 {

@@ -10,7 +10,7 @@
 //! through sources is bounded by [`SOURCE_DEPTH_MAX`].
 
 use super::map::{BatchMap, BlockAddress};
-use super::{disk, parity_name, sub_file_name, ArchiveStore};
+use super::{parity_name, sub_file_name, ArchiveStore};
 use crate::error::{Error, Result};
 
 /// Sources followed in a row before a block is given up as lost (a source
@@ -55,7 +55,9 @@ impl ArchiveStore {
             .device_dir(sub.device as usize)
             .join(sub_file_name(a.container, a.sub_file));
         let mut bytes = vec![0u8; block as usize];
-        let read = disk::read_at(&path, a.column as u64 * block, &mut bytes)?;
+        let read = self
+            .disk
+            .read_at(&path, a.column as u64 * block, &mut bytes)?;
         Ok((read && crc32c::crc32c(&bytes) == entry.crc).then_some(bytes))
     }
 
@@ -135,7 +137,9 @@ impl ArchiveStore {
                 .device_dir(group.parity_devices[i] as usize)
                 .join(parity_name(map.group_id(g), i));
             let shard = &mut shards[k + i];
-            if disk::read_at(&path, position as u64 * block as u64, shard)?
+            if self
+                .disk
+                .read_at(&path, position as u64 * block as u64, shard)?
                 && crc32c::crc32c(shard)
                     == group.parity_crcs[i * group.encoded as usize + position as usize]
             {

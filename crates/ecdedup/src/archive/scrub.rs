@@ -3,7 +3,9 @@
 //! encode, and with `repair` rewrites what is missing or wrong (a lost
 //! device's folder is made again and its files decoded), removes files no
 //! map names (left by a crash between the files of a batch and its map, or
-//! by a removal that stopped half way) and reclaims batches no object
+//! by a removal that stopped half way, or not yet durable) and the
+//! temporaries of an interrupted durable write (`.NAME.tmp` in the archive
+//! folder, `maps/` and on the devices), and reclaims batches no object
 //! needs (left by a `put` that never committed).
 //!
 //! Repairs go through the same durable write as sealing, so a crash during
@@ -45,7 +47,7 @@ impl ArchiveStore {
         if repair {
             for position in std::mem::take(&mut self.missing_devices) {
                 let uuid = self.config.uuid.clone();
-                write_marker(&self.device_dir(position), &uuid, position)?;
+                write_marker(&self.disk, &self.device_dir(position), &uuid, position)?;
                 report.devices_recreated += 1;
             }
             report.unreferenced_containers = self.collect_garbage()?;
@@ -107,19 +109,26 @@ impl ArchiveStore {
             }
             if repair && report.unrecoverable_blocks == 0 {
                 for (path, bytes) in rewrites {
-                    disk::write_durable(&path, &bytes)?;
+                    self.disk.write_durable(&path, &bytes)?;
                     report.files_rewritten += 1;
                 }
             }
         }
-        // Files no map names, and maps a crash left half written.
-        let maps_dir = self.dir.join(super::MAPS_DIR);
-        for name in disk::list_files(&maps_dir)?.unwrap_or_default() {
-            if name.starts_with('.') {
-                report.orphan_files += 1;
-                if repair {
-                    disk::remove(&maps_dir.join(name))?;
+        // Files no map names, and maps, catalogs and caches a crash left
+        // half written (the temporaries of `write_durable`).
+        for folder in [self.dir.clone(), self.dir.join(super::MAPS_DIR)] {
+            let mut removed = false;
+            for name in self.disk.list_files(&folder)?.unwrap_or_default() {
+                if disk::is_temporary(&name) || (folder != self.dir && name.starts_with('.')) {
+                    report.orphan_files += 1;
+                    if repair {
+                        self.disk.remove(&folder.join(name))?;
+                        removed = true;
+                    }
                 }
+            }
+            if removed {
+                self.disk.sync_dir(&folder)?;
             }
         }
         let mut expected: BTreeSet<PathBuf> = BTreeSet::new();
@@ -128,18 +137,18 @@ impl ArchiveStore {
         }
         for position in 0..self.config.devices.len() {
             let dir = self.device_dir(position);
-            for name in disk::list_files(&dir)?.unwrap_or_default() {
+            for name in self.disk.list_files(&dir)?.unwrap_or_default() {
                 let path = dir.join(&name);
                 if name == DEVICE_MARKER || expected.contains(&path) {
                     continue;
                 }
                 report.orphan_files += 1;
                 if repair {
-                    disk::remove(&path)?;
+                    self.disk.remove(&path)?;
                 }
             }
             if repair {
-                disk::sync_dir(&dir).ok();
+                self.disk.sync_dir(&dir).ok();
             }
         }
         Ok(report)
@@ -165,7 +174,7 @@ impl ArchiveStore {
             .collect();
         let stored: Vec<Option<Vec<u8>>> = paths
             .iter()
-            .map(|p| disk::read_all(p))
+            .map(|p| self.disk.read_all(p))
             .collect::<Result<_>>()?;
         let mut fresh = vec![vec![0u8; encoded * block]; m];
         let mut bad = 0u64;

@@ -381,6 +381,28 @@ impl PowerLossStorage {
         report
     }
 
+    /// Takes folder `path` away with everything under it, at once and for
+    /// good, as when a device is pulled out (tests): its files and their
+    /// pages, their names durable or not, its sub-folders.
+    pub fn remove_dir_all(&self, path: &Path) {
+        let mut st = self.shared.state.lock().unwrap();
+        let mut gone: BTreeMap<u64, Arc<Inode>> = BTreeMap::new();
+        for (p, i) in st.names.iter().chain(st.durable_names.iter()) {
+            if p.starts_with(path) {
+                gone.insert(i.id, Arc::clone(i));
+            }
+        }
+        st.names.retain(|p, _| !p.starts_with(path));
+        st.durable_names.retain(|p, _| !p.starts_with(path));
+        st.dirs.retain(|d| !d.starts_with(path));
+        for inode in gone.values() {
+            let pages = std::mem::take(&mut inode.data.lock().unwrap().pages);
+            self.shared
+                .pages_allocated
+                .fetch_sub(pages.len() as u64, SeqCst);
+        }
+    }
+
     /// Bytes a reader sees in `path` now (tests).
     pub fn read_file(&self, path: &Path) -> Option<Vec<u8>> {
         let st = self.shared.state.lock().unwrap();
@@ -673,6 +695,25 @@ impl Storage for PowerLossStorage {
             epoch: st.epoch,
         })))
     }
+
+    fn list_files(&self, path: &Path) -> io::Result<Vec<String>> {
+        let st = self.shared.state.lock().unwrap();
+        if !st.dirs.contains(path) {
+            return Err(io::Error::from(io::ErrorKind::NotFound));
+        }
+        // `names` is ordered by path, so the names of one folder come sorted.
+        Ok(st
+            .names
+            .keys()
+            .filter(|p| parent_of(p) == path)
+            .filter_map(|p| p.file_name())
+            .map(|n| n.to_string_lossy().into_owned())
+            .collect())
+    }
+
+    fn is_dir(&self, path: &Path) -> bool {
+        self.shared.state.lock().unwrap().dirs.contains(path)
+    }
 }
 
 struct SimLock {
@@ -759,6 +800,49 @@ mod tests {
             vanished |= !s.exists(Path::new("/a/new"));
         }
         assert!(vanished);
+    }
+
+    #[test]
+    fn a_listing_shows_the_names_of_now_and_a_cut_may_revert_the_unsynced_ones() {
+        let s = storage();
+        s.create_dir_all(Path::new("/a/sub")).unwrap();
+        s.create(Path::new("/a/b"), true).unwrap();
+        s.sync_dir(Path::new("/a")).unwrap();
+        s.create(Path::new("/a/sub/x"), true).unwrap();
+        s.create(Path::new("/a/a"), true).unwrap();
+        assert_eq!(s.list_files(Path::new("/a")).unwrap(), vec!["a", "b"]);
+        assert!(s.is_dir(Path::new("/a/sub")) && !s.is_dir(Path::new("/a/b")));
+        let e = s.list_files(Path::new("/none")).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+        let mut reverted = false;
+        for seed in 0..32 {
+            let s = storage();
+            s.create(Path::new("/a/b"), true).unwrap();
+            s.sync_dir(Path::new("/a")).unwrap();
+            s.create(Path::new("/a/a"), true).unwrap();
+            s.crash(seed);
+            let names = s.list_files(Path::new("/a")).unwrap();
+            assert!(names == ["a", "b"] || names == ["b"], "{names:?}");
+            reverted |= names == ["b"];
+        }
+        assert!(reverted);
+    }
+
+    #[test]
+    fn a_removed_folder_is_gone_with_its_files_and_their_pages() {
+        let s = storage();
+        s.create_dir_all(Path::new("/a/d/e")).unwrap();
+        let f = s.create(Path::new("/a/d/f"), true).unwrap();
+        f.write_at(&[1u8; 8192], 0).unwrap();
+        f.sync().unwrap();
+        s.sync_dir(Path::new("/a/d")).unwrap();
+        s.create(Path::new("/a/keep"), true).unwrap();
+        s.remove_dir_all(Path::new("/a/d"));
+        assert!(!s.exists(Path::new("/a/d/f")) && !s.is_dir(Path::new("/a/d/e")));
+        assert_eq!(s.allocated_bytes(), 0);
+        s.crash(1);
+        assert!(!s.exists(Path::new("/a/d/f")), "and stays gone after a cut");
+        assert!(s.is_dir(Path::new("/a")));
     }
 
     #[test]

@@ -116,6 +116,22 @@ pub trait Storage: Send + Sync {
     /// Takes an exclusive lock on `path` (created if missing) for this
     /// process; `Ok(None)` when another holder has it.
     fn try_lock(&self, path: &Path) -> io::Result<Option<StorageLock>>;
+    /// Names of the plain files in folder `path` as reads see them now
+    /// (names not yet made durable by [`Storage::sync_dir`] included),
+    /// sorted; `NotFound` when the folder does not exist. Sub-folders and
+    /// other entries are left out. Default: `Unsupported`.
+    fn list_files(&self, path: &Path) -> io::Result<Vec<String>> {
+        let _ = path;
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this storage cannot list a folder",
+        ))
+    }
+    /// Whether `path` is an existing folder. Default: whether it can be
+    /// listed.
+    fn is_dir(&self, path: &Path) -> bool {
+        self.list_files(path).is_ok()
+    }
 }
 
 /// Reads a whole file.
@@ -498,6 +514,22 @@ impl Storage for OsStorage {
     fn try_lock(&self, path: &Path) -> io::Result<Option<StorageLock>> {
         Ok(FileLock::try_exclusive(path)?.map(|l| Box::new(l) as StorageLock))
     }
+
+    fn list_files(&self, path: &Path) -> io::Result<Vec<String>> {
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(path)? {
+            let entry = entry?;
+            if entry.file_type()?.is_file() {
+                names.push(entry.file_name().to_string_lossy().into_owned());
+            }
+        }
+        names.sort();
+        Ok(names)
+    }
+
+    fn is_dir(&self, path: &Path) -> bool {
+        path.is_dir()
+    }
 }
 
 /// An exclusive `flock` on a file, released when dropped.
@@ -589,6 +621,19 @@ pub fn foreign_signature(head: &[u8]) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_folder_lists_its_plain_files_sorted_and_a_missing_one_is_not_found() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = OsStorage;
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        s.create(&dir.path().join("b"), true).unwrap();
+        s.create(&dir.path().join("a"), true).unwrap();
+        assert_eq!(s.list_files(dir.path()).unwrap(), vec!["a", "b"]);
+        assert!(s.is_dir(&dir.path().join("sub")) && !s.is_dir(&dir.path().join("a")));
+        let e = s.list_files(&dir.path().join("none")).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+    }
 
     #[test]
     fn foreign_signatures_are_recognised_and_zeroes_are_not() {
