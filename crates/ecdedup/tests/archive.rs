@@ -4,13 +4,15 @@
 //! encodes exactly the virtual stripes that hold a unique block; scrub
 //! repairs lost devices; bad input is a typed error.
 
-use ecdedup::archive::map::BatchMap;
 use ecdedup::archive::{ArchiveStore, CreateOptions};
 use ecdedup::fingerprint::Algorithm;
 use ecdedup::Error;
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
 use std::path::Path;
+
+mod support;
+use support::archive::{first_map, lose_devices_then_read_and_repair, maps};
 
 const BLOCK_BYTES: usize = 512;
 const K: usize = 3;
@@ -31,6 +33,7 @@ fn options(exchange: u32) -> CreateOptions {
         cache_bytes: 1 << 20,
         exchange,
         verify: None,
+        ..CreateOptions::default()
     }
 }
 
@@ -63,18 +66,6 @@ fn pool(rng: &mut rand::rngs::StdRng) -> Vec<Vec<u8>> {
         .collect()
 }
 
-fn maps(dir: &Path) -> Vec<BatchMap> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(dir.join("maps")).unwrap() {
-        let path = entry.unwrap().path();
-        if path.extension().is_some_and(|e| e == "map") {
-            let bytes = std::fs::read(&path).unwrap();
-            out.push(BatchMap::decode(&bytes, "test").unwrap());
-        }
-    }
-    out
-}
-
 /// Each group encodes as many stripes as its member with the most unique
 /// blocks has, and every unique block sits in an encoded stripe.
 fn assert_encoded_stripes_hold_exactly_the_unique_blocks(dir: &Path) {
@@ -93,7 +84,7 @@ fn assert_encoded_stripes_hold_exactly_the_unique_blocks(dir: &Path) {
             );
             for &(c, j) in &group.members {
                 for b in &map.container(c).unwrap().sub_files[j as usize].blocks {
-                    if b.source.is_none() {
+                    if !b.redundant {
                         assert!(b.position < group.encoded);
                     }
                 }
@@ -133,28 +124,13 @@ proptest! {
         prop_assert!(stats.stripes_encoded <= stats.stripes);
         drop(store);
 
-        for &d in &lost {
-            std::fs::remove_dir_all(dir.path().join(format!("dev{d}"))).unwrap();
-        }
-        let store = ArchiveStore::open(dir.path()).unwrap();
-        prop_assert_eq!(store.get("copy").unwrap(), objects[0].clone());
-        for (i, bytes) in objects.iter().enumerate() {
-            let name = format!("o{i}");
-            prop_assert_eq!(&store.get(&name).unwrap(), bytes);
-            let start = (range.0 * bytes.len() as f64) as usize;
-            let len = (range.1 * (bytes.len() - start) as f64) as usize;
-            let mut part = vec![0u8; len];
-            store.read(&name, start as u64, &mut part).unwrap();
-            prop_assert_eq!(&part[..], &bytes[start..start + len]);
-        }
-        drop(store);
-
-        let mut store = ArchiveStore::open(dir.path()).unwrap();
-        let repaired = store.scrub(true).unwrap();
-        prop_assert_eq!(repaired.unrecoverable_blocks, 0);
-        prop_assert_eq!(repaired.devices_recreated, lost.len() as u64);
-        let clean = store.scrub(false).unwrap();
-        prop_assert_eq!(clean.bad_blocks + clean.bad_parity_blocks, 0);
+        let mut named: Vec<(String, Vec<u8>)> = objects
+            .iter()
+            .enumerate()
+            .map(|(i, bytes)| (format!("o{i}"), bytes.clone()))
+            .collect();
+        named.push(("copy".into(), objects[0].clone()));
+        lose_devices_then_read_and_repair(dir.path(), &lost, &named, range);
     }
 }
 
@@ -294,12 +270,7 @@ fn a_corrupt_map_or_a_foreign_device_is_refused_at_open() {
     store.put("a", &mut &[1u8; 5000][..]).unwrap();
     store.seal().unwrap();
     drop(store);
-    let map = std::fs::read_dir(dir.path().join("maps"))
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+    let map = first_map(dir.path());
     let good = std::fs::read(&map).unwrap();
     let mut corrupt = good.clone();
     corrupt[40] ^= 1;

@@ -25,6 +25,7 @@ fn options(exchange: u32) -> CreateOptions {
         cache_bytes: 1 << 20,
         exchange,
         verify: None,
+        ..CreateOptions::default()
     }
 }
 

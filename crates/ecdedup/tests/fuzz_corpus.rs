@@ -320,6 +320,7 @@ mod seeds {
             cache_bytes: 1 << 20,
             exchange: 2,
             verify: None,
+            ..Default::default()
         };
         let mut store = ArchiveStore::create(dir.path(), &options).unwrap();
         let object: Vec<u8> = (0..9000u32).map(|i| (i / 512 % 3) as u8).collect();

@@ -13,6 +13,7 @@
 
 #![allow(dead_code)]
 
+pub mod archive;
 pub mod checker;
 pub mod fs;
 pub mod nbd;
