@@ -4,37 +4,21 @@
 //! encodes exactly the virtual stripes that hold a unique block; scrub
 //! repairs lost devices; bad input is a typed error.
 
-use ecdedup::archive::{ArchiveStore, CreateOptions};
-use ecdedup::fingerprint::Algorithm;
+use ecdedup::archive::map::Layout;
+use ecdedup::archive::{ArchiveStore, Chunking, CreateOptions};
 use ecdedup::Error;
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
 use std::path::Path;
 
 mod support;
-use support::archive::{first_map, lose_devices_then_read_and_repair, maps};
-
-const BLOCK_BYTES: usize = 512;
-const K: usize = 3;
-const M: usize = 2;
-const DEVICES: usize = 6;
-/// 8 blocks per sub-file: small containers, so objects span several.
-const CONTAINER_BYTES: u64 = (K * BLOCK_BYTES * 8) as u64;
+use support::archive::{
+    first_map, lose_devices_then_read_and_repair, maps, rm_source_then_copy, BLOCK_BYTES,
+    CONTAINER_BYTES, DEVICES, M,
+};
 
 fn options(exchange: u32) -> CreateOptions {
-    CreateOptions {
-        k: K,
-        m: M,
-        devices: Vec::new(),
-        device_count: DEVICES,
-        container_bytes: CONTAINER_BYTES,
-        block_bytes: BLOCK_BYTES as u32,
-        fingerprint: Algorithm::Md5,
-        cache_bytes: 1 << 20,
-        exchange,
-        verify: None,
-        ..CreateOptions::default()
-    }
+    support::archive::options(Layout::Paper, Chunking::Fixed, exchange)
 }
 
 /// An object of whole blocks, each drawn from a small shared pool (a
@@ -166,23 +150,9 @@ fn removing_the_source_object_keeps_the_blocks_its_copy_refers_to() {
     store.put("first", &mut &bytes[..]).unwrap();
     store.put("second", &mut &bytes[..]).unwrap();
     store.seal().unwrap();
-    store.remove("first").unwrap();
-    assert_eq!(store.stats().containers_sealed, 2, "the source is kept");
-    drop(store);
     // Lose the devices holding the copy's data: it is read through its sources.
-    for d in 1..=M {
-        std::fs::remove_dir_all(dir.path().join(format!("dev{d}"))).unwrap();
-    }
-    let mut store = ArchiveStore::open(dir.path()).unwrap();
-    assert_eq!(store.get("second").unwrap(), bytes);
-    store.remove("second").unwrap();
-    let stats = store.stats();
-    assert_eq!((stats.containers_sealed, stats.objects), (0, 0));
-    let leftover: Vec<_> = std::fs::read_dir(dir.path().join("dev0"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
-    assert_eq!(leftover, vec!["archive-device.json"]);
+    let lost: Vec<usize> = (1..=M).collect();
+    rm_source_then_copy(dir.path(), store, &bytes, &lost);
 }
 
 #[test]

@@ -8,21 +8,17 @@
 
 use ecdedup::archive::map::{ContainerMap, Layout};
 use ecdedup::archive::{ArchiveStore, Chunking, CreateOptions};
-use ecdedup::fingerprint::Algorithm;
 use ecdedup::Error;
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
 use std::path::Path;
 
 mod support;
-use support::archive::{first_map, lose_devices_then_read_and_repair, maps};
+use support::archive::{
+    first_map, lose_devices_then_read_and_repair, maps, rm_source_then_copy, BLOCK_BYTES,
+    CONTAINER_BYTES, DEVICES, K, M,
+};
 
-const BLOCK_BYTES: usize = 512;
-const K: usize = 3;
-const M: usize = 2;
-const DEVICES: usize = 6;
-/// 8 blocks per sub-file: small containers, so objects span several.
-const CONTAINER_BYTES: u64 = (K * BLOCK_BYTES * 8) as u64;
 /// FastCDC's smallest allowed sizes around a 512-byte average.
 const CDC: Chunking = Chunking::Fastcdc {
     min_bytes: 128,
@@ -31,19 +27,7 @@ const CDC: Chunking = Chunking::Fastcdc {
 };
 
 fn options(layout: Layout, chunking: Chunking, exchange: u32) -> CreateOptions {
-    CreateOptions {
-        k: K,
-        m: M,
-        device_count: DEVICES,
-        container_bytes: CONTAINER_BYTES,
-        block_bytes: BLOCK_BYTES as u32,
-        fingerprint: Algorithm::Md5,
-        cache_bytes: 1 << 20,
-        exchange,
-        layout,
-        chunking,
-        ..CreateOptions::default()
-    }
+    support::archive::options(layout, chunking, exchange)
 }
 
 fn random(rng: &mut rand::rngs::StdRng, bytes: usize) -> Vec<u8> {
@@ -205,25 +189,9 @@ fn a_compact_copy_stores_no_data_and_survives_the_loss_of_its_source_object() {
         "the copy stores nothing"
     );
     assert_eq!(stats.stripes_encoded, stats.stripes / 2);
-    store.remove("first").unwrap();
-    assert_eq!(store.stats().containers_sealed, 2, "the source is kept");
-    drop(store);
     // Lose m devices: the copy is read through its sources, decoded.
-    for d in 0..M {
-        std::fs::remove_dir_all(dir.path().join(format!("dev{d}"))).unwrap();
-    }
-    let mut store = ArchiveStore::open(dir.path()).unwrap();
-    assert_eq!(store.get("second").unwrap(), bytes);
-    store.remove("second").unwrap();
-    let stats = store.stats();
-    assert_eq!((stats.containers_sealed, stats.objects), (0, 0));
-    for d in M..DEVICES {
-        let leftover: Vec<_> = std::fs::read_dir(dir.path().join(format!("dev{d}")))
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        assert_eq!(leftover, vec!["archive-device.json"], "dev{d}");
-    }
+    let lost: Vec<usize> = (0..M).collect();
+    rm_source_then_copy(dir.path(), store, &bytes, &lost);
 }
 
 #[test]

@@ -3,9 +3,36 @@
 //! (lose devices, read every object back whole and by range, repair, scrub
 //! clean).
 
-use ecdedup::archive::map::BatchMap;
-use ecdedup::archive::ArchiveStore;
+use ecdedup::archive::map::{BatchMap, Layout};
+use ecdedup::archive::{ArchiveStore, Chunking, CreateOptions};
+use ecdedup::fingerprint::Algorithm;
 use std::path::Path;
+
+/// The small geometry of the archive tests: RS(3,2) over 6 devices,
+/// 512-byte blocks.
+pub const BLOCK_BYTES: usize = 512;
+pub const K: usize = 3;
+pub const M: usize = 2;
+pub const DEVICES: usize = 6;
+/// 8 blocks per sub-file: small containers, so objects span several.
+pub const CONTAINER_BYTES: u64 = (K * BLOCK_BYTES * 8) as u64;
+
+/// An archive of that geometry, MD5, a 1 MiB cache.
+pub fn options(layout: Layout, chunking: Chunking, exchange: u32) -> CreateOptions {
+    CreateOptions {
+        k: K,
+        m: M,
+        device_count: DEVICES,
+        container_bytes: CONTAINER_BYTES,
+        block_bytes: BLOCK_BYTES as u32,
+        fingerprint: Algorithm::Md5,
+        cache_bytes: 1 << 20,
+        exchange,
+        layout,
+        chunking,
+        ..CreateOptions::default()
+    }
+}
 
 /// Every sealed batch's map in `dir`.
 pub fn maps(dir: &Path) -> Vec<BatchMap> {
@@ -60,5 +87,35 @@ pub fn lose_devices_then_read_and_repair(
     );
     for (name, bytes) in objects {
         assert!(&store.get(name).unwrap() == bytes, "{name} after repair");
+    }
+}
+
+/// With objects "first" and "second" both `bytes` (the second a copy of
+/// the first) sealed in `store`: removing "first" keeps the sources; with
+/// devices `lost` gone, "second" reads back through them; removing it too
+/// reclaims every container, and every device left holds only its marker.
+pub fn rm_source_then_copy(dir: &Path, mut store: ArchiveStore, bytes: &[u8], lost: &[usize]) {
+    let sealed = store.stats().containers_sealed;
+    store.remove("first").unwrap();
+    assert_eq!(
+        store.stats().containers_sealed,
+        sealed,
+        "the source is kept"
+    );
+    drop(store);
+    for &d in lost {
+        std::fs::remove_dir_all(dir.join(format!("dev{d}"))).unwrap();
+    }
+    let mut store = ArchiveStore::open(dir).unwrap();
+    assert!(store.get("second").unwrap() == bytes);
+    store.remove("second").unwrap();
+    let stats = store.stats();
+    assert_eq!((stats.containers_sealed, stats.objects), (0, 0));
+    for d in (0..DEVICES).filter(|d| !lost.contains(d)) {
+        let leftover: Vec<_> = std::fs::read_dir(dir.join(format!("dev{d}")))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(leftover, vec!["archive-device.json"], "dev{d}");
     }
 }
