@@ -13,7 +13,10 @@
 //! parity sub-files of each group and the batch's map-address table
 //! (map.rs) are written; reads go to the untouched data sub-files and
 //! decode (recover.rs) when a device is missing or a checksum fails;
-//! scrub.rs checks and repairs everything.
+//! scrub.rs checks and repairs everything. Beyond the paper, two create
+//! options (recorded in archive.json and in every map): the compact layout
+//! stores only the unique blocks, and FastCDC chunking (chunking.rs) finds
+//! duplicates by content-defined chunks while blocks stay the stripe unit.
 //!
 //! Invariants:
 //! - A batch is visible exactly when its map file exists under `maps/`; the
@@ -26,8 +29,9 @@
 //!   catalog (staging bytes past the committed length, containers sealed
 //!   for an object whose `put` never committed) is cut back at open or
 //!   reclaimed by `scrub --repair`.
-//! - Every block of a sealed container is either unique, in an encoded
-//!   virtual stripe of its group, or redundant with a unique source block;
+//! - Every block of a sealed container is either unique (holds a byte of a
+//!   unique chunk), in an encoded virtual stripe of its group, or redundant:
+//!   its bytes are in unique source blocks or chunks;
 //!   a batch is kept while any live object or any live batch's redundant
 //!   block refers to it, so a source keeps its protection.
 //! - After an error in a mutating call the store is latched: every later
