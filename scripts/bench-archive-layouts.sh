@@ -13,9 +13,10 @@
 # at shifted offsets; 4096: ext4-like, so fixed 4 KiB-aligned copies line
 # up), with 10% of files zero-filled.
 #
-# Per variant: `archive create`, then `put` of every image and `seal`
-# (timed together: put+seal throughput = input bytes / seconds), then `get`
-# of every image to a file, compared with the input (timed: get
+# Per variant, REPEATS times (the throughputs are the median): `archive
+# create`, then `put` of every image and `seal` (timed together: put+seal
+# throughput = input bytes / seconds), `get` of every image compared with
+# the input, then `get` of every image to /dev/null (timed: get
 # throughput), then `stats`. Prints one markdown row per variant. The input
 # and archives are in the page cache (the machine's, not a cold read);
 # every sealed file is fsync'ed as in normal use.
@@ -28,6 +29,7 @@ IMAGES=${IMAGES:-8}
 IMAGE_MIB=${IMAGE_MIB:-16}
 ALIGN=${ALIGN:-512}
 SEED=${SEED:-12}
+REPEATS=${REPEATS:-3}
 WORK=${WORK:-$(mktemp -d /tmp/bench-archive-layouts.XXXXXX)}
 log() { printf '[bench-archive-layouts %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
@@ -73,42 +75,47 @@ INPUT_BYTES=$(cat "${INPUTS[@]}" | wc -c)
 log "input bytes: $INPUT_BYTES"
 
 now() { date +%s.%N; }
-rate() { python3 -c "import sys; print(f'{$1 / ($3 - $2) / 2**20:.0f}')"; }
+rate() { python3 -c "print(f'{$1 / ($3 - $2) / 2**20:.0f}')"; }
+median() { printf '%s\n' "$@" | sort -n | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
 
 echo "| variant | data bytes stored | parity bytes | map bytes (% of input) | stripes encoded / all | redundant blocks | redundant chunks | put+seal MiB/s | get MiB/s |"
 echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
 for variant in "paper fixed" "compact fixed" "paper fastcdc" "compact fastcdc"; do
   read -r layout chunking <<<"$variant"
   arc=$WORK/arc
-  rm -rf "$arc"
-  "$ECDEDUP_BIN" archive --dir "$arc" create --devices 9 -k 6 -m 3 --container 24M \
-    --block 8K --fingerprint md5 --cache 512M --layout "$layout" --chunking "$chunking" \
-    --cdc-min 2K --cdc-avg 8K --cdc-max 64K >/dev/null
-  sync
-  t0=$(now)
-  for f in "${INPUTS[@]}"; do
-    "$ECDEDUP_BIN" archive --dir "$arc" put "$f" >/dev/null
+  puts=() gets=()
+  for _ in $(seq "$REPEATS"); do
+    rm -rf "$arc"
+    "$ECDEDUP_BIN" archive --dir "$arc" create --devices 9 -k 6 -m 3 --container 24M \
+      --block 8K --fingerprint md5 --cache 512M --layout "$layout" --chunking "$chunking" \
+      --cdc-min 2K --cdc-avg 8K --cdc-max 64K >/dev/null
+    sync
+    t0=$(now)
+    for f in "${INPUTS[@]}"; do
+      "$ECDEDUP_BIN" archive --dir "$arc" put "$f" >/dev/null
+    done
+    "$ECDEDUP_BIN" archive --dir "$arc" seal
+    t1=$(now)
+    for f in "${INPUTS[@]}"; do  # bit-exact first
+      "$ECDEDUP_BIN" archive --dir "$arc" get "$(basename "$f")" -o "$WORK/out.img"
+      cmp -s "$f" "$WORK/out.img" || { log "error: $f does not read back ($variant)"; exit 1; }
+    done
+    t2=$(now)
+    for f in "${INPUTS[@]}"; do
+      "$ECDEDUP_BIN" archive --dir "$arc" get "$(basename "$f")" -o /dev/null
+    done
+    t3=$(now)
+    puts+=("$(rate "$INPUT_BYTES" "$t0" "$t1")")
+    gets+=("$(rate "$INPUT_BYTES" "$t2" "$t3")")
   done
-  "$ECDEDUP_BIN" archive --dir "$arc" seal
-  t1=$(now)
-  for f in "${INPUTS[@]}"; do  # bit-exact first
-    "$ECDEDUP_BIN" archive --dir "$arc" get "$(basename "$f")" -o "$WORK/out.img"
-    cmp -s "$f" "$WORK/out.img" || { log "error: $f does not read back ($variant)"; exit 1; }
-  done
-  # get again without the compare, for the throughput.
-  t2=$(now)
-  for f in "${INPUTS[@]}"; do
-    "$ECDEDUP_BIN" archive --dir "$arc" get "$(basename "$f")" -o /dev/null
-  done
-  t3=$(now)
+  log "$variant: put+seal MiB/s ${puts[*]}; get MiB/s ${gets[*]}"
   "$ECDEDUP_BIN" archive --dir "$arc" stats >"$WORK/stats-$layout-$chunking.json"
   python3 - "$WORK/stats-$layout-$chunking.json" "$variant" "$INPUT_BYTES" \
-    "$(rate "$INPUT_BYTES" "$t0" "$t1")" "$(rate "$INPUT_BYTES" "$t2" "$t3")" <<'EOF'
+    "$(median "${puts[@]}")" "$(median "${gets[@]}")" <<'EOF'
 import json, sys
 s = json.load(open(sys.argv[1]))
 variant, input_bytes, put, get = sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
 if variant == "paper fixed":
-    data = s['sealed_data_bytes']
     print(f"| plain RS(6,3) (same containers) | {s['stripes'] * 6 * 8192:,} | {s['plain_parity_bytes']:,} "
           f"| 0 | {s['stripes']:,} / {s['stripes']:,} | | | | |")
 chunks = f"{100 * s['redundant_chunks'] / s['chunks']:.1f}%" if s['chunks'] else "(the blocks)"
