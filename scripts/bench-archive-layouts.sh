@@ -2,8 +2,8 @@
 # The archive tier's layouts and chunkings on one input (issue 12, item 7):
 # paper-faithful CodePlugin (fixed 8 KiB blocks, every block in the data
 # sub-files) first, then the compact layout, FastCDC chunking, and both.
-# RS(6,3), 8 KiB blocks (the stripe unit under CDC too), MD5, 512 MiB cache,
-# no exchange, 24 MiB containers.
+# RS(6,3), 8 KiB blocks (BLOCK; the stripe unit under CDC too), FastCDC
+# 2/8/64 KiB, MD5, 512 MiB cache, no exchange, 24 MiB containers.
 #
 # Input: ../shared/workloads' W2 VM images when WL_IMAGES names them (a
 # glob); otherwise IMAGES generated images of IMAGE_MIB MiB (python3, seed
@@ -30,6 +30,8 @@ IMAGE_MIB=${IMAGE_MIB:-16}
 ALIGN=${ALIGN:-512}
 SEED=${SEED:-12}
 REPEATS=${REPEATS:-3}
+BLOCK=${BLOCK:-8K}
+VARIANTS=${VARIANTS:-"paper:fixed compact:fixed paper:fastcdc compact:fastcdc"}
 WORK=${WORK:-$(mktemp -d /tmp/bench-archive-layouts.XXXXXX)}
 log() { printf '[bench-archive-layouts %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
@@ -80,14 +82,15 @@ median() { printf '%s\n' "$@" | sort -n | awk '{v[NR]=$1} END {print v[int((NR+1
 
 echo "| variant | data bytes stored | parity bytes | map bytes (% of input) | stripes encoded / all | redundant blocks | redundant chunks | put+seal MiB/s | get MiB/s |"
 echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
-for variant in "paper fixed" "compact fixed" "paper fastcdc" "compact fastcdc"; do
-  read -r layout chunking <<<"$variant"
+for variant in $VARIANTS; do
+  IFS=: read -r layout chunking <<<"$variant"
+  variant="$layout $chunking"
   arc=$WORK/arc
   puts=() gets=()
   for _ in $(seq "$REPEATS"); do
     rm -rf "$arc"
     "$ECDEDUP_BIN" archive --dir "$arc" create --devices 9 -k 6 -m 3 --container 24M \
-      --block 8K --fingerprint md5 --cache 512M --layout "$layout" --chunking "$chunking" \
+      --block "$BLOCK" --fingerprint md5 --cache 512M --layout "$layout" --chunking "$chunking" \
       --cdc-min 2K --cdc-avg 8K --cdc-max 64K >/dev/null
     sync
     t0=$(now)
@@ -116,7 +119,7 @@ import json, sys
 s = json.load(open(sys.argv[1]))
 variant, input_bytes, put, get = sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
 if variant == "paper fixed":
-    print(f"| plain RS(6,3) (same containers) | {s['stripes'] * 6 * 8192:,} | {s['plain_parity_bytes']:,} "
+    print(f"| plain RS(6,3) (same containers) | {s['stored_data_bytes']:,} | {s['plain_parity_bytes']:,} "
           f"| 0 | {s['stripes']:,} / {s['stripes']:,} | | | | |")
 chunks = f"{100 * s['redundant_chunks'] / s['chunks']:.1f}%" if s['chunks'] else "(the blocks)"
 print(f"| {variant} | {s['stored_data_bytes']:,} | {s['parity_bytes']:,} "
