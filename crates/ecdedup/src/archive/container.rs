@@ -279,24 +279,9 @@ impl ArchiveStore {
                 source,
             });
         }
-        let mut container = ContainerMap {
-            id: c.id,
-            data_bytes: c.data_bytes,
-            blocks_per_sub_file: c.blocks_per_sub_file as u32,
-            sub_files: Vec::new(),
-            chunk_starts: ContainerMap::starts_of(&chunks),
-            chunks,
-        };
-        for _ in 0..k {
-            container.sub_files.push(SubFileMap {
-                device: 0,
-                group: 0,
-                member: 0,
-                blocks: Vec::new(),
-                column_at: Vec::new(),
-            });
-        }
-        let redundant = map::redundant_blocks(&container, block as u32);
+        let starts = ContainerMap::starts_of(&chunks);
+        let count = k * c.blocks_per_sub_file;
+        let redundant = map::redundant_blocks(&chunks, &starts, count, block as u32);
         let blocks = c
             .bytes
             .chunks(block)
@@ -308,7 +293,6 @@ impl ArchiveStore {
                 source: None,
             })
             .collect();
-        let chunks = std::mem::take(&mut container.chunks);
         Ok(shuffled(c, blocks, Some(chunks), k))
     }
 

@@ -506,7 +506,12 @@ impl BatchMap {
                 if container.chunk_starts.last() != Some(&data_bytes) {
                     return Err(bad("chunks do not cover the container's data bytes"));
                 }
-                let flags = redundant_blocks(&container, block_bytes);
+                let flags = redundant_blocks(
+                    &container.chunks,
+                    &container.chunk_starts,
+                    k as usize * n as usize,
+                    block_bytes,
+                );
                 let recorded = container
                     .sub_files
                     .iter()
@@ -570,16 +575,21 @@ impl BatchMap {
     }
 }
 
-/// Under content-defined chunking, whether each block of a container (sub-
-/// file major) holds no byte of a unique chunk; padding past the data bytes
-/// belongs to no chunk.
-pub fn redundant_blocks(c: &ContainerMap, block_bytes: u32) -> Vec<bool> {
+/// Under content-defined chunking, whether each of a container's `blocks`
+/// (sub-file major) holds no byte of a unique chunk, given its chunks and
+/// their `starts` (which end within the blocks); padding past the data
+/// bytes belongs to no chunk.
+pub fn redundant_blocks(
+    chunks: &[ChunkEntry],
+    starts: &[u64],
+    blocks: usize,
+    block_bytes: u32,
+) -> Vec<bool> {
     let block = block_bytes as u64;
-    let blocks = c.sub_files.len() * c.blocks_per_sub_file as usize;
     let mut redundant = vec![true; blocks];
-    for (i, chunk) in c.chunks.iter().enumerate() {
+    for (i, chunk) in chunks.iter().enumerate() {
         if chunk.source.is_none() {
-            let (start, end) = (c.chunk_starts[i], c.chunk_starts[i + 1]);
+            let (start, end) = (starts[i], starts[i + 1]);
             for flag in &mut redundant[(start / block) as usize..end.div_ceil(block) as usize] {
                 *flag = false;
             }
