@@ -17,7 +17,10 @@
 # create`, then `put` of every image and `seal` (timed together: put+seal
 # throughput = input bytes / seconds), `get` of every image compared with
 # the input, then `get` of every image to /dev/null (timed: get
-# throughput), then `stats`. Prints one markdown row per variant. The input
+# throughput), then `stats`. The CPU seconds (user + system, of the
+# commands) of put+seal and of the timed get are reported too (median):
+# on a shared machine they vary less than the wall time. Prints one
+# markdown row per variant. The input
 # and archives are in the page cache (the machine's, not a cold read);
 # every sealed file is fsync'ed as in normal use.
 #
@@ -78,15 +81,27 @@ log "input bytes: $INPUT_BYTES"
 
 now() { date +%s.%N; }
 rate() { python3 -c "print(f'{$1 / ($3 - $2) / 2**20:.0f}')"; }
+# Runs "$@" (its output dropped) and prints its CPU seconds, user + system.
+cpu_of() {
+  local TIMEFORMAT='%U %S'
+  { time "$@" >/dev/null 2>&1; } 2>&1 | awk '{printf "%.2f\n", $1 + $2}'
+}
+put_all() {
+  for f in "${INPUTS[@]}"; do "$ECDEDUP_BIN" archive --dir "$arc" put "$f"; done
+  "$ECDEDUP_BIN" archive --dir "$arc" seal
+}
+get_all() {
+  for f in "${INPUTS[@]}"; do "$ECDEDUP_BIN" archive --dir "$arc" get "$(basename "$f")" -o /dev/null; done
+}
 median() { printf '%s\n' "$@" | sort -n | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
 
-echo "| variant | data bytes stored | parity bytes | map bytes (% of input) | stripes encoded / all | redundant blocks | redundant chunks | put+seal MiB/s | get MiB/s |"
-echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+echo "| variant | data bytes stored | parity bytes | map bytes (% of input) | stripes encoded / all | redundant blocks | redundant chunks | put+seal MiB/s | put+seal CPU s | get MiB/s | get CPU s |"
+echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
 for variant in $VARIANTS; do
   IFS=: read -r layout chunking <<<"$variant"
   variant="$layout $chunking"
   arc=$WORK/arc
-  puts=() gets=()
+  puts=() gets=() put_cpu=() get_cpu=()
   for _ in $(seq "$REPEATS"); do
     rm -rf "$arc"
     "$ECDEDUP_BIN" archive --dir "$arc" create --devices 9 -k 6 -m 3 --container 24M \
@@ -94,38 +109,34 @@ for variant in $VARIANTS; do
       --cdc-min 2K --cdc-avg 8K --cdc-max 64K >/dev/null
     sync
     t0=$(now)
-    for f in "${INPUTS[@]}"; do
-      "$ECDEDUP_BIN" archive --dir "$arc" put "$f" >/dev/null
-    done
-    "$ECDEDUP_BIN" archive --dir "$arc" seal
+    put_cpu+=("$(cpu_of put_all)")
     t1=$(now)
     for f in "${INPUTS[@]}"; do  # bit-exact first
       "$ECDEDUP_BIN" archive --dir "$arc" get "$(basename "$f")" -o "$WORK/out.img"
       cmp -s "$f" "$WORK/out.img" || { log "error: $f does not read back ($variant)"; exit 1; }
     done
     t2=$(now)
-    for f in "${INPUTS[@]}"; do
-      "$ECDEDUP_BIN" archive --dir "$arc" get "$(basename "$f")" -o /dev/null
-    done
+    get_cpu+=("$(cpu_of get_all)")
     t3=$(now)
     puts+=("$(rate "$INPUT_BYTES" "$t0" "$t1")")
     gets+=("$(rate "$INPUT_BYTES" "$t2" "$t3")")
   done
-  log "$variant: put+seal MiB/s ${puts[*]}; get MiB/s ${gets[*]}"
+  log "$variant: put+seal MiB/s ${puts[*]} (CPU s ${put_cpu[*]}); get MiB/s ${gets[*]} (CPU s ${get_cpu[*]})"
   "$ECDEDUP_BIN" archive --dir "$arc" stats >"$WORK/stats-$layout-$chunking.json"
   python3 - "$WORK/stats-$layout-$chunking.json" "$variant" "$INPUT_BYTES" \
-    "$(median "${puts[@]}")" "$(median "${gets[@]}")" <<'EOF'
+    "$(median "${puts[@]}")" "$(median "${gets[@]}")" \
+    "$(median "${put_cpu[@]}")" "$(median "${get_cpu[@]}")" <<'EOF'
 import json, sys
 s = json.load(open(sys.argv[1]))
-variant, input_bytes, put, get = sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
+variant, input_bytes, put, get, put_cpu, get_cpu = sys.argv[2], int(sys.argv[3]), *sys.argv[4:8]
 if variant == "paper fixed":
     print(f"| plain RS(6,3) (same containers) | {s['stored_data_bytes']:,} | {s['plain_parity_bytes']:,} "
-          f"| 0 | {s['stripes']:,} / {s['stripes']:,} | | | | |")
+          f"| 0 | {s['stripes']:,} / {s['stripes']:,} | | | | | | |")
 chunks = f"{100 * s['redundant_chunks'] / s['chunks']:.1f}%" if s['chunks'] else "(the blocks)"
 print(f"| {variant} | {s['stored_data_bytes']:,} | {s['parity_bytes']:,} "
       f"| {s['map_bytes']:,} ({100 * s['map_bytes'] / input_bytes:.2f}%) "
       f"| {s['stripes_encoded']:,} / {s['stripes']:,} "
-      f"| {100 * s['redundant_blocks'] / s['blocks']:.1f}% | {chunks} | {put} | {get} |")
+      f"| {100 * s['redundant_blocks'] / s['blocks']:.1f}% | {chunks} | {put} | {put_cpu} | {get} | {get_cpu} |")
 EOF
 done
 rm -rf "$WORK/arc" "$WORK/out.img"
