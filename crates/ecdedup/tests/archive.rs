@@ -18,7 +18,7 @@ use support::archive::{
 };
 
 fn options(exchange: u32) -> CreateOptions {
-    support::archive::options(Layout::Paper, Chunking::Fixed, exchange)
+    support::archive::layout_options(Layout::Paper, Chunking::Fixed, exchange)
 }
 
 /// An object of whole blocks, each drawn from a small shared pool (a

@@ -27,7 +27,7 @@ const CDC: Chunking = Chunking::Fastcdc {
 };
 
 fn options(layout: Layout, chunking: Chunking, exchange: u32) -> CreateOptions {
-    support::archive::options(layout, chunking, exchange)
+    support::archive::layout_options(layout, chunking, exchange)
 }
 
 fn random(rng: &mut rand::rngs::StdRng, bytes: usize) -> Vec<u8> {

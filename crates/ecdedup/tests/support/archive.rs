@@ -18,7 +18,7 @@ pub const DEVICES: usize = 6;
 pub const CONTAINER_BYTES: u64 = (K * BLOCK_BYTES * 8) as u64;
 
 /// An archive of that geometry, MD5, a 1 MiB cache.
-pub fn options(layout: Layout, chunking: Chunking, exchange: u32) -> CreateOptions {
+pub fn layout_options(layout: Layout, chunking: Chunking, exchange: u32) -> CreateOptions {
     CreateOptions {
         k: K,
         m: M,
