@@ -207,6 +207,8 @@ enum Command {
     },
 }
 
+// Parsed once per process: the size of `Create` does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum ArchiveCommand {
     /// Create an archive: RS(k,m) containers over N >= k+m device folders.
@@ -240,6 +242,20 @@ enum ArchiveCommand {
         /// the fingerprint is sha256 or blake3), on, off.
         #[arg(long, default_value = "auto")]
         verify: String,
+        /// What the data sub-files hold: paper (every block, as written)
+        /// or compact (only unique blocks; reads follow the map).
+        #[arg(long, default_value = "paper")]
+        layout: String,
+        /// Dedup units: fixed (blocks) or fastcdc (content-defined chunks
+        /// of --cdc-min/--cdc-avg/--cdc-max; blocks stay the stripe unit).
+        #[arg(long, default_value = "fixed")]
+        chunking: String,
+        #[arg(long, default_value = "2K")]
+        cdc_min: String,
+        #[arg(long, default_value = "8K")]
+        cdc_avg: String,
+        #[arg(long, default_value = "64K")]
+        cdc_max: String,
     },
     /// Store a file as an object (its name by default is the file's).
     Put {
@@ -294,7 +310,38 @@ fn run_archive(dir: &Path, command: ArchiveCommand) -> Result<()> {
             cache,
             exchange,
             verify,
+            layout,
+            chunking,
+            cdc_min,
+            cdc_avg,
+            cdc_max,
         } => {
+            let layout = match layout.as_str() {
+                "paper" => crate::archive::Layout::Paper,
+                "compact" => crate::archive::Layout::Compact,
+                other => {
+                    return Err(Error::Config(format!(
+                        "--layout {other:?}: expected paper or compact"
+                    )))
+                }
+            };
+            let cdc_size = |what: &str, size: &str| -> Result<u32> {
+                u32::try_from(parse_size(size)?)
+                    .map_err(|_| Error::Config(format!("--cdc-{what} {size} is too large")))
+            };
+            let chunking = match chunking.as_str() {
+                "fixed" => crate::archive::Chunking::Fixed,
+                "fastcdc" => crate::archive::Chunking::Fastcdc {
+                    min_bytes: cdc_size("min", &cdc_min)?,
+                    avg_bytes: cdc_size("avg", &cdc_avg)?,
+                    max_bytes: cdc_size("max", &cdc_max)?,
+                },
+                other => {
+                    return Err(Error::Config(format!(
+                        "--chunking {other:?}: expected fixed or fastcdc"
+                    )))
+                }
+            };
             let verify = match verify.as_str() {
                 "auto" => None,
                 "on" => Some(true),
@@ -320,18 +367,34 @@ fn run_archive(dir: &Path, command: ArchiveCommand) -> Result<()> {
                 cache_bytes: parse_size(&cache)?,
                 exchange,
                 verify,
+                layout,
+                chunking,
             };
             let store = ArchiveStore::create(dir, &options)?;
             let c = store.config();
+            let chunking = match c.chunking {
+                crate::archive::Chunking::Fixed => "fixed".to_string(),
+                crate::archive::Chunking::Fastcdc {
+                    min_bytes,
+                    avg_bytes,
+                    max_bytes,
+                } => format!(
+                    "fastcdc {}/{}/{}",
+                    format_size(min_bytes as u64),
+                    format_size(avg_bytes as u64),
+                    format_size(max_bytes as u64)
+                ),
+            };
             println!(
-                "created archive in {}: RS({},{}) over {} devices, container {}, block {}, exchange {}",
+                "created archive in {}: RS({},{}) over {} devices, container {}, block {}, exchange {}, layout {}, chunking {chunking}",
                 dir.display(),
                 c.k,
                 c.m,
                 c.devices.len(),
                 format_size(c.container_bytes),
                 format_size(c.block_bytes as u64),
-                c.exchange
+                c.exchange,
+                format!("{:?}", c.layout).to_lowercase()
             );
             Ok(())
         }

@@ -395,7 +395,7 @@ pub fn trace(data: &[u8]) {
 pub fn archive_map(data: &[u8]) {
     let _ = BatchMap::decode(data, "fuzz");
     let mut b = data.to_vec();
-    if b.len() >= 8 {
+    if b.len() >= 8 && !b.starts_with(crate::archive::map::MAGIC_V2) {
         b[..8].copy_from_slice(crate::archive::map::MAGIC);
     }
     seal_tail(&mut b);

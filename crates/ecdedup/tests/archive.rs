@@ -4,24 +4,21 @@
 //! encodes exactly the virtual stripes that hold a unique block; scrub
 //! repairs lost devices; bad input is a typed error.
 
-use ecdedup::archive::map::BatchMap;
-use ecdedup::archive::{ArchiveStore, CreateOptions};
+use ecdedup::archive::map::Layout;
+use ecdedup::archive::{ArchiveStore, Chunking, CreateOptions};
 use ecdedup::Error;
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
 use std::path::Path;
 
 mod support;
-
-const BLOCK_BYTES: usize = 512;
-const K: usize = 3;
-const M: usize = 2;
-const DEVICES: usize = 6;
-/// 8 blocks per sub-file: small containers, so objects span several.
-const CONTAINER_BYTES: u64 = (K * BLOCK_BYTES * 8) as u64;
+use support::archive::{
+    first_map, lose_devices_then_read_and_repair, maps, rm_source_then_copy, BLOCK_BYTES,
+    CONTAINER_BYTES, DEVICES, M,
+};
 
 fn options(exchange: u32) -> CreateOptions {
-    support::archive::options(K, M, BLOCK_BYTES, DEVICES, CONTAINER_BYTES, exchange)
+    support::archive::layout_options(Layout::Paper, Chunking::Fixed, exchange)
 }
 
 /// An object of whole blocks, each drawn from a small shared pool (a
@@ -53,18 +50,6 @@ fn pool(rng: &mut rand::rngs::StdRng) -> Vec<Vec<u8>> {
         .collect()
 }
 
-fn maps(dir: &Path) -> Vec<BatchMap> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(dir.join("maps")).unwrap() {
-        let path = entry.unwrap().path();
-        if path.extension().is_some_and(|e| e == "map") {
-            let bytes = std::fs::read(&path).unwrap();
-            out.push(BatchMap::decode(&bytes, "test").unwrap());
-        }
-    }
-    out
-}
-
 /// Each group encodes as many stripes as its member with the most unique
 /// blocks has, and every unique block sits in an encoded stripe.
 fn assert_encoded_stripes_hold_exactly_the_unique_blocks(dir: &Path) {
@@ -83,7 +68,7 @@ fn assert_encoded_stripes_hold_exactly_the_unique_blocks(dir: &Path) {
             );
             for &(c, j) in &group.members {
                 for b in &map.container(c).unwrap().sub_files[j as usize].blocks {
-                    if b.source.is_none() {
+                    if !b.redundant {
                         assert!(b.position < group.encoded);
                     }
                 }
@@ -123,28 +108,13 @@ proptest! {
         prop_assert!(stats.stripes_encoded <= stats.stripes);
         drop(store);
 
-        for &d in &lost {
-            std::fs::remove_dir_all(dir.path().join(format!("dev{d}"))).unwrap();
-        }
-        let store = ArchiveStore::open(dir.path()).unwrap();
-        prop_assert_eq!(store.get("copy").unwrap(), objects[0].clone());
-        for (i, bytes) in objects.iter().enumerate() {
-            let name = format!("o{i}");
-            prop_assert_eq!(&store.get(&name).unwrap(), bytes);
-            let start = (range.0 * bytes.len() as f64) as usize;
-            let len = (range.1 * (bytes.len() - start) as f64) as usize;
-            let mut part = vec![0u8; len];
-            store.read(&name, start as u64, &mut part).unwrap();
-            prop_assert_eq!(&part[..], &bytes[start..start + len]);
-        }
-        drop(store);
-
-        let mut store = ArchiveStore::open(dir.path()).unwrap();
-        let repaired = store.scrub(true).unwrap();
-        prop_assert_eq!(repaired.unrecoverable_blocks, 0);
-        prop_assert_eq!(repaired.devices_recreated, lost.len() as u64);
-        let clean = store.scrub(false).unwrap();
-        prop_assert_eq!(clean.bad_blocks + clean.bad_parity_blocks, 0);
+        let mut named: Vec<(String, Vec<u8>)> = objects
+            .iter()
+            .enumerate()
+            .map(|(i, bytes)| (format!("o{i}"), bytes.clone()))
+            .collect();
+        named.push(("copy".into(), objects[0].clone()));
+        lose_devices_then_read_and_repair(dir.path(), &lost, &named, range);
     }
 }
 
@@ -180,23 +150,9 @@ fn removing_the_source_object_keeps_the_blocks_its_copy_refers_to() {
     store.put("first", &mut &bytes[..]).unwrap();
     store.put("second", &mut &bytes[..]).unwrap();
     store.seal().unwrap();
-    store.remove("first").unwrap();
-    assert_eq!(store.stats().containers_sealed, 2, "the source is kept");
-    drop(store);
     // Lose the devices holding the copy's data: it is read through its sources.
-    for d in 1..=M {
-        std::fs::remove_dir_all(dir.path().join(format!("dev{d}"))).unwrap();
-    }
-    let mut store = ArchiveStore::open(dir.path()).unwrap();
-    assert_eq!(store.get("second").unwrap(), bytes);
-    store.remove("second").unwrap();
-    let stats = store.stats();
-    assert_eq!((stats.containers_sealed, stats.objects), (0, 0));
-    let leftover: Vec<_> = std::fs::read_dir(dir.path().join("dev0"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
-    assert_eq!(leftover, vec!["archive-device.json"]);
+    let lost: Vec<usize> = (1..=M).collect();
+    rm_source_then_copy(dir.path(), store, &bytes, &lost);
 }
 
 #[test]
@@ -284,12 +240,7 @@ fn a_corrupt_map_or_a_foreign_device_is_refused_at_open() {
     store.put("a", &mut &[1u8; 5000][..]).unwrap();
     store.seal().unwrap();
     drop(store);
-    let map = std::fs::read_dir(dir.path().join("maps"))
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+    let map = first_map(dir.path());
     let good = std::fs::read(&map).unwrap();
     let mut corrupt = good.clone();
     corrupt[40] ^= 1;

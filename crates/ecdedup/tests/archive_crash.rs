@@ -4,8 +4,11 @@
 //! call: the earlier objects read back exactly, the new object is either
 //! absent or whole, and whatever the crash left behind is found and
 //! reclaimed by `scrub --repair`, after which a second scrub finds nothing.
+//! The paper layout with exchange 0 and 2, and the compact layout with
+//! FastCDC chunking.
 
-use ecdedup::archive::{disk, ArchiveStore, CreateOptions};
+use ecdedup::archive::{disk, ArchiveStore, Chunking, CreateOptions, Layout};
+use ecdedup::fingerprint::Algorithm;
 use rand::{Rng, SeedableRng};
 use std::path::Path;
 
@@ -14,8 +17,21 @@ mod support;
 const BLOCK_BYTES: usize = 512;
 const CONTAINER_BYTES: u64 = 3 * 512 * 4;
 
-fn options(exchange: u32) -> CreateOptions {
-    support::archive::options(3, 2, BLOCK_BYTES, 5, CONTAINER_BYTES, exchange)
+fn options(layout: Layout, chunking: Chunking, exchange: u32) -> CreateOptions {
+    CreateOptions {
+        k: 3,
+        m: 2,
+        devices: Vec::new(),
+        device_count: 5,
+        container_bytes: CONTAINER_BYTES,
+        block_bytes: BLOCK_BYTES as u32,
+        fingerprint: Algorithm::Md5,
+        cache_bytes: 1 << 20,
+        exchange,
+        verify: None,
+        layout,
+        chunking,
+    }
 }
 
 fn random(rng: &mut rand::rngs::StdRng, bytes: usize) -> Vec<u8> {
@@ -25,8 +41,8 @@ fn random(rng: &mut rand::rngs::StdRng, bytes: usize) -> Vec<u8> {
 }
 
 /// An archive holding one sealed object and one in the open container.
-fn archive_before(dir: &Path, exchange: u32, sealed: &[u8], open: &[u8]) {
-    let mut store = ArchiveStore::create(dir, &options(exchange)).unwrap();
+fn archive_before(dir: &Path, options: &CreateOptions, sealed: &[u8], open: &[u8]) {
+    let mut store = ArchiveStore::create(dir, options).unwrap();
     store.put("sealed", &mut &sealed[..]).unwrap();
     store.seal().unwrap();
     store.put("open", &mut &open[..]).unwrap();
@@ -55,9 +71,19 @@ fn an_interrupted_put_or_seal_leaves_the_archive_as_it_was() {
     // and adds fresh bytes across three more containers.
     let mut new = sealed.clone();
     new.extend(random(&mut rng, 3 * CONTAINER_BYTES as usize));
-    for exchange in [0, 2] {
+    let cdc = Chunking::Fastcdc {
+        min_bytes: 128,
+        avg_bytes: 512,
+        max_bytes: 2048,
+    };
+    for (layout, chunking, exchange) in [
+        (Layout::Paper, Chunking::Fixed, 0),
+        (Layout::Paper, Chunking::Fixed, 2),
+        (Layout::Compact, cdc, 0),
+    ] {
         let template = tempfile::tempdir().unwrap();
-        archive_before(template.path(), exchange, &sealed, &open);
+        let options = options(layout, chunking, exchange);
+        archive_before(template.path(), &options, &sealed, &open);
         let mut completed = false;
         for crash_after in 0u64.. {
             let dir = tempfile::tempdir().unwrap();
@@ -70,7 +96,9 @@ fn an_interrupted_put_or_seal_leaves_the_archive_as_it_was() {
             drop(store);
 
             let mut store = ArchiveStore::open(dir.path()).unwrap();
-            let story = format!("exchange {exchange}, crash after {crash_after} writes");
+            let story = format!(
+                "{layout:?} {chunking:?} exchange {exchange}, crash after {crash_after} writes"
+            );
             assert!(
                 store.get("sealed").unwrap() == sealed,
                 "{story}: sealed differs"

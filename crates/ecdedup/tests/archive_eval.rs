@@ -81,6 +81,7 @@ fn codeplugin_saves_parity_on_similar_vm_images() {
             cache_bytes: 512 << 20,
             exchange,
             verify: None,
+            ..CreateOptions::default()
         };
         let mut store = ArchiveStore::create(dir.path(), &options).unwrap();
         for (i, image) in images.iter().enumerate() {

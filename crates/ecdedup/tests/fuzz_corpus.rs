@@ -359,6 +359,7 @@ mod seeds {
             cache_bytes: 1 << 20,
             exchange: 2,
             verify: None,
+            ..Default::default()
         };
         let mut store = ArchiveStore::create(dir.path(), &options).unwrap();
         let object: Vec<u8> = (0..9000u32).map(|i| (i / 512 % 3) as u8).collect();
@@ -378,6 +379,25 @@ mod seeds {
             ));
         }
         files.truncate(2);
+        // A version 2 map: the compact layout with content-defined chunks.
+        let dir = tempfile::tempdir().unwrap();
+        let options = archive::CreateOptions {
+            layout: archive::Layout::Compact,
+            chunking: archive::Chunking::Fastcdc {
+                min_bytes: 128,
+                avg_bytes: 512,
+                max_bytes: 2048,
+            },
+            exchange: 1,
+            ..options
+        };
+        let mut store = ArchiveStore::create(dir.path(), &options).unwrap();
+        store.put("object", &mut &object[..]).unwrap();
+        store.put("again", &mut &object[..]).unwrap();
+        store.seal().unwrap();
+        let map = std::fs::read_dir(dir.path().join("maps")).unwrap();
+        let first = map.map(|e| e.unwrap().path()).min().unwrap();
+        files.push(("batch-compact-cdc", std::fs::read(first).unwrap()));
         files
     }
 }

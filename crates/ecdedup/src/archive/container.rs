@@ -5,16 +5,31 @@
 //! A container's data (object bytes, zero-padded to a whole number of
 //! stripes of k blocks) is cut into k contiguous sub-files of n blocks each;
 //! block (j, l) is column l of sub-file j, at byte (j n + l) x block of the
-//! container. Order of durability: data sub-files and parity files (each
-//! written to a temporary name, synced, renamed), then the map (the commit:
-//! the batch is visible from then on), then the staging files go.
+//! container. Under fixed chunking a block is also the unit of dedup; under
+//! content-defined chunking the container's data bytes are cut into FastCDC
+//! chunks (chunking.rs), each chunk is unique or redundant, and a block is
+//! unique when any of its bytes is in a unique chunk. The paper's layout
+//! writes every block to its sub-file; the compact layout only the unique
+//! ones, in virtual-position order. Order of durability: data sub-files and
+//! parity files (each written to a temporary name, synced, renamed), then
+//! the map (the commit: the batch is visible from then on), then the
+//! staging files go.
+//!
+//! The fingerprint cache names a source by a [`BlockAddress`]: under
+//! content-defined chunking its `column` is the source chunk's index in its
+//! container (and `sub_file` 0).
 
+use super::chunking::{self, Chunking};
 use super::exchange::{self, SubFileCount};
-use super::map::{BatchMap, BlockAddress, BlockEntry, ContainerMap, GroupMap, SubFileMap};
+use super::map::{
+    self, BatchMap, BlockAddress, BlockEntry, ChunkEntry, ChunkSource, ContainerMap, GroupMap,
+    SubFileMap,
+};
 use super::shuffle::pseudo_shuffle;
 use super::{map_name, parity_name, sub_file_name, ArchiveStore, MAPS_DIR, STAGING_DIR};
 use crate::error::{Error, Result};
-use crate::fingerprint::FingerprintBackend;
+use crate::fingerprint::{Fingerprint, FingerprintBackend};
+use std::ops::Range;
 
 /// One container's bytes while it is sealed.
 struct Staged {
@@ -22,6 +37,8 @@ struct Staged {
     data_bytes: u64,
     blocks_per_sub_file: usize,
     bytes: Vec<u8>,
+    /// Content-defined chunks, once cut.
+    chunks: Vec<Range<usize>>,
 }
 
 impl Staged {
@@ -57,72 +74,22 @@ impl ArchiveStore {
                 data_bytes,
                 blocks_per_sub_file: n,
                 bytes,
+                chunks: Vec::new(),
             });
         }
 
         // Dedup before encoding: fingerprints, cache lookups, sources.
         let mut containers = Vec::new();
-        let mut fingerprints = Vec::new();
-        for (ci, c) in staged.iter().enumerate() {
-            let chunks: Vec<&[u8]> = c.bytes.chunks(block).collect();
-            self.backend
-                .fingerprint_batch(self.config.fingerprint, &chunks, &mut fingerprints)
-                .map_err(|e| Error::Other(format!("fingerprint container {}: {e}", c.id)))?;
-            let n = c.blocks_per_sub_file;
-            let mut sub_files = Vec::new();
-            for j in 0..k {
-                let mut blocks = Vec::with_capacity(n);
-                let mut unique = Vec::with_capacity(n);
-                for l in 0..n {
-                    let bytes = chunks[j * n + l];
-                    let fp = fingerprints[j * n + l];
-                    let mut source = self.cache.get(&fp).filter(|a| {
-                        self.container_batch.contains_key(&a.container)
-                            || staged[..=ci].iter().any(|s| s.id == a.container)
-                    });
-                    if let Some(a) = source {
-                        if self.config.verify && !self.same_bytes(a, bytes, &staged[..=ci])? {
-                            source = None;
-                        }
-                    }
-                    if source.is_none() {
-                        self.cache.insert(
-                            fp,
-                            BlockAddress {
-                                container: c.id,
-                                sub_file: j as u8,
-                                column: l as u32,
-                            },
-                        );
-                    }
-                    unique.push(source.is_none());
-                    blocks.push(BlockEntry {
-                        position: 0,
-                        crc: crc32c::crc32c(bytes),
-                        source,
-                    });
+        for ci in 0..staged.len() {
+            let container = match self.config.chunking {
+                Chunking::Fixed => self.dedup_fixed(&staged, ci)?,
+                cdc @ Chunking::Fastcdc { .. } => {
+                    let c = &staged[ci];
+                    staged[ci].chunks = chunking::cut(&cdc, &c.bytes[..c.data_bytes as usize]);
+                    self.dedup_content_defined(&staged, ci)?
                 }
-                // Procedure 1.
-                let (positions, _) = pseudo_shuffle(&unique);
-                let mut column_at = vec![0u32; n];
-                for (l, (entry, &p)) in blocks.iter_mut().zip(&positions).enumerate() {
-                    entry.position = p;
-                    column_at[p as usize] = l as u32;
-                }
-                sub_files.push(SubFileMap {
-                    device: 0,
-                    group: 0,
-                    member: 0,
-                    blocks,
-                    column_at,
-                });
-            }
-            containers.push(ContainerMap {
-                id: c.id,
-                data_bytes: c.data_bytes,
-                blocks_per_sub_file: n as u32,
-                sub_files,
-            });
+            };
+            containers.push(container);
         }
 
         // Procedure 2, then placement: group g's members and parity on
@@ -146,6 +113,8 @@ impl ArchiveStore {
             k: k as u8,
             m: m as u8,
             block_bytes: block as u32,
+            layout: self.config.layout,
+            chunking: self.config.chunk_kind(),
             batch,
             containers,
             groups: Vec::new(),
@@ -171,11 +140,11 @@ impl ArchiveStore {
                     .iter()
                     .map(|s| {
                         let c = &staged[s.container_index];
-                        if position >= c.blocks_per_sub_file {
-                            return &zero[..];
-                        }
                         let sub = &map.containers[s.container_index].sub_files[s.sub_file as usize];
-                        c.block(s.sub_file as usize, sub.column_at[position] as usize, block)
+                        match sub.stripe_column(map.layout, position as u32) {
+                            Some(column) => c.block(s.sub_file as usize, column as usize, block),
+                            None => &zero[..],
+                        }
                     })
                     .collect();
                 let mut out: Vec<&mut [u8]> = parity
@@ -211,10 +180,19 @@ impl ArchiveStore {
                 let path = self
                     .device_dir(sub.device as usize)
                     .join(sub_file_name(c.id, j as u8));
-                self.disk.write_durable(
-                    &path,
-                    &c.bytes[j * sub_file_bytes..(j + 1) * sub_file_bytes],
-                )?;
+                match map.layout {
+                    map::Layout::Paper => self.disk.write_durable(
+                        &path,
+                        &c.bytes[j * sub_file_bytes..(j + 1) * sub_file_bytes],
+                    )?,
+                    map::Layout::Compact => {
+                        let mut stored = Vec::with_capacity(sub.unique_blocks() as usize * block);
+                        for column in sub.stored_columns(map.layout) {
+                            stored.extend_from_slice(c.block(j, column as usize, block));
+                        }
+                        self.disk.write_durable(&path, &stored)?;
+                    }
+                }
             }
         }
         for (path, bytes) in &parity_files {
@@ -235,6 +213,122 @@ impl ArchiveStore {
         self.save_cache()
     }
 
+    /// The map of staged container `ci` under fixed chunking: each block is
+    /// looked up by its fingerprint.
+    fn dedup_fixed(&mut self, staged: &[Staged], ci: usize) -> Result<ContainerMap> {
+        let (k, block) = (self.config.k, self.config.block_bytes as usize);
+        let c = &staged[ci];
+        let chunks: Vec<&[u8]> = c.bytes.chunks(block).collect();
+        let fingerprints = self.fingerprints(c.id, &chunks)?;
+        let n = c.blocks_per_sub_file;
+        let mut blocks = Vec::with_capacity(k * n);
+        for (b, (bytes, fp)) in chunks.iter().zip(fingerprints).enumerate() {
+            let here = BlockAddress {
+                container: c.id,
+                sub_file: (b / n) as u8,
+                column: (b % n) as u32,
+            };
+            let mut source = self.cache_lookup(fp, &staged[..=ci]);
+            if let Some(a) = source {
+                if self.config.verify && !self.same_bytes(a, bytes, &staged[..=ci])? {
+                    source = None;
+                }
+            }
+            if source.is_none() {
+                self.cache.insert(fp, here);
+            }
+            blocks.push(BlockEntry {
+                position: 0,
+                crc: crc32c::crc32c(bytes),
+                redundant: source.is_some(),
+                source,
+            });
+        }
+        Ok(shuffled(c, blocks, None, k))
+    }
+
+    /// The map of staged container `ci` under content-defined chunking:
+    /// each chunk is looked up by its fingerprint, and a block is redundant
+    /// when no unique chunk touches it.
+    fn dedup_content_defined(&mut self, staged: &[Staged], ci: usize) -> Result<ContainerMap> {
+        let (k, block) = (self.config.k, self.config.block_bytes as usize);
+        let c = &staged[ci];
+        let pieces: Vec<&[u8]> = c.chunks.iter().map(|r| &c.bytes[r.clone()]).collect();
+        let fingerprints = self.fingerprints(c.id, &pieces)?;
+        let mut chunks = Vec::with_capacity(pieces.len());
+        for (i, (bytes, fp)) in pieces.iter().zip(fingerprints).enumerate() {
+            let mut source = self.cache_lookup(fp, &staged[..=ci]).map(|a| ChunkSource {
+                container: a.container,
+                chunk: a.column,
+            });
+            if let Some(s) = source {
+                if self.config.verify && !self.same_chunk(s, bytes, &staged[..=ci])? {
+                    source = None;
+                }
+            }
+            if source.is_none() {
+                let here = BlockAddress {
+                    container: c.id,
+                    sub_file: 0,
+                    column: i as u32,
+                };
+                self.cache.insert(fp, here);
+            }
+            chunks.push(ChunkEntry {
+                length: bytes.len() as u32,
+                crc: crc32c::crc32c(bytes),
+                source,
+            });
+        }
+        let starts = ContainerMap::starts_of(&chunks);
+        let count = k * c.blocks_per_sub_file;
+        let redundant = map::redundant_blocks(&chunks, &starts, count, block as u32);
+        let blocks = c
+            .bytes
+            .chunks(block)
+            .zip(redundant)
+            .map(|(bytes, redundant)| BlockEntry {
+                position: 0,
+                crc: crc32c::crc32c(bytes),
+                redundant,
+                source: None,
+            })
+            .collect();
+        Ok(shuffled(c, blocks, Some(chunks), k))
+    }
+
+    fn fingerprints(&self, container: u32, chunks: &[&[u8]]) -> Result<Vec<Fingerprint>> {
+        let mut out = Vec::with_capacity(chunks.len());
+        self.backend
+            .fingerprint_batch(self.config.fingerprint, chunks, &mut out)
+            .map_err(|e| Error::Other(format!("fingerprint container {container}: {e}")))?;
+        Ok(out)
+    }
+
+    /// A cached source that is still there: sealed, or earlier in this batch.
+    fn cache_lookup(&mut self, fp: Fingerprint, batch: &[Staged]) -> Option<BlockAddress> {
+        self.cache.get(&fp).filter(|a| {
+            self.container_batch.contains_key(&a.container)
+                || batch.iter().any(|s| s.id == a.container)
+        })
+    }
+
+    /// Whether source chunk `s` holds exactly `bytes`. A source that cannot
+    /// be read is not a match.
+    fn same_chunk(&self, s: ChunkSource, bytes: &[u8], batch: &[Staged]) -> Result<bool> {
+        if let Some(c) = batch.iter().find(|c| c.id == s.container) {
+            return Ok(c
+                .chunks
+                .get(s.chunk as usize)
+                .is_some_and(|r| &c.bytes[r.clone()] == bytes));
+        }
+        let Ok((container, start)) = self.chunk_source_start(s, bytes.len() as u32) else {
+            return Ok(false);
+        };
+        let mut theirs = vec![0u8; bytes.len()];
+        Ok(self.read_sealed(container, start, &mut theirs, 0).is_ok() && theirs == bytes)
+    }
+
     /// Whether the block at `a` holds exactly `bytes` (the byte compare on
     /// a fingerprint hit). A source that cannot be read is not a match.
     fn same_bytes(&self, a: BlockAddress, bytes: &[u8], batch: &[Staged]) -> Result<bool> {
@@ -243,5 +337,48 @@ impl ArchiveStore {
             return Ok(c.block(a.sub_file as usize, a.column as usize, block) == bytes);
         }
         Ok(self.read_block(a).is_ok_and(|b| b == bytes))
+    }
+}
+
+/// A container's map from its blocks (sub-file major): each sub-file's
+/// blocks pseudo-shuffled (Procedure 1), unique ones leftmost; `chunks`
+/// under content-defined chunking.
+fn shuffled(
+    c: &Staged,
+    mut blocks: Vec<BlockEntry>,
+    chunks: Option<Vec<ChunkEntry>>,
+    k: usize,
+) -> ContainerMap {
+    let n = c.blocks_per_sub_file;
+    assert_eq!(blocks.len(), k * n);
+    let mut sub_files = Vec::with_capacity(k);
+    for _ in 0..k {
+        let blocks: Vec<BlockEntry> = blocks.drain(..n).collect();
+        let unique: Vec<bool> = blocks.iter().map(|b| !b.redundant).collect();
+        let (positions, _) = pseudo_shuffle(&unique);
+        let mut column_at = vec![0u32; n];
+        let mut blocks = blocks;
+        for (l, (entry, &p)) in blocks.iter_mut().zip(&positions).enumerate() {
+            entry.position = p;
+            column_at[p as usize] = l as u32;
+        }
+        sub_files.push(SubFileMap {
+            device: 0,
+            group: 0,
+            member: 0,
+            blocks,
+            column_at,
+        });
+    }
+    let chunk_starts = chunks
+        .as_deref()
+        .map_or(Vec::new(), ContainerMap::starts_of);
+    ContainerMap {
+        id: c.id,
+        data_bytes: c.data_bytes,
+        blocks_per_sub_file: n as u32,
+        sub_files,
+        chunks: chunks.unwrap_or_default(),
+        chunk_starts,
     }
 }

@@ -13,7 +13,10 @@
 //! parity sub-files of each group and the batch's map-address table
 //! (map.rs) are written; reads go to the untouched data sub-files and
 //! decode (recover.rs) when a device is missing or a checksum fails;
-//! scrub.rs checks and repairs everything.
+//! scrub.rs checks and repairs everything. Beyond the paper, two create
+//! options (recorded in archive.json and in every map): the compact layout
+//! stores only the unique blocks, and FastCDC chunking (chunking.rs) finds
+//! duplicates by content-defined chunks while blocks stay the stripe unit.
 //!
 //! Invariants:
 //! - A batch is visible exactly when its map file exists under `maps/`; the
@@ -28,8 +31,9 @@
 //!   reclaimed by `scrub --repair`; what open reconciles (containers the
 //!   catalog calls open or pending that a map says are sealed) it commits
 //!   at once, before anything can reclaim the batch that said so.
-//! - Every block of a sealed container is either unique, in an encoded
-//!   virtual stripe of its group, or redundant with a unique source block;
+//! - Every block of a sealed container is either unique (holds a byte of a
+//!   unique chunk), in an encoded virtual stripe of its group, or redundant:
+//!   its bytes are in unique source blocks or chunks;
 //!   a batch is kept while any live object or any live batch's redundant
 //!   block refers to it, so a source keeps its protection.
 //! - After an error in a mutating call the store is latched: every later
@@ -39,6 +43,7 @@
 //!   simulator in tests).
 
 mod cache;
+pub mod chunking;
 mod container;
 pub mod disk;
 pub mod exchange;
@@ -47,6 +52,8 @@ mod recover;
 mod scrub;
 pub mod shuffle;
 
+pub use chunking::Chunking;
+pub use map::Layout;
 pub use scrub::ScrubReport;
 
 use crate::codec::Codec;
@@ -56,7 +63,7 @@ use crate::media::storage::StorageLock;
 use crate::media::{OsStorage, Storage};
 use cache::FingerprintCache;
 use disk::Disk;
-use map::{BatchMap, BlockAddress};
+use map::{BatchMap, BlockAddress, ChunkKind};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::Read;
@@ -74,7 +81,11 @@ const CREATING_FILE: &str = "creating.json";
 const MAPS_DIR: &str = "maps";
 const STAGING_DIR: &str = "staging";
 const DEVICE_MARKER: &str = "archive-device.json";
-const FORMAT_VERSION: u32 = 1;
+/// `archive.json` version 1: the paper's layout and fixed chunking (no
+/// `layout` or `chunking` field); version 2 records both. An archive with
+/// the defaults is still written as version 1, so older binaries open it.
+const FORMAT_VERSION_V1: u32 = 1;
+const FORMAT_VERSION: u32 = 2;
 /// Longest object name, in bytes.
 pub const NAME_BYTES_MAX: usize = 1024;
 /// Bytes `put` reads from its source at a time.
@@ -101,6 +112,11 @@ pub struct CreateOptions {
     /// Byte-compare a block with its source on a fingerprint hit; None:
     /// on unless the fingerprint is strong (SHA-256, BLAKE3).
     pub verify: Option<bool>,
+    /// What the data sub-files hold: every block (paper) or only the
+    /// unique ones (compact).
+    pub layout: Layout,
+    /// Fixed blocks (paper) or FastCDC chunks.
+    pub chunking: Chunking,
 }
 
 impl Default for CreateOptions {
@@ -116,6 +132,8 @@ impl Default for CreateOptions {
             cache_bytes: CACHE_BYTES_DEFAULT,
             exchange: 0,
             verify: None,
+            layout: Layout::Paper,
+            chunking: Chunking::Fixed,
         }
     }
 }
@@ -135,6 +153,10 @@ pub struct ArchiveConfig {
     pub cache_bytes: u64,
     pub exchange: u32,
     pub verify: bool,
+    #[serde(default)]
+    pub layout: Layout,
+    #[serde(default)]
+    pub chunking: Chunking,
 }
 
 impl ArchiveConfig {
@@ -143,11 +165,25 @@ impl ArchiveConfig {
         self.exchange.max(1) as usize
     }
 
+    /// The kind of chunks its maps record.
+    pub fn chunk_kind(&self) -> ChunkKind {
+        match self.chunking {
+            Chunking::Fixed => ChunkKind::Fixed,
+            Chunking::Fastcdc { .. } => ChunkKind::ContentDefined,
+        }
+    }
+
     fn validate(&self) -> Result<()> {
         let bad = |s: String| Err(Error::Config(s));
-        if self.version != FORMAT_VERSION {
+        if !(FORMAT_VERSION_V1..=FORMAT_VERSION).contains(&self.version) {
             return bad(format!("archive format version {} unknown", self.version));
         }
+        if self.version == FORMAT_VERSION_V1
+            && (self.layout != Layout::Paper || self.chunking != Chunking::Fixed)
+        {
+            return bad("a version 1 archive names a layout or chunking it cannot have".into());
+        }
+        self.chunking.validate()?;
         Codec::new(self.k, self.m).map_err(|e| Error::Config(e.to_string()))?;
         if self.k > 255 {
             return bad("k must be at most 255 for an archive".into());
@@ -252,6 +288,11 @@ pub struct ArchiveStats {
     pub cache_hits: u64,
     pub cache_misses: u64,
     pub cache_evictions: u64,
+    /// Bytes of the data sub-files on the devices (compact: unique blocks).
+    pub stored_data_bytes: u64,
+    /// Content-defined chunking: chunks, and those with a source.
+    pub chunks: u64,
+    pub redundant_chunks: u64,
 }
 
 /// Where a container's bytes are.
@@ -344,8 +385,13 @@ impl ArchiveStore {
         } else {
             options.devices.clone()
         };
+        let defaults = options.layout == Layout::Paper && options.chunking == Chunking::Fixed;
         let config = ArchiveConfig {
-            version: FORMAT_VERSION,
+            version: if defaults {
+                FORMAT_VERSION_V1
+            } else {
+                FORMAT_VERSION
+            },
             uuid: uuid::Uuid::new_v4().to_string(),
             k: options.k,
             m: options.m,
@@ -356,6 +402,8 @@ impl ArchiveStore {
             cache_bytes: options.cache_bytes,
             exchange: options.exchange,
             verify: options.verify.unwrap_or(!options.fingerprint.strong()),
+            layout: options.layout,
+            chunking: options.chunking,
         };
         config.validate()?;
         if disk.exists(&dir.join(CONFIG_FILE)) {
@@ -488,6 +536,11 @@ impl ArchiveStore {
             {
                 return Err(Error::Corrupt(format!(
                     "archive map {name}: geometry differs from the archive's"
+                )));
+            }
+            if map.layout != config.layout || map.chunking != config.chunk_kind() {
+                return Err(Error::Corrupt(format!(
+                    "archive map {name}: layout or chunking differs from the archive's"
                 )));
             }
             for c in &map.containers {
@@ -789,26 +842,7 @@ impl ArchiveStore {
                 }
                 Ok(())
             }
-            Location::Sealed(map) => {
-                let block = self.config.block_bytes as u64;
-                let c = map.container(container).expect("indexed container");
-                let sub_file_bytes = c.blocks_per_sub_file as u64 * block;
-                let mut done = 0usize;
-                while done < buf.len() {
-                    let at = offset + done as u64;
-                    let address = BlockAddress {
-                        container,
-                        sub_file: (at / sub_file_bytes) as u8,
-                        column: ((at % sub_file_bytes) / block) as u32,
-                    };
-                    let bytes = self.read_block(address)?;
-                    let within = (at % block) as usize;
-                    let take = (block as usize - within).min(buf.len() - done);
-                    buf[done..done + take].copy_from_slice(&bytes[within..within + take]);
-                    done += take;
-                }
-                Ok(())
-            }
+            Location::Sealed(_) => self.read_sealed(container, offset, buf, 0),
         }
     }
 
@@ -838,7 +872,7 @@ impl ArchiveStore {
                             for b in e.offset / block..=(e.offset + e.length - 1) / block {
                                 let entry = &c.sub_files[(b / n) as usize].blocks[(b % n) as usize];
                                 info.blocks += 1;
-                                info.redundant_blocks += entry.source.is_some() as u64;
+                                info.redundant_blocks += entry.redundant as u64;
                             }
                         }
                     }
@@ -874,14 +908,16 @@ impl ArchiveStore {
         let mut todo: Vec<u32> = live.iter().copied().collect();
         while let Some(b) = todo.pop() {
             for c in &self.batches[&b].containers {
-                for s in &c.sub_files {
-                    for entry in &s.blocks {
-                        if let Some(src) = entry.source {
-                            if let Some(&sb) = self.container_batch.get(&src.container) {
-                                if live.insert(sb) {
-                                    todo.push(sb);
-                                }
-                            }
+                let block_sources = c
+                    .sub_files
+                    .iter()
+                    .flat_map(|s| s.blocks.iter().filter_map(|e| e.source))
+                    .map(|a| a.container);
+                let chunk_sources = c.chunks.iter().filter_map(|e| e.source);
+                for src in block_sources.chain(chunk_sources.map(|s| s.container)) {
+                    if let Some(&sb) = self.container_batch.get(&src) {
+                        if live.insert(sb) {
+                            todo.push(sb);
                         }
                     }
                 }
@@ -987,7 +1023,10 @@ impl ArchiveStore {
                 for sub in &c.sub_files {
                     s.blocks += sub.blocks.len() as u64;
                     s.unique_blocks += sub.unique_blocks() as u64;
+                    s.stored_data_bytes += sub.stored_blocks(self.config.layout) as u64 * block;
                 }
+                s.chunks += c.chunks.len() as u64;
+                s.redundant_chunks += c.chunks.iter().filter(|e| e.source.is_some()).count() as u64;
             }
             s.stripes_encoded += map.groups.iter().map(|g| g.encoded as u64).sum::<u64>();
         }

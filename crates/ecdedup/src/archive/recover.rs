@@ -1,15 +1,18 @@
 //! Reading a sealed block, and decoding it when its sub-file is missing or
 //! its checksum fails (paper 001, section 3.2): a redundant block is read
-//! from its source block; a unique block is decoded from its virtual stripe
-//! (the blocks at its position in every member of its group, found through
-//! the map, and the group's parity at that position), with any missing
-//! member that is redundant taken from its own source first.
+//! from its source block (content-defined chunking: from its chunks'
+//! sources); a unique block is decoded from its virtual stripe (the blocks
+//! at its position in every member of its group, found through the map,
+//! and the group's parity at that position), with any missing member that
+//! is redundant taken from its own source first. In the compact layout a
+//! redundant block is not stored: it is always read through its sources,
+//! and a stripe's member past its unique blocks is zeros.
 //!
 //! Invariants: every block handed back matches the CRC-32C its map
 //! recorded at seal time, or the call fails with `DataLoss`; recursion
 //! through sources is bounded by [`SOURCE_DEPTH_MAX`].
 
-use super::map::{BatchMap, BlockAddress};
+use super::map::{BatchMap, BlockAddress, ChunkSource, ContainerMap};
 use super::{parity_name, sub_file_name, ArchiveStore};
 use crate::error::{Error, Result};
 
@@ -50,15 +53,107 @@ impl ArchiveStore {
             .blocks
             .get(a.column as usize)
             .ok_or_else(|| Error::Corrupt(format!("block address {a:?} names no column")))?;
-        let block = self.config.block_bytes as u64;
+        let layout = self.config.layout;
+        if !sub.stored(layout, a.column) {
+            return Ok(None);
+        }
+        let block = self.config.block_bytes;
         let path = self
             .device_dir(sub.device as usize)
             .join(sub_file_name(a.container, a.sub_file));
         let mut bytes = vec![0u8; block as usize];
-        let read = self
-            .disk
-            .read_at(&path, a.column as u64 * block, &mut bytes)?;
+        let offset = sub.stored_offset(layout, a.column, block);
+        let read = self.disk.read_at(&path, offset, &mut bytes)?;
         Ok((read && crc32c::crc32c(&bytes) == entry.crc).then_some(bytes))
+    }
+
+    /// Fills `buf` with a sealed container's bytes from `offset` (in its
+    /// data, sub-files concatenated), block by block.
+    pub(super) fn read_sealed(
+        &self,
+        container: u32,
+        offset: u64,
+        buf: &mut [u8],
+        depth: u32,
+    ) -> Result<()> {
+        let block = self.config.block_bytes as u64;
+        let map = self.sealed_map(container)?;
+        let c = map.container(container).expect("indexed container");
+        let sub_file_bytes = c.blocks_per_sub_file as u64 * block;
+        let mut done = 0usize;
+        while done < buf.len() {
+            let at = offset + done as u64;
+            let address = BlockAddress {
+                container,
+                sub_file: (at / sub_file_bytes) as u8,
+                column: ((at % sub_file_bytes) / block) as u32,
+            };
+            let bytes = self.read_block_at_depth(address, depth)?;
+            let within = (at % block) as usize;
+            let take = (block as usize - within).min(buf.len() - done);
+            buf[done..done + take].copy_from_slice(&bytes[within..within + take]);
+            done += take;
+        }
+        Ok(())
+    }
+
+    /// A redundant block's bytes from its source (fixed chunking) or its
+    /// chunks' sources (content-defined), checked against its CRC-32C;
+    /// None when it is not redundant or a source cannot be read.
+    fn block_from_sources(&self, c: &ContainerMap, a: BlockAddress, depth: u32) -> Option<Vec<u8>> {
+        let sub = &c.sub_files[a.sub_file as usize];
+        let entry = sub.blocks[a.column as usize];
+        if !entry.redundant {
+            return None;
+        }
+        let bytes = match entry.source {
+            Some(source) => self.read_block_at_depth(source, depth + 1).ok()?,
+            None => {
+                // Content-defined: every chunk touching the block is
+                // redundant (checked at decode); padding past the data
+                // bytes is zeros.
+                let block = self.config.block_bytes as u64;
+                let start =
+                    (a.sub_file as u64 * c.blocks_per_sub_file as u64 + a.column as u64) * block;
+                let end = (start + block).min(c.data_bytes);
+                let mut bytes = vec![0u8; block as usize];
+                let mut at = start;
+                while at < end {
+                    let i = c.chunk_at(at);
+                    let chunk = c.chunks[i];
+                    let chunk_end = c.chunk_starts[i + 1].min(end);
+                    let source = chunk.source?;
+                    let (src_container, src_start) =
+                        self.chunk_source_start(source, chunk.length).ok()?;
+                    let within = at - c.chunk_starts[i];
+                    let out = &mut bytes[(at - start) as usize..(chunk_end - start) as usize];
+                    self.read_sealed(src_container, src_start + within, out, depth + 1)
+                        .ok()?;
+                    at = chunk_end;
+                }
+                bytes
+            }
+        };
+        (crc32c::crc32c(&bytes) == entry.crc).then_some(bytes)
+    }
+
+    /// Where a chunk's source starts (container, offset in its data),
+    /// checking that it is a unique chunk of the same length.
+    pub(super) fn chunk_source_start(
+        &self,
+        source: ChunkSource,
+        length: u32,
+    ) -> Result<(u32, u64)> {
+        let map = self.sealed_map(source.container)?;
+        let c = map.container(source.container).expect("indexed");
+        match c.chunks.get(source.chunk as usize) {
+            Some(chunk) if chunk.source.is_none() && chunk.length == length => {
+                Ok((source.container, c.chunk_starts[source.chunk as usize]))
+            }
+            _ => Err(Error::Corrupt(format!(
+                "chunk source {source:?} is not a unique chunk of {length} bytes"
+            ))),
+        }
     }
 
     /// Decodes a block whose stored copy is missing or corrupt.
@@ -71,12 +166,8 @@ impl ArchiveStore {
         let c = map.container(a.container).expect("indexed");
         let sub = &c.sub_files[a.sub_file as usize];
         let entry = sub.blocks[a.column as usize];
-        if let Some(source) = entry.source {
-            if let Ok(bytes) = self.read_block_at_depth(source, depth + 1) {
-                if crc32c::crc32c(&bytes) == entry.crc {
-                    return Ok(bytes);
-                }
-            }
+        if let Some(bytes) = self.block_from_sources(c, a, depth) {
+            return Ok(bytes);
         }
         let group = &map.groups[sub.group as usize];
         if entry.position >= group.encoded {
@@ -109,12 +200,11 @@ impl ArchiveStore {
         let mut present = vec![false; k + m];
         for (i, &(cid, j)) in group.members.iter().enumerate() {
             let c = map.container(cid).expect("decoded map");
-            if position >= c.blocks_per_sub_file {
-                present[i] = true; // zero padding past a shorter sub-file
-                continue;
-            }
             let sub = &c.sub_files[j as usize];
-            let column = sub.column_at[position as usize];
+            let Some(column) = sub.stripe_column(map.layout, position) else {
+                present[i] = true; // zeros past a shorter sub-file (or its unique blocks)
+                continue;
+            };
             let address = BlockAddress {
                 container: cid,
                 sub_file: j,
@@ -123,13 +213,9 @@ impl ArchiveStore {
             if let Some(bytes) = self.read_block_raw(address)? {
                 shards[i] = bytes;
                 present[i] = true;
-            } else if let Some(source) = sub.blocks[column as usize].source {
-                if let Ok(bytes) = self.read_block_at_depth(source, depth + 1) {
-                    if crc32c::crc32c(&bytes) == sub.blocks[column as usize].crc {
-                        shards[i] = bytes;
-                        present[i] = true;
-                    }
-                }
+            } else if let Some(bytes) = self.block_from_sources(c, address, depth) {
+                shards[i] = bytes;
+                present[i] = true;
             }
         }
         for i in 0..m {
