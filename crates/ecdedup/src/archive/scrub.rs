@@ -60,7 +60,9 @@ impl ArchiveStore {
         }
         let block = self.config.block_bytes as usize;
         let batches: Vec<u32> = self.batches.keys().copied().collect();
-        for b in &batches {
+        let phase = if repair { "scrub --repair" } else { "scrub" };
+        for (done, b) in batches.iter().enumerate() {
+            self.report_progress(phase, done as u64, batches.len() as u64);
             let map = &self.batches[b];
             let mut rewrites: Vec<(PathBuf, Vec<u8>)> = Vec::new();
             for c in &map.containers {
@@ -112,6 +114,7 @@ impl ArchiveStore {
                 }
             }
         }
+        self.report_progress(phase, batches.len() as u64, batches.len() as u64);
         // Files no map names, and maps a crash left half written.
         let maps_dir = self.dir.join(super::MAPS_DIR);
         for name in disk::list_files(&maps_dir)?.unwrap_or_default() {
