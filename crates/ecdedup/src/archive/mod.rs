@@ -760,15 +760,14 @@ impl ArchiveStore {
                 let mut done = 0usize;
                 while done < buf.len() {
                     let at = offset + done as u64;
-                    let address = BlockAddress {
+                    let within = at % sub_file_bytes;
+                    let take = ((sub_file_bytes - within) as usize).min(buf.len() - done);
+                    self.read_span(
                         container,
-                        sub_file: (at / sub_file_bytes) as u8,
-                        column: ((at % sub_file_bytes) / block) as u32,
-                    };
-                    let bytes = self.read_block(address)?;
-                    let within = (at % block) as usize;
-                    let take = (block as usize - within).min(buf.len() - done);
-                    buf[done..done + take].copy_from_slice(&bytes[within..within + take]);
+                        (at / sub_file_bytes) as u8,
+                        within,
+                        &mut buf[done..done + take],
+                    )?;
                     done += take;
                 }
                 Ok(())
