@@ -201,7 +201,7 @@ fn codeplugin_eval_on_generated_images_reports_exact_counts_for_every_scheme() {
         // Parity is m blocks per encoded stripe; 8 containers each run.
         let m = u(x, "m");
         assert_eq!(u(x, "parity_bytes"), u(x, "stripes_encoded") * m * 8192);
-        assert_eq!(u(x, "containers"), 8, "{}", x["name"]);
+        assert_eq!(u(x, "containers_sealed"), 8, "{}", x["name"]);
     }
     // With an unbounded cache (the offline count) and 64K, dedup finds
     // every copy; smaller caches find fewer.

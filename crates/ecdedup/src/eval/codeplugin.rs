@@ -36,7 +36,7 @@
 //! are rows marked "not built"; [`Scheme::archive_options`] is the one
 //! place to add them.
 
-use crate::archive::{self, disk, ArchiveStore, CreateOptions, SealTimings};
+use crate::archive::{self, disk, ArchiveStats, ArchiveStore, CreateOptions, SealTimings};
 use crate::codec::Codec;
 use crate::error::{Error, Result};
 use crate::fingerprint::{Algorithm, CpuBackend, FingerprintBackend};
@@ -112,9 +112,22 @@ pub struct Options {
     /// paper does not).
     #[arg(long)]
     pub verify: bool,
+    /// Leave every all-zero block out of each input (copies written to
+    /// OUT/input-nonzero), as an image format that stores only allocated
+    /// blocks would (the paper's VMware images).
+    #[arg(long)]
+    pub drop_zero_blocks: bool,
     /// Only Table 1's runs (and the read comparison): no Fig. 6 and 7.
     #[arg(long)]
     pub table_only: bool,
+    /// Fig. 7's cache bounds, comma-separated (Table 1's is added)
+    /// [default: a quarter and a half of --cache].
+    #[arg(long)]
+    pub caches: Option<String>,
+    /// Repeat every run this many times (rounds outside, schemes inside)
+    /// and report the median and range of each throughput.
+    #[arg(long, default_value_t = 1)]
+    pub rounds: u32,
     /// No read comparison.
     #[arg(long)]
     pub no_read: bool,
@@ -139,7 +152,7 @@ pub enum Scheme {
 }
 
 /// How a scheme is run.
-enum Built {
+enum Runner {
     /// Written by this module (no dedup, no map).
     Plain,
     Archive(CreateOptions),
@@ -180,21 +193,23 @@ impl Scheme {
 
     /// The archive this scheme is measured on. The one place to add a
     /// scheme once the archive core offers it.
-    fn archive_options(self, base: &CreateOptions) -> Built {
+    fn archive_options(self, base: &CreateOptions) -> Runner {
         let with_exchange = |exchange| {
-            Built::Archive(CreateOptions {
+            Runner::Archive(CreateOptions {
                 exchange,
                 ..base.clone()
             })
         };
         match self {
-            Scheme::PlainRs => Built::Plain,
+            Scheme::PlainRs => Runner::Plain,
             Scheme::NoEx => with_exchange(0),
             Scheme::Ex2 => with_exchange(2),
             Scheme::Ex4 => with_exchange(4),
-            Scheme::Compact => Built::NotBuilt("not built: the archive has no compact variant yet"),
+            Scheme::Compact => {
+                Runner::NotBuilt("not built: the archive has no compact variant yet")
+            }
             Scheme::Cdc => {
-                Built::NotBuilt("not built: the archive has no content-defined chunking yet")
+                Runner::NotBuilt("not built: the archive has no content-defined chunking yet")
             }
         }
     }
@@ -209,13 +224,58 @@ pub struct Point {
     pub preprocess_mb_s: f64,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct ReadResult {
     pub bytes: u64,
-    /// After dropping both stores' files from the page cache.
-    pub cold_mb_s: f64,
-    /// Read again at once.
-    pub warm_mb_s: f64,
+    /// After dropping both stores' files from the page cache, per round.
+    pub cold_mb_s: Vec<f64>,
+    /// Read again at once, per round.
+    pub warm_mb_s: Vec<f64>,
+}
+
+/// The timed part of one round of a run.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct RoundTiming {
+    pub timings: SealTimings,
+    /// Wall time of every `put` and the final `seal` (staging included).
+    pub put_seal_ns: u64,
+    pub points: Vec<Point>,
+}
+
+impl RoundTiming {
+    fn encode_write_mb_s(&self) -> f64 {
+        mb_s(
+            self.timings.container_bytes,
+            self.timings.encode_ns + self.timings.write_ns,
+        )
+    }
+
+    fn preprocess_mb_s(&self) -> f64 {
+        mb_s(self.timings.container_bytes, self.timings.preprocess_ns)
+    }
+}
+
+/// The median of some values (the lower one of an even count); 0 for none.
+fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len().saturating_sub(1) / 2).copied().unwrap_or(0.0)
+}
+
+/// "median (min-max)" with one decimal, or the value alone for one round.
+fn spread(values: &[f64]) -> String {
+    spread_with(values, 1)
+}
+
+fn spread_with(values: &[f64], decimals: usize) -> String {
+    let min = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = values.iter().copied().fold(0.0, f64::max);
+    let d = decimals;
+    match values.len() {
+        0 => "-".into(),
+        1 => format!("{:.d$}", values[0]),
+        _ => format!("{:.d$} ({min:.d$}-{max:.d$})", median(values)),
+    }
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -229,43 +289,78 @@ pub struct RunResult {
     /// Set when the scheme is not built in this tree.
     pub not_built: Option<String>,
     pub input_bytes: u64,
-    pub containers: u64,
-    pub blocks: u64,
-    pub unique_blocks: u64,
-    pub redundant_blocks: u64,
-    pub stripes: u64,
-    pub stripes_encoded: u64,
-    pub parity_bytes: u64,
-    pub plain_parity_bytes: u64,
-    pub map_bytes: u64,
-    pub cache_hits: u64,
-    pub cache_misses: u64,
-    pub cache_evictions: u64,
-    pub timings: SealTimings,
-    /// Wall time of every `put` and the final `seal` (staging included).
-    pub put_seal_ns: u64,
-    pub points: Vec<Point>,
+    /// The archive's `stats` after the final seal (plain RS: the same
+    /// fields, counted here).
+    #[serde(flatten)]
+    pub stats: ArchiveStats,
+    /// One per round, in order.
+    pub rounds: Vec<RoundTiming>,
     pub read: Option<ReadResult>,
 }
 
 impl RunResult {
+    fn per_round(&self, f: impl Fn(&RoundTiming) -> f64) -> Vec<f64> {
+        self.rounds.iter().map(f).collect()
+    }
+
+    /// Encode + write throughput of each round.
+    pub fn encode_write_rounds(&self) -> Vec<f64> {
+        self.per_round(RoundTiming::encode_write_mb_s)
+    }
+
     pub fn encode_write_mb_s(&self) -> f64 {
-        mb_s(
-            self.timings.container_bytes,
-            self.timings.encode_ns + self.timings.write_ns,
-        )
+        median(&self.encode_write_rounds())
+    }
+
+    pub fn preprocess_rounds(&self) -> Vec<f64> {
+        self.per_round(RoundTiming::preprocess_mb_s)
     }
 
     pub fn preprocess_mb_s(&self) -> f64 {
-        mb_s(self.timings.container_bytes, self.timings.preprocess_ns)
+        median(&self.preprocess_rounds())
     }
 
-    pub fn put_seal_mb_s(&self) -> f64 {
-        mb_s(self.input_bytes, self.put_seal_ns)
+    pub fn put_seal_rounds(&self) -> Vec<f64> {
+        self.per_round(|t| mb_s(self.input_bytes, t.put_seal_ns))
+    }
+
+    /// The round whose encode + write throughput is the median (its curve
+    /// is the one plotted).
+    pub fn median_round(&self) -> Option<&RoundTiming> {
+        let m = self.encode_write_mb_s();
+        self.rounds.iter().find(|t| t.encode_write_mb_s() == m)
+    }
+
+    /// Records the counts of a round: the first round's, checked against
+    /// every later one (they are a function of the input and options).
+    fn set_stats(&mut self, stats: ArchiveStats) -> Result<()> {
+        if self.rounds.is_empty() {
+            self.stats = stats;
+            return Ok(());
+        }
+        let counts = |s: &ArchiveStats| {
+            [
+                s.blocks,
+                s.unique_blocks,
+                s.stripes_encoded,
+                s.map_bytes,
+                s.cache_hits,
+                s.cache_evictions,
+            ]
+        };
+        if counts(&self.stats) != counts(&stats) {
+            return Err(Error::Other(format!(
+                "{}: counts differ between rounds ({:?} then {:?})",
+                self.name,
+                counts(&self.stats),
+                counts(&stats)
+            )));
+        }
+        Ok(())
     }
 
     pub fn parity_saving(&self) -> f64 {
-        ratio_below(self.parity_bytes, self.plain_parity_bytes)
+        ratio_below(self.stats.parity_bytes, self.stats.plain_parity_bytes)
     }
 }
 
@@ -298,12 +393,15 @@ pub struct InputFile {
 #[derive(Clone, Debug, Serialize)]
 pub struct Results {
     pub generated: bool,
+    pub zero_blocks_dropped: bool,
     pub inputs: Vec<InputFile>,
     pub input_bytes: u64,
     pub container_bytes: u64,
     pub block_bytes: u32,
     pub fingerprint: String,
     pub verify: bool,
+    pub rounds: u32,
+    pub fig7_caches: Vec<u64>,
     pub offline: OfflineCount,
     pub md5_alone: Md5Alone,
     pub runs: Vec<RunResult>,
@@ -426,6 +524,53 @@ pub fn generate_input(dir: &Path, seed: u64, block_bytes: usize) -> Result<Vec<P
         paths.push(path);
     }
     Ok(paths)
+}
+
+/// Copies each input into `dir` without its all-zero blocks (a shorter
+/// tail is kept); returns the copies' paths.
+fn drop_zero_blocks(paths: &[PathBuf], dir: &Path, block_bytes: usize) -> Result<Vec<PathBuf>> {
+    use std::io::Write;
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+    let mut out = Vec::new();
+    for (i, p) in paths.iter().enumerate() {
+        let name = p
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| format!("input{i}"));
+        let copy = dir.join(format!("{i:03}-{name}"));
+        let mut from = std::io::BufReader::with_capacity(
+            READ_REQUEST_BYTES,
+            std::fs::File::open(p).map_err(|e| Error::io(format!("open {}", p.display()), e))?,
+        );
+        let mut to = std::io::BufWriter::with_capacity(
+            READ_REQUEST_BYTES,
+            std::fs::File::create(&copy)
+                .map_err(|e| Error::io(format!("create {}", copy.display()), e))?,
+        );
+        let mut block = vec![0u8; block_bytes];
+        loop {
+            let mut got = 0;
+            while got < block_bytes {
+                match from.read(&mut block[got..]) {
+                    Ok(0) => break,
+                    Ok(n) => got += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(Error::io(format!("read {}", p.display()), e)),
+                }
+            }
+            if got == 0 {
+                break;
+            }
+            if got < block_bytes || block.iter().any(|&b| b != 0) {
+                to.write_all(&block[..got])
+                    .map_err(|e| Error::io(format!("write {}", copy.display()), e))?;
+            }
+        }
+        to.flush()
+            .map_err(|e| Error::io(format!("write {}", copy.display()), e))?;
+        out.push(copy);
+    }
+    Ok(out)
 }
 
 /// A container-sized piece of one input file: one object.
@@ -568,7 +713,7 @@ fn device_folder(work: &Path, device: usize) -> PathBuf {
 
 /// Plain RS(k,m): every container's sub-files and the parity of every
 /// stripe, with the archive's codec and durable write.
-fn run_plain(s: &Setting, result: &mut RunResult) -> Result<()> {
+fn run_plain(s: &Setting, result: &mut RunResult) -> Result<RoundTiming> {
     let (k, m) = (result.k, result.m);
     let block = s.block_bytes as usize;
     let codec = Codec::new(k, m).map_err(|e| Error::Config(e.to_string()))?;
@@ -577,6 +722,8 @@ fn run_plain(s: &Setting, result: &mut RunResult) -> Result<()> {
     }
     let mut id = 0u64;
     let mut timings = SealTimings::default();
+    let mut points = Vec::new();
+    let mut stats = ArchiveStats::default();
     let start = Instant::now();
     for_each_container(s.files, s.pieces, s.container_bytes, |bytes| {
         let n = bytes.len().div_ceil(k * block).max(1);
@@ -613,10 +760,11 @@ fn run_plain(s: &Setting, result: &mut RunResult) -> Result<()> {
         }
         timings.write_ns += elapsed_ns(t);
         timings.container_bytes += padded.len() as u64;
-        result.containers += 1;
-        result.blocks += (n * k) as u64;
-        result.stripes += n as u64;
-        result.points.push(Point {
+        stats.containers_sealed += 1;
+        stats.sealed_data_bytes += bytes.len() as u64;
+        stats.blocks += (n * k) as u64;
+        stats.stripes += n as u64;
+        points.push(Point {
             gb: timings.container_bytes as f64 / 1e9,
             encode_write_mb_s: mb_s(
                 timings.container_bytes,
@@ -628,13 +776,17 @@ fn run_plain(s: &Setting, result: &mut RunResult) -> Result<()> {
         id += 1;
         Ok(())
     })?;
-    result.put_seal_ns = elapsed_ns(start);
-    result.timings = timings;
-    result.unique_blocks = result.blocks;
-    result.stripes_encoded = result.stripes;
-    result.parity_bytes = result.stripes * (m * block) as u64;
-    result.plain_parity_bytes = result.parity_bytes;
-    Ok(())
+    let put_seal_ns = elapsed_ns(start);
+    stats.unique_blocks = stats.blocks;
+    stats.stripes_encoded = stats.stripes;
+    stats.parity_bytes = stats.stripes * (m * block) as u64;
+    stats.plain_parity_bytes = stats.parity_bytes;
+    result.set_stats(stats)?;
+    Ok(RoundTiming {
+        timings,
+        put_seal_ns,
+        points,
+    })
 }
 
 /// A CodePlugin scheme on the real archive tier.
@@ -642,11 +794,12 @@ fn run_archive(
     s: &Setting,
     options: &CreateOptions,
     result: &mut RunResult,
-) -> Result<ArchiveStore> {
+) -> Result<(ArchiveStore, RoundTiming)> {
     let mut store = ArchiveStore::create(s.work, options)?;
     let mut piece = Vec::new();
     let mut put_seal_ns = 0;
     let mut last_sealed = 0;
+    let mut points = Vec::new();
     let mut point = |store: &ArchiveStore, points: &mut Vec<Point>| {
         let t = store.seal_timings();
         if t.container_bytes > last_sealed {
@@ -664,29 +817,23 @@ fn run_archive(
         let t = Instant::now();
         store.put(&p.name, &mut &piece[..])?;
         put_seal_ns += elapsed_ns(t);
-        point(&store, &mut result.points);
+        point(&store, &mut points);
         s.bar.inc(p.length);
     }
     let t = Instant::now();
     store.seal()?;
     put_seal_ns += elapsed_ns(t);
-    point(&store, &mut result.points);
-    let stats = store.stats();
-    result.put_seal_ns = put_seal_ns;
-    result.timings = store.seal_timings();
-    result.containers = stats.containers_sealed;
-    result.blocks = stats.blocks;
-    result.unique_blocks = stats.unique_blocks;
-    result.redundant_blocks = stats.redundant_blocks;
-    result.stripes = stats.stripes;
-    result.stripes_encoded = stats.stripes_encoded;
-    result.parity_bytes = stats.parity_bytes;
-    result.plain_parity_bytes = stats.plain_parity_bytes;
-    result.map_bytes = stats.map_bytes;
-    result.cache_hits = stats.cache_hits;
-    result.cache_misses = stats.cache_misses;
-    result.cache_evictions = stats.cache_evictions;
-    Ok(store)
+    point(&store, &mut points);
+    result.set_stats(store.stats())?;
+    let timings = store.seal_timings();
+    Ok((
+        store,
+        RoundTiming {
+            timings,
+            put_seal_ns,
+            points,
+        },
+    ))
 }
 
 /// Drops every file under `dir` from the page cache (they are durable:
@@ -718,7 +865,19 @@ fn read_both(
     store: &ArchiveStore,
     plain: &Path,
     (k, m): (usize, usize),
+    plain_first: bool,
 ) -> Result<(u64, u64)> {
+    if plain_first {
+        let plain_ns = read_plain(s, plain, (k, m))?;
+        return Ok((read_archive(s, store)?, plain_ns));
+    }
+    let archive_ns = read_archive(s, store)?;
+    Ok((archive_ns, read_plain(s, plain, (k, m))?))
+}
+
+/// Reads every object back, checked against the input; the nanoseconds
+/// spent in `read`.
+fn read_archive(s: &Setting, store: &ArchiveStore) -> Result<u64> {
     let mut buf = vec![0u8; READ_REQUEST_BYTES];
     let mut input = Vec::new();
     let mut archive_ns = 0;
@@ -741,6 +900,14 @@ fn read_both(
             s.bar.inc(take as u64);
         }
     }
+    Ok(archive_ns)
+}
+
+/// Reads the same bytes from the plain RS containers under `plain` (k data
+/// sub-files per container, placed as `run_plain` placed them); the
+/// nanoseconds spent reading.
+fn read_plain(s: &Setting, plain: &Path, (k, m): (usize, usize)) -> Result<u64> {
+    let mut buf = vec![0u8; READ_REQUEST_BYTES];
     let block = s.block_bytes as u64;
     let mut plain_ns = 0;
     let mut left = s.input_bytes;
@@ -771,7 +938,7 @@ fn read_both(
         left -= data;
         id += 1;
     }
-    Ok((archive_ns, plain_ns))
+    Ok(plain_ns)
 }
 
 fn remove_dir(dir: &Path) -> Result<()> {
@@ -784,7 +951,11 @@ fn remove_dir(dir: &Path) -> Result<()> {
 
 /// The runs: Table 1's schemes at (6,3) and the table's cache; Fig. 6's
 /// other geometries (plain RS and 4-EX); Fig. 7's smaller caches (4-EX).
-fn plan(cache_bytes: u64, table_only: bool) -> Vec<(Scheme, (usize, usize), u64)> {
+fn plan(
+    cache_bytes: u64,
+    fig7_caches: &[u64],
+    table_only: bool,
+) -> Vec<(Scheme, (usize, usize), u64)> {
     let mut runs: Vec<_> = Scheme::TABLE
         .iter()
         .map(|&s| (s, TABLE_GEOMETRY, cache_bytes))
@@ -794,7 +965,7 @@ fn plan(cache_bytes: u64, table_only: bool) -> Vec<(Scheme, (usize, usize), u64)
             runs.push((Scheme::PlainRs, g, cache_bytes));
             runs.push((Scheme::Ex4, g, cache_bytes));
         }
-        for c in [cache_bytes / 4, cache_bytes / 2] {
+        for &c in fig7_caches.iter().filter(|&&c| c != cache_bytes) {
             runs.push((Scheme::Ex4, TABLE_GEOMETRY, c));
         }
     }
@@ -834,6 +1005,15 @@ pub fn evaluate(opts: &Options, bar: &ProgressBar) -> Result<Results> {
     } else {
         collect_inputs(&opts.inputs)?
     };
+    let paths = if opts.drop_zero_blocks {
+        drop_zero_blocks(
+            &paths,
+            &opts.out.join("input-nonzero"),
+            block_bytes as usize,
+        )?
+    } else {
+        paths
+    };
     let mut files = Vec::new();
     for p in &paths {
         let bytes = std::fs::metadata(p)
@@ -848,20 +1028,33 @@ pub fn evaluate(opts: &Options, bar: &ProgressBar) -> Result<Results> {
     if input_bytes == 0 {
         return Err(Error::Config("the input is empty".into()));
     }
+    if opts.rounds == 0 {
+        return Err(Error::Config("--rounds must be at least 1".into()));
+    }
     let pieces = pieces(&files, container_bytes);
     let work = opts.work.clone().unwrap_or_else(|| opts.out.join("work"));
-    let runs = plan(cache_bytes, opts.table_only);
+    let mut fig7_caches = match &opts.caches {
+        Some(list) => list
+            .split(',')
+            .map(|c| parse_size(c.trim()))
+            .collect::<Result<Vec<u64>>>()?,
+        None => vec![cache_bytes / 4, cache_bytes / 2],
+    };
+    fig7_caches.push(cache_bytes);
+    fig7_caches.sort_unstable();
+    fig7_caches.dedup();
+    let runs = plan(cache_bytes, &fig7_caches, opts.table_only);
     let built_runs = runs
         .iter()
         .filter(|(s, _, _)| {
             !matches!(
                 s.archive_options(&CreateOptions::default()),
-                Built::NotBuilt(_)
+                Runner::NotBuilt(_)
             )
         })
         .count() as u64;
     let reads = if opts.no_read { 0 } else { 1 };
-    bar.set_length(input_bytes * (1 + built_runs + reads));
+    bar.set_length(input_bytes * (1 + (built_runs + reads) * opts.rounds as u64));
     bar.set_message("offline count");
     let (offline, md5_alone) = offline_count(
         &files,
@@ -882,90 +1075,105 @@ pub fn evaluate(opts: &Options, bar: &ProgressBar) -> Result<Results> {
         work: &work,
         bar,
     };
-    let mut results = Vec::new();
-    for (scheme, (k, m), cache) in runs {
-        let name = format!("{} ({k},{m}) cache {}", scheme.label(), format_size(cache));
-        bar.set_message(name.clone());
-        let options = CreateOptions {
-            k,
-            m,
-            devices: Vec::new(),
-            device_count: k + m,
-            container_bytes,
-            block_bytes,
-            fingerprint: base.algorithm,
-            cache_bytes: cache,
-            exchange: 0,
-            verify: Some(base.verify),
-        };
-        let mut result = RunResult {
-            name,
+    let mut results: Vec<RunResult> = runs
+        .iter()
+        .map(|&(scheme, (k, m), cache)| RunResult {
+            name: format!("{} ({k},{m}) cache {}", scheme.label(), format_size(cache)),
             scheme: Some(scheme),
             k,
             m,
             cache_bytes: cache,
             input_bytes,
             ..Default::default()
-        };
-        let is_table_read = !opts.no_read && (k, m) == TABLE_GEOMETRY && cache == cache_bytes;
-        let run_dir = work.join(format!("{scheme:?}-{k}-{m}-{cache}").to_lowercase());
-        remove_dir(&run_dir)?;
-        let setting = Setting {
-            work: &run_dir,
-            ..base
-        };
-        match scheme.archive_options(&options) {
-            Built::NotBuilt(why) => result.not_built = Some(why.to_string()),
-            Built::Plain => {
-                run_plain(&setting, &mut result)?;
-                // Plain RS of the table stays until the read comparison.
-                if !(is_table_read && scheme == Scheme::PlainRs) {
+        })
+        .collect();
+    // Rounds outside, schemes inside: noise that drifts over a run spreads
+    // over every scheme alike.
+    for round in 0..opts.rounds {
+        for (i, &(scheme, (k, m), cache)) in runs.iter().enumerate() {
+            bar.set_message(format!("round {}: {}", round + 1, results[i].name));
+            let options = CreateOptions {
+                k,
+                m,
+                devices: Vec::new(),
+                device_count: k + m,
+                container_bytes,
+                block_bytes,
+                fingerprint: base.algorithm,
+                cache_bytes: cache,
+                exchange: 0,
+                verify: Some(base.verify),
+            };
+            let is_table_read = !opts.no_read && (k, m) == TABLE_GEOMETRY && cache == cache_bytes;
+            let run_dir = work.join(format!("{scheme:?}-{k}-{m}-{cache}").to_lowercase());
+            remove_dir(&run_dir)?;
+            let setting = Setting {
+                work: &run_dir,
+                ..base
+            };
+            let result = &mut results[i];
+            match scheme.archive_options(&options) {
+                Runner::NotBuilt(why) => result.not_built = Some(why.to_string()),
+                Runner::Plain => {
+                    let timing = run_plain(&setting, result)?;
+                    result.rounds.push(timing);
+                    // Plain RS of the table stays until the read comparison.
+                    if !(is_table_read && scheme == Scheme::PlainRs) {
+                        remove_dir(&run_dir)?;
+                    }
+                }
+                Runner::Archive(o) => {
+                    result.exchange = o.exchange;
+                    let (store, timing) = run_archive(&setting, &o, result)?;
+                    result.rounds.push(timing);
+                    if is_table_read && scheme == Scheme::NoEx {
+                        bar.set_message(format!("round {}: reads", round + 1));
+                        let plain = work
+                            .join(format!("{:?}-{k}-{m}-{cache}", Scheme::PlainRs).to_lowercase());
+                        drop_page_cache(&run_dir)?;
+                        drop_page_cache(&plain)?;
+                        // Who reads first alternates by round.
+                        let plain_first = round % 2 == 1;
+                        let cold = read_both(&setting, &store, &plain, (k, m), plain_first)?;
+                        bar.set_position(bar.position().saturating_sub(input_bytes));
+                        let warm = read_both(&setting, &store, &plain, (k, m), plain_first)?;
+                        let read = result.read.get_or_insert_with(|| ReadResult {
+                            bytes: input_bytes,
+                            ..Default::default()
+                        });
+                        read.cold_mb_s.push(mb_s(input_bytes, cold.0));
+                        read.warm_mb_s.push(mb_s(input_bytes, warm.0));
+                        if let Some(p) = results
+                            .iter_mut()
+                            .find(|r| r.scheme == Some(Scheme::PlainRs) && (r.k, r.m) == (k, m))
+                        {
+                            let read = p.read.get_or_insert_with(|| ReadResult {
+                                bytes: input_bytes,
+                                ..Default::default()
+                            });
+                            read.cold_mb_s.push(mb_s(input_bytes, cold.1));
+                            read.warm_mb_s.push(mb_s(input_bytes, warm.1));
+                        }
+                        remove_dir(&plain)?;
+                    }
+                    drop(store);
                     remove_dir(&run_dir)?;
                 }
             }
-            Built::Archive(o) => {
-                result.exchange = o.exchange;
-                let store = run_archive(&setting, &o, &mut result)?;
-                if is_table_read && scheme == Scheme::NoEx {
-                    bar.set_message("read: sealed objects vs plain RS");
-                    let plain =
-                        work.join(format!("{:?}-{k}-{m}-{cache}", Scheme::PlainRs).to_lowercase());
-                    drop_page_cache(&run_dir)?;
-                    drop_page_cache(&plain)?;
-                    let (cold_archive, cold_plain) = read_both(&setting, &store, &plain, (k, m))?;
-                    bar.set_position(bar.position().saturating_sub(input_bytes));
-                    let (warm_archive, warm_plain) = read_both(&setting, &store, &plain, (k, m))?;
-                    result.read = Some(ReadResult {
-                        bytes: input_bytes,
-                        cold_mb_s: mb_s(input_bytes, cold_archive),
-                        warm_mb_s: mb_s(input_bytes, warm_archive),
-                    });
-                    if let Some(p) = results.iter_mut().find(|r: &&mut RunResult| {
-                        r.scheme == Some(Scheme::PlainRs) && (r.k, r.m) == (k, m)
-                    }) {
-                        p.read = Some(ReadResult {
-                            bytes: input_bytes,
-                            cold_mb_s: mb_s(input_bytes, cold_plain),
-                            warm_mb_s: mb_s(input_bytes, warm_plain),
-                        });
-                    }
-                    remove_dir(&plain)?;
-                }
-                drop(store);
-                remove_dir(&run_dir)?;
-            }
         }
-        results.push(result);
     }
     remove_dir(&work)?;
     Ok(Results {
         generated: opts.generate,
+        zero_blocks_dropped: opts.drop_zero_blocks,
         inputs: files,
         input_bytes,
         container_bytes,
         block_bytes,
         fingerprint: opts.fingerprint.clone(),
         verify: opts.verify,
+        rounds: opts.rounds,
+        fig7_caches,
         offline,
         md5_alone,
         runs: results,
@@ -999,7 +1207,12 @@ pub fn markdown(r: &Results) -> String {
         r.inputs.len(),
         r.input_bytes,
         r.input_bytes as f64 / 1e9,
-        if r.generated { " (generated)" } else { "" },
+        match (r.generated, r.zero_blocks_dropped) {
+            (true, true) => " (generated, zero blocks left out)",
+            (true, false) => " (generated)",
+            (false, true) => " (zero blocks left out)",
+            (false, false) => "",
+        },
         format_size(r.container_bytes),
         format_size(r.block_bytes as u64),
         r.fingerprint,
@@ -1055,40 +1268,46 @@ pub fn markdown(r: &Results) -> String {
             s,
             "| {} | {} | {} | {paper_gb} | {paper_vs} | {} | {:.3}% | {paper_map} | {} / {} | {} | {} | {} | {} |",
             scheme.label(),
-            gb(run.parity_bytes),
+            gb(run.stats.parity_bytes),
             if scheme == Scheme::PlainRs { "-".to_string() } else { format!("-{}", pct(run.parity_saving())) },
-            run.map_bytes,
-            100.0 * run.map_bytes as f64 / r.input_bytes as f64,
-            run.stripes_encoded,
-            run.stripes,
-            run.blocks,
-            run.unique_blocks,
-            run.redundant_blocks,
+            run.stats.map_bytes,
+            100.0 * run.stats.map_bytes as f64 / r.input_bytes as f64,
+            run.stats.stripes_encoded,
+            run.stats.stripes,
+            run.stats.blocks,
+            run.stats.unique_blocks,
+            run.stats.redundant_blocks,
             if scheme == Scheme::PlainRs {
                 "-".to_string()
             } else {
-                format!("{} / {} / {}", run.cache_hits, run.cache_misses, run.cache_evictions)
+                format!("{} / {} / {}", run.stats.cache_hits, run.stats.cache_misses, run.stats.cache_evictions)
             },
         );
     }
 
     s.push_str("\n### Fig. 4: encode + write throughput (RS(6,3))\n\n");
     s.push_str("Average over the whole input (container bytes over the time spent encoding and writing sub-files, parity and map durably; plot: `codeplugin-fig4.svg`). Paper: CodePlugin about 20% above plain RS, on average.\n\n");
+    let _ = writeln!(
+        s,
+        "{} round(s); throughputs are the median (min-max) over rounds, gains the median of the per-round ratios; encode s and write s are the median round's.\n",
+        r.rounds
+    );
     s.push_str("| scheme | encode + write MB/s | vs plain RS | encode s | write s | put + seal MB/s (staging and pre-processing included) |\n|---|---:|---:|---:|---:|---:|\n");
     let plain = table(Scheme::PlainRs).filter(|p| p.not_built.is_none());
     for scheme in Scheme::TABLE {
         let Some(run) = table(scheme).filter(|x| x.not_built.is_none()) else {
             continue;
         };
+        let t = run.median_round().map(|t| t.timings).unwrap_or_default();
         let _ = writeln!(
             s,
-            "| {} | {:.1} | {} | {:.2} | {:.2} | {:.1} |",
+            "| {} | {} | {} | {:.2} | {:.2} | {} |",
             scheme.label(),
-            run.encode_write_mb_s(),
+            spread(&run.encode_write_rounds()),
             gain(plain, run),
-            run.timings.encode_ns as f64 / 1e9,
-            run.timings.write_ns as f64 / 1e9,
-            run.put_seal_mb_s(),
+            t.encode_ns as f64 / 1e9,
+            t.write_ns as f64 / 1e9,
+            spread(&run.put_seal_rounds()),
         );
     }
 
@@ -1104,12 +1323,13 @@ pub fn markdown(r: &Results) -> String {
     );
     for scheme in [Scheme::NoEx, Scheme::Ex2, Scheme::Ex4] {
         let Some(run) = table(scheme) else { continue };
+        let t = run.median_round().map(|t| t.timings).unwrap_or_default();
         let _ = writeln!(
             s,
-            "| {} | {:.1} | {:.2} | {:.2}x |",
+            "| {} | {} | {:.2} | {:.2}x |",
             scheme.label(),
-            run.preprocess_mb_s(),
-            run.timings.fingerprint_ns as f64 / 1e9,
+            spread(&run.preprocess_rounds()),
+            t.fingerprint_ns as f64 / 1e9,
             if md5 > 0.0 {
                 run.preprocess_mb_s() / md5
             } else {
@@ -1130,62 +1350,73 @@ pub fn markdown(r: &Results) -> String {
         };
         let _ = writeln!(
             s,
-            "| ({},{}) | {:.1} | {:.1} | {} | {} | {} / {} |",
+            "| ({},{}) | {} | {} | {} | {} | {} / {} |",
             g.0,
             g.1,
-            p.encode_write_mb_s(),
-            x.encode_write_mb_s(),
+            spread(&p.encode_write_rounds()),
+            spread(&x.encode_write_rounds()),
             gain(Some(p), x),
             pct(x.parity_saving()),
-            x.stripes_encoded,
-            x.stripes
+            x.stats.stripes_encoded,
+            x.stats.stripes
         );
     }
 
     s.push_str("\n### Fig. 7: cache size (4-EX, RS(6,3))\n\n");
     s.push_str("Plot: `codeplugin-fig7.svg`. Paper: 128 MB ahead at first, passed later by 256 and 512 MB; 256 MB below 128 MB most of the time.\n\n");
     s.push_str("| cache | encode + write MB/s | parity saving | redundant blocks | cache hits | evictions |\n|---|---:|---:|---:|---:|---:|\n");
-    for c in [cache / 4, cache / 2, cache] {
+    for &c in &r.fig7_caches {
         let Some(x) = r.run(Scheme::Ex4, TABLE_GEOMETRY, c) else {
             continue;
         };
         let _ = writeln!(
             s,
-            "| {} | {:.1} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} |",
             format_size(c),
-            x.encode_write_mb_s(),
+            spread(&x.encode_write_rounds()),
             pct(x.parity_saving()),
-            x.redundant_blocks,
-            x.cache_hits,
-            x.cache_evictions
+            x.stats.redundant_blocks,
+            x.stats.cache_hits,
+            x.stats.cache_evictions
         );
     }
 
     let read_of = |scheme| table(scheme).and_then(|x| x.read.clone());
     if let (Some(a), Some(p)) = (read_of(Scheme::NoEx), read_of(Scheme::PlainRs)) {
         s.push_str("\n### Reads: a sealed object against a plain RS container (RS(6,3))\n\n");
-        s.push_str("Every object read in 8 MiB requests (checked bit-exact against the input), and the same bytes from plain RS's data sub-files. Cold: after `posix_fadvise(DONTNEED)` on every file of both; warm: read again at once.\n\n");
+        s.push_str("Every object read in 8 MiB requests (checked bit-exact against the input), and the same bytes from plain RS's data sub-files. Cold: after `posix_fadvise(DONTNEED)` on every file of both (this kernel's page cache; a cache below a virtual disk is not dropped); warm: read again at once.\n\n");
         s.push_str(
             "| | sealed (no-EX) MB/s | plain RS MB/s | ratio | goal |\n|---|---:|---:|---:|---|\n",
         );
         for (what, x, y) in [
-            ("cold", a.cold_mb_s, p.cold_mb_s),
-            ("warm", a.warm_mb_s, p.warm_mb_s),
+            ("cold", &a.cold_mb_s, &p.cold_mb_s),
+            ("warm", &a.warm_mb_s, &p.warm_mb_s),
         ] {
-            let ratio = if y > 0.0 { x / y } else { 0.0 };
+            let ratios = paired_ratios(x, y);
+            let ratio = median(&ratios);
             let _ = writeln!(
                 s,
-                "| {what} | {x:.1} | {y:.1} | {ratio:.2} | >= {PAPER_READ_RATIO_GOAL}: {} |",
+                "| {what} | {} | {} | {} | >= {PAPER_READ_RATIO_GOAL}: {} |",
+                spread(x),
+                spread(y),
+                spread_with(&ratios, 2),
                 met(ratio >= PAPER_READ_RATIO_GOAL)
             );
         }
     }
 
-    s.push_str("\n### Goals (issue 12)\n\n| goal | ours | |\n|---|---|---|\n");
+    s.push_str("\n### Goals (issue 12)\n\n");
+    let _ = writeln!(
+        s,
+        "Paper, for scale: 4-EX saved {:.1}% of the parity against {PAPER_OFFLINE_REDUNDANT_PERCENT}% - {PAPER_MAP_PERCENT}% = {:.1}% (the first goal, which the paper's own numbers miss), with about {PAPER_THROUGHPUT_GAIN_PERCENT}% more throughput.\n",
+        100.0 * (1.0 - PAPER_CODED_GB[3].1 / PAPER_CODED_GB[0].1),
+        PAPER_OFFLINE_REDUNDANT_PERCENT - PAPER_MAP_PERCENT
+    );
+    s.push_str("| goal | ours | |\n|---|---|---|\n");
     let dup = o.redundant_fraction;
     for scheme in [Scheme::NoEx, Scheme::Ex2, Scheme::Ex4] {
         let Some(x) = table(scheme) else { continue };
-        let map_fraction = x.map_bytes as f64 / r.input_bytes as f64;
+        let map_fraction = x.stats.map_bytes as f64 / r.input_bytes as f64;
         let _ = writeln!(
             s,
             "| {}: parity saving >= offline redundant fraction - map overhead ({} - {}) | {} | {} |",
@@ -1200,8 +1431,11 @@ pub fn markdown(r: &Results) -> String {
         let (Some(p), Some(x)) = (plain, table(scheme)) else {
             continue;
         };
-        let redundant = ratio_below(x.unique_blocks, x.blocks);
-        let g = x.encode_write_mb_s() / p.encode_write_mb_s().max(f64::MIN_POSITIVE) - 1.0;
+        let redundant = ratio_below(x.stats.unique_blocks, x.stats.blocks);
+        let g = median(&paired_ratios(
+            &x.encode_write_rounds(),
+            &p.encode_write_rounds(),
+        )) - 1.0;
         let _ = writeln!(
             s,
             "| {}: encode + write gain >= redundant fraction ({}) | {} | {} |",
@@ -1212,7 +1446,7 @@ pub fn markdown(r: &Results) -> String {
         );
     }
     if let Some(x) = table(Scheme::NoEx) {
-        let f = x.map_bytes as f64 / r.input_bytes as f64;
+        let f = x.stats.map_bytes as f64 / r.input_bytes as f64;
         let _ = writeln!(
             s,
             "| map <= {PAPER_MAP_PERCENT}% of the data | {:.3}% | {} |",
@@ -1227,12 +1461,38 @@ fn signed_pct(x: f64) -> String {
     format!("{:+.1}%", 100.0 * x)
 }
 
+/// a / b round by round (rounds where b is 0 left out).
+fn paired_ratios(a: &[f64], b: &[f64]) -> Vec<f64> {
+    a.iter()
+        .zip(b)
+        .filter(|(_, &y)| y > 0.0)
+        .map(|(x, y)| x / y)
+        .collect()
+}
+
+/// The gain of `run` over plain RS: the median of the per-round ratios,
+/// with their range.
 fn gain(plain: Option<&RunResult>, run: &RunResult) -> String {
-    match plain {
-        Some(p) if run.scheme != Some(Scheme::PlainRs) && p.encode_write_mb_s() > 0.0 => {
-            signed_pct(run.encode_write_mb_s() / p.encode_write_mb_s() - 1.0)
+    let Some(p) = plain.filter(|_| run.scheme != Some(Scheme::PlainRs)) else {
+        return "-".into();
+    };
+    let ratios: Vec<f64> = paired_ratios(&run.encode_write_rounds(), &p.encode_write_rounds())
+        .into_iter()
+        .map(|r| r - 1.0)
+        .collect();
+    match ratios.len() {
+        0 => "-".into(),
+        1 => signed_pct(ratios[0]),
+        _ => {
+            let min = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+            let max = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            format!(
+                "{} ({} to {})",
+                signed_pct(median(&ratios)),
+                signed_pct(min),
+                signed_pct(max)
+            )
         }
-        _ => "-".into(),
     }
 }
 
@@ -1240,8 +1500,10 @@ fn gain(plain: Option<&RunResult>, run: &RunResult) -> String {
 pub fn figures(r: &Results) -> Vec<(&'static str, String)> {
     use super::svg::{line_chart, Series};
     let cache = r.table_cache();
-    let curve =
-        |run: &RunResult, f: fn(&Point) -> f64| run.points.iter().map(|p| (p.gb, f(p))).collect();
+    let curve = |run: &RunResult, f: fn(&Point) -> f64| match run.median_round() {
+        Some(t) => t.points.iter().map(|p| (p.gb, f(p))).collect(),
+        None => Vec::new(),
+    };
     let table_series = |schemes: &[Scheme], f: fn(&Point) -> f64| -> Vec<Series> {
         schemes
             .iter()
@@ -1300,10 +1562,10 @@ pub fn figures(r: &Results) -> Vec<(&'static str, String)> {
         &fig6_series,
     );
     let mut fig7_series = Vec::new();
-    for (c, color) in [cache / 4, cache / 2, cache]
-        .into_iter()
-        .zip(GEOMETRY_COLORS)
-    {
+    const CACHE_COLORS: [&str; 6] = [
+        "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b",
+    ];
+    for (&c, &color) in r.fig7_caches.iter().zip(CACHE_COLORS.iter().cycle()) {
         if let Some(run) = r.run(Scheme::Ex4, TABLE_GEOMETRY, c) {
             fig7_series.push(Series {
                 name: format!("4-EX, cache {}", format_size(c)),

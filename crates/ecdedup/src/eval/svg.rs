@@ -460,7 +460,7 @@ pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[Series]) 
 
 /// A tick or point value with as many digits as it needs.
 fn short(v: f64) -> String {
-    if v == 0.0 || v.abs() >= 100.0 {
+    if v.fract() == 0.0 || v.abs() >= 100.0 {
         format!("{v:.0}")
     } else if v.abs() >= 10.0 {
         format!("{v:.1}")
