@@ -3,9 +3,12 @@
 //! files) into archives of every scheme the paper compares, in one run:
 //! plain RS, CodePlugin without exchange, with 2-EX and with 4-EX, at
 //! RS(6,3), 8 KiB blocks, MD5, a 512 MiB cache; then (4,2) and (10,5)
-//! (Fig. 6) and caches of a quarter and a half of that (Fig. 7). Writes
-//! `codeplugin.md` (the paper's numbers beside ours), `codeplugin.json`
-//! and one SVG per figure.
+//! (Fig. 6) and other caches (Fig. 7; `--caches`, by default a quarter and
+//! a half of that). `--rounds N` repeats every run, rounds outside and
+//! schemes inside, and reports medians and ranges; counts must agree
+//! between rounds. `--drop-zero-blocks` leaves every all-zero block out of
+//! the inputs first. Writes `codeplugin.md` (the paper's numbers beside
+//! ours), `codeplugin.json` and one SVG per figure.
 //!
 //! What is measured and how:
 //! - Counts (blocks, unique, redundant, stripes encoded, parity and map
@@ -17,7 +20,7 @@
 //!   and durable writes. Fig. 4's "encode + write" throughput is container
 //!   bytes over encode + write time; Fig. 5's pre-processing throughput is
 //!   container bytes over pre-processing time, beside MD5 alone (the same
-//!   fingerprint backend over the same blocks).
+//!   fingerprint backend over the same blocks, at the start of each round).
 //! - Plain RS is written here, with the archive's codec, block size and
 //!   durable write ([`disk::write_durable`]): every container's k data
 //!   sub-files and m parity sub-files, every stripe encoded, no map. Its
@@ -25,10 +28,10 @@
 //!   two differ only in what dedup skips.
 //! - Reads: every object of the no-EX archive read back in 8 MiB requests
 //!   (checked bit-exact against the input, outside the timed part), against
-//!   the same bytes read from the plain RS containers' data sub-files;
-//!   first after `posix_fadvise(DONTNEED)` on every file of both (from the
-//!   device, as far as the kernel drops clean pages), then again (page
-//!   cache).
+//!   the same bytes read from the plain RS containers' data sub-files
+//!   (who goes first alternates by round); first after
+//!   `posix_fadvise(DONTNEED)` on every file of both (from the device, as
+//!   far as the kernel drops clean pages), then again (page cache).
 //! - The offline count: the input stream in fixed blocks, one global exact
 //!   index (MD5), no bound: the redundancy the cache could find at best.
 //!
