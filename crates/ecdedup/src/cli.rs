@@ -292,25 +292,9 @@ impl ArchiveProgress {
     fn new(forced: bool) -> ArchiveProgress {
         use std::io::IsTerminal;
         if std::io::stderr().is_terminal() {
-            let bar = ProgressBar::new(0);
-            bar.set_style(
-                ProgressStyle::with_template(
-                    "{msg:>14} [{bar:40}] {percent}% {human_pos}/{human_len} eta {eta}",
-                )
-                .expect("valid template")
-                .progress_chars("=> "),
+            let (report, bar) = progress_bar_with(
+                "{msg:>14} [{bar:40}] {percent}% {human_pos}/{human_len} eta {eta}",
             );
-            let b = bar.clone();
-            let current = Arc::new(Mutex::new(String::new()));
-            let report: crate::archive::ProgressFn = Arc::new(move |phase, done, total| {
-                let mut cur = current.lock().unwrap_or_else(|e| e.into_inner());
-                if *cur != phase {
-                    *cur = phase.to_string();
-                    b.set_message(phase.to_string());
-                }
-                b.set_length(total);
-                b.set_position(done);
-            });
             ArchiveProgress {
                 bar: Some(bar),
                 report: Some(report),
@@ -613,13 +597,17 @@ pub fn main() -> i32 {
 }
 
 fn progress_bar() -> (ProgressFn, ProgressBar) {
+    progress_bar_with("{msg:>8} [{bar:40}] {pos}/{len} stripes {percent}% eta {eta}")
+}
+
+/// A bar drawn with `template`, and the callback that moves it: a new
+/// phase name becomes its message.
+fn progress_bar_with(template: &str) -> (ProgressFn, ProgressBar) {
     let bar = ProgressBar::new(0);
     bar.set_style(
-        ProgressStyle::with_template(
-            "{msg:>8} [{bar:40}] {pos}/{len} stripes {percent}% eta {eta}",
-        )
-        .expect("valid template")
-        .progress_chars("=> "),
+        ProgressStyle::with_template(template)
+            .expect("valid template")
+            .progress_chars("=> "),
     );
     let b = bar.clone();
     let current = Arc::new(Mutex::new(String::new()));
