@@ -197,6 +197,11 @@ enum Command {
     /// dedup before encoding (CodePlugin, paper 001; docs/archive.md). DIR
     /// is the archive folder.
     Archive {
+        /// Show progress of put, seal, get, scrub and recovery even when
+        /// stderr is not a terminal (as plain lines); on a terminal a bar
+        /// is shown anyway.
+        #[arg(long)]
+        progress: bool,
         #[command(subcommand)]
         command: ArchiveCommand,
     },
@@ -296,8 +301,107 @@ enum ArchiveCommand {
     },
 }
 
-fn run_archive(dir: &Path, command: ArchiveCommand) -> Result<()> {
+/// Objects smaller than this are put and got without a progress display.
+const ARCHIVE_PROGRESS_MIN_BYTES: u64 = 64 << 20;
+/// A plain progress line (no terminal, `--progress`) each time a phase
+/// gets this many percent further.
+const ARCHIVE_PROGRESS_LINE_PERCENT: u64 = 10;
+
+/// Progress of an archive command: an indicatif bar when stderr is a
+/// terminal, plain lines on stderr with `--progress` otherwise, nothing
+/// else.
+struct ArchiveProgress {
+    bar: Option<ProgressBar>,
+    report: Option<crate::archive::ProgressFn>,
+}
+
+impl ArchiveProgress {
+    fn new(forced: bool) -> ArchiveProgress {
+        use std::io::IsTerminal;
+        if std::io::stderr().is_terminal() {
+            let (report, bar) = progress_bar_with(
+                "{msg:>14} [{bar:40}] {percent}% {human_pos}/{human_len} eta {eta}",
+            );
+            ArchiveProgress {
+                bar: Some(bar),
+                report: Some(report),
+            }
+        } else if forced {
+            // (phase, next percent to print)
+            let state = Arc::new(Mutex::new((String::new(), 0u64)));
+            let report: crate::archive::ProgressFn = Arc::new(move |phase, done, total| {
+                let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
+                if st.0 != phase {
+                    *st = (phase.to_string(), 0);
+                }
+                let percent = (done * 100).checked_div(total).unwrap_or(100);
+                if percent >= st.1 {
+                    eprintln!("ecdedup: {phase}: {done}/{total} ({percent}%)");
+                    st.1 = (percent / ARCHIVE_PROGRESS_LINE_PERCENT + 1)
+                        * ARCHIVE_PROGRESS_LINE_PERCENT;
+                }
+            });
+            ArchiveProgress {
+                bar: None,
+                report: Some(report),
+            }
+        } else {
+            ArchiveProgress::none()
+        }
+    }
+
+    fn none() -> ArchiveProgress {
+        ArchiveProgress {
+            bar: None,
+            report: None,
+        }
+    }
+
+    fn report(&self, phase: &str, done: u64, total: u64) {
+        if let Some(r) = &self.report {
+            r(phase, done, total);
+        }
+    }
+}
+
+impl Drop for ArchiveProgress {
+    fn drop(&mut self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+/// A source that reports the bytes read from it.
+struct ProgressReader<'a, R> {
+    inner: R,
+    read_bytes: u64,
+    total_bytes: u64,
+    progress: &'a ArchiveProgress,
+}
+
+impl<R: std::io::Read> std::io::Read for ProgressReader<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.read_bytes += n as u64;
+        self.progress.report(
+            "put",
+            self.read_bytes,
+            self.total_bytes.max(self.read_bytes),
+        );
+        Ok(n)
+    }
+}
+
+fn run_archive(dir: &Path, command: ArchiveCommand, progress: bool) -> Result<()> {
     use crate::archive::{ArchiveStore, CreateOptions};
+    let progress = ArchiveProgress::new(progress);
+    let open_archive = |dir: &Path| {
+        open_archive(dir).map(|mut store| {
+            store.set_progress(progress.report.clone());
+            store
+        })
+    };
     match command {
         ArchiveCommand::Create {
             devices,
@@ -408,8 +512,20 @@ fn run_archive(dir: &Path, command: ArchiveCommand) -> Result<()> {
                         Error::InvalidRequest(format!("{}: no file name", file.display()))
                     })?,
             };
-            let mut source = std::fs::File::open(&file)
+            let source = std::fs::File::open(&file)
                 .map_err(|e| Error::io(format!("open {}", file.display()), e))?;
+            let total_bytes = source.metadata().map(|m| m.len()).unwrap_or(0);
+            let quiet = ArchiveProgress::none();
+            let mut source = ProgressReader {
+                inner: source,
+                read_bytes: 0,
+                total_bytes,
+                progress: if total_bytes >= ARCHIVE_PROGRESS_MIN_BYTES {
+                    &progress
+                } else {
+                    &quiet
+                },
+            };
             let mut store = open_archive(dir)?;
             let record = store.put(&name, &mut source)?;
             println!("put {name}: {} bytes", record.size);
@@ -447,6 +563,9 @@ fn run_archive(dir: &Path, command: ArchiveCommand) -> Result<()> {
                 out.write_all(&buf[..take])
                     .map_err(|e| Error::io("write the object out", e))?;
                 done += take as u64;
+                if length >= ARCHIVE_PROGRESS_MIN_BYTES {
+                    progress.report("get", done, length);
+                }
             }
             out.flush()
                 .map_err(|e| Error::io("write the object out", e))
@@ -509,6 +628,16 @@ fn run_archive(dir: &Path, command: ArchiveCommand) -> Result<()> {
             let value = serde_json::to_value(&stats).expect("serializable");
             if prometheus {
                 for (key, v) in value.as_object().expect("a struct") {
+                    // Lifetime counts only grow; everything else is a gauge.
+                    let kind = if key.starts_with("cache_")
+                        && key != "cache_entries"
+                        && key != "cache_bytes"
+                    {
+                        "counter"
+                    } else {
+                        "gauge"
+                    };
+                    println!("# TYPE ecdedup_archive_{key} {kind}");
                     println!("ecdedup_archive_{key} {v}");
                 }
             } else {
@@ -542,13 +671,17 @@ pub fn main() -> i32 {
 }
 
 fn progress_bar() -> (ProgressFn, ProgressBar) {
+    progress_bar_with("{msg:>8} [{bar:40}] {pos}/{len} stripes {percent}% eta {eta}")
+}
+
+/// A bar drawn with `template`, and the callback that moves it: a new
+/// phase name becomes its message.
+fn progress_bar_with(template: &str) -> (ProgressFn, ProgressBar) {
     let bar = ProgressBar::new(0);
     bar.set_style(
-        ProgressStyle::with_template(
-            "{msg:>8} [{bar:40}] {pos}/{len} stripes {percent}% eta {eta}",
-        )
-        .expect("valid template")
-        .progress_chars("=> "),
+        ProgressStyle::with_template(template)
+            .expect("valid template")
+            .progress_chars("=> "),
     );
     let b = bar.clone();
     let current = Arc::new(Mutex::new(String::new()));
@@ -910,7 +1043,7 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Command::Archive { command } => run_archive(&dir, command),
+        Command::Archive { progress, command } => run_archive(&dir, command, progress),
         Command::Eval { experiment } => crate::eval::run(experiment),
         Command::Sim(args) => crate::ssd::run_sim(args),
         Command::SetPolicy { policy } => {

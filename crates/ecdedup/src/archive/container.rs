@@ -30,6 +30,11 @@ use super::{map_name, parity_name, sub_file_name, ArchiveStore, MAPS_DIR, STAGIN
 use crate::error::{Error, Result};
 use crate::fingerprint::{Fingerprint, FingerprintBackend};
 use std::ops::Range;
+use std::time::Instant;
+
+fn elapsed_ns(since: Instant) -> u64 {
+    since.elapsed().as_nanos().min(u64::MAX as u128) as u64
+}
 
 /// One container's bytes while it is sealed.
 struct Staged {
@@ -79,8 +84,11 @@ impl ArchiveStore {
         }
 
         // Dedup before encoding: fingerprints, cache lookups, sources.
+        let preprocess_start = Instant::now();
         let mut containers = Vec::new();
         for ci in 0..staged.len() {
+            self.report_progress("seal: dedup", ci as u64, staged.len() as u64);
+            self.timings.container_bytes += staged[ci].bytes.len() as u64;
             let container = match self.config.chunking {
                 Chunking::Fixed => self.dedup_fixed(&staged, ci)?,
                 cdc @ Chunking::Fastcdc { .. } => {
@@ -119,9 +127,14 @@ impl ArchiveStore {
             containers,
             groups: Vec::new(),
         };
+        let groups = exchange::exchange(&counts, k);
+        self.timings.preprocess_ns += elapsed_ns(preprocess_start);
+        let encode_start = Instant::now();
+        let group_count = groups.len() as u64;
         let zero = vec![0u8; block];
         let mut parity_files = Vec::new();
-        for (g, members) in exchange::exchange(&counts, k).into_iter().enumerate() {
+        for (g, members) in groups.into_iter().enumerate() {
+            self.report_progress("seal: encode", g as u64, group_count);
             let group_id = map.group_id(g) as usize;
             let encoded = members.iter().map(|s| s.unique).max().unwrap_or(0);
             for (i, s) in members.iter().enumerate() {
@@ -173,10 +186,17 @@ impl ArchiveStore {
             });
         }
 
+        self.timings.encode_ns += elapsed_ns(encode_start);
+
         // Durable: sub-files, parity, then the map (the commit).
+        let write_start = Instant::now();
+        let files = (staged.len() * k + parity_files.len()) as u64;
+        let mut written = 0u64;
         for (c, cm) in staged.iter().zip(&map.containers) {
             let sub_file_bytes = c.blocks_per_sub_file * block;
             for (j, sub) in cm.sub_files.iter().enumerate() {
+                self.report_progress("seal: write", written, files);
+                written += 1;
                 let path = self
                     .device_dir(sub.device as usize)
                     .join(sub_file_name(c.id, j as u8));
@@ -196,12 +216,16 @@ impl ArchiveStore {
             }
         }
         for (path, bytes) in &parity_files {
+            self.report_progress("seal: write", written, files);
+            written += 1;
             self.disk.write_durable(path, bytes)?;
         }
         let encoded = map.encode();
         debug_assert!(BatchMap::decode(&encoded, "new").is_ok_and(|d| d == map));
         self.disk
             .write_durable(&self.dir.join(MAPS_DIR).join(map_name(batch)), &encoded)?;
+        self.timings.write_ns += elapsed_ns(write_start);
+        self.report_progress("seal: write", files, files);
         for c in &map.containers {
             self.container_batch.insert(c.id, batch);
         }
@@ -297,11 +321,13 @@ impl ArchiveStore {
         Ok(shuffled(c, blocks, Some(chunks), k))
     }
 
-    fn fingerprints(&self, container: u32, chunks: &[&[u8]]) -> Result<Vec<Fingerprint>> {
+    fn fingerprints(&mut self, container: u32, chunks: &[&[u8]]) -> Result<Vec<Fingerprint>> {
         let mut out = Vec::with_capacity(chunks.len());
+        let start = Instant::now();
         self.backend
             .fingerprint_batch(self.config.fingerprint, chunks, &mut out)
             .map_err(|e| Error::Other(format!("fingerprint container {container}: {e}")))?;
+        self.timings.fingerprint_ns += elapsed_ns(start);
         Ok(out)
     }
 

@@ -248,6 +248,39 @@ struct Catalog {
     pending: Vec<u32>,
     next_container: u32,
     objects: BTreeMap<String, ObjectRecord>,
+    /// Lifetime fingerprint-cache counters, carried across processes (a
+    /// seal whose catalog write a crash prevented is not counted).
+    #[serde(default)]
+    cache_counters: CacheCounters,
+}
+
+/// Fingerprint-cache counters over the archive's life.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, Default, PartialEq, Eq)]
+struct CacheCounters {
+    hits: u64,
+    misses: u64,
+    evictions: u64,
+}
+
+/// Reports the progress of a long call: (phase, done, total), in the
+/// phase's own unit (bytes, stripes or blocks).
+pub type ProgressFn = crate::array::ProgressFn;
+
+/// Time this process spent sealing, by phase (for `eval codeplugin`; not
+/// part of `stats`, which reports the archive, not one process).
+#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct SealTimings {
+    /// Fingerprinting every block (part of `preprocess_ns`).
+    pub fingerprint_ns: u64,
+    /// Dedup before encoding: fingerprints, cache lookups and byte
+    /// compares, pseudo-shuffling and sub-file exchange.
+    pub preprocess_ns: u64,
+    /// Reed-Solomon encoding of the virtual stripes that hold a unique block.
+    pub encode_ns: u64,
+    /// Durable writes of data sub-files, parity and map.
+    pub write_ns: u64,
+    /// Bytes of the containers sealed (object bytes and zero padding).
+    pub container_bytes: u64,
 }
 
 /// One line of `ls`.
@@ -262,7 +295,8 @@ pub struct ObjectInfo {
     pub redundant_blocks: u64,
 }
 
-/// `stats`: the archive's state, and this process's cache counters.
+/// `stats`: the archive's state; the cache counters are over the archive's
+/// life (docs/archive.md, "Counters").
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct ArchiveStats {
     pub objects: u64,
@@ -318,6 +352,8 @@ pub struct ArchiveStore {
     missing_devices: Vec<usize>,
     /// Set by a failed mutating call (see the module invariants).
     latched: Option<String>,
+    progress: Option<ProgressFn>,
+    timings: SealTimings,
     _lock: StorageLock,
 }
 
@@ -601,6 +637,10 @@ impl ArchiveStore {
         }
         let mut cache = FingerprintCache::new(config.cache_bytes);
         load_cache(&disk, &dir.join(CACHE_FILE), config.fingerprint, &mut cache)?;
+        // Loading inserts; the counters are the archive's, not the load's.
+        cache.hits = catalog.cache_counters.hits;
+        cache.misses = catalog.cache_counters.misses;
+        cache.evictions = catalog.cache_counters.evictions;
         cache.retain_containers(|c| container_batch.contains_key(&c));
         Ok(ArchiveStore {
             dir: dir.to_path_buf(),
@@ -614,12 +654,30 @@ impl ArchiveStore {
             cache,
             missing_devices,
             latched: None,
+            progress: None,
+            timings: SealTimings::default(),
             _lock,
         })
     }
 
     pub fn config(&self) -> &ArchiveConfig {
         &self.config
+    }
+
+    /// Has `seal` (and the seals inside `put`) and `scrub` report progress.
+    pub fn set_progress(&mut self, progress: Option<ProgressFn>) {
+        self.progress = progress;
+    }
+
+    fn report_progress(&self, phase: &str, done: u64, total: u64) {
+        if let Some(p) = &self.progress {
+            p(phase, done, total);
+        }
+    }
+
+    /// Time this process has spent sealing, by phase.
+    pub fn seal_timings(&self) -> SealTimings {
+        self.timings
     }
 
     /// Device positions whose folder was missing at open.
@@ -654,7 +712,12 @@ impl ArchiveStore {
         result
     }
 
-    fn save_catalog(&self) -> Result<()> {
+    fn save_catalog(&mut self) -> Result<()> {
+        self.catalog.cache_counters = CacheCounters {
+            hits: self.cache.hits,
+            misses: self.cache.misses,
+            evictions: self.cache.evictions,
+        };
         write_json(&self.disk, &self.dir.join(CATALOG_FILE), &self.catalog)
     }
 
@@ -842,7 +905,34 @@ impl ArchiveStore {
                 }
                 Ok(())
             }
-            Location::Sealed(_) => self.read_sealed(container, offset, buf, 0),
+            // The compact layout (and content-defined chunks) read block
+            // by block through the map; the paper layout's sub-files hold
+            // every block in place, read by spans.
+            Location::Sealed(map)
+                if map.layout != map::Layout::Paper
+                    || self.config.chunk_kind() != ChunkKind::Fixed =>
+            {
+                self.read_sealed(container, offset, buf, 0)
+            }
+            Location::Sealed(map) => {
+                let block = self.config.block_bytes as u64;
+                let c = map.container(container).expect("indexed container");
+                let sub_file_bytes = c.blocks_per_sub_file as u64 * block;
+                let mut done = 0usize;
+                while done < buf.len() {
+                    let at = offset + done as u64;
+                    let within = at % sub_file_bytes;
+                    let take = ((sub_file_bytes - within) as usize).min(buf.len() - done);
+                    self.read_span(
+                        container,
+                        (at / sub_file_bytes) as u8,
+                        within,
+                        &mut buf[done..done + take],
+                    )?;
+                    done += take;
+                }
+                Ok(())
+            }
         }
     }
 

@@ -63,7 +63,9 @@ impl ArchiveStore {
         }
         let block = self.config.block_bytes as usize;
         let batches: Vec<u32> = self.batches.keys().copied().collect();
-        for b in &batches {
+        let phase = if repair { "scrub --repair" } else { "scrub" };
+        for (done, b) in batches.iter().enumerate() {
+            self.report_progress(phase, done as u64, batches.len() as u64);
             let map = &self.batches[b];
             let mut rewrites: Vec<(PathBuf, Vec<u8>)> = Vec::new();
             for c in &map.containers {
@@ -136,6 +138,7 @@ impl ArchiveStore {
                 }
             }
         }
+        self.report_progress(phase, batches.len() as u64, batches.len() as u64);
         // Files no map names, and maps, catalogs and caches a crash left
         // half written (the temporaries of `write_durable`).
         for folder in [self.dir.clone(), self.dir.join(super::MAPS_DIR)] {

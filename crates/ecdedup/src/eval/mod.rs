@@ -7,6 +7,10 @@
 //! control socket, times degraded reads with one and two devices failed, and
 //! prints the paper's figures beside ours.
 //!
+//! `ecdedup eval codeplugin` (paper 001) seals a workload into archives of
+//! plain RS and CodePlugin (no exchange, 2-EX, 4-EX) and reports Table 1 and
+//! Figures 4 to 7 beside the paper's ([`codeplugin`]).
+//!
 //! `ecdedup eval block-separation` (paper 003) replays block traces captured
 //! by `serve --trace` on simulated SSDs ([`block_separation`]).
 //!
@@ -16,6 +20,7 @@
 //! [`report`] and [`svg`] render the results.
 
 pub mod block_separation;
+pub mod codeplugin;
 pub mod nbd;
 pub mod parity_dedup;
 pub mod proc;
@@ -31,11 +36,15 @@ pub enum EvalCommand {
     /// Paper 003: GC page copies and write latency of SSDs with no, inline,
     /// offline and separated offline dedup, over captured block traces.
     BlockSeparation(block_separation::Options),
+    /// Paper 001: parity saved and encode throughput of CodePlugin (dedup
+    /// before Reed-Solomon) against plain RS, on the archive tier.
+    Codeplugin(codeplugin::Options),
 }
 
 pub fn run(cmd: EvalCommand) -> Result<()> {
     match cmd {
         EvalCommand::ParityDedup(opts) => parity_dedup::run(opts),
         EvalCommand::BlockSeparation(opts) => block_separation::run(opts),
+        EvalCommand::Codeplugin(opts) => codeplugin::run(opts),
     }
 }

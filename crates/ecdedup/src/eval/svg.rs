@@ -330,3 +330,141 @@ pub fn plot(r: &Results) -> String {
     let _ = writeln!(out, "</svg>");
     out
 }
+
+/// One line of a [`line_chart`]: its name, colour and (x, y) points.
+pub struct Series {
+    pub name: String,
+    pub color: &'static str,
+    pub points: Vec<(f64, f64)>,
+}
+
+/// A line chart with markers (paper 001's figures 4 to 7): linear axes
+/// from zero, a legend under the plot. Empty series are listed but drawn
+/// as nothing.
+pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[Series]) -> String {
+    let (w, h) = (640.0, 380.0);
+    let (left, right, top, bottom) = (64.0, 16.0, 32.0, 48.0 + 16.0 * series.len() as f64);
+    let total_h = h + 16.0 * series.len() as f64;
+    let (pw, ph) = (w - left - right, total_h - top - bottom);
+    let mut x_max: f64 = 0.0;
+    let mut y_max: f64 = 0.0;
+    for s in series {
+        for &(x, y) in &s.points {
+            x_max = x_max.max(x);
+            y_max = y_max.max(y);
+        }
+    }
+    let x_step = nice_step(if x_max > 0.0 { x_max } else { 1.0 });
+    let y_step = nice_step(if y_max > 0.0 { y_max * 1.1 } else { 1.0 });
+    let x_top = ((x_max / x_step).ceil() * x_step).max(x_step);
+    let y_top = ((y_max * 1.1 / y_step).ceil() * y_step).max(y_step);
+    let x_of = |x: f64| left + pw * x / x_top;
+    let y_of = |y: f64| top + ph - ph * y / y_top;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{total_h}" font-family="sans-serif" font-size="11">"#
+    );
+    let _ = writeln!(out, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let _ = writeln!(
+        out,
+        r#"<text x="{:.1}" y="18" font-size="13" font-weight="bold" text-anchor="middle">{}</text>"#,
+        w / 2.0,
+        esc(title)
+    );
+    let ticks = |top_v: f64, step: f64| {
+        let n = (top_v / step).round() as usize;
+        (0..=n).map(move |i| i as f64 * step)
+    };
+    for y in ticks(y_top, y_step) {
+        let _ = writeln!(
+            out,
+            r##"<line x1="{left}" y1="{0:.1}" x2="{1:.1}" y2="{0:.1}" stroke="#ddd"/><text x="{2:.1}" y="{3:.1}" text-anchor="end">{4}</text>"##,
+            y_of(y),
+            left + pw,
+            left - 4.0,
+            y_of(y) + 4.0,
+            short(y)
+        );
+    }
+    for x in ticks(x_top, x_step) {
+        let _ = writeln!(
+            out,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+            x_of(x),
+            top + ph + 14.0,
+            short(x)
+        );
+    }
+    let _ = writeln!(
+        out,
+        r#"<line x1="{left}" y1="{top}" x2="{left}" y2="{0:.1}" stroke="black"/><line x1="{left}" y1="{0:.1}" x2="{1:.1}" y2="{0:.1}" stroke="black"/>"#,
+        top + ph,
+        left + pw
+    );
+    let _ = writeln!(
+        out,
+        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+        left + pw / 2.0,
+        top + ph + 30.0,
+        esc(x_label)
+    );
+    let _ = writeln!(
+        out,
+        r#"<text x="14" y="{:.1}" text-anchor="middle" transform="rotate(-90 14 {:.1})">{}</text>"#,
+        top + ph / 2.0,
+        top + ph / 2.0,
+        esc(y_label)
+    );
+    for (i, s) in series.iter().enumerate() {
+        if !s.points.is_empty() {
+            let path: Vec<String> = s
+                .points
+                .iter()
+                .map(|&(x, y)| format!("{:.1},{:.1}", x_of(x), y_of(y)))
+                .collect();
+            let _ = writeln!(
+                out,
+                r#"<polyline points="{}" fill="none" stroke="{}" stroke-width="1.5"/>"#,
+                path.join(" "),
+                s.color
+            );
+            for &(x, y) in &s.points {
+                let _ = writeln!(
+                    out,
+                    r#"<circle cx="{:.1}" cy="{:.1}" r="2.5" fill="{}"><title>{}: {} at {}</title></circle>"#,
+                    x_of(x),
+                    y_of(y),
+                    s.color,
+                    esc(&s.name),
+                    short(y),
+                    short(x)
+                );
+            }
+        }
+        let ly = top + ph + 48.0 + 16.0 * i as f64;
+        let _ = writeln!(
+            out,
+            r#"<line x1="{left}" y1="{0:.1}" x2="{1:.1}" y2="{0:.1}" stroke="{2}" stroke-width="2"/><text x="{3:.1}" y="{4:.1}">{5}</text>"#,
+            ly - 4.0,
+            left + 24.0,
+            s.color,
+            left + 30.0,
+            ly,
+            esc(&s.name)
+        );
+    }
+    out.push_str("</svg>\n");
+    out
+}
+
+/// A tick or point value with as many digits as it needs.
+fn short(v: f64) -> String {
+    if v.fract() == 0.0 || v.abs() >= 100.0 {
+        format!("{v:.0}")
+    } else if v.abs() >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}
