@@ -1715,6 +1715,24 @@ impl Array {
         Ok(())
     }
 
+    /// Format 2: formats device `d`'s metadata area on `dev` and puts it in
+    /// the mirror with a copy of every mirrored file (nothing in format 1).
+    pub(super) fn fresh_metadata_area(
+        &self,
+        d: usize,
+        dev: &Arc<dyn Device>,
+    ) -> std::io::Result<()> {
+        let Some(meta) = &self.meta else {
+            return Ok(());
+        };
+        let area = AreaFs::format(
+            Arc::clone(dev),
+            self.geo.meta_area_offset(),
+            self.geo.meta_area_bytes,
+        )?;
+        meta.attach_new(d, Arc::new(area))
+    }
+
     /// Installs an open device as the blank replacement of failed position `d`.
     pub fn install_replacement(&self, d: usize, dev: Arc<dyn Device>, path: &Path) -> Result<()> {
         self.check_position(d)?;
@@ -1750,17 +1768,10 @@ impl Array {
         }
         dev.discard(0, need)
             .map_err(|e| dev_err(format!("cannot wipe: {e}")))?;
-        if let Some(meta) = &self.meta {
-            // Its metadata area, with a copy of every mirrored file, before
-            // anything (its dedup maps, its journal) is written there.
-            AreaFs::format(
-                Arc::clone(&dev),
-                self.geo.meta_area_offset(),
-                self.geo.meta_area_bytes,
-            )
-            .and_then(|area| meta.attach_new(d, Arc::new(area)))
+        // Its metadata area, with a copy of every mirrored file, before
+        // anything (its dedup maps, its journal) is written there.
+        self.fresh_metadata_area(d, &dev)
             .map_err(|e| dev_err(format!("cannot write its metadata area: {e}")))?;
-        }
         let dev: Arc<dyn Device> = match &self.backend {
             Some(backend) => {
                 let layer = wrap_dedup(

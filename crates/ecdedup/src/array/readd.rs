@@ -22,7 +22,6 @@ use super::checksum::ChecksumTable;
 use super::{layout, read_superblock, Array, MemberState, TAG_ACTIVE, TAG_FAILED, TAG_REBUILDING};
 use crate::dedup::Policy;
 use crate::error::{Error, Result};
-use crate::media::area::AreaFs;
 use crate::media::{Device, FileDevice};
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
@@ -106,18 +105,11 @@ impl Array {
         // No map: nothing is known about what it missed, so everything is.
         let missed = self.intent.missed_regions().unwrap_or_default();
         let (dev, wear) = cfg.ssd_sim.wrap(Arc::new(raw))?;
-        if let Some(meta) = &self.meta {
-            // Format 2: its area holds only copies of the mirrored files
-            // (rmw, no dedup: no journal, no maps), stale since it left:
-            // a fresh area with current copies before it serves.
-            AreaFs::format(
-                Arc::clone(&dev),
-                self.geo.meta_area_offset(),
-                self.geo.meta_area_bytes,
-            )
-            .and_then(|area| meta.attach_new(d, Arc::new(area)))
+        // Format 2: its area holds only copies of the mirrored files (rmw,
+        // no dedup: no journal, no maps), stale since it left: a fresh area
+        // with current copies before it serves.
+        self.fresh_metadata_area(d, &dev)
             .map_err(|e| dev_err(format!("cannot write its metadata area: {e}")))?;
-        }
         // A fresh table over the member's slot: its pages are read from the
         // device on demand once the device is in the slot (below); nothing
         // from the time it was out (pages read as unknown) is kept.
