@@ -202,6 +202,11 @@ enum Command {
         /// is shown anyway.
         #[arg(long)]
         progress: bool,
+        /// Where put and seal hash the blocks of a sealed container: cpu
+        /// (all cores), gpu (CUDA; an error where none can run), auto (the
+        /// GPU when one is usable). Any gives the same archive.
+        #[arg(long, default_value = "cpu")]
+        fingerprint_backend: String,
         #[command(subcommand)]
         command: ArchiveCommand,
     },
@@ -262,11 +267,21 @@ enum ArchiveCommand {
         #[arg(long, default_value = "64K")]
         cdc_max: String,
     },
-    /// Store a file as an object (its name by default is the file's).
+    /// Store a file, standard input, or a volume as an object (its name by
+    /// default is the file's, or the array folder's).
+    #[command(group(clap::ArgGroup::new("source").required(true).args(["file", "array", "nbd"])))]
     Put {
-        file: PathBuf,
+        /// The file to store; `-`: standard input (then --name is needed).
+        file: Option<PathBuf>,
         #[arg(long)]
         name: Option<String>,
+        /// Store the volume of this stopped array (its folder).
+        #[arg(long)]
+        array: Option<PathBuf>,
+        /// Store the volume a running server exports at this NBD URI
+        /// (nbd+unix:///?socket=PATH or nbd://HOST:PORT), read by nbdcopy.
+        #[arg(long)]
+        nbd: Option<String>,
     },
     /// Write an object (or a byte range of it) to a file or stdout.
     Get {
@@ -393,12 +408,34 @@ impl<R: std::io::Read> std::io::Read for ProgressReader<'_, R> {
     }
 }
 
-fn run_archive(dir: &Path, command: ArchiveCommand, progress: bool) -> Result<()> {
+fn run_archive(
+    dir: &Path,
+    command: ArchiveCommand,
+    progress: bool,
+    fingerprint_backend: &str,
+) -> Result<()> {
     use crate::archive::{ArchiveStore, CreateOptions};
+    use crate::fingerprint::gpu::{choose_backend, BackendChoice};
+    let choice = parse_backend(fingerprint_backend)?;
+    // Only the commands that seal hash; the others never start a GPU.
+    let seals = matches!(command, ArchiveCommand::Put { .. } | ArchiveCommand::Seal);
+    let backend = match choice {
+        BackendChoice::Cpu => None,
+        _ if !seals => None,
+        choice => {
+            let (backend, why) = choose_backend(choice, None)
+                .map_err(|e| Error::Config(format!("--fingerprint-backend: {e}")))?;
+            eprintln!("ecdedup: archive fingerprints: {why}");
+            Some(backend)
+        }
+    };
     let progress = ArchiveProgress::new(progress);
     let open_archive = |dir: &Path| {
         open_archive(dir).map(|mut store| {
             store.set_progress(progress.report.clone());
+            if let Some(b) = &backend {
+                store.set_fingerprint_backend(Arc::clone(b));
+            }
             store
         })
     };
@@ -502,32 +539,69 @@ fn run_archive(dir: &Path, command: ArchiveCommand, progress: bool) -> Result<()
             );
             Ok(())
         }
-        ArchiveCommand::Put { file, name } => {
-            let name = match name {
-                Some(n) => n,
-                None => file
-                    .file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .ok_or_else(|| {
-                        Error::InvalidRequest(format!("{}: no file name", file.display()))
-                    })?,
-            };
-            let source = std::fs::File::open(&file)
-                .map_err(|e| Error::io(format!("open {}", file.display()), e))?;
-            let total_bytes = source.metadata().map(|m| m.len()).unwrap_or(0);
-            let quiet = ArchiveProgress::none();
-            let mut source = ProgressReader {
-                inner: source,
-                read_bytes: 0,
-                total_bytes,
-                progress: if total_bytes >= ARCHIVE_PROGRESS_MIN_BYTES {
-                    &progress
-                } else {
-                    &quiet
-                },
-            };
+        ArchiveCommand::Put {
+            file,
+            name,
+            array,
+            nbd,
+        } => {
+            use crate::archive::source::{NbdSource, VolumeSource};
+            let default_name = file
+                .as_deref()
+                .filter(|f| *f != Path::new("-"))
+                .or(array.as_deref())
+                .and_then(|p| p.file_name())
+                .map(|n| n.to_string_lossy().into_owned());
+            let name = name.or(default_name).ok_or_else(|| {
+                Error::InvalidRequest("give the object a --name (the source has none)".into())
+            })?;
+            // Opened before the source: a wrong archive fails fast.
             let mut store = open_archive(dir)?;
-            let record = store.put(&name, &mut source)?;
+            let quiet = ArchiveProgress::none();
+            let mut put = |source: &mut dyn std::io::Read, total_bytes: u64| {
+                store.put(
+                    &name,
+                    &mut ProgressReader {
+                        inner: source,
+                        read_bytes: 0,
+                        total_bytes,
+                        progress: if total_bytes >= ARCHIVE_PROGRESS_MIN_BYTES {
+                            &progress
+                        } else {
+                            &quiet
+                        },
+                    },
+                )
+            };
+            let record = if let Some(array_dir) = array {
+                let array = open_offline(&array_dir)?.ok_or_else(|| {
+                    Error::Busy(format!(
+                        "array {} is being served: put its volume with --nbd",
+                        array_dir.display()
+                    ))
+                })?;
+                let mut volume = VolumeSource::new(crate::volume::Volume::new(Arc::new(array)));
+                let size = volume.size();
+                let record = put(&mut volume, size);
+                let closed = volume.close();
+                let record = record?;
+                closed?;
+                record
+            } else if let Some(uri) = nbd {
+                let mut source = NbdSource::open(&uri)?;
+                let size = source.size();
+                put(&mut source, size)?
+            } else {
+                let file = file.expect("clap requires a source");
+                if file == Path::new("-") {
+                    put(&mut std::io::stdin().lock(), 0)?
+                } else {
+                    let mut source = std::fs::File::open(&file)
+                        .map_err(|e| Error::io(format!("open {}", file.display()), e))?;
+                    let size = source.metadata().map(|m| m.len()).unwrap_or(0);
+                    put(&mut source, size)?
+                }
+            };
             println!("put {name}: {} bytes", record.size);
             Ok(())
         }
@@ -1043,7 +1117,11 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Command::Archive { progress, command } => run_archive(&dir, command, progress),
+        Command::Archive {
+            progress,
+            fingerprint_backend,
+            command,
+        } => run_archive(&dir, command, progress, &fingerprint_backend),
         Command::Eval { experiment } => crate::eval::run(experiment),
         Command::Sim(args) => crate::ssd::run_sim(args),
         Command::SetPolicy { policy } => {

@@ -294,3 +294,86 @@ fn an_empty_folder_in_place_of_a_lost_device_is_a_missing_device_and_repair_fill
     );
     assert_eq!(store.get("o").unwrap(), bytes);
 }
+
+/// Counts what the backend it wraps hashes.
+struct Counting {
+    inner: ecdedup::fingerprint::gpu::KernelOnCpuBackend,
+    chunks: std::sync::atomic::AtomicUsize,
+}
+
+impl ecdedup::fingerprint::FingerprintBackend for Counting {
+    fn name(&self) -> &str {
+        "counting kernel-on-cpu"
+    }
+
+    fn fingerprint_batch(
+        &self,
+        algorithm: ecdedup::fingerprint::Algorithm,
+        chunks: &[&[u8]],
+        out: &mut Vec<ecdedup::fingerprint::Fingerprint>,
+    ) -> Result<(), ecdedup::fingerprint::FingerprintError> {
+        self.chunks
+            .fetch_add(chunks.len(), std::sync::atomic::Ordering::Relaxed);
+        self.inner.fingerprint_batch(algorithm, chunks, out)
+    }
+}
+
+/// Every file of a sealed archive but the device markers (which carry the
+/// archive's random uuid), by path.
+fn sealed_files(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let mut files = std::collections::BTreeMap::new();
+    for sub in std::iter::once("maps".to_string()).chain((0..DEVICES).map(|d| format!("dev{d}"))) {
+        for entry in std::fs::read_dir(dir.join(&sub)).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            if name != "archive-device.json" {
+                files.insert(format!("{sub}/{name}"), std::fs::read(&path).unwrap());
+            }
+        }
+    }
+    files
+}
+
+/// Sealing hashes through whatever backend the store is given: the GPU
+/// backend's packing, pipeline and kernel (built for the CPU here,
+/// `KernelOnCpuBackend`) seal, with exchange, exactly the files the CPU
+/// backend seals, and every block goes through it.
+#[test]
+fn the_gpu_pipeline_seals_the_same_archive_as_the_cpu_backend() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(21);
+    let pool = pool(&mut rng);
+    let objects: Vec<Vec<u8>> = (0..4).map(|_| object(&mut rng, &pool, 30, 100)).collect();
+    let seal = |dir: &Path, backend: Option<std::sync::Arc<Counting>>| {
+        let mut store = ArchiveStore::create(dir, &options(2)).unwrap();
+        if let Some(b) = backend {
+            store.set_fingerprint_backend(b);
+        }
+        for (i, o) in objects.iter().enumerate() {
+            store.put(&format!("o{i}"), &mut &o[..]).unwrap();
+        }
+        store.seal().unwrap();
+        store.stats()
+    };
+    let (cpu, gpu) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let counting = std::sync::Arc::new(Counting {
+        inner: ecdedup::fingerprint::gpu::KernelOnCpuBackend::new(
+            ecdedup::fingerprint::gpu::PoolLayout::new(2, 64 << 10),
+        )
+        .unwrap(),
+        chunks: Default::default(),
+    });
+    let cpu_stats = seal(cpu.path(), None);
+    let gpu_stats = seal(gpu.path(), Some(std::sync::Arc::clone(&counting)));
+    assert_eq!(
+        counting.chunks.load(std::sync::atomic::Ordering::Relaxed) as u64,
+        gpu_stats.blocks,
+        "every block of every sealed container is hashed by the given backend"
+    );
+    assert!(gpu_stats.redundant_blocks > 0, "{gpu_stats:?}");
+    assert_eq!(cpu_stats.redundant_blocks, gpu_stats.redundant_blocks);
+    assert_eq!(sealed_files(cpu.path()), sealed_files(gpu.path()));
+    let store = ArchiveStore::open(gpu.path()).unwrap();
+    for (i, o) in objects.iter().enumerate() {
+        assert_eq!(&store.get(&format!("o{i}")).unwrap(), o);
+    }
+}

@@ -28,7 +28,7 @@ use super::map::{
 use super::shuffle::pseudo_shuffle;
 use super::{map_name, parity_name, sub_file_name, ArchiveStore, MAPS_DIR, STAGING_DIR};
 use crate::error::{Error, Result};
-use crate::fingerprint::{Fingerprint, FingerprintBackend};
+use crate::fingerprint::Fingerprint;
 use std::ops::Range;
 use std::time::Instant;
 

@@ -51,6 +51,7 @@ pub mod map;
 mod recover;
 mod scrub;
 pub mod shuffle;
+pub mod source;
 
 pub use chunking::Chunking;
 pub use map::Layout;
@@ -58,7 +59,7 @@ pub use scrub::ScrubReport;
 
 use crate::codec::Codec;
 use crate::error::{Error, Result};
-use crate::fingerprint::{Algorithm, CpuBackend, Fingerprint};
+use crate::fingerprint::{Algorithm, CpuBackend, Fingerprint, FingerprintBackend};
 use crate::media::storage::StorageLock;
 use crate::media::{OsStorage, Storage};
 use cache::FingerprintCache;
@@ -341,7 +342,10 @@ pub struct ArchiveStore {
     disk: Disk,
     config: ArchiveConfig,
     codec: Codec,
-    backend: CpuBackend,
+    /// Hashes each sealed container's blocks (or chunks) in one batch: the
+    /// CPU backend unless [`ArchiveStore::set_fingerprint_backend`] gave
+    /// another (a GPU's, through `choose_backend`).
+    backend: Arc<dyn FingerprintBackend>,
     catalog: Catalog,
     /// Sealed batches by batch id.
     batches: BTreeMap<u32, BatchMap>,
@@ -553,7 +557,8 @@ impl ArchiveStore {
             }
         }
         let codec = Codec::new(config.k, config.m).map_err(|e| Error::Config(e.to_string()))?;
-        let backend = CpuBackend::new(None).map_err(|e| Error::Other(e.to_string()))?;
+        let backend: Arc<dyn FingerprintBackend> =
+            Arc::new(CpuBackend::new(None).map_err(|e| Error::Other(e.to_string()))?);
         let mut catalog: Catalog = read_json(&disk, &dir.join(CATALOG_FILE))?
             .ok_or_else(|| Error::Corrupt(format!("{}: catalog missing", dir.display())))?;
         let mut batches = BTreeMap::new();
@@ -662,6 +667,13 @@ impl ArchiveStore {
 
     pub fn config(&self) -> &ArchiveConfig {
         &self.config
+    }
+
+    /// Hashes every container sealed from now on with `backend` (any
+    /// backend gives the same fingerprints, so the archive's contents do not
+    /// depend on it; only the speed does).
+    pub fn set_fingerprint_backend(&mut self, backend: Arc<dyn FingerprintBackend>) {
+        self.backend = backend;
     }
 
     /// Has `seal` (and the seals inside `put`) and `scrub` report progress.

@@ -20,7 +20,7 @@ pub mod nbd;
 
 use serde_json::Value;
 use std::fs::File;
-use std::io::{Read, Seek, SeekFrom};
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -219,11 +219,23 @@ pub fn kill_and_reap(child: &mut Child) {
 /// (no pipe can block on a grandchild). On timeout the command is killed by
 /// PID and Err describes it.
 pub fn run_timeout(cmd: &mut Command, timeout: Duration) -> Result<Out, String> {
+    run_timeout_stdin(cmd, Stdio::null(), timeout)
+}
+
+/// [`run`] with `input` as the command's standard input.
+pub fn run_with_input(cmd: &mut Command, input: &[u8], timeout: Duration) -> Out {
+    let mut file = tempfile::tempfile().expect("temp file");
+    file.write_all(input).expect("write stdin file");
+    file.seek(SeekFrom::Start(0)).unwrap();
+    run_timeout_stdin(cmd, Stdio::from(file), timeout).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn run_timeout_stdin(cmd: &mut Command, stdin: Stdio, timeout: Duration) -> Result<Out, String> {
     let what = describe(cmd);
     let mut out = tempfile::tempfile().expect("temp file");
     let mut err = tempfile::tempfile().expect("temp file");
     let mut child = cmd
-        .stdin(Stdio::null())
+        .stdin(stdin)
         .stdout(Stdio::from(out.try_clone().unwrap()))
         .stderr(Stdio::from(err.try_clone().unwrap()))
         .spawn()
