@@ -304,6 +304,13 @@ enum ArchiveCommand {
     Rm { name: String },
     /// Seal the open container (and any waiting for an exchange batch).
     Seal,
+    /// Reclaim the dead part of batches: copy the live bytes of each batch
+    /// under --live-below percent live into new containers, then delete it
+    /// (a batch another one takes sources from stays). Prints JSON.
+    Gc {
+        #[arg(long, default_value_t = crate::archive::GC_LIVE_BELOW_PERCENT_DEFAULT)]
+        live_below: f64,
+    },
     /// Check every block and every encoded stripe's parity; repair with --repair.
     Scrub {
         #[arg(long)]
@@ -418,7 +425,10 @@ fn run_archive(
     use crate::fingerprint::gpu::{choose_backend, BackendChoice};
     let choice = parse_backend(fingerprint_backend)?;
     // Only the commands that seal hash; the others never start a GPU.
-    let seals = matches!(command, ArchiveCommand::Put { .. } | ArchiveCommand::Seal);
+    let seals = matches!(
+        command,
+        ArchiveCommand::Put { .. } | ArchiveCommand::Seal | ArchiveCommand::Gc { .. }
+    );
     let backend = match choice {
         BackendChoice::Cpu => None,
         _ if !seals => None,
@@ -675,6 +685,14 @@ fn run_archive(
         }
         ArchiveCommand::Rm { name } => open_archive(dir)?.remove(&name),
         ArchiveCommand::Seal => open_archive(dir)?.seal(),
+        ArchiveCommand::Gc { live_below } => {
+            let report = open_archive(dir)?.gc(live_below)?;
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&report).expect("serializable")
+            );
+            Ok(())
+        }
         ArchiveCommand::Scrub { repair } => {
             let mut store = open_archive(dir)?;
             let report = store.scrub(repair)?;

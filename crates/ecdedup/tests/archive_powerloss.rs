@@ -1,4 +1,4 @@
-//! Power loss in the archive tier: random `put`, `rm`, `seal` and
+//! Power loss in the archive tier: random `put`, `rm`, `seal`, `gc` and
 //! `scrub --repair` calls through the real archive code over the power-loss
 //! simulator (`media/powerloss.rs`), with the power cut at a random storage
 //! operation (a write, a sync, a create, a rename, a removal: whichever
@@ -76,6 +76,11 @@ const SYNC_FAULT_SUFFIXES: [&str; 6] = [
     ".0.tmp",
     ".1.tmp",
 ];
+
+/// Of the calls drawn as `seal`, the share made `gc` instead, and its
+/// threshold (high, so most batches with a dead byte are rewritten).
+const GC_PROBABILITY: f64 = 0.5;
+const GC_LIVE_BELOW_PERCENT: f64 = 90.0;
 
 /// Rounds that start by taking a device away.
 const DEVICE_LOSS_PROBABILITY: f64 = 0.1;
@@ -256,6 +261,10 @@ struct Tally {
     puts_lost: u64,
     rms_kept: u64,
     rms_done: u64,
+    /// `gc` calls made (finished or cut).
+    gcs: u64,
+    /// Batches the finished ones rewrote.
+    gc_batches_rewritten: u64,
     unsynced_writes_at_cuts: u64,
     /// Leftovers scrub found right after a reopen (reclaimable).
     orphan_files: u64,
@@ -459,6 +468,9 @@ fn run_schedule(seed: u64, tally: &mut Tally) {
 fn run_schedule_on(seed: u64, hazards: Hazards, tally: &mut Tally) {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut faults = StdRng::seed_from_u64(seed ^ 0x5eed_fa17);
+    // Whether a drawn `seal` is a `gc` instead (its own generator, as
+    // `faults`, for the same reason).
+    let mut gcs = StdRng::seed_from_u64(seed ^ 0x6c_0117);
     let exchange = [0, 2, 4][rng.gen_range(0..3)];
     let story = format!("seed {seed} (exchange {exchange})");
     let (sim, switch, storage) = simulated();
@@ -566,6 +578,12 @@ fn run_schedule_on(seed: u64, hazards: Hazards, tally: &mut Tally) {
                         (r, Some(Interrupted::Rm(name, bytes)))
                     }
                 }
+            } else if call < 9 && gcs.gen_bool(GC_PROBABILITY) {
+                tally.gcs += 1;
+                let r = store
+                    .gc(GC_LIVE_BELOW_PERCENT)
+                    .map(|report| tally.gc_batches_rewritten += report.batches_rewritten);
+                (r, Some(Interrupted::Other))
             } else if call < 9 {
                 (store.seal(), Some(Interrupted::Other))
             } else {
@@ -635,7 +653,7 @@ fn power_cuts_during_put_rm_seal_and_repair_lose_nothing_committed_and_leak_noth
     println!(
         "archive powerloss: schedules={} cuts={} inside_calls={} unsynced_writes_at_cuts={} \
          interrupted_puts_kept={} interrupted_puts_lost={} interrupted_rms_kept={} \
-         interrupted_rms_done={} orphan_files_found={} unreferenced_containers_found={} \
+         interrupted_rms_done={} gcs={} gc_batches_rewritten={} orphan_files_found={} unreferenced_containers_found={} \
          repairs={} sync_faults_armed={} calls_failed_by_sync={} devices_lost={} failures=0",
         tally.schedules,
         tally.cuts,
@@ -645,6 +663,8 @@ fn power_cuts_during_put_rm_seal_and_repair_lose_nothing_committed_and_leak_noth
         tally.puts_lost,
         tally.rms_kept,
         tally.rms_done,
+        tally.gcs,
+        tally.gc_batches_rewritten,
         tally.orphan_files,
         tally.unreferenced_containers,
         tally.repairs,
@@ -656,6 +676,12 @@ fn power_cuts_during_put_rm_seal_and_repair_lose_nothing_committed_and_leak_noth
         tally.cuts_inside_calls > 0,
         "the cuts must fall inside calls"
     );
+    if tally.schedules > 20 {
+        assert!(
+            tally.gc_batches_rewritten > 0,
+            "the schedules must call gc, and some gc must rewrite a batch"
+        );
+    }
 }
 
 /// Schedules that found a bug, replayed in CI; each failed before its fix.

@@ -331,10 +331,12 @@ impl ArchiveStore {
         Ok(out)
     }
 
-    /// A cached source that is still there: sealed, or earlier in this batch.
+    /// A cached source that is still there: sealed (and not in the batch
+    /// `gc` is rewriting), or earlier in this batch.
     fn cache_lookup(&mut self, fp: Fingerprint, batch: &[Staged]) -> Option<BlockAddress> {
         self.cache.get(&fp).filter(|a| {
-            self.container_batch.contains_key(&a.container)
+            let sealed = self.container_batch.get(&a.container);
+            sealed.is_some_and(|&b| Some(b) != self.dying_batch)
                 || batch.iter().any(|s| s.id == a.container)
         })
     }

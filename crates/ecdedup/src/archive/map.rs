@@ -238,6 +238,24 @@ pub struct BatchMap {
 }
 
 impl BatchMap {
+    /// The containers this batch's redundant blocks and chunks take their
+    /// sources from (its own included), with repeats.
+    pub fn source_containers(&self) -> impl Iterator<Item = u32> + '_ {
+        self.containers.iter().flat_map(|c| {
+            let blocks = c
+                .sub_files
+                .iter()
+                .flat_map(|s| s.blocks.iter().filter_map(|e| e.source))
+                .map(|a| a.container);
+            let chunks = c
+                .chunks
+                .iter()
+                .filter_map(|e| e.source)
+                .map(|s| s.container);
+            blocks.chain(chunks)
+        })
+    }
+
     /// Global id of group `g`, naming its parity files (unique because a
     /// batch has as many groups as containers).
     pub fn group_id(&self, g: usize) -> u32 {

@@ -13,7 +13,8 @@
 //! parity sub-files of each group and the batch's map-address table
 //! (map.rs) are written; reads go to the untouched data sub-files and
 //! decode (recover.rs) when a device is missing or a checksum fails;
-//! scrub.rs checks and repairs everything. Beyond the paper, two create
+//! scrub.rs checks and repairs everything; gc.rs copies the live bytes out
+//! of mostly dead batches so that they can be deleted. Beyond the paper, two create
 //! options (recorded in archive.json and in every map): the compact layout
 //! stores only the unique blocks, and FastCDC chunking (chunking.rs) finds
 //! duplicates by content-defined chunks while blocks stay the stripe unit.
@@ -24,7 +25,7 @@
 //!   names is durable, and deleted before them.
 //! - The catalog (`catalog.json`: objects, the open container and its
 //!   committed length, the full containers waiting for a batch) is replaced
-//!   atomically, last, by every `put`, `rm` and `seal`; an object exists
+//!   atomically, last, by every `put`, `rm`, `seal` and `gc`; an object exists
 //!   exactly when the catalog names it. What a crash leaves beyond the
 //!   catalog (staging bytes past the committed length, containers sealed
 //!   for an object whose `put` never committed) is cut back at open or
@@ -47,6 +48,7 @@ pub mod chunking;
 mod container;
 pub mod disk;
 pub mod exchange;
+pub mod gc;
 pub mod map;
 mod recover;
 mod scrub;
@@ -54,6 +56,7 @@ pub mod shuffle;
 pub mod source;
 
 pub use chunking::Chunking;
+pub use gc::{GcReport, GC_LIVE_BELOW_PERCENT_DEFAULT};
 pub use map::Layout;
 pub use scrub::ScrubReport;
 
@@ -356,6 +359,8 @@ pub struct ArchiveStore {
     missing_devices: Vec<usize>,
     /// Set by a failed mutating call (see the module invariants).
     latched: Option<String>,
+    /// The batch `gc` is rewriting: no new block takes a source from it.
+    dying_batch: Option<u32>,
     progress: Option<ProgressFn>,
     timings: SealTimings,
     _lock: StorageLock,
@@ -659,6 +664,7 @@ impl ArchiveStore {
             cache,
             missing_devices,
             latched: None,
+            dying_batch: None,
             progress: None,
             timings: SealTimings::default(),
             _lock,
@@ -770,32 +776,12 @@ impl ArchiveStore {
             extents: Vec::new(),
         };
         loop {
-            let space = container_bytes - self.catalog.open_bytes;
-            if space == 0 {
-                self.close_open_container()?;
-                continue;
-            }
-            let want = (space as usize).min(buffer.len());
-            let got = read_full(source, &mut buffer[..want])?;
+            let got = read_full(source, &mut buffer)?;
             if got == 0 {
                 break;
             }
-            let id = self.catalog.open_container;
-            let offset = self.catalog.open_bytes;
-            self.disk
-                .write_at(&self.staging_path(id), offset, &buffer[..got])?;
-            match record.extents.last_mut() {
-                Some(e) if e.container == id && e.offset + e.length == offset => {
-                    e.length += got as u64
-                }
-                _ => record.extents.push(Extent {
-                    container: id,
-                    offset,
-                    length: got as u64,
-                }),
-            }
+            self.append(&buffer[..got], &mut record.extents)?;
             record.size += got as u64;
-            self.catalog.open_bytes += got as u64;
         }
         if self.catalog.open_bytes > 0 {
             self.disk
@@ -808,18 +794,57 @@ impl ArchiveStore {
         Ok(record)
     }
 
+    /// Appends `bytes` to the open container (closing each that fills,
+    /// which seals its batch once complete) and records where they went in
+    /// `extents`. Nothing is committed: the caller syncs the open
+    /// container's staging file and saves the catalog.
+    fn append(&mut self, mut bytes: &[u8], extents: &mut Vec<Extent>) -> Result<()> {
+        while !bytes.is_empty() {
+            let space = self.config.container_bytes - self.catalog.open_bytes;
+            if space == 0 {
+                self.close_open_container()?;
+                continue;
+            }
+            let take = (space as usize).min(bytes.len());
+            let id = self.catalog.open_container;
+            let offset = self.catalog.open_bytes;
+            self.disk
+                .write_at(&self.staging_path(id), offset, &bytes[..take])?;
+            match extents.last_mut() {
+                Some(e) if e.container == id && e.offset + e.length == offset => {
+                    e.length += take as u64
+                }
+                _ => extents.push(Extent {
+                    container: id,
+                    offset,
+                    length: take as u64,
+                }),
+            }
+            self.catalog.open_bytes += take as u64;
+            bytes = &bytes[take..];
+        }
+        Ok(())
+    }
+
     /// Moves the open container to the pending list; seals the batch when
     /// it is complete.
     fn close_open_container(&mut self) -> Result<()> {
+        self.move_open_to_pending()?;
+        if self.catalog.pending.len() >= self.config.batch_containers() {
+            self.seal_pending()?;
+        }
+        Ok(())
+    }
+
+    /// The open container's staging file synced and the container moved
+    /// to the pending list; a new, empty container is open.
+    fn move_open_to_pending(&mut self) -> Result<()> {
         let id = self.catalog.open_container;
         self.disk.sync_file(&self.staging_path(id))?;
         self.catalog.pending.push(id);
         self.catalog.open_container = self.catalog.next_container;
         self.catalog.next_container += 1;
         self.catalog.open_bytes = 0;
-        if self.catalog.pending.len() >= self.config.batch_containers() {
-            self.seal_pending()?;
-        }
         Ok(())
     }
 
@@ -834,17 +859,18 @@ impl ArchiveStore {
     /// Seals the open container (if it holds bytes) and every pending one.
     pub fn seal(&mut self) -> Result<()> {
         self.latching(|store| {
-            if store.catalog.open_bytes > 0 {
-                let id = store.catalog.open_container;
-                store.disk.sync_file(&store.staging_path(id))?;
-                store.catalog.pending.push(id);
-                store.catalog.open_container = store.catalog.next_container;
-                store.catalog.next_container += 1;
-                store.catalog.open_bytes = 0;
-            }
-            store.seal_pending()?;
+            store.seal_open_and_pending()?;
             store.save_catalog()
         })
+    }
+
+    /// Seals the open container (if it holds bytes) and every pending
+    /// one, without saving the catalog.
+    fn seal_open_and_pending(&mut self) -> Result<()> {
+        if self.catalog.open_bytes > 0 {
+            self.move_open_to_pending()?;
+        }
+        self.seal_pending()
     }
 
     pub fn object(&self, name: &str) -> Result<&ObjectRecord> {
@@ -1009,18 +1035,10 @@ impl ArchiveStore {
             .collect();
         let mut todo: Vec<u32> = live.iter().copied().collect();
         while let Some(b) = todo.pop() {
-            for c in &self.batches[&b].containers {
-                let block_sources = c
-                    .sub_files
-                    .iter()
-                    .flat_map(|s| s.blocks.iter().filter_map(|e| e.source))
-                    .map(|a| a.container);
-                let chunk_sources = c.chunks.iter().filter_map(|e| e.source);
-                for src in block_sources.chain(chunk_sources.map(|s| s.container)) {
-                    if let Some(&sb) = self.container_batch.get(&src) {
-                        if live.insert(sb) {
-                            todo.push(sb);
-                        }
+            for src in self.batches[&b].source_containers() {
+                if let Some(&sb) = self.container_batch.get(&src) {
+                    if live.insert(sb) {
+                        todo.push(sb);
                     }
                 }
             }
