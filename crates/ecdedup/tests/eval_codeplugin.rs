@@ -2,9 +2,10 @@
 //! command writes its report, JSON and four plots, reads every object back
 //! bit-exact (it fails otherwise), and its counts are exact: the same
 //! input and options give the same blocks, unique and redundant blocks,
-//! stripes encoded per scheme, map bytes and cache counters, pinned here,
-//! so that a change to dedup, shuffling, exchange, the cache or the map
-//! encoding shows up as a changed number. No timing is checked.
+//! stripes encoded per scheme, map bytes, cache counters, data bytes
+//! stored and CDC chunks, pinned here, so that a change to dedup,
+//! shuffling, exchange, the cache, the map encoding, the compact layout or
+//! the chunking shows up as a changed number. No timing is checked.
 
 use serde_json::Value;
 use std::process::Command;
@@ -13,7 +14,17 @@ use std::process::Command;
 /// cache hits, misses, evictions)
 type Expected = (&'static str, u64, u64, u64, u64, u64, u64, u64, u64, u64);
 
-const EXPECTED: [Expected; 10] = [
+/// No-EX's counts after its name.
+const NO_EX: (u64, u64, u64, u64, u64, u64, u64, u64, u64) =
+    (960, 686, 274, 133, 160, 18236, 274, 686, 174);
+
+/// A row of `EXPECTED` with no-EX's counts.
+const fn as_no_ex(name: &'static str) -> Expected {
+    let c = NO_EX;
+    (name, c.0, c.1, c.2, c.3, c.4, c.5, c.6, c.7, c.8)
+}
+
+const EXPECTED: [Expected; 12] = [
     (
         "plain RS (6,3) cache 64K",
         960,
@@ -26,18 +37,7 @@ const EXPECTED: [Expected; 10] = [
         0,
         0,
     ),
-    (
-        "CodePlugin no-EX (6,3) cache 64K",
-        960,
-        686,
-        274,
-        133,
-        160,
-        18236,
-        274,
-        686,
-        174,
-    ),
+    as_no_ex("CodePlugin no-EX (6,3) cache 64K"),
     (
         "CodePlugin 2-EX (6,3) cache 64K",
         960,
@@ -61,6 +61,24 @@ const EXPECTED: [Expected; 10] = [
         274,
         686,
         174,
+    ),
+    // Compact: no-EX's counts, stripes and map (the same dedup and
+    // placement; only what the data sub-files hold differs).
+    as_no_ex("compact (6,3) cache 64K"),
+    // FastCDC 2K/8K/64K: a block is redundant only where chunks with
+    // sources cover it whole, so far fewer than with fixed blocks; the
+    // cache counts chunks.
+    (
+        "CDC (FastCDC) (6,3) cache 64K",
+        960,
+        943,
+        17,
+        160,
+        160,
+        30752,
+        58,
+        702,
+        190,
     ),
     (
         "plain RS (4,2) cache 64K",
@@ -125,6 +143,24 @@ const EXPECTED: [Expected; 10] = [
     ),
 ];
 
+/// (name, data bytes stored, CDC chunks, redundant chunks), in the order of
+/// `EXPECTED`.
+const EXPECTED_STORED: [(&str, u64, u64, u64); 12] = [
+    ("plain RS (6,3) cache 64K", 7864320, 0, 0),
+    ("CodePlugin no-EX (6,3) cache 64K", 7864320, 0, 0),
+    ("CodePlugin 2-EX (6,3) cache 64K", 7864320, 0, 0),
+    ("CodePlugin 4-EX (6,3) cache 64K", 7864320, 0, 0),
+    // Only the 686 unique blocks of 8 KiB.
+    ("compact (6,3) cache 64K", 686 * 8192, 0, 0),
+    ("CDC (FastCDC) (6,3) cache 64K", 7864320, 760, 58),
+    ("plain RS (4,2) cache 64K", 7864320, 0, 0),
+    ("CodePlugin 4-EX (4,2) cache 64K", 7864320, 0, 0),
+    ("plain RS (10,5) cache 64K", 7864320, 0, 0),
+    ("CodePlugin 4-EX (10,5) cache 64K", 7864320, 0, 0),
+    ("CodePlugin 4-EX (6,3) cache 16K", 7864320, 0, 0),
+    ("CodePlugin 4-EX (6,3) cache 32K", 7864320, 0, 0),
+];
+
 fn u(v: &Value, key: &str) -> u64 {
     v[key]
         .as_u64()
@@ -175,8 +211,7 @@ fn codeplugin_eval_on_generated_images_reports_exact_counts_for_every_scheme() {
     );
 
     let runs = r["runs"].as_array().unwrap();
-    let built: Vec<&Value> = runs.iter().filter(|x| x["not_built"].is_null()).collect();
-    let got: Vec<Expected> = built
+    let got: Vec<Expected> = runs
         .iter()
         .zip(EXPECTED)
         .map(|(x, e)| {
@@ -194,10 +229,46 @@ fn codeplugin_eval_on_generated_images_reports_exact_counts_for_every_scheme() {
             )
         })
         .collect();
-    let names: Vec<&str> = built.iter().map(|x| x["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> = runs.iter().map(|x| x["name"].as_str().unwrap()).collect();
     assert_eq!(names, EXPECTED.map(|e| e.0).to_vec());
     assert_eq!(got, EXPECTED.to_vec());
-    for x in &built {
+    let stored: Vec<(&str, u64, u64, u64)> = runs
+        .iter()
+        .zip(EXPECTED_STORED)
+        .map(|(x, e)| {
+            (
+                e.0,
+                u(x, "stored_data_bytes"),
+                u(x, "chunks"),
+                u(x, "redundant_chunks"),
+            )
+        })
+        .collect();
+    assert_eq!(stored, EXPECTED_STORED.to_vec());
+    let by_name = |name: &str| runs.iter().find(|x| x["name"] == name).unwrap();
+    let (no_ex, compact, cdc) = (
+        by_name(EXPECTED[1].0),
+        by_name(EXPECTED[4].0),
+        by_name(EXPECTED[5].0),
+    );
+    // Compact stores exactly the unique blocks, and the rest as no-EX.
+    for key in ["parity_bytes", "map_bytes", "stripes_encoded"] {
+        assert_eq!(u(compact, key), u(no_ex, key), "{key}");
+    }
+    assert_eq!(
+        u(compact, "stored_data_bytes"),
+        u(compact, "unique_blocks") * 8192
+    );
+    assert!(u(compact, "stored_data_bytes") < u(no_ex, "stored_data_bytes"));
+    for (x, exchange) in [(compact, 0), (cdc, 0), (no_ex, 0)] {
+        assert_eq!(u(x, "exchange"), exchange, "{}", x["name"]);
+    }
+    // Every CDC chunk is a cache hit or a miss.
+    assert_eq!(
+        u(cdc, "chunks"),
+        u(cdc, "cache_hits") + u(cdc, "cache_misses")
+    );
+    for x in runs {
         // Parity is m blocks per encoded stripe; 8 containers each run.
         let m = u(x, "m");
         assert_eq!(u(x, "parity_bytes"), u(x, "stripes_encoded") * m * 8192);
@@ -205,23 +276,37 @@ fn codeplugin_eval_on_generated_images_reports_exact_counts_for_every_scheme() {
     }
     // With an unbounded cache (the offline count) and 64K, dedup finds
     // every copy; smaller caches find fewer.
-    assert_eq!(
-        u(built[1], "redundant_blocks"),
-        u(offline, "redundant_blocks")
-    );
+    assert_eq!(u(no_ex, "redundant_blocks"), u(offline, "redundant_blocks"));
 
-    let not_built: Vec<&str> = runs
-        .iter()
-        .filter(|x| !x["not_built"].is_null())
-        .map(|x| x["scheme"].as_str().unwrap())
-        .collect();
-    assert_eq!(not_built, ["compact", "cdc"]);
     let md = std::fs::read_to_string(out.path().join("codeplugin.md")).unwrap();
-    assert!(md.contains("| compact | not in this eval yet"), "{md}");
     assert!(
         md.contains("| CodePlugin 4-EX | 0.003 | -26.2% | 16.10 | -17.4% |"),
         "{md}"
     );
-    // The read comparison ran (bit-exact, or the command would have failed).
-    assert!(built[0]["read"].is_object() && built[1]["read"].is_object());
+    let beyond = "n/a (beyond the paper) | n/a (beyond the paper) | 18236 | 0.232% | n/a (beyond the paper) | 5619712 (-28.5%) | 133 / 160 |";
+    assert!(
+        md.contains(&format!("| compact | 0.003 | -16.9% | {beyond}")),
+        "{md}"
+    );
+    assert!(md.contains("| 760 / 58 |"), "{md}");
+    assert!(!md.contains("not in this eval"), "{md}");
+    // The read comparison ran for no-EX, compact and CDC, each beside plain
+    // RS (bit-exact, or the command would have failed); no other run reads.
+    let read: Vec<&str> = runs
+        .iter()
+        .filter(|x| x["read"].is_object())
+        .map(|x| x["scheme"].as_str().unwrap())
+        .collect();
+    assert_eq!(read, ["no-ex", "compact", "cdc"]);
+    for x in [no_ex, compact, cdc] {
+        for key in [
+            "cold_mb_s",
+            "warm_mb_s",
+            "plain_cold_mb_s",
+            "plain_warm_mb_s",
+        ] {
+            assert_eq!(x["read"][key].as_array().unwrap().len(), 1, "{key}");
+        }
+    }
+    assert!(md.contains("| compact | cold |"), "{md}");
 }
