@@ -25,9 +25,9 @@ pub enum Error {
     OutOfRange { offset: u64, length: u64, size: u64 },
     #[error("invalid request: {0}")]
     InvalidRequest(String),
-    #[error("array unavailable: {0}")]
+    #[error("unavailable: {0}")]
     Unavailable(String),
-    #[error("array is in use: {0}")]
+    #[error("in use: {0}")]
     Busy(String),
     #[error("data lost: {0}")]
     DataLoss(String),
