@@ -304,6 +304,14 @@ enum ArchiveCommand {
     Rm { name: String },
     /// Seal the open container (and any waiting for an exchange batch).
     Seal,
+    /// Make a lost archive folder (--dir) again from the device folders
+    /// (repeat --device, any order; up to m may be missing): their copies
+    /// of the config, the catalog and the maps. Prints JSON; then run
+    /// `scrub --repair`.
+    Assemble {
+        #[arg(long = "device", required = true)]
+        devices: Vec<PathBuf>,
+    },
     /// Reclaim the dead part of batches: copy the live bytes of each batch
     /// under --live-below percent live into new containers, then delete it
     /// (a batch another one takes sources from stays). Prints JSON.
@@ -685,6 +693,21 @@ fn run_archive(
         }
         ArchiveCommand::Rm { name } => open_archive(dir)?.remove(&name),
         ArchiveCommand::Seal => open_archive(dir)?.seal(),
+        ArchiveCommand::Assemble { devices } => {
+            let report = ArchiveStore::assemble(dir, &devices)?;
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&report).expect("serializable")
+            );
+            if !report.objects_lost.is_empty() {
+                eprintln!(
+                    "ecdedup: warning: {} objects had bytes in the lost folder's unsealed container and are gone: {:?}",
+                    report.objects_lost.len(),
+                    report.objects_lost
+                );
+            }
+            Ok(())
+        }
         ArchiveCommand::Gc { live_below } => {
             let report = open_archive(dir)?.gc(live_below)?;
             println!(

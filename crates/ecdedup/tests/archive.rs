@@ -318,15 +318,15 @@ impl ecdedup::fingerprint::FingerprintBackend for Counting {
     }
 }
 
-/// Every file of a sealed archive but the device markers (which carry the
-/// archive's random uuid), by path.
+/// Every file of a sealed archive but the device markers and config copies
+/// (which carry the archive's random uuid), by path.
 fn sealed_files(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
     let mut files = std::collections::BTreeMap::new();
     for sub in std::iter::once("maps".to_string()).chain((0..DEVICES).map(|d| format!("dev{d}"))) {
         for entry in std::fs::read_dir(dir.join(&sub)).unwrap() {
             let path = entry.unwrap().path();
             let name = path.file_name().unwrap().to_string_lossy().into_owned();
-            if name != "archive-device.json" {
+            if name != "archive-device.json" && name != "archive.json" {
                 files.insert(format!("{sub}/{name}"), std::fs::read(&path).unwrap());
             }
         }

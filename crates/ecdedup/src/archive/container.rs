@@ -222,6 +222,11 @@ impl ArchiveStore {
         }
         let encoded = map.encode();
         debug_assert!(BatchMap::decode(&encoded, "new").is_ok_and(|d| d == map));
+        // The copies on m + 1 devices (for `assemble`) before the one in
+        // the archive folder, which makes the batch exist.
+        for path in self.map_copy_paths(batch) {
+            self.disk.write_durable(&path, &encoded)?;
+        }
         self.disk
             .write_durable(&self.dir.join(MAPS_DIR).join(map_name(batch)), &encoded)?;
         self.timings.write_ns += elapsed_ns(write_start);

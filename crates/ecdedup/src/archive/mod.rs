@@ -39,10 +39,15 @@
 //!   block refers to it, so a source keeps its protection.
 //! - After an error in a mutating call the store is latched: every later
 //!   call fails until it is opened again (which reconciles the disk).
+//! - Every device in place holds copies of the config and of the catalog
+//!   (written before each commit), and m + 1 devices a copy of each map
+//!   (durable before the folder's map): a lost folder is made again from
+//!   them (assemble.rs), less the unsealed container.
 //! - All file I/O goes through disk.rs, over the `Arc<dyn Storage>` the
 //!   archive was opened on (the real file system, or the power-loss
 //!   simulator in tests).
 
+pub mod assemble;
 mod cache;
 pub mod chunking;
 mod container;
@@ -256,6 +261,10 @@ struct Catalog {
     /// seal whose catalog write a crash prevented is not counted).
     #[serde(default)]
     cache_counters: CacheCounters,
+    /// Grows with every save: `assemble` takes the newest of the copies
+    /// on the devices.
+    #[serde(default)]
+    generation: u64,
 }
 
 /// Fingerprint-cache counters over the archive's life.
@@ -467,7 +476,9 @@ impl ArchiveStore {
             let path = dir.join(device);
             let files = disk.list_files(&path)?.unwrap_or_default();
             let ours = |name: &String| {
-                name == DEVICE_MARKER || name == &disk::temporary_name(DEVICE_MARKER)
+                [DEVICE_MARKER, CONFIG_FILE, CATALOG_FILE]
+                    .iter()
+                    .any(|f| name == f || name == &disk::temporary_name(f))
             };
             let left_by_interrupted_create = interrupted.as_ref().is_some_and(|c| {
                 files.iter().all(ours)
@@ -490,15 +501,17 @@ impl ArchiveStore {
                 archive: config.uuid.clone(),
             },
         )?;
-        for (position, device) in config.devices.iter().enumerate() {
-            write_marker(&disk, &dir.join(device), &config.uuid, position)?;
-        }
-        disk.create_dir(&dir.join(MAPS_DIR))?;
-        disk.create_dir(&dir.join(STAGING_DIR))?;
         let catalog = Catalog {
             next_container: 1,
             ..Default::default()
         };
+        for (position, device) in config.devices.iter().enumerate() {
+            write_marker(&disk, &dir.join(device), &config.uuid, position)?;
+            write_json(&disk, &dir.join(device).join(CONFIG_FILE), &config)?;
+            write_json(&disk, &dir.join(device).join(CATALOG_FILE), &catalog)?;
+        }
+        disk.create_dir(&dir.join(MAPS_DIR))?;
+        disk.create_dir(&dir.join(STAGING_DIR))?;
         write_json(&disk, &dir.join(CATALOG_FILE), &catalog)?;
         // The config last: a crash before it leaves no archive.
         write_json(&disk, &dir.join(CONFIG_FILE), &config)?;
@@ -628,6 +641,7 @@ impl ArchiveStore {
                 catalog.next_container,
             )
         {
+            catalog.generation += 1;
             write_json(&disk, &dir.join(CATALOG_FILE), &catalog)?;
         }
         let staging = dir.join(STAGING_DIR);
@@ -652,7 +666,7 @@ impl ArchiveStore {
         cache.misses = catalog.cache_counters.misses;
         cache.evictions = catalog.cache_counters.evictions;
         cache.retain_containers(|c| container_batch.contains_key(&c));
-        Ok(ArchiveStore {
+        let store = ArchiveStore {
             dir: dir.to_path_buf(),
             disk,
             config,
@@ -668,7 +682,48 @@ impl ArchiveStore {
             progress: None,
             timings: SealTimings::default(),
             _lock,
-        })
+        };
+        // Copies a crash left behind or ahead of the committed catalog (or
+        // that a repair left out) are brought up to date.
+        let mut store = store;
+        store.refresh_catalog_copies()?;
+        Ok(store)
+    }
+
+    /// Whether a device in place lacks a copy of the committed catalog,
+    /// and the highest generation among the copies.
+    fn catalog_copies_stale(&self) -> Result<(bool, u64)> {
+        let committed = serde_json::to_value(&self.catalog).expect("serializable");
+        let mut stale = false;
+        let mut newest = 0;
+        for position in 0..self.config.devices.len() {
+            if self.missing_devices.contains(&position) {
+                continue;
+            }
+            let path = self.device_dir(position).join(CATALOG_FILE);
+            // A corrupt copy is a stale one.
+            match read_json::<serde_json::Value>(&self.disk, &path).unwrap_or(None) {
+                Some(copy) => {
+                    newest = newest.max(copy["generation"].as_u64().unwrap_or(0));
+                    stale |= copy != committed;
+                }
+                None => stale = true,
+            }
+        }
+        Ok((stale, newest))
+    }
+
+    /// Commits the catalog again, copies first, under a generation above
+    /// every copy's (a copy ahead of the commit, left by a call cut before
+    /// it, must never tie with the committed catalog for `assemble`).
+    /// Returns whether the copies were stale.
+    fn refresh_catalog_copies(&mut self) -> Result<bool> {
+        let (stale, newest) = self.catalog_copies_stale()?;
+        if stale {
+            self.catalog.generation = self.catalog.generation.max(newest);
+            self.save_catalog()?;
+        }
+        Ok(stale)
     }
 
     pub fn config(&self) -> &ArchiveConfig {
@@ -730,13 +785,42 @@ impl ArchiveStore {
         result
     }
 
+    /// Copies the catalog to every device in place (for `assemble`), then
+    /// commits it: the archive folder's copy is the commit, so a call that
+    /// fails before it leaves the object as it was (a copy ahead of the
+    /// commit is rewritten at the next open).
     fn save_catalog(&mut self) -> Result<()> {
         self.catalog.cache_counters = CacheCounters {
             hits: self.cache.hits,
             misses: self.cache.misses,
             evictions: self.cache.evictions,
         };
+        self.catalog.generation += 1;
+        self.write_catalog_copies()?;
         write_json(&self.disk, &self.dir.join(CATALOG_FILE), &self.catalog)
+    }
+
+    /// The catalog's copy on every device in place.
+    fn write_catalog_copies(&self) -> Result<()> {
+        for position in 0..self.config.devices.len() {
+            if !self.missing_devices.contains(&position) {
+                let path = self.device_dir(position).join(CATALOG_FILE);
+                write_json(&self.disk, &path, &self.catalog)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The devices that hold a copy of batch `batch`'s map: m + 1 of them,
+    /// rotated by the batch id, so that any m lost devices leave one.
+    fn map_copy_paths(&self, batch: u32) -> Vec<PathBuf> {
+        let n = self.config.devices.len();
+        (0..=self.config.m)
+            .map(|i| {
+                self.device_dir((batch as usize + i) % n)
+                    .join(map_name(batch))
+            })
+            .collect()
     }
 
     fn save_cache(&self) -> Result<()> {
@@ -1094,7 +1178,7 @@ impl ArchiveStore {
 
     /// Every data and parity file a batch has on the devices.
     fn batch_files(&self, map: &BatchMap) -> Vec<PathBuf> {
-        let mut files = Vec::new();
+        let mut files = self.map_copy_paths(map.batch);
         for c in &map.containers {
             for (j, s) in c.sub_files.iter().enumerate() {
                 files.push(

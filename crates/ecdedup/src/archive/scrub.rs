@@ -13,7 +13,10 @@
 //! scrub leaves each file old or new.
 
 use super::map::{BatchMap, BlockAddress};
-use super::{disk, parity_name, sub_file_name, write_marker, ArchiveStore, DEVICE_MARKER};
+use super::{
+    disk, parity_name, read_json, sub_file_name, write_json, write_marker, ArchiveConfig,
+    ArchiveStore, CATALOG_FILE, CONFIG_FILE, DEVICE_MARKER,
+};
 use crate::error::Result;
 use serde::Serialize;
 use std::collections::BTreeSet;
@@ -34,6 +37,9 @@ pub struct ScrubReport {
     pub orphan_files: u64,
     /// Sealed containers no object needs (reclaimed with repair).
     pub unreferenced_containers: u64,
+    /// Copies on the devices of the config, the catalog or a map that are
+    /// missing or differ (rewritten with repair).
+    pub bad_metadata_copies: u64,
 }
 
 impl ArchiveStore {
@@ -61,6 +67,7 @@ impl ArchiveStore {
                 .map(|(_, map)| map.containers.len() as u64)
                 .sum();
         }
+        self.check_metadata_copies(repair, &mut report)?;
         let block = self.config.block_bytes as usize;
         let batches: Vec<u32> = self.batches.keys().copied().collect();
         let phase = if repair { "scrub --repair" } else { "scrub" };
@@ -164,7 +171,9 @@ impl ArchiveStore {
             let dir = self.device_dir(position);
             for name in self.disk.list_files(&dir)?.unwrap_or_default() {
                 let path = dir.join(&name);
-                if name == DEVICE_MARKER || expected.contains(&path) {
+                if [DEVICE_MARKER, CONFIG_FILE, CATALOG_FILE].contains(&name.as_str())
+                    || expected.contains(&path)
+                {
                     continue;
                 }
                 report.orphan_files += 1;
@@ -177,6 +186,47 @@ impl ArchiveStore {
             }
         }
         Ok(report)
+    }
+
+    /// The copies on the devices in place: the config and the catalog on
+    /// each, each map on its m + 1; what is missing or differs is counted
+    /// and, with `repair`, written again.
+    fn check_metadata_copies(&mut self, repair: bool, report: &mut ScrubReport) -> Result<()> {
+        let present: Vec<usize> = (0..self.config.devices.len())
+            .filter(|p| !self.missing_devices.contains(p))
+            .collect();
+        for &position in &present {
+            let path = self.device_dir(position).join(CONFIG_FILE);
+            let copy: Option<ArchiveConfig> = read_json(&self.disk, &path).unwrap_or(None);
+            if copy.as_ref() != Some(&self.config) {
+                report.bad_metadata_copies += 1;
+                if repair {
+                    write_json(&self.disk, &path, &self.config)?;
+                }
+            }
+        }
+        let stale = if repair {
+            self.refresh_catalog_copies()?
+        } else {
+            self.catalog_copies_stale()?.0
+        };
+        report.bad_metadata_copies += stale as u64;
+        for map in self.batches.values() {
+            let encoded = map.encode();
+            for path in self.map_copy_paths(map.batch) {
+                let in_place = path.parent().is_some_and(|dir| self.disk.is_dir(dir));
+                if !in_place {
+                    continue;
+                }
+                if self.disk.read_all(&path)?.as_deref() != Some(&encoded[..]) {
+                    report.bad_metadata_copies += 1;
+                    if repair {
+                        self.disk.write_durable(&path, &encoded)?;
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Parity blocks checked and found wrong in group `g`, and the parity
