@@ -723,8 +723,12 @@ fn run_archive(
                 "{}",
                 serde_json::to_string_pretty(&report).expect("serializable")
             );
-            let damaged =
-                report.bad_blocks + report.bad_parity_blocks + report.unrecoverable_blocks;
+            // A missing copy of the folder's metadata is lost redundancy:
+            // damage that --repair fixes.
+            let damaged = report.bad_blocks
+                + report.bad_parity_blocks
+                + report.unrecoverable_blocks
+                + report.bad_metadata_copies;
             if report.unrecoverable_blocks > 0 {
                 return Err(Error::DataLoss(format!(
                     "{} blocks cannot be recovered",

@@ -206,3 +206,24 @@ fn the_fingerprint_backend_is_chosen_on_the_command_line() {
         assert_eq!(ls(&arc).as_array().unwrap().len(), 1);
     }
 }
+
+/// A missing copy of the folder's metadata on a device is damage to the
+/// command line: `scrub` fails and says to repair; `--repair` fixes it.
+#[test]
+fn scrub_fails_on_a_missing_metadata_copy_until_repaired() {
+    let tmp = tempfile::tempdir().unwrap();
+    let arc = tmp.path().join("archive");
+    create_archive(&arc);
+    let file = tmp.path().join("f");
+    std::fs::write(&file, pseudo_random(5, 7 * MIB as usize)).unwrap();
+    archive(&arc, &["put", file.to_str().unwrap()]).ok();
+    archive(&arc, &["seal"]).ok();
+    archive(&arc, &["scrub"]).ok();
+    std::fs::remove_file(arc.join("dev0").join("archive.json")).unwrap();
+    let found = archive(&arc, &["scrub"]).failed();
+    assert!(found.stderr.contains("--repair"), "{found}");
+    assert_eq!(found.json()["bad_metadata_copies"], 1, "{found}");
+    archive(&arc, &["scrub", "--repair"]).ok();
+    let clean = archive(&arc, &["scrub"]).ok();
+    assert_eq!(clean.json()["bad_metadata_copies"], 0, "{clean}");
+}
