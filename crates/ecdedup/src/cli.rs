@@ -666,10 +666,7 @@ fn run_archive(
             let store = open_archive(dir)?;
             let list = store.list();
             if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&list).expect("serializable")
-                );
+                print_json(&list);
             } else {
                 for o in list {
                     println!(
@@ -695,10 +692,7 @@ fn run_archive(
         ArchiveCommand::Seal => open_archive(dir)?.seal(),
         ArchiveCommand::Assemble { devices } => {
             let report = ArchiveStore::assemble(dir, &devices)?;
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&report).expect("serializable")
-            );
+            print_json(&report);
             if !report.objects_lost.is_empty() {
                 eprintln!(
                     "ecdedup: warning: {} objects had bytes in the lost folder's unsealed container and are gone: {:?}",
@@ -710,19 +704,13 @@ fn run_archive(
         }
         ArchiveCommand::Gc { live_below } => {
             let report = open_archive(dir)?.gc(live_below)?;
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&report).expect("serializable")
-            );
+            print_json(&report);
             Ok(())
         }
         ArchiveCommand::Scrub { repair } => {
             let mut store = open_archive(dir)?;
             let report = store.scrub(repair)?;
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&report).expect("serializable")
-            );
+            print_json(&report);
             // A missing copy of the folder's metadata is lost redundancy:
             // damage that --repair fixes.
             let damaged = report.bad_blocks
@@ -760,14 +748,20 @@ fn run_archive(
                     println!("ecdedup_archive_{key} {v}");
                 }
             } else {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&value).expect("serializable")
-                );
+                print_json(&value);
             }
             Ok(())
         }
     }
+}
+
+/// Prints `value` as pretty JSON on stdout (every `--json` output and
+/// report).
+fn print_json<T: serde::Serialize>(value: &T) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(value).expect("our types serialize")
+    );
 }
 
 fn open_archive(dir: &Path) -> Result<crate::archive::ArchiveStore> {
@@ -978,10 +972,7 @@ fn run(cli: Cli) -> Result<()> {
                 Err(e) => return Err(e),
             };
             if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&status).expect("serialises")
-                );
+                print_json(&status);
             } else {
                 print_status(&status);
             }
@@ -1008,10 +999,7 @@ fn run(cli: Cli) -> Result<()> {
             if prometheus {
                 print!("{}", stats.prometheus());
             } else {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&stats).expect("serialises")
-                );
+                print_json(&stats);
             }
             Ok(())
         }
@@ -1080,10 +1068,7 @@ fn run(cli: Cli) -> Result<()> {
                         .ok_or_else(|| Error::Other("the server's scrub left no report".into()))?
                 }
             };
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&report).expect("serialises")
-            );
+            print_json(&report);
             if report.unrecoverable_blocks > 0 {
                 return Err(Error::DataLoss(format!(
                     "{} blocks could not be repaired: more units of their rows are bad than the parity covers",

@@ -5,8 +5,7 @@
 //! preallocated array keeps its space through trims (zeroed in place), a
 //! sparse one gives it back (holes punched).
 
-use ecdedup::array::{self, Array, CreateOptions, WritePolicy};
-use ecdedup::dedup::DedupConfig;
+use ecdedup::array::{self, Array, CreateOptions};
 use ecdedup::media::IoMode;
 use ecdedup::volume::Volume;
 use rand::rngs::StdRng;
@@ -14,6 +13,8 @@ use rand::{Rng, SeedableRng};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::Arc;
+
+mod support;
 
 const VOLUME_BYTES: u64 = 8 << 20;
 
@@ -25,19 +26,9 @@ fn create(dir: &Path, io: IoMode, sparse: bool) {
 /// RS(4,2) over `devices`, a volume of [`VOLUME_BYTES`].
 fn options(devices: Vec<std::path::PathBuf>, io: IoMode, sparse: bool) -> CreateOptions {
     CreateOptions {
-        devices,
-        k: 4,
-        m: 2,
-        stripe_unit_bytes: 32 << 10,
-        volume_bytes: VOLUME_BYTES,
-        intent_region_bytes: 1 << 20,
-        dedup: DedupConfig::default(),
-        write_policy: WritePolicy::Rmw,
-        journal_bytes_max: array::JOURNAL_BYTES_DEFAULT,
         io,
         sparse,
-        force: false,
-        metadata: ecdedup::array::MetadataPlacement::Devices,
+        ..support::array_options(devices, VOLUME_BYTES)
     }
 }
 

@@ -15,6 +15,8 @@ use rand::{Rng, SeedableRng};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+mod support;
+
 const VOLUME_BYTES: u64 = 8 << 20;
 
 fn options(
@@ -24,23 +26,25 @@ fn options(
     metadata: MetadataPlacement,
 ) -> CreateOptions {
     CreateOptions {
-        devices,
-        k: 4,
-        m: 2,
-        stripe_unit_bytes: 32 << 10,
-        volume_bytes: VOLUME_BYTES,
-        intent_region_bytes: 1 << 20,
         dedup: DedupConfig {
             policy: dedup,
             ..DedupConfig::default()
         },
         write_policy: policy,
         journal_bytes_max: 4 << 20,
-        io: ecdedup::media::IoMode::Buffered,
-        sparse: true,
-        force: false,
         metadata,
+        ..support::array_options(devices, VOLUME_BYTES)
     }
+}
+
+/// A parix array with dedup of every block over six files `d0`..`d5` in
+/// `tmp`, its folder `tmp/array`: (its create options, folder).
+fn parix_dedup_array(tmp: &Path, metadata: MetadataPlacement) -> (CreateOptions, PathBuf) {
+    let paths: Vec<PathBuf> = (0..6).map(|i| tmp.join(format!("d{i}"))).collect();
+    let dir = tmp.join("array");
+    let opts = options(paths, WritePolicy::Parix, Policy::All, metadata);
+    array::create(&dir, &opts).unwrap();
+    (opts, dir)
 }
 
 /// Random writes (with duplicates, for dedup) and flushes; returns the model.
@@ -179,18 +183,8 @@ fn assemble_refuses_mixed_arrays_a_used_folder_and_format_1() {
 #[test]
 fn a_replaced_device_gets_a_fresh_area_and_the_array_survives_losing_the_others_copies() {
     let tmp = tempfile::tempdir().unwrap();
-    let paths: Vec<PathBuf> = (0..6).map(|i| tmp.path().join(format!("d{i}"))).collect();
-    let dir = tmp.path().join("array");
-    array::create(
-        &dir,
-        &options(
-            paths.clone(),
-            WritePolicy::Parix,
-            Policy::All,
-            MetadataPlacement::Devices,
-        ),
-    )
-    .unwrap();
+    let (opts, dir) = parix_dedup_array(tmp.path(), MetadataPlacement::Devices);
+    let paths = &opts.devices;
     let vol = Volume::new(Arc::new(Array::open(&dir, None).unwrap()));
     let mut model = fill(&vol, 11);
     vol.array().fail_device(0).unwrap();
@@ -220,18 +214,7 @@ fn a_replaced_device_gets_a_fresh_area_and_the_array_survives_losing_the_others_
 #[test]
 fn an_array_with_its_metadata_in_the_folder_keeps_it_there() {
     let tmp = tempfile::tempdir().unwrap();
-    let paths: Vec<PathBuf> = (0..6).map(|i| tmp.path().join(format!("d{i}"))).collect();
-    let dir = tmp.path().join("array");
-    array::create(
-        &dir,
-        &options(
-            paths,
-            WritePolicy::Parix,
-            Policy::All,
-            MetadataPlacement::Folder,
-        ),
-    )
-    .unwrap();
+    let (_, dir) = parix_dedup_array(tmp.path(), MetadataPlacement::Folder);
     let vol = Volume::new(Arc::new(Array::open(&dir, None).unwrap()));
     let model = fill(&vol, 3);
     vol.array().close().unwrap();
@@ -257,15 +240,8 @@ fn an_array_with_its_metadata_in_the_folder_keeps_it_there() {
 fn a_device_whose_metadata_area_is_corrupt_is_failed_and_rebuilt() {
     use std::os::unix::fs::FileExt;
     let tmp = tempfile::tempdir().unwrap();
-    let paths: Vec<PathBuf> = (0..6).map(|i| tmp.path().join(format!("d{i}"))).collect();
-    let dir = tmp.path().join("array");
-    let opts = options(
-        paths.clone(),
-        WritePolicy::Parix,
-        Policy::All,
-        MetadataPlacement::Devices,
-    );
-    array::create(&dir, &opts).unwrap();
+    let (opts, dir) = parix_dedup_array(tmp.path(), MetadataPlacement::Devices);
+    let paths = &opts.devices;
     let model = {
         let vol = Volume::new(Arc::new(Array::open(&dir, None).unwrap()));
         let model = fill(&vol, 5);

@@ -165,13 +165,7 @@ impl ArchiveStore {
         for name in &objects_lost {
             catalog.objects.remove(name);
         }
-        let newest = sealed
-            .iter()
-            .chain(catalog.pending.iter())
-            .chain(std::iter::once(&catalog.open_container))
-            .copied()
-            .max()
-            .unwrap_or(0);
+        let newest = catalog.newest_container(sealed.iter());
         // A fresh open container: the old one's bytes were in staging.
         catalog.open_container = catalog.next_container.max(newest + 1);
         catalog.next_container = catalog.open_container + 1;

@@ -267,6 +267,19 @@ struct Catalog {
     generation: u64,
 }
 
+impl Catalog {
+    /// The highest container id in `sealed`, the pending list or the open
+    /// container (0: none): ids above it are free.
+    fn newest_container<'a>(&self, sealed: impl Iterator<Item = &'a u32>) -> u32 {
+        sealed
+            .copied()
+            .chain(self.pending.iter().copied())
+            .chain(std::iter::once(self.open_container))
+            .max()
+            .unwrap_or(0)
+    }
+}
+
 /// Fingerprint-cache counters over the archive's life.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, Default, PartialEq, Eq)]
 struct CacheCounters {
@@ -617,13 +630,7 @@ impl ArchiveStore {
         catalog
             .pending
             .retain(|id| !container_batch.contains_key(id));
-        let newest = container_batch
-            .keys()
-            .chain(catalog.pending.iter())
-            .chain(std::iter::once(&catalog.open_container))
-            .copied()
-            .max()
-            .unwrap_or(0);
+        let newest = catalog.newest_container(container_batch.keys());
         catalog.next_container = catalog.next_container.max(newest + 1);
         if container_batch.contains_key(&catalog.open_container) {
             catalog.open_container = catalog.next_container;
@@ -666,7 +673,7 @@ impl ArchiveStore {
         cache.misses = catalog.cache_counters.misses;
         cache.evictions = catalog.cache_counters.evictions;
         cache.retain_containers(|c| container_batch.contains_key(&c));
-        let store = ArchiveStore {
+        let mut store = ArchiveStore {
             dir: dir.to_path_buf(),
             disk,
             config,
@@ -685,7 +692,6 @@ impl ArchiveStore {
         };
         // Copies a crash left behind or ahead of the committed catalog (or
         // that a repair left out) are brought up to date.
-        let mut store = store;
         store.refresh_catalog_copies()?;
         Ok(store)
     }

@@ -342,6 +342,27 @@ impl Drop for Background {
 // ---------------------------------------------------------------------------
 // Arrays and servers
 
+/// Library-level create options: RS(4,2) over `devices`, a 32 KiB stripe
+/// unit, 1 MiB intent regions, rmw without dedup, buffered I/O, sparse
+/// files, metadata on the devices; tests change fields with `..`.
+pub fn array_options(devices: Vec<PathBuf>, volume_bytes: u64) -> ecdedup::array::CreateOptions {
+    ecdedup::array::CreateOptions {
+        devices,
+        k: 4,
+        m: 2,
+        stripe_unit_bytes: 32 << 10,
+        volume_bytes,
+        intent_region_bytes: 1 << 20,
+        dedup: ecdedup::dedup::DedupConfig::default(),
+        write_policy: ecdedup::array::WritePolicy::Rmw,
+        journal_bytes_max: ecdedup::array::JOURNAL_BYTES_DEFAULT,
+        io: ecdedup::media::IoMode::Buffered,
+        sparse: true,
+        force: false,
+        metadata: ecdedup::array::MetadataPlacement::Devices,
+    }
+}
+
 static SERVER_COUNT: AtomicUsize = AtomicUsize::new(0);
 
 /// An array in its own temporary folder (removed on drop, after servers).
