@@ -12,6 +12,15 @@ import hashlib
 import sys
 
 
+def copied_before(seen, data):
+    """Whether `data` was seen before; remembers it."""
+    h = hashlib.md5(data).digest()
+    if h in seen:
+        return True
+    seen.add(h)
+    return False
+
+
 def main(paths):
     seen8, seen4 = set(), set()
     n8 = red8 = halves_both = n4 = red4 = 0
@@ -19,23 +28,12 @@ def main(paths):
         with open(path, "rb") as f:
             while block := f.read(8192):
                 n8 += 1
-                h = hashlib.md5(block).digest()
-                if h in seen8:
-                    red8 += 1
-                else:
-                    seen8.add(h)
-                both = True
-                for half in (block[:4096], block[4096:]):
-                    if not half:
-                        continue
-                    n4 += 1
-                    h = hashlib.md5(half).digest()
-                    if h in seen4:
-                        red4 += 1
-                    else:
-                        seen4.add(h)
-                        both = False
-                halves_both += both
+                red8 += copied_before(seen8, block)
+                halves = [h for h in (block[:4096], block[4096:]) if h]
+                copied = [copied_before(seen4, h) for h in halves]
+                n4 += len(halves)
+                red4 += sum(copied)
+                halves_both += all(copied)
     print(f"8 KiB blocks {n8}: {red8} ({red8 / n8:.1%}) with an earlier copy; "
           f"4 KiB halves {n4}: {red4} ({red4 / n4:.1%}) with an earlier copy; "
           f"8 KiB blocks whose both halves have one: {halves_both} ({halves_both / n8:.1%})")
