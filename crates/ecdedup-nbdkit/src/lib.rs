@@ -16,8 +16,8 @@
 //! `trace=FILE`, `fingerprint_backend=cpu|gpu|auto` (optional; the last
 //! overrides the array's configured fingerprint backend for this run).
 
-use ecdedup::array::Array;
-use ecdedup::volume::Volume;
+use ecdedup_core::array::Array;
+use ecdedup_core::volume::Volume;
 use nbdkit::*;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -29,7 +29,7 @@ static TRACE: Mutex<Option<String>> = Mutex::new(None);
 static FINGERPRINT_BACKEND: Mutex<Option<String>> = Mutex::new(None);
 static VOLUME: OnceLock<Arc<Volume>> = OnceLock::new();
 
-fn to_nbd(e: ecdedup::Error) -> Error {
+fn to_nbd(e: ecdedup_core::Error) -> Error {
     Error::new(e.errno(), e.to_string())
 }
 
@@ -77,11 +77,12 @@ impl Server for Handle {
         let dir = DIR.lock().unwrap().clone().ok_or_else(|| {
             Error::new(libc::EINVAL, "the dir=<ARRAY_FOLDER> parameter is required")
         })?;
-        let progress: ecdedup::array::ProgressFn = Arc::new(|what: &str, done: u64, total: u64| {
-            if done == total || done.is_multiple_of(4096) {
-                eprintln!("ecdedup: {what}: {done}/{total} stripes");
-            }
-        });
+        let progress: ecdedup_core::array::ProgressFn =
+            Arc::new(|what: &str, done: u64, total: u64| {
+                if done == total || done.is_multiple_of(4096) {
+                    eprintln!("ecdedup: {what}: {done}/{total} stripes");
+                }
+            });
         let backend = match FINGERPRINT_BACKEND.lock().unwrap().clone() {
             Some(name) => Some(name.parse().map_err(|e| {
                 Error::new(libc::EINVAL, format!("fingerprint_backend={name}: {e}"))
@@ -100,7 +101,7 @@ impl Server for Handle {
         let array = Arc::new(array);
         let volume = match TRACE.lock().unwrap().clone() {
             Some(path) => {
-                let rec = ecdedup::volume::TraceRecorder::create(std::path::Path::new(&path))
+                let rec = ecdedup_core::volume::TraceRecorder::create(std::path::Path::new(&path))
                     .map_err(to_nbd)?;
                 Volume::with_trace(array, rec)
             }
@@ -112,10 +113,10 @@ impl Server for Handle {
 
     fn after_fork() -> Result<()> {
         let vol = volume()?;
-        ecdedup::control::serve(Arc::clone(vol.array())).map_err(to_nbd)?;
+        ecdedup_core::control::serve(Arc::clone(vol.array())).map_err(to_nbd)?;
         vol.array().start_background_replay();
         if let Some(addr) = METRICS.lock().unwrap().clone() {
-            ecdedup::control::serve_metrics(Arc::clone(vol.array()), &addr).map_err(to_nbd)?;
+            ecdedup_core::control::serve_metrics(Arc::clone(vol.array()), &addr).map_err(to_nbd)?;
         }
         Ok(())
     }

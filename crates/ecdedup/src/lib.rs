@@ -1,27 +1,20 @@
-//! ecdedup: an erasure-coded, deduplicating block store for flash.
+//! ecdedup: an erasure-coded, deduplicating block store for flash; this
+//! crate is the `ecdedup` command ([`cli`]).
 //!
-//! The write path, top to bottom, is the module list below:
-//! NBD frontend (the `ecdedup-nbdkit` crate) → [`volume`] → [`array`]
-//! (stripes, parity, checksums, write intents) → [`media`] (files, block
-//! devices, fault-injecting test devices). [`codec`] does the GF(2^8)
-//! arithmetic through Intel ISA-L; [`counters`] is the evidence every layer
-//! leaves behind; [`control`] lets the CLI talk to a running server.
+//! The system's parts are crates: `ecdedup-core` (the engine: codec, media,
+//! array, dedup, fingerprinting, volume), `ecdedup-archive` (the archive
+//! tier), `ecdedup-lab` (the paper evaluations) and `ecdedup-nbdkit` (the
+//! NBD server plugin, which links only the engine). Their modules are
+//! re-exported here under the names they have always had, so that the
+//! command, the integration tests and the fuzz targets name one crate.
 
-pub mod archive;
-pub mod array;
+pub use ecdedup_archive as archive;
+pub use ecdedup_core::{
+    array, codec, control, counters, dedup, error, fingerprint, media, ssd, units, volume,
+};
+pub use ecdedup_core::{Error, Result};
+pub use ecdedup_lab::eval;
+
 pub mod cli;
-pub mod codec;
-pub mod control;
-pub mod counters;
-pub mod dedup;
-pub mod error;
-pub mod eval;
-pub mod fingerprint;
 #[doc(hidden)]
 pub mod fuzzing;
-pub mod media;
-pub mod ssd;
-pub mod units;
-pub mod volume;
-
-pub use error::{Error, Result};

@@ -66,7 +66,7 @@ pub fn plugin_path() -> PathBuf {
             let built = meta.modified().expect("mtime");
             let root = workspace_root();
             let mut newest: Option<(std::time::SystemTime, PathBuf)> = None;
-            for dir in ["crates/ecdedup/src", "crates/ecdedup-nbdkit/src"] {
+            for dir in ["crates/ecdedup-core/src", "crates/ecdedup-nbdkit/src"] {
                 newest_mtime(&root.join(dir), &mut newest);
             }
             if let Some((t, p)) = newest {
