@@ -5,6 +5,12 @@
 //! counters record which write path ran and every repair. All counters only
 //! grow; a snapshot is plain data that prints as JSON or Prometheus text.
 
+mod dedup;
+mod wear;
+
+pub use dedup::DedupStats;
+pub use wear::SsdWearStats;
+
 use serde::Serialize;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -199,11 +205,11 @@ pub struct Stats {
     /// The dedup layer of each device (null where the policy is none or
     /// the device is out of service).
     #[serde(default)]
-    pub dedup: Vec<Option<crate::dedup::DedupStats>>,
+    pub dedup: Vec<Option<DedupStats>>,
     /// The simulated SSD of each device (`create --ssd-sim`; absent when
     /// off, null where a device is out of service).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub ssd: Vec<Option<crate::ssd::SsdWearStats>>,
+    pub ssd: Vec<Option<SsdWearStats>>,
 }
 
 pub struct Counters {
@@ -310,7 +316,7 @@ impl Stats {
             }
         }
         for (name, samples) in families {
-            if let Some((kind, help)) = crate::dedup::DedupStats::prometheus_description(&name) {
+            if let Some((kind, help)) = DedupStats::prometheus_description(&name) {
                 let _ = writeln!(out, "# HELP ecdedup_dedup_{name} {help}, by device");
                 let _ = writeln!(out, "# TYPE ecdedup_dedup_{name} {kind}");
             }
@@ -345,7 +351,7 @@ impl Stats {
             if samples.is_empty() {
                 continue;
             }
-            if let Some((kind, help)) = crate::ssd::SsdWearStats::prometheus_description(name) {
+            if let Some((kind, help)) = SsdWearStats::prometheus_description(name) {
                 let _ = writeln!(out, "# HELP ecdedup_ssd_{name} {help}, by device");
                 let _ = writeln!(out, "# TYPE ecdedup_ssd_{name} {kind}");
             }

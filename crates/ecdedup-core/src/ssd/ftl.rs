@@ -46,7 +46,7 @@
 //! a geometry whose spare pages could leave GC without a victim (see
 //! `docs/ssd.md`, "Why GC always progresses").
 
-use super::index::{digest_hash, CrcTable, DigestIndex};
+use super::index::{digest_hash, prefetch, CrcTable, DigestIndex};
 use super::latency::{LatencyHistogram, LatencyModel};
 use crate::error::{Error, Result};
 use crate::fingerprint::{crc32c_prefilter, Algorithm};
@@ -507,26 +507,6 @@ struct Content {
 }
 
 const _: () = assert!(std::mem::size_of::<Content>() == 24);
-
-/// Hints the CPU to fetch `slice[i]` into cache (no effect elsewhere than
-/// x86-64, none on program state anywhere). Independent misses then
-/// overlap instead of stalling one after another.
-#[inline(always)]
-pub(crate) fn prefetch<T>(slice: &[T], i: usize) {
-    #[cfg(target_arch = "x86_64")]
-    if let Some(x) = slice.get(i) {
-        // SAFETY: a prefetch reads nothing the program observes and cannot
-        // fault; the address is of a live element; SSE is part of the
-        // x86-64 baseline.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                x as *const T as *const i8,
-            )
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (slice, i);
-}
 
 #[derive(Clone, Copy, Debug)]
 struct Frontier {

@@ -25,6 +25,7 @@ pub mod nbd;
 pub mod parity_dedup;
 pub mod proc;
 pub mod report;
+pub mod results;
 pub mod svg;
 
 use ecdedup_core::error::Result;

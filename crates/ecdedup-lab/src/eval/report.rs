@@ -6,23 +6,12 @@
 //! Where the paper gives none (other chunk sizes, absolute times), the
 //! report says "not given".
 
-use super::parity_dedup::{Mode, Results, RunResult};
+use super::results::{Mode, Results, RunResult};
 use ecdedup_core::dedup::Policy;
 use ecdedup_core::units::format_size;
-use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct PaperFigure {
-    /// throughput_relative | parity_write_reduction | index_dram_share |
-    /// index_dram_vs_data_dedup | decode_1_failed_extra | decode_2_failed_extra
-    pub metric: String,
-    pub policy: Policy,
-    /// The RAID chunk size it was measured at; None: stated for both.
-    pub chunk_bytes: Option<u64>,
-    pub value: f64,
-    pub quote: String,
-}
+pub use super::results::PaperFigure;
 
 const Q_THROUGHPUT: &str = "Compared to RAID-6, RAID-6 using data deduplication shows 75% and 89% of the write performance when the chunk size is 32KB and 1024KB, respectively. But the proposed parity deduplication method shows 95% and 96% of the write performance in the same environment. (Sect. 4.2, Fig. 5)";
 const Q_PARITY: &str = "In terms of the number of write operations to the parity disk, for the same chunk sizes, RAID-6 using data deduplication shows 8% and 13% fewer write operations, respectively, than RAID-6, whereas the proposed method shows 22% and 19% fewer write operations than RAID-6. (Sect. 4.2, Fig. 6)";
@@ -182,7 +171,7 @@ pub fn summarize(runs: &[RunResult]) -> Vec<RunResult> {
         s.write_mib_per_s = s.workload_bytes as f64 / (1 << 20) as f64 / s.write_seconds.max(1e-9);
         s.decode_rounds = same.iter().filter_map(|x| x.decode.clone()).collect();
         if let Some(d) = s.decode.as_mut() {
-            let pick = |f: fn(&super::parity_dedup::DecodeResult) -> f64| {
+            let pick = |f: fn(&super::results::DecodeResult) -> f64| {
                 median(&s.decode_rounds.iter().map(f).collect::<Vec<_>>())
             };
             d.healthy_seconds = pick(|d| d.healthy_seconds);
@@ -209,7 +198,7 @@ fn run_of(r: &Results, mode: Mode, chunk: u64, policy: Policy) -> Option<&RunRes
 }
 
 fn human(b: u64) -> String {
-    super::parity_dedup::format_size_approx(b)
+    super::results::format_size_approx(b)
 }
 
 fn modes(r: &Results) -> Vec<Mode> {
@@ -384,7 +373,7 @@ fn summary_table(s: &mut String, r: &Results) {
                             / run.workload_bytes.max(1) as f64
                     )
                 });
-                let dec = |f: fn(&super::parity_dedup::DecodeResult) -> f64| {
+                let dec = |f: fn(&super::results::DecodeResult) -> f64| {
                     let d = run.decode.as_ref()?;
                     let b = base?.decode.as_ref()?;
                     if p == Policy::None {

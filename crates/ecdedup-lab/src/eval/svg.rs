@@ -5,8 +5,8 @@
 //! plotters (even with only its SVG backend) adds several crates and minutes
 //! of compile time on a 2-core machine for no gain here.
 
-use super::parity_dedup::{Mode, Results, RunResult};
 use super::report::{baseline, config_name, paper};
+use super::results::{Mode, Results, RunResult};
 use ecdedup_core::dedup::Policy;
 use ecdedup_core::units::format_size;
 use std::fmt::Write as _;
@@ -263,7 +263,7 @@ pub fn plot(r: &Results) -> String {
                 let mut vals = [None; 3];
                 let mut pap = [None; 3];
                 for (i, pol) in POLICIES.iter().enumerate() {
-                    let pick = |d: &super::parity_dedup::DecodeResult| {
+                    let pick = |d: &super::results::DecodeResult| {
                         if failed == 1 {
                             d.one_failed_seconds
                         } else {
@@ -301,7 +301,7 @@ pub fn plot(r: &Results) -> String {
         w / 2.0,
         r.k,
         r.m,
-        esc(&super::parity_dedup::format_size_approx(r.workload.bytes))
+        esc(&super::results::format_size_approx(r.workload.bytes))
     );
     // Legend.
     let mut lx = 400.0;
