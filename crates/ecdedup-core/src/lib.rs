@@ -22,6 +22,7 @@ pub mod dedup;
 pub mod error;
 pub mod fingerprint;
 pub mod media;
+pub mod proto;
 pub mod ssd;
 pub mod units;
 pub mod volume;

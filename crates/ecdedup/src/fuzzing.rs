@@ -406,3 +406,42 @@ pub fn archive_map(data: &[u8]) {
         assert_eq!(BatchMap::decode(&map.encode(), "again").ok(), Some(map));
     }
 }
+
+/// A byte stream from a peer of the data protocol (`proto/frame.rs`):
+/// frames read one after another until the stream ends or a frame is
+/// refused; each accepted header must encode back to the bytes it came
+/// from. Then the same with the first header's magic, version and CRC
+/// made valid, so that the checks behind the CRC run.
+pub fn frame(data: &[u8]) {
+    use crate::proto::frame::{read_frame, Header, HEADER_BYTES, MAGIC, VERSION};
+    fn stream(data: &[u8]) {
+        let mut r = data;
+        let mut payload = Vec::new();
+        let mut at = 0;
+        while let Ok(Some(h)) = read_frame(&mut r, &mut payload) {
+            assert_eq!(&h.encode()[..], &data[at..at + HEADER_BYTES]);
+            at += HEADER_BYTES + payload.len();
+        }
+    }
+    stream(data);
+    let mut b = data.to_vec();
+    if b.len() >= HEADER_BYTES {
+        b[..4].copy_from_slice(&MAGIC);
+        b[4] = VERSION;
+        seal(&mut b, 0..60, 60);
+        if let Ok(h) = Header::decode(b[..HEADER_BYTES].try_into().expect("64 bytes")) {
+            // Seal the payload too where the stream holds it whole.
+            let end = HEADER_BYTES + h.payload_bytes as usize;
+            if let Some(payload) = b.get(HEADER_BYTES..end) {
+                let crc = if payload.is_empty() {
+                    0
+                } else {
+                    crc32c::crc32c(payload)
+                };
+                b[56..60].copy_from_slice(&crc.to_le_bytes());
+                seal(&mut b, 0..60, 60);
+            }
+        }
+        stream(&b);
+    }
+}

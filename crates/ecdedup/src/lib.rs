@@ -10,7 +10,7 @@
 
 pub use ecdedup_archive as archive;
 pub use ecdedup_core::{
-    array, codec, control, counters, dedup, error, fingerprint, media, ssd, units, volume,
+    array, codec, control, counters, dedup, error, fingerprint, media, proto, ssd, units, volume,
 };
 pub use ecdedup_core::{Error, Result};
 pub use ecdedup_lab::eval;

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 type Target = (&'static str, fn(&[u8]));
 
 /// Every fuzz target, by the name of its folders and of its binary.
-const TARGETS: [Target; 10] = [
+const TARGETS: [Target; 11] = [
     ("superblock", fuzzing::superblock),
     ("meta_area", fuzzing::meta_area),
     ("intent_map", fuzzing::intent_map),
@@ -23,6 +23,7 @@ const TARGETS: [Target; 10] = [
     ("dedup_snapshot", fuzzing::dedup_snapshot),
     ("trace", fuzzing::trace),
     ("archive_map", fuzzing::archive_map),
+    ("frame", fuzzing::frame),
 ];
 
 fn fuzz_dir() -> PathBuf {
@@ -107,6 +108,7 @@ mod seeds {
     use ecdedup::media::storage::read_all;
     use ecdedup::media::OsStorage;
     use ecdedup::media::{IoMode, PowerLossStorage, Storage};
+    use ecdedup::proto::frame::{write_frame, Header, Op, Status, FLAG_FUA};
     use ecdedup::ssd::trace::{write_ecdedup_line, TraceOp, TraceRequest};
     use std::path::Path;
     use std::sync::Arc;
@@ -125,6 +127,7 @@ mod seeds {
             ("dedup_snapshot", dedup_snapshot()),
             ("trace", trace()),
             ("archive_map", archive_map()),
+            ("frame", frame()),
         ]
     }
 
@@ -399,5 +402,22 @@ mod seeds {
         let first = map.map(|e| e.unwrap().path()).min().unwrap();
         files.push(("batch-compact-cdc", std::fs::read(first).unwrap()));
         files
+    }
+
+    fn frame() -> Files {
+        let mut write = Header::request(Op::Write, 1, b"four kib of data, shortened");
+        write.volume_id = 7;
+        write.epoch = 3;
+        write.flags = FLAG_FUA;
+        write.offset = 4096;
+        let mut stream = Vec::new();
+        write_frame(&mut stream, &write, b"four kib of data, shortened");
+        let reply = write.reply(Status::EpochTooOld, &[]);
+        write_frame(&mut stream, &reply, &[]);
+        let mut read = Vec::new();
+        let mut h = Header::request(Op::Read, 2, &[]);
+        h.length = 4096;
+        write_frame(&mut read, &h, &[]);
+        vec![("write-and-reply", stream), ("read", read)]
     }
 }

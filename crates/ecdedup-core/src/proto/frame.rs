@@ -1,0 +1,551 @@
+//! One message of the data protocol: a 64-byte header, then
+//! `payload_bytes` bytes of payload (docs/cluster.md, "The data protocol's
+//! frame", draws the header byte by byte).
+//!
+//! The header is fixed-size and little-endian so that a reader needs no
+//! parser state: read 64 bytes, [`Header::decode`] them (magic, version,
+//! flags, op, status, payload bound, header CRC, in that order), read the
+//! payload the header announces, [`Header::check_payload`] it. Both CRCs
+//! are CRC32C (the checksum the store already uses for every block), so a
+//! flipped bit on the wire or a peer that lost its framing is an error,
+//! never a request acted on.
+
+use std::fmt;
+use std::io::Read;
+
+/// Bytes of every header.
+pub const HEADER_BYTES: usize = 64;
+/// The first four bytes of every frame.
+pub const MAGIC: [u8; 4] = *b"ECDF";
+/// The protocol version this code speaks.
+pub const VERSION: u8 = 1;
+/// The largest payload a frame may carry: a 4 MiB stripe unit (the largest
+/// the array allows) plus room for its per-block checksums. A header that
+/// announces more is refused before anything is allocated for it.
+pub const PAYLOAD_BYTES_MAX: u32 = (4 << 20) + (64 << 10);
+
+/// Flag: the write is durable before its reply (NBD's FUA).
+pub const FLAG_FUA: u16 = 1 << 0;
+/// Flag: this frame is a reply to the request with the same `request_id`.
+pub const FLAG_REPLY: u16 = 1 << 1;
+/// Every flag this version knows; any other bit set is an error.
+pub const FLAGS_KNOWN: u16 = FLAG_FUA | FLAG_REPLY;
+
+/// What a frame asks for (a request) or answers (with [`FLAG_REPLY`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Op {
+    /// The handshake: proves the cluster key and names the sender.
+    Hello = 1,
+    /// Read `length` bytes of a chunk at `offset` (checked against the
+    /// stored checksums by the chunk server).
+    Read = 2,
+    /// Write the payload into a chunk at `offset` (data or parity).
+    Write = 3,
+    /// Append the payload to a parity log (plog, parix's d(r)).
+    LogAppend = 4,
+    /// A parity server's answer to a parix append it cannot apply: it lacks
+    /// d(0), which the data server then supplies.
+    NeedD0 = 5,
+    /// Replay (or seal) a parity log into the parity it covers.
+    Replay = 6,
+    /// Make every acknowledged write of the volume durable.
+    Flush = 7,
+    /// A new writer's epoch for the volume, pushed before it writes.
+    SetEpoch = 8,
+    /// Read the checksums of a range (to check a decode).
+    ReadChecksums = 9,
+}
+
+impl Op {
+    /// Every op, in code order.
+    pub const ALL: [Op; 9] = [
+        Op::Hello,
+        Op::Read,
+        Op::Write,
+        Op::LogAppend,
+        Op::NeedD0,
+        Op::Replay,
+        Op::Flush,
+        Op::SetEpoch,
+        Op::ReadChecksums,
+    ];
+
+    fn from_code(code: u8) -> Option<Op> {
+        Op::ALL.into_iter().find(|op| *op as u8 == code)
+    }
+}
+
+/// The outcome a reply carries (0 in every request).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum Status {
+    Ok = 0,
+    /// The frame's writer epoch is lower than the highest the chunk server
+    /// has seen for the volume: a newer writer took the volume over.
+    EpochTooOld = 1,
+    /// The frame's placement-group epoch is older than the server's.
+    PgEpochTooOld = 2,
+    /// The chunk server does not hold that placement group.
+    NotHere = 3,
+    /// A medium error, or a checksum the data failed: the data is not
+    /// returned.
+    Io = 4,
+    /// The device is full.
+    NoSpace = 5,
+    /// A request the server refused as malformed (out of range, bad
+    /// length).
+    Invalid = 6,
+}
+
+impl Status {
+    /// Every status, in code order.
+    pub const ALL: [Status; 7] = [
+        Status::Ok,
+        Status::EpochTooOld,
+        Status::PgEpochTooOld,
+        Status::NotHere,
+        Status::Io,
+        Status::NoSpace,
+        Status::Invalid,
+    ];
+
+    fn from_code(code: u32) -> Option<Status> {
+        Status::ALL.into_iter().find(|s| *s as u32 == code)
+    }
+}
+
+/// Why a frame was refused. Each one closes the connection it came on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FrameError {
+    /// The stream ended inside a frame (after `got` of `want` bytes).
+    Truncated {
+        want: usize,
+        got: usize,
+    },
+    BadMagic([u8; 4]),
+    UnsupportedVersion(u8),
+    UnknownFlags(u16),
+    UnknownOp(u8),
+    UnknownStatus(u32),
+    /// A request with a non-zero status.
+    StatusInRequest(u32),
+    PayloadTooLarge(u32),
+    HeaderChecksum {
+        stored: u32,
+        computed: u32,
+    },
+    PayloadChecksum {
+        stored: u32,
+        computed: u32,
+    },
+    /// The payload handed to [`Header::check_payload`] is not the length
+    /// the header announced.
+    PayloadLength {
+        announced: u32,
+        got: usize,
+    },
+    /// The stream failed (not a protocol error).
+    Io(std::io::ErrorKind),
+}
+
+impl fmt::Display for FrameError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FrameError::Truncated { want, got } => {
+                write!(f, "stream ended inside a frame ({got} of {want} bytes)")
+            }
+            FrameError::BadMagic(m) => write!(f, "bad magic {m:02x?} (not an ecdedup peer?)"),
+            FrameError::UnsupportedVersion(v) => {
+                write!(f, "protocol version {v} (this server speaks {VERSION})")
+            }
+            FrameError::UnknownFlags(x) => write!(f, "unknown flags {x:#06x}"),
+            FrameError::UnknownOp(op) => write!(f, "unknown op {op}"),
+            FrameError::UnknownStatus(s) => write!(f, "unknown status {s}"),
+            FrameError::StatusInRequest(s) => write!(f, "a request with status {s}"),
+            FrameError::PayloadTooLarge(n) => {
+                write!(f, "payload of {n} bytes (at most {PAYLOAD_BYTES_MAX})")
+            }
+            FrameError::HeaderChecksum { stored, computed } => write!(
+                f,
+                "header checksum mismatch (stored {stored:#010x}, computed {computed:#010x})"
+            ),
+            FrameError::PayloadChecksum { stored, computed } => write!(
+                f,
+                "payload checksum mismatch (stored {stored:#010x}, computed {computed:#010x})"
+            ),
+            FrameError::PayloadLength { announced, got } => {
+                write!(
+                    f,
+                    "payload of {got} bytes where the header announced {announced}"
+                )
+            }
+            FrameError::Io(kind) => write!(f, "connection: {kind}"),
+        }
+    }
+}
+
+impl std::error::Error for FrameError {}
+
+/// A frame's header, decoded and checked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    pub op: Op,
+    /// [`FLAG_FUA`], [`FLAG_REPLY`].
+    pub flags: u16,
+    /// Chosen by the sender of a request, echoed by its reply.
+    pub request_id: u64,
+    pub volume_id: u64,
+    /// The writer's epoch of the volume.
+    pub epoch: u64,
+    /// The placement group.
+    pub pg: u32,
+    pub status: Status,
+    /// Byte offset in the chunk.
+    pub offset: u64,
+    /// Bytes the operation covers (a read's length; a write's equals its
+    /// payload's).
+    pub length: u32,
+    pub payload_bytes: u32,
+    pub payload_crc32c: u32,
+}
+
+impl Header {
+    /// A request header for `payload` (its length and CRC filled in).
+    pub fn request(op: Op, request_id: u64, payload: &[u8]) -> Header {
+        Header {
+            op,
+            flags: 0,
+            request_id,
+            volume_id: 0,
+            epoch: 0,
+            pg: 0,
+            status: Status::Ok,
+            offset: 0,
+            length: payload.len() as u32,
+            payload_bytes: payload.len() as u32,
+            payload_crc32c: payload_crc(payload),
+        }
+    }
+
+    /// The reply to this request, with `status` and `payload`.
+    pub fn reply(&self, status: Status, payload: &[u8]) -> Header {
+        Header {
+            flags: (self.flags & !FLAG_FUA) | FLAG_REPLY,
+            status,
+            payload_bytes: payload.len() as u32,
+            payload_crc32c: payload_crc(payload),
+            ..*self
+        }
+    }
+
+    pub fn is_reply(&self) -> bool {
+        self.flags & FLAG_REPLY != 0
+    }
+
+    /// The 64 bytes on the wire.
+    pub fn encode(&self) -> [u8; HEADER_BYTES] {
+        assert!(
+            self.payload_bytes <= PAYLOAD_BYTES_MAX,
+            "payload over the frame bound"
+        );
+        assert_eq!(self.flags & !FLAGS_KNOWN, 0, "unknown flags");
+        let mut b = [0u8; HEADER_BYTES];
+        b[0..4].copy_from_slice(&MAGIC);
+        b[4] = VERSION;
+        b[5] = self.op as u8;
+        b[6..8].copy_from_slice(&self.flags.to_le_bytes());
+        b[8..16].copy_from_slice(&self.request_id.to_le_bytes());
+        b[16..24].copy_from_slice(&self.volume_id.to_le_bytes());
+        b[24..32].copy_from_slice(&self.epoch.to_le_bytes());
+        b[32..36].copy_from_slice(&self.pg.to_le_bytes());
+        b[36..40].copy_from_slice(&(self.status as u32).to_le_bytes());
+        b[40..48].copy_from_slice(&self.offset.to_le_bytes());
+        b[48..52].copy_from_slice(&self.length.to_le_bytes());
+        b[52..56].copy_from_slice(&self.payload_bytes.to_le_bytes());
+        b[56..60].copy_from_slice(&self.payload_crc32c.to_le_bytes());
+        let crc = crc32c::crc32c(&b[..60]);
+        b[60..64].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    /// Checks and decodes 64 bytes from a peer.
+    pub fn decode(b: &[u8; HEADER_BYTES]) -> Result<Header, FrameError> {
+        let u16_at = |at: usize| u16::from_le_bytes([b[at], b[at + 1]]);
+        let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"));
+        let u64_at = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"));
+        let magic: [u8; 4] = b[0..4].try_into().expect("4 bytes");
+        if magic != MAGIC {
+            return Err(FrameError::BadMagic(magic));
+        }
+        if b[4] != VERSION {
+            return Err(FrameError::UnsupportedVersion(b[4]));
+        }
+        let stored = u32_at(60);
+        let computed = crc32c::crc32c(&b[..60]);
+        if stored != computed {
+            return Err(FrameError::HeaderChecksum { stored, computed });
+        }
+        let flags = u16_at(6);
+        if flags & !FLAGS_KNOWN != 0 {
+            return Err(FrameError::UnknownFlags(flags));
+        }
+        let op = Op::from_code(b[5]).ok_or(FrameError::UnknownOp(b[5]))?;
+        let status_code = u32_at(36);
+        let status =
+            Status::from_code(status_code).ok_or(FrameError::UnknownStatus(status_code))?;
+        if flags & FLAG_REPLY == 0 && status != Status::Ok {
+            return Err(FrameError::StatusInRequest(status_code));
+        }
+        let payload_bytes = u32_at(52);
+        if payload_bytes > PAYLOAD_BYTES_MAX {
+            return Err(FrameError::PayloadTooLarge(payload_bytes));
+        }
+        Ok(Header {
+            op,
+            flags,
+            request_id: u64_at(8),
+            volume_id: u64_at(16),
+            epoch: u64_at(24),
+            pg: u32_at(32),
+            status,
+            offset: u64_at(40),
+            length: u32_at(48),
+            payload_bytes,
+            payload_crc32c: u32_at(56),
+        })
+    }
+
+    /// Checks that `payload` is the one this header announced.
+    pub fn check_payload(&self, payload: &[u8]) -> Result<(), FrameError> {
+        if payload.len() != self.payload_bytes as usize {
+            return Err(FrameError::PayloadLength {
+                announced: self.payload_bytes,
+                got: payload.len(),
+            });
+        }
+        let computed = payload_crc(payload);
+        if computed != self.payload_crc32c {
+            return Err(FrameError::PayloadChecksum {
+                stored: self.payload_crc32c,
+                computed,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The CRC of a payload; 0 for none.
+fn payload_crc(payload: &[u8]) -> u32 {
+    if payload.is_empty() {
+        0
+    } else {
+        crc32c::crc32c(payload)
+    }
+}
+
+/// Fills `buf` from `r`; `Truncated` when the stream ends first.
+fn read_exact_or_truncated(r: &mut impl Read, buf: &mut [u8]) -> Result<(), FrameError> {
+    let mut got = 0;
+    while got < buf.len() {
+        match r.read(&mut buf[got..]) {
+            Ok(0) => {
+                return Err(FrameError::Truncated {
+                    want: buf.len(),
+                    got,
+                })
+            }
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(FrameError::Io(e.kind())),
+        }
+    }
+    Ok(())
+}
+
+/// Reads one whole frame from a stream: its header, checked, then its
+/// payload into `payload` (resized to the announced length, which the
+/// header check bounds), checked. `Ok(None)` at a clean end of stream
+/// (no byte of a next frame).
+pub fn read_frame(r: &mut impl Read, payload: &mut Vec<u8>) -> Result<Option<Header>, FrameError> {
+    let mut b = [0u8; HEADER_BYTES];
+    match read_exact_or_truncated(r, &mut b) {
+        Err(FrameError::Truncated { got: 0, .. }) => return Ok(None),
+        other => other?,
+    }
+    let header = Header::decode(&b)?;
+    payload.clear();
+    payload.resize(header.payload_bytes as usize, 0);
+    read_exact_or_truncated(r, payload)?;
+    header.check_payload(payload)?;
+    Ok(Some(header))
+}
+
+/// Appends one frame (header and payload) to `out`.
+pub fn write_frame(out: &mut Vec<u8>, header: &Header, payload: &[u8]) {
+    debug_assert_eq!(payload.len(), header.payload_bytes as usize);
+    out.extend_from_slice(&header.encode());
+    out.extend_from_slice(payload);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn arb_header() -> impl Strategy<Value = (Header, Vec<u8>)> {
+        (
+            0..Op::ALL.len(),
+            any::<bool>(),
+            any::<bool>(),
+            0..Status::ALL.len(),
+            any::<[u64; 4]>(),
+            any::<u32>(),
+            any::<u32>(),
+            proptest::collection::vec(any::<u8>(), 0..300),
+        )
+            .prop_map(|(op, fua, reply, status, w, pg, length, payload)| {
+                let mut h = Header::request(Op::ALL[op], w[0], &payload);
+                h.volume_id = w[1];
+                h.epoch = w[2];
+                h.offset = w[3];
+                h.pg = pg;
+                h.length = length;
+                h.flags = if fua { FLAG_FUA } else { 0 };
+                if reply {
+                    h = h.reply(Status::ALL[status], &payload);
+                }
+                (h, payload)
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn every_header_decodes_to_itself((h, payload) in arb_header()) {
+            let b = h.encode();
+            prop_assert_eq!(Header::decode(&b), Ok(h));
+            let mut wire = Vec::new();
+            write_frame(&mut wire, &h, &payload);
+            let mut got = Vec::new();
+            let mut r = &wire[..];
+            prop_assert_eq!(read_frame(&mut r, &mut got), Ok(Some(h)));
+            prop_assert_eq!(&got, &payload);
+            prop_assert_eq!(read_frame(&mut r, &mut got), Ok(None));
+        }
+
+        #[test]
+        fn every_flipped_header_bit_is_refused((h, _) in arb_header(), bit in 0..HEADER_BYTES * 8) {
+            let mut b = h.encode();
+            b[bit / 8] ^= 1 << (bit % 8);
+            prop_assert!(Header::decode(&b).is_err());
+        }
+
+        #[test]
+        fn every_flipped_payload_bit_is_refused((h, payload) in arb_header(), bit in any::<usize>()) {
+            prop_assume!(!payload.is_empty());
+            let mut wire = Vec::new();
+            write_frame(&mut wire, &h, &payload);
+            let at = HEADER_BYTES + (bit / 8) % payload.len();
+            wire[at] ^= 1 << (bit % 8);
+            let r = read_frame(&mut &wire[..], &mut Vec::new());
+            prop_assert!(matches!(r, Err(FrameError::PayloadChecksum { .. })), "{:?}", r);
+        }
+
+        #[test]
+        fn a_stream_cut_anywhere_inside_a_frame_is_truncated((h, payload) in arb_header(), cut in any::<usize>()) {
+            let mut wire = Vec::new();
+            write_frame(&mut wire, &h, &payload);
+            let cut = 1 + cut % (wire.len() - 1);
+            let r = read_frame(&mut &wire[..cut], &mut Vec::new());
+            prop_assert!(matches!(r, Err(FrameError::Truncated { .. })), "{:?}", r);
+        }
+    }
+
+    /// A header with valid checksums but `edit` applied to its bytes.
+    fn resealed(edit: impl FnOnce(&mut [u8; HEADER_BYTES])) -> [u8; HEADER_BYTES] {
+        let mut b = Header::request(Op::Write, 7, b"abc").encode();
+        edit(&mut b);
+        let crc = crc32c::crc32c(&b[..60]);
+        b[60..64].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    #[test]
+    fn an_oversized_payload_is_refused_before_anything_is_allocated() {
+        let b = resealed(|b| b[52..56].copy_from_slice(&u32::MAX.to_le_bytes()));
+        assert_eq!(
+            Header::decode(&b),
+            Err(FrameError::PayloadTooLarge(u32::MAX))
+        );
+        // Through the stream reader too: the 4 GiB announced is never read.
+        let mut buf = Vec::new();
+        assert_eq!(
+            read_frame(&mut &b[..], &mut buf),
+            Err(FrameError::PayloadTooLarge(u32::MAX))
+        );
+        assert_eq!(buf.capacity(), 0);
+    }
+
+    #[test]
+    fn unknown_ops_flags_statuses_and_versions_are_refused_by_name() {
+        assert_eq!(
+            Header::decode(&resealed(|b| b[5] = 200)),
+            Err(FrameError::UnknownOp(200))
+        );
+        assert_eq!(
+            Header::decode(&resealed(|b| b[6] = 0x80)),
+            Err(FrameError::UnknownFlags(0x80))
+        );
+        assert_eq!(
+            Header::decode(&resealed(|b| {
+                b[6] = FLAG_REPLY as u8;
+                b[36] = 99
+            })),
+            Err(FrameError::UnknownStatus(99))
+        );
+        assert_eq!(
+            Header::decode(&resealed(|b| b[36] = 1)),
+            Err(FrameError::StatusInRequest(1))
+        );
+        assert_eq!(
+            Header::decode(&resealed(|b| b[4] = 2)),
+            Err(FrameError::UnsupportedVersion(2))
+        );
+        let mut http = [0u8; HEADER_BYTES];
+        http[..4].copy_from_slice(b"GET ");
+        assert_eq!(Header::decode(&http), Err(FrameError::BadMagic(*b"GET ")));
+    }
+
+    #[test]
+    fn a_reply_echoes_the_request_and_carries_its_status() {
+        let mut req = Header::request(Op::Write, 41, b"data");
+        req.volume_id = 3;
+        req.epoch = 17;
+        req.flags = FLAG_FUA;
+        let rep = req.reply(Status::EpochTooOld, &[]);
+        assert!(rep.is_reply());
+        assert_eq!((rep.request_id, rep.volume_id, rep.epoch), (41, 3, 17));
+        assert_eq!(rep.status, Status::EpochTooOld);
+        assert_eq!(Header::decode(&rep.encode()), Ok(rep));
+    }
+
+    #[test]
+    fn the_header_layout_is_the_documented_one() {
+        let mut h = Header::request(Op::Read, 0x0102030405060708, &[]);
+        h.volume_id = 9;
+        h.epoch = 10;
+        h.pg = 11;
+        h.offset = 12;
+        h.length = 13;
+        let b = h.encode();
+        assert_eq!(&b[0..4], b"ECDF");
+        assert_eq!(b[4], 1);
+        assert_eq!(b[5], Op::Read as u8);
+        assert_eq!(b[8], 0x08);
+        assert_eq!(b[16], 9);
+        assert_eq!(b[24], 10);
+        assert_eq!(b[32], 11);
+        assert_eq!(b[40], 12);
+        assert_eq!(b[48], 13);
+    }
+}
