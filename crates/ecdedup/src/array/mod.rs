@@ -679,6 +679,11 @@ pub fn format_in(
         };
         dev.write_at(&sb.encode(), Superblock::slot_offset(1))
             .map_err(io)?;
+        // The other slot written too (zeroes, no superblock): a sparse
+        // file then holds both, so a later superblock cannot meet a full
+        // file system.
+        dev.write_at(&[0u8; SUPERBLOCK_BYTES as usize], Superblock::slot_offset(0))
+            .map_err(io)?;
         dev.sync().map_err(io)?;
     }
     // With a metadata area on each device, everything below goes there.
@@ -1474,6 +1479,7 @@ impl Array {
 
     fn persist_locked(&self, cfg: &mut ConfigState) -> Result<()> {
         let latched = self.failures_latched.load(SeqCst);
+        let mut space = None;
         for _attempt in 0..=self.members.len() {
             cfg.generation += 1;
             let states: Vec<MemberState> = (0..self.members.len())
@@ -1503,6 +1509,13 @@ impl Array {
                         self.counters.devices[d].write(IoClass::Metadata, bytes.len());
                         self.counters.devices[d].sync();
                     }
+                    // A full file system under a sparse device file: the
+                    // device keeps its older superblock (the other slot) and
+                    // stays in service; the caller gets ENOSPC.
+                    Err(e) if Self::is_space_error(&e) => {
+                        self.counters.devices[d].error();
+                        space.get_or_insert(e);
+                    }
                     Err(e) => {
                         self.counters.devices[d].error();
                         self.set_failed(d);
@@ -1524,6 +1537,12 @@ impl Array {
                 self.geo.k,
                 self.geo.m,
                 self.geo.m
+            )));
+        }
+        if let Some(e) = space {
+            return Err(Error::NoSpace(format!(
+                "writing the superblocks: {e}; the file system under the array is full: \
+                 free space, then try again"
             )));
         }
         self.failures_durable.fetch_max(latched, SeqCst);
@@ -1574,6 +1593,32 @@ impl Array {
         }
         if let Err(e) = self.intent.pin(stripe) {
             self.warn(format!("pinning stripe {stripe} after a space error: {e}"));
+        }
+    }
+
+    /// A flush met a full file system (writing a checksum page, or the
+    /// device's sync): as for a write ([`Array::note_space_error`]) the
+    /// device stays in service, keeping every byte it held; the flush fails
+    /// with ENOSPC, so nothing is acknowledged as durable, and the intent
+    /// regions it would have cleared stay dirty.
+    pub(super) fn note_flush_space_error(&self, d: usize, err: &std::io::Error) {
+        self.counters.devices[d].error();
+        self.warn(format!(
+            "device {d} ({}): flush: {err}: the flush fails until space is freed; \
+             the device stays in service",
+            self.device(d).map(|x| x.describe()).unwrap_or_default()
+        ));
+    }
+
+    /// What a flush returns after [`Array::sync_devices`] met a full file
+    /// system.
+    pub(super) fn flush_space_result(space: Option<std::io::Error>) -> Result<()> {
+        match space {
+            None => Ok(()),
+            Some(e) => Err(Error::NoSpace(format!(
+                "flushing the devices: {e}; the file system under the array is full: \
+                 free space, then flush again"
+            ))),
         }
     }
 
