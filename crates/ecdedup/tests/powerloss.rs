@@ -823,7 +823,9 @@ fn a_rebuild_that_runs_out_of_space_stops_and_resumes_once_space_is_back() {
     array.replace_device(5, None).unwrap();
     // Room for a few stripe units of the rebuild, not all of them.
     sim.set_capacity_bytes(Some(sim.allocated_bytes() + (64 << 10)));
-    let e = array.rebuild(None).expect_err("the rebuild runs out of space");
+    let e = array
+        .rebuild(None)
+        .expect_err("the rebuild runs out of space");
     assert!(matches!(e, ecdedup::Error::NoSpace(_)), "{e}");
     assert!(
         matches!(

@@ -682,8 +682,11 @@ pub fn format_in(
         // The other slot written too (zeroes, no superblock): a sparse
         // file then holds both, so a later superblock cannot meet a full
         // file system.
-        dev.write_at(&[0u8; SUPERBLOCK_BYTES as usize], Superblock::slot_offset(0))
-            .map_err(io)?;
+        dev.write_at(
+            &[0u8; SUPERBLOCK_BYTES as usize],
+            Superblock::slot_offset(0),
+        )
+        .map_err(io)?;
         dev.sync().map_err(io)?;
     }
     // With a metadata area on each device, everything below goes there.
