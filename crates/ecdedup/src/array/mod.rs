@@ -191,8 +191,20 @@ impl ConfigFile {
         self.store_in(&OsStorage, dir)
     }
 
-    /// [`ConfigFile::store`] into `dir` of `storage`.
+    /// [`ConfigFile::store`] into `dir` of `storage`. A file that already
+    /// holds these bytes is left alone: every rewrite is a window for a
+    /// power cut, so the config is written only when it changes.
     pub fn store_in(&self, storage: &dyn Storage, dir: &Path) -> Result<()> {
+        let path = dir.join(CONFIG_FILE);
+        let text = serde_json::to_string_pretty(self).expect("config serialises");
+        if read_all(storage, &path).ok().as_deref() == Some(text.as_bytes()) {
+            return Ok(());
+        }
+        self.write_in(storage, dir)
+    }
+
+    /// Writes the config whatever the file holds.
+    fn write_in(&self, storage: &dyn Storage, dir: &Path) -> Result<()> {
         let path = dir.join(CONFIG_FILE);
         let text = serde_json::to_string_pretty(self).expect("config serialises");
         write_atomic(storage, &path, text.as_bytes())
@@ -562,6 +574,68 @@ pub fn create_in(storage: &Arc<dyn Storage>, dir: &Path, opts: &CreateOptions) -
             dir.display()
         )));
     }
+    refuse_duplicate_devices(&opts.devices, |p| storage.exists(p))?;
+    // What this create made, removed again if it is refused.
+    let mut created: Vec<PathBuf> = Vec::new();
+    let r = create_devices(storage, dir, opts, &geo, &mut created);
+    if r.is_err() {
+        for path in created.iter().rev() {
+            let _ = storage.remove(path);
+            let _ = storage.sync_dir(crate::media::storage::parent_of(path));
+        }
+    }
+    r
+}
+
+/// The identity of an existing file on the real file system: its device
+/// and inode, or the device number of a block device.
+fn file_identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let meta = std::fs::metadata(path).ok()?;
+    Some(if meta.file_type().is_block_device() {
+        (u64::MAX, meta.rdev())
+    } else {
+        (meta.dev(), meta.ino())
+    })
+}
+
+/// Refuses a device named twice, by path or (for existing files and block
+/// devices) by identity: the array would hold one device at two positions
+/// and never open.
+fn refuse_duplicate_devices(paths: &[PathBuf], exists: impl Fn(&Path) -> bool) -> Result<()> {
+    let mut seen: Vec<(PathBuf, Option<(u64, u64)>)> = Vec::new();
+    for (i, path) in paths.iter().enumerate() {
+        let abs = absolute_path(path);
+        let id = if exists(path) {
+            file_identity(path)
+        } else {
+            None
+        };
+        if let Some(j) = seen
+            .iter()
+            .position(|(p, other)| *p == abs || (id.is_some() && *other == id))
+        {
+            return Err(Error::Device {
+                path: path.clone(),
+                reason: format!(
+                    "named at positions {j} and {i}: each position needs a device of its own"
+                ),
+            });
+        }
+        seen.push((abs, id));
+    }
+    Ok(())
+}
+
+/// Opens or creates the devices of a new array and formats it; every file
+/// it creates is pushed to `created`.
+fn create_devices(
+    storage: &Arc<dyn Storage>,
+    dir: &Path,
+    opts: &CreateOptions,
+    geo: &Geometry,
+    created: &mut Vec<PathBuf>,
+) -> Result<()> {
     let mut devices: Vec<Arc<dyn Device>> = Vec::new();
     for path in &opts.devices {
         let dev_err = |reason: String| Error::Device {
@@ -576,6 +650,7 @@ pub fn create_in(storage: &Arc<dyn Storage>, dir: &Path, opts: &CreateOptions) -
             FileDevice::open_with(storage.as_ref(), path, options)
                 .map_err(|e| dev_err(format!("cannot open: {e}")))?
         } else {
+            created.push(path.clone());
             let dev =
                 FileDevice::create_with(storage.as_ref(), path, geo.device_bytes_min(), options)
                     .map_err(|e| dev_err(format!("cannot create: {e}")))?;
@@ -820,6 +895,11 @@ impl Array {
                     ssd_wear.push(RwLock::new(wear));
                     devices.push(Some(d))
                 }
+                // Held by another server: refused whole, never opened
+                // degraded without it.
+                Err(e) if e.kind() == std::io::ErrorKind::ResourceBusy => {
+                    return Err(Error::Busy(format!("device {i}: {e}")));
+                }
                 Err(e) => {
                     ssd_wear.push(RwLock::new(None));
                     warnings.push(format!(
@@ -957,7 +1037,14 @@ impl Array {
                 }
             }
         }
-        let newest = inspect::newest_superblock(&sbs)?;
+        // Why no superblock was readable (a file system refusing direct
+        // I/O, say) is in the warnings: said with the refusal.
+        let newest = inspect::newest_superblock(&sbs).map_err(|e| match e {
+            Error::Unavailable(why) if !warnings.is_empty() => {
+                Error::Unavailable(format!("{why}: {}", warnings.join("; ")))
+            }
+            e => e,
+        })?;
         let geo = newest.geometry;
         if geo.devices as usize != n {
             return Err(Error::Corrupt(format!(
@@ -1323,7 +1410,7 @@ impl Array {
         let want = serde_json::to_string_pretty(&cfg.file).expect("config serialises");
         let current = meta.area_copy(CONFIG_FILE);
         if current.as_deref() != Some(want.as_bytes()) {
-            if let Err(e) = cfg.file.store_in(self.storage.as_ref(), &self.dir) {
+            if let Err(e) = cfg.file.write_in(self.storage.as_ref(), &self.dir) {
                 drop(cfg);
                 self.warn(format!(
                     "updating the copy of {CONFIG_FILE} on the devices: {e}"
