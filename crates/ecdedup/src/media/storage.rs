@@ -205,11 +205,11 @@ pub struct DeviceLock {
 }
 
 /// The locks this process holds, by (st_dev, st_ino) of the device file.
-fn device_locks(
-) -> &'static std::sync::Mutex<std::collections::HashMap<(u64, u64), std::sync::Weak<DeviceLock>>> {
-    static LOCKS: std::sync::OnceLock<
-        std::sync::Mutex<std::collections::HashMap<(u64, u64), std::sync::Weak<DeviceLock>>>,
-    > = std::sync::OnceLock::new();
+type DeviceLocks =
+    std::sync::Mutex<std::collections::HashMap<(u64, u64), std::sync::Weak<DeviceLock>>>;
+
+fn device_locks() -> &'static DeviceLocks {
+    static LOCKS: std::sync::OnceLock<DeviceLocks> = std::sync::OnceLock::new();
     LOCKS.get_or_init(Default::default)
 }
 
