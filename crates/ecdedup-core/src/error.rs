@@ -55,10 +55,47 @@ impl Error {
     pub fn errno(&self) -> i32 {
         match self {
             Error::OutOfRange { .. } | Error::InvalidRequest(_) => libc::EINVAL,
-            Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+            // Mapped at the device boundary: a full file system is ENOSPC;
+            // any other failure below the volume (EINVAL from a file system
+            // that went away, ENOTCONN, EBADF...) is an I/O error, never
+            // the client's invalid request.
+            Error::Io { source, .. } => match source.raw_os_error() {
+                Some(libc::ENOSPC) | Some(libc::EDQUOT) => libc::ENOSPC,
+                _ => libc::EIO,
+            },
             Error::Busy(_) => libc::EBUSY,
             Error::NoSpace(_) => libc::ENOSPC,
             _ => libc::EIO,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 18, item 13: what fails under the volume reaches a client as
+    /// EIO (a full file system as ENOSPC), never as EINVAL.
+    #[test]
+    fn device_errors_reach_clients_as_eio_and_a_full_file_system_as_enospc() {
+        let io = |errno| Error::io("writing", std::io::Error::from_raw_os_error(errno));
+        assert_eq!(io(libc::EINVAL).errno(), libc::EIO);
+        assert_eq!(io(libc::ENOTCONN).errno(), libc::EIO);
+        assert_eq!(io(libc::EIO).errno(), libc::EIO);
+        assert_eq!(io(libc::EDQUOT).errno(), libc::ENOSPC);
+        let refused = crate::media::storage::direct_refused(
+            std::io::Error::from_raw_os_error(libc::EINVAL),
+            std::path::Path::new("/fuse/dev0"),
+        );
+        let msg = refused.to_string();
+        assert!(
+            msg.contains("/fuse/dev0") && msg.contains("--io buffered"),
+            "{msg}"
+        );
+        assert_eq!(Error::io("reading", refused).errno(), libc::EIO);
+        assert_eq!(
+            Error::InvalidRequest("unaligned".into()).errno(),
+            libc::EINVAL
+        );
     }
 }

@@ -121,3 +121,78 @@ fn devices_found_at_each_others_paths_are_assembled_by_their_superblocks() {
         "{report:?}"
     );
 }
+
+/// Issue 18, item 9: one device named twice, by path or through a link to
+/// the same file, is refused at create (the array would never open).
+#[test]
+fn create_refuses_a_device_named_twice_by_path_or_by_inode() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut devices = files(tmp.path());
+    devices[4] = devices[1].clone();
+    let err = array::create(&tmp.path().join("a"), &options(devices.clone(), false))
+        .expect_err("a path named twice");
+    assert!(err.to_string().contains("positions 1 and 4"), "{err}");
+    let link = tmp.path().join("link-to-disk2");
+    std::os::unix::fs::symlink(&devices[2], &link).unwrap();
+    devices[4] = link;
+    let err = array::create(&tmp.path().join("b"), &options(devices, false))
+        .expect_err("a file named twice through a link");
+    assert!(err.to_string().contains("positions 2 and 4"), "{err}");
+    assert!(!tmp.path().join("b").join("array.json").exists());
+}
+
+/// Issue 18, item 9: a refused create removes the device files it made,
+/// and only those.
+#[test]
+fn a_refused_create_removes_the_device_files_it_made_and_only_those() {
+    let tmp = tempfile::tempdir().unwrap();
+    let existing = files(tmp.path()).pop().unwrap();
+    let status = Command::new("mkfs.ext4")
+        .args(["-q", "-F"])
+        .arg(&existing)
+        .status()
+        .expect("mkfs.ext4 (e2fsprogs, installed by scripts/install-deps.sh)");
+    assert!(status.success());
+    let mut devices: Vec<PathBuf> = (0..5).map(|i| tmp.path().join(format!("new{i}"))).collect();
+    devices.push(existing.clone());
+    let err = array::create(&tmp.path().join("a"), &options(devices.clone(), false))
+        .expect_err("the device with ext4 on it is refused");
+    assert!(err.to_string().contains("ext2/3/4"), "{err}");
+    for made in &devices[..5] {
+        assert!(!made.exists(), "{} was left behind", made.display());
+    }
+    assert!(
+        existing.exists(),
+        "a device the create did not make is kept"
+    );
+}
+
+/// Issue 18, item 8: a device held by another process (another server, or
+/// an `assemble` into another folder over the same devices) is refused by
+/// name, never opened degraded without it; once free, the array opens.
+#[test]
+fn an_array_whose_device_another_holder_locks_is_refused_by_the_devices_name() {
+    use std::os::unix::io::AsRawFd;
+    let tmp = tempfile::tempdir().unwrap();
+    let devices = files(tmp.path());
+    let dir = tmp.path().join("a");
+    array::create(&dir, &options(devices.clone(), false)).unwrap();
+    // A lock on an open file of its own, as another process's would be.
+    let other = std::fs::File::open(&devices[2]).unwrap();
+    // SAFETY: flock on a valid descriptor.
+    let rc = unsafe { libc::flock(other.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    assert_eq!(rc, 0);
+    let err = array::Array::open(&dir, None)
+        .err()
+        .expect("a device in use elsewhere");
+    assert!(
+        matches!(err, ecdedup::Error::Busy(_)) && err.to_string().contains("disk2"),
+        "{err}"
+    );
+    drop(other);
+    let array = array::Array::open(&dir, None).expect("free again");
+    assert!(array
+        .member_states()
+        .iter()
+        .all(|s| *s == array::MemberState::Active));
+}

@@ -747,6 +747,106 @@ fn a_full_file_system_refuses_writes_fails_no_device_and_serves_again() {
     }
 }
 
+fn all_active(array: &Array) -> bool {
+    array
+        .member_states()
+        .iter()
+        .all(|s| *s == ecdedup::array::MemberState::Active)
+}
+
+/// Issue 18, item 7: a full file system met at a flush (here the checksum
+/// pages, holes of the sparse device files until the first flush) and at
+/// close is a space error, not a device fault: the flush and the close fail
+/// with ENOSPC, every device stays in service, and once space is freed the
+/// array opens with every byte written before the fill.
+#[test]
+fn a_full_file_system_at_flush_and_close_fails_no_device_and_the_array_opens_again() {
+    let sim = PowerLossStorage::new();
+    let storage = sim.shared();
+    create(
+        &storage,
+        Config::plain(WritePolicy::Rmw),
+        MetadataPlacement::Devices,
+    );
+    let array = Arc::new(open(&storage, "first open"));
+    let vol = Volume::new(Arc::clone(&array));
+    let data = pseudo_random(7, 256 << 10);
+    vol.write(&data, 0, false).unwrap();
+    // Not one more page: the flush needs the checksum pages.
+    sim.set_capacity_bytes(Some(sim.allocated_bytes()));
+    let e = vol.flush().expect_err("the flush needs pages");
+    assert!(matches!(e, ecdedup::Error::NoSpace(_)), "{e}");
+    assert!(all_active(&array), "{:?}", array.warnings());
+    let e = array.close().expect_err("the close needs pages too");
+    assert!(matches!(e, ecdedup::Error::NoSpace(_)), "{e}");
+    assert!(all_active(&array), "{:?}", array.warnings());
+    drop(vol);
+    drop(array);
+    // Still full: the open's resync cannot make its flush durable, which
+    // is a space error again, and no device is failed by it.
+    match Array::open_in(Arc::clone(&storage), &dir(), None, Some(BackendChoice::Cpu)) {
+        Ok(array) => assert!(all_active(&array), "{:?}", array.warnings()),
+        Err(ecdedup::Error::NoSpace(_)) => {}
+        Err(e) => panic!("opening on a full file system: {e}, not a space error"),
+    }
+    sim.set_capacity_bytes(None);
+    let array = Arc::new(open(&storage, "space freed"));
+    let vol = Volume::new(Arc::clone(&array));
+    let mut got = vec![0u8; data.len()];
+    vol.read(&mut got, 0).unwrap();
+    assert!(got == data, "the bytes written before the fill read back");
+    vol.flush().unwrap();
+    let report = array.scrub(false, None).unwrap();
+    assert_eq!(report.checksum_mismatches + report.parity_mismatches, 0);
+}
+
+/// Issue 18, item 7: a rebuild that meets a full file system stops with
+/// ENOSPC, leaving the device it fills rebuilding (not failed) and the
+/// array openable; with space back it resumes and completes.
+#[test]
+fn a_rebuild_that_runs_out_of_space_stops_and_resumes_once_space_is_back() {
+    let sim = PowerLossStorage::new();
+    let storage = sim.shared();
+    create(
+        &storage,
+        Config::plain(WritePolicy::Rmw),
+        MetadataPlacement::Devices,
+    );
+    let array = open(&storage, "first open");
+    let vol = Volume::new(Arc::new(array));
+    let data = pseudo_random(8, VOLUME_BYTES as usize);
+    vol.write(&data, 0, false).unwrap();
+    vol.flush().unwrap();
+    drop(vol);
+    let array = open(&storage, "second open");
+    array.fail_device(5).unwrap();
+    array.replace_device(5, None).unwrap();
+    // Room for a few stripe units of the rebuild, not all of them.
+    sim.set_capacity_bytes(Some(sim.allocated_bytes() + (64 << 10)));
+    let e = array
+        .rebuild(None)
+        .expect_err("the rebuild runs out of space");
+    assert!(matches!(e, ecdedup::Error::NoSpace(_)), "{e}");
+    assert!(
+        matches!(
+            array.member_states()[5],
+            ecdedup::array::MemberState::Rebuilding { .. }
+        ),
+        "{:?}: {:?}",
+        array.member_states(),
+        array.warnings()
+    );
+    drop(array);
+    let array = open(&storage, "after the stopped rebuild");
+    sim.set_capacity_bytes(None);
+    array.rebuild(None).unwrap();
+    assert!(all_active(&array), "{:?}", array.warnings());
+    let vol = Volume::new(Arc::new(array));
+    let mut got = vec![0u8; data.len()];
+    vol.read(&mut got, 0).unwrap();
+    assert!(got == data, "every block reads back after the rebuild");
+}
+
 /// Schedules that once failed, replayed in every run:
 /// - 32000114 (plog and parix, with and without dedup): journaled writes,
 ///   a device failed by request, a cut; at the reopen the degraded replay

@@ -342,8 +342,14 @@ impl ChecksumTable {
                     continue; // evicted, so written, meanwhile
                 };
                 if page.dirty {
+                    // A full file system is not latched: the page stays
+                    // dirty and the next flush writes it once space is back.
                     self.write_page(dev, counters, number, page, &mut buf)
-                        .inspect_err(|e| self.latch(e))?;
+                        .inspect_err(|e| {
+                            if !super::Array::is_space_error(e) {
+                                self.latch(e)
+                            }
+                        })?;
                 }
             }
         }

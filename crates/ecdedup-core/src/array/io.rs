@@ -860,10 +860,11 @@ impl Array {
         let epoch = self.intent.start_flush();
         self.sync_journals()?;
         let every = vec![true; self.members.len()];
-        self.sync_devices(&every);
+        let space = self.sync_devices(&every);
         self.fail_broken_metadata_copies();
         self.check_available()?;
         self.failures_made_durable()?;
+        Self::flush_space_result(space)?;
         if let Some(log) = &self.degraded_log {
             log.end_generation()
                 .map_err(|e| Error::io("ending the degraded-write log's generation", e))?;
@@ -897,17 +898,20 @@ impl Array {
             }
         }
         self.sync_journals_of(&journals)?;
-        self.sync_devices(&devices);
+        let space = self.sync_devices(&devices);
         bump(&self.counters.array.fua_syncs);
         self.check_available()?;
-        self.failures_made_durable()
+        self.failures_made_durable()?;
+        Self::flush_space_result(space)
     }
 
     /// Makes the chosen devices durable: their dirty checksum pages written
     /// (one batch across the devices), then the devices synced (one batch:
     /// one sync's latency, not one per device). A device that fails either
-    /// step is latched.
-    fn sync_devices(&self, chosen: &[bool]) {
+    /// step is latched, except for a full file system
+    /// ([`Array::note_flush_space_error`]): the device stays in service and
+    /// the first such error is returned, for the flush to fail with ENOSPC.
+    fn sync_devices(&self, chosen: &[bool]) -> Option<std::io::Error> {
         let devs: Vec<(usize, Arc<dyn Device>)> = (0..self.members.len())
             .filter(|&d| chosen[d])
             .filter_map(|d| self.device(d).map(|dev| (d, dev)))
@@ -915,10 +919,19 @@ impl Array {
         // Checksum pages first (each table writes its dirty pages through
         // its bounded cache), then every device synced in one batch.
         let mut failed = vec![false; self.members.len()];
+        let mut space = None;
+        let mut flush_failed = |d: usize, e: std::io::Error| {
+            if Self::is_space_error(&e) {
+                self.note_flush_space_error(d, &e);
+                space.get_or_insert(e);
+            } else {
+                self.latch_failure(d, "flush", &e);
+            }
+        };
         for (d, dev) in &devs {
             if let Err(e) = self.tables[*d].flush(dev.as_ref(), &self.counters.devices[*d]) {
                 failed[*d] = true;
-                self.latch_failure(*d, "flush", &e);
+                flush_failed(*d, e);
             }
         }
         let syncing: Vec<&(usize, Arc<dyn Device>)> =
@@ -933,9 +946,10 @@ impl Array {
         for ((d, _), r) in syncing.iter().zip(self.submit(&mut ios)) {
             match r {
                 Ok(()) => self.counters.devices[*d].sync(),
-                Err(e) => self.latch_failure(*d, "flush", &e),
+                Err(e) => flush_failed(*d, e),
             }
         }
+        space
     }
 
     /// Stripes per intent region (for tests and tools).

@@ -359,6 +359,16 @@ impl Array {
                         let (unit, unreadable) = self.reconstruct_unit(stripe, role)?;
                         self.members[d].cursor.store(stripe + 1, SeqCst);
                         if !self.write_unit_blocks(stripe, role, 0, &unit) {
+                            if self.members[d].tag.load(SeqCst) == TAG_REBUILDING {
+                                // A full file system: the device keeps what
+                                // it holds and this stripe is not yet its.
+                                self.members[d].cursor.store(stripe, SeqCst);
+                                return Err(Error::NoSpace(format!(
+                                    "rebuild of device {d} stopped at stripe {stripe}: the \
+                                     file system under it is full; free space and run \
+                                     `rebuild` again (it resumes there)"
+                                )));
+                            }
                             return Err(Error::Unavailable(format!(
                                 "device {d} failed during its rebuild"
                             )));

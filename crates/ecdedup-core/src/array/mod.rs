@@ -191,8 +191,20 @@ impl ConfigFile {
         self.store_in(&OsStorage, dir)
     }
 
-    /// [`ConfigFile::store`] into `dir` of `storage`.
+    /// [`ConfigFile::store`] into `dir` of `storage`. A file that already
+    /// holds these bytes is left alone: every rewrite is a window for a
+    /// power cut, so the config is written only when it changes.
     pub fn store_in(&self, storage: &dyn Storage, dir: &Path) -> Result<()> {
+        let path = dir.join(CONFIG_FILE);
+        let text = serde_json::to_string_pretty(self).expect("config serialises");
+        if read_all(storage, &path).ok().as_deref() == Some(text.as_bytes()) {
+            return Ok(());
+        }
+        self.write_in(storage, dir)
+    }
+
+    /// Writes the config whatever the file holds.
+    fn write_in(&self, storage: &dyn Storage, dir: &Path) -> Result<()> {
         let path = dir.join(CONFIG_FILE);
         let text = serde_json::to_string_pretty(self).expect("config serialises");
         write_atomic(storage, &path, text.as_bytes())
@@ -562,6 +574,68 @@ pub fn create_in(storage: &Arc<dyn Storage>, dir: &Path, opts: &CreateOptions) -
             dir.display()
         )));
     }
+    refuse_duplicate_devices(&opts.devices, |p| storage.exists(p))?;
+    // What this create made, removed again if it is refused.
+    let mut created: Vec<PathBuf> = Vec::new();
+    let r = create_devices(storage, dir, opts, &geo, &mut created);
+    if r.is_err() {
+        for path in created.iter().rev() {
+            let _ = storage.remove(path);
+            let _ = storage.sync_dir(crate::media::storage::parent_of(path));
+        }
+    }
+    r
+}
+
+/// The identity of an existing file on the real file system: its device
+/// and inode, or the device number of a block device.
+fn file_identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let meta = std::fs::metadata(path).ok()?;
+    Some(if meta.file_type().is_block_device() {
+        (u64::MAX, meta.rdev())
+    } else {
+        (meta.dev(), meta.ino())
+    })
+}
+
+/// Refuses a device named twice, by path or (for existing files and block
+/// devices) by identity: the array would hold one device at two positions
+/// and never open.
+fn refuse_duplicate_devices(paths: &[PathBuf], exists: impl Fn(&Path) -> bool) -> Result<()> {
+    let mut seen: Vec<(PathBuf, Option<(u64, u64)>)> = Vec::new();
+    for (i, path) in paths.iter().enumerate() {
+        let abs = absolute_path(path);
+        let id = if exists(path) {
+            file_identity(path)
+        } else {
+            None
+        };
+        if let Some(j) = seen
+            .iter()
+            .position(|(p, other)| *p == abs || (id.is_some() && *other == id))
+        {
+            return Err(Error::Device {
+                path: path.clone(),
+                reason: format!(
+                    "named at positions {j} and {i}: each position needs a device of its own"
+                ),
+            });
+        }
+        seen.push((abs, id));
+    }
+    Ok(())
+}
+
+/// Opens or creates the devices of a new array and formats it; every file
+/// it creates is pushed to `created`.
+fn create_devices(
+    storage: &Arc<dyn Storage>,
+    dir: &Path,
+    opts: &CreateOptions,
+    geo: &Geometry,
+    created: &mut Vec<PathBuf>,
+) -> Result<()> {
     let mut devices: Vec<Arc<dyn Device>> = Vec::new();
     for path in &opts.devices {
         let dev_err = |reason: String| Error::Device {
@@ -576,6 +650,7 @@ pub fn create_in(storage: &Arc<dyn Storage>, dir: &Path, opts: &CreateOptions) -
             FileDevice::open_with(storage.as_ref(), path, options)
                 .map_err(|e| dev_err(format!("cannot open: {e}")))?
         } else {
+            created.push(path.clone());
             let dev =
                 FileDevice::create_with(storage.as_ref(), path, geo.device_bytes_min(), options)
                     .map_err(|e| dev_err(format!("cannot create: {e}")))?;
@@ -679,6 +754,14 @@ pub fn format_in(
         };
         dev.write_at(&sb.encode(), Superblock::slot_offset(1))
             .map_err(io)?;
+        // The other slot written too (zeroes, no superblock): a sparse
+        // file then holds both, so a later superblock cannot meet a full
+        // file system.
+        dev.write_at(
+            &[0u8; SUPERBLOCK_BYTES as usize],
+            Superblock::slot_offset(0),
+        )
+        .map_err(io)?;
         dev.sync().map_err(io)?;
     }
     // With a metadata area on each device, everything below goes there.
@@ -811,6 +894,11 @@ impl Array {
                     let (d, wear) = cfg.ssd_sim.wrap(Arc::new(d))?;
                     ssd_wear.push(RwLock::new(wear));
                     devices.push(Some(d))
+                }
+                // Held by another server: refused whole, never opened
+                // degraded without it.
+                Err(e) if e.kind() == std::io::ErrorKind::ResourceBusy => {
+                    return Err(Error::Busy(format!("device {i}: {e}")));
                 }
                 Err(e) => {
                     ssd_wear.push(RwLock::new(None));
@@ -949,7 +1037,14 @@ impl Array {
                 }
             }
         }
-        let newest = inspect::newest_superblock(&sbs)?;
+        // Why no superblock was readable (a file system refusing direct
+        // I/O, say) is in the warnings: said with the refusal.
+        let newest = inspect::newest_superblock(&sbs).map_err(|e| match e {
+            Error::Unavailable(why) if !warnings.is_empty() => {
+                Error::Unavailable(format!("{why}: {}", warnings.join("; ")))
+            }
+            e => e,
+        })?;
         let geo = newest.geometry;
         if geo.devices as usize != n {
             return Err(Error::Corrupt(format!(
@@ -1315,7 +1410,7 @@ impl Array {
         let want = serde_json::to_string_pretty(&cfg.file).expect("config serialises");
         let current = meta.area_copy(CONFIG_FILE);
         if current.as_deref() != Some(want.as_bytes()) {
-            if let Err(e) = cfg.file.store_in(self.storage.as_ref(), &self.dir) {
+            if let Err(e) = cfg.file.write_in(self.storage.as_ref(), &self.dir) {
                 drop(cfg);
                 self.warn(format!(
                     "updating the copy of {CONFIG_FILE} on the devices: {e}"
@@ -1474,6 +1569,7 @@ impl Array {
 
     fn persist_locked(&self, cfg: &mut ConfigState) -> Result<()> {
         let latched = self.failures_latched.load(SeqCst);
+        let mut space = None;
         for _attempt in 0..=self.members.len() {
             cfg.generation += 1;
             let states: Vec<MemberState> = (0..self.members.len())
@@ -1503,6 +1599,13 @@ impl Array {
                         self.counters.devices[d].write(IoClass::Metadata, bytes.len());
                         self.counters.devices[d].sync();
                     }
+                    // A full file system under a sparse device file: the
+                    // device keeps its older superblock (the other slot) and
+                    // stays in service; the caller gets ENOSPC.
+                    Err(e) if Self::is_space_error(&e) => {
+                        self.counters.devices[d].error();
+                        space.get_or_insert(e);
+                    }
                     Err(e) => {
                         self.counters.devices[d].error();
                         self.set_failed(d);
@@ -1524,6 +1627,12 @@ impl Array {
                 self.geo.k,
                 self.geo.m,
                 self.geo.m
+            )));
+        }
+        if let Some(e) = space {
+            return Err(Error::NoSpace(format!(
+                "writing the superblocks: {e}; the file system under the array is full: \
+                 free space, then try again"
             )));
         }
         self.failures_durable.fetch_max(latched, SeqCst);
@@ -1574,6 +1683,32 @@ impl Array {
         }
         if let Err(e) = self.intent.pin(stripe) {
             self.warn(format!("pinning stripe {stripe} after a space error: {e}"));
+        }
+    }
+
+    /// A flush met a full file system (writing a checksum page, or the
+    /// device's sync): as for a write ([`Array::note_space_error`]) the
+    /// device stays in service, keeping every byte it held; the flush fails
+    /// with ENOSPC, so nothing is acknowledged as durable, and the intent
+    /// regions it would have cleared stay dirty.
+    pub(super) fn note_flush_space_error(&self, d: usize, err: &std::io::Error) {
+        self.counters.devices[d].error();
+        self.warn(format!(
+            "device {d} ({}): flush: {err}: the flush fails until space is freed; \
+             the device stays in service",
+            self.device(d).map(|x| x.describe()).unwrap_or_default()
+        ));
+    }
+
+    /// What a flush returns after [`Array::sync_devices`] met a full file
+    /// system.
+    pub(super) fn flush_space_result(space: Option<std::io::Error>) -> Result<()> {
+        match space {
+            None => Ok(()),
+            Some(e) => Err(Error::NoSpace(format!(
+                "flushing the devices: {e}; the file system under the array is full: \
+                 free space, then flush again"
+            ))),
         }
     }
 

@@ -352,7 +352,14 @@ fn prepare(io: &mut DeviceIo<'_>, index: usize, file: RingFile) -> (io_uring::sq
 /// out, finishes a short transfer with plain calls (counted in `calls`).
 fn complete(io: &mut DeviceIo<'_>, mut slot: Slot, res: i32, calls: &mut u64) -> io::Result<()> {
     if res < 0 {
-        return Err(io::Error::from_raw_os_error(-res));
+        let e = io::Error::from_raw_os_error(-res);
+        let direct = matches!(io.op, Op::Read { .. } | Op::Write { .. })
+            && io.dev.ring_file().and_then(|f| f.direct_fd) == Some(slot.fd.0);
+        return Err(if direct {
+            super::storage::direct_refused(e, std::path::Path::new(&io.dev.describe()))
+        } else {
+            e
+        });
     }
     let done = res as usize;
     match &mut io.op {

@@ -98,8 +98,11 @@ pub type StorageLock = Box<dyn Any + Send + Sync>;
 pub trait Storage: Send + Sync {
     /// Opens an existing file or block device for reading and writing.
     fn open(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>>;
-    /// Opens a device file or block device; `direct` bypasses the page
-    /// cache (`O_DIRECT`) for block-aligned I/O. Default: [`Storage::open`].
+    /// Opens a device file or block device, exclusively: another process
+    /// that has it open as a device makes this fail with `ResourceBusy`
+    /// (a lock on files, `O_EXCL` on block devices); `direct` bypasses the
+    /// page cache (`O_DIRECT`) for block-aligned I/O. Default:
+    /// [`Storage::open`].
     fn open_device(&self, path: &Path, direct: bool) -> io::Result<Arc<dyn StorageFile>> {
         let _ = direct;
         self.open(path)
@@ -186,6 +189,72 @@ pub struct OsFile {
     direct: Option<File>,
     path: PathBuf,
     is_block_device: bool,
+    /// The exclusive lock on a device file, shared by every handle of
+    /// this process on it ([`DeviceLock`]); `None` for other files.
+    _lock: Option<Arc<DeviceLock>>,
+}
+
+/// An exclusive `flock` on a device file, held while any handle of this
+/// process has the file open as a device: a second process (another
+/// server, an `assemble` into another folder) is refused with the
+/// device's name, while this process may open it again (a replace of the
+/// same path, a test that looks at it). Block devices are held by
+/// `O_EXCL` instead, which the kernel enforces for every opener.
+pub struct DeviceLock {
+    file: File,
+}
+
+/// The locks this process holds, by (st_dev, st_ino) of the device file.
+type DeviceLocks =
+    std::sync::Mutex<std::collections::HashMap<(u64, u64), std::sync::Weak<DeviceLock>>>;
+
+fn device_locks() -> &'static DeviceLocks {
+    static LOCKS: std::sync::OnceLock<DeviceLocks> = std::sync::OnceLock::new();
+    LOCKS.get_or_init(Default::default)
+}
+
+impl DeviceLock {
+    /// This process's lock on the device file `file` (opened from `path`),
+    /// taken now or shared with an earlier handle; `ResourceBusy` naming
+    /// `path` when another process holds it.
+    fn take(file: &File, path: &Path) -> io::Result<Arc<DeviceLock>> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = file.metadata()?;
+        let key = (meta.dev(), meta.ino());
+        let mut locks = device_locks().lock().unwrap();
+        if let Some(held) = locks.get(&key).and_then(std::sync::Weak::upgrade) {
+            return Ok(held);
+        }
+        let own = file.try_clone()?;
+        // SAFETY: flock on a valid descriptor.
+        let rc = unsafe { libc::flock(own.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc != 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                return Err(io::Error::new(
+                    io::ErrorKind::ResourceBusy,
+                    format!(
+                        "{} is in use by another process (a server or another array holds \
+                         its lock); stop it first",
+                        path.display()
+                    ),
+                ));
+            }
+            return Err(e);
+        }
+        let lock = Arc::new(DeviceLock { file: own });
+        locks.retain(|_, w| w.strong_count() > 0);
+        locks.insert(key, Arc::downgrade(&lock));
+        Ok(lock)
+    }
+}
+
+impl Drop for DeviceLock {
+    fn drop(&mut self) {
+        // SAFETY: flock on the descriptor this struct owns (see FileLock:
+        // a forked child's duplicate must not keep it).
+        unsafe { libc::flock(self.file.as_raw_fd(), libc::LOCK_UN) };
+    }
 }
 
 /// Alignment of `O_DIRECT` offsets, lengths and buffers: the largest
@@ -229,6 +298,23 @@ pub(crate) fn direct_aligned(offset: u64, len: usize) -> bool {
         && len.is_multiple_of(DIRECT_ALIGN_BYTES)
 }
 
+/// An `O_DIRECT` transfer of aligned offset, length and memory that fails
+/// with EINVAL: the file system refuses direct I/O (a FUSE file system
+/// opens with `O_DIRECT` and then fails every such read). Said so, with
+/// the way out; the error carries no EINVAL (an invalid request, for an
+/// NBD client), so it reaches clients as an I/O error.
+pub(crate) fn direct_refused(e: io::Error, path: &Path) -> io::Error {
+    if e.raw_os_error() != Some(libc::EINVAL) {
+        return e;
+    }
+    io::Error::other(format!(
+        "the file system under {} refuses direct I/O (O_DIRECT): \
+         use `--io buffered` there (`create --io buffered`; an existing array: \
+         \"io\": \"buffered\" in array.json)",
+        path.display()
+    ))
+}
+
 /// Bytes moved through one bounce buffer at a time.
 const BOUNCE_BYTES_MAX: usize = 1 << 20;
 
@@ -249,6 +335,7 @@ impl OsFile {
             direct: None,
             path: path.to_owned(),
             is_block_device,
+            _lock: None,
         })
     }
 
@@ -291,12 +378,16 @@ impl StorageFile for OsFile {
             return self.file.read_exact_at(buf, offset);
         };
         if (buf.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN_BYTES) {
-            return direct.read_exact_at(buf, offset);
+            return direct
+                .read_exact_at(buf, offset)
+                .map_err(|e| direct_refused(e, &self.path));
         }
         let mut bounce = AlignedBuf::new(buf.len().min(BOUNCE_BYTES_MAX));
         for (i, chunk) in buf.chunks_mut(BOUNCE_BYTES_MAX).enumerate() {
             let b = bounce.as_mut_slice(chunk.len());
-            direct.read_exact_at(b, offset + (i * BOUNCE_BYTES_MAX) as u64)?;
+            direct
+                .read_exact_at(b, offset + (i * BOUNCE_BYTES_MAX) as u64)
+                .map_err(|e| direct_refused(e, &self.path))?;
             chunk.copy_from_slice(b);
         }
         Ok(())
@@ -311,13 +402,17 @@ impl StorageFile for OsFile {
             return self.file.write_all_at(buf, offset);
         };
         if (buf.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN_BYTES) {
-            return direct.write_all_at(buf, offset);
+            return direct
+                .write_all_at(buf, offset)
+                .map_err(|e| direct_refused(e, &self.path));
         }
         let mut bounce = AlignedBuf::new(buf.len().min(BOUNCE_BYTES_MAX));
         for (i, chunk) in buf.chunks(BOUNCE_BYTES_MAX).enumerate() {
             let b = bounce.as_mut_slice(chunk.len());
             b.copy_from_slice(chunk);
-            direct.write_all_at(b, offset + (i * BOUNCE_BYTES_MAX) as u64)?;
+            direct
+                .write_all_at(b, offset + (i * BOUNCE_BYTES_MAX) as u64)
+                .map_err(|e| direct_refused(e, &self.path))?;
         }
         Ok(())
     }
@@ -452,13 +547,19 @@ impl Storage for OsStorage {
                 if e.raw_os_error() == Some(libc::EBUSY) {
                     io::Error::new(
                         io::ErrorKind::ResourceBusy,
-                        "the block device is in use (mounted, or held by md, LVM or another array)",
+                        format!(
+                            "{} is in use (mounted, or held by md, LVM or another array)",
+                            path.display()
+                        ),
                     )
                 } else {
                     e
                 }
             })?;
         let mut f = OsFile::new(file, path)?;
+        if !f.is_block_device {
+            f._lock = Some(DeviceLock::take(&f.file, path)?);
+        }
         if direct {
             let d = OpenOptions::new()
                 .read(true)
@@ -646,6 +747,37 @@ mod tests {
         head[512..520].copy_from_slice(b"LABELONE");
         assert_eq!(foreign_signature(&head), Some("an LVM physical volume"));
         assert_eq!(foreign_signature(&[]), None, "a short head is no signature");
+    }
+
+    /// Issue 18, item 8: a device file another process holds (here a lock
+    /// taken on its own open file, as another server's would be) is
+    /// refused with its name; this process may open it twice.
+    #[test]
+    fn a_device_file_locked_elsewhere_is_refused_and_this_process_may_reopen_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("dev0");
+        OsStorage
+            .create(&path, true)
+            .unwrap()
+            .set_len(1 << 20)
+            .unwrap();
+        let first = OsStorage.open_device(&path, false).unwrap();
+        let again = OsStorage
+            .open_device(&path, false)
+            .expect("this process's own lock");
+        drop((first, again));
+        let other = File::open(&path).unwrap();
+        // SAFETY: flock on a valid descriptor.
+        let rc = unsafe { libc::flock(other.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        assert_eq!(rc, 0, "the device is free once its handles are dropped");
+        let e = OsStorage
+            .open_device(&path, false)
+            .err()
+            .expect("held elsewhere");
+        assert_eq!(e.kind(), io::ErrorKind::ResourceBusy);
+        assert!(e.to_string().contains("dev0"), "{e}");
+        drop(other);
+        OsStorage.open_device(&path, false).expect("free again");
     }
 
     /// A duplicate of the lock's descriptor (what a child process holds
