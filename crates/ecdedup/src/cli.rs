@@ -1075,6 +1075,13 @@ fn run(cli: Cli) -> Result<()> {
                     report.unrecoverable_blocks
                 )));
             }
+            if report.unlocated_stripes > 0 {
+                return Err(Error::DataLoss(format!(
+                    "{} stripes' parity disagrees with their data and no member can be told \
+                     wrong: left unchanged (the warnings name them)",
+                    report.unlocated_stripes
+                )));
+            }
             if !report.dedup_map_problems.is_empty() {
                 return Err(Error::Corrupt(format!(
                     "the dedup maps are inconsistent ({}); replace and rebuild the device named",

@@ -233,7 +233,45 @@ impl Array {
         Some((shards, vouched))
     }
 
-    fn rewrite_wrong(&self, stripe: u64, b: u64, shards: &[Vec<u8>], wrong: &[usize]) {
+    /// A row read whole, every block with a matching checksum, that is not
+    /// one codeword (a scrub found its parity disagreeing with its data):
+    /// which members disagree with the others, and the row they leave.
+    /// Found by leaving out the fewest members (one, then two, ...) whose
+    /// absence leaves more than k members that are one codeword; None when
+    /// no such set is unique (m = 1, where any k members are consistent,
+    /// or more members disagree than the others can outvote): the row
+    /// cannot tell which member is wrong. Parity is not assumed wrong: a
+    /// stale data block with its stale checksum (an old image re-added) is
+    /// found as well.
+    pub(super) fn locate_wrong_members(
+        &self,
+        row: &[Vec<u8>],
+    ) -> Option<(Vec<usize>, Vec<Vec<u8>>)> {
+        let (w, k) = (self.geo.width(), self.geo.k());
+        let no_sums = vec![None; w];
+        let depth_max = (w - k).saturating_sub(1).min(COMBINATION_DEPTH_MAX);
+        for depth in 1..=depth_max {
+            let mut found = Vec::new();
+            for_each_combination(w, depth, &mut |left_out| {
+                let mut use_ = vec![true; w];
+                for &i in left_out {
+                    use_[i] = false;
+                }
+                if let Some((shards, _)) = self.try_decode(row, &use_, &use_, &no_sums) {
+                    found.push((left_out.to_vec(), shards));
+                }
+                found.len() > 1
+            });
+            match found.len() {
+                0 => continue,
+                1 => return found.pop(),
+                _ => return None,
+            }
+        }
+        None
+    }
+
+    pub(super) fn rewrite_wrong(&self, stripe: u64, b: u64, shards: &[Vec<u8>], wrong: &[usize]) {
         for &role in wrong {
             if self.write_unit_blocks_as(stripe, role, b, &shards[role], true) {
                 bump(&self.counters.array.repaired_blocks);

@@ -62,6 +62,8 @@ struct Inner {
 struct Missed {
     file: Arc<dyn StorageFile>,
     regions: Vec<bool>,
+    /// The superblock generation it covers writes since (0: unknown).
+    since_generation: u64,
 }
 
 pub struct IntentLog {
@@ -81,13 +83,24 @@ pub struct Recovery {
     pub dirty_stripe_ranges: Vec<(u64, u64)>,
 }
 
-fn header(array_uuid: &[u8; 16], stripes_per_region: u64, regions: u64) -> Vec<u8> {
+/// Header bytes 48..56: in the missed map, the superblock generation whose
+/// writes it covers from (0 in the intent map, and unknown).
+const SINCE_GENERATION_AT: usize = 48;
+
+fn header(
+    array_uuid: &[u8; 16],
+    stripes_per_region: u64,
+    regions: u64,
+    since_generation: u64,
+) -> Vec<u8> {
     let mut h = vec![0u8; HEADER_BYTES as usize];
     h[0..8].copy_from_slice(&MAGIC);
     h[8..12].copy_from_slice(&VERSION.to_le_bytes());
     h[16..32].copy_from_slice(array_uuid);
     h[32..40].copy_from_slice(&stripes_per_region.to_le_bytes());
     h[40..48].copy_from_slice(&regions.to_le_bytes());
+    h[SINCE_GENERATION_AT..SINCE_GENERATION_AT + 8]
+        .copy_from_slice(&since_generation.to_le_bytes());
     let crc = crc32c::crc32c(&h[..4092]);
     h[4092..].copy_from_slice(&crc.to_le_bytes());
     h
@@ -115,6 +128,16 @@ pub fn parse_map(bytes: &[u8], array_uuid: &[u8; 16], stripes: u64) -> Result<(u
         return corrupt("region count does not match the array");
     }
     Ok((spr, bytes[HEADER_BYTES as usize..].to_vec()))
+}
+
+/// The generation a missed map parsed by [`parse_map`] covers writes
+/// since (0: unknown, as in maps written before it was recorded).
+fn since_generation_of(bytes: &[u8]) -> u64 {
+    u64::from_le_bytes(
+        bytes[SINCE_GENERATION_AT..SINCE_GENERATION_AT + 8]
+            .try_into()
+            .unwrap(),
+    )
 }
 
 impl IntentLog {
@@ -155,7 +178,7 @@ impl IntentLog {
         state: u8,
     ) -> Result<()> {
         let regions = stripes.div_ceil(stripes_per_region);
-        let mut bytes = header(array_uuid, stripes_per_region, regions);
+        let mut bytes = header(array_uuid, stripes_per_region, regions, 0);
         bytes.resize((HEADER_BYTES + regions) as usize, state);
         crate::media::storage::write_atomic(storage, path, &bytes)
             .map_err(|e| Error::io(format!("writing intent log {}", path.display()), e))
@@ -300,13 +323,17 @@ impl IntentLog {
     /// Starts keeping the missed map at `path` (a member left service):
     /// the regions dirty now (writes in flight as the member left, or at a
     /// crash before this open) are added to an existing intact map, or
-    /// start a new one; every region is when `history_known` is false
-    /// (the member was out before anything was tracked).
+    /// start a new one covering writes since `since_generation` (the
+    /// generation on the superblocks as the member left; an existing map
+    /// keeps its own); every region is when `history_known` is false
+    /// (the member was out before anything was tracked; then the
+    /// generation is unknown: 0).
     pub fn track_missed_in(
         &self,
         storage: &dyn Storage,
         path: &Path,
         history_known: bool,
+        since_generation: u64,
     ) -> Result<()> {
         let array_uuid = &self.array_uuid;
         let inner = self.inner.lock().unwrap();
@@ -318,8 +345,11 @@ impl IntentLog {
         let stripes = inner.regions.len() as u64 * self.stripes_per_region;
         let kept = read_all(storage, path)
             .ok()
-            .and_then(|bytes| parse_map(&bytes, array_uuid, stripes).ok())
-            .filter(|(spr, _)| *spr == self.stripes_per_region);
+            .and_then(|bytes| {
+                let (spr, map) = parse_map(&bytes, array_uuid, stripes).ok()?;
+                Some((spr, map, since_generation_of(&bytes)))
+            })
+            .filter(|(spr, _, _)| *spr == self.stripes_per_region);
         // Regions a write may be in as the member leaves (or was in at a
         // crash before this open) are missed too.
         let now: Vec<bool> = inner
@@ -328,19 +358,33 @@ impl IntentLog {
             .map(|r| !history_known || r.dirty || r.in_flight > 0)
             .collect();
         let regions: Vec<bool> = match &kept {
-            Some((_, map)) => map.iter().zip(&now).map(|(&b, &n)| b != 0 || n).collect(),
+            Some((_, map, _)) => map.iter().zip(&now).map(|(&b, &n)| b != 0 || n).collect(),
             None => now,
+        };
+        let since_generation = match &kept {
+            Some((_, _, since)) => *since,
+            None if history_known => since_generation,
+            None => 0,
         };
         let unchanged = kept
             .as_ref()
-            .is_some_and(|(_, map)| map.iter().zip(&regions).all(|(&b, &r)| (b != 0) == r));
+            .is_some_and(|(_, map, _)| map.iter().zip(&regions).all(|(&b, &r)| (b != 0) == r));
         if !unchanged {
-            let mut bytes = header(array_uuid, self.stripes_per_region, regions.len() as u64);
+            let mut bytes = header(
+                array_uuid,
+                self.stripes_per_region,
+                regions.len() as u64,
+                since_generation,
+            );
             bytes.extend(regions.iter().map(|&d| d as u8));
             crate::media::storage::write_atomic(storage, path, &bytes).map_err(io)?;
         }
         let file = storage.open(path).map_err(io)?;
-        *missed = Some(Missed { file, regions });
+        *missed = Some(Missed {
+            file,
+            regions,
+            since_generation,
+        });
         Ok(())
     }
 
@@ -356,6 +400,18 @@ impl IntentLog {
             .unwrap()
             .as_ref()
             .map(|m| m.regions.clone())
+    }
+
+    /// The superblock generation the missed map covers writes since, if
+    /// one is kept and it is known (maps written before it was recorded,
+    /// and maps started with no history, cover an unknown span).
+    pub fn missed_since_generation(&self) -> Option<u64> {
+        self.missed
+            .lock()
+            .unwrap()
+            .as_ref()
+            .map(|m| m.since_generation)
+            .filter(|&g| g != 0)
     }
 
     /// Stops keeping the missed map (no member is out of service any

@@ -25,6 +25,12 @@ pub struct ScrubReport {
     /// no checksum known for the missing ones: nothing could check them.
     #[serde(default)]
     pub unchecked_rows: u64,
+    /// Stripes whose parity disagrees with their data in a row where a
+    /// repairing scrub could not tell which member is wrong (m = 1, or
+    /// more members disagree than the others outvote): reported and left
+    /// unchanged.
+    #[serde(default)]
+    pub unlocated_stripes: u64,
     /// Inconsistencies of the dedup maps (a block naming a slot out of
     /// range, reference counts that disagree with the map, a referenced
     /// slot on a free list, a leaked slot), one line each; a scrub that
@@ -272,14 +278,16 @@ impl Array {
                 && (repair || bad_rows.is_empty())
             {
                 let parity = self.encode_parity(&units);
+                let mut mismatch = false;
                 for (j, p) in parity.iter().enumerate() {
                     if units[g.k() + j].as_deref() != Some(p.as_slice()) {
                         report.parity_mismatches += 1;
                         bump(&self.counters.array.parity_mismatches);
-                        if repair {
-                            self.write_unit_blocks(stripe, g.k() + j, 0, p);
-                        }
+                        mismatch = true;
                     }
+                }
+                if repair && mismatch {
+                    self.repair_mismatched_rows(stripe, &units, &parity, &mut report);
                 }
             }
             report.stripes += 1;
@@ -291,6 +299,57 @@ impl Array {
         }
         report.dedup_map_problems = self.check_dedup_maps();
         Ok(report)
+    }
+
+    /// Repairs the rows of a whole, checksum-clean stripe whose parity
+    /// (`parity`, a fresh encode of its data) disagrees with what was
+    /// read: in each, the members that disagree with the others are found
+    /// and rewritten (`locate_wrong_members`); parity is not assumed to be
+    /// the wrong one. Where a row cannot tell, the stripe is reported and
+    /// nothing of it is written.
+    fn repair_mismatched_rows(
+        &self,
+        stripe: u64,
+        units: &[Option<Vec<u8>>],
+        parity: &[Vec<u8>],
+        report: &mut ScrubReport,
+    ) {
+        let g = &self.geo;
+        let block = g.block() as usize;
+        let mut repairs = Vec::new();
+        for b in 0..g.blocks_per_unit() as usize {
+            let at = b * block..(b + 1) * block;
+            let row: Vec<Vec<u8>> = units
+                .iter()
+                .map(|u| u.as_deref().expect("a whole stripe")[at.clone()].to_vec())
+                .collect();
+            if (0..g.m()).all(|j| row[g.k() + j] == parity[j][at.clone()]) {
+                continue;
+            }
+            match self.locate_wrong_members(&row) {
+                Some((wrong, shards)) => repairs.push((b as u64, wrong, shards)),
+                None => {
+                    report.unlocated_stripes += 1;
+                    self.warn(format!(
+                        "scrub: stripe {stripe} block row {b}: parity disagrees with data and no \
+                         member can be told wrong (every block matches its checksum); the stripe \
+                         is left unchanged"
+                    ));
+                    return;
+                }
+            }
+        }
+        for (b, wrong, shards) in repairs {
+            if wrong.iter().any(|&role| role < g.k()) {
+                self.warn(format!(
+                    "scrub: stripe {stripe} block row {b}: members {wrong:?} disagree with the \
+                     others (stale blocks with matching checksums); rewritten from them"
+                ));
+            }
+            let before = self.counters.array.repaired_blocks.load(SeqCst);
+            self.rewrite_wrong(stripe, b, &shards, &wrong);
+            report.repaired_blocks += self.counters.array.repaired_blocks.load(SeqCst) - before;
+        }
     }
 
     /// Scrubs a stripe with a member out of service, row by row: each row

@@ -440,6 +440,10 @@ pub struct Array {
     /// failed device (whose content is stale) back as active.
     failures_latched: AtomicU64,
     failures_durable: AtomicU64,
+    /// The last superblock generation written to every member in service:
+    /// a member that leaves now leaves at it (the missed map's start,
+    /// `readd.rs`). Read without the config lock, which a failure may hold.
+    generation_written: AtomicU64,
     /// Space errors (ENOSPC, EDQUOT) met by device writes so far; while
     /// `space_pending` holds stripes, writes are refused (reads go on).
     space_errors: AtomicU64,
@@ -1062,7 +1066,6 @@ impl Array {
             }
         }
         let mut states = newest.states.clone();
-        let mut changed = false;
         for i in 0..n {
             let usable = devices[i].as_ref().is_some_and(|d| {
                 if d.size() < geo.device_bytes_min() {
@@ -1079,7 +1082,6 @@ impl Array {
             });
             if !usable && states[i] != MemberState::Failed {
                 states[i] = MemberState::Failed;
-                changed = true;
             }
             if states[i] == MemberState::Failed {
                 devices[i] = None;
@@ -1108,7 +1110,6 @@ impl Array {
                     if area.is_none() && slot.is_some() {
                         *slot = None;
                         states[i] = MemberState::Failed;
-                        changed = true;
                     }
                     areas.push(area);
                 }
@@ -1154,7 +1155,6 @@ impl Array {
                                 "device {i} treated as failed: {e}; `ecdedup replace {i}` and `rebuild` restore it from the other devices"
                             ));
                             states[i] = MemberState::Failed;
-                            changed = true;
                             *slot = None;
                             None
                         }
@@ -1361,6 +1361,7 @@ impl Array {
             replay_wanted: std::sync::atomic::AtomicBool::new(false),
             failures_latched: AtomicU64::new(0),
             failures_durable: AtomicU64::new(0),
+            generation_written: AtomicU64::new(newest.generation),
             space_errors: AtomicU64::new(0),
             space_pending: Mutex::new(std::collections::BTreeSet::new()),
             last_write_ms: AtomicU64::new(0),
@@ -1370,14 +1371,10 @@ impl Array {
             ssd_wear: Vec::new(),
             _lock: lock,
         };
-        if changed
-            || sbs
-                .iter()
-                .flatten()
-                .any(|sb| sb.generation != newest.generation)
-        {
-            array.persist_superblocks()?;
-        }
+        // Always a new generation, whether anything changed or not: the
+        // generation is the event counter of `re-add` (md's), so a device
+        // image copied before this open is older than any failure after it.
+        array.persist_superblocks()?;
         // First the stripes an unclean stop may have left inconsistent: their
         // parity is recomputed from their data, which holds every
         // acknowledged write, and what their journals logged is dropped.
@@ -1617,6 +1614,7 @@ impl Array {
                 }
             }
             if !newly_failed {
+                self.generation_written.store(cfg.generation, SeqCst);
                 break;
             }
         }

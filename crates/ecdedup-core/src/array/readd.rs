@@ -39,6 +39,7 @@ impl Array {
             self.storage.as_ref(),
             &self.dir.join(MISSED_FILE),
             history_known,
+            self.generation_written.load(SeqCst),
         ) {
             self.warn(format!(
                 "{e}: a re-added device will be resynchronised in full"
@@ -95,6 +96,7 @@ impl Array {
                     .into(),
             ));
         }
+        self.check_left_at_missed_start(d, &sb)?;
         if raw.size() < self.geo.device_bytes_min() {
             return Err(dev_err(format!(
                 "holds {} bytes, needs {}",
@@ -102,8 +104,12 @@ impl Array {
                 self.geo.device_bytes_min()
             )));
         }
-        // No map: nothing is known about what it missed, so everything is.
-        let missed = self.intent.missed_regions().unwrap_or_default();
+        // No map, or one whose start is unknown: nothing is known about
+        // what it missed, so everything is.
+        let missed = match self.intent.missed_since_generation() {
+            Some(_) => self.intent.missed_regions().unwrap_or_default(),
+            None => Vec::new(),
+        };
         let (dev, wear) = cfg.ssd_sim.wrap(Arc::new(raw))?;
         // Format 2: its area holds only copies of the mirrored files (rmw,
         // no dedup: no journal, no maps), stale since it left: a fresh area
@@ -142,6 +148,43 @@ impl Array {
             "device {d} re-added; {resynced} stripe units it missed were reconstructed"
         ));
         Ok(resynced)
+    }
+
+    /// Refuses a member whose superblock does not prove it left at or
+    /// after the generation the missed map starts from (md's event
+    /// counter): an older image (a copy put back, a disk from before an
+    /// earlier failure) missed writes the map does not cover, and its
+    /// checksums match its stale data, so nothing would find them. One
+    /// newer than the array's is from another copy of the array. Without a
+    /// known start every stripe is reconstructed, so any image will do.
+    fn check_left_at_missed_start(&self, d: usize, sb: &super::Superblock) -> Result<()> {
+        let Some(since) = self.intent.missed_since_generation() else {
+            return Ok(());
+        };
+        let current = self.config.lock().unwrap().generation;
+        let why = if sb.generation < since {
+            format!(
+                "its superblock is of generation {}, older than generation {since}, from which \
+                 the missed-write map covers what it missed: the image is stale (a copy put \
+                 back, or a disk from before an earlier failure) and would return old data",
+                sb.generation
+            )
+        } else if sb.generation > current {
+            format!(
+                "its superblock is of generation {}, newer than the array's ({current}): it \
+                 comes from another copy of the array",
+                sb.generation
+            )
+        } else {
+            return Ok(());
+        };
+        Err(Error::Device {
+            path: self.config.lock().unwrap().file.devices[d].clone(),
+            reason: format!(
+                "cannot be re-added: {why}; use `ecdedup replace {d}` and `rebuild` (a full \
+                 reconstruction)"
+            ),
+        })
     }
 
     /// Moves the cursor of rebuilding member `d` over every stripe,
