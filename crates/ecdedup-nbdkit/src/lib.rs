@@ -8,9 +8,9 @@
 //! in the serving process. What is advertised holds: FUA is native (a FUA
 //! write is durable before the reply), a flush is durable on every device in
 //! service, and multi-conn is safe because a flush on any connection flushes
-//! the whole array. A panic aborts the server, and a stop signal ends idle
-//! client connections so that the array is closed cleanly within a bound
-//! ([`lifecycle`]).
+//! the whole array. A panic aborts the server, and a stop signal lets the
+//! requests in the array finish, then flushes and closes the array and
+//! exits, within a bound and whatever the clients do ([`lifecycle`]).
 //!
 //! Parameters: `dir=ARRAY_FOLDER` (required), `metrics=HOST:PORT`,
 //! `trace=FILE`, `fingerprint_backend=cpu|gpu|auto` (optional; the last
@@ -31,6 +31,13 @@ static VOLUME: OnceLock<Arc<Volume>> = OnceLock::new();
 
 fn to_nbd(e: ecdedup_core::Error) -> Error {
     Error::new(e.errno(), e.to_string())
+}
+
+/// Flushes and closes the volume (the array's clean stop).
+fn close_volume() -> std::result::Result<(), String> {
+    VOLUME
+        .get()
+        .map_or(Ok(()), |vol| vol.close().map_err(|e| e.to_string()))
 }
 
 fn volume() -> Result<&'static Arc<Volume>> {
@@ -118,22 +125,21 @@ impl Server for Handle {
         if let Some(addr) = METRICS.lock().unwrap().clone() {
             ecdedup_core::control::serve_metrics(Arc::clone(vol.array()), &addr).map_err(to_nbd)?;
         }
+        // nbdkit's signal handlers are in place, no connection is accepted
+        // yet: from now on a stop signal is ours.
+        lifecycle::stop_on_signal(close_volume);
         Ok(())
     }
 
     fn unload() {
-        lifecycle::closing();
-        if let Some(vol) = VOLUME.get() {
-            if let Err(e) = vol.close() {
-                eprintln!("ecdedup: closing the array: {e}");
-            }
-        }
+        lifecycle::unload(close_volume);
     }
 
     fn open(_readonly: bool) -> Result<Box<dyn Server>> {
         volume()?;
-        // nbdkit serves, so its signal handlers are in place: chain ours.
-        lifecycle::stop_idle_clients_on_signal();
+        if lifecycle::stopping() {
+            return Err(Error::new(libc::ESHUTDOWN, "the server is stopping"));
+        }
         Ok(Box::new(Handle))
     }
 
@@ -170,29 +176,32 @@ impl Server for Handle {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        volume()?.read(buf, offset).map_err(to_nbd)
+        lifecycle::request(|| volume()?.read(buf, offset).map_err(to_nbd))
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, flags: Flags) -> Result<()> {
-        volume()?
-            .write(buf, offset, flags.contains(Flags::FUA))
-            .map_err(to_nbd)
+        lifecycle::request(|| {
+            volume()?
+                .write(buf, offset, flags.contains(Flags::FUA))
+                .map_err(to_nbd)
+        })
     }
 
     fn flush(&self) -> Result<()> {
-        volume()?.flush().map_err(to_nbd)
+        lifecycle::request(|| volume()?.flush().map_err(to_nbd))
     }
 
     fn trim(&self, count: u32, offset: u64, flags: Flags) -> Result<()> {
-        volume()?
-            .write_zeroes(offset, count as u64, flags.contains(Flags::FUA))
-            .map_err(to_nbd)
+        // A trimmed range reads back as zeroes.
+        self.zero(count, offset, flags)
     }
 
     fn zero(&self, count: u32, offset: u64, flags: Flags) -> Result<()> {
-        volume()?
-            .write_zeroes(offset, count as u64, flags.contains(Flags::FUA))
-            .map_err(to_nbd)
+        lifecycle::request(|| {
+            volume()?
+                .write_zeroes(offset, count as u64, flags.contains(Flags::FUA))
+                .map_err(to_nbd)
+        })
     }
 }
 

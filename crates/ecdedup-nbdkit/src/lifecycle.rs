@@ -1,5 +1,5 @@
-//! How the serving process ends: on a bug, at once; on SIGTERM, cleanly and
-//! within a bound.
+//! How the serving process ends: on a bug, at once; on a stop signal,
+//! cleanly and within a bound.
 //!
 //! - A panic anywhere in the process is a bug that may have left the
 //!   array's state half updated in RAM (a stripe's checksums, its parity, a
@@ -8,34 +8,61 @@
 //!   resync, journal replay) rebuilds a consistent state from the media; it
 //!   never serves on with part of the volume failing (ARCHITECTURE.md, "A
 //!   panic stops the server").
-//! - nbdkit 1.32 stops on SIGTERM only once every client has disconnected:
-//!   an idle client, blocked in nothing but the server's read of its next
-//!   request, would hold the server up forever. Our handler, chained after
-//!   nbdkit's, shuts the read side of every accepted connection, so each
-//!   connection ends after the request it is in (an idle one at once);
-//!   nbdkit then unloads the plugin, which flushes and closes the array.
-//!   Past [`STOP_BOUND`] the process aborts, and the next start recovers.
+//! - A stop signal (SIGTERM, SIGINT, SIGHUP, SIGQUIT: the ones nbdkit stops
+//!   on) is ours to handle, not nbdkit's. nbdkit 1.32 stops only once every
+//!   client has disconnected (an idle client, or one that never finishes
+//!   its handshake, holds it forever), and it cannot end a connection from
+//!   its side while that connection has requests in flight: once it marks
+//!   a connection dead (a send that fails, a request cut short) it closes
+//!   the socket's write side while other worker threads of the connection
+//!   still have replies to send, and `raw_send_socket` asserts
+//!   `sock >= 0` and aborts the process (nbdkit commit 9d82aa4f, in 1.33.3).
+//!   Replying ESHUTDOWN to new requests (nbdkit's own stop) or shutting
+//!   client sockets (what this module did) makes a client drop the
+//!   connection with requests in flight, which is how a stop under load
+//!   ended in that abort with the intent log dirty. So our handler
+//!   replaces nbdkit's and the stop never touches a connection: the
+//!   [`request`] gate closes (a request that arrives afterwards waits
+//!   there, unanswered: a client sees it fail when the connection ends,
+//!   and a connection that has not finished its handshake is refused at
+//!   `open`), the requests already inside finish, the array is flushed and
+//!   closed, and the process exits at once with status 0 (1 if the close
+//!   failed), every connection ending with it. Past [`STOP_BOUND`] for the
+//!   requests inside to finish, the process aborts, and the next start
+//!   recovers.
 
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
-use std::sync::{Once, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex, Once, PoisonError};
 use std::time::{Duration, Instant};
 
-/// How long the process may take to stop after SIGTERM or SIGINT (requests
-/// in flight finish, then the array is flushed and closed).
+/// How long the requests inside the array may take to finish after a stop
+/// signal; the flush and close that follow are not bounded by it.
 pub const STOP_BOUND: Duration = Duration::from_secs(60);
-/// How often, while stopping, connections accepted meanwhile are looked for.
-const STOP_POLL: Duration = Duration::from_millis(100);
 
-/// The signals that stop the server; nbdkit handles each.
-const STOP_SIGNALS: [libc::c_int; 2] = [libc::SIGTERM, libc::SIGINT];
+/// The signals that stop the server: the ones nbdkit installs its own stop
+/// handler for.
+const STOP_SIGNALS: [libc::c_int; 4] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT];
 
-/// Write end of the pipe that wakes the stop watcher (-1 before it starts).
+/// How the array is flushed and closed; the message says why it failed.
+pub type CloseFn = fn() -> Result<(), String>;
+
+/// Write end of the pipe that wakes the stop thread (-1 before it starts).
 static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
-/// nbdkit's handlers, called after ours, by position in [`STOP_SIGNALS`].
-static PREVIOUS: [OnceLock<libc::sigaction>; 2] = [OnceLock::new(), OnceLock::new()];
-/// Set once nbdkit unloads the plugin: the close is under way.
-static CLOSING: AtomicBool = AtomicBool::new(false);
+
+/// The request gate is closed: a stop has begun.
+static STOPPING: AtomicBool = AtomicBool::new(false);
+/// Requests inside the gate (between entering and leaving [`request`]).
+/// With [`STOPPING`], both sequentially consistent: a request that enters
+/// either sees the gate closed or is counted by the stop that closes it.
+static INSIDE: AtomicUsize = AtomicUsize::new(0);
+/// The stop thread waits on [`DRAINED`] under this lock; the last request
+/// to leave a closed gate takes it to signal.
+static DRAIN_LOCK: Mutex<()> = Mutex::new(());
+static DRAINED: Condvar = Condvar::new();
+/// The outcome of closing the array, once it was closed (by the stop
+/// thread or by nbdkit's unload, whichever came first).
+static CLOSED: Mutex<Option<Result<(), String>>> = Mutex::new(None);
 
 /// Makes every panic in this process abort it after the usual message.
 pub fn fail_stop_on_panic() {
@@ -53,25 +80,85 @@ pub fn fail_stop_on_panic() {
     });
 }
 
-/// The close has begun (nbdkit is unloading the plugin): no abort past
-/// the stop bound.
-pub fn closing() {
-    CLOSING.store(true, Ordering::SeqCst);
+/// Runs one client request against the array, unless a stop has begun:
+/// then the request waits, unanswered, until the process exits (it must
+/// not reach an array being closed, and an error reply would make the
+/// client drop a connection that still has replies to come).
+pub fn request<T>(serve: impl FnOnce() -> T) -> T {
+    struct Inside;
+    impl Drop for Inside {
+        fn drop(&mut self) {
+            if INSIDE.fetch_sub(1, Ordering::SeqCst) == 1 && STOPPING.load(Ordering::SeqCst) {
+                let _lock = DRAIN_LOCK.lock().unwrap_or_else(PoisonError::into_inner);
+                DRAINED.notify_all();
+            }
+        }
+    }
+    INSIDE.fetch_add(1, Ordering::SeqCst);
+    let inside = Inside;
+    if STOPPING.load(Ordering::SeqCst) {
+        drop(inside);
+        loop {
+            std::thread::park();
+        }
+    }
+    serve()
 }
 
-/// Chains our stop handler after nbdkit's and starts the watcher that ends
-/// client reads on a stop signal. Called once nbdkit serves (its handlers
-/// are installed by then); later calls do nothing.
-pub fn stop_idle_clients_on_signal() {
+/// Whether a stop has begun (a connection that opens now is refused).
+pub fn stopping() -> bool {
+    STOPPING.load(Ordering::SeqCst)
+}
+
+/// Closes the array once: the first caller runs `close` (logging it), a
+/// later or concurrent one gets its outcome.
+fn close_once(close: CloseFn) -> Result<(), String> {
+    let mut closed = CLOSED.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(outcome) = closed.as_ref() {
+        return outcome.clone();
+    }
+    let outcome = close();
+    match &outcome {
+        Ok(()) => eprintln!("ecdedup: stopped: the array is flushed and closed"),
+        Err(e) => eprintln!("ecdedup: closing the array: {e}"),
+    }
+    *closed = Some(outcome.clone());
+    outcome
+}
+
+/// nbdkit's unload: closes the array unless the stop thread did. A close
+/// that fails ends the process with status 1.
+pub fn unload(close: CloseFn) {
+    if close_once(close).is_err() {
+        exit_now(1);
+    }
+}
+
+/// Ends the process at once with `code`: nbdkit's threads (some waiting in
+/// the gate, some in a client's read) are not joined, and no exit handler
+/// runs while they do.
+fn exit_now(code: libc::c_int) -> ! {
+    // SAFETY: _exit(2) ends the process; nothing after it runs.
+    unsafe { libc::_exit(code) }
+}
+
+/// Replaces nbdkit's handlers of the stop signals with ours and starts the
+/// thread that stops the server on one, closing the array with `close`.
+/// Called once nbdkit serves (after it installed its handlers, before it
+/// accepts a connection); later calls do nothing.
+pub fn stop_on_signal(close: CloseFn) {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        if let Err(e) = install() {
-            eprintln!("ecdedup: warning: {e}: a stop signal waits for idle clients to disconnect");
+        if let Err(e) = install(close) {
+            eprintln!(
+                "ecdedup: warning: {e}: a stop signal is nbdkit's, which waits for every client \
+                 to disconnect"
+            );
         }
     });
 }
 
-fn install() -> std::io::Result<()> {
+fn install(close: CloseFn) -> std::io::Result<()> {
     let mut fds = [0 as RawFd; 2];
     // SAFETY: pipe2(2) into a two-element array.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -80,22 +167,15 @@ fn install() -> std::io::Result<()> {
     let [read_fd, write_fd] = fds;
     std::thread::Builder::new()
         .name("ecdedup-stop".into())
-        .spawn(move || watch(read_fd))?;
+        .spawn(move || stop_on_wake(read_fd, close))?;
     WAKE_FD.store(write_fd, Ordering::SeqCst);
-    for (i, &sig) in STOP_SIGNALS.iter().enumerate() {
-        // SAFETY: sigaction(2) with zeroed, then filled, structures.
+    for &sig in &STOP_SIGNALS {
+        // SAFETY: sigaction(2) with a zeroed, then filled, structure.
         unsafe {
-            let mut previous: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(sig, std::ptr::null(), &mut previous) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            let _ = PREVIOUS[i].set(previous);
             let mut ours: libc::sigaction = std::mem::zeroed();
             ours.sa_sigaction = on_stop_signal as *const () as usize;
-            // nbdkit's own restart behaviour and mask, so that its loops
-            // see the interruptions they expect.
-            ours.sa_flags = libc::SA_SIGINFO | (previous.sa_flags & libc::SA_RESTART);
-            ours.sa_mask = previous.sa_mask;
+            ours.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut ours.sa_mask);
             if libc::sigaction(sig, &ours, std::ptr::null_mut()) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
@@ -104,44 +184,20 @@ fn install() -> std::io::Result<()> {
     Ok(())
 }
 
-/// Async-signal-safe: one write(2), then nbdkit's own handler.
-extern "C" fn on_stop_signal(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+/// Async-signal-safe: one write(2) that wakes the stop thread.
+extern "C" fn on_stop_signal(_sig: libc::c_int) {
     let fd = WAKE_FD.load(Ordering::SeqCst);
-    if fd >= 0 {
-        // SAFETY: write(2) of one byte from a static; the result does not
-        // matter (a full pipe already holds a wake-up).
-        unsafe {
-            libc::write(fd, b"s".as_ptr().cast(), 1);
-        }
-    }
-    let Some(previous) = STOP_SIGNALS
-        .iter()
-        .position(|&s| s == sig)
-        .and_then(|i| PREVIOUS[i].get())
-    else {
-        return;
-    };
-    let handler = previous.sa_sigaction;
-    if handler == libc::SIG_DFL || handler == libc::SIG_IGN {
-        return;
-    }
-    // SAFETY: `handler` is the function nbdkit installed for this signal,
-    // called with the arguments its flags say it takes.
+    // SAFETY: write(2) of one byte from a static; the result does not
+    // matter (a full pipe already holds a wake-up).
     unsafe {
-        if previous.sa_flags & libc::SA_SIGINFO != 0 {
-            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
-                std::mem::transmute(handler);
-            f(sig, info, ctx);
-        } else {
-            let f: extern "C" fn(libc::c_int) = std::mem::transmute(handler);
-            f(sig);
-        }
+        libc::write(fd, b"s".as_ptr().cast(), 1);
     }
 }
 
-/// Waits for a stop signal, then ends the reads of client connections
-/// until nbdkit has unloaded the plugin, or aborts past [`STOP_BOUND`].
-fn watch(read_fd: RawFd) {
+/// Waits for a stop signal, then stops the server: closes the gate, waits
+/// for the requests inside (aborting past [`STOP_BOUND`]), closes the
+/// array and exits.
+fn stop_on_wake(read_fd: RawFd, close: CloseFn) {
     let mut byte = [0u8; 1];
     loop {
         // SAFETY: read(2) into a one-byte buffer.
@@ -154,104 +210,29 @@ fn watch(read_fd: RawFd) {
         }
         return;
     }
-    eprintln!("ecdedup: stopping: client connections end after their current request");
     let deadline = Instant::now() + STOP_BOUND;
-    while Instant::now() < deadline || CLOSING.load(Ordering::SeqCst) {
-        if !CLOSING.load(Ordering::SeqCst) {
-            end_client_reads();
-        }
-        std::thread::sleep(STOP_POLL);
-    }
+    STOPPING.store(true, Ordering::SeqCst);
+    let mut lock = DRAIN_LOCK.lock().unwrap_or_else(PoisonError::into_inner);
     eprintln!(
-        "ecdedup: the server did not stop within {STOP_BOUND:?} of the stop signal; aborting \
-         (the next start resynchronises the array)"
+        "ecdedup: stopping: no new request is served; the {} in the array finish, then the array \
+         is flushed and closed and every connection ends",
+        INSIDE.load(Ordering::SeqCst)
     );
-    std::process::abort();
-}
-
-/// Shuts the read side of every accepted stream connection of this
-/// process: a connection whose local address is that of one of its
-/// listening sockets (NBD clients, and the control and metrics sockets).
-fn end_client_reads() {
-    let Ok(entries) = std::fs::read_dir("/proc/self/fd") else {
-        return;
-    };
-    let fds: Vec<RawFd> = entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse().ok())
-        .collect();
-    let mut listening = Vec::new();
-    let mut accepted = Vec::new();
-    for fd in fds {
-        if socket_option(fd, libc::SO_TYPE) != Some(libc::SOCK_STREAM) {
-            continue;
+    while INSIDE.load(Ordering::SeqCst) > 0 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            eprintln!(
+                "ecdedup: requests did not finish within {STOP_BOUND:?} of the stop signal; \
+                 aborting (the next start resynchronises the array)"
+            );
+            std::process::abort();
         }
-        let Some(address) = local_address(fd) else {
-            continue;
-        };
-        match socket_option(fd, libc::SO_ACCEPTCONN) {
-            Some(0) => accepted.push((fd, address)),
-            Some(_) => listening.push(address),
-            None => {}
-        }
+        lock = DRAINED
+            .wait_timeout(lock, left)
+            .unwrap_or_else(PoisonError::into_inner)
+            .0;
     }
-    for (fd, address) in accepted {
-        if listening.contains(&address) {
-            // SAFETY: shutdown(2) of a socket this process holds.
-            unsafe {
-                libc::shutdown(fd, libc::SHUT_RD);
-            }
-        }
-    }
-}
-
-/// An integer socket option; None when `fd` is not a socket.
-fn socket_option(fd: RawFd, option: libc::c_int) -> Option<libc::c_int> {
-    let mut value: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: getsockopt(2) into an int of the length given.
-    let rc = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            option,
-            (&mut value as *mut libc::c_int).cast(),
-            &mut len,
-        )
-    };
-    (rc == 0).then_some(value)
-}
-
-/// What identifies the listener a socket belongs to: its family with the
-/// path (Unix) or the port (TCP; the accepted side's address may be a
-/// concrete one of a wildcard listener).
-fn local_address(fd: RawFd) -> Option<(libc::c_int, Vec<u8>)> {
-    // SAFETY: getsockname(2) into a zeroed sockaddr_storage of its size.
-    let (storage, len) = unsafe {
-        let mut storage: libc::sockaddr_storage = std::mem::zeroed();
-        let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-        if libc::getsockname(
-            fd,
-            (&mut storage as *mut libc::sockaddr_storage).cast(),
-            &mut len,
-        ) != 0
-        {
-            return None;
-        }
-        (storage, len as usize)
-    };
-    // SAFETY: the first `len` bytes of the storage were written by the kernel.
-    let bytes = unsafe {
-        std::slice::from_raw_parts(
-            (&storage as *const libc::sockaddr_storage).cast::<u8>(),
-            len.min(std::mem::size_of::<libc::sockaddr_storage>()),
-        )
-    };
-    let family = libc::c_int::from(storage.ss_family);
-    let key = match family {
-        libc::AF_UNIX => bytes.get(2..)?.to_vec(),
-        libc::AF_INET | libc::AF_INET6 => bytes.get(2..4)?.to_vec(),
-        _ => return None,
-    };
-    Some((family, key))
+    drop(lock);
+    let code = if close_once(close).is_ok() { 0 } else { 1 };
+    exit_now(code);
 }

@@ -9,11 +9,11 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
 
-const NBDMAGIC: u64 = 0x4e42_444d_4147_4943; // "NBDMAGIC"
+pub const NBDMAGIC: u64 = 0x4e42_444d_4147_4943; // "NBDMAGIC"
 const IHAVEOPT: u64 = 0x4948_4156_454f_5054; // "IHAVEOPT"
 const OPT_REPLY_MAGIC: u64 = 0x0003_e889_0455_65a9;
-const REQUEST_MAGIC: u32 = 0x2560_9513;
-const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
+pub const REQUEST_MAGIC: u32 = 0x2560_9513;
+pub const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
 
 const FLAG_FIXED_NEWSTYLE: u16 = 1;
 const FLAG_NO_ZEROES: u16 = 2;
@@ -237,6 +237,12 @@ impl Client {
 
     pub fn flush(&mut self) -> Result<()> {
         self.request(CMD_FLUSH, 0, 0, 0, None).map(|_| ())
+    }
+
+    /// The connection after the handshake, for a test that drives the
+    /// transmission phase itself (several requests in flight).
+    pub fn into_stream(self) -> UnixStream {
+        self.sock
     }
 
     /// Polite goodbye (NBD_CMD_DISC); errors ignored.
