@@ -31,87 +31,73 @@ pub const FLAG_REPLY: u16 = 1 << 1;
 /// Every flag this version knows; any other bit set is an error.
 pub const FLAGS_KNOWN: u16 = FLAG_FUA | FLAG_REPLY;
 
-/// What a frame asks for (a request) or answers (with [`FLAG_REPLY`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum Op {
-    /// The handshake: proves the cluster key and names the sender.
-    Hello = 1,
-    /// Read `length` bytes of a chunk at `offset` (checked against the
-    /// stored checksums by the chunk server).
-    Read = 2,
-    /// Write the payload into a chunk at `offset` (data or parity).
-    Write = 3,
-    /// Append the payload to a parity log (plog, parix's d(r)).
-    LogAppend = 4,
-    /// A parity server's answer to a parix append it cannot apply: it lacks
-    /// d(0), which the data server then supplies.
-    NeedD0 = 5,
-    /// Replay (or seal) a parity log into the parity it covers.
-    Replay = 6,
-    /// Make every acknowledged write of the volume durable.
-    Flush = 7,
-    /// A new writer's epoch for the volume, pushed before it writes.
-    SetEpoch = 8,
-    /// Read the checksums of a range (to check a decode).
-    ReadChecksums = 9,
+/// A field of the header that holds one of a closed set of codes: the enum,
+/// every value in code order (`ALL`), and the value of a code, if any.
+macro_rules! wire_enum {
+    ($(#[$doc:meta])* $name:ident: $repr:ty { $($(#[$vdoc:meta])* $variant:ident = $code:expr,)* }) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[repr($repr)]
+        pub enum $name {
+            $($(#[$vdoc])* $variant = $code,)*
+        }
+
+        impl $name {
+            /// Every value, in code order.
+            pub const ALL: &'static [$name] = &[$($name::$variant,)*];
+
+            fn from_code(code: $repr) -> Option<$name> {
+                $name::ALL.iter().copied().find(|v| *v as $repr == code)
+            }
+        }
+    };
 }
 
-impl Op {
-    /// Every op, in code order.
-    pub const ALL: [Op; 9] = [
-        Op::Hello,
-        Op::Read,
-        Op::Write,
-        Op::LogAppend,
-        Op::NeedD0,
-        Op::Replay,
-        Op::Flush,
-        Op::SetEpoch,
-        Op::ReadChecksums,
-    ];
-
-    fn from_code(code: u8) -> Option<Op> {
-        Op::ALL.into_iter().find(|op| *op as u8 == code)
+wire_enum! {
+    /// What a frame asks for (a request) or answers (with [`FLAG_REPLY`]).
+    Op: u8 {
+        /// The handshake: proves the cluster key and names the sender.
+        Hello = 1,
+        /// Read `length` bytes of a chunk at `offset` (checked against the
+        /// stored checksums by the chunk server).
+        Read = 2,
+        /// Write the payload into a chunk at `offset` (data or parity).
+        Write = 3,
+        /// Append the payload to a parity log (plog, parix's d(r)).
+        LogAppend = 4,
+        /// A parity server's answer to a parix append it cannot apply: it
+        /// lacks d(0), which the data server then supplies.
+        NeedD0 = 5,
+        /// Replay (or seal) a parity log into the parity it covers.
+        Replay = 6,
+        /// Make every acknowledged write of the volume durable.
+        Flush = 7,
+        /// A new writer's epoch for the volume, pushed before it writes.
+        SetEpoch = 8,
+        /// Read the checksums of a range (to check a decode).
+        ReadChecksums = 9,
     }
 }
 
-/// The outcome a reply carries (0 in every request).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u32)]
-pub enum Status {
-    Ok = 0,
-    /// The frame's writer epoch is lower than the highest the chunk server
-    /// has seen for the volume: a newer writer took the volume over.
-    EpochTooOld = 1,
-    /// The frame's placement-group epoch is older than the server's.
-    PgEpochTooOld = 2,
-    /// The chunk server does not hold that placement group.
-    NotHere = 3,
-    /// A medium error, or a checksum the data failed: the data is not
-    /// returned.
-    Io = 4,
-    /// The device is full.
-    NoSpace = 5,
-    /// A request the server refused as malformed (out of range, bad
-    /// length).
-    Invalid = 6,
-}
-
-impl Status {
-    /// Every status, in code order.
-    pub const ALL: [Status; 7] = [
-        Status::Ok,
-        Status::EpochTooOld,
-        Status::PgEpochTooOld,
-        Status::NotHere,
-        Status::Io,
-        Status::NoSpace,
-        Status::Invalid,
-    ];
-
-    fn from_code(code: u32) -> Option<Status> {
-        Status::ALL.into_iter().find(|s| *s as u32 == code)
+wire_enum! {
+    /// The outcome a reply carries (0 in every request).
+    Status: u32 {
+        Ok = 0,
+        /// The frame's writer epoch is lower than the highest the chunk
+        /// server has seen for the volume: a newer writer took it over.
+        EpochTooOld = 1,
+        /// The frame's placement-group epoch is older than the server's.
+        PgEpochTooOld = 2,
+        /// The chunk server does not hold that placement group.
+        NotHere = 3,
+        /// A medium error, or a checksum the data failed: the data is not
+        /// returned.
+        Io = 4,
+        /// The device is full.
+        NoSpace = 5,
+        /// A request the server refused as malformed (out of range, bad
+        /// length).
+        Invalid = 6,
     }
 }
 
