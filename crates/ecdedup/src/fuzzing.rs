@@ -250,7 +250,7 @@ pub fn degraded_log(data: &[u8]) {
     let path = Path::new("/d/degraded.log");
     for bytes in [file.to_vec(), repair_degraded_log(file, choice & 4 != 0)] {
         let storage = storage_with(path, &bytes);
-        if let Ok((log, _intact)) = DegradedLog::open(storage, path, block) {
+        if let Ok((log, _intact)) = DegradedLog::open(storage, path, block, 1 << 20) {
             let _ = log.has_stripe(u64_at(file, 48));
         }
     }

@@ -17,9 +17,15 @@
 //! content, never a mix of two stripes' states.
 //!
 //! Records are only needed until the devices they describe are durable: a
-//! flush that synced every device ends the log's generation (one synced
-//! header write, only when records were appended since), and records of an
-//! older generation are ignored at open.
+//! checkpoint syncs every device and then ends the log's generation (one
+//! synced header write), and records of an older generation are ignored at
+//! open. A flush is a checkpoint; so is an append that would take the log
+//! past its bound (`bytes_max`) or that meets a full space: the write waits
+//! for the checkpoint instead of failing, as a journal's writers wait for
+//! its checkpoint. A checkpoint holds new appends back and waits for every
+//! stripe write whose records are logged ([`Logged`], held until the
+//! stripe's devices are written), so it never drops a record whose stripe
+//! is still being written.
 //!
 //! File layout (little endian): a 32-byte header (magic `ECDDDW01`, u32
 //! version 1, u64 generation, zeros, u32 CRC32C of bytes 0..28 at 28); then
@@ -46,17 +52,26 @@ use crate::error::{Error, Result};
 use crate::media::storage::{read_all, write_atomic, Storage, StorageFile};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 const MAGIC: [u8; 8] = *b"ECDDDW01";
 const VERSION: u32 = 1;
 const HEADER_BYTES: u64 = 32;
 const RECORD_HEADER_BYTES: usize = 40;
-/// A log longer than this is cut short by the next append's generation
-/// change... never: it is bounded by the writes between two flushes; this
-/// bound only refuses a single request that could not fit in RAM.
+/// One record's payload: the blocks of one unit (a sanity bound).
 const PAYLOAD_BYTES_MAX: u64 = 1 << 30;
 const TOMBSTONE: u32 = u32::MAX;
+
+/// The most bytes one stripe write appends in one call: every block of
+/// every data unit that can be missing (at most m), each in a record of
+/// its own (a degraded journal replay logs row by row). A log bound below
+/// this plus the header could never take a write; the array's bound is
+/// at least twice it.
+pub fn stripe_records_bytes_max(k: usize, m: usize, unit_bytes: u64, block: u64) -> u64 {
+    let blocks = unit_bytes / block;
+    let record = (RECORD_HEADER_BYTES as u64 + block).next_multiple_of(8);
+    k.min(m) as u64 * blocks * record
+}
 
 /// Where a logged value sits: (stripe, role, block) -> file offset.
 type Index = HashMap<(u64, u32, u32), u64>;
@@ -66,13 +81,39 @@ struct Inner {
     generation: u64,
     end: u64,
     index: Index,
+    /// Appends whose stripe writes are still under way ([`Logged`]).
+    writers: u32,
+    /// A checkpoint is under way: appends wait for it.
+    checkpointing: bool,
 }
 
 pub struct DegradedLog {
     storage: Arc<dyn Storage>,
     path: PathBuf,
     block: usize,
+    /// The file's bound (header and records): an append that would pass
+    /// it checkpoints first.
+    bytes_max: u64,
     inner: Mutex<Inner>,
+    /// Signalled when a checkpoint ends or the last writer finishes.
+    changed: Condvar,
+}
+
+/// Records appended for one stripe write: held until the write's device
+/// I/O is done, so that a checkpoint waits for it.
+#[must_use = "hold it until the stripe's devices are written"]
+pub struct Logged<'a> {
+    log: &'a DegradedLog,
+}
+
+impl Drop for Logged<'_> {
+    fn drop(&mut self) {
+        let mut inner = self.log.lock();
+        inner.writers -= 1;
+        if inner.writers == 0 {
+            self.log.changed.notify_all();
+        }
+    }
 }
 
 fn header(generation: u64) -> [u8; HEADER_BYTES as usize] {
@@ -139,10 +180,17 @@ impl DegradedLog {
     /// current generation. An unreadable header starts a new generation:
     /// the records it held are then unknown, which the caller learns from
     /// `Ok(false)` (it resyncs as before the log existed).
+    ///
+    /// `bytes_max` bounds the file (see [`stripe_records_bytes_max`]); the
+    /// space for it is reserved at once where the storage can (a metadata
+    /// area allocates it, a file system `fallocate`s it), so that appends
+    /// below it do not meet a full space; where it cannot, an append that
+    /// does is met with a checkpoint.
     pub fn open(
         storage: Arc<dyn Storage>,
         path: &Path,
         block: usize,
+        bytes_max: u64,
     ) -> Result<(DegradedLog, bool)> {
         let io = |e| {
             Error::io(
@@ -181,46 +229,124 @@ impl DegradedLog {
             }
         }
         let file = storage.open(path).map_err(io)?;
+        // Best effort: without the reservation a full space is met by a
+        // checkpoint at append time instead.
+        let _ = file.reserve(bytes_max);
         let log = DegradedLog {
             storage,
             path: path.to_owned(),
             block,
+            bytes_max,
             inner: Mutex::new(Inner {
                 file,
                 generation,
                 end: if intact { at as u64 } else { HEADER_BYTES },
                 index,
+                writers: 0,
+                checkpointing: false,
             }),
+            changed: Condvar::new(),
         };
         Ok((log, intact))
     }
 
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap()
+    }
+
+    /// Waits until no checkpoint is under way.
+    fn lock_idle(&self) -> MutexGuard<'_, Inner> {
+        let mut inner = self.lock();
+        while inner.checkpointing {
+            inner = self.changed.wait(inner).unwrap();
+        }
+        inner
+    }
+
+    /// Appends the records `encode` gives for the current generation at
+    /// the end and syncs them, checkpointing first when they would pass
+    /// the bound or meet a full space (and the log holds records a
+    /// checkpoint can drop). Returns with `inner` locked, no checkpoint
+    /// under way, and the records durable at the returned offset (their
+    /// length not yet added to `end`).
+    fn append<'a>(
+        &'a self,
+        encode: &dyn Fn(u64) -> Vec<u8>,
+        make_durable: &dyn Fn() -> Result<()>,
+    ) -> Result<(MutexGuard<'a, Inner>, u64, u64)> {
+        let appending = |e| Error::io("appending to the degraded-write log", e);
+        let mut inner = self.lock_idle();
+        loop {
+            let out = encode(inner.generation);
+            let at = inner.end;
+            let empty = at == HEADER_BYTES;
+            if at + out.len() as u64 <= self.bytes_max || empty {
+                match inner
+                    .file
+                    .write_at(&out, at)
+                    .and_then(|_| inner.file.sync())
+                {
+                    Ok(()) => return Ok((inner, at, out.len() as u64)),
+                    Err(e) if empty || !super::Array::is_space_error(&e) => {
+                        return Err(appending(e))
+                    }
+                    Err(_) => {}
+                }
+            }
+            inner = self.checkpoint_locked(inner, make_durable)?;
+        }
+    }
+
+    /// Makes the logged stripes durable with `make_durable` (which syncs
+    /// every device) and drops their records: appends wait meanwhile, and
+    /// it starts once every stripe write with records logged is done.
+    fn checkpoint_locked<'a>(
+        &'a self,
+        mut inner: MutexGuard<'a, Inner>,
+        make_durable: &dyn Fn() -> Result<()>,
+    ) -> Result<MutexGuard<'a, Inner>> {
+        inner.checkpointing = true;
+        while inner.writers > 0 {
+            inner = self.changed.wait(inner).unwrap();
+        }
+        drop(inner);
+        let durable = make_durable();
+        let mut inner = self.lock();
+        let r = durable.and_then(|()| {
+            Self::end_generation_locked(&mut inner)
+                .map_err(|e| Error::io("ending the degraded-write log's generation", e))
+        });
+        inner.checkpointing = false;
+        self.changed.notify_all();
+        r.map(|()| inner)
+    }
+
+    /// A checkpoint: `make_durable` syncs every device, and then the
+    /// records it made needless are dropped. With no records, it only runs
+    /// `make_durable` (and appends go on meanwhile).
+    pub fn checkpoint(&self, make_durable: &dyn Fn() -> Result<()>) -> Result<()> {
+        let inner = self.lock_idle();
+        if inner.end == HEADER_BYTES && inner.index.is_empty() && inner.writers == 0 {
+            drop(inner);
+            return make_durable();
+        }
+        self.checkpoint_locked(inner, make_durable).map(drop)
+    }
+
     /// Appends the values of missing data units, `(role, first block,
     /// bytes)`, for one stripe and syncs them: only then may the stripe's
-    /// devices be written.
-    pub fn log(&self, stripe: u64, values: &[(usize, u64, &[u8])]) -> std::io::Result<()> {
-        let mut inner = self.inner.lock().unwrap();
-        let mut out = Vec::new();
-        for &(role, first, bytes) in values {
-            assert!(bytes.len().is_multiple_of(self.block) && !bytes.is_empty());
-            assert!((bytes.len() as u64) < PAYLOAD_BYTES_MAX);
-            let start = out.len();
-            out.extend_from_slice(&[0u8; 4]);
-            out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
-            out.extend_from_slice(&inner.generation.to_le_bytes());
-            out.extend_from_slice(&stripe.to_le_bytes());
-            out.extend_from_slice(&(role as u32).to_le_bytes());
-            out.extend_from_slice(&(first as u32).to_le_bytes());
-            out.extend_from_slice(&((bytes.len() / self.block) as u32).to_le_bytes());
-            out.extend_from_slice(&[0u8; 4]);
-            out.extend_from_slice(bytes);
-            let crc = crc32c::crc32c(&out[start + 4..]);
-            out[start..start + 4].copy_from_slice(&crc.to_le_bytes());
-            out.resize(out.len().next_multiple_of(8), 0);
-        }
-        let at = inner.end;
-        inner.file.write_at(&out, at)?;
-        inner.file.sync()?;
+    /// devices be written, and the caller holds the returned [`Logged`]
+    /// until they are. A full log is checkpointed first with
+    /// `make_durable` (see [`DegradedLog::checkpoint`]); the caller holds
+    /// no other [`Logged`] (the checkpoint would wait for it).
+    pub fn log(
+        &self,
+        stripe: u64,
+        values: &[(usize, u64, &[u8])],
+        make_durable: &dyn Fn() -> Result<()>,
+    ) -> Result<Logged<'_>> {
+        let encode = |generation| self.encode(stripe, values, generation);
+        let (mut inner, at, len) = self.append(&encode, make_durable)?;
         // Index only once durable.
         let mut pos = 0usize;
         for &(role, first, bytes) in values {
@@ -233,8 +359,32 @@ impl DegradedLog {
             }
             pos += (RECORD_HEADER_BYTES + bytes.len()).next_multiple_of(8);
         }
-        inner.end = at + out.len() as u64;
-        Ok(())
+        inner.end = at + len;
+        inner.writers += 1;
+        Ok(Logged { log: self })
+    }
+
+    /// The records of `values` (see [`DegradedLog::log`]) in `generation`.
+    fn encode(&self, stripe: u64, values: &[(usize, u64, &[u8])], generation: u64) -> Vec<u8> {
+        let mut out = Vec::new();
+        for &(role, first, bytes) in values {
+            assert!(bytes.len().is_multiple_of(self.block) && !bytes.is_empty());
+            assert!((bytes.len() as u64) < PAYLOAD_BYTES_MAX);
+            let start = out.len();
+            out.extend_from_slice(&[0u8; 4]);
+            out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+            out.extend_from_slice(&generation.to_le_bytes());
+            out.extend_from_slice(&stripe.to_le_bytes());
+            out.extend_from_slice(&(role as u32).to_le_bytes());
+            out.extend_from_slice(&(first as u32).to_le_bytes());
+            out.extend_from_slice(&((bytes.len() / self.block) as u32).to_le_bytes());
+            out.extend_from_slice(&[0u8; 4]);
+            out.extend_from_slice(bytes);
+            let crc = crc32c::crc32c(&out[start + 4..]);
+            out[start..start + 4].copy_from_slice(&crc.to_le_bytes());
+            out.resize(out.len().next_multiple_of(8), 0);
+        }
+        out
     }
 
     /// The logged value of one block of a missing unit, if any.
@@ -248,22 +398,23 @@ impl DegradedLog {
         Ok(Some(buf))
     }
 
-    /// Drops every record of `stripe`, durably (a tombstone).
-    pub fn forget_stripe(&self, stripe: u64) -> std::io::Result<()> {
-        let mut inner = self.inner.lock().unwrap();
-        let mut out = Vec::with_capacity(RECORD_HEADER_BYTES);
-        out.extend_from_slice(&[0u8; 8]);
-        out.extend_from_slice(&inner.generation.to_le_bytes());
-        out.extend_from_slice(&stripe.to_le_bytes());
-        out.extend_from_slice(&TOMBSTONE.to_le_bytes());
-        out.extend_from_slice(&[0u8; 12]);
-        let crc = crc32c::crc32c(&out[4..]);
-        out[0..4].copy_from_slice(&crc.to_le_bytes());
-        let at = inner.end;
-        inner.file.write_at(&out, at)?;
-        inner.file.sync()?;
+    /// Drops every record of `stripe`, durably (a tombstone; or a
+    /// checkpoint, which drops every record, where the log is full).
+    pub fn forget_stripe(&self, stripe: u64, make_durable: &dyn Fn() -> Result<()>) -> Result<()> {
+        let encode = |generation: u64| {
+            let mut out = Vec::with_capacity(RECORD_HEADER_BYTES);
+            out.extend_from_slice(&[0u8; 8]);
+            out.extend_from_slice(&generation.to_le_bytes());
+            out.extend_from_slice(&stripe.to_le_bytes());
+            out.extend_from_slice(&TOMBSTONE.to_le_bytes());
+            out.extend_from_slice(&[0u8; 12]);
+            let crc = crc32c::crc32c(&out[4..]);
+            out[0..4].copy_from_slice(&crc.to_le_bytes());
+            out
+        };
+        let (mut inner, at, len) = self.append(&encode, make_durable)?;
         inner.index.retain(|&(s, _, _), _| s != stripe);
-        inner.end = at + out.len() as u64;
+        inner.end = at + len;
         Ok(())
     }
 
@@ -280,8 +431,7 @@ impl DegradedLog {
     /// After every device is durable: starts a new generation, so no record
     /// written so far is used again. Costs a synced header write, and only
     /// when records were appended since the last one.
-    pub fn end_generation(&self) -> std::io::Result<()> {
-        let mut inner = self.inner.lock().unwrap();
+    fn end_generation_locked(inner: &mut Inner) -> std::io::Result<()> {
         if inner.end == HEADER_BYTES && inner.index.is_empty() {
             return Ok(());
         }
@@ -315,35 +465,51 @@ impl super::Array {
 
     /// Before a degraded write of block rows `first..first+len/block` of
     /// `stripe` touches a device: logs the missing data units' values after
-    /// the write (`data[role]` holds every data role's new run).
+    /// the write (`data[role]` holds every data role's new run). Hold the
+    /// result until the stripe's devices are written.
     pub(super) fn log_missing_units(
         &self,
         stripe: u64,
         first: u64,
         data: &[Vec<u8>],
-    ) -> Result<()> {
+    ) -> Result<Option<Logged<'_>>> {
+        let rows = [(first, data)];
+        self.log_missing_rows(stripe, &rows)
+    }
+
+    /// [`Array::log_missing_units`] for several runs of one stripe at once
+    /// (`(first block, data)` each), in one append.
+    pub(super) fn log_missing_rows<D: AsRef<[Vec<u8>]>>(
+        &self,
+        stripe: u64,
+        runs: &[(u64, D)],
+    ) -> Result<Option<Logged<'_>>> {
         let Some(log) = &self.degraded_log else {
-            return Ok(());
+            return Ok(None);
         };
         let missing = self.missing_data_roles(stripe);
-        if missing.is_empty() {
-            return Ok(());
+        if missing.is_empty() || runs.is_empty() {
+            return Ok(None);
         }
-        let values: Vec<(usize, u64, &[u8])> = missing
+        let values: Vec<(usize, u64, &[u8])> = runs
             .iter()
-            .map(|&r| (r, first, data[r].as_slice()))
+            .flat_map(|(first, data)| {
+                missing
+                    .iter()
+                    .map(move |&r| (r, *first, data.as_ref()[r].as_slice()))
+            })
             .collect();
-        log.log(stripe, &values)
-            .map_err(|e| Error::io("appending to the degraded-write log", e))
+        log.log(stripe, &values, &|| self.make_everything_durable())
+            .map(Some)
     }
 
     /// Before a healthy write of `stripe`: records logged while it was
     /// degraded no longer describe it.
     pub(super) fn forget_degraded_records(&self, stripe: u64) -> Result<()> {
         match &self.degraded_log {
-            Some(log) if log.has_stripe(stripe) => log
-                .forget_stripe(stripe)
-                .map_err(|e| Error::io("appending to the degraded-write log", e)),
+            Some(log) if log.has_stripe(stripe) => {
+                log.forget_stripe(stripe, &|| self.make_everything_durable())
+            }
             _ => Ok(()),
         }
     }
@@ -421,9 +587,9 @@ impl super::Array {
 impl super::Array {
     /// A whole-stripe discard while degraded: the missing data units will
     /// read as zeroes, logged first like any degraded write.
-    pub(super) fn log_discarded_missing_units(&self, stripe: u64) -> Result<()> {
+    pub(super) fn log_discarded_missing_units(&self, stripe: u64) -> Result<Option<Logged<'_>>> {
         if self.missing_data_roles(stripe).is_empty() {
-            return self.forget_degraded_records(stripe);
+            return self.forget_degraded_records(stripe).map(|()| None);
         }
         let unit = self.geo.unit_bytes() as usize;
         let zeroes = vec![vec![0u8; unit]; self.geo.k()];
@@ -435,28 +601,100 @@ impl super::Array {
 mod tests {
     use super::*;
     use crate::media::PowerLossStorage;
+    use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 
-    #[test]
-    fn logged_values_are_found_until_the_generation_ends_and_survive_a_reopen() {
+    /// A simulated folder `/a` and the log's path in it.
+    fn scratch() -> (PowerLossStorage, Arc<dyn Storage>, &'static Path) {
         let sim = PowerLossStorage::new();
         let storage = sim.shared();
         storage.create_dir_all(Path::new("/a")).unwrap();
-        let path = Path::new("/a/degraded.log");
-        let (log, intact) = DegradedLog::open(Arc::clone(&storage), path, 4096).unwrap();
+        (sim, storage, Path::new("/a/degraded.log"))
+    }
+
+    /// The devices are in memory here: nothing to sync.
+    fn durable() -> Result<()> {
+        Ok(())
+    }
+
+    /// Issue 18 item 3: the log held every degraded write since the last
+    /// flush, so a writer that did not flush filled its space and got
+    /// ENOSPC. Now an append past the bound checkpoints the log (devices
+    /// synced, records dropped) and goes on: writes wait, never fail.
+    #[test]
+    fn appends_past_the_bound_checkpoint_the_log_and_never_fail() {
+        let (sim, storage, path) = scratch();
+        let bytes_max = 64 << 10;
+        let (log, _) = DegradedLog::open(Arc::clone(&storage), path, 4096, bytes_max).unwrap();
+        let checkpoints = AtomicU32::new(0);
+        let count = || {
+            checkpoints.fetch_add(1, SeqCst);
+            Ok(())
+        };
+        let v = vec![5u8; 8192];
+        for stripe in 0..100u64 {
+            drop(log.log(stripe, &[(0, 0, &v), (1, 2, &v)], &count).unwrap());
+            assert!(log.lock().file.len().unwrap() <= bytes_max);
+            assert!(log.has_stripe(stripe), "the new records are kept");
+        }
+        // 100 appends of 16,464 bytes, 3 to a 64 KiB log.
+        assert_eq!(checkpoints.load(SeqCst), 33);
+        assert!(
+            !log.has_stripe(98),
+            "the last checkpoint dropped the records before 99"
+        );
+        log.forget_stripe(99, &count).unwrap();
+        drop(log.log(200, &[(0, 0, &v)], &count).unwrap());
+        assert_eq!(checkpoints.load(SeqCst), 33);
+        // What the log holds since the last checkpoint survives a cut.
+        drop(log);
+        sim.crash(3);
+        let (log, _) = DegradedLog::open(storage, path, 4096, bytes_max).unwrap();
+        assert!(log.has_stripe(200) && !log.has_stripe(99) && !log.has_stripe(98));
+    }
+
+    /// A checkpoint drops records only once no stripe write that logged
+    /// them is still under way: it waits for every [`Logged`].
+    #[test]
+    fn a_checkpoint_waits_for_the_stripe_writes_whose_records_it_drops() {
+        let (_sim, storage, path) = scratch();
+        let (log, _) = DegradedLog::open(storage, path, 4096, 1 << 20).unwrap();
+        let synced = std::sync::atomic::AtomicBool::new(false);
+        let writing = log.log(1, &[(0, 0, &[1u8; 4096])], &durable).unwrap();
+        std::thread::scope(|s| {
+            let checkpoint = s.spawn(|| {
+                log.checkpoint(&|| {
+                    synced.store(true, SeqCst);
+                    Ok(())
+                })
+            });
+            // Give the checkpoint every chance to run early: it must not.
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            assert!(!synced.load(SeqCst), "synced before the write was done");
+            assert!(log.has_stripe(1));
+            drop(writing);
+            checkpoint.join().unwrap().unwrap();
+        });
+        assert!(synced.load(SeqCst) && !log.has_stripe(1));
+    }
+
+    #[test]
+    fn logged_values_are_found_until_the_generation_ends_and_survive_a_reopen() {
+        let (sim, storage, path) = scratch();
+        let (log, intact) = DegradedLog::open(Arc::clone(&storage), path, 4096, 1 << 20).unwrap();
         assert!(intact);
         let v = vec![7u8; 8192];
-        log.log(3, &[(1, 2, &v)]).unwrap();
+        drop(log.log(3, &[(1, 2, &v)], &durable).unwrap());
         assert_eq!(log.value(3, 1, 3).unwrap().unwrap(), vec![7u8; 4096]);
         assert!(log.value(3, 1, 4).unwrap().is_none());
         drop(log);
         sim.crash(9);
-        let (log, _) = DegradedLog::open(Arc::clone(&storage), path, 4096).unwrap();
+        let (log, _) = DegradedLog::open(Arc::clone(&storage), path, 4096, 1 << 20).unwrap();
         assert_eq!(log.value(3, 1, 2).unwrap().unwrap(), vec![7u8; 4096]);
-        log.end_generation().unwrap();
+        log.checkpoint(&durable).unwrap();
         assert!(log.value(3, 1, 2).unwrap().is_none());
         drop(log);
         sim.crash(10);
-        let (log, _) = DegradedLog::open(storage, path, 4096).unwrap();
+        let (log, _) = DegradedLog::open(storage, path, 4096, 1 << 20).unwrap();
         assert!(
             !log.has_stripe(3),
             "records of an ended generation are ignored"
@@ -468,11 +706,9 @@ mod tests {
     /// number at open; it now ends the log like any invalid record.
     #[test]
     fn a_record_whose_blocks_run_past_u32_max_ends_the_log() {
-        let storage = PowerLossStorage::new().shared();
-        storage.create_dir_all(Path::new("/a")).unwrap();
-        let path = Path::new("/a/degraded.log");
-        let (log, _) = DegradedLog::open(Arc::clone(&storage), path, 8).unwrap();
-        log.log(3, &[(1, 0, &[7u8; 16])]).unwrap();
+        let (_sim, storage, path) = scratch();
+        let (log, _) = DegradedLog::open(Arc::clone(&storage), path, 8, 1 << 20).unwrap();
+        drop(log.log(3, &[(1, 0, &[7u8; 16])], &durable).unwrap());
         drop(log);
         let mut bytes = read_all(storage.as_ref(), path).unwrap();
         let at = HEADER_BYTES as usize;
@@ -480,7 +716,7 @@ mod tests {
         let crc = crc32c::crc32c(&bytes[at + 4..at + 56]);
         bytes[at..at + 4].copy_from_slice(&crc.to_le_bytes());
         write_atomic(storage.as_ref(), path, &bytes).unwrap();
-        let (log, intact) = DegradedLog::open(storage, path, 8).unwrap();
+        let (log, intact) = DegradedLog::open(storage, path, 8, 1 << 20).unwrap();
         assert!(intact && !log.has_stripe(3));
     }
 }

@@ -598,8 +598,10 @@ impl Array {
             self.intent_begin(stripe)?;
             let r = if n == sd {
                 self.journal_invalidate(stripe, 0, self.geo.blocks_per_unit())
-                    .and_then(|_| self.log_discarded_missing_units(stripe))
-                    .and_then(|_| self.discard_stripe(stripe))
+                    .and_then(|_| {
+                        let _logged = self.log_discarded_missing_units(stripe)?;
+                        self.discard_stripe(stripe)
+                    })
             } else {
                 self.with_replay(|| self.write_stripe(stripe, within, &zeroes[..n as usize]))
             };
@@ -780,7 +782,7 @@ impl Array {
             }
             // Degraded: the missing units' new values are durable before
             // any device of the stripe is written (the degraded write hole).
-            self.log_missing_units(stripe, run.start, &data)?;
+            let _logged = self.log_missing_units(stripe, run.start, &data)?;
             // The touched data blocks and the parity of the run: one batch.
             let mut units: Vec<(u64, usize, u64, &[u8])> = Vec::with_capacity(writes.len() + g.m());
             for w in writes {
@@ -858,20 +860,28 @@ impl Array {
     pub fn flush(&self) -> Result<()> {
         bump(&self.counters.array.client_flushes);
         let epoch = self.intent.start_flush();
+        match &self.degraded_log {
+            // Its records are dropped once the devices are durable.
+            Some(log) => log.checkpoint(&|| self.make_everything_durable())?,
+            None => self.make_everything_durable()?,
+        }
+        self.intent
+            .finish_flush(epoch)
+            .map_err(|e| Error::io("updating the write-intent log", e))
+    }
+
+    /// Every write done so far durable: the parity journals synced, then
+    /// every device in service, and the failures latched meanwhile on the
+    /// superblocks. What a flush and a checkpoint of the degraded-write
+    /// log need; it takes no stripe lock.
+    pub(super) fn make_everything_durable(&self) -> Result<()> {
         self.sync_journals()?;
         let every = vec![true; self.members.len()];
         let space = self.sync_devices(&every);
         self.fail_broken_metadata_copies();
         self.check_available()?;
         self.failures_made_durable()?;
-        Self::flush_space_result(space)?;
-        if let Some(log) = &self.degraded_log {
-            log.end_generation()
-                .map_err(|e| Error::io("ending the degraded-write log's generation", e))?;
-        }
-        self.intent
-            .finish_flush(epoch)
-            .map_err(|e| Error::io("updating the write-intent log", e))
+        Self::flush_space_result(space)
     }
 
     /// FUA: makes durable what a request wrote to these stripe pieces

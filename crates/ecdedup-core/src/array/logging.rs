@@ -685,6 +685,7 @@ impl Array {
                 folds.push((j, p, folded, records));
             }
         }
+        let mut logged_rows = Vec::with_capacity(rows.len());
         for &row in &rows {
             let row = row as u64;
             let mut shards: Vec<Vec<u8>> = vec![vec![0u8; block]; g.width()];
@@ -730,8 +731,12 @@ impl Array {
                     .map_err(|e| Error::DataLoss(format!("stripe {stripe} row {row}: {e}")))?;
             }
             shards.truncate(g.k());
-            self.log_missing_units(stripe, row, &shards)?;
+            logged_rows.push((row, shards));
         }
+        // One append for every row, held until the parity is written and
+        // the records invalidated: a checkpoint (which syncs the journals
+        // and then drops the log) waits for that.
+        let _logged = self.log_missing_rows(stripe, &logged_rows)?;
         for (j, p, folded, records) in folds {
             self.write_folded_parity(stripe, j, p, &folded, records)?;
         }

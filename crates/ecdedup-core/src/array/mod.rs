@@ -263,16 +263,22 @@ impl std::str::FromStr for MetadataPlacement {
 }
 
 /// Most bytes the degraded-write log may take in each metadata area: it
-/// holds the values written to missing units between two flushes (beyond,
-/// a degraded write is refused with ENOSPC until the next flush).
+/// holds the values written to missing units since the last flush or
+/// checkpoint (a degraded write that would pass it waits for a checkpoint
+/// of the log: every device synced, the records dropped).
 pub const DEGRADED_LOG_AREA_BYTES_MAX: u64 = 64 << 20;
 
-/// The degraded-write log's room in each area: twice the device's data
-/// (a rewrite between flushes logs again), from 1 MiB to
-/// [`DEGRADED_LOG_AREA_BYTES_MAX`].
+/// The degraded-write log's bound (its room in each area): twice the
+/// device's data (a rewrite between flushes logs again), from 1 MiB to
+/// [`DEGRADED_LOG_AREA_BYTES_MAX`], and at least twice what one stripe
+/// write appends.
 pub fn degraded_log_area_bytes(geo: &Geometry) -> u64 {
     let data_bytes = geo.rows_per_device() * geo.unit_bytes();
-    (2 * data_bytes).clamp(1 << 20, DEGRADED_LOG_AREA_BYTES_MAX)
+    let stripe =
+        degraded_log::stripe_records_bytes_max(geo.k(), geo.m(), geo.unit_bytes(), geo.block());
+    (2 * data_bytes)
+        .clamp(1 << 20, DEGRADED_LOG_AREA_BYTES_MAX)
+        .max(4096 + 2 * stripe)
 }
 
 /// The geometry `create` gives these options: with a metadata area on
@@ -1221,6 +1227,7 @@ impl Array {
             Arc::clone(&storage),
             &dir.join(DEGRADED_LOG_FILE),
             geo.block() as usize,
+            degraded_log_area_bytes(&geo),
         ) {
             Ok((log, intact)) => {
                 if !intact {

@@ -10,6 +10,7 @@ use std::sync::atomic::Ordering;
 
 mod batch;
 mod decode;
+mod full_logs;
 mod paged_tables;
 mod policies;
 
@@ -84,24 +85,10 @@ impl Rig {
             .map(|i| MemDevice::new(&format!("d{i}"), geo.device_bytes_min()))
             .collect();
         let plans: Vec<Arc<FaultPlan>> = (0..n).map(|_| FaultPlan::new()).collect();
-        let opts = CreateOptions {
-            devices: (0..n)
-                .map(|i| PathBuf::from(format!("/nonexistent/mem{i}")))
-                .collect(),
-            k,
-            m,
-            stripe_unit_bytes,
-            volume_bytes,
-            // Small regions, so the intent log has several.
-            intent_region_bytes: 2 * k as u64 * stripe_unit_bytes as u64,
-            dedup,
-            write_policy,
-            journal_bytes_max,
-            io: crate::media::IoMode::Buffered,
-            sparse: true,
-            force: false,
-            metadata: crate::array::MetadataPlacement::Folder,
-        };
+        let mut opts = options(n, k, m, stripe_unit_bytes, volume_bytes);
+        opts.dedup = dedup;
+        opts.write_policy = write_policy;
+        opts.journal_bytes_max = journal_bytes_max;
         let devs = mems
             .iter()
             .map(|d| Arc::new(d.clone()) as Arc<dyn Device>)
@@ -207,6 +194,28 @@ impl Rig {
         let g = *self.a().geometry();
         let off = (g.data_offset() + at % (g.rows_per_device() * g.unit_bytes())) as usize;
         self.mems[d].with_bytes(|b| b[off] ^= 0x5a);
+    }
+}
+
+/// Options of an array over in-memory devices `/nonexistent/memN`, its
+/// metadata in the folder, small intent regions (several per array).
+fn options(n: u32, k: u32, m: u32, stripe_unit_bytes: u32, volume_bytes: u64) -> CreateOptions {
+    CreateOptions {
+        devices: (0..n)
+            .map(|i| PathBuf::from(format!("/nonexistent/mem{i}")))
+            .collect(),
+        k,
+        m,
+        stripe_unit_bytes,
+        volume_bytes,
+        intent_region_bytes: 2 * k as u64 * stripe_unit_bytes as u64,
+        dedup: DedupConfig::default(),
+        write_policy: WritePolicy::Rmw,
+        journal_bytes_max: JOURNAL_BYTES_DEFAULT,
+        io: crate::media::IoMode::Buffered,
+        sparse: true,
+        force: false,
+        metadata: crate::array::MetadataPlacement::Folder,
     }
 }
 

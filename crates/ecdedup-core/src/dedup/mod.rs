@@ -61,6 +61,15 @@ use std::sync::{Arc, Mutex};
 
 /// Log bytes after which a sync writes a snapshot and starts a new log.
 pub const LOG_COMPACT_BYTES: u64 = 64 << 20;
+
+/// Log bytes past which a write first syncs the map (and so compacts it),
+/// as a flush would: however long a writer goes without flushing, the log
+/// stays within its room in a metadata area (the compaction bound + 16
+/// MiB), since past it a request appends only its own records (tens of
+/// bytes per block). An eighth above the compaction bound.
+fn log_sync_bytes(compact_bytes: u64) -> u64 {
+    compact_bytes + compact_bytes / 8
+}
 /// Longest a write waits for a slot held by writes in flight (`place`).
 const SLOT_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(60);
 /// Default bound of the fingerprint index, in entries per device.
@@ -432,6 +441,8 @@ pub struct DedupDevice {
     slot_freed: std::sync::Condvar,
     slot_waiters: AtomicU64,
     counters: Counters,
+    /// [`LOG_COMPACT_BYTES`]; smaller in tests.
+    log_compact_bytes: AtomicU64,
 }
 
 /// Starts an empty map for a device (at create and on replacement): the
@@ -471,6 +482,12 @@ fn io_err(e: Error) -> io::Error {
 }
 
 impl DedupDevice {
+    /// Tests: compacts the log past `bytes` instead of [`LOG_COMPACT_BYTES`].
+    #[cfg(test)]
+    pub(crate) fn set_log_compact_bytes(&self, bytes: u64) {
+        self.log_compact_bytes.store(bytes, Relaxed);
+    }
+
     /// Opens (or, with `fresh`, starts empty) the dedup layer of a device
     /// whose data area starts at `data_offset` and holds `data_bytes`. Its
     /// map lives in `state_dir` of `storage` as `<name>.snap` and
@@ -661,6 +678,7 @@ impl DedupDevice {
             slot_freed: std::sync::Condvar::new(),
             slot_waiters: AtomicU64::new(0),
             counters: Counters::default(),
+            log_compact_bytes: AtomicU64::new(LOG_COMPACT_BYTES),
         };
         dev.counters.refused_records.store(refused_records, Relaxed);
         let mut st = dev.state.lock().unwrap();
@@ -804,7 +822,7 @@ impl DedupDevice {
         st.logged.clear();
         let pending = std::mem::take(&mut st.pending_free);
         st.free.extend(pending);
-        if st.log_end > LOG_COMPACT_BYTES {
+        if st.log_end > self.log_compact_bytes.load(Relaxed) {
             self.compact(st).map_err(io_err)?;
         }
         Ok(())
@@ -871,6 +889,13 @@ impl DedupDevice {
 
     fn write_data_area_inner(&self, buf: &[u8], offset: u64, class: IoClass) -> io::Result<()> {
         let started = std::time::Instant::now();
+        {
+            // The log's bound: a sync first (see `log_sync_bytes`).
+            let mut st = self.state.lock().unwrap();
+            if st.log_end > log_sync_bytes(self.log_compact_bytes.load(Relaxed)) {
+                self.sync_locked(&mut st)?;
+            }
+        }
         let rel = offset - self.data_offset;
         let block = self.block as usize;
         let first = rel / self.block;
