@@ -692,18 +692,20 @@ impl ArchiveStore {
             timings: SealTimings::default(),
             _lock,
         };
-        // A folder config taken from the devices, or a legacy archive's
-        // config, is written again with its checksum (the devices' copies
-        // first, the folder's last). Otherwise a device's bad config copy
-        // is left for `scrub`, which reports it as damage and repairs it.
-        if legacy || config_recovered {
-            store.refresh_config_copies(true)?;
-        }
         // Copies a crash left behind or ahead of the committed catalog (or
         // that a repair left out, or that fail their checksum) are brought
         // up to date; a folder catalog taken from a device copy is
         // committed again.
         store.refresh_catalog_copies(catalog_recovered)?;
+        // A folder config taken from the devices, or a legacy archive's
+        // config, is written again with its checksum (the devices' copies
+        // first, the folder's last), after the catalog: a legacy config
+        // is what lets a catalog without a checksum be read, so a crash
+        // between the two must not leave the config upgraded alone. Otherwise a device's bad config copy
+        // is left for `scrub`, which reports it as damage and repairs it.
+        if legacy || config_recovered {
+            store.refresh_config_copies(true)?;
+        }
         Ok(store)
     }
 
