@@ -246,14 +246,7 @@ fn a_corrupt_map_or_a_foreign_device_is_refused_at_open() {
     corrupt[40] ^= 1;
     // Every copy (the folder's and the devices'): one good copy would
     // replace the others (tests/archive_metadata.rs).
-    let copies: Vec<_> = std::iter::once(map.clone())
-        .chain((0..DEVICES).map(|d| {
-            dir.path()
-                .join(format!("dev{d}"))
-                .join(map.file_name().unwrap())
-        }))
-        .filter(|p| p.exists())
-        .collect();
+    let copies = support::archive::map_copies(dir.path(), &map);
     for path in &copies {
         std::fs::write(path, &corrupt).unwrap();
     }

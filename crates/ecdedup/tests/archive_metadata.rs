@@ -40,17 +40,12 @@ fn write_json(path: &Path, value: &Value) {
     std::fs::write(path, serde_json::to_vec_pretty(value).unwrap()).unwrap();
 }
 
-/// `value` with a checksum that matches its content (as a forger, or a
-/// bug that wrote a wrong catalog, would leave it).
-fn with_matching_checksum(mut value: Value) -> Value {
-    let object = value.as_object_mut().unwrap();
-    object.remove("crc32c");
-    let crc = crc32c::crc32c(&serde_json::to_vec(&value).unwrap());
-    value
-        .as_object_mut()
-        .unwrap()
-        .insert("crc32c".into(), crc.into());
-    value
+/// `value` with a checksum that matches its content.
+fn with_matching_checksum(value: Value) -> Value {
+    serde_json::from_slice(&support::archive::with_matching_checksum(
+        &value.to_string(),
+    ))
+    .unwrap()
 }
 
 /// Sets extent `extent` of object "o" to start at `offset`.
