@@ -14,9 +14,10 @@
 
 use super::disk::Disk;
 use super::map::BatchMap;
+use super::meta::{self, Checked};
 use super::{
-    map_name, read_json, write_json, ArchiveConfig, ArchiveStore, Catalog, DeviceMarker,
-    CATALOG_FILE, CONFIG_FILE, DEVICE_MARKER, MAPS_DIR, STAGING_DIR,
+    map_name, read_json, ArchiveConfig, ArchiveStore, Catalog, DeviceMarker, CATALOG_FILE,
+    CONFIG_FILE, DEVICE_MARKER, MAPS_DIR, STAGING_DIR,
 };
 use ecdedup_core::error::{Error, Result};
 use ecdedup_core::media::{OsStorage, Storage};
@@ -64,9 +65,10 @@ impl ArchiveStore {
         if devices.is_empty() {
             return Err(Error::Config("assemble needs --device folders".into()));
         }
-        let mut config: Option<ArchiveConfig> = None;
+        let mut config: Option<(ArchiveConfig, bool)> = None;
         let mut positions: BTreeMap<usize, PathBuf> = BTreeMap::new();
-        let mut catalog: Option<Catalog> = None;
+        let mut catalogs: Vec<Checked<Catalog>> = Vec::new();
+        let mut uuid: Option<String> = None;
         for path in devices {
             let bad = |reason: String| Error::Device {
                 path: path.clone(),
@@ -74,22 +76,35 @@ impl ArchiveStore {
             };
             let marker: DeviceMarker = read_json(&disk, &path.join(DEVICE_MARKER))?
                 .ok_or_else(|| bad("holds no archive device marker".into()))?;
-            let copy: ArchiveConfig = read_json(&disk, &path.join(CONFIG_FILE))?
-                .ok_or_else(|| bad("holds no copy of the archive's config".into()))?;
-            if copy.uuid != marker.archive {
-                return Err(bad("its config copy is of another archive".into()));
-            }
-            match &config {
-                Some(c) if c.uuid != copy.uuid => {
+            match &uuid {
+                Some(u) if *u != marker.archive => {
                     return Err(bad(format!(
-                        "belongs to archive {}, the others to {}",
-                        copy.uuid, c.uuid
+                        "belongs to archive {}, the others to {u}",
+                        marker.archive
                     )))
                 }
-                _ => {}
+                _ => uuid = Some(marker.archive.clone()),
             }
-            if marker.position >= copy.devices.len() {
-                return Err(bad(format!("position {} out of range", marker.position)));
+            // A copy that fails its checksum is no copy (another device's
+            // serves); a missing one is no device of an archive.
+            let copy = match meta::read::<ArchiveConfig>(&disk, &path.join(CONFIG_FILE))? {
+                Checked::Good(c) => Some((c, false)),
+                Checked::Legacy(c) => Some((c, true)),
+                Checked::Bad(_) => None,
+                Checked::Missing => {
+                    return Err(bad("holds no copy of the archive's config".into()))
+                }
+            };
+            if let Some((copy, legacy)) = copy {
+                if copy.uuid != marker.archive {
+                    return Err(bad("its config copy is of another archive".into()));
+                }
+                if config
+                    .as_ref()
+                    .is_none_or(|(c, _)| copy.generation > c.generation)
+                {
+                    config = Some((copy, legacy));
+                }
             }
             if let Some(other) = positions.insert(marker.position, path.clone()) {
                 return Err(bad(format!(
@@ -98,18 +113,30 @@ impl ArchiveStore {
                     other.display()
                 )));
             }
-            // A corrupt catalog copy is no copy (others may be whole).
-            if let Ok(Some(c)) = read_json::<Catalog>(&disk, &path.join(CATALOG_FILE)) {
-                if catalog
-                    .as_ref()
-                    .is_none_or(|best| c.generation > best.generation)
-                {
-                    catalog = Some(c);
-                }
-            }
-            config = Some(copy);
+            catalogs.push(meta::read::<Catalog>(&disk, &path.join(CATALOG_FILE))?);
         }
-        let mut config = config.expect("at least one device");
+        let (config, legacy) = config.ok_or_else(|| {
+            Error::Corrupt("no device holds a config copy that passes its checksum".into())
+        })?;
+        if let Some((&position, path)) = positions.range(config.devices.len()..).next() {
+            return Err(Error::Device {
+                path: path.clone(),
+                reason: format!("position {position} out of range"),
+            });
+        }
+        // The newest catalog copy that passes its checksum (one without a
+        // checksum only in an archive made before them).
+        let mut catalog: Option<Catalog> = None;
+        for c in catalogs.into_iter().filter_map(|c| c.usable(legacy)) {
+            if catalog
+                .as_ref()
+                .is_none_or(|best| c.generation > best.generation)
+            {
+                catalog = Some(c);
+            }
+        }
+        let mut config = config;
+        config.generation += 1;
         let missing: Vec<usize> = (0..config.devices.len())
             .filter(|p| !positions.contains_key(p))
             .collect();
@@ -181,8 +208,8 @@ impl ArchiveStore {
         for (batch, (_, bytes)) in &maps {
             disk.write_durable(&dir.join(MAPS_DIR).join(map_name(*batch)), bytes)?;
         }
-        write_json(&disk, &dir.join(CATALOG_FILE), &catalog)?;
-        write_json(&disk, &dir.join(CONFIG_FILE), &config)?;
+        meta::write(&disk, &dir.join(CATALOG_FILE), &catalog)?;
+        meta::write(&disk, &dir.join(CONFIG_FILE), &config)?;
         disk.sync_dir(dir)?;
         Ok(AssembleReport {
             archive: config.uuid.clone(),

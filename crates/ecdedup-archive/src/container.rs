@@ -86,8 +86,13 @@ impl ArchiveStore {
         // Dedup before encoding: fingerprints, cache lookups, sources.
         let preprocess_start = Instant::now();
         let mut containers = Vec::new();
+        // Progress in bytes, each phase from its total: the batch's
+        // container bytes (dedup), the bytes of the stripes encoded
+        // (encode), the sub-file and parity bytes (write).
+        let dedup_total: u64 = staged.iter().map(|c| c.bytes.len() as u64).sum();
+        let mut deduplicated = 0u64;
+        self.report_progress("seal: dedup", 0, dedup_total);
         for ci in 0..staged.len() {
-            self.report_progress("seal: dedup", ci as u64, staged.len() as u64);
             self.timings.container_bytes += staged[ci].bytes.len() as u64;
             let container = match self.config.chunking {
                 Chunking::Fixed => self.dedup_fixed(&staged, ci)?,
@@ -98,6 +103,8 @@ impl ArchiveStore {
                 }
             };
             containers.push(container);
+            deduplicated += staged[ci].bytes.len() as u64;
+            self.report_progress("seal: dedup", deduplicated, dedup_total);
         }
 
         // Procedure 2, then placement: group g's members and parity on
@@ -130,11 +137,17 @@ impl ArchiveStore {
         let groups = exchange::exchange(&counts, k);
         self.timings.preprocess_ns += elapsed_ns(preprocess_start);
         let encode_start = Instant::now();
-        let group_count = groups.len() as u64;
+        let stripe_bytes = (k * block) as u64;
+        let encode_total: u64 = groups
+            .iter()
+            .map(|members| members.iter().map(|s| s.unique).max().unwrap_or(0) as u64)
+            .sum::<u64>()
+            * stripe_bytes;
+        let mut encoded_bytes = 0u64;
+        self.report_progress("seal: encode", 0, encode_total);
         let zero = vec![0u8; block];
         let mut parity_files = Vec::new();
         for (g, members) in groups.into_iter().enumerate() {
-            self.report_progress("seal: encode", g as u64, group_count);
             let group_id = map.group_id(g) as usize;
             let encoded = members.iter().map(|s| s.unique).max().unwrap_or(0);
             for (i, s) in members.iter().enumerate() {
@@ -184,19 +197,26 @@ impl ArchiveStore {
                 parity_devices,
                 parity_crcs,
             });
+            encoded_bytes += encoded as u64 * stripe_bytes;
+            self.report_progress("seal: encode", encoded_bytes, encode_total);
         }
 
         self.timings.encode_ns += elapsed_ns(encode_start);
 
         // Durable: sub-files, parity, then the map (the commit).
         let write_start = Instant::now();
-        let files = (staged.len() * k + parity_files.len()) as u64;
+        let write_total: u64 = map
+            .containers
+            .iter()
+            .flat_map(|c| c.sub_files.iter())
+            .map(|sub| sub.stored_blocks(map.layout) as u64 * block as u64)
+            .chain(parity_files.iter().map(|(_, bytes)| bytes.len() as u64))
+            .sum();
         let mut written = 0u64;
+        self.report_progress("seal: write", 0, write_total);
         for (c, cm) in staged.iter().zip(&map.containers) {
             let sub_file_bytes = c.blocks_per_sub_file * block;
             for (j, sub) in cm.sub_files.iter().enumerate() {
-                self.report_progress("seal: write", written, files);
-                written += 1;
                 let path = self
                     .device_dir(sub.device as usize)
                     .join(sub_file_name(c.id, j as u8));
@@ -213,12 +233,14 @@ impl ArchiveStore {
                         self.disk.write_durable(&path, &stored)?;
                     }
                 }
+                written += sub.stored_blocks(map.layout) as u64 * block as u64;
+                self.report_progress("seal: write", written, write_total);
             }
         }
         for (path, bytes) in &parity_files {
-            self.report_progress("seal: write", written, files);
-            written += 1;
             self.disk.write_durable(path, bytes)?;
+            written += bytes.len() as u64;
+            self.report_progress("seal: write", written, write_total);
         }
         let encoded = map.encode();
         debug_assert!(BatchMap::decode(&encoded, "new").is_ok_and(|d| d == map));
@@ -230,7 +252,6 @@ impl ArchiveStore {
         self.disk
             .write_durable(&self.dir.join(MAPS_DIR).join(map_name(batch)), &encoded)?;
         self.timings.write_ns += elapsed_ns(write_start);
-        self.report_progress("seal: write", files, files);
         for c in &map.containers {
             self.container_batch.insert(c.id, batch);
         }

@@ -55,6 +55,7 @@ pub mod disk;
 pub mod exchange;
 pub mod gc;
 pub mod map;
+mod meta;
 mod recover;
 mod scrub;
 pub mod shuffle;
@@ -73,6 +74,7 @@ use ecdedup_core::fingerprint::{Algorithm, CpuBackend, Fingerprint, FingerprintB
 use ecdedup_core::media::storage::StorageLock;
 use ecdedup_core::media::{OsStorage, Storage};
 use map::{BatchMap, BlockAddress, ChunkKind};
+use meta::Checked;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::Read;
@@ -166,6 +168,10 @@ pub struct ArchiveConfig {
     pub layout: Layout,
     #[serde(default)]
     pub chunking: Chunking,
+    /// Grows with every rewrite of a changed config (`assemble`): a copy
+    /// of a higher generation is the newer (0 in archives made before it).
+    #[serde(default)]
+    pub generation: u64,
 }
 
 impl ArchiveConfig {
@@ -471,6 +477,7 @@ impl ArchiveStore {
             verify: options.verify.unwrap_or(!options.fingerprint.strong()),
             layout: options.layout,
             chunking: options.chunking,
+            generation: 1,
         };
         config.validate()?;
         if disk.exists(&dir.join(CONFIG_FILE)) {
@@ -520,14 +527,14 @@ impl ArchiveStore {
         };
         for (position, device) in config.devices.iter().enumerate() {
             write_marker(&disk, &dir.join(device), &config.uuid, position)?;
-            write_json(&disk, &dir.join(device).join(CONFIG_FILE), &config)?;
-            write_json(&disk, &dir.join(device).join(CATALOG_FILE), &catalog)?;
+            meta::write(&disk, &dir.join(device).join(CONFIG_FILE), &config)?;
+            meta::write(&disk, &dir.join(device).join(CATALOG_FILE), &catalog)?;
         }
         disk.create_dir(&dir.join(MAPS_DIR))?;
         disk.create_dir(&dir.join(STAGING_DIR))?;
-        write_json(&disk, &dir.join(CATALOG_FILE), &catalog)?;
+        meta::write(&disk, &dir.join(CATALOG_FILE), &catalog)?;
         // The config last: a crash before it leaves no archive.
-        write_json(&disk, &dir.join(CONFIG_FILE), &config)?;
+        meta::write(&disk, &dir.join(CONFIG_FILE), &config)?;
         disk.remove(&creating_path)?;
         disk.sync_dir(dir)?;
         drop(_lock);
@@ -540,14 +547,24 @@ impl ArchiveStore {
         let disk = Disk::new(storage);
         let config_path = dir.join(CONFIG_FILE);
         let creating_path = dir.join(CREATING_FILE);
-        let config: ArchiveConfig = read_json(&disk, &config_path)?.ok_or_else(|| {
-            let hint = if disk.exists(&creating_path) {
-                " (a create was interrupted: run create again)"
-            } else {
-                ""
-            };
-            Error::Config(format!("no archive in {}{hint}", dir.display()))
-        })?;
+        let (config, legacy, config_recovered) = match meta::read(&disk, &config_path)? {
+            Checked::Good(c) => (c, false, false),
+            // Made before metadata checksums: its files are believed
+            // without one until this open writes them again.
+            Checked::Legacy(c) => (c, true, false),
+            Checked::Bad(why) => (recover_config(&disk, dir, &why)?, false, true),
+            Checked::Missing => {
+                let hint = if disk.exists(&creating_path) {
+                    " (a create was interrupted: run create again)"
+                } else {
+                    ""
+                };
+                return Err(Error::Config(format!(
+                    "no archive in {}{hint}",
+                    dir.display()
+                )));
+            }
+        };
         config.validate()?;
         let _lock = lock(&disk, dir)?;
         // A create that a crash stopped after its config was durable.
@@ -590,36 +607,21 @@ impl ArchiveStore {
         let codec = Codec::new(config.k, config.m).map_err(|e| Error::Config(e.to_string()))?;
         let backend: Arc<dyn FingerprintBackend> =
             Arc::new(CpuBackend::new(None).map_err(|e| Error::Other(e.to_string()))?);
-        let mut catalog: Catalog = read_json(&disk, &dir.join(CATALOG_FILE))?
-            .ok_or_else(|| Error::Corrupt(format!("{}: catalog missing", dir.display())))?;
+        let (mut catalog, catalog_recovered) =
+            load_catalog(&disk, dir, &config, &missing_devices, legacy)?;
         let mut batches = BTreeMap::new();
         let mut container_batch = HashMap::new();
         for name in disk.list_files(&dir.join(MAPS_DIR))?.unwrap_or_default() {
             if !name.ends_with(".map") || name.starts_with('.') {
                 continue;
             }
-            let bytes = disk
-                .read_all(&dir.join(MAPS_DIR).join(&name))?
-                .unwrap_or_default();
-            let map = BatchMap::decode(&bytes, &name)?;
-            if map.k as usize != config.k
-                || map.m as usize != config.m
-                || map.block_bytes != config.block_bytes
-            {
-                return Err(Error::Corrupt(format!(
-                    "archive map {name}: geometry differs from the archive's"
-                )));
-            }
-            if map.layout != config.layout || map.chunking != config.chunk_kind() {
-                return Err(Error::Corrupt(format!(
-                    "archive map {name}: layout or chunking differs from the archive's"
-                )));
-            }
+            let map = load_map(&disk, dir, &config, &name)?;
             for c in &map.containers {
                 container_batch.insert(c.id, map.batch);
             }
             batches.insert(map.batch, map);
         }
+        validate_catalog(&catalog, &config, &batches, &container_batch)?;
         // Reconcile: containers sealed by a put or seal whose catalog
         // write never happened.
         let committed = (
@@ -649,7 +651,7 @@ impl ArchiveStore {
             )
         {
             catalog.generation += 1;
-            write_json(&disk, &dir.join(CATALOG_FILE), &catalog)?;
+            meta::write(&disk, &dir.join(CATALOG_FILE), &catalog)?;
         }
         let staging = dir.join(STAGING_DIR);
         for name in disk.list_files(&staging)?.unwrap_or_default() {
@@ -691,15 +693,50 @@ impl ArchiveStore {
             _lock,
         };
         // Copies a crash left behind or ahead of the committed catalog (or
-        // that a repair left out) are brought up to date.
-        store.refresh_catalog_copies()?;
+        // that a repair left out, or that fail their checksum) are brought
+        // up to date; a folder catalog taken from a device copy is
+        // committed again.
+        store.refresh_catalog_copies(catalog_recovered)?;
+        // A folder config taken from the devices, or a legacy archive's
+        // config, is written again with its checksum (the devices' copies
+        // first, the folder's last), after the catalog: a legacy config
+        // is what lets a catalog without a checksum be read, so a crash
+        // between the two must not leave the config upgraded alone. Otherwise a device's bad config copy
+        // is left for `scrub`, which reports it as damage and repairs it.
+        if legacy || config_recovered {
+            store.refresh_config_copies(true)?;
+        }
         Ok(store)
+    }
+
+    /// Rewrites each config copy on the devices in place that is not the
+    /// config's checked bytes, and the folder's when `folder` (or when it
+    /// differs). Returns the copies rewritten.
+    fn refresh_config_copies(&mut self, folder: bool) -> Result<u64> {
+        let good = meta::encode(&self.config);
+        let mut rewritten = 0;
+        let mut paths: Vec<PathBuf> = (0..self.config.devices.len())
+            .filter(|p| !self.missing_devices.contains(p))
+            .map(|p| self.device_dir(p).join(CONFIG_FILE))
+            .collect();
+        // The folder's last: the devices hold the config before the
+        // folder says it is the archive's.
+        paths.push(self.dir.join(CONFIG_FILE));
+        let last = paths.len() - 1;
+        for (i, path) in paths.iter().enumerate() {
+            let differs = self.disk.read_all(path).ok().flatten().as_deref() != Some(&good[..]);
+            if differs || (i == last && folder) {
+                self.disk.write_durable(path, &good)?;
+                rewritten += 1;
+            }
+        }
+        Ok(rewritten)
     }
 
     /// Whether a device in place lacks a copy of the committed catalog,
     /// and the highest generation among the copies.
     fn catalog_copies_stale(&self) -> Result<(bool, u64)> {
-        let committed = serde_json::to_value(&self.catalog).expect("serializable");
+        let committed = meta::encode(&self.catalog);
         let mut stale = false;
         let mut newest = 0;
         for position in 0..self.config.devices.len() {
@@ -707,13 +744,12 @@ impl ArchiveStore {
                 continue;
             }
             let path = self.device_dir(position).join(CATALOG_FILE);
-            // A corrupt copy is a stale one.
-            match read_json::<serde_json::Value>(&self.disk, &path).unwrap_or(None) {
-                Some(copy) => {
-                    newest = newest.max(copy["generation"].as_u64().unwrap_or(0));
-                    stale |= copy != committed;
-                }
-                None => stale = true,
+            // A corrupt or unreadable copy is a stale one; only a copy
+            // that passes its checksum says which generations are taken.
+            let copy = self.disk.read_all(&path).ok().flatten();
+            stale |= copy.as_deref() != Some(&committed[..]);
+            if let Some(c) = copy.and_then(|b| meta::decode::<Catalog>(&b).usable(true)) {
+                newest = newest.max(c.generation);
             }
         }
         Ok((stale, newest))
@@ -723,9 +759,9 @@ impl ArchiveStore {
     /// every copy's (a copy ahead of the commit, left by a call cut before
     /// it, must never tie with the committed catalog for `assemble`).
     /// Returns whether the copies were stale.
-    fn refresh_catalog_copies(&mut self) -> Result<bool> {
+    fn refresh_catalog_copies(&mut self, force: bool) -> Result<bool> {
         let (stale, newest) = self.catalog_copies_stale()?;
-        if stale {
+        if stale || force {
             self.catalog.generation = self.catalog.generation.max(newest);
             self.save_catalog()?;
         }
@@ -803,7 +839,7 @@ impl ArchiveStore {
         };
         self.catalog.generation += 1;
         self.write_catalog_copies()?;
-        write_json(&self.disk, &self.dir.join(CATALOG_FILE), &self.catalog)
+        meta::write(&self.disk, &self.dir.join(CATALOG_FILE), &self.catalog)
     }
 
     /// The catalog's copy on every device in place.
@@ -811,7 +847,7 @@ impl ArchiveStore {
         for position in 0..self.config.devices.len() {
             if !self.missing_devices.contains(&position) {
                 let path = self.device_dir(position).join(CATALOG_FILE);
-                write_json(&self.disk, &path, &self.catalog)?;
+                meta::write(&self.disk, &path, &self.catalog)?;
             }
         }
         Ok(())
@@ -820,13 +856,7 @@ impl ArchiveStore {
     /// The devices that hold a copy of batch `batch`'s map: m + 1 of them,
     /// rotated by the batch id, so that any m lost devices leave one.
     fn map_copy_paths(&self, batch: u32) -> Vec<PathBuf> {
-        let n = self.config.devices.len();
-        (0..=self.config.m)
-            .map(|i| {
-                self.device_dir((batch as usize + i) % n)
-                    .join(map_name(batch))
-            })
-            .collect()
+        map_copy_paths(&self.dir, &self.config, batch)
     }
 
     fn save_cache(&self) -> Result<()> {
@@ -1087,10 +1117,15 @@ impl ArchiveStore {
                             if e.length == 0 {
                                 continue;
                             }
+                            // Within the container (validate_catalog), so
+                            // every block is in the map.
                             for b in e.offset / block..=(e.offset + e.length - 1) / block {
-                                let entry = &c.sub_files[(b / n) as usize].blocks[(b % n) as usize];
+                                let entry = c
+                                    .sub_files
+                                    .get((b / n) as usize)
+                                    .and_then(|s| s.blocks.get((b % n) as usize));
                                 info.blocks += 1;
-                                info.redundant_blocks += entry.redundant as u64;
+                                info.redundant_blocks += entry.is_some_and(|e| e.redundant) as u64;
                             }
                         }
                     }
@@ -1249,6 +1284,225 @@ impl ArchiveStore {
         }
         s
     }
+}
+
+/// The devices that hold a copy of batch `batch`'s map: m + 1 of them,
+/// rotated by the batch id, so that any m lost devices leave one.
+fn map_copy_paths(dir: &Path, config: &ArchiveConfig, batch: u32) -> Vec<PathBuf> {
+    let n = config.devices.len();
+    (0..=config.m)
+        .map(|i| {
+            dir.join(&config.devices[(batch as usize + i) % n])
+                .join(map_name(batch))
+        })
+        .collect()
+}
+
+/// The config, from the copies on the devices, when the folder's fails
+/// (`why`). The devices are looked for where the folder's config names
+/// them, if it still parses, else at the default `dev0`, `dev1`, ...; the
+/// good copy of the highest generation is taken, with each device where
+/// it was found.
+fn recover_config(disk: &Disk, dir: &Path, why: &str) -> Result<ArchiveConfig> {
+    let folder = dir.join(CONFIG_FILE);
+    let named: Option<Vec<PathBuf>> = disk
+        .read_all(&folder)?
+        .and_then(|b| serde_json::from_slice::<ArchiveConfig>(&b).ok())
+        .map(|c| c.devices);
+    let candidates: Vec<PathBuf> = named.unwrap_or_else(|| {
+        (0..)
+            .map(|i| PathBuf::from(format!("dev{i}")))
+            .take_while(|d| disk.is_dir(&dir.join(d)))
+            .collect()
+    });
+    let mut best: Option<ArchiveConfig> = None;
+    let mut found: Vec<(usize, PathBuf)> = Vec::new();
+    for device in &candidates {
+        let path = dir.join(device);
+        let marker = read_json::<DeviceMarker>(disk, &path.join(DEVICE_MARKER))
+            .ok()
+            .flatten();
+        let copy = meta::read::<ArchiveConfig>(disk, &path.join(CONFIG_FILE))?.usable(false);
+        let (Some(marker), Some(copy)) = (marker, copy) else {
+            continue;
+        };
+        if marker.archive != copy.uuid || marker.position >= copy.devices.len() {
+            continue;
+        }
+        if best.as_ref().is_some_and(|b| b.uuid != copy.uuid) {
+            return Err(Error::Corrupt(format!(
+                "{}: {why}, and the devices' copies are of different archives",
+                folder.display()
+            )));
+        }
+        found.push((marker.position, device.clone()));
+        if best.as_ref().is_none_or(|b| copy.generation > b.generation) {
+            best = Some(copy);
+        }
+    }
+    let mut config = best.ok_or_else(|| {
+        Error::Corrupt(format!(
+            "{}: {why}, and no device holds a good copy (move it aside and run `archive assemble`)",
+            folder.display()
+        ))
+    })?;
+    for (position, device) in found {
+        config.devices[position] = device;
+    }
+    Ok(config)
+}
+
+/// The committed catalog: the folder's, or when it fails its checksum
+/// (or is missing), the good copy of the highest generation on the devices
+/// in place (then `true`: it must be committed again).
+fn load_catalog(
+    disk: &Disk,
+    dir: &Path,
+    config: &ArchiveConfig,
+    missing_devices: &[usize],
+    legacy: bool,
+) -> Result<(Catalog, bool)> {
+    let folder = dir.join(CATALOG_FILE);
+    let checked = meta::read::<Catalog>(disk, &folder)?;
+    let Some(why) = checked.fault(legacy) else {
+        return Ok((checked.usable(legacy).expect("no fault"), false));
+    };
+    let mut best: Option<Catalog> = None;
+    for (position, device) in config.devices.iter().enumerate() {
+        if missing_devices.contains(&position) {
+            continue;
+        }
+        let path = dir.join(device).join(CATALOG_FILE);
+        let copy = match disk.read_all(&path) {
+            Ok(Some(bytes)) => meta::decode::<Catalog>(&bytes).usable(legacy),
+            _ => None,
+        };
+        if let Some(c) = copy {
+            if best.as_ref().is_none_or(|b| c.generation > b.generation) {
+                best = Some(c);
+            }
+        }
+    }
+    match best {
+        Some(c) => Ok((c, true)),
+        None => Err(Error::Corrupt(format!(
+            "{}: {why}, and no device holds a good copy",
+            folder.display()
+        ))),
+    }
+}
+
+/// A map that decodes with its CRC and agrees with the archive's config.
+fn check_map(config: &ArchiveConfig, bytes: &[u8], name: &str) -> Result<BatchMap> {
+    let map = BatchMap::decode(bytes, name)?;
+    if map.k as usize != config.k
+        || map.m as usize != config.m
+        || map.block_bytes != config.block_bytes
+    {
+        return Err(Error::Corrupt(format!(
+            "archive map {name}: geometry differs from the archive's"
+        )));
+    }
+    if map.layout != config.layout || map.chunking != config.chunk_kind() {
+        return Err(Error::Corrupt(format!(
+            "archive map {name}: layout or chunking differs from the archive's"
+        )));
+    }
+    if map_name(map.batch) != name {
+        return Err(Error::Corrupt(format!(
+            "archive map {name}: holds batch {}",
+            map.batch
+        )));
+    }
+    Ok(map)
+}
+
+/// Map `name` of the folder; when it fails its checks, a good copy from
+/// the devices replaces it (the batch exists: its map is in the folder).
+fn load_map(disk: &Disk, dir: &Path, config: &ArchiveConfig, name: &str) -> Result<BatchMap> {
+    let path = dir.join(MAPS_DIR).join(name);
+    let bytes = disk.read_all(&path)?.unwrap_or_default();
+    let folder_error = match check_map(config, &bytes, name) {
+        Ok(map) => return Ok(map),
+        Err(e) => e,
+    };
+    let batch = name
+        .strip_prefix('b')
+        .and_then(|n| n.strip_suffix(".map"))
+        .and_then(|n| u32::from_str_radix(n, 16).ok());
+    for copy in batch.map_or_else(Vec::new, |b| map_copy_paths(dir, config, b)) {
+        let Ok(Some(bytes)) = disk.read_all(&copy) else {
+            continue;
+        };
+        if let Ok(map) = check_map(config, &bytes, name) {
+            disk.write_durable(&path, &bytes)?;
+            return Ok(map);
+        }
+    }
+    Err(Error::Corrupt(format!(
+        "{folder_error}; no device holds a good copy"
+    )))
+}
+
+/// Checks the catalog's structure against the maps and the config: every
+/// extent lies within a sealed container's data bytes or a staged
+/// container's committed bytes, and each object's extents add up to its
+/// size; so no read or listing goes out of bounds, whatever its content.
+fn validate_catalog(
+    catalog: &Catalog,
+    config: &ArchiveConfig,
+    batches: &BTreeMap<u32, BatchMap>,
+    container_batch: &HashMap<u32, u32>,
+) -> Result<()> {
+    let bad = |what: String| Err(Error::Corrupt(format!("archive catalog: {what}")));
+    if catalog.open_bytes > config.container_bytes {
+        return bad(format!(
+            "the open container holds {} bytes, more than a container's {}",
+            catalog.open_bytes, config.container_bytes
+        ));
+    }
+    let mut pending = BTreeSet::new();
+    for &id in &catalog.pending {
+        if id == catalog.open_container || !pending.insert(id) {
+            return bad(format!("container {id} is listed twice as unsealed"));
+        }
+    }
+    for (name, record) in &catalog.objects {
+        let mut size = 0u64;
+        for (i, e) in record.extents.iter().enumerate() {
+            let limit = match container_batch.get(&e.container) {
+                Some(b) => {
+                    batches[b]
+                        .container(e.container)
+                        .expect("indexed container")
+                        .data_bytes
+                }
+                None if e.container == catalog.open_container => catalog.open_bytes,
+                None if pending.contains(&e.container) => config.container_bytes,
+                None => {
+                    return bad(format!(
+                        "object {name:?} extent {i}: container {} is neither sealed nor staged",
+                        e.container
+                    ))
+                }
+            };
+            let end = e.offset.checked_add(e.length);
+            if end.is_none_or(|end| end > limit) {
+                return bad(format!(
+                    "object {name:?} extent {i}: bytes {}+{} past the {limit} bytes of container {}",
+                    e.offset, e.length, e.container
+                ));
+            }
+            size = size.saturating_add(e.length);
+        }
+        if size != record.size {
+            return bad(format!(
+                "object {name:?}: its extents hold {size} bytes, its size is {}",
+                record.size
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn write_marker(disk: &Disk, path: &Path, uuid: &str, position: usize) -> Result<()> {

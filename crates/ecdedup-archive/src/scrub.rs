@@ -14,8 +14,8 @@
 
 use super::map::{BatchMap, BlockAddress};
 use super::{
-    disk, parity_name, read_json, sub_file_name, write_json, write_marker, ArchiveConfig,
-    ArchiveStore, CATALOG_FILE, CONFIG_FILE, DEVICE_MARKER,
+    disk, map_name, meta, parity_name, sub_file_name, write_marker, ArchiveStore, CATALOG_FILE,
+    CONFIG_FILE, DEVICE_MARKER, MAPS_DIR,
 };
 use ecdedup_core::error::Result;
 use serde::Serialize;
@@ -71,9 +71,15 @@ impl ArchiveStore {
         let block = self.config.block_bytes as usize;
         let batches: Vec<u32> = self.batches.keys().copied().collect();
         let phase = if repair { "scrub --repair" } else { "scrub" };
-        for (done, b) in batches.iter().enumerate() {
-            self.report_progress(phase, done as u64, batches.len() as u64);
+        // Progress in bytes: the data bytes of the sealed containers.
+        let batch_bytes =
+            |map: &BatchMap| -> u64 { map.containers.iter().map(|c| c.data_bytes).sum() };
+        let total: u64 = self.batches.values().map(batch_bytes).sum();
+        let mut checked = 0u64;
+        self.report_progress(phase, 0, total);
+        for b in &batches {
             let map = &self.batches[b];
+            checked += batch_bytes(map);
             let mut rewrites: Vec<(PathBuf, Vec<u8>)> = Vec::new();
             for c in &map.containers {
                 for (j, sub) in c.sub_files.iter().enumerate() {
@@ -144,8 +150,8 @@ impl ArchiveStore {
                     report.files_rewritten += 1;
                 }
             }
+            self.report_progress(phase, checked, total);
         }
-        self.report_progress(phase, batches.len() as u64, batches.len() as u64);
         // Files no map names, and maps, catalogs and caches a crash left
         // half written (the temporaries of `write_durable`).
         for folder in [self.dir.clone(), self.dir.join(super::MAPS_DIR)] {
@@ -188,44 +194,56 @@ impl ArchiveStore {
         Ok(report)
     }
 
-    /// The copies on the devices in place: the config and the catalog on
-    /// each, each map on its m + 1; what is missing or differs is counted
-    /// and, with `repair`, written again.
+    /// The metadata files: the config and the catalog in the folder and on
+    /// each device in place, each map in the folder and on its m + 1; a
+    /// copy that is missing, fails its checksum or differs from what this
+    /// open holds (and checked) is counted and, with `repair`, written
+    /// again.
     fn check_metadata_copies(&mut self, repair: bool, report: &mut ScrubReport) -> Result<()> {
-        let present: Vec<usize> = (0..self.config.devices.len())
-            .filter(|p| !self.missing_devices.contains(p))
+        let config = meta::encode(&self.config);
+        let catalog = meta::encode(&self.catalog);
+        let mut expected: Vec<(PathBuf, &[u8])> = Vec::new();
+        for position in 0..self.config.devices.len() {
+            if !self.missing_devices.contains(&position) {
+                expected.push((self.device_dir(position).join(CONFIG_FILE), &config));
+            }
+        }
+        expected.push((self.dir.join(CONFIG_FILE), &config));
+        let maps: Vec<(u32, Vec<u8>)> = self
+            .batches
+            .values()
+            .map(|map| (map.batch, map.encode()))
             .collect();
-        for &position in &present {
-            let path = self.device_dir(position).join(CONFIG_FILE);
-            let copy: Option<ArchiveConfig> = read_json(&self.disk, &path).unwrap_or(None);
-            if copy.as_ref() != Some(&self.config) {
+        for (batch, encoded) in &maps {
+            for path in self.map_copy_paths(*batch) {
+                if path.parent().is_some_and(|dir| self.disk.is_dir(dir)) {
+                    expected.push((path, encoded));
+                }
+            }
+            expected.push((self.dir.join(MAPS_DIR).join(map_name(*batch)), encoded));
+        }
+        for (path, bytes) in expected {
+            if self.disk.read_all(&path).ok().flatten().as_deref() != Some(bytes) {
                 report.bad_metadata_copies += 1;
                 if repair {
-                    write_json(&self.disk, &path, &self.config)?;
+                    self.disk.write_durable(&path, bytes)?;
                 }
             }
         }
+        let folder_catalog = self.dir.join(CATALOG_FILE);
+        let folder_bad = self
+            .disk
+            .read_all(&folder_catalog)
+            .ok()
+            .flatten()
+            .as_deref()
+            != Some(&catalog[..]);
         let stale = if repair {
-            self.refresh_catalog_copies()?
+            self.refresh_catalog_copies(folder_bad)?
         } else {
             self.catalog_copies_stale()?.0
         };
-        report.bad_metadata_copies += stale as u64;
-        for map in self.batches.values() {
-            let encoded = map.encode();
-            for path in self.map_copy_paths(map.batch) {
-                let in_place = path.parent().is_some_and(|dir| self.disk.is_dir(dir));
-                if !in_place {
-                    continue;
-                }
-                if self.disk.read_all(&path)?.as_deref() != Some(&encoded[..]) {
-                    report.bad_metadata_copies += 1;
-                    if repair {
-                        self.disk.write_durable(&path, &encoded)?;
-                    }
-                }
-            }
-        }
+        report.bad_metadata_copies += stale as u64 + folder_bad as u64;
         Ok(())
     }
 

@@ -19,8 +19,10 @@ use std::time::Duration;
     about = "Erasure-coded, deduplicating block store for flash"
 )]
 struct Cli {
-    /// The array folder (holds array.json, the intent log, sockets, and by
-    /// default the device files).
+    /// The folder of the array (holds array.json, the intent log, sockets,
+    /// and by default the device files) or, for `archive`, of the archive
+    /// (archive.json, catalog.json, maps/, staging/, and by default the
+    /// device folders dev0, dev1, ...).
     #[arg(long, global = true, default_value = "data")]
     dir: PathBuf,
     #[command(subcommand)]
@@ -339,9 +341,11 @@ const ARCHIVE_PROGRESS_LINE_PERCENT: u64 = 10;
 
 /// Progress of an archive command: an indicatif bar when stderr is a
 /// terminal, plain lines on stderr with `--progress` otherwise, nothing
-/// else.
+/// else. Every archive phase counts bytes, from a total known when it
+/// starts; each phase gets a bar of its own (its total, its rate and eta),
+/// so no bar ever shows one phase's count against another's total.
 struct ArchiveProgress {
-    bar: Option<ProgressBar>,
+    bar: Option<Arc<Mutex<Option<ProgressBar>>>>,
     report: Option<crate::archive::ProgressFn>,
 }
 
@@ -349,11 +353,38 @@ impl ArchiveProgress {
     fn new(forced: bool) -> ArchiveProgress {
         use std::io::IsTerminal;
         if std::io::stderr().is_terminal() {
-            let (report, bar) = progress_bar_with(
-                "{msg:>14} [{bar:40}] {percent}% {human_pos}/{human_len} eta {eta}",
-            );
+            let style = ProgressStyle::with_template(
+                "{msg:>14} [{bar:40}] {percent}% {bytes}/{total_bytes} eta {eta}",
+            )
+            .expect("valid template")
+            .progress_chars("=> ");
+            let current: Arc<Mutex<Option<ProgressBar>>> = Arc::new(Mutex::new(None));
+            let shared = Arc::clone(&current);
+            let report: crate::archive::ProgressFn = Arc::new(move |phase, done, total| {
+                let mut bar = shared.lock().unwrap_or_else(|e| e.into_inner());
+                match bar.as_ref() {
+                    Some(b) if b.message() == phase && b.length() == Some(total) => {
+                        b.set_position(done)
+                    }
+                    _ => {
+                        if let Some(old) = bar.take() {
+                            old.finish_and_clear();
+                        }
+                        // Built whole before its first draw.
+                        let b = ProgressBar::with_draw_target(
+                            Some(total),
+                            indicatif::ProgressDrawTarget::stderr(),
+                        )
+                        .with_style(style.clone())
+                        .with_message(phase.to_string())
+                        .with_position(done);
+                        b.tick();
+                        *bar = Some(b);
+                    }
+                }
+            });
             ArchiveProgress {
-                bar: Some(bar),
+                bar: Some(current),
                 report: Some(report),
             }
         } else if forced {
@@ -366,7 +397,7 @@ impl ArchiveProgress {
                 }
                 let percent = (done * 100).checked_div(total).unwrap_or(100);
                 if percent >= st.1 {
-                    eprintln!("ecdedup: {phase}: {done}/{total} ({percent}%)");
+                    eprintln!("ecdedup: {phase}: {done}/{total} bytes ({percent}%)");
                     st.1 = (percent / ARCHIVE_PROGRESS_LINE_PERCENT + 1)
                         * ARCHIVE_PROGRESS_LINE_PERCENT;
                 }
@@ -396,7 +427,11 @@ impl ArchiveProgress {
 
 impl Drop for ArchiveProgress {
     fn drop(&mut self) {
-        if let Some(bar) = &self.bar {
+        let bar = self
+            .bar
+            .as_ref()
+            .and_then(|b| b.lock().unwrap_or_else(|e| e.into_inner()).take());
+        if let Some(bar) = bar {
             bar.finish_and_clear();
         }
     }
@@ -633,13 +668,6 @@ fn run_archive(
             let store = open_archive(dir)?;
             let size = store.object(&name)?.size;
             let length = length.unwrap_or(size.saturating_sub(offset));
-            let mut out: Box<dyn Write> = match &output {
-                Some(path) => Box::new(
-                    std::fs::File::create(path)
-                        .map_err(|e| Error::io(format!("create {}", path.display()), e))?,
-                ),
-                None => Box::new(std::io::stdout().lock()),
-            };
             if offset.checked_add(length).is_none_or(|end| end > size) {
                 return Err(Error::OutOfRange {
                     offset,
@@ -647,20 +675,28 @@ fn run_archive(
                     size,
                 });
             }
-            let mut buf = vec![0u8; 8 << 20];
-            let mut done = 0u64;
-            while done < length {
-                let take = (length - done).min(buf.len() as u64) as usize;
-                store.read(&name, offset + done, &mut buf[..take])?;
-                out.write_all(&buf[..take])
-                    .map_err(|e| Error::io("write the object out", e))?;
-                done += take as u64;
-                if length >= ARCHIVE_PROGRESS_MIN_BYTES {
-                    progress.report("get", done, length);
+            let copy = |out: &mut dyn Write| -> Result<()> {
+                let mut buf = vec![0u8; 8 << 20];
+                let mut done = 0u64;
+                while done < length {
+                    let take = (length - done).min(buf.len() as u64) as usize;
+                    store.read(&name, offset + done, &mut buf[..take])?;
+                    out.write_all(&buf[..take])
+                        .map_err(|e| Error::io("write the object out", e))?;
+                    done += take as u64;
+                    if length >= ARCHIVE_PROGRESS_MIN_BYTES {
+                        progress.report("get", done, length);
+                    }
                 }
+                out.flush()
+                    .map_err(|e| Error::io("write the object out", e))
+            };
+            match &output {
+                // Standard output cannot be taken back: bytes go out as
+                // they are read (and checked), and a failure stops them.
+                None => copy(&mut std::io::stdout().lock()),
+                Some(path) => write_whole_file(path, |file| copy(file)),
             }
-            out.flush()
-                .map_err(|e| Error::io("write the object out", e))
         }
         ArchiveCommand::Ls { json } => {
             let store = open_archive(dir)?;
@@ -762,6 +798,39 @@ fn print_json<T: serde::Serialize>(value: &T) {
         "{}",
         serde_json::to_string_pretty(value).expect("our types serialize")
     );
+}
+
+/// Writes `path` through `fill`, all or nothing: into a temporary file
+/// beside it, synced and renamed over `path` only when `fill` succeeded
+/// (every byte read and checked); on failure the temporary is removed and
+/// `path` is left as it was.
+fn write_whole_file(
+    path: &Path,
+    fill: impl FnOnce(&mut std::fs::File) -> Result<()>,
+) -> Result<()> {
+    let name = path
+        .file_name()
+        .ok_or_else(|| Error::InvalidRequest(format!("{} names no file", path.display())))?;
+    let temporary = path.with_file_name(format!(
+        ".{}.{}.tmp",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let mut file = std::fs::File::create(&temporary)
+        .map_err(|e| Error::io(format!("create {}", temporary.display()), e))?;
+    let filled = fill(&mut file).and_then(|()| {
+        file.sync_all()
+            .map_err(|e| Error::io(format!("sync {}", temporary.display()), e))
+    });
+    drop(file);
+    let done = filled.and_then(|()| {
+        std::fs::rename(&temporary, path)
+            .map_err(|e| Error::io(format!("rename to {}", path.display()), e))
+    });
+    if done.is_err() {
+        let _ = std::fs::remove_file(&temporary);
+    }
+    done
 }
 
 fn open_archive(dir: &Path) -> Result<crate::archive::ArchiveStore> {

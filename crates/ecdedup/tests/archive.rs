@@ -244,12 +244,19 @@ fn a_corrupt_map_or_a_foreign_device_is_refused_at_open() {
     let good = std::fs::read(&map).unwrap();
     let mut corrupt = good.clone();
     corrupt[40] ^= 1;
-    std::fs::write(&map, &corrupt).unwrap();
+    // Every copy (the folder's and the devices'): one good copy would
+    // replace the others (tests/archive_metadata.rs).
+    let copies = support::archive::map_copies(dir.path(), &map);
+    for path in &copies {
+        std::fs::write(path, &corrupt).unwrap();
+    }
     assert!(matches!(
         ArchiveStore::open(dir.path()),
         Err(Error::Corrupt(_))
     ));
-    std::fs::write(&map, &good).unwrap();
+    for path in &copies {
+        std::fs::write(path, &good).unwrap();
+    }
 
     let other = tempfile::tempdir().unwrap();
     ArchiveStore::create(other.path(), &options(0)).unwrap();

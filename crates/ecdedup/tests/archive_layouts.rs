@@ -258,13 +258,19 @@ fn archives_record_their_layout_and_old_ones_still_open() {
     let map = first_map(compact.path());
     assert!(std::fs::read(&map).unwrap().starts_with(b"ECDAMAP2"));
     // A version 1 config cannot claim a layout, and a map must match the
-    // archive's layout.
-    std::fs::write(&path, config.replace("\"version\": 2", "\"version\": 1")).unwrap();
+    // archive's layout (each config passing its checksum: a failing one
+    // is replaced from the devices' copies).
+    let checked = support::archive::with_matching_checksum;
+    std::fs::write(
+        &path,
+        checked(&config.replace("\"version\": 2", "\"version\": 1")),
+    )
+    .unwrap();
     assert!(matches!(
         ArchiveStore::open(compact.path()),
         Err(Error::Config(_))
     ));
-    std::fs::write(&path, config.replace("compact", "paper")).unwrap();
+    std::fs::write(&path, checked(&config.replace("compact", "paper"))).unwrap();
     assert!(matches!(
         ArchiveStore::open(compact.path()),
         Err(Error::Corrupt(_))
@@ -313,6 +319,7 @@ fn a_corrupt_compact_map_is_refused_at_open() {
     store.seal().unwrap();
     drop(store);
     let map = first_map(dir.path());
+    let copies = support::archive::map_copies(dir.path(), &map);
     let good = std::fs::read(&map).unwrap();
     // Each patch keeps the checksum right (resealed), so the map's own
     // checks must catch it: an unknown layout, a chunking that does not
@@ -328,10 +335,15 @@ fn a_corrupt_compact_map_is_refused_at_open() {
         let body = corrupt.len() - 4;
         let crc = crc32c::crc32c(&corrupt[..body]);
         corrupt[body..].copy_from_slice(&crc.to_le_bytes());
-        std::fs::write(&map, &corrupt).unwrap();
+        // Every copy: one good copy would replace the folder's.
+        for copy in &copies {
+            std::fs::write(copy, &corrupt).unwrap();
+        }
         let err = ArchiveStore::open(dir.path()).err();
         assert!(matches!(err, Some(Error::Corrupt(_))), "byte {at}: {err:?}");
     }
-    std::fs::write(&map, &good).unwrap();
+    for copy in &copies {
+        std::fs::write(copy, &good).unwrap();
+    }
     assert_eq!(ArchiveStore::open(dir.path()).unwrap().list().len(), 1);
 }

@@ -30,6 +30,22 @@ pub mod svg;
 
 use ecdedup_core::error::Result;
 
+/// The verdict on a goal from every round's value (a count: its one
+/// value): "met" only when every value clears the goal, so that the whole
+/// min-max range does; "**missed**" when none does; "inconclusive" when the
+/// range straddles it (noise decides) or there is no value. `clears` says
+/// whether one value meets the goal.
+pub fn goal_verdict(values: &[f64], clears: impl Fn(f64) -> bool) -> &'static str {
+    let cleared = values.iter().filter(|&&v| clears(v)).count();
+    if values.is_empty() || (cleared > 0 && cleared < values.len()) {
+        "inconclusive"
+    } else if cleared == values.len() {
+        "met"
+    } else {
+        "**missed**"
+    }
+}
+
 #[derive(clap::Subcommand)]
 pub enum EvalCommand {
     /// Paper 000: plain RAID-6 vs + data dedup vs + parity dedup, through ext4.

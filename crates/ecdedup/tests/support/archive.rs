@@ -152,3 +152,25 @@ pub fn options(
         ..CreateOptions::default()
     }
 }
+
+/// `json` (a metadata file's text) with a `crc32c` that matches its
+/// content, as a bug that wrote wrong content would leave it: what only
+/// the structural checks can catch.
+pub fn with_matching_checksum(json: &str) -> Vec<u8> {
+    let mut value: serde_json::Value = serde_json::from_str(json).unwrap();
+    value.as_object_mut().unwrap().remove("crc32c");
+    let crc = crc32c::crc32c(&serde_json::to_vec(&value).unwrap());
+    value
+        .as_object_mut()
+        .unwrap()
+        .insert("crc32c".into(), crc.into());
+    serde_json::to_vec_pretty(&value).unwrap()
+}
+
+/// Map file `map` of `dir`'s folder and its copies on the devices.
+pub fn map_copies(dir: &Path, map: &Path) -> Vec<std::path::PathBuf> {
+    std::iter::once(map.to_path_buf())
+        .chain((0..DEVICES).map(|d| dir.join(format!("dev{d}")).join(map.file_name().unwrap())))
+        .filter(|p| p.exists())
+        .collect()
+}
