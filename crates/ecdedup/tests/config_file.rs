@@ -11,7 +11,7 @@
 use ecdedup::array::superblock::Superblock;
 use ecdedup::array::{self, Array, ConfigFile, MetadataPlacement};
 use ecdedup::media::area::AreaFs;
-use ecdedup::media::storage::{read_file, StorageLock};
+use ecdedup::media::storage::StorageLock;
 use ecdedup::media::{FileDevice, IoMode, OsStorage, Storage, StorageFile};
 use std::io;
 use std::os::unix::fs::MetadataExt;
@@ -64,8 +64,10 @@ fn area_of(dev: &Path, read_only: bool) -> Arc<AreaFs> {
 
 /// The copy of `array.json` on device file `dev`.
 fn device_copy(dev: &Path) -> Vec<u8> {
-    let area = area_of(dev, true);
-    read_file(area.open_file(array::CONFIG_FILE).unwrap().as_ref()).unwrap()
+    let f = area_of(dev, true).open_file(array::CONFIG_FILE).unwrap();
+    let mut b = vec![0u8; f.len().unwrap() as usize];
+    f.read_at(&mut b, 0).unwrap();
+    b
 }
 
 /// Puts `bytes` as the copy of `array.json` on device file `dev` only.
