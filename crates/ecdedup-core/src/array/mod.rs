@@ -206,14 +206,13 @@ impl ConfigFile {
 
     /// `array.json`'s bytes, read from `path`, checked.
     fn parse(bytes: &[u8], path: &Path) -> Result<ConfigFile> {
-        let cfg: ConfigFile = serde_json::from_slice(bytes)
-            .map_err(|e| {
-                Error::Corrupt(format!(
-                    "{}: {e} (an open, by `serve` or `scrub`, recovers it from the copies \
+        let cfg: ConfigFile = serde_json::from_slice(bytes).map_err(|e| {
+            Error::Corrupt(format!(
+                "{}: {e} (an open, by `serve` or `scrub`, recovers it from the copies \
                      on the devices of a format 2 array)",
-                    path.display()
-                ))
-            })?;
+                path.display()
+            ))
+        })?;
         if cfg.format_version != 1 {
             return Err(Error::Corrupt(format!(
                 "{}: format version {} unknown",
