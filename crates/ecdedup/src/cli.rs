@@ -841,7 +841,52 @@ fn open_archive(dir: &Path) -> Result<crate::archive::ArchiveStore> {
     Ok(store)
 }
 
+/// Test fault: set, the command panics as it starts (after the panic hook
+/// is in place), so that a test sees what a panic prints.
+pub const FAULT_PANIC_ENV: &str = "ECDEDUP_TEST_PANIC";
+
+/// Makes every panic print its message and location straight to fd 2,
+/// unbuffered, before the default handling: a panic must never end a
+/// command with exit status 101 and nothing said (a progress bar redrawn
+/// over the message, a stderr buffer never flushed).
+pub fn install_panic_hook() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let msg = payload
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("(a panic with a non-text payload)");
+        let at = info
+            .location()
+            .map_or_else(|| "an unknown place".to_string(), |l| l.to_string());
+        let line = format!("\necdedup: panic at {at}: {msg}\n");
+        write_fd2(line.as_bytes());
+        default(info);
+    }));
+}
+
+/// Writes all of `bytes` to fd 2 with write(2), past Rust's stderr lock.
+fn write_fd2(mut bytes: &[u8]) {
+    while !bytes.is_empty() {
+        // SAFETY: write(2) from a valid buffer of `bytes.len()` bytes.
+        let n = unsafe { libc::write(2, bytes.as_ptr().cast(), bytes.len()) };
+        if n > 0 {
+            bytes = &bytes[n as usize..];
+        } else if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
+        {
+            continue;
+        } else {
+            return;
+        }
+    }
+}
+
 pub fn main() -> i32 {
+    if let Some(what) = std::env::var_os(FAULT_PANIC_ENV) {
+        panic!("test fault {FAULT_PANIC_ENV}={}", what.to_string_lossy());
+    }
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => 0,
@@ -1406,8 +1451,12 @@ fn serve(
     fingerprint_backend: Option<crate::fingerprint::gpu::BackendChoice>,
 ) -> Result<()> {
     use std::os::unix::process::CommandExt;
-    // Fail early, with our own words, on the common mistakes.
-    array::ConfigFile::load(dir)?;
+    // Fail early, with our own words, on the common mistakes. A config that
+    // does not parse is the open's to recover (from the devices' copies).
+    match array::ConfigFile::load(dir) {
+        Ok(_) | Err(Error::Corrupt(_)) => {}
+        Err(e) => return Err(e),
+    }
     if held_by_another_server(dir)? {
         return Err(Error::Busy(format!(
             "array {} is already being served (or its lock stayed held for {} s while no server answered)",

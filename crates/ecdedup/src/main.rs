@@ -9,5 +9,6 @@ fn main() {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
+    ecdedup::cli::install_panic_hook();
     std::process::exit(ecdedup::cli::main());
 }

@@ -25,7 +25,8 @@ use super::superblock::{MemberState, Superblock};
 use super::{lock_dir, ConfigFile};
 use crate::error::{Error, Result};
 use crate::media::area::AreaFs;
-use crate::media::{FileDevice, OsStorage};
+use crate::media::storage::read_file;
+use crate::media::{FileDevice, OsStorage, Storage};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -171,68 +172,213 @@ pub fn assemble_from_devices(dir: &Path, paths: &[PathBuf]) -> Result<ConfigFile
         v
     };
     let newest = newest_superblock(&members)?;
-    let geo = newest.geometry;
-    if geo.meta_area_bytes == 0 {
+    if newest.geometry.meta_area_bytes == 0 {
         return Err(Error::Config(
             "this array keeps its metadata in its folder (format 1, `create --metadata folder`): \
              the folder cannot be rebuilt from the devices"
                 .into(),
         ));
     }
-    // The newest copy: members in service by position, freshest superblock first.
-    let mut order: Vec<&(PathBuf, Superblock)> = found
-        .iter()
-        .filter(|(_, sb)| newest.states.get(sb.position as usize) == Some(&MemberState::Active))
-        .collect();
-    order.sort_by_key(|(_, sb)| (std::cmp::Reverse(sb.generation), sb.position));
-    let mut why = Vec::new();
-    let mut cfg = None;
-    for (path, _) in order {
-        let read = FileDevice::open_in(&OsStorage, path)
-            .and_then(|dev| {
-                let area = AreaFs::open_read_only(
-                    Arc::new(dev),
-                    geo.meta_area_offset(),
-                    geo.meta_area_bytes,
-                )?;
-                let f = Arc::new(area).open_file(super::CONFIG_FILE)?;
-                let mut b = vec![0u8; f.len()? as usize];
-                f.read_at(&mut b, 0)?;
-                Ok(b)
-            })
-            .map_err(|e| e.to_string())
-            .and_then(|b| serde_json::from_slice::<ConfigFile>(&b).map_err(|e| e.to_string()));
-        match read {
-            Ok(c) if c.array_uuid.as_bytes() == &newest.array_uuid => {
-                cfg = Some(c);
-                break;
-            }
-            Ok(_) => why.push(format!(
-                "{}: a copy of another array's settings",
-                path.display()
-            )),
-            Err(e) => why.push(format!("{}: {e}", path.display())),
-        }
-    }
-    let Some(mut cfg) = cfg else {
-        return Err(Error::Corrupt(format!(
-            "no device in service holds a readable copy of {} ({})",
-            super::CONFIG_FILE,
-            why.join("; ")
-        )));
-    };
-    if cfg.devices.len() != geo.devices as usize {
-        return Err(Error::Corrupt(format!(
-            "the copy of {} lists {} devices, the superblocks {}",
-            super::CONFIG_FILE,
-            cfg.devices.len(),
-            geo.devices
-        )));
-    }
+    let (mut cfg, _) = newest_config_copy(&OsStorage, &found, &newest)?;
     for (path, sb) in &found {
         cfg.devices[sb.position as usize] =
             std::path::absolute(path).unwrap_or_else(|_| path.clone());
     }
     cfg.store(dir)?;
     Ok(cfg)
+}
+
+/// The newest readable copy of `array.json` in the metadata areas of
+/// `found` (format 2; paths and their superblocks, all of the array
+/// `newest` names): members in service first, freshest superblock first.
+/// Returns it with the path it was read from.
+fn newest_config_copy(
+    storage: &dyn Storage,
+    found: &[(PathBuf, Superblock)],
+    newest: &Superblock,
+) -> Result<(ConfigFile, PathBuf)> {
+    let geo = newest.geometry;
+    let mut order: Vec<&(PathBuf, Superblock)> = found
+        .iter()
+        .filter(|(_, sb)| newest.states.get(sb.position as usize) == Some(&MemberState::Active))
+        .collect();
+    order.sort_by_key(|(_, sb)| (std::cmp::Reverse(sb.generation), sb.position));
+    let mut why = Vec::new();
+    for (path, _) in order {
+        let read = FileDevice::open_in(storage, path)
+            .and_then(|dev| {
+                let area = AreaFs::open_read_only(
+                    Arc::new(dev),
+                    geo.meta_area_offset(),
+                    geo.meta_area_bytes,
+                )?;
+                read_file(Arc::new(area).open_file(super::CONFIG_FILE)?.as_ref())
+            })
+            .map_err(|e| e.to_string())
+            .and_then(|b| serde_json::from_slice::<ConfigFile>(&b).map_err(|e| e.to_string()));
+        match read {
+            Ok(c) if c.array_uuid.as_bytes() != &newest.array_uuid => why.push(format!(
+                "{}: a copy of another array's settings",
+                path.display()
+            )),
+            Ok(c) if c.devices.len() != geo.devices as usize => why.push(format!(
+                "{}: the copy lists {} devices, the superblocks {}",
+                path.display(),
+                c.devices.len(),
+                geo.devices
+            )),
+            Ok(c) => return Ok((c, path.clone())),
+            Err(e) => why.push(format!("{}: {e}", path.display())),
+        }
+    }
+    Err(Error::Corrupt(format!(
+        "no device in service holds a readable copy of {} ({})",
+        super::CONFIG_FILE,
+        why.join("; ")
+    )))
+}
+
+/// Recovers `array.json` of the array in `dir`, whose bytes `broken` do not
+/// parse (`why`), from the copies on its devices (format 2), under the
+/// folder's lock: the candidates are the device files in the folder
+/// (`dev*`, where `create` puts them) and every path the broken file still
+/// shows; those whose superblock names the array (the uuid the file still
+/// shows, or the only one found) give the newest copy, as `assemble`
+/// reads it. The broken bytes are kept as `array.json.corrupt-<time>` and
+/// the recovered file written in their place; returns it and a warning
+/// saying what happened. Format 1 (no copies on the devices) and no device
+/// found are errors that say what to do.
+pub(super) fn recover_config(
+    storage: &dyn Storage,
+    dir: &Path,
+    broken: &[u8],
+    why: &str,
+) -> Result<(ConfigFile, String)> {
+    let path = dir.join(super::CONFIG_FILE);
+    let damaged = format!("{} cannot be parsed ({why})", path.display());
+    let text = String::from_utf8_lossy(broken);
+    // What the broken file still shows: JSON strings that are absolute
+    // paths or uuids.
+    let shown: Vec<&str> = text.split('"').skip(1).step_by(2).collect();
+    let mut candidates: Vec<PathBuf> = shown
+        .iter()
+        .filter(|s| s.starts_with('/') && !s.chars().any(char::is_control))
+        .map(PathBuf::from)
+        .collect();
+    for name in storage.list_files(dir).unwrap_or_default() {
+        if name.starts_with("dev") {
+            candidates.push(dir.join(name));
+        }
+    }
+    candidates.sort();
+    candidates.dedup();
+    let mut found: Vec<(PathBuf, Superblock)> = Vec::new();
+    for candidate in candidates {
+        let Ok(dev) = FileDevice::open_in(storage, &candidate) else {
+            continue;
+        };
+        if let Ok(sb) = super::read_superblock(&dev) {
+            found.push((candidate, sb));
+        }
+    }
+    let mut uuids: Vec<[u8; 16]> = found.iter().map(|(_, sb)| sb.array_uuid).collect();
+    uuids.sort();
+    uuids.dedup();
+    let named = uuids.iter().copied().find(|u| {
+        let u = uuid::Uuid::from_bytes(*u).to_string();
+        shown.contains(&u.as_str())
+    });
+    let array_uuid = match (named, uuids.as_slice()) {
+        (Some(u), _) => u,
+        (None, [u]) => *u,
+        (None, []) => {
+            return Err(Error::Corrupt(format!(
+                "{damaged}, and no device of the array was found in {} or at a path the file \
+                 still shows: `ecdedup assemble --device DEV...` into an empty folder rebuilds \
+                 it from the devices",
+                dir.display()
+            )))
+        }
+        (None, _) => {
+            return Err(Error::Corrupt(format!(
+                "{damaged}, and devices of {} arrays were found: `ecdedup assemble --device \
+                 DEV...` into an empty folder with the devices of this one rebuilds it",
+                uuids.len()
+            )))
+        }
+    };
+    found.retain(|(_, sb)| sb.array_uuid == array_uuid);
+    let n = found[0].1.geometry.devices as usize;
+    let mut members: Vec<Option<Superblock>> = vec![None; n];
+    for (_, sb) in &found {
+        if let Some(slot) = members.get_mut(sb.position as usize) {
+            if slot.as_ref().is_none_or(|s| s.generation < sb.generation) {
+                *slot = Some(sb.clone());
+            }
+        }
+    }
+    let newest = newest_superblock(&members)?;
+    if newest.geometry.meta_area_bytes == 0 {
+        return Err(Error::Config(format!(
+            "{damaged}, and this array keeps its metadata in its folder (format 1, \
+             `create --metadata folder`): its devices hold no copy of the settings. Restore \
+             {} from a backup; `ecdedup assemble` rebuilds only arrays of format 2",
+            super::CONFIG_FILE
+        )));
+    }
+    let (mut cfg, source) = newest_config_copy(storage, &found, &newest)
+        .map_err(|e| Error::Corrupt(format!("{damaged}, and it cannot be recovered: {e}")))?;
+    // Devices found where the copy does not say (the folder moved) are
+    // followed, where one path alone claims the position.
+    for (p, sb) in &found {
+        let pos = sb.position as usize;
+        if found
+            .iter()
+            .filter(|(_, s)| s.position == sb.position)
+            .count()
+            == 1
+            && pos < n
+        {
+            cfg.devices[pos] = std::path::absolute(p).unwrap_or_else(|_| p.clone());
+        }
+    }
+    let aside = keep_aside(storage, &path, broken)
+        .map_err(|e| Error::io(format!("keeping the damaged {} aside", path.display()), e))?;
+    cfg.write_in(storage, dir)?;
+    Ok((
+        cfg,
+        format!(
+            "{damaged}: recovered from the copy on {} (superblock generation {}); the damaged \
+             file is kept as {}",
+            source.display(),
+            newest.generation,
+            aside.display()
+        ),
+    ))
+}
+
+/// Copies `bytes` (the damaged `path`) to `path.corrupt-<unix seconds>`,
+/// durably, before the file is replaced: a crash in between leaves both.
+fn keep_aside(storage: &dyn Storage, path: &Path, bytes: &[u8]) -> std::io::Result<PathBuf> {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let name = |i: u32| {
+        let mut p = path.as_os_str().to_owned();
+        p.push(format!(".corrupt-{secs}"));
+        if i > 0 {
+            p.push(format!("-{i}"));
+        }
+        PathBuf::from(p)
+    };
+    let aside = (0..1000)
+        .map(name)
+        .find(|p| !storage.exists(p))
+        .ok_or_else(|| std::io::Error::other("1000 damaged copies kept already"))?;
+    let f = storage.create(&aside, true)?;
+    f.write_at(bytes, 0)?;
+    f.sync()?;
+    drop(f);
+    storage.sync_dir(crate::media::storage::parent_of(path))?;
+    Ok(aside)
 }

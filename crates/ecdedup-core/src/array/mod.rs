@@ -52,7 +52,7 @@ use crate::error::{Error, Result};
 use crate::fingerprint::gpu::{choose_backend, BackendChoice};
 use crate::fingerprint::FingerprintBackend;
 use crate::media::area::AreaFs;
-use crate::media::storage::{read_all, write_atomic, OsStorage, Storage, StorageLock};
+use crate::media::storage::{read_all, read_file, write_atomic, OsStorage, Storage, StorageLock};
 use crate::media::{Device, FileDevice};
 use checksum::ChecksumTable;
 use intent::IntentLog;
@@ -163,8 +163,36 @@ impl ConfigFile {
 
     /// Reads `array.json` from `dir` of `storage`.
     pub fn load_in(storage: &dyn Storage, dir: &Path) -> Result<ConfigFile> {
+        let bytes = ConfigFile::read_in(storage, dir)?;
+        ConfigFile::parse(&bytes, &dir.join(CONFIG_FILE))
+    }
+
+    /// [`ConfigFile::load_in`] for an open, under the folder's lock: a file
+    /// that does not parse (NUL bytes after a power cut, a truncated or
+    /// garbled file) is recovered from the newest copy on the devices
+    /// (format 2), the damaged file kept aside; what happened is pushed to
+    /// `warnings`.
+    fn load_or_recover(
+        storage: &dyn Storage,
+        dir: &Path,
+        warnings: &mut Vec<String>,
+    ) -> Result<ConfigFile> {
+        let bytes = ConfigFile::read_in(storage, dir)?;
+        match serde_json::from_slice::<ConfigFile>(&bytes) {
+            Ok(_) => ConfigFile::parse(&bytes, &dir.join(CONFIG_FILE)),
+            Err(e) => {
+                let (cfg, warning) =
+                    assemble::recover_config(storage, dir, &bytes, &e.to_string())?;
+                warnings.push(warning);
+                Ok(cfg)
+            }
+        }
+    }
+
+    /// The bytes of `array.json` in `dir`; a missing file says how to make one.
+    fn read_in(storage: &dyn Storage, dir: &Path) -> Result<Vec<u8>> {
         let path = dir.join(CONFIG_FILE);
-        let bytes = read_all(storage, &path).map_err(|e| {
+        read_all(storage, &path).map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
                 Error::Config(format!(
                     "{} holds no array (no {CONFIG_FILE}); run `ecdedup create` first",
@@ -173,9 +201,18 @@ impl ConfigFile {
             } else {
                 Error::io(format!("reading {}", path.display()), e)
             }
+        })
+    }
+
+    /// `array.json`'s bytes, read from `path`, checked.
+    fn parse(bytes: &[u8], path: &Path) -> Result<ConfigFile> {
+        let cfg: ConfigFile = serde_json::from_slice(bytes).map_err(|e| {
+            Error::Corrupt(format!(
+                "{}: {e} (an open, by `serve` or `scrub`, recovers it from the copies \
+                     on the devices of a format 2 array)",
+                path.display()
+            ))
         })?;
-        let cfg: ConfigFile = serde_json::from_slice(&bytes)
-            .map_err(|e| Error::Corrupt(format!("{}: {e}", path.display())))?;
         if cfg.format_version != 1 {
             return Err(Error::Corrupt(format!(
                 "{}: format version {} unknown",
@@ -204,7 +241,7 @@ impl ConfigFile {
     }
 
     /// Writes the config whatever the file holds.
-    fn write_in(&self, storage: &dyn Storage, dir: &Path) -> Result<()> {
+    pub(crate) fn write_in(&self, storage: &dyn Storage, dir: &Path) -> Result<()> {
         let path = dir.join(CONFIG_FILE);
         let text = serde_json::to_string_pretty(self).expect("config serialises");
         write_atomic(storage, &path, text.as_bytes())
@@ -566,6 +603,24 @@ fn read_superblock(dev: &dyn Device) -> Result<Superblock> {
     Superblock::newest(a, b)
 }
 
+/// The bytes of file `name` in a metadata area, if it is there and reads.
+fn read_area_file(area: &Arc<AreaFs>, name: &str) -> Option<Vec<u8>> {
+    read_file(area.open_file(name).ok()?.as_ref()).ok()
+}
+
+/// Replaces file `name` of a metadata area atomically and durably, as
+/// [`write_atomic`] does in a folder: a temporary file, synced, renamed,
+/// the area's directory committed.
+fn write_area_file(area: &Arc<AreaFs>, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = format!("{name}.tmp");
+    let f = area.create_file(&tmp, true)?;
+    f.write_at(bytes, 0)?;
+    f.sync()?;
+    drop(f);
+    area.rename(&tmp, name)?;
+    area.commit()
+}
+
 /// Creates a new array in `dir` over files or block devices and leaves it
 /// clean and closed.
 pub fn create(dir: &Path, opts: &CreateOptions) -> Result<()> {
@@ -894,9 +949,9 @@ impl Array {
         fingerprint_backend: Option<BackendChoice>,
     ) -> Result<Array> {
         let lock = lock_dir_in(storage.as_ref(), dir)?;
-        let cfg = ConfigFile::load_in(storage.as_ref(), dir)?;
-        let mut devices: Vec<Option<Arc<dyn Device>>> = Vec::new();
         let mut warnings = Vec::new();
+        let cfg = ConfigFile::load_or_recover(storage.as_ref(), dir, &mut warnings)?;
+        let mut devices: Vec<Option<Arc<dyn Device>>> = Vec::new();
         let mut ssd_wear = Vec::new();
         for (i, path) in cfg.devices.iter().enumerate() {
             match FileDevice::open_with(storage.as_ref(), path, cfg.device_options()) {
@@ -1405,19 +1460,25 @@ impl Array {
         &self.geo
     }
 
-    /// Format 2: the copy of `array.json` on the devices, which `assemble`
-    /// reads when the folder is lost, is rewritten where it differs from
-    /// the folder's (settings changed offline go to the folder only).
+    /// Format 2: the copy of `array.json` on each device in service, which
+    /// `assemble` and a damaged folder copy are recovered from, is
+    /// rewritten where it differs from the folder's (settings changed
+    /// offline go to the folder only; a device may hold an older copy).
+    /// Every copy is compared, and only the copies are written: the
+    /// folder's file is not rewritten by an open (every rewrite is a
+    /// window for a power cut).
     fn refresh_config_copy(&self) {
         let Some(meta) = &self.meta else { return };
-        let cfg = self.config.lock().unwrap();
-        let want = serde_json::to_string_pretty(&cfg.file).expect("config serialises");
-        let current = meta.area_copy(CONFIG_FILE);
-        if current.as_deref() != Some(want.as_bytes()) {
-            if let Err(e) = cfg.file.write_in(self.storage.as_ref(), &self.dir) {
-                drop(cfg);
+        let want = serde_json::to_string_pretty(&self.config.lock().unwrap().file)
+            .expect("config serialises");
+        for d in 0..self.geo.devices as usize {
+            let Some(area) = meta.area(d) else { continue };
+            if read_area_file(&area, CONFIG_FILE).as_deref() == Some(want.as_bytes()) {
+                continue;
+            }
+            if let Err(e) = write_area_file(&area, CONFIG_FILE, want.as_bytes()) {
                 self.warn(format!(
-                    "updating the copy of {CONFIG_FILE} on the devices: {e}"
+                    "updating the copy of {CONFIG_FILE} on device {d}: {e}"
                 ));
             }
         }

@@ -15,6 +15,9 @@ pub struct FileDevice {
     path: PathBuf,
     size: u64,
     sparse: bool,
+    /// Opened for `O_DIRECT` transfers: an EINVAL from a transfer is the
+    /// file system refusing them ([`super::storage::direct_refused`]).
+    direct: bool,
 }
 
 impl FileDevice {
@@ -49,6 +52,7 @@ impl FileDevice {
             path: path.to_owned(),
             size,
             sparse: options.sparse,
+            direct: options.io == IoMode::Direct,
         })
     }
 
@@ -95,16 +99,31 @@ impl FileDevice {
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// A failed transfer: with direct I/O asked for, EINVAL is the file
+    /// system refusing it (the offsets, lengths and memory the storage
+    /// hands the kernel are aligned), said with the way out.
+    fn transfer_error(&self, e: io::Error) -> io::Error {
+        if self.direct {
+            super::storage::direct_refused(e, &self.path)
+        } else {
+            e
+        }
+    }
 }
 
 impl Device for FileDevice {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.file.read_at(buf, offset)
+        self.file
+            .read_at(buf, offset)
+            .map_err(|e| self.transfer_error(e))
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         debug_assert!(offset + buf.len() as u64 <= self.size);
-        self.file.write_at(buf, offset)
+        self.file
+            .write_at(buf, offset)
+            .map_err(|e| self.transfer_error(e))
     }
 
     fn sync(&self) -> io::Result<()> {

@@ -139,7 +139,11 @@ pub trait Storage: Send + Sync {
 
 /// Reads a whole file.
 pub fn read_all(storage: &dyn Storage, path: &Path) -> io::Result<Vec<u8>> {
-    let f = storage.open(path)?;
+    read_file(storage.open(path)?.as_ref())
+}
+
+/// Reads the whole of an open file.
+pub fn read_file(f: &dyn StorageFile) -> io::Result<Vec<u8>> {
     let len = f.len()?;
     let len = usize::try_from(len).map_err(|_| io::Error::other("file too large to read"))?;
     let mut buf = vec![0u8; len];
@@ -302,7 +306,10 @@ pub(crate) fn direct_aligned(offset: u64, len: usize) -> bool {
 /// with EINVAL: the file system refuses direct I/O (a FUSE file system
 /// opens with `O_DIRECT` and then fails every such read). Said so, with
 /// the way out; the error carries no EINVAL (an invalid request, for an
-/// NBD client), so it reaches clients as an I/O error.
+/// NBD client), so it reaches clients as an I/O error. Applied where the
+/// device knows it asked for direct I/O, whatever the [`Storage`]:
+/// [`super::FileDevice`]'s transfers and the io_uring completions
+/// ([`super::batch`]).
 pub(crate) fn direct_refused(e: io::Error, path: &Path) -> io::Error {
     if e.raw_os_error() != Some(libc::EINVAL) {
         return e;
@@ -378,16 +385,12 @@ impl StorageFile for OsFile {
             return self.file.read_exact_at(buf, offset);
         };
         if (buf.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN_BYTES) {
-            return direct
-                .read_exact_at(buf, offset)
-                .map_err(|e| direct_refused(e, &self.path));
+            return direct.read_exact_at(buf, offset);
         }
         let mut bounce = AlignedBuf::new(buf.len().min(BOUNCE_BYTES_MAX));
         for (i, chunk) in buf.chunks_mut(BOUNCE_BYTES_MAX).enumerate() {
             let b = bounce.as_mut_slice(chunk.len());
-            direct
-                .read_exact_at(b, offset + (i * BOUNCE_BYTES_MAX) as u64)
-                .map_err(|e| direct_refused(e, &self.path))?;
+            direct.read_exact_at(b, offset + (i * BOUNCE_BYTES_MAX) as u64)?;
             chunk.copy_from_slice(b);
         }
         Ok(())
@@ -402,17 +405,13 @@ impl StorageFile for OsFile {
             return self.file.write_all_at(buf, offset);
         };
         if (buf.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN_BYTES) {
-            return direct
-                .write_all_at(buf, offset)
-                .map_err(|e| direct_refused(e, &self.path));
+            return direct.write_all_at(buf, offset);
         }
         let mut bounce = AlignedBuf::new(buf.len().min(BOUNCE_BYTES_MAX));
         for (i, chunk) in buf.chunks(BOUNCE_BYTES_MAX).enumerate() {
             let b = bounce.as_mut_slice(chunk.len());
             b.copy_from_slice(chunk);
-            direct
-                .write_all_at(b, offset + (i * BOUNCE_BYTES_MAX) as u64)
-                .map_err(|e| direct_refused(e, &self.path))?;
+            direct.write_all_at(b, offset + (i * BOUNCE_BYTES_MAX) as u64)?;
         }
         Ok(())
     }
