@@ -858,6 +858,8 @@ impl Array {
     pub fn flush(&self) -> Result<()> {
         bump(&self.counters.array.client_flushes);
         let epoch = self.intent.start_flush();
+        // Failed even when a step below fails: a dropped copy is stale.
+        self.fail_broken_metadata_copies();
         self.sync_journals()?;
         let every = vec![true; self.members.len()];
         let space = self.sync_devices(&every);

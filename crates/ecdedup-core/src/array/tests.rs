@@ -10,6 +10,7 @@ use std::sync::atomic::Ordering;
 
 mod batch;
 mod decode;
+mod meta_copies;
 mod paged_tables;
 mod policies;
 
