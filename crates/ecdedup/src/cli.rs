@@ -1202,7 +1202,19 @@ fn run(cli: Cli) -> Result<()> {
                     report.dedup_map_problems.join("; ")
                 )));
             }
-            if check_only && (report.checksum_mismatches > 0 || report.parity_mismatches > 0) {
+            let copies_bad =
+                report.metadata_copy_problems.len() as u64 - report.metadata_copies_repaired;
+            if !check_only && copies_bad > 0 {
+                return Err(Error::Corrupt(format!(
+                    "{copies_bad} copies of metadata files could not be rewritten ({})",
+                    report.metadata_copy_problems.join("; ")
+                )));
+            }
+            if check_only
+                && (report.checksum_mismatches > 0
+                    || report.parity_mismatches > 0
+                    || copies_bad > 0)
+            {
                 return Err(Error::Other(
                     "scrub found inconsistencies (run without --check-only to repair)".into(),
                 ));

@@ -279,3 +279,98 @@ fn a_device_whose_metadata_area_is_corrupt_is_failed_and_rebuilt() {
     );
     assert!(read_all(&vol) == model, "data differs after the rebuild");
 }
+
+/// An RMW array without dedup over six files in `tmp`, filled and closed:
+/// (its create options, folder).
+fn closed_rmw_array(tmp: &Path) -> (CreateOptions, PathBuf) {
+    let paths: Vec<PathBuf> = (0..6).map(|i| tmp.join(format!("d{i}"))).collect();
+    let dir = tmp.join("array");
+    let opts = options(
+        paths,
+        WritePolicy::Rmw,
+        Policy::None,
+        MetadataPlacement::Devices,
+    );
+    array::create(&dir, &opts).unwrap();
+    let vol = Volume::new(Arc::new(Array::open(&dir, None).unwrap()));
+    fill(&vol, 13);
+    vol.array().close().unwrap();
+    (opts, dir)
+}
+
+#[test]
+fn status_shows_a_device_whose_directory_slots_are_random_bytes_as_failed() {
+    use std::os::unix::fs::FileExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let (opts, dir) = closed_rmw_array(tmp.path());
+    let geo = array::geometry_for(&opts).unwrap();
+    let mut rng = StdRng::seed_from_u64(21);
+    let noise: Vec<u8> = (0..128 << 10).map(|_| rng.gen()).collect();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&opts.devices[3])
+        .unwrap();
+    f.write_all_at(&noise, geo.meta_area_offset()).unwrap();
+    drop(f);
+    let status = array::inspect(&dir).unwrap();
+    assert_eq!(status.devices[3].state, array::MemberState::Failed);
+    assert!(status.health.starts_with("degraded"), "{}", status.health);
+    let warnings = status.warnings.join("\n");
+    assert!(
+        warnings.contains("device 3") && warnings.contains("metadata area"),
+        "{warnings}"
+    );
+    // What serve does with it: the same device failed.
+    let array = Array::open(&dir, None).unwrap();
+    assert_eq!(array.member_states()[3], array::MemberState::Failed);
+}
+
+#[test]
+fn status_and_scrub_find_a_corrupt_copy_of_the_intent_map_and_scrub_rewrites_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (opts, dir) = closed_rmw_array(tmp.path());
+    let geo = array::geometry_for(&opts).unwrap();
+    // Device 2's copy of the intent map (not the one read) gets bytes the
+    // others do not hold.
+    {
+        let dev = ecdedup::media::FileDevice::open_in(&ecdedup::media::OsStorage, &opts.devices[2])
+            .unwrap();
+        let area = Arc::new(
+            ecdedup::media::area::AreaFs::open(
+                Arc::new(dev),
+                geo.meta_area_offset(),
+                geo.meta_area_bytes,
+            )
+            .unwrap(),
+        );
+        let f = area.open_file("intent.map").unwrap();
+        let len = f.len().unwrap();
+        f.write_at(&[0xa5; 3], len - 3).unwrap();
+        f.sync().unwrap();
+    }
+    let status = array::inspect(&dir).unwrap();
+    let warnings = status.warnings.join("\n");
+    assert!(
+        warnings.contains("device 2: its copy of intent.map differs"),
+        "{warnings}"
+    );
+    let array = Array::open(&dir, None).unwrap();
+    let report = array.scrub(false, None).unwrap();
+    assert_eq!(report.metadata_copy_problems.len(), 1, "{report:?}");
+    assert!(
+        report.metadata_copy_problems[0].contains("device 2: its copy of intent.map"),
+        "{report:?}"
+    );
+    assert_eq!(
+        report.metadata_copies_repaired, 0,
+        "a check changes nothing"
+    );
+    let report = array.scrub(true, None).unwrap();
+    assert_eq!(report.metadata_copies_repaired, 1, "{report:?}");
+    let report = array.scrub(false, None).unwrap();
+    assert!(report.metadata_copy_problems.is_empty(), "{report:?}");
+    array.close().unwrap();
+    drop(array);
+    let status = array::inspect(&dir).unwrap();
+    assert!(status.warnings.is_empty(), "{:?}", status.warnings);
+}

@@ -6,8 +6,11 @@
 //! server holds must not: an operator looking at an array left dirty by a
 //! crash would otherwise change what they look at, before deciding anything.
 //! Here every file is opened read-only and only read: `array.json`, the two
-//! superblock slots of each device, the intent map. The caller holds the
-//! folder's lock, so that no server starts (and recovers) meanwhile.
+//! superblock slots of each device, the intent map, and (format 2) the
+//! metadata area of every member: a member whose area open would refuse is
+//! shown failed, as open fails it, and every copy of every mirrored file is
+//! compared (`MetaStorage::check_copies`). The caller holds the folder's
+//! lock, so that no server starts (and recovers) meanwhile.
 
 use super::superblock::{MemberState, Superblock};
 use super::{ConfigFile, DeviceStatus, Geometry, Status, INTENT_FILE};
@@ -83,8 +86,10 @@ pub fn inspect(dir: &Path) -> Result<Status> {
             }
         })
         .collect::<Result<_>>()?;
+    let mut members = members;
     let newest = newest_superblock(&members)?;
     let geo = newest.geometry;
+    let storage = metadata_view(dir, &cfg, &geo, &mut members, &newest.states, &mut warnings);
     let devices: Vec<DeviceStatus> = cfg
         .devices
         .iter()
@@ -98,7 +103,6 @@ pub fn inspect(dir: &Path) -> Result<Status> {
             },
         })
         .collect();
-    let storage = metadata_view(dir, &cfg, &geo, &members, &newest.states, &mut warnings);
     let dirty_regions = dirty_regions(storage.as_ref(), dir, &cfg, geo.stripes, &mut warnings);
     if dirty_regions > 0 {
         warnings.push(format!(
@@ -141,12 +145,15 @@ pub fn inspect(dir: &Path) -> Result<Status> {
 }
 
 /// Where a stopped array's metadata is read: the folder (format 1) or the
-/// metadata areas of its members, opened without writing (format 2).
+/// metadata areas of its members, opened without writing (format 2). A
+/// member whose area cannot be opened is taken out of `members` (open
+/// fails it: the status says so), and a copy of a mirrored file that
+/// differs from the others is warned about.
 fn metadata_view(
     dir: &Path,
     cfg: &ConfigFile,
     geo: &Geometry,
-    members: &[Option<Superblock>],
+    members: &mut [Option<Superblock>],
     states: &[MemberState],
     warnings: &mut Vec<String>,
 ) -> Arc<dyn Storage> {
@@ -154,12 +161,15 @@ fn metadata_view(
     if geo.meta_area_bytes == 0 {
         return base;
     }
-    let areas = cfg
+    let areas: Vec<_> = cfg
         .devices
         .iter()
         .enumerate()
         .map(|(i, path)| {
             members.get(i)?.as_ref()?;
+            if states.get(i) == Some(&MemberState::Failed) {
+                return None;
+            }
             let opened = FileDevice::open_in(base.as_ref(), path)
                 .map_err(|e| e.to_string())
                 .and_then(|dev| {
@@ -173,16 +183,31 @@ fn metadata_view(
             match opened {
                 Ok(area) => Some(Arc::new(area)),
                 Err(e) => {
-                    warnings.push(format!("device {i}: metadata area unreadable: {e}"));
+                    warnings.push(format!(
+                        "device {i} ({}) treated as failed: its metadata area cannot be \
+                         used: {e}; the next open fails it (then `replace` and `rebuild`)",
+                        path.display()
+                    ));
                     None
                 }
             }
         })
         .collect();
+    for (i, area) in areas.iter().enumerate() {
+        if area.is_none() && states.get(i) != Some(&MemberState::Failed) {
+            members[i] = None;
+        }
+    }
     let order = (0..states.len())
         .filter(|&i| states[i] == MemberState::Active)
         .collect();
-    super::meta::MetaStorage::new(base, dir, areas, order).shared()
+    let meta = super::meta::MetaStorage::new(base, dir, areas, order);
+    for p in meta.check_copies(false) {
+        warnings.push(format!(
+            "metadata {p}; `scrub` rewrites it from the good copy"
+        ));
+    }
+    meta.shared()
 }
 
 /// The fingerprint backend an offline command would hash with, and why

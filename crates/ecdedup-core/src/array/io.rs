@@ -860,6 +860,8 @@ impl Array {
     pub fn flush(&self) -> Result<()> {
         bump(&self.counters.array.client_flushes);
         let epoch = self.intent.start_flush();
+        // Failed even when a step below fails: a dropped copy is stale.
+        self.fail_broken_metadata_copies();
         match &self.degraded_log {
             // Its records are dropped once the devices are durable.
             Some(log) => log.checkpoint(&|| self.make_everything_durable())?,

@@ -37,6 +37,15 @@ pub struct ScrubReport {
     /// finds any fails.
     #[serde(default)]
     pub dedup_map_problems: Vec<String>,
+    /// Copies of the mirrored metadata files (format 2: intent map,
+    /// degraded-write and missed-write logs, settings) that differ from
+    /// the copy most devices hold, are missing or cannot be read, one line
+    /// each, saying what a repairing scrub did about it.
+    #[serde(default)]
+    pub metadata_copy_problems: Vec<String>,
+    /// Of those, the copies a repairing scrub rewrote from the good copy.
+    #[serde(default)]
+    pub metadata_copies_repaired: u64,
 }
 
 impl Array {
@@ -197,7 +206,8 @@ impl Array {
         }
     }
 
-    /// Checks every block's checksum and every stripe's parity; with
+    /// Checks every block's checksum and every stripe's parity, and
+    /// (format 2) every copy of the mirrored metadata files; with
     /// `repair`, rewrites what is wrong from the redundancy.
     pub fn scrub(&self, repair: bool, progress: Option<ProgressFn>) -> Result<ScrubReport> {
         self.begin_operation(
@@ -298,6 +308,13 @@ impl Array {
             }
         }
         report.dedup_map_problems = self.check_dedup_maps();
+        if let Some(meta) = &self.meta {
+            for p in meta.check_copies(repair) {
+                report.metadata_copies_repaired += p.repaired as u64;
+                self.warn(format!("scrub: metadata {p}"));
+                report.metadata_copy_problems.push(p.to_string());
+            }
+        }
         Ok(report)
     }
 

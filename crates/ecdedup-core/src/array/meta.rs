@@ -16,13 +16,22 @@
 //! Mirrors: every write and sync goes to every copy whose device is in
 //! service; a read comes from the first copy in the preference order
 //! (members in service by position, then members being rebuilt). A copy
-//! whose write fails is dropped from the mirror and its device reported
-//! ([`MetaStorage::take_broken`]) for the array to fail, as any device I/O
-//! error does; the call fails only when no copy took it. A full space
+//! whose write fails is dropped from the mirror and its device reported,
+//! with what failed ([`MetaStorage::take_broken`]), for the array to fail
+//! and say so, as any device I/O error does; the call fails only when no
+//! copy took it. A full space
 //! (ENOSPC, EDQUOT: sparse device files on a full file system, or a full
 //! area) fails the call and drops no copy: it is the host's fault, and the
 //! array refuses writes until space is back, as for data. A replacement's
 //! area gets a copy of every mirrored file before it is put in service.
+//!
+//! Checks ([`MetaStorage::check_copies`], run by `status` and `scrub`):
+//! every copy of every mirrored file is read and compared with the copy
+//! most devices hold (the first in read order on a tie); a copy that
+//! differs, is missing or cannot be read is reported, and a repairing
+//! check rewrites it from that copy. Writes to mirrored files wait while
+//! one file's copies are compared, so a check never sees a write half
+//! applied.
 //!
 //! Failure analysis: every copy obeys the storage contract on its own (its
 //! writes and syncs come in the same order), so the copy read at open is
@@ -36,7 +45,7 @@
 use crate::media::area::AreaFs;
 use crate::media::storage::{StorageFile, StorageLock};
 use crate::media::{RingFile, Storage};
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
@@ -47,6 +56,38 @@ const MIRRORED: [&str; 3] = [
     super::DEGRADED_LOG_FILE,
     super::MISSED_FILE,
 ];
+
+/// The files whose copies [`MetaStorage::check_copies`] compares: the
+/// mirrored ones and the copy of the settings (temporary names are
+/// transient and not compared).
+const CHECKED: [&str; 4] = [
+    super::INTENT_FILE,
+    super::DEGRADED_LOG_FILE,
+    super::MISSED_FILE,
+    super::CONFIG_FILE,
+];
+
+/// One copy of a mirrored file that a check found wrong.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CopyProblem {
+    /// Position of the device holding the bad copy.
+    pub device: usize,
+    pub name: String,
+    /// What is wrong, and (after a repairing check) what was done.
+    pub what: String,
+    /// Rewritten from the good copy by a repairing check.
+    pub repaired: bool,
+}
+
+impl std::fmt::Display for CopyProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "device {}: its copy of {} {}",
+            self.device, self.name, self.what
+        )
+    }
+}
 
 #[derive(Debug, PartialEq, Eq)]
 enum Route {
@@ -64,8 +105,12 @@ struct Shared {
     areas: Vec<RwLock<Option<Arc<AreaFs>>>>,
     /// Positions in the order mirrored copies are read.
     order: RwLock<Vec<usize>>,
-    /// Devices whose copy of a mirrored file failed a write or sync.
-    broken: Mutex<BTreeSet<usize>>,
+    /// Devices whose copy of a mirrored file failed a write or sync, with
+    /// what failed.
+    broken: Mutex<BTreeMap<usize, String>>,
+    /// Held shared by every change to mirrored copies, exclusively while a
+    /// check compares one file's copies.
+    copy_writes: RwLock<()>,
 }
 
 /// The array's storage when its devices carry the metadata.
@@ -89,7 +134,8 @@ impl MetaStorage {
                 dir: dir.to_owned(),
                 areas: areas.into_iter().map(RwLock::new).collect(),
                 order: RwLock::new(order),
-                broken: Mutex::new(BTreeSet::new()),
+                broken: Mutex::new(BTreeMap::new()),
+                copy_writes: RwLock::new(()),
             }),
         }
     }
@@ -131,8 +177,9 @@ impl MetaStorage {
         Ok(())
     }
 
-    /// Devices whose mirrored copy failed since the last call.
-    pub fn take_broken(&self) -> Vec<usize> {
+    /// Devices whose mirrored copy failed since the last call, each with
+    /// what failed (as "writing its copy of intent.map: ...").
+    pub fn take_broken(&self) -> Vec<(usize, String)> {
         std::mem::take(&mut *self.shared.broken.lock().unwrap())
             .into_iter()
             .collect()
@@ -236,12 +283,78 @@ impl MetaStorage {
         self.area(d).ok_or_else(|| Self::out_of_service(d))
     }
 
-    fn mark_broken(&self, d: usize, e: &io::Error) {
-        eprintln!(
-            "ecdedup: device {d}: a mirrored metadata copy failed ({e}); the device is failed"
-        );
-        self.shared.broken.lock().unwrap().insert(d);
+    /// Drops device `d`'s copies from the mirror after `what` failed;
+    /// the array fails the device at its next flush and says so there
+    /// (nothing is failed yet, so nothing is printed here).
+    fn mark_broken(&self, d: usize, what: String, e: &io::Error) {
+        self.shared
+            .broken
+            .lock()
+            .unwrap()
+            .entry(d)
+            .or_insert_with(|| format!("{what}: {e}"));
         self.detach(d);
+    }
+
+    /// Compares every copy of every mirrored file (and of the settings)
+    /// on the devices in service with the copy most of them hold; with
+    /// `repair`, rewrites each copy that differs, is missing or cannot be
+    /// read from that one (durably). Returns every bad copy found.
+    pub fn check_copies(&self, repair: bool) -> Vec<CopyProblem> {
+        let mut problems = Vec::new();
+        for name in CHECKED {
+            let _quiet = self.shared.copy_writes.write().unwrap();
+            let copies = self.copies();
+            // Each copy: Ok(Some(bytes)), Ok(None) when missing, or Err.
+            let read: Vec<(usize, CopyRead)> = copies
+                .iter()
+                .map(|(d, area)| (*d, read_copy(area, name)))
+                .collect();
+            let mut groups: Vec<(&Vec<u8>, Vec<usize>)> = Vec::new();
+            for (d, r) in &read {
+                if let Ok(Some(bytes)) = r {
+                    match groups.iter_mut().find(|(b, _)| *b == bytes) {
+                        Some((_, ds)) => ds.push(*d),
+                        None => groups.push((bytes, vec![*d])),
+                    }
+                }
+            }
+            // The copy most devices hold; on a tie, the first read (the
+            // one the array reads). No copy anywhere: the file is absent.
+            let Some((good, holders)) = groups
+                .iter()
+                .enumerate()
+                .max_by_key(|(i, (_, ds))| (ds.len(), std::cmp::Reverse(*i)))
+                .map(|(_, g)| g.clone())
+            else {
+                continue;
+            };
+            for (d, r) in &read {
+                let what = match r {
+                    Ok(Some(bytes)) if bytes == good => continue,
+                    Ok(Some(bytes)) => format!(
+                        "differs from the copy on devices {holders:?} ({} bytes, theirs {})",
+                        bytes.len(),
+                        good.len()
+                    ),
+                    Ok(None) => format!("is missing (devices {holders:?} hold one)"),
+                    Err(e) => format!("cannot be read ({e})"),
+                };
+                let area = &copies.iter().find(|(a, _)| a == d).expect("read above").1;
+                let (what, repaired) = match repair.then(|| rewrite_copy(area, name, good)) {
+                    None => (what, false),
+                    Some(Ok(())) => (format!("{what}; rewritten from theirs"), true),
+                    Some(Err(e)) => (format!("{what}; rewriting it failed: {e}"), false),
+                };
+                problems.push(CopyProblem {
+                    device: *d,
+                    name: name.to_owned(),
+                    what,
+                    repaired,
+                });
+            }
+        }
+        problems
     }
 
     fn open_mirror(&self, name: &str) -> io::Result<Arc<dyn StorageFile>> {
@@ -262,7 +375,7 @@ impl MetaStorage {
         for (d, area) in &copies {
             match area.open_file(name) {
                 Ok(f) => files.push((*d, f)),
-                Err(e) => self.mark_broken(*d, &e),
+                Err(e) => self.mark_broken(*d, format!("opening its copy of {name}"), &e),
             }
         }
         Ok(Arc::new(MirrorFile {
@@ -278,13 +391,16 @@ impl MetaStorage {
         name: &str,
         truncate: bool,
     ) -> io::Result<Vec<(usize, Arc<dyn StorageFile>)>> {
+        let _writes = self.shared.copy_writes.read().unwrap();
         let mut files = Vec::new();
         let mut last_err = None;
         for (d, area) in self.copies() {
             match area.create_file(name, truncate) {
                 Ok(f) => files.push((d, f)),
+                // A full space is the host's fault, not the device's.
+                Err(e) if is_space_error(&e) => return Err(e),
                 Err(e) => {
-                    self.mark_broken(d, &e);
+                    self.mark_broken(d, format!("creating its copy of {name}"), &e);
                     last_err = Some(e);
                 }
             }
@@ -302,7 +418,8 @@ impl MetaStorage {
 
     /// Applies `op` to every copy; Ok when at least one took it (the
     /// others are dropped and their devices reported).
-    fn each_area(&self, op: impl Fn(&AreaFs) -> io::Result<()>) -> io::Result<()> {
+    fn each_area(&self, what: &str, op: impl Fn(&AreaFs) -> io::Result<()>) -> io::Result<()> {
+        let _writes = self.shared.copy_writes.read().unwrap();
         let mut ok = false;
         let mut first_err = None;
         for (d, area) in self.copies() {
@@ -311,7 +428,7 @@ impl MetaStorage {
                 Err(e) if is_space_error(&e) => return Err(e),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => first_err = first_err.or(Some(e)),
                 Err(e) => {
-                    self.mark_broken(d, &e);
+                    self.mark_broken(d, what.to_owned(), &e);
                     first_err = Some(e);
                 }
             }
@@ -339,6 +456,7 @@ impl MirrorFile {
         if let Some(b) = &self.base {
             op(b.as_ref())?;
         }
+        let _writes = self.meta.shared.copy_writes.read().unwrap();
         let mut copies = self.copies.lock().unwrap();
         let mut first_err = None;
         copies.retain(|(d, f)| {
@@ -353,7 +471,8 @@ impl MirrorFile {
                     true
                 }
                 Err(e) => {
-                    self.meta.mark_broken(*d, &e);
+                    self.meta
+                        .mark_broken(*d, format!("writing its copy of {}", self.name), &e);
                     first_err.get_or_insert(e);
                     false
                 }
@@ -491,11 +610,15 @@ impl Storage for MetaStorage {
                 if !self.exists(path) {
                     return Err(io::Error::from(io::ErrorKind::NotFound));
                 }
-                self.each_area(|a| a.remove(&name).or_else(ignore_not_found))
+                self.each_area(&format!("removing its copy of {name}"), |a| {
+                    a.remove(&name).or_else(ignore_not_found)
+                })
             }
             Route::FolderAndMirror(name) => {
                 self.shared.base.remove(path)?;
-                self.each_area(|a| a.remove(&name).or_else(ignore_not_found))
+                self.each_area(&format!("removing its copy of {name}"), |a| {
+                    a.remove(&name).or_else(ignore_not_found)
+                })
             }
         }
     }
@@ -510,11 +633,15 @@ impl Storage for MetaStorage {
                 if !self.exists(from) {
                     return Err(io::Error::from(io::ErrorKind::NotFound));
                 }
-                self.each_area(|area| area.rename(&a, &b))
+                self.each_area(&format!("renaming its copy of {a}"), |area| {
+                    area.rename(&a, &b)
+                })
             }
             (Route::FolderAndMirror(a), Route::FolderAndMirror(b)) => {
                 self.shared.base.rename(from, to)?;
-                self.each_area(|area| area.rename(&a, &b).or_else(ignore_not_found))
+                self.each_area(&format!("renaming its copy of {a}"), |area| {
+                    area.rename(&a, &b).or_else(ignore_not_found)
+                })
             }
             (f, t) => Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -534,7 +661,7 @@ impl Storage for MetaStorage {
         let inside = path.starts_with(&self.shared.dir);
         if inside {
             // Names in the areas: every area commits what changed.
-            self.each_area(|a| a.commit())?;
+            self.each_area("committing its metadata directory", |a| a.commit())?;
         }
         match self.route(path) {
             Route::AreaFolder => Ok(()),
@@ -549,6 +676,32 @@ impl Storage for MetaStorage {
 
 fn is_space_error(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+}
+
+/// One copy as read: its bytes, None when missing, or why it cannot be read.
+type CopyRead = std::result::Result<Option<Vec<u8>>, String>;
+
+/// The bytes of `name` in `area`: None when it has no such file.
+fn read_copy(area: &Arc<AreaFs>, name: &str) -> CopyRead {
+    if !area.exists(name) {
+        return Ok(None);
+    }
+    let f = area.open_file(name).map_err(|e| e.to_string())?;
+    let len = f.len().map_err(|e| e.to_string())?;
+    let len = usize::try_from(len).map_err(|_| format!("{len} bytes"))?;
+    let mut b = vec![0u8; len];
+    f.read_at(&mut b, 0).map_err(|e| e.to_string())?;
+    Ok(Some(b))
+}
+
+/// Makes `name` in `area` hold `bytes`, durably. The file is rewritten in
+/// place (not replaced), so handles the array holds on it see the result.
+fn rewrite_copy(area: &Arc<AreaFs>, name: &str, bytes: &[u8]) -> io::Result<()> {
+    let f = area.create_file(name, false)?;
+    f.write_at(bytes, 0)?;
+    f.set_len(bytes.len() as u64)?;
+    f.sync()?;
+    area.commit()
 }
 
 fn ignore_not_found(e: io::Error) -> io::Result<()> {

@@ -1485,12 +1485,12 @@ impl Array {
     }
 
     /// Format 2: devices whose copy of a mirrored metadata file failed are
-    /// failed, as any device write error fails its device.
+    /// failed, as any device write error fails its device; the warning
+    /// names the copy and the operation that failed.
     pub(super) fn fail_broken_metadata_copies(&self) {
         let Some(meta) = &self.meta else { return };
-        for d in meta.take_broken() {
-            let e = std::io::Error::other("a write to its metadata area failed");
-            self.latch_failure(d, "metadata write", &e);
+        for (d, what) in meta.take_broken() {
+            self.latch_failure(d, "metadata area", &std::io::Error::other(what));
         }
     }
 

@@ -11,6 +11,7 @@ use std::sync::atomic::Ordering;
 mod batch;
 mod decode;
 mod full_logs;
+mod meta_copies;
 mod paged_tables;
 mod policies;
 
