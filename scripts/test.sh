@@ -14,12 +14,33 @@
 # reported as SKIPPED (not ok). The committed fuzz seeds and crash inputs
 # are replayed on stable by the tests either way (tests/fuzz_corpus.rs).
 #
+# Usage: scripts/test.sh [--long]
+#   --long   the long schedules as well (not run by CI):
+#            every crash point of the archive crash test
+#            (ECDEDUP_ARCHIVE_CRASH_STRIDE=1) and 100 SIGKILL rounds of the
+#            crash test; docs/benchmarks.md says what the long runs found
+#
 # Environment:
 #   TEST_THREADS              parallel tests per test binary (default 2)
+#   ECDEDUP_ARCHIVE_CRASH_STRIDE  every how many crash points the archive
+#                             crash test tries (default 3; 1 with --long)
 #   ECDEDUP_CRASH_ITERATIONS  SIGKILL iterations of the crash test (default 20)
 #   FUZZ_SECONDS              fuzzing time per target (default 20)
 set -uo pipefail
 cd "$(dirname "$0")/.."
+
+for arg in "$@"; do
+  case "$arg" in
+    --long)
+      export ECDEDUP_ARCHIVE_CRASH_STRIDE="${ECDEDUP_ARCHIVE_CRASH_STRIDE:-1}"
+      export ECDEDUP_CRASH_ITERATIONS="${ECDEDUP_CRASH_ITERATIONS:-100}"
+      ;;
+    *)
+      echo "usage: scripts/test.sh [--long]" >&2
+      exit 2
+      ;;
+  esac
+done
 
 export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"

@@ -48,6 +48,7 @@ use crate::media::{RingFile, Storage};
 use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 /// Names mirrored on every device.
@@ -109,8 +110,12 @@ struct Shared {
     /// what failed.
     broken: Mutex<BTreeMap<usize, String>>,
     /// Held shared by every change to mirrored copies, exclusively while a
-    /// check compares one file's copies.
+    /// check compares one file's copies or a new area gets its copies.
     copy_writes: RwLock<()>,
+    /// How many times each device's area was put in service by
+    /// [`MetaStorage::attach_new`]: a mirrored file opened before then
+    /// opens the new copy at its next write.
+    attached: Vec<AtomicU64>,
 }
 
 /// The array's storage when its devices carry the metadata.
@@ -132,6 +137,7 @@ impl MetaStorage {
             shared: Arc::new(Shared {
                 base,
                 dir: dir.to_owned(),
+                attached: areas.iter().map(|_| AtomicU64::new(0)).collect(),
                 areas: areas.into_iter().map(RwLock::new).collect(),
                 order: RwLock::new(order),
                 broken: Mutex::new(BTreeMap::new()),
@@ -154,6 +160,9 @@ impl MetaStorage {
     /// Puts a freshly formatted area in service for device `d`, after
     /// copying every mirrored file into it (durably).
     pub fn attach_new(&self, d: usize, area: Arc<AreaFs>) -> io::Result<()> {
+        // No mirrored write between the copy and the attach: it would miss
+        // the new copy.
+        let _quiet = self.shared.copy_writes.write().unwrap();
         for name in self.mirrored_names() {
             let from = self.open_mirror(&name)?;
             let len = from.len()?;
@@ -170,6 +179,7 @@ impl MetaStorage {
         }
         area.commit()?;
         *self.shared.areas[d].write().unwrap() = Some(area);
+        self.shared.attached[d].fetch_add(1, Ordering::SeqCst);
         let mut order = self.shared.order.write().unwrap();
         if !order.contains(&d) {
             order.push(d);
@@ -378,12 +388,12 @@ impl MetaStorage {
                 Err(e) => self.mark_broken(*d, format!("opening its copy of {name}"), &e),
             }
         }
-        Ok(Arc::new(MirrorFile {
-            meta: self.clone(),
-            base: None,
-            copies: Mutex::new(files),
-            name: name.to_owned(),
-        }))
+        Ok(Arc::new(MirrorFile::new(
+            self,
+            None,
+            name.to_owned(),
+            files,
+        )))
     }
 
     fn create_mirror(
@@ -445,8 +455,59 @@ impl MetaStorage {
 struct MirrorFile {
     meta: MetaStorage,
     base: Option<Arc<dyn StorageFile>>,
-    copies: Mutex<Vec<(usize, Arc<dyn StorageFile>)>>,
+    copies: Mutex<Copies>,
     name: String,
+}
+
+/// The area copies a mirrored file writes, and the attach count of each
+/// device when its copy was opened.
+struct Copies {
+    files: Vec<(usize, Arc<dyn StorageFile>)>,
+    seen: Vec<u64>,
+}
+
+impl MirrorFile {
+    fn new(
+        meta: &MetaStorage,
+        base: Option<Arc<dyn StorageFile>>,
+        name: String,
+        files: Vec<(usize, Arc<dyn StorageFile>)>,
+    ) -> MirrorFile {
+        let seen = meta
+            .shared
+            .attached
+            .iter()
+            .map(|a| a.load(Ordering::SeqCst))
+            .collect();
+        MirrorFile {
+            meta: meta.clone(),
+            base,
+            copies: Mutex::new(Copies { files, seen }),
+            name,
+        }
+    }
+
+    /// Opens the copy of each area attached since this file was opened
+    /// (a replaced or re-added device), so that it gets every later write.
+    fn follow_attached(&self, copies: &mut Copies) {
+        for (d, attached) in self.meta.shared.attached.iter().enumerate() {
+            let now = attached.load(Ordering::SeqCst);
+            if copies.seen[d] == now {
+                continue;
+            }
+            copies.seen[d] = now;
+            copies.files.retain(|(e, _)| *e != d);
+            if let Some(area) = self.meta.area(d) {
+                match area.open_file(&self.name) {
+                    Ok(f) => copies.files.push((d, f)),
+                    Err(e) => {
+                        self.meta
+                            .mark_broken(d, format!("opening its copy of {}", self.name), &e)
+                    }
+                }
+            }
+        }
+    }
 }
 
 impl MirrorFile {
@@ -457,7 +518,9 @@ impl MirrorFile {
             op(b.as_ref())?;
         }
         let _writes = self.meta.shared.copy_writes.read().unwrap();
-        let mut copies = self.copies.lock().unwrap();
+        let mut guard = self.copies.lock().unwrap();
+        self.follow_attached(&mut guard);
+        let copies = &mut guard.files;
         let mut first_err = None;
         copies.retain(|(d, f)| {
             if self.meta.area(*d).is_none() {
@@ -495,6 +558,7 @@ impl MirrorFile {
         }
         let copies = self.copies.lock().unwrap();
         copies
+            .files
             .iter()
             .find(|(d, _)| self.meta.area(*d).is_some())
             .map(|(_, f)| Arc::clone(f))
@@ -553,12 +617,7 @@ impl Storage for MetaStorage {
                     .into_iter()
                     .filter_map(|(d, a)| a.open_file(&name).ok().map(|f| (d, f)))
                     .collect();
-                Ok(Arc::new(MirrorFile {
-                    meta: self.clone(),
-                    base: Some(base),
-                    copies: Mutex::new(copies),
-                    name,
-                }))
+                Ok(Arc::new(MirrorFile::new(self, Some(base), name, copies)))
             }
         }
     }
@@ -573,22 +632,12 @@ impl Storage for MetaStorage {
             Route::Device(d, name) => self.device_area(d)?.create_file(&name, truncate),
             Route::Mirror(name) => {
                 let copies = self.create_mirror(&name, truncate)?;
-                Ok(Arc::new(MirrorFile {
-                    meta: self.clone(),
-                    base: None,
-                    copies: Mutex::new(copies),
-                    name,
-                }))
+                Ok(Arc::new(MirrorFile::new(self, None, name, copies)))
             }
             Route::FolderAndMirror(name) => {
                 let base = self.shared.base.create(path, truncate)?;
                 let copies = self.create_mirror(&name, truncate).unwrap_or_default();
-                Ok(Arc::new(MirrorFile {
-                    meta: self.clone(),
-                    base: Some(base),
-                    copies: Mutex::new(copies),
-                    name,
-                }))
+                Ok(Arc::new(MirrorFile::new(self, Some(base), name, copies)))
             }
         }
     }
@@ -789,6 +838,34 @@ mod tests {
         assert_eq!(
             crate::media::storage::read_all(&m, &path).unwrap(),
             b"Marks"
+        );
+    }
+
+    #[test]
+    fn a_mirrored_file_open_across_a_replacement_writes_the_new_copy_too() {
+        let (dir, m, devs) = meta(3);
+        let path = dir.path().join("intent.map");
+        crate::media::storage::write_atomic(&m, &path, b"marks").unwrap();
+        // The server holds the file open while device 2 fails (a write
+        // meanwhile drops its copy) and is replaced.
+        let f = m.open(&path).unwrap();
+        m.detach(2);
+        f.write_at(b"M", 0).unwrap();
+        let fresh = Arc::new(AreaFs::format(Arc::clone(&devs[2]), 1 << 20, 4 << 20).unwrap());
+        m.attach_new(2, fresh).unwrap();
+        f.write_at(b"W", 0).unwrap();
+        f.sync().unwrap();
+        assert!(
+            m.check_copies(false).is_empty(),
+            "{:?}",
+            m.check_copies(false)
+        );
+        // The new copy alone holds the write.
+        m.detach(0);
+        m.detach(1);
+        assert_eq!(
+            crate::media::storage::read_all(&m, &path).unwrap(),
+            b"Warks"
         );
     }
 }
