@@ -514,6 +514,19 @@ fn health(states: &[MemberState], m: usize) -> String {
     }
 }
 
+/// Writes zeroes over both superblock slots of a wiped device: a sparse
+/// file then holds them, so a later superblock write (every open writes
+/// one) cannot meet a full file system.
+fn allocate_superblock_slots(dev: &dyn Device) -> std::io::Result<()> {
+    for generation in 0..2 {
+        dev.write_at(
+            &[0u8; SUPERBLOCK_BYTES as usize],
+            Superblock::slot_offset(generation),
+        )?;
+    }
+    Ok(())
+}
+
 /// Takes the array folder's lock, or says who holds it.
 pub fn lock_dir(dir: &Path) -> Result<StorageLock> {
     lock_dir_in(&OsStorage, dir)
@@ -817,16 +830,9 @@ pub fn format_in(
             volume_bytes: opts.volume_bytes,
             states: vec![MemberState::Active; n as usize],
         };
+        allocate_superblock_slots(dev.as_ref()).map_err(io)?;
         dev.write_at(&sb.encode(), Superblock::slot_offset(1))
             .map_err(io)?;
-        // The other slot written too (zeroes, no superblock): a sparse
-        // file then holds both, so a later superblock cannot meet a full
-        // file system.
-        dev.write_at(
-            &[0u8; SUPERBLOCK_BYTES as usize],
-            Superblock::slot_offset(0),
-        )
-        .map_err(io)?;
         dev.sync().map_err(io)?;
     }
     // With a metadata area on each device, everything below goes there.
@@ -1968,6 +1974,7 @@ impl Array {
             }
         }
         dev.discard(0, need)
+            .and_then(|()| allocate_superblock_slots(dev.as_ref()))
             .map_err(|e| dev_err(format!("cannot wipe: {e}")))?;
         // Its metadata area, with a copy of every mirrored file, before
         // anything (its dedup maps, its journal) is written there.
