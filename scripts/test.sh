@@ -17,8 +17,10 @@
 # Usage: scripts/test.sh [--long]
 #   --long   the long schedules as well (not run by CI):
 #            every crash point of the archive crash test
-#            (ECDEDUP_ARCHIVE_CRASH_STRIDE=1) and 100 SIGKILL rounds of the
-#            crash test; docs/benchmarks.md says what the long runs found
+#            (ECDEDUP_ARCHIVE_CRASH_STRIDE=1), 100 SIGKILL rounds of the
+#            crash test, and 40 power-loss schedules per configuration
+#            (CI: 8 with dedup); docs/benchmarks.md says what the long
+#            runs found
 #
 # Environment:
 #   TEST_THREADS              parallel tests per test binary (default 2)
@@ -34,6 +36,7 @@ for arg in "$@"; do
     --long)
       export ECDEDUP_ARCHIVE_CRASH_STRIDE="${ECDEDUP_ARCHIVE_CRASH_STRIDE:-1}"
       export ECDEDUP_CRASH_ITERATIONS="${ECDEDUP_CRASH_ITERATIONS:-100}"
+      export ECDEDUP_POWERLOSS_SCHEDULES="${ECDEDUP_POWERLOSS_SCHEDULES:-40}"
       ;;
     *)
       echo "usage: scripts/test.sh [--long]" >&2
