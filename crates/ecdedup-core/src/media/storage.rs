@@ -205,7 +205,7 @@ pub struct OsFile {
 /// same path, a test that looks at it). Block devices are held by
 /// `O_EXCL` instead, which the kernel enforces for every opener.
 pub struct DeviceLock {
-    file: File,
+    _lock: FileLock,
 }
 
 /// The locks this process holds, by (st_dev, st_ino) of the device file.
@@ -229,35 +229,20 @@ impl DeviceLock {
         if let Some(held) = locks.get(&key).and_then(std::sync::Weak::upgrade) {
             return Ok(held);
         }
-        let own = file.try_clone()?;
-        // SAFETY: flock on a valid descriptor.
-        let rc = unsafe { libc::flock(own.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        if rc != 0 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-                return Err(io::Error::new(
-                    io::ErrorKind::ResourceBusy,
-                    format!(
-                        "{} is in use by another process (a server or another array holds \
-                         its lock); stop it first",
-                        path.display()
-                    ),
-                ));
-            }
-            return Err(e);
-        }
-        let lock = Arc::new(DeviceLock { file: own });
+        let Some(own) = FileLock::try_on(file.try_clone()?)? else {
+            return Err(io::Error::new(
+                io::ErrorKind::ResourceBusy,
+                format!(
+                    "{} is in use by another process (a server or another array holds \
+                     its lock); stop it first",
+                    path.display()
+                ),
+            ));
+        };
+        let lock = Arc::new(DeviceLock { _lock: own });
         locks.retain(|_, w| w.strong_count() > 0);
         locks.insert(key, Arc::downgrade(&lock));
         Ok(lock)
-    }
-}
-
-impl Drop for DeviceLock {
-    fn drop(&mut self) {
-        // SAFETY: flock on the descriptor this struct owns (see FileLock:
-        // a forked child's duplicate must not keep it).
-        unsafe { libc::flock(self.file.as_raw_fd(), libc::LOCK_UN) };
     }
 }
 
@@ -658,6 +643,12 @@ impl FileLock {
             .truncate(false)
             .write(true)
             .open(path)?;
+        FileLock::try_on(file)
+    }
+
+    /// Takes an exclusive lock on an open file (its open file
+    /// description), or None when another one holds it.
+    pub fn try_on(file: File) -> io::Result<Option<FileLock>> {
         // SAFETY: flock on a valid descriptor.
         let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
         if rc != 0 {
