@@ -72,6 +72,12 @@ impl CpuBackend {
         self
     }
 
+    /// The backend's own thread pool (`None` with one thread), lent to
+    /// other bulk work of fingerprinting (the GPU backend's packing).
+    pub(crate) fn pool(&self) -> Option<&rayon::ThreadPool> {
+        self.pool.as_ref()
+    }
+
     /// Threads this backend hashes on at most.
     pub fn threads(&self) -> usize {
         self.threads

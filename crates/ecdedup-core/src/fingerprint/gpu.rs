@@ -41,8 +41,9 @@
 //! a failed self-test; whichever path hashes a batch, the fingerprints
 //! equal [`Algorithm::fingerprint`] of each chunk, in chunk order.
 //!
-//! GPU throughput is unmeasured in this project so far: no GPU machine has
-//! run this code. `benches/gpu.rs` measures it where one is present.
+//! Measured on one H200 (docs/benchmarks.md): 54-65% of the pinned copy
+//! bandwidth end to end on 256 MiB batches; the CPU wins below tens of MiB.
+//! `benches/gpu.rs` measures it where a GPU is present.
 
 mod device;
 mod kernel_cpu;
@@ -183,6 +184,40 @@ pub struct GpuConfig {
     pub measure_crossover: bool,
 }
 
+/// Environment variable that fixes the GPU backend's batch threshold
+/// (bytes; 0 sends every batch to the GPU) and turns the start-up
+/// measurement off, for benchmarks that want every batch on the device.
+pub const MIN_BATCH_ENV: &str = "ECDEDUP_GPU_MIN_BATCH_BYTES";
+
+impl GpuConfig {
+    /// The default configuration with [`MIN_BATCH_ENV`] applied when it is
+    /// set; an error names a value that is not a byte count.
+    pub fn from_env() -> Result<GpuConfig, FingerprintError> {
+        GpuConfig::default().with_min_batch_setting(std::env::var_os(MIN_BATCH_ENV).as_deref())
+    }
+
+    /// `self` with the threshold `value` (a [`MIN_BATCH_ENV`] value) fixed
+    /// and the start-up measurement off; unchanged for `None`.
+    pub fn with_min_batch_setting(
+        mut self,
+        value: Option<&std::ffi::OsStr>,
+    ) -> Result<GpuConfig, FingerprintError> {
+        if let Some(value) = value {
+            let bytes = value
+                .to_str()
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .ok_or_else(|| {
+                    FingerprintError::Unavailable(format!(
+                        "{MIN_BATCH_ENV}={value:?} is not a byte count"
+                    ))
+                })?;
+            self.min_batch_bytes = bytes;
+            self.measure_crossover = false;
+        }
+        Ok(self)
+    }
+}
+
 impl Default for GpuConfig {
     fn default() -> Self {
         GpuConfig {
@@ -229,6 +264,18 @@ impl GpuBackend {
     }
 
     /// Batches under this many bytes go to the CPU backend.
+    /// Packs large slices into the pinned buffers on the CPU backend's
+    /// threads (`true`, the default) or on the calling thread alone
+    /// (`benches/gpu.rs` compares the two).
+    pub fn set_parallel_pack(&self, on: bool) {
+        self.offload.set_parallel_pack(on);
+    }
+
+    /// Cuts large batches into `n` slices per lane (default 1; at least 1).
+    pub fn set_slices_per_lane(&self, n: usize) {
+        self.offload.set_slices_per_lane(n);
+    }
+
     pub fn min_batch_bytes(&self) -> usize {
         self.offload.min_batch_bytes()
     }
@@ -372,9 +419,11 @@ pub fn choose_backend(
     choice: BackendChoice,
     cpu_threads: Option<usize>,
 ) -> Result<(Arc<dyn FingerprintBackend>, String), FingerprintError> {
-    let config = GpuConfig {
-        cpu_threads,
-        ..GpuConfig::default()
+    let config = || -> Result<GpuConfig, FingerprintError> {
+        Ok(GpuConfig {
+            cpu_threads,
+            ..GpuConfig::from_env()?
+        })
     };
     match choice {
         BackendChoice::Cpu => {
@@ -382,7 +431,7 @@ pub fn choose_backend(
             let why = format!("cpu: chosen by configuration ({} threads)", cpu.threads());
             Ok((Arc::new(cpu), why))
         }
-        BackendChoice::Gpu => match GpuBackend::with_config(config) {
+        BackendChoice::Gpu => match GpuBackend::with_config(config()?) {
             Ok(gpu) => {
                 let why = format!("gpu: chosen by configuration: {}", gpu.describe());
                 Ok((coalesced(gpu), why))
@@ -392,7 +441,7 @@ pub fn choose_backend(
             ))),
             Err(e) => Err(e),
         },
-        BackendChoice::Auto => match GpuBackend::with_config(config) {
+        BackendChoice::Auto => match GpuBackend::with_config(config()?) {
             Ok(gpu) => {
                 let why = format!("auto: found a usable GPU, using gpu: {}", gpu.describe());
                 Ok((coalesced(gpu), why))
@@ -415,13 +464,30 @@ pub fn choose_backend(
 
 /// The GPU backend behind the coalescing queue (`fingerprint/coalesce.rs`),
 /// which gathers concurrent requests up to the measured crossover.
+/// Without the queue when the queue cannot gather a batch the GPU would
+/// take ([`queue_can_reach`]): then it would only make concurrent callers
+/// wait for one another's CPU batches (measured on an H200 with 16 cores,
+/// crossover "never": 4 KiB writes at QD32 spent 66x longer fingerprinting).
 fn coalesced(gpu: GpuBackend) -> Arc<dyn FingerprintBackend> {
     let config = crate::fingerprint::coalesce::CoalesceConfig {
         batch_bytes_min: gpu.min_batch_bytes().min(64 << 20),
         ..Default::default()
     };
+    if !queue_can_reach(gpu.min_batch_bytes(), &config) {
+        return Arc::new(gpu);
+    }
     Arc::new(crate::fingerprint::coalesce::CoalescingBackend::new(
         Arc::new(gpu),
         config,
     ))
+}
+
+/// Whether the coalescing queue can gather a batch of `crossover` bytes
+/// (the size from which the GPU backend hashes on the device): not when
+/// the GPU never wins (`usize::MAX`) or wins only above the queue's bounds.
+pub(crate) fn queue_can_reach(
+    crossover: usize,
+    config: &crate::fingerprint::coalesce::CoalesceConfig,
+) -> bool {
+    crossover <= config.batch_bytes_max.min(config.queue_bytes_max)
 }

@@ -47,6 +47,10 @@ pub(crate) struct Offload<L> {
     pool: LanePool<L>,
     cpu: CpuBackend,
     min_batch_bytes: AtomicUsize,
+    /// Whether slices are packed by the CPU backend's threads (`pack_on`).
+    parallel_pack: AtomicBool,
+    /// Slices per lane a large batch is cut into (`pipeline::run`).
+    slices_per_lane: AtomicUsize,
     failed: AtomicBool,
     failure: Mutex<Option<String>>,
     offloaded_batches: AtomicU64,
@@ -63,6 +67,8 @@ impl<L: Lane> Offload<L> {
             pool: LanePool::new(lanes),
             cpu,
             min_batch_bytes: AtomicUsize::new(min_batch_bytes),
+            parallel_pack: AtomicBool::new(true),
+            slices_per_lane: AtomicUsize::new(super::pipeline::SLICES_PER_LANE),
             failed: AtomicBool::new(false),
             failure: Mutex::new(None),
             offloaded_batches: AtomicU64::new(0),
@@ -80,6 +86,21 @@ impl<L: Lane> Offload<L> {
 
     pub(crate) fn cpu(&self) -> &CpuBackend {
         &self.cpu
+    }
+
+    /// Packs slices on the CPU backend's threads (the default) or on the
+    /// caller's alone.
+    pub(crate) fn set_parallel_pack(&self, on: bool) {
+        self.parallel_pack.store(on, Relaxed);
+    }
+
+    /// Cuts large batches into `n` slices per lane (at least 1).
+    pub(crate) fn set_slices_per_lane(&self, n: usize) {
+        self.slices_per_lane.store(n.max(1), Relaxed);
+    }
+
+    fn packer(&self) -> Option<&rayon::ThreadPool> {
+        self.cpu.pool().filter(|_| self.parallel_pack.load(Relaxed))
     }
 
     pub(crate) fn min_batch_bytes(&self) -> usize {
@@ -107,9 +128,18 @@ impl<L: Lane> Offload<L> {
                     } else {
                         out.clear();
                         out.resize(chunks.len(), Fingerprint::UNSET);
-                        run(&self.pool, algorithm, code, &chunks, &mut out, bytes)
-                            .map(|_| ())
-                            .map_err(FingerprintError::Backend)
+                        run(
+                            &self.pool,
+                            self.packer(),
+                            self.slices_per_lane.load(Relaxed),
+                            algorithm,
+                            code,
+                            &chunks,
+                            &mut out,
+                            bytes,
+                        )
+                        .map(|_| ())
+                        .map_err(FingerprintError::Backend)
                     };
                     t.elapsed()
                 })
@@ -170,7 +200,16 @@ impl<L: Lane> Offload<L> {
         };
         out.clear();
         out.resize(chunks.len(), Fingerprint::UNSET);
-        match run(&self.pool, algorithm, code, chunks, out, total) {
+        match run(
+            &self.pool,
+            self.packer(),
+            self.slices_per_lane.load(Relaxed),
+            algorithm,
+            code,
+            chunks,
+            out,
+            total,
+        ) {
             Ok(slices) => {
                 self.offloaded_batches.fetch_add(1, Relaxed);
                 self.offloaded_chunks

@@ -11,7 +11,9 @@
 //! `Algorithm::fingerprint` (RustCrypto), never against the kernel itself.
 
 use super::kernel_cpu::run_kernel_c;
-use super::pipeline::{algorithm_code, pack, packed_bytes, slice_len, ALIGN, DIGEST_STRIDE};
+use super::pipeline::{
+    algorithm_code, pack, pack_on, packed_bytes, slice_len, ALIGN, DIGEST_STRIDE,
+};
 use super::*;
 use crate::fingerprint::{Algorithm, CpuBackend, Fingerprint, FingerprintBackend};
 use proptest::prelude::*;
@@ -486,10 +488,16 @@ fn backend_choice_names_round_trip() {
     assert_eq!(BackendChoice::default(), BackendChoice::Cpu);
 }
 
-/// The GPU backend, or `None` after printing loudly why the calling test
-/// is skipped.
+/// The GPU backend with the compiled threshold ([`GPU_MIN_BATCH_BYTES`],
+/// not the crossover measured at start, which on a many-core host can send
+/// every batch to the CPU: seen on an H200 with 16 cores), or `None` after
+/// printing loudly why the calling test is skipped.
 fn gpu_or_skip(test: &str) -> Option<GpuBackend> {
-    match GpuBackend::new() {
+    let config = GpuConfig {
+        measure_crossover: false,
+        ..GpuConfig::default()
+    };
+    match GpuBackend::with_config(config) {
         Ok(gpu) => Some(gpu),
         Err(e) => {
             eprintln!("SKIPPED: no CUDA device, GPU-only test {test} not run: {e}");
@@ -735,4 +743,54 @@ fn the_crossover_measured_at_start_is_what_batches_are_routed_by() {
     assert_eq!(out, reference(Algorithm::Sha256, &chunks));
     // BLAKE3 has no kernel: nothing to measure, the threshold stays.
     assert_eq!(backend.measure_crossover(Algorithm::Blake3), set);
+}
+
+#[test]
+fn the_min_batch_setting_fixes_the_threshold_or_names_a_bad_value() {
+    use std::ffi::OsStr;
+    let unset = GpuConfig::default().with_min_batch_setting(None).unwrap();
+    assert!(unset.measure_crossover);
+    assert_eq!(unset.min_batch_bytes, GPU_MIN_BATCH_BYTES);
+    let all = GpuConfig::default()
+        .with_min_batch_setting(Some(OsStr::new("0")))
+        .unwrap();
+    assert!(!all.measure_crossover);
+    assert_eq!(all.min_batch_bytes, 0);
+    let err = GpuConfig::default()
+        .with_min_batch_setting(Some(OsStr::new("1M")))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains(MIN_BATCH_ENV) && err.contains("1M"), "{err}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+    /// Packing on a pool's threads writes the same bytes, padding left as
+    /// it was included, as packing on the caller's thread.
+    #[test]
+    fn packing_on_a_pool_writes_what_packing_alone_writes(
+        lens in proptest::collection::vec(0usize..9000, 0..40),
+        seed in any::<u64>(),
+    ) {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let data: Vec<Vec<u8>> = lens.iter().map(|&n| random_chunk(&mut rng, n)).collect();
+        let chunks: Vec<&[u8]> = data.iter().map(|d| d.as_slice()).collect();
+        let bytes: usize = chunks.iter().map(|c| packed_bytes(c.len())).sum();
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
+        let mut alone = vec![0xa5u8; bytes + 64];
+        let mut shared = alone.clone();
+        let used = pack(&chunks, &mut alone);
+        prop_assert_eq!(pack_on(Some(&pool), 0, &chunks, &mut shared), used);
+        prop_assert_eq!(alone, shared);
+    }
+}
+
+#[test]
+fn the_queue_is_used_only_where_it_can_gather_a_gpu_batch() {
+    let config = crate::fingerprint::coalesce::CoalesceConfig::default();
+    assert!(queue_can_reach(1 << 20, &config));
+    assert!(queue_can_reach(64 << 20, &config));
+    // The GPU never won at start (a many-core host): no queue.
+    assert!(!queue_can_reach(usize::MAX, &config));
+    assert!(!queue_can_reach((64 << 20) + 1, &config));
 }
