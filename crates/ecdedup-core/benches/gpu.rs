@@ -30,7 +30,7 @@ use std::hint::black_box;
 use std::time::Instant;
 
 const CHUNK_SIZES: [usize; 3] = [4 << 10, 8 << 10, 32 << 10];
-const TABLE_ALGORITHMS: [Algorithm; 2] = [Algorithm::Sha1, Algorithm::Sha256];
+const TABLE_ALGORITHMS: [Algorithm; 3] = [Algorithm::Sha1, Algorithm::Sha256, Algorithm::Md5];
 const KERNEL_ALGORITHMS: [Algorithm; 3] = [Algorithm::Sha1, Algorithm::Sha256, Algorithm::Md5];
 /// The share of pinned copy bandwidth end-to-end GPU hashing should reach.
 const GOAL: f64 = 0.70;
@@ -50,7 +50,7 @@ fn settings() -> Settings {
         Settings {
             reps: 5,
             single_bytes: 32 << 20,
-            batches: vec![256 << 10, 1 << 20, 16 << 20, 128 << 20],
+            batches: vec![4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20],
             correctness_cases: 40,
         }
     } else {
@@ -164,6 +164,11 @@ fn table(backend: &dyn FingerprintBackend, data: &[u8], s: &Settings) -> Vec<f64
     for algorithm in TABLE_ALGORITHMS {
         for size in CHUNK_SIZES {
             for &batch in &s.batches {
+                // A batch smaller than one chunk has no cell (NaN, shown "-").
+                if batch < size {
+                    cells.push(f64::NAN);
+                    continue;
+                }
                 let chunks: Vec<&[u8]> = data[..batch].chunks_exact(size).collect();
                 cells.push(batch_gbps(backend, algorithm, &chunks, s.reps));
             }
@@ -188,7 +193,10 @@ fn print_cpu_table(cpu: &CpuBackend, cells: &[f64], s: &Settings) {
         for size in CHUNK_SIZES {
             print!("| {algorithm} | {} |", size_label(size));
             for _ in &s.batches {
-                print!(" {:.2} |", cell.next().unwrap());
+                match cell.next().copied() {
+                    Some(v) if v.is_finite() => print!(" {v:.2} |"),
+                    _ => print!(" - |"),
+                }
             }
             println!();
         }
@@ -258,6 +266,11 @@ fn gpu_section(gpu: &GpuBackend, cpu: &CpuBackend, cpu_cells: &[f64], data: &[u8
         for size in CHUNK_SIZES {
             print!("| {algorithm} | {} |", size_label(size));
             for _ in &s.batches {
+                if !cells[i].is_finite() {
+                    print!(" - |");
+                    i += 1;
+                    continue;
+                }
                 let share = cells[i] / h2d;
                 met += usize::from(share >= GOAL);
                 print!(
@@ -274,10 +287,39 @@ fn gpu_section(gpu: &GpuBackend, cpu: &CpuBackend, cpu_cells: &[f64], data: &[u8
     println!(
         "\n{met} of {} cells reach {:.0}% of the pinned copy bandwidth; the default \
          backend sends batches under {} to the CPU.",
-        cells.len(),
+        cells.iter().filter(|c| c.is_finite()).count(),
         GOAL * 100.0,
         size_label(GPU_MIN_BATCH_BYTES)
     );
+    // Packing into the pinned buffers on the caller's thread alone against
+    // the CPU backend's threads (the default), on the large batches.
+    println!("\n## Packing: one thread vs the CPU backend's threads, SHA-1, 4 KiB chunks, GB/s\n");
+    println!("| batch | pack on 1 thread | pack on the pool (default) |");
+    println!("|---|---|---|");
+    for &batch in s.batches.iter().filter(|&&b| b >= 16 << 20) {
+        let chunks: Vec<&[u8]> = data[..batch].chunks_exact(4 << 10).collect();
+        gpu.set_parallel_pack(false);
+        let alone = batch_gbps(gpu, Algorithm::Sha1, &chunks, s.reps);
+        gpu.set_parallel_pack(true);
+        let pooled = batch_gbps(gpu, Algorithm::Sha1, &chunks, s.reps);
+        println!("| {} | {alone:.2} | {pooled:.2} |", size_label(batch));
+    }
+    println!("\n## Slices per lane (large batches are cut into lanes x this), SHA-1, 4 KiB chunks, GB/s\n");
+    println!("| batch | 1 (default) | 2 | 4 | 8 |");
+    println!("|---|---|---|---|---|");
+    for &batch in s.batches.iter().filter(|&&b| b >= 16 << 20) {
+        let chunks: Vec<&[u8]> = data[..batch].chunks_exact(4 << 10).collect();
+        print!("| {} |", size_label(batch));
+        for n in [1, 2, 4, 8] {
+            gpu.set_slices_per_lane(n);
+            print!(
+                " {:.2} |",
+                batch_gbps(gpu, Algorithm::Sha1, &chunks, s.reps)
+            );
+        }
+        println!();
+        gpu.set_slices_per_lane(1);
+    }
     let stats = gpu.stats();
     println!(
         "GPU stats: {} batches, {} slices, {} pool waits, {} device failures",
@@ -307,7 +349,33 @@ fn main() {
     let cpu_cells = table(&cpu, &data, &s);
     print_cpu_table(&cpu, &cpu_cells, &s);
     match &gpu {
-        Ok(gpu) => gpu_section(gpu, &cpu, &cpu_cells, &data, &s),
+        Ok(gpu) => {
+            gpu_section(gpu, &cpu, &cpu_cells, &data, &s);
+            crossover_section();
+        }
         Err(e) => println!("\n!!! GPU ABSENT ({e}): no GPU table, no copy bandwidth."),
+    }
+}
+
+/// The crossover the default backend measures at start (SHA-256 batches of
+/// 4 KiB chunks, GPU end to end against all CPU threads), and how long the
+/// measurement took.
+fn crossover_section() {
+    let started = Instant::now();
+    match GpuBackend::with_config(GpuConfig::default()) {
+        Ok(gpu) => {
+            let took = started.elapsed().as_secs_f64();
+            let min = gpu.min_batch_bytes();
+            let shown = if min == usize::MAX {
+                "never (the GPU does not win at 64 MiB)".to_string()
+            } else {
+                size_label(min)
+            };
+            println!(
+                "\ncrossover measured at start: batches from {shown} go to the GPU \
+                 (start-up with the measurement: {took:.2} s)"
+            );
+        }
+        Err(e) => println!("\ncrossover: the default backend did not start: {e}"),
     }
 }
