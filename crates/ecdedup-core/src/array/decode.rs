@@ -34,7 +34,6 @@
 use super::Array;
 use crate::counters::{bump, IoClass};
 use crate::error::{Error, Result};
-use std::sync::atomic::Ordering::SeqCst;
 
 /// Most members left out when searching combinations: RS(k, m) with m up
 /// to this many wrong-but-checksummed members (each level tries
@@ -55,27 +54,14 @@ impl Array {
     /// The checksum the block at checksum index `index` of device `d`
     /// should have, where known (see the module documentation).
     pub(super) fn expected_crc(&self, d: usize, stripe: u64, index: u64) -> Option<u32> {
-        if self.holds(d, stripe) || self.sums_known[d].load(SeqCst) {
-            return self.tables[d].get(index);
-        }
-        self.prior_tables[d]
-            .lock()
-            .unwrap()
-            .as_ref()
-            .and_then(|t| t.get(index))
+        self.stores[d].expected_checksum(stripe, index)
     }
 
     /// A write or discard of a member that does not hold the stripe (or
     /// that failed taking it): records what the block holds logically,
     /// so a later decode of it can be checked.
     pub(super) fn note_logical_crc(&self, d: usize, index: u64, crc: u32) {
-        if self.sums_known[d].load(SeqCst) {
-            // Out of service since this open: the table's pages are pinned
-            // in RAM (a failed device's pages are never flushed).
-            self.tables[d].set(index, crc);
-        } else if let Some(t) = self.prior_tables[d].lock().unwrap().as_ref() {
-            t.set(index, crc);
-        }
+        self.stores[d].note_logical_checksum(index, crc);
     }
 
     /// Decodes block row `b` of `stripe` from every readable, verified
@@ -106,7 +92,6 @@ impl Array {
             if !self.holds(place.device, stripe) {
                 continue;
             }
-            let stored = self.tables[place.device].get(index);
             let class = if role < k {
                 IoClass::Data
             } else {
@@ -120,7 +105,7 @@ impl Array {
                 }
                 continue;
             }
-            if Some(crc32c::crc32c(shard)) == stored {
+            if self.stores[place.device].block_matches(index, shard) {
                 present[role] = true;
             } else {
                 wrong.push(role);

@@ -12,12 +12,11 @@
 //!   whichever reads fewer blocks (ties go to RMW). A stripe with a member
 //!   out of service always takes RCW, which decodes what it cannot read.
 
+use super::store::{ChunkOp, ChunkReply, ChunkRequest, ChunkTransport};
 use super::{Array, IntentLog};
 use crate::counters::{bump, IoClass};
 use crate::error::{Error, Result};
-use crate::media::{self, Device, DeviceIo, Op};
 use std::ops::Range;
-use std::sync::Arc;
 
 /// One data unit's share of a stripe write.
 pub(super) struct UnitWrite<'a> {
@@ -205,8 +204,8 @@ impl Array {
             )
         {
             for (j, b) in blocks.clone().enumerate() {
-                let crc = crc32c::crc32c(&out[j * block..(j + 1) * block]);
-                if Some(crc) != self.tables[place.device].get(g.checksum_index(place.row, b)) {
+                let bytes = &out[j * block..(j + 1) * block];
+                if !self.stores[place.device].block_matches(g.checksum_index(place.row, b), bytes) {
                     bump(&self.counters.array.checksum_mismatches);
                     bad.push(b);
                 }
@@ -232,46 +231,40 @@ impl Array {
     /// Reads from a device, counting; an error fails the device. Returns
     /// false when nothing was read.
     pub(super) fn dev_read(&self, d: usize, class: IoClass, buf: &mut [u8], offset: u64) -> bool {
-        let Some(dev) = self.device(d) else {
-            return false;
+        let op = ChunkOp::Read {
+            buf,
+            offset,
+            class,
+            check: None,
+            stripe: None,
         };
-        let len = buf.len();
-        let mut ios = [DeviceIo {
-            dev: dev.as_ref(),
-            op: Op::Read { buf, offset },
-        }];
-        let [r] = self.submit(&mut ios).try_into().expect("one result");
-        self.note_read(d, class, len, r)
-    }
-
-    /// Counts a completed device read, or latches its error. Returns
-    /// whether the bytes arrived.
-    fn note_read(&self, d: usize, class: IoClass, len: usize, r: std::io::Result<()>) -> bool {
-        match r {
-            Ok(()) => {
-                self.counters.devices[d].read(class, len);
-                true
-            }
-            Err(e) => {
+        let mut reqs = [ChunkRequest::new(d, op)];
+        self.submit(&mut reqs);
+        let [req] = reqs;
+        match req.reply {
+            ChunkReply::Done => true,
+            ChunkReply::Failed(e) => {
                 self.note_read_error(d, &e);
                 false
             }
+            ChunkReply::Mismatch | ChunkReply::Unavailable => false,
         }
     }
 
-    /// Runs a batch of device I/O and counts what it cost.
-    fn submit(&self, ios: &mut [DeviceIo<'_>]) -> Vec<std::io::Result<()>> {
-        let (results, cost) = media::submit(ios);
+    /// Runs a batch of requests to the chunk stores (every device's I/O in
+    /// one submission) and counts what it cost.
+    fn submit(&self, reqs: &mut [ChunkRequest<'_>]) {
+        let cost = self.stores.as_slice().submit(reqs);
         let a = &self.counters.array;
         a.add(&a.device_submissions, cost.submissions);
         a.add(&a.device_syscalls, cost.syscalls);
-        results
     }
 
-    /// Reads units of a stripe (role, blocks) in one batch, each verified
-    /// against its checksums; a unit whose device is out, fails or returns
-    /// a bad block is read again through [`Array::read_unit_blocks`], which
-    /// decodes what it cannot read. Caller holds the stripe lock.
+    /// Reads units of a stripe (role, blocks) in one batch, each checked
+    /// against its checksums at its store; a unit whose device is out,
+    /// fails or returns a bad block is read again through
+    /// [`Array::read_unit_blocks`], which decodes what it cannot read.
+    /// Caller holds the stripe lock.
     fn read_units(&self, stripe: u64, wants: &[(usize, Range<u64>)]) -> Result<Vec<Vec<u8>>> {
         let g = &self.geo;
         let block = g.block() as usize;
@@ -279,44 +272,33 @@ impl Array {
             .iter()
             .map(|(_, blocks)| vec![0u8; len_of(blocks) as usize * block])
             .collect();
-        let devs: Vec<Option<Arc<dyn Device>>> = wants
-            .iter()
-            .map(|&(role, _)| {
-                let d = g.place(stripe, role).device;
-                self.device(d).filter(|_| self.holds(d, stripe))
+        let mut reqs: Vec<ChunkRequest> = out
+            .iter_mut()
+            .zip(wants)
+            .map(|(buf, (role, blocks))| {
+                let place = g.place(stripe, *role);
+                let op = ChunkOp::Read {
+                    buf,
+                    offset: g.device_offset(place.row, blocks.start),
+                    class: class_of(*role, g.k()),
+                    check: Some(g.checksum_index(place.row, blocks.start)),
+                    stripe: Some(stripe),
+                };
+                ChunkRequest::new(place.device, op)
             })
             .collect();
-        let mut ios = Vec::with_capacity(wants.len());
-        let mut issued = Vec::with_capacity(wants.len());
-        for (i, (buf, dev)) in out.iter_mut().zip(&devs).enumerate() {
-            if let Some(dev) = dev {
-                let (role, blocks) = &wants[i];
-                let place = g.place(stripe, *role);
-                ios.push(DeviceIo {
-                    dev: dev.as_ref(),
-                    op: Op::Read {
-                        buf,
-                        offset: g.device_offset(place.row, blocks.start),
-                    },
-                });
-                issued.push(i);
-            }
-        }
-        let results = self.submit(&mut ios);
-        drop(ios);
-        let mut good = vec![false; wants.len()];
-        for (i, r) in issued.into_iter().zip(results) {
-            let (role, blocks) = &wants[i];
-            let place = g.place(stripe, *role);
-            let table = &self.tables[place.device];
-            good[i] = self.note_read(place.device, class_of(*role, g.k()), out[i].len(), r)
-                && blocks
-                    .clone()
-                    .zip(out[i].chunks_exact(block))
-                    .all(|(b, bytes)| {
-                        Some(crc32c::crc32c(bytes)) == table.get(g.checksum_index(place.row, b))
-                    });
-        }
+        self.submit(&mut reqs);
+        let good: Vec<bool> = reqs
+            .into_iter()
+            .map(|req| match req.reply {
+                ChunkReply::Done => true,
+                ChunkReply::Failed(e) => {
+                    self.note_read_error(req.store, &e);
+                    false
+                }
+                ChunkReply::Mismatch | ChunkReply::Unavailable => false,
+            })
+            .collect();
         for (i, (role, blocks)) in wants.iter().enumerate() {
             if !good[i] {
                 out[i] = self.read_unit_blocks(stripe, *role, blocks.clone())?;
@@ -325,89 +307,69 @@ impl Array {
         Ok(out)
     }
 
-    /// Writes units (stripe, role, first block, bytes) in one batch and
-    /// records their checksums; skips devices that do not hold a unit's
-    /// stripe. Returns, per unit, whether its device took the write.
+    /// Writes units (stripe, role, first block, bytes) in one batch, their
+    /// checksums recorded by their stores; skips devices that do not hold
+    /// a unit's stripe. Returns, per unit, whether its device took the
+    /// write.
     pub(super) fn write_units(
         &self,
         units: &[(u64, usize, u64, &[u8])],
         repair: bool,
     ) -> Vec<bool> {
         let g = &self.geo;
-        let devs: Vec<Option<Arc<dyn Device>>> = units
+        let mut reqs: Vec<ChunkRequest> = units
             .iter()
-            .map(|&(stripe, role, _, _)| {
-                let d = g.place(stripe, role).device;
-                self.device(d).filter(|_| self.holds(d, stripe))
-            })
-            .collect();
-        let mut ios = Vec::with_capacity(units.len());
-        let mut issued = Vec::with_capacity(units.len());
-        for (i, (&(stripe, role, b, bytes), dev)) in units.iter().zip(&devs).enumerate() {
-            let Some(dev) = dev else {
-                self.note_logical_unit(stripe, role, b, bytes);
-                continue;
-            };
-            let hint = crate::media::WriteHint {
-                class: class_of(role, g.k()),
-                repair,
-                // Decided below the array, by a PlacementDevice if stacked.
-                stream: crate::media::Stream::Unknown,
-            };
-            ios.push(DeviceIo {
-                dev: dev.as_ref(),
-                op: Op::Write {
+            .map(|&(stripe, role, b, bytes)| {
+                let place = g.place(stripe, role);
+                let hint = crate::media::WriteHint {
+                    class: class_of(role, g.k()),
+                    repair,
+                    // Decided below the array, by a PlacementDevice if stacked.
+                    stream: crate::media::Stream::Unknown,
+                };
+                let op = ChunkOp::Write {
                     buf: bytes,
-                    offset: g.device_offset(g.place(stripe, role).row, b),
+                    offset: g.device_offset(place.row, b),
+                    first: g.checksum_index(place.row, b),
+                    stripe,
                     hint,
                     fua: false,
-                },
-            });
-            issued.push(i);
-        }
-        let results = self.submit(&mut ios);
-        let mut took = vec![false; units.len()];
-        for (i, r) in issued.into_iter().zip(results) {
-            let (stripe, role, b, bytes) = units[i];
-            took[i] = self.note_unit_write(stripe, role, b, bytes, r);
-        }
-        took
+                };
+                ChunkRequest::new(place.device, op)
+            })
+            .collect();
+        self.submit(&mut reqs);
+        reqs.into_iter()
+            .zip(units)
+            .map(|(req, &(stripe, role, b, bytes))| match req.reply {
+                ChunkReply::Done => true,
+                ChunkReply::Failed(e) => self.note_unit_write_error(stripe, role, b, bytes, e),
+                ChunkReply::Unavailable | ChunkReply::Mismatch => {
+                    self.note_logical_unit(stripe, role, b, bytes);
+                    false
+                }
+            })
+            .collect()
     }
 
-    /// Records a unit write's checksums, or handles its error (a full file
-    /// system is noted, any other error latched). Returns whether it took.
-    fn note_unit_write(
+    /// Handles a unit write's error (a full file system is noted, any
+    /// other error latched). Returns false: the write did not take.
+    fn note_unit_write_error(
         &self,
         stripe: u64,
         role: usize,
         b: u64,
         bytes: &[u8],
-        r: std::io::Result<()>,
+        e: std::io::Error,
     ) -> bool {
-        let g = &self.geo;
-        let place = g.place(stripe, role);
-        match r {
-            Ok(()) => {
-                self.counters.devices[place.device].write(class_of(role, g.k()), bytes.len());
-                let table = &self.tables[place.device];
-                for (j, chunk) in bytes.chunks_exact(g.block() as usize).enumerate() {
-                    table.set(
-                        g.checksum_index(place.row, b + j as u64),
-                        crc32c::crc32c(chunk),
-                    );
-                }
-                true
-            }
-            Err(e) if Self::is_space_error(&e) => {
-                self.note_space_error(place.device, stripe, &e);
-                false
-            }
-            Err(e) => {
-                self.latch_failure(place.device, "write", &e);
-                self.note_logical_unit(stripe, role, b, bytes);
-                false
-            }
+        let place = self.geo.place(stripe, role);
+        if Self::is_space_error(&e) {
+            self.note_space_error(place.device, stripe, &e);
+        } else {
+            self.latch_failure(place.device, "write", &e);
+            self.note_logical_unit(stripe, role, b, bytes);
         }
+        false
     }
 
     /// A unit write that no device took: what the unit holds from now on,
@@ -633,23 +595,21 @@ impl Array {
                     );
                 }
             };
-            let dev = match self.device(place.device) {
-                Some(dev) if self.holds(place.device, stripe) => dev,
-                _ => {
-                    zero_logical();
-                    continue;
-                }
+            let discarded = match self.holds(place.device, stripe) {
+                true => self.stores[place.device].discard(
+                    g.device_offset(place.row, 0),
+                    g.unit_bytes(),
+                    g.checksum_index(place.row, 0),
+                ),
+                false => None,
             };
-            match dev.discard(g.device_offset(place.row, 0), g.unit_bytes()) {
-                Ok(()) => {
-                    for b in 0..g.blocks_per_unit() {
-                        self.tables[place.device].set_zero(g.checksum_index(place.row, b));
-                    }
-                }
-                Err(e) => {
+            match discarded {
+                Some(Ok(())) => {}
+                Some(Err(e)) => {
                     self.latch_failure(place.device, "discard", &e);
                     zero_logical();
                 }
+                None => zero_logical(),
             }
         }
         bump(&self.counters.array.discarded_stripes);
@@ -878,7 +838,7 @@ impl Array {
     /// log need; it takes no stripe lock.
     pub(super) fn make_everything_durable(&self) -> Result<()> {
         self.sync_journals()?;
-        let every = vec![true; self.members.len()];
+        let every = vec![true; self.stores.len()];
         let space = self.sync_devices(&every);
         self.fail_broken_metadata_copies();
         self.check_available()?;
@@ -896,8 +856,8 @@ impl Array {
     fn make_durable(&self, pieces: &[(u64, u64, u64)]) -> Result<()> {
         let g = &self.geo;
         let unit = g.unit_bytes();
-        let mut devices = vec![false; self.members.len()];
-        let mut journals = vec![false; self.members.len()];
+        let mut devices = vec![false; self.stores.len()];
+        let mut journals = vec![false; self.stores.len()];
         for &(stripe, within, n) in pieces {
             let roles = (within / unit) as usize..(within + n).div_ceil(unit) as usize;
             for role in roles {
@@ -924,13 +884,6 @@ impl Array {
     /// ([`Array::note_flush_space_error`]): the device stays in service and
     /// the first such error is returned, for the flush to fail with ENOSPC.
     fn sync_devices(&self, chosen: &[bool]) -> Option<std::io::Error> {
-        let devs: Vec<(usize, Arc<dyn Device>)> = (0..self.members.len())
-            .filter(|&d| chosen[d])
-            .filter_map(|d| self.device(d).map(|dev| (d, dev)))
-            .collect();
-        // Checksum pages first (each table writes its dirty pages through
-        // its bounded cache), then every device synced in one batch.
-        let mut failed = vec![false; self.members.len()];
         let mut space = None;
         let mut flush_failed = |d: usize, e: std::io::Error| {
             if Self::is_space_error(&e) {
@@ -940,25 +893,20 @@ impl Array {
                 self.latch_failure(d, "flush", &e);
             }
         };
-        for (d, dev) in &devs {
-            if let Err(e) = self.tables[*d].flush(dev.as_ref(), &self.counters.devices[*d]) {
-                failed[*d] = true;
-                flush_failed(*d, e);
+        // Checksum pages first (each table writes its dirty pages through
+        // its bounded cache), then every device synced in one batch.
+        let mut reqs: Vec<ChunkRequest> = Vec::with_capacity(self.stores.len());
+        for d in (0..self.stores.len()).filter(|&d| chosen[d]) {
+            match self.stores[d].flush_checksums() {
+                Some(Ok(())) => reqs.push(ChunkRequest::new(d, ChunkOp::Sync)),
+                Some(Err(e)) => flush_failed(d, e),
+                None => {}
             }
         }
-        let syncing: Vec<&(usize, Arc<dyn Device>)> =
-            devs.iter().filter(|(d, _)| !failed[*d]).collect();
-        let mut ios: Vec<DeviceIo> = syncing
-            .iter()
-            .map(|(_, dev)| DeviceIo {
-                dev: dev.as_ref(),
-                op: Op::Sync,
-            })
-            .collect();
-        for ((d, _), r) in syncing.iter().zip(self.submit(&mut ios)) {
-            match r {
-                Ok(()) => self.counters.devices[*d].sync(),
-                Err(e) => flush_failed(*d, e),
+        self.submit(&mut reqs);
+        for req in reqs {
+            if let ChunkReply::Failed(e) = req.reply {
+                flush_failed(req.store, e);
             }
         }
         space

@@ -119,25 +119,18 @@ impl Array {
     /// stripes go in place), and this flush fails. Later flushes skip the
     /// latched journal and succeed: nothing they acknowledge depends on it.
     pub(super) fn sync_journals(&self) -> Result<()> {
-        self.sync_journals_of(&vec![true; self.journals.len()])
+        self.sync_journals_of(&vec![true; self.stores.len()])
     }
 
     /// [`Array::sync_journals`] for the journals of the chosen devices (a
     /// FUA write's stripes).
     pub(super) fn sync_journals_of(&self, chosen: &[bool]) -> Result<()> {
         let mut first_error = None;
-        for (d, jr) in self.journals.iter().enumerate() {
+        for (d, store) in self.stores.iter().enumerate() {
             if !chosen[d] {
                 continue;
             }
-            let mut guard = jr.lock().unwrap();
-            let Some(j) = guard.as_mut() else { continue };
-            if j.is_latched() {
-                continue;
-            }
-            if let Err(e) = j.sync() {
-                let stripes = j.stripes();
-                drop(guard);
+            if let Err((e, stripes)) = store.journal_sync(true) {
                 self.warn(format!(
                     "parity journal of device {d} failed to sync ({e}): its {} stripes \
                      stay dirty until a resync, and its partial writes go in place",
@@ -168,17 +161,8 @@ impl Array {
     /// Journals busy in another thread are skipped (never wait on a lock
     /// here: this runs inside failing I/O paths).
     pub(super) fn sync_journals_on_failure(&self) {
-        for (d, jr) in self.journals.iter().enumerate() {
-            let Ok(mut guard) = jr.try_lock() else {
-                continue;
-            };
-            let Some(j) = guard.as_mut() else { continue };
-            if j.is_latched() {
-                continue;
-            }
-            if let Err(e) = j.sync() {
-                let stripes = j.stripes();
-                drop(guard);
+        for (d, store) in self.stores.iter().enumerate() {
+            if let Err((e, stripes)) = store.journal_sync(false) {
                 self.warn(format!(
                     "parity journal of device {d} failed to sync ({e}); its stripes stay dirty"
                 ));
@@ -192,10 +176,8 @@ impl Array {
     /// Stripes that some parity journal holds records for (tests, status).
     pub fn journaled_stripes(&self) -> Vec<u64> {
         let mut stripes: Vec<u64> = Vec::new();
-        for jr in &self.journals {
-            if let Some(j) = jr.lock().unwrap().as_ref() {
-                stripes.extend(j.stripes());
-            }
+        for store in &self.stores {
+            stripes.extend(store.journal_stripes());
         }
         stripes.sort_unstable();
         stripes.dedup();
@@ -207,25 +189,15 @@ impl Array {
         if !self.write_policy.journals() {
             return false;
         }
-        self.parity_devices(stripe).iter().any(|&(_, p)| {
-            self.journals[p]
-                .lock()
-                .unwrap()
-                .as_ref()
-                .is_some_and(|j| j.has_stripe(stripe))
-        })
+        self.parity_devices(stripe)
+            .iter()
+            .any(|&(_, p)| self.stores[p].journal_has_stripe(stripe))
     }
 
     /// The parity journals of a stripe are all open and have their space
     /// reserved: only then is a write logged.
     fn journals_ready(&self, parity: &[(usize, usize)]) -> bool {
-        parity.iter().all(|&(_, p)| {
-            self.journals[p]
-                .lock()
-                .unwrap()
-                .as_ref()
-                .is_some_and(|j| j.is_reserved())
-        })
+        parity.iter().all(|&(_, p)| self.stores[p].journal_ready())
     }
 
     /// Logs a partial stripe write. Returns false when a journal has no room
@@ -253,17 +225,7 @@ impl Array {
             let need: Vec<Vec<bool>> = if self.write_policy == WritePolicy::Parix {
                 parity
                     .iter()
-                    .map(|&(_, p)| {
-                        let guard = self.journals[p].lock().unwrap();
-                        blocks
-                            .clone()
-                            .map(|b| {
-                                !guard
-                                    .as_ref()
-                                    .is_some_and(|j| j.has_original(stripe, role16, b as u32))
-                            })
-                            .collect()
-                    })
+                    .map(|&(_, p)| self.stores[p].journal_needs_d0(stripe, role16, blocks.clone()))
                     .collect()
             } else {
                 Vec::new()
@@ -346,12 +308,10 @@ impl Array {
         }
         // All or nothing: every journal must have room before any append.
         for (&(_, p), rec) in parity.iter().zip(&records) {
-            let guard = self.journals[p].lock().unwrap();
-            let room = guard.as_ref().is_some_and(|j| {
-                j.is_reserved()
-                    && j.bytes() + rec.len() as u64 + JOURNAL_RESERVE_BYTES
-                        <= self.journal_bytes_max
-            });
+            let room = self.stores[p].journal_has_room(
+                rec.len() as u64 + JOURNAL_RESERVE_BYTES,
+                self.journal_bytes_max,
+            );
             if !room {
                 bump(&self.counters.array.journal_fallbacks);
                 self.replay_wanted.store(true, Relaxed);
@@ -359,25 +319,25 @@ impl Array {
             }
         }
         for (&(_, p), rec) in parity.iter().zip(&records) {
-            let mut guard = self.journals[p].lock().unwrap();
-            let Some(j) = guard.as_mut() else {
-                unreachable!("journals checked above under the stripe lock");
-            };
-            if let Err(e) = j.append(rec) {
-                drop(guard);
-                // The journals before this one hold the write's records, and
-                // this one may hold part of them: none must ever be folded.
-                self.warn(format!(
+            let appended = self.stores[p]
+                .journal_append(rec)
+                .expect("journals checked above under the stripe lock");
+            let bytes = match appended {
+                Ok(bytes) => bytes,
+                Err(e) => {
+                    // The journals before this one hold the write's records, and
+                    // this one may hold part of them: none must ever be folded.
+                    self.warn(format!(
                     "appending to the parity journal of device {p}: {e}; the write goes in place, \
                      stripe {stripe}'s parity is recomputed from its data, and writes to this \
                      journal fall back to read-modify-write until it has room again"
                 ));
-                bump(&self.counters.array.journal_errors);
-                bump(&self.counters.array.journal_fallbacks);
-                return self.write_in_place_and_resync(stripe, &news);
-            }
-            self.counters.devices[p].write(IoClass::Journal, rec.len());
-            if j.bytes() > self.journal_bytes_max / REPLAY_AT_FRACTION_OF_BOUND {
+                    bump(&self.counters.array.journal_errors);
+                    bump(&self.counters.array.journal_fallbacks);
+                    return self.write_in_place_and_resync(stripe, &news);
+                }
+            };
+            if bytes > self.journal_bytes_max / REPLAY_AT_FRACTION_OF_BOUND {
                 self.replay_wanted.store(true, Relaxed);
             }
         }
@@ -423,23 +383,9 @@ impl Array {
     }
 
     fn invalidate_in(&self, p: usize, stripe: u64, first: u64, count: u64) -> Result<()> {
-        let mut guard = self.journals[p].lock().unwrap();
-        let Some(j) = guard.as_mut() else {
-            return Ok(());
-        };
-        if !j.has_stripe(stripe) {
-            return Ok(());
-        }
-        let mut rec = Vec::new();
-        journal::encode_invalidate(&mut rec, stripe, first as u32, count as u32);
-        match j.append(&rec) {
-            Ok(()) => {
-                self.counters.devices[p].write(IoClass::Journal, rec.len());
-                Ok(())
-            }
+        match self.stores[p].journal_invalidate(stripe, first as u32, count as u32) {
+            Ok(()) => Ok(()),
             Err(e) => {
-                j.forget(stripe, first as u32, count as u32);
-                drop(guard);
                 bump(&self.counters.array.journal_errors);
                 self.warn(format!(
                     "appending an invalidation to the parity journal of device {p}: {e}; \
@@ -559,16 +505,13 @@ impl Array {
     ) -> Result<Option<(std::collections::BTreeMap<u32, Vec<u8>>, usize)>> {
         let g = self.geo;
         let block = g.block() as usize;
-        let log = match self.journals[p].lock().unwrap().as_ref() {
-            Some(jr) => jr.stripe_log(stripe),
-            None => None,
+        let store = &self.stores[p];
+        let Some(log) = store.journal_stripe_log(stripe) else {
+            return Ok(None);
         };
-        let Some(log) = log else { return Ok(None) };
         if !self.holds(p, stripe) {
             // Out of service: its parity is rebuilt from data, if ever.
-            if let Some(jr) = self.journals[p].lock().unwrap().as_mut() {
-                jr.forget(stripe, 0, u32::MAX);
-            }
+            store.journal_forget(stripe);
             return Ok(None);
         }
         let journal_io = |e| Error::io(format!("reading the parity journal of device {p}"), e);
@@ -579,18 +522,17 @@ impl Array {
         let mut scratch = vec![vec![0u8; block]; g.m()];
         for ((role, row), entry) in &log {
             let acc = rows.entry(*row).or_insert_with(|| vec![0u8; block]);
-            let guard = self.journals[p].lock().unwrap();
-            let Some(jr) = guard.as_ref() else {
-                return Err(Error::io(
+            let read_block = |at: u64, buf: &mut [u8]| match store.journal_read_block(at, buf) {
+                Some(r) => r.map_err(journal_io),
+                None => Err(Error::io(
                     format!("the parity journal of device {p}"),
                     std::io::Error::other("closed during replay"),
-                ));
+                )),
             };
             match (entry.original, entry.latest) {
                 (Some(o), Some(l)) => {
-                    jr.read_block(o, &mut a).map_err(journal_io)?;
-                    jr.read_block(l, &mut b).map_err(journal_io)?;
-                    drop(guard);
+                    read_block(o, &mut a)?;
+                    read_block(l, &mut b)?;
                     self.counters.devices[p].read(IoClass::Journal, 2 * block);
                     // In a dirty stripe, parity is brought to what the data
                     // unit holds on its device, which after a power cut may
@@ -625,7 +567,7 @@ impl Array {
                 }
                 (None, None) => {
                     for &d in &entry.deltas {
-                        jr.read_block(d, &mut a).map_err(journal_io)?;
+                        read_block(d, &mut a)?;
                         self.counters.devices[p].read(IoClass::Journal, block);
                         for (x, y) in acc.iter_mut().zip(&a) {
                             *x ^= y;
@@ -775,8 +717,7 @@ impl Array {
             IoClass::Parity,
             &mut buf,
             g.device_offset(place.row, row),
-        ) && Some(crc32c::crc32c(&buf))
-            == self.tables[place.device].get(g.checksum_index(place.row, row))
+        ) && self.stores[place.device].block_matches(g.checksum_index(place.row, row), &buf)
         {
             return StoredParity::Intact(buf);
         }
@@ -807,10 +748,8 @@ impl Array {
         }
         self.replay_wanted.store(false, Relaxed);
         let mut stripes: Vec<u64> = Vec::new();
-        for jr in &self.journals {
-            if let Some(j) = jr.lock().unwrap().as_ref() {
-                stripes.extend(j.stripes());
-            }
+        for store in &self.stores {
+            stripes.extend(store.journal_stripes());
         }
         stripes.sort_unstable();
         stripes.dedup();
@@ -852,7 +791,7 @@ impl Array {
             }
         }
         self.flush()?;
-        for d in 0..self.journals.len() {
+        for d in 0..self.stores.len() {
             self.reclaim_journal(d);
         }
         match first_error {
@@ -868,26 +807,14 @@ impl Array {
     /// Failures are warnings: the journal stays unreserved, so writes fall
     /// back to read-modify-write until a later replay manages it.
     pub(super) fn reclaim_journal(&self, d: usize) {
-        let mut guard = self.journals[d].lock().unwrap();
-        let Some(j) = guard.as_mut() else { return };
-        let used = j.bytes() - journal::HEADER_BYTES;
-        let reclaimed = if j.is_empty() {
-            j.reset_if_empty()
-        } else if j.bytes() > self.journal_bytes_max / COMPACT_AT_FRACTION_OF_BOUND
-            && j.live_bytes() * 2 < used
-        {
+        let compact_above = self.journal_bytes_max / COMPACT_AT_FRACTION_OF_BOUND;
+        let reclaimed = self.stores[d].journal_reclaim(compact_above, self.journal_bytes_max);
+        let Some((compacted, result)) = reclaimed else {
+            return;
+        };
+        if compacted {
             bump(&self.counters.array.journal_compactions);
-            j.compact().map(|()| true)
-        } else {
-            Ok(false)
-        };
-        let result = match reclaimed {
-            Ok(true) => j.preallocate(self.journal_bytes_max),
-            Ok(false) if !j.is_reserved() => j.preallocate(self.journal_bytes_max),
-            Ok(false) => Ok(()),
-            Err(e) => Err(e),
-        };
-        drop(guard);
+        }
         if let Err(e) = result {
             bump(&self.counters.array.journal_errors);
             self.warn(format!(
@@ -930,12 +857,11 @@ impl Array {
     /// Journal state for stats: (bytes, logged blocks, index RAM bytes).
     pub fn journal_usage(&self) -> (u64, u64, u64) {
         let mut out = (0, 0, 0);
-        for jr in &self.journals {
-            if let Some(j) = jr.lock().unwrap().as_ref() {
-                out.0 += j.bytes() - journal::HEADER_BYTES;
-                out.1 += j.logged_blocks();
-                out.2 += j.index_ram_bytes();
-            }
+        for store in &self.stores {
+            let (bytes, logged, index) = store.journal_usage();
+            out.0 += bytes;
+            out.1 += logged;
+            out.2 += index;
         }
         out
     }

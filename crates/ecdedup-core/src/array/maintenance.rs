@@ -2,7 +2,7 @@
 //! and rebuild. Each takes one stripe lock at a time, so the volume stays
 //! served while they run, and reports progress.
 
-use super::{Array, MemberState, ProgressFn, TAG_ACTIVE, TAG_REBUILDING};
+use super::{Array, MemberState, ProgressFn};
 use crate::counters::bump;
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
@@ -195,15 +195,11 @@ impl Array {
     fn record_checksums(&self, stripe: u64, role: usize, unit: &[u8]) {
         let g = &self.geo;
         let place = g.place(stripe, role);
-        let table = &self.tables[place.device];
-        for (b, chunk) in unit.chunks_exact(g.block() as usize).enumerate() {
-            let index = g.checksum_index(place.row, b as u64);
-            let crc = crc32c::crc32c(chunk);
-            if table.get(index) != Some(crc) {
-                bump(&self.counters.array.resync_checksum_mismatches);
-                table.set(index, crc);
-            }
-        }
+        let changed =
+            self.stores[place.device].resync_checksums(g.checksum_index(place.row, 0), unit);
+        self.counters
+            .array
+            .add(&self.counters.array.resync_checksum_mismatches, changed);
     }
 
     /// Checks every block's checksum and every stripe's parity, and
@@ -252,8 +248,8 @@ impl Array {
                 let Some(unit) = unit else { continue };
                 let place = g.place(stripe, role);
                 for (b, chunk) in unit.chunks_exact(block).enumerate() {
-                    if Some(crc32c::crc32c(chunk))
-                        != self.tables[place.device].get(g.checksum_index(place.row, b as u64))
+                    if !self.stores[place.device]
+                        .block_matches(g.checksum_index(place.row, b as u64), chunk)
                     {
                         report.checksum_mismatches += 1;
                         bad_rows.insert(b as u64);
@@ -397,8 +393,8 @@ impl Array {
     /// Fills every device in the rebuilding state, stripe by stripe, while
     /// the volume stays served. Resumes from the recorded cursor.
     pub fn rebuild(&self, progress: Option<ProgressFn>) -> Result<u64> {
-        let targets: Vec<usize> = (0..self.members.len())
-            .filter(|&d| self.members[d].tag.load(SeqCst) == TAG_REBUILDING)
+        let targets: Vec<usize> = (0..self.stores.len())
+            .filter(|&d| self.stores[d].is_rebuilding())
             .collect();
         // Recorded even when there is nothing to do, so a follower sees the outcome.
         self.begin_operation("rebuild", self.geo.stripes * targets.len().max(1) as u64)?;
@@ -418,12 +414,12 @@ impl Array {
         let mut rebuilt = 0u64;
         let mut unreadable_blocks = 0u64;
         for (t, &d) in targets.iter().enumerate() {
-            let start = self.members[d].cursor.load(SeqCst);
+            let start = self.stores[d].cursor();
             let mut last_checkpoint = Instant::now();
             for stripe in start..g.stripes {
                 {
                     let _g = self.locks[Self::lock_index(stripe)].write().unwrap();
-                    if self.members[d].tag.load(SeqCst) != TAG_REBUILDING {
+                    if !self.stores[d].is_rebuilding() {
                         return Err(Error::Unavailable(format!(
                             "device {d} failed during its rebuild"
                         )));
@@ -433,12 +429,12 @@ impl Array {
                         // replayed, and the fresh parity decodes at once.
                         self.replay_stripe(stripe)?;
                         let (unit, unreadable) = self.reconstruct_unit(stripe, role)?;
-                        self.members[d].cursor.store(stripe + 1, SeqCst);
+                        self.stores[d].set_cursor(stripe + 1);
                         if !self.write_unit_blocks(stripe, role, 0, &unit) {
-                            if self.members[d].tag.load(SeqCst) == TAG_REBUILDING {
+                            if self.stores[d].is_rebuilding() {
                                 // A full file system: the device keeps what
                                 // it holds and this stripe is not yet its.
-                                self.members[d].cursor.store(stripe, SeqCst);
+                                self.stores[d].set_cursor(stripe);
                                 return Err(Error::NoSpace(format!(
                                     "rebuild of device {d} stopped at stripe {stripe}: the \
                                      file system under it is full; free space and run \
@@ -454,7 +450,7 @@ impl Array {
                         rebuilt += 1;
                         bump(&self.counters.array.rebuilt_stripes);
                     } else {
-                        self.members[d].cursor.store(stripe + 1, SeqCst);
+                        self.stores[d].set_cursor(stripe + 1);
                     }
                 }
                 let done = t as u64 * g.stripes + stripe + 1;
@@ -471,9 +467,7 @@ impl Array {
                     last_checkpoint = Instant::now();
                 }
             }
-            self.members[d].tag.store(TAG_ACTIVE, SeqCst);
-            *self.prior_tables[d].lock().unwrap() = None;
-            self.sums_known[d].store(true, SeqCst);
+            self.stores[d].finish_rebuild();
             self.flush()?;
             self.persist_superblocks()?;
             if unreadable_blocks > 0 {
@@ -523,13 +517,13 @@ impl Array {
         for &b in rows {
             let at = b as usize * block;
             let crc = crc32c::crc32c(&unit[at..at + block]);
-            self.tables[place.device].set(g.checksum_index(place.row, b), !crc);
+            self.stores[place.device].set_checksum(g.checksum_index(place.row, b), !crc);
         }
     }
 
     /// The state of each member (for tests).
     pub fn member_states(&self) -> Vec<MemberState> {
-        (0..self.members.len())
+        (0..self.stores.len())
             .map(|d| self.member_state(d))
             .collect()
     }

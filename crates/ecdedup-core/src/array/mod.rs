@@ -1,7 +1,10 @@
 //! The erasure-coded array: N devices under one RS(k,m) geometry.
 //!
-//! An [`Array`] owns its devices, the per-block checksum tables, the
-//! write-intent log and the counters. Reads touch only the data unit when it
+//! An [`Array`] is the stripe client over one chunk store per device
+//! ([`store`]: the device, its checksum table, dedup layer, parity journal
+//! and counters); it owns the geometry, the codec, the write-intent log,
+//! the stripe locks and the write policy, and sends the stores its device
+//! I/O as batches of requests. Reads touch only the data unit when it
 //! is healthy and decode from the other units otherwise; writes choose
 //! full-stripe encode, read-modify-write (ISA-L delta update) or
 //! reconstruct-write by whichever reads less (see [`io`]). Long operations
@@ -34,6 +37,7 @@ mod logging;
 mod maintenance;
 pub mod meta;
 mod readd;
+mod store;
 pub mod superblock;
 #[cfg(test)]
 mod tests;
@@ -59,8 +63,9 @@ use intent::IntentLog;
 use layout::SUPERBLOCK_BYTES;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::SeqCst};
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, RwLock};
+use store::ChunkStore;
 use superblock::Superblock;
 
 /// Stripe locks are shared by stripes with the same number modulo this.
@@ -71,12 +76,9 @@ pub const DEGRADED_LOG_FILE: &str = "degraded.log";
 pub const LOCK_FILE: &str = "lock";
 pub use readd::MISSED_FILE;
 
-const TAG_ACTIVE: u8 = 0;
-const TAG_FAILED: u8 = 1;
 /// Medium read errors a device may return (each block decoded and
 /// rewritten) before it is failed: Linux md's `max_read_errors` default.
 pub const READ_ERRORS_MAX: u32 = 20;
-const TAG_REBUILDING: u8 = 2;
 
 /// Reports progress of a long operation: (what, done, total).
 pub type ProgressFn = Arc<dyn Fn(&str, u64, u64) + Send + Sync>;
@@ -360,14 +362,6 @@ pub fn meta_area_bytes_for(opts: &CreateOptions, geo: &Geometry) -> u64 {
 /// 64 KiB).
 const FOREIGN_HEAD_BYTES: u64 = 72 << 10;
 
-struct Member {
-    /// Shared with the position's checksum table, which reads its pages
-    /// from the device there.
-    dev: checksum::DeviceSlot,
-    tag: AtomicU8,
-    cursor: AtomicU64,
-}
-
 struct ConfigState {
     file: ConfigFile,
     generation: u64,
@@ -444,28 +438,16 @@ pub struct Array {
     geo: Geometry,
     volume_bytes: u64,
     codec: Codec,
-    members: Vec<Member>,
-    tables: Vec<ChecksumTable>,
-    /// Whether `tables[d]` still says what device `d`'s blocks hold
-    /// logically where `d` does not hold them (out of service since this
-    /// open: degraded writes keep the entries current). False for a device
-    /// already out at open, whose table could not be read: its decoded
-    /// blocks are checked only against spare members.
-    sums_known: Vec<std::sync::atomic::AtomicBool>,
-    /// For a device being rebuilt: its table before the replacement, kept
-    /// current by degraded writes, so each decoded unit is checked before
-    /// it is written (None when unknown or when no rebuild runs).
-    prior_tables: Vec<Mutex<Option<ChecksumTable>>>,
-    /// Medium read errors per device since open (`note_read_error`).
-    read_errors: Vec<std::sync::atomic::AtomicU32>,
+    /// One chunk store per device, in position order: the device and
+    /// everything kept per device (`store.rs`). The rest of this struct is
+    /// the stripe client.
+    stores: Vec<ChunkStore>,
     intent: IntentLog,
     locks: Vec<RwLock<()>>,
     counters: Counters,
     config: Mutex<ConfigState>,
     operation: Mutex<Option<OpProgress>>,
     warnings: Mutex<Vec<String>>,
-    /// The dedup layer over each device, when the policy is not `none`.
-    dedup: Vec<RwLock<Option<Arc<DedupDevice>>>>,
     backend: Option<Arc<dyn FingerprintBackend>>,
     /// Which fingerprint backend runs and why (for `status` and the log).
     backend_why: String,
@@ -474,8 +456,6 @@ pub struct Array {
     /// Values of missing data units logged before degraded writes (closes
     /// the degraded write hole); None where it could not be opened.
     degraded_log: Option<degraded_log::DegradedLog>,
-    /// The parity journal of each device (plog, parix).
-    journals: Vec<Mutex<Option<journal::ParityJournal>>>,
     replay_wanted: std::sync::atomic::AtomicBool,
     /// Device failures latched in RAM, and how many of them the superblocks
     /// record durably: a flush returns only once they are equal, so no
@@ -499,8 +479,9 @@ pub struct Array {
     stopping: std::sync::atomic::AtomicBool,
     /// Set by `simulate_crash`: drop without flushing, as kill -9 would.
     crashed: std::sync::atomic::AtomicBool,
-    /// The simulated-SSD wear layer of each device (empty when off).
-    ssd_wear: Vec<RwLock<Option<Arc<crate::ssd::WearDevice>>>>,
+    /// Whether the stores carry a simulated-SSD wear layer (`stats.ssd`
+    /// is empty when not).
+    ssd_sim_on: bool,
     _lock: StorageLock,
 }
 
@@ -963,7 +944,7 @@ impl Array {
             match FileDevice::open_with(storage.as_ref(), path, cfg.device_options()) {
                 Ok(d) => {
                     let (d, wear) = cfg.ssd_sim.wrap(Arc::new(d))?;
-                    ssd_wear.push(RwLock::new(wear));
+                    ssd_wear.push(wear);
                     devices.push(Some(d))
                 }
                 // Held by another server: refused whole, never opened
@@ -972,7 +953,7 @@ impl Array {
                     return Err(Error::Busy(format!("device {i}: {e}")));
                 }
                 Err(e) => {
-                    ssd_wear.push(RwLock::new(None));
+                    ssd_wear.push(None);
                     warnings.push(format!(
                         "device {i} ({}) cannot be opened: {e}",
                         path.display()
@@ -993,7 +974,10 @@ impl Array {
             fingerprint_backend,
         )?;
         if sim_on {
-            array.ssd_wear = ssd_wear;
+            for (store, wear) in array.stores.iter().zip(ssd_wear) {
+                store.set_wear(wear);
+            }
+            array.ssd_sim_on = true;
         }
         Ok(array)
     }
@@ -1232,7 +1216,7 @@ impl Array {
             if let Some(layer) = &layer {
                 *slot = Some(Arc::clone(layer) as Arc<dyn Device>);
             }
-            dedup_layers.push(RwLock::new(layer));
+            dedup_layers.push(layer);
         }
         let unusable = states.iter().filter(|s| **s == MemberState::Failed).count();
         if unusable > geo.m() {
@@ -1245,7 +1229,7 @@ impl Array {
             .map(|d| Arc::new(RwLock::new(d.clone())))
             .collect();
         let cache_bytes_per_device = cfg.checksum_cache_bytes_max / n as u64;
-        let tables = (0..n)
+        let tables: Vec<ChecksumTable> = (0..n)
             .map(|i| {
                 ChecksumTable::open(
                     Arc::clone(&slots[i]),
@@ -1267,20 +1251,6 @@ impl Array {
         )?;
         warnings.extend(intent_warning);
         intent.set_quiet_before_clear(std::time::Duration::from_millis(cfg.intent_clear_quiet_ms));
-        let members = (0..n)
-            .map(|i| {
-                let (tag, cursor) = match states[i] {
-                    MemberState::Active => (TAG_ACTIVE, 0),
-                    MemberState::Failed => (TAG_FAILED, 0),
-                    MemberState::Rebuilding { cursor } => (TAG_REBUILDING, cursor),
-                };
-                Member {
-                    dev: Arc::clone(&slots[i]),
-                    tag: AtomicU8::new(tag),
-                    cursor: AtomicU64::new(cursor),
-                }
-            })
-            .collect();
         let device_uuids = (0..n)
             .map(|i| sbs[i].as_ref().map(|s| s.device_uuid).unwrap_or([0; 16]))
             .collect();
@@ -1319,7 +1289,7 @@ impl Array {
             // took its journal with it, as it took the parity it covers.
             let journal_gone = meta.as_ref().is_some_and(|m| m.area(i).is_none());
             if !cfg_write_policy.journals() || journal_gone {
-                journals.push(Mutex::new(None));
+                journals.push(None);
                 continue;
             }
             let path = dir.join(JOURNAL_DIR).join(format!("dev{i}.jrnl"));
@@ -1382,17 +1352,34 @@ impl Array {
                             journal_lost.extend(lost.stripes.iter().map(|&s| (s, s + 1)));
                         }
                     }
-                    journals.push(Mutex::new(Some(j)));
+                    journals.push(Some(j));
                 }
                 None => {
                     warnings.push(format!(
                         "parity journal of device {i} cannot be opened: \
                          partial writes to its stripes go in place (read-modify-write)"
                     ));
-                    journals.push(Mutex::new(None));
+                    journals.push(None);
                 }
             }
         }
+        let stores = tables
+            .into_iter()
+            .zip(dedup_layers)
+            .zip(journals)
+            .enumerate()
+            .map(|(i, ((table, dedup), journal))| {
+                ChunkStore::new(
+                    Arc::clone(&slots[i]),
+                    states[i],
+                    table,
+                    geo.block() as usize,
+                    dedup,
+                    journal,
+                    Arc::clone(&counters.devices[i]),
+                )
+            })
+            .collect();
         let array = Array {
             dir: dir.to_owned(),
             storage,
@@ -1400,15 +1387,7 @@ impl Array {
             geo,
             volume_bytes: newest.volume_bytes,
             codec,
-            sums_known: (0..n)
-                .map(|i| std::sync::atomic::AtomicBool::new(states[i] == MemberState::Active))
-                .collect(),
-            prior_tables: (0..n).map(|_| Mutex::new(None)).collect(),
-            read_errors: (0..n)
-                .map(|_| std::sync::atomic::AtomicU32::new(0))
-                .collect(),
-            members,
-            tables,
+            stores,
             intent,
             locks: (0..STRIPE_LOCKS).map(|_| RwLock::new(())).collect(),
             counters,
@@ -1419,13 +1398,11 @@ impl Array {
             }),
             operation: Mutex::new(None),
             warnings: Mutex::new(warnings),
-            dedup: dedup_layers,
             degraded_log,
             backend,
             backend_why,
             write_policy: cfg_write_policy,
             journal_bytes_max: cfg_journal_bytes_max,
-            journals,
             replay_wanted: std::sync::atomic::AtomicBool::new(false),
             failures_latched: AtomicU64::new(0),
             failures_durable: AtomicU64::new(0),
@@ -1436,7 +1413,7 @@ impl Array {
             started: std::time::Instant::now(),
             stopping: std::sync::atomic::AtomicBool::new(false),
             crashed: std::sync::atomic::AtomicBool::new(false),
-            ssd_wear: Vec::new(),
+            ssd_sim_on: false,
             _lock: lock,
         };
         // Always a new generation, whether anything changed or not: the
@@ -1521,18 +1498,12 @@ impl Array {
     }
 
     pub fn stats(&self) -> Stats {
-        let table_bytes = self.tables.iter().map(|t| t.ram_bytes()).sum();
+        let table_bytes = self.stores.iter().map(|s| s.table_ram_bytes()).sum();
         let mut stats = self.counters.snapshot(table_bytes);
-        stats.dedup = self
-            .dedup
-            .iter()
-            .map(|l| l.read().unwrap().as_ref().map(|l| l.stats()))
-            .collect();
-        stats.ssd = self
-            .ssd_wear
-            .iter()
-            .map(|w| w.read().unwrap().as_ref().map(|w| w.stats()))
-            .collect();
+        stats.dedup = self.stores.iter().map(|s| s.dedup_stats()).collect();
+        if self.ssd_sim_on {
+            stats.ssd = self.stores.iter().map(|s| s.wear_stats()).collect();
+        }
         (
             stats.journal_bytes,
             stats.journal_logged_blocks,
@@ -1553,48 +1524,36 @@ impl Array {
     /// Consistency problems of the dedup maps (empty when all is well).
     pub fn check_dedup_maps(&self) -> Vec<String> {
         let mut problems = Vec::new();
-        for (d, layer) in self.dedup.iter().enumerate() {
-            if let Some(l) = layer.read().unwrap().as_ref() {
-                problems.extend(l.check().into_iter().map(|p| format!("device {d}: {p}")));
+        for (d, store) in self.stores.iter().enumerate() {
+            if let Some(found) = store.check_dedup() {
+                problems.extend(found.into_iter().map(|p| format!("device {d}: {p}")));
             }
         }
         problems
     }
 
     fn member_state(&self, d: usize) -> MemberState {
-        let m = &self.members[d];
-        match m.tag.load(SeqCst) {
-            TAG_ACTIVE => MemberState::Active,
-            TAG_FAILED => MemberState::Failed,
-            _ => MemberState::Rebuilding {
-                cursor: m.cursor.load(SeqCst),
-            },
-        }
+        self.stores[d].state()
     }
 
     fn unavailable_count(&self) -> usize {
-        (0..self.members.len())
-            .filter(|&d| self.members[d].tag.load(SeqCst) == TAG_FAILED)
+        (0..self.stores.len())
+            .filter(|&d| self.stores[d].is_failed())
             .count()
     }
 
     /// Whether `device` holds current content for `stripe`.
     fn holds(&self, device: usize, stripe: u64) -> bool {
-        let m = &self.members[device];
-        match m.tag.load(SeqCst) {
-            TAG_ACTIVE => true,
-            TAG_REBUILDING => stripe < m.cursor.load(SeqCst),
-            _ => false,
-        }
+        self.stores[device].holds(stripe)
     }
 
     fn device(&self, d: usize) -> Option<Arc<dyn Device>> {
-        self.members[d].dev.read().unwrap().clone()
+        self.stores[d].device()
     }
 
     pub fn status(&self) -> Status {
         let cfg = self.config.lock().unwrap();
-        let devices: Vec<DeviceStatus> = (0..self.members.len())
+        let devices: Vec<DeviceStatus> = (0..self.stores.len())
             .map(|d| DeviceStatus {
                 position: d,
                 path: cfg.file.devices[d].clone(),
@@ -1641,13 +1600,13 @@ impl Array {
     fn persist_locked(&self, cfg: &mut ConfigState) -> Result<()> {
         let latched = self.failures_latched.load(SeqCst);
         let mut space = None;
-        for _attempt in 0..=self.members.len() {
+        for _attempt in 0..=self.stores.len() {
             cfg.generation += 1;
-            let states: Vec<MemberState> = (0..self.members.len())
+            let states: Vec<MemberState> = (0..self.stores.len())
                 .map(|d| self.member_state(d))
                 .collect();
             let mut newly_failed = false;
-            for d in 0..self.members.len() {
+            for d in 0..self.stores.len() {
                 if states[d] == MemberState::Failed {
                     continue;
                 }
@@ -1726,9 +1685,8 @@ impl Array {
         }
         self.failures_latched.fetch_add(1, SeqCst);
         self.replay_wanted.store(true, SeqCst);
-        self.members[d].tag.store(TAG_FAILED, SeqCst);
-        *self.members[d].dev.write().unwrap() = None;
-        *self.dedup[d].write().unwrap() = None;
+        self.stores[d].fail();
+        self.stores[d].drop_device();
         self.track_missed_writes(true);
     }
 
@@ -1816,7 +1774,7 @@ impl Array {
             err.raw_os_error(),
             Some(libc::EIO) | Some(libc::EILSEQ) | Some(libc::EBADMSG) | Some(libc::ENODATA)
         );
-        let seen = self.read_errors[d].fetch_add(1, SeqCst) + 1;
+        let seen = self.stores[d].count_read_error();
         if !medium || seen >= READ_ERRORS_MAX {
             self.latch_failure(d, "read", err);
             return;
@@ -1835,15 +1793,14 @@ impl Array {
         // Counted before the tag flips: a flush that sees the device out
         // of service also sees a failure not yet durable.
         self.failures_latched.fetch_add(1, SeqCst);
-        if self.members[d].tag.swap(TAG_FAILED, SeqCst) == TAG_FAILED {
+        if !self.stores[d].fail() {
             self.failures_latched.fetch_sub(1, SeqCst);
             return;
         }
         if let Some(meta) = &self.meta {
             meta.detach(d);
         }
-        *self.members[d].dev.write().unwrap() = None;
-        *self.dedup[d].write().unwrap() = None;
+        self.stores[d].drop_device();
         self.track_missed_writes(true);
         self.replay_wanted.store(true, SeqCst);
         self.warn(format!(
@@ -1858,7 +1815,7 @@ impl Array {
     /// Takes a device out of service by hand (`ecdedup fail`).
     pub fn fail_device(&self, d: usize) -> Result<()> {
         self.check_position(d)?;
-        if self.members[d].tag.load(SeqCst) == TAG_FAILED {
+        if self.stores[d].is_failed() {
             return Err(Error::Config(format!("device {d} is already failed")));
         }
         if self.unavailable_count() + 1 > self.geo.m() {
@@ -1874,10 +1831,10 @@ impl Array {
     }
 
     fn check_position(&self, d: usize) -> Result<()> {
-        if d >= self.members.len() {
+        if d >= self.stores.len() {
             return Err(Error::Config(format!(
                 "no device at position {d}; the array has {}",
-                self.members.len()
+                self.stores.len()
             )));
         }
         Ok(())
@@ -1916,8 +1873,8 @@ impl Array {
         let sim = self.config.lock().unwrap().file.ssd_sim.clone();
         let (dev, wear) = sim.wrap(Arc::new(dev))?;
         self.install_replacement(d, dev, &path)?;
-        if let Some(slot) = self.ssd_wear.get(d) {
-            *slot.write().unwrap() = wear;
+        if self.ssd_sim_on {
+            self.stores[d].set_wear(wear);
         }
         Ok(())
     }
@@ -1943,7 +1900,7 @@ impl Array {
     /// Installs an open device as the blank replacement of failed position `d`.
     pub fn install_replacement(&self, d: usize, dev: Arc<dyn Device>, path: &Path) -> Result<()> {
         self.check_position(d)?;
-        if self.members[d].tag.load(SeqCst) != TAG_FAILED {
+        if !self.stores[d].is_failed() {
             return Err(Error::Config(format!(
                 "device {d} is in service; `ecdedup fail {d}` it first"
             )));
@@ -1992,18 +1949,12 @@ impl Array {
                     d,
                     true,
                 )?;
-                *self.dedup[d].write().unwrap() = Some(Arc::clone(&layer));
+                self.stores[d].set_dedup(Some(Arc::clone(&layer)));
                 layer
             }
             None => dev,
         };
-        {
-            let mut prior = self.prior_tables[d].lock().unwrap();
-            *prior = self.sums_known[d]
-                .swap(false, SeqCst)
-                .then(|| self.tables[d].duplicate());
-        }
-        self.tables[d].reset_zeroed();
+        self.stores[d].begin_replacement();
         if self.write_policy.journals() {
             let path = self.dir.join(JOURNAL_DIR).join(format!("dev{d}.jrnl"));
             let _ = self.storage.remove(&path);
@@ -2011,14 +1962,12 @@ impl Array {
             if let Some(w) = warning {
                 self.warn(w);
             }
-            *self.journals[d].lock().unwrap() = Some(j);
+            self.stores[d].install_journal(j);
         }
         cfg.device_uuids[d] = *uuid::Uuid::new_v4().as_bytes();
         cfg.file.devices[d] = given;
         cfg.file.store_in(self.storage.as_ref(), &self.dir)?;
-        self.members[d].cursor.store(0, SeqCst);
-        *self.members[d].dev.write().unwrap() = Some(dev);
-        self.members[d].tag.store(TAG_REBUILDING, SeqCst);
+        self.stores[d].put_in_service(dev);
         self.persist_locked(&mut cfg)
     }
 

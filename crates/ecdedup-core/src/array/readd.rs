@@ -18,8 +18,7 @@
 //! would have to be reconciled with what it missed, which is not done;
 //! those arrays use `replace` + `rebuild`.
 
-use super::checksum::ChecksumTable;
-use super::{layout, read_superblock, Array, MemberState, TAG_ACTIVE, TAG_FAILED, TAG_REBUILDING};
+use super::{read_superblock, Array, MemberState};
 use crate::dedup::Policy;
 use crate::error::{Error, Result};
 use crate::media::{Device, FileDevice};
@@ -69,7 +68,7 @@ impl Array {
     /// returns how many stripe units were reconstructed.
     pub fn re_add(&mut self, d: usize) -> Result<u64> {
         self.check_position(d)?;
-        if self.members[d].tag.load(SeqCst) != TAG_FAILED {
+        if !self.stores[d].is_failed() {
             return Err(Error::Config(format!("device {d} is not failed")));
         }
         let cfg = self.config.lock().unwrap().file.clone();
@@ -119,25 +118,17 @@ impl Array {
         // A fresh table over the member's slot: its pages are read from the
         // device on demand once the device is in the slot (below); nothing
         // from the time it was out (pages read as unknown) is kept.
-        let cache_bytes = cfg.checksum_cache_bytes_max / self.members.len() as u64;
-        self.tables[d] = ChecksumTable::open(
-            Arc::clone(&self.members[d].dev),
-            Arc::clone(&self.counters.devices[d]),
-            self.geo.blocks_per_device(),
-            layout::CHECKSUM_OFFSET,
-            self.geo.block() as usize,
-            cache_bytes,
-        );
-        if let Some(slot) = self.ssd_wear.get(d) {
-            *slot.write().unwrap() = wear;
+        let cache_bytes = cfg.checksum_cache_bytes_max / self.stores.len() as u64;
+        let blocks = self.geo.blocks_per_device();
+        self.stores[d].reopen_table(blocks, cache_bytes);
+        if self.ssd_sim_on {
+            self.stores[d].set_wear(wear);
         }
         self.config.lock().unwrap().device_uuids[d] = sb.device_uuid;
-        self.members[d].cursor.store(0, SeqCst);
-        *self.members[d].dev.write().unwrap() = Some(dev);
-        self.members[d].tag.store(TAG_REBUILDING, SeqCst);
+        self.stores[d].put_in_service(dev);
         self.persist_superblocks()?;
         let resynced = self.resync_missed(d, &missed)?;
-        self.members[d].tag.store(TAG_ACTIVE, SeqCst);
+        self.stores[d].mark_active();
         self.flush()?;
         self.persist_superblocks()?;
         if self.unavailable_count() == 0 {
@@ -205,7 +196,7 @@ impl Array {
                 Some(role) if was_missed => Some((role, self.reconstruct_unit(stripe, role)?)),
                 _ => None,
             };
-            self.members[d].cursor.store(stripe + 1, SeqCst);
+            self.stores[d].set_cursor(stripe + 1);
             if let Some((role, (unit, unreadable))) = unit {
                 self.put_missed_unit(d, stripe, role, &unit)?;
                 self.mark_unreadable(stripe, role, &unit, &unreadable);

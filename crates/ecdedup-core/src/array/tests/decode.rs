@@ -61,11 +61,11 @@ impl Rig {
         let off = g.device_offset(place.row, b) as usize;
         let index = g.checksum_index(place.row, b);
         let old = self.mems[place.device].with_bytes(|d| d[off..off + BLOCK].to_vec());
-        let old_crc = self.a().tables[place.device].get(index).unwrap();
+        let old_crc = self.a().stores[place.device].checksum(index).unwrap();
         change(self);
         self.a().flush().unwrap();
         self.mems[place.device].with_bytes(|d| d[off..off + BLOCK].copy_from_slice(&old));
-        self.a().tables[place.device].set(index, old_crc);
+        self.a().stores[place.device].set_checksum(index, old_crc);
         assert_eq!(crc32c::crc32c(&old), old_crc);
     }
 

@@ -63,7 +63,7 @@ impl Rig {
     }
 
     fn journal_faults<R>(&self, d: usize, f: impl FnOnce(&journal::FaultHooks) -> R) -> R {
-        let guard = self.a().journals[d].lock().unwrap();
+        let guard = self.a().stores[d].journal_for_test();
         f(guard
             .as_ref()
             .expect("a logging policy has journals")
@@ -187,9 +187,8 @@ fn sustained_writes_compact_the_journal_so_it_never_stays_full() {
         // write to stripe 0 lands in the middle and stays unreplayed, as a
         // write arriving while a replay runs would.
         let mut written = 0;
-        while rig.a().journals[p]
-            .lock()
-            .unwrap()
+        while rig.a().stores[p]
+            .journal_for_test()
             .as_ref()
             .unwrap()
             .bytes()
@@ -210,9 +209,8 @@ fn sustained_writes_compact_the_journal_so_it_never_stays_full() {
         let s = rig.a().stats();
         assert!(s.array.journal_compactions > 0, "{:?}", s.array);
         assert!(
-            rig.a().journals[p]
-                .lock()
-                .unwrap()
+            rig.a().stores[p]
+                .journal_for_test()
                 .as_ref()
                 .unwrap()
                 .bytes()
@@ -544,7 +542,7 @@ fn journal_records_naming_blocks_outside_the_array_are_dropped_at_open() {
         journal::encode(&mut records, kind, 1, 0, g.blocks_per_unit() as u32, &block);
         journal::encode(&mut records, kind, foreign, 0, 0, &block);
         {
-            let mut guard = rig.a().journals[d].lock().unwrap();
+            let mut guard = rig.a().stores[d].journal_for_test();
             let j = guard.as_mut().unwrap();
             j.append(&records).unwrap();
             j.sync().unwrap();

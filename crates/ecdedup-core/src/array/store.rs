@@ -1,0 +1,700 @@
+//! A chunk store: one device's share of the array, the half of the array
+//! that goes with the chunk server owning the device once the network is
+//! crossed (docs/cluster.md, "Splitting `Array`").
+//!
+//! A [`ChunkStore`] holds what belongs to one device and nothing about the
+//! stripe it is a member of: the device handle and its member state (with
+//! the rebuild cursor), its checksum table (and the table kept from before
+//! a replacement), its medium read errors, its dedup layer, its parity
+//! journal, its simulated-SSD wear layer and its I/O counters. The stripe
+//! client ([`super::Array`]: geometry, codec, intents, stripe locks, write
+//! policy, degraded log, failure latches) asks it for the protocol's ops
+//! (`proto::frame::Op`), by the device's own coordinates: a byte offset on
+//! the device and a checksum index (the device's block number).
+//!
+//! Invariants:
+//! - a failed store holds no device and no dedup layer; its table and
+//!   journal stay (the entries degraded writes set, the records replay
+//!   drops), until a replacement resets them;
+//! - a store that holds a stripe's unit (`holds`) has a table entry for
+//!   every block of it that says what the device holds, whenever the
+//!   stripe's lock is free (the client writes a block and its entry under
+//!   the stripe lock).
+
+use super::checksum::{ChecksumTable, DeviceSlot};
+use super::journal::{self, ParityJournal, StripeLog};
+use super::layout;
+use super::superblock::MemberState;
+use crate::counters::{DeviceCounters, IoClass};
+use crate::dedup::DedupDevice;
+use crate::media::{self, BatchCost, Device, DeviceIo, WriteHint};
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering::SeqCst};
+use std::sync::{Arc, Mutex, RwLock};
+
+pub(super) const TAG_ACTIVE: u8 = 0;
+pub(super) const TAG_FAILED: u8 = 1;
+pub(super) const TAG_REBUILDING: u8 = 2;
+
+/// One device of the array and everything kept per device.
+pub(super) struct ChunkStore {
+    /// The device in service at this position (None while failed); shared
+    /// with the checksum table, which reads its pages from it.
+    dev: DeviceSlot,
+    /// Active, failed or rebuilding (`TAG_*`).
+    tag: AtomicU8,
+    /// While rebuilding: the stripes below it hold current content.
+    cursor: AtomicU64,
+    table: ChecksumTable,
+    /// Bytes of a checksummed block.
+    block_bytes: usize,
+    /// Whether `table` still says what the device's blocks hold logically
+    /// where the device does not hold them (out of service since this
+    /// open: degraded writes keep the entries current). False for a device
+    /// already out at open, whose table could not be read: its decoded
+    /// blocks are checked only against spare members.
+    sums_known: AtomicBool,
+    /// While the device is rebuilt: its table before the replacement, kept
+    /// current by degraded writes, so each decoded unit is checked before
+    /// it is written (None when unknown or when no rebuild runs).
+    prior_table: Mutex<Option<ChecksumTable>>,
+    /// Medium read errors since open.
+    read_errors: AtomicU32,
+    /// The dedup layer over the device, when the policy is not `none`.
+    dedup: RwLock<Option<Arc<DedupDevice>>>,
+    /// The device's parity journal (plog, parix).
+    journal: Mutex<Option<ParityJournal>>,
+    /// The simulated-SSD wear layer under the device (None when off).
+    ssd_wear: RwLock<Option<Arc<crate::ssd::WearDevice>>>,
+    /// The device's I/O counters (shared with the array's `Counters`).
+    counters: Arc<DeviceCounters>,
+}
+
+impl ChunkStore {
+    /// A store over `slot` in `state`, with its table, dedup layer and
+    /// journal as the open found them.
+    pub(super) fn new(
+        slot: DeviceSlot,
+        state: MemberState,
+        table: ChecksumTable,
+        block_bytes: usize,
+        dedup: Option<Arc<DedupDevice>>,
+        journal: Option<ParityJournal>,
+        counters: Arc<DeviceCounters>,
+    ) -> ChunkStore {
+        let (tag, cursor) = match state {
+            MemberState::Active => (TAG_ACTIVE, 0),
+            MemberState::Failed => (TAG_FAILED, 0),
+            MemberState::Rebuilding { cursor } => (TAG_REBUILDING, cursor),
+        };
+        ChunkStore {
+            dev: slot,
+            tag: AtomicU8::new(tag),
+            cursor: AtomicU64::new(cursor),
+            table,
+            block_bytes,
+            sums_known: AtomicBool::new(state == MemberState::Active),
+            prior_table: Mutex::new(None),
+            read_errors: AtomicU32::new(0),
+            dedup: RwLock::new(dedup),
+            journal: Mutex::new(journal),
+            ssd_wear: RwLock::new(None),
+            counters,
+        }
+    }
+
+    // Member state: what the client (and, across the network, the
+    // cluster's map) knows of the store.
+
+    pub(super) fn state(&self) -> MemberState {
+        match self.tag.load(SeqCst) {
+            TAG_ACTIVE => MemberState::Active,
+            TAG_FAILED => MemberState::Failed,
+            _ => MemberState::Rebuilding {
+                cursor: self.cursor.load(SeqCst),
+            },
+        }
+    }
+
+    /// Whether the device holds current content for `stripe`.
+    pub(super) fn holds(&self, stripe: u64) -> bool {
+        match self.tag.load(SeqCst) {
+            TAG_ACTIVE => true,
+            TAG_REBUILDING => stripe < self.cursor.load(SeqCst),
+            _ => false,
+        }
+    }
+
+    pub(super) fn is_failed(&self) -> bool {
+        self.tag.load(SeqCst) == TAG_FAILED
+    }
+
+    pub(super) fn is_rebuilding(&self) -> bool {
+        self.tag.load(SeqCst) == TAG_REBUILDING
+    }
+
+    /// The device in service, if any.
+    pub(super) fn device(&self) -> Option<Arc<dyn Device>> {
+        self.dev.read().unwrap().clone()
+    }
+
+    /// The rebuild cursor: stripes below it hold current content.
+    pub(super) fn cursor(&self) -> u64 {
+        self.cursor.load(SeqCst)
+    }
+
+    pub(super) fn set_cursor(&self, stripe: u64) {
+        self.cursor.store(stripe, SeqCst);
+    }
+
+    /// Marks the store failed; returns whether it was in service (false:
+    /// another thread failed it first).
+    pub(super) fn fail(&self) -> bool {
+        self.tag.swap(TAG_FAILED, SeqCst) != TAG_FAILED
+    }
+
+    /// Lets go of the device and its dedup layer (after `fail`).
+    pub(super) fn drop_device(&self) {
+        *self.dev.write().unwrap() = None;
+        *self.dedup.write().unwrap() = None;
+    }
+
+    /// Puts `dev` (blank, or a returning member) in service, rebuilding
+    /// from stripe 0.
+    pub(super) fn put_in_service(&self, dev: Arc<dyn Device>) {
+        self.cursor.store(0, SeqCst);
+        *self.dev.write().unwrap() = Some(dev);
+        self.tag.store(TAG_REBUILDING, SeqCst);
+    }
+
+    /// A re-added member whose missed stripes are resynchronised: active.
+    pub(super) fn mark_active(&self) {
+        self.tag.store(TAG_ACTIVE, SeqCst);
+    }
+
+    /// A rebuild done: active, with every entry of its table its own.
+    pub(super) fn finish_rebuild(&self) {
+        self.tag.store(TAG_ACTIVE, SeqCst);
+        *self.prior_table.lock().unwrap() = None;
+        self.sums_known.store(true, SeqCst);
+    }
+
+    /// Counts a medium read error; returns how many the device has
+    /// returned since open.
+    pub(super) fn count_read_error(&self) -> u32 {
+        self.read_errors.fetch_add(1, SeqCst) + 1
+    }
+
+    pub(super) fn set_dedup(&self, layer: Option<Arc<DedupDevice>>) {
+        *self.dedup.write().unwrap() = layer;
+    }
+
+    pub(super) fn dedup_stats(&self) -> Option<crate::counters::DedupStats> {
+        self.dedup.read().unwrap().as_ref().map(|l| l.stats())
+    }
+
+    /// Consistency problems of the dedup maps (None without dedup).
+    pub(super) fn check_dedup(&self) -> Option<Vec<String>> {
+        self.dedup.read().unwrap().as_ref().map(|l| l.check())
+    }
+
+    pub(super) fn set_wear(&self, wear: Option<Arc<crate::ssd::WearDevice>>) {
+        *self.ssd_wear.write().unwrap() = wear;
+    }
+
+    pub(super) fn wear_stats(&self) -> Option<crate::ssd::SsdWearStats> {
+        self.ssd_wear.read().unwrap().as_ref().map(|w| w.stats())
+    }
+
+    // Checksums (`Op::ReadChecksums`, and what a write records), by the
+    // device's block number (`Geometry::checksum_index`).
+
+    /// Test support: the recorded checksum of block `index`; None where
+    /// unknown.
+    #[cfg(test)]
+    pub(super) fn checksum(&self, index: u64) -> Option<u32> {
+        self.table.get(index)
+    }
+
+    pub(super) fn set_checksum(&self, index: u64, crc: u32) {
+        self.table.set(index, crc);
+    }
+
+    /// Whether `bytes` (one block) match the checksum of block `index`.
+    pub(super) fn block_matches(&self, index: u64, bytes: &[u8]) -> bool {
+        Some(crc32c::crc32c(bytes)) == self.table.get(index)
+    }
+
+    /// Whether every block of `bytes` matches its checksum, from block
+    /// `first` on.
+    fn blocks_match(&self, first: u64, bytes: &[u8]) -> bool {
+        (first..)
+            .zip(bytes.chunks_exact(self.block_bytes))
+            .all(|(index, block)| self.block_matches(index, block))
+    }
+
+    /// Records the checksums of `bytes`, written from block `first` on.
+    fn record_checksums(&self, first: u64, bytes: &[u8]) {
+        for (index, block) in (first..).zip(bytes.chunks_exact(self.block_bytes)) {
+            self.table.set(index, crc32c::crc32c(block));
+        }
+    }
+
+    /// After a resync: entries that still match `bytes` (from block
+    /// `first` on) are kept, the others follow the content. Returns how
+    /// many did not match.
+    pub(super) fn resync_checksums(&self, first: u64, bytes: &[u8]) -> u64 {
+        let mut changed = 0;
+        for (index, block) in (first..).zip(bytes.chunks_exact(self.block_bytes)) {
+            let crc = crc32c::crc32c(block);
+            if self.table.get(index) != Some(crc) {
+                changed += 1;
+                self.table.set(index, crc);
+            }
+        }
+        changed
+    }
+
+    /// The checksum block `index` of `stripe` should have, where known
+    /// (`array/decode.rs`): the table's while the device holds the stripe
+    /// or its entries were kept current; the table from before a
+    /// replacement otherwise.
+    pub(super) fn expected_checksum(&self, stripe: u64, index: u64) -> Option<u32> {
+        if self.holds(stripe) || self.sums_known.load(SeqCst) {
+            return self.table.get(index);
+        }
+        self.prior_table
+            .lock()
+            .unwrap()
+            .as_ref()
+            .and_then(|t| t.get(index))
+    }
+
+    /// A write or discard this device did not take: records what block
+    /// `index` holds logically, so a later decode of it can be checked.
+    pub(super) fn note_logical_checksum(&self, index: u64, crc: u32) {
+        if self.sums_known.load(SeqCst) {
+            // Out of service since this open: the table's pages are pinned
+            // in RAM (a failed device's pages are never flushed).
+            self.table.set(index, crc);
+        } else if let Some(t) = self.prior_table.lock().unwrap().as_ref() {
+            t.set(index, crc);
+        }
+    }
+
+    /// A blank replacement: the table from before is kept for checking
+    /// the rebuild (when its entries were current), the table itself
+    /// describes zeroes.
+    pub(super) fn begin_replacement(&self) {
+        {
+            let mut prior = self.prior_table.lock().unwrap();
+            *prior = self
+                .sums_known
+                .swap(false, SeqCst)
+                .then(|| self.table.duplicate());
+        }
+        self.table.reset_zeroed();
+    }
+
+    /// A fresh table over the store's slot, paged within `cache_bytes`:
+    /// its pages are read from the device on demand once the device is in
+    /// the slot; nothing from the time it was out is kept.
+    pub(super) fn reopen_table(&mut self, blocks: u64, cache_bytes: u64) {
+        self.table = ChecksumTable::open(
+            Arc::clone(&self.dev),
+            Arc::clone(&self.counters),
+            blocks,
+            layout::CHECKSUM_OFFSET,
+            self.block_bytes,
+            cache_bytes,
+        );
+    }
+
+    pub(super) fn table_ram_bytes(&self) -> u64 {
+        self.table.ram_bytes()
+    }
+
+    /// The first half of `Op::Flush`: the dirty checksum pages written to
+    /// the device (the second is a `ChunkOp::Sync`). None when no device
+    /// is in service.
+    pub(super) fn flush_checksums(&self) -> Option<std::io::Result<()>> {
+        let dev = self.device()?;
+        Some(self.table.flush(dev.as_ref(), &self.counters))
+    }
+
+    /// Discards (zeroes) `bytes` at device offset `offset`, blocks from
+    /// `first` on, and resets their checksums. None when no device is in
+    /// service.
+    pub(super) fn discard(
+        &self,
+        offset: u64,
+        bytes: u64,
+        first: u64,
+    ) -> Option<std::io::Result<()>> {
+        let dev = self.device()?;
+        Some(dev.discard(offset, bytes).map(|()| {
+            for index in first..first + bytes / self.block_bytes as u64 {
+                self.table.set_zero(index);
+            }
+        }))
+    }
+
+    // The parity journal (`Op::LogAppend`, `Op::NeedD0`, `Op::Replay`).
+
+    /// Whether the journal holds records for `stripe`.
+    pub(super) fn journal_has_stripe(&self, stripe: u64) -> bool {
+        self.journal
+            .lock()
+            .unwrap()
+            .as_ref()
+            .is_some_and(|j| j.has_stripe(stripe))
+    }
+
+    /// Whether the journal is open with its space reserved.
+    pub(super) fn journal_ready(&self) -> bool {
+        self.journal
+            .lock()
+            .unwrap()
+            .as_ref()
+            .is_some_and(|j| j.is_reserved())
+    }
+
+    /// NEED_D0: for each block of `blocks` of unit `role` of `stripe`,
+    /// whether the journal lacks its original value d(0).
+    pub(super) fn journal_needs_d0(&self, stripe: u64, role: u16, blocks: Range<u64>) -> Vec<bool> {
+        let guard = self.journal.lock().unwrap();
+        blocks
+            .map(|b| {
+                !guard
+                    .as_ref()
+                    .is_some_and(|j| j.has_original(stripe, role, b as u32))
+            })
+            .collect()
+    }
+
+    /// Whether the journal is reserved and `bytes` more keep it within
+    /// `bytes_max`.
+    pub(super) fn journal_has_room(&self, bytes: u64, bytes_max: u64) -> bool {
+        self.journal
+            .lock()
+            .unwrap()
+            .as_ref()
+            .is_some_and(|j| j.is_reserved() && j.bytes() + bytes <= bytes_max)
+    }
+
+    /// Appends encoded records; returns the journal's bytes after. None
+    /// when the store has no journal.
+    pub(super) fn journal_append(&self, records: &[u8]) -> Option<std::io::Result<u64>> {
+        let mut guard = self.journal.lock().unwrap();
+        let j = guard.as_mut()?;
+        Some(j.append(records).map(|()| {
+            self.counters.write(IoClass::Journal, records.len());
+            j.bytes()
+        }))
+    }
+
+    /// Logs that rows `[first, first+count)` of `stripe` no longer need
+    /// what the journal holds for them (nothing when it holds nothing).
+    /// When the mark cannot be appended the rows are forgotten in RAM and
+    /// the error returned: the caller pins the stripe for a resync.
+    pub(super) fn journal_invalidate(
+        &self,
+        stripe: u64,
+        first: u32,
+        count: u32,
+    ) -> std::io::Result<()> {
+        let mut guard = self.journal.lock().unwrap();
+        let Some(j) = guard.as_mut() else {
+            return Ok(());
+        };
+        if !j.has_stripe(stripe) {
+            return Ok(());
+        }
+        let mut rec = Vec::new();
+        journal::encode_invalidate(&mut rec, stripe, first, count);
+        match j.append(&rec) {
+            Ok(()) => {
+                self.counters.write(IoClass::Journal, rec.len());
+                Ok(())
+            }
+            Err(e) => {
+                j.forget(stripe, first, count);
+                Err(e)
+            }
+        }
+    }
+
+    /// Forgets what the journal holds for `stripe` (its device is out: its
+    /// parity is rebuilt from data, if ever).
+    pub(super) fn journal_forget(&self, stripe: u64) {
+        if let Some(j) = self.journal.lock().unwrap().as_mut() {
+            j.forget(stripe, 0, u32::MAX);
+        }
+    }
+
+    /// Makes the journal durable. Nothing to do without a journal, or with
+    /// a latched one; with `wait` false, nor when another thread holds it.
+    /// On an error the journal is latched, and the stripes it holds records
+    /// for are returned with the error.
+    pub(super) fn journal_sync(&self, wait: bool) -> Result<(), (std::io::Error, Vec<u64>)> {
+        let mut guard = if wait {
+            self.journal.lock().unwrap()
+        } else {
+            match self.journal.try_lock() {
+                Ok(guard) => guard,
+                Err(_) => return Ok(()),
+            }
+        };
+        let Some(j) = guard.as_mut() else {
+            return Ok(());
+        };
+        if j.is_latched() {
+            return Ok(());
+        }
+        j.sync().map_err(|e| (e, j.stripes()))
+    }
+
+    /// Stripes the journal holds records for.
+    pub(super) fn journal_stripes(&self) -> Vec<u64> {
+        match self.journal.lock().unwrap().as_ref() {
+            Some(j) => j.stripes(),
+            None => Vec::new(),
+        }
+    }
+
+    /// What the journal holds for `stripe`, if anything.
+    pub(super) fn journal_stripe_log(&self, stripe: u64) -> Option<StripeLog> {
+        self.journal.lock().unwrap().as_ref()?.stripe_log(stripe)
+    }
+
+    /// Reads a logged block at journal offset `at`; None without a journal.
+    pub(super) fn journal_read_block(
+        &self,
+        at: u64,
+        buf: &mut [u8],
+    ) -> Option<std::io::Result<()>> {
+        Some(self.journal.lock().unwrap().as_ref()?.read_block(at, buf))
+    }
+
+    /// (bytes past the header, logged blocks, index RAM bytes).
+    pub(super) fn journal_usage(&self) -> (u64, u64, u64) {
+        match self.journal.lock().unwrap().as_ref() {
+            Some(j) => (
+                j.bytes() - journal::HEADER_BYTES,
+                j.logged_blocks(),
+                j.index_ram_bytes(),
+            ),
+            None => (0, 0, 0),
+        }
+    }
+
+    /// Gives back the space replay made dead: an empty journal truncated,
+    /// one past `compact_above` bytes and more than half dead compacted,
+    /// then `bytes_max` reserved again. Returns whether it compacted, and
+    /// the outcome; None without a journal.
+    pub(super) fn journal_reclaim(
+        &self,
+        compact_above: u64,
+        bytes_max: u64,
+    ) -> Option<(bool, std::io::Result<()>)> {
+        let mut guard = self.journal.lock().unwrap();
+        let j = guard.as_mut()?;
+        let used = j.bytes() - journal::HEADER_BYTES;
+        let mut compacted = false;
+        let reclaimed = if j.is_empty() {
+            j.reset_if_empty()
+        } else if j.bytes() > compact_above && j.live_bytes() * 2 < used {
+            compacted = true;
+            j.compact().map(|()| true)
+        } else {
+            Ok(false)
+        };
+        let result = match reclaimed {
+            Ok(true) => j.preallocate(bytes_max),
+            Ok(false) if !j.is_reserved() => j.preallocate(bytes_max),
+            Ok(false) => Ok(()),
+            Err(e) => Err(e),
+        };
+        Some((compacted, result))
+    }
+
+    /// A fresh journal (a replacement's).
+    pub(super) fn install_journal(&self, j: ParityJournal) {
+        *self.journal.lock().unwrap() = Some(j);
+    }
+
+    /// Test support: the journal itself.
+    #[cfg(test)]
+    pub(super) fn journal_for_test(&self) -> std::sync::MutexGuard<'_, Option<ParityJournal>> {
+        self.journal.lock().unwrap()
+    }
+}
+
+/// What a request asks of a chunk store: the data protocol's ops on the
+/// device's own coordinates.
+pub(super) enum ChunkOp<'a> {
+    /// `Op::Read`: `buf.len()` bytes at device offset `offset`, counted as
+    /// `class`. With `check`, every block is checked at the store against
+    /// the checksums from block `check` on; with `stripe`, the store
+    /// answers `Unavailable` unless it holds current content for it.
+    Read {
+        buf: &'a mut [u8],
+        offset: u64,
+        class: IoClass,
+        check: Option<u64>,
+        stripe: Option<u64>,
+    },
+    /// `Op::Write` (data or parity): `buf` at device offset `offset`; once
+    /// the device takes it, the checksums from block `first` on record it.
+    /// The store answers `Unavailable` unless it holds `stripe`.
+    Write {
+        buf: &'a [u8],
+        offset: u64,
+        first: u64,
+        stripe: u64,
+        hint: WriteHint,
+        fua: bool,
+    },
+    /// The second half of `Op::Flush`: the device synced (its checksum
+    /// pages are written first, by [`ChunkStore::flush_checksums`]).
+    Sync,
+}
+
+/// A store's answer to a request.
+pub(super) enum ChunkReply {
+    /// Done; a checked read's blocks all matched their checksums.
+    Done,
+    /// A checked read whose bytes arrived, with a block that failed its
+    /// checksum.
+    Mismatch,
+    /// No device in service, or one that does not hold the stripe: nothing
+    /// was done.
+    Unavailable,
+    /// The device failed the operation; the client latches or notes it.
+    Failed(std::io::Error),
+}
+
+/// One request to store `store`, and its reply once submitted.
+pub(super) struct ChunkRequest<'a> {
+    pub(super) store: usize,
+    pub(super) op: ChunkOp<'a>,
+    pub(super) reply: ChunkReply,
+    /// The device the request runs on, held while its batch runs.
+    dev: Option<Arc<dyn Device>>,
+}
+
+impl<'a> ChunkRequest<'a> {
+    pub(super) fn new(store: usize, op: ChunkOp<'a>) -> ChunkRequest<'a> {
+        ChunkRequest {
+            store,
+            op,
+            reply: ChunkReply::Unavailable,
+            dev: None,
+        }
+    }
+
+    /// The device operation of a request that runs (one with a device).
+    fn device_io(&mut self) -> Option<DeviceIo<'_>> {
+        let ChunkRequest { dev, op, .. } = self;
+        let dev = dev.as_deref()?;
+        let op = match op {
+            ChunkOp::Read { buf, offset, .. } => media::Op::Read {
+                buf,
+                offset: *offset,
+            },
+            ChunkOp::Write {
+                buf,
+                offset,
+                hint,
+                fua,
+                ..
+            } => media::Op::Write {
+                buf,
+                offset: *offset,
+                hint: *hint,
+                fua: *fua,
+            },
+            ChunkOp::Sync => media::Op::Sync,
+        };
+        Some(DeviceIo { dev, op })
+    }
+}
+
+/// How the stripe client reaches its chunk stores: a batch of requests
+/// goes out, every request's reply comes back in it. The stores may be
+/// in this process ([`ChunkStore`]s, below) or, later, chunk servers
+/// across the network (frames of `proto::frame`, one per request, every
+/// server's requests in flight at once).
+pub(super) trait ChunkTransport {
+    /// Runs `reqs` and fills in each reply; returns what the batch cost
+    /// in device submissions and system calls.
+    fn submit(&self, reqs: &mut [ChunkRequest<'_>]) -> BatchCost;
+}
+
+/// In process, the transport is a function call: the stores themselves,
+/// every device's I/O in one submission (`media::submit`: one io_uring
+/// batch where the devices have rings).
+impl ChunkTransport for [ChunkStore] {
+    fn submit(&self, reqs: &mut [ChunkRequest<'_>]) -> BatchCost {
+        submit_local(self, reqs)
+    }
+}
+
+fn submit_local(stores: &[ChunkStore], reqs: &mut [ChunkRequest<'_>]) -> BatchCost {
+    for req in reqs.iter_mut() {
+        let store = &stores[req.store];
+        let held = match req.op {
+            ChunkOp::Read { stripe, .. } => stripe.is_none_or(|s| store.holds(s)),
+            ChunkOp::Write { stripe, .. } => store.holds(stripe),
+            ChunkOp::Sync => true,
+        };
+        req.dev = store.device().filter(|_| held);
+        req.reply = ChunkReply::Unavailable;
+    }
+    // One request (a decode's or a replay's read) needs no vector.
+    let (results, cost) = if let [req] = &mut *reqs {
+        match req.device_io() {
+            Some(io) => media::submit(&mut [io]),
+            None => (Vec::new(), BatchCost::default()),
+        }
+    } else {
+        let mut ios: Vec<DeviceIo> = Vec::with_capacity(reqs.len());
+        ios.extend(reqs.iter_mut().filter_map(|r| r.device_io()));
+        media::submit(&mut ios)
+    };
+    let issued = reqs.iter_mut().filter(|r| r.dev.is_some());
+    for (req, r) in issued.zip(results) {
+        req.dev = None;
+        let store = &stores[req.store];
+        req.reply = match (r, &req.op) {
+            (Err(e), _) => ChunkReply::Failed(e),
+            (
+                Ok(()),
+                ChunkOp::Read {
+                    buf, class, check, ..
+                },
+            ) => {
+                store.counters.read(*class, buf.len());
+                match check {
+                    Some(first) if !store.blocks_match(*first, buf) => ChunkReply::Mismatch,
+                    _ => ChunkReply::Done,
+                }
+            }
+            (
+                Ok(()),
+                ChunkOp::Write {
+                    buf, first, hint, ..
+                },
+            ) => {
+                store.counters.write(hint.class, buf.len());
+                store.record_checksums(*first, buf);
+                ChunkReply::Done
+            }
+            (Ok(()), ChunkOp::Sync) => {
+                store.counters.sync();
+                ChunkReply::Done
+            }
+        };
+    }
+    cost
+}
