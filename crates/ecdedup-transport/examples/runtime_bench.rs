@@ -212,7 +212,7 @@ fn tokio_run(payload_bytes: usize, depth: usize, seconds: f64) -> f64 {
 fn summary(xs: &[f64]) -> String {
     let mut v = xs.to_vec();
     v.sort_by(f64::total_cmp);
-    let median = if v.len() % 2 == 1 {
+    let median = if !v.len().is_multiple_of(2) {
         v[v.len() / 2]
     } else {
         (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0

@@ -109,7 +109,7 @@ impl ClusterKey {
 }
 
 fn decode_hex(text: &str) -> Result<Vec<u8>, String> {
-    if text.len() % 2 != 0 {
+    if !text.len().is_multiple_of(2) {
         return Err(format!(
             "{} hex digits (an odd count; the key is one line of hex)",
             text.len()
