@@ -92,7 +92,7 @@ impl LeaseClock {
             LeaseState::Fenced(format!(
                 "the lease was not renewed in time (ttl {} ms, last renewal sent {} ms ago)",
                 self.ttl_ms,
-                now_ms - self.renewed_sent_ms
+                now_ms.saturating_sub(self.renewed_sent_ms)
             ))
         } else {
             LeaseState::Live

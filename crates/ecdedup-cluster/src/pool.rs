@@ -68,6 +68,18 @@ pub async fn create_pool(etcd: &Etcd, name: &str, spec: &PoolSpec) -> Result<Vec
     Ok(pgs)
 }
 
+/// Decodes a pool record and checks its settings: a record that another
+/// writer left with bad settings (a PG count of 0, ...) is refused here,
+/// once, so that no caller divides by it.
+fn decode_pool(key: &str, value: &[u8]) -> Result<PoolRecord> {
+    let record: PoolRecord = decode(key, value)?;
+    record.spec.check().map_err(|e| Error::Corrupt {
+        key: key.to_string(),
+        reason: e.to_string(),
+    })?;
+    Ok(record)
+}
+
 /// A pool as stored, with the revision its guards compare.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PoolEntry {
@@ -83,7 +95,7 @@ pub async fn get_pool(etcd: &Etcd, name: &str) -> Result<PoolEntry> {
         .await?
         .ok_or_else(|| Error::PoolNotFound(name.to_string()))?;
     Ok(PoolEntry {
-        record: decode(&key, kv.value())?,
+        record: decode_pool(&key, kv.value())?,
         mod_revision: kv.mod_revision(),
     })
 }
@@ -99,7 +111,7 @@ pub async fn list_pools(etcd: &Etcd) -> Result<BTreeMap<String, PoolRecord>> {
     for kv in answer.kvs() {
         let key = String::from_utf8_lossy(kv.key()).into_owned();
         if let Some(Key::Pool(name)) = etcd.keys().parse(&key) {
-            pools.insert(name, decode(&key, kv.value())?);
+            pools.insert(name, decode_pool(&key, kv.value())?);
         }
     }
     Ok(pools)
@@ -125,7 +137,15 @@ pub async fn pool_pgs(etcd: &Etcd, name: &str) -> Result<Vec<PgRecord>> {
                 key: key.clone(),
                 reason: format!("pool {name} has {count} PGs"),
             })?;
-            *slot = Some(decode(&key, kv.value())?);
+            let record: PgRecord = decode(&key, kv.value())?;
+            let width = pool.record.spec.width() as usize;
+            if record.servers.len() != width {
+                return Err(Error::Corrupt {
+                    key,
+                    reason: format!("{} servers in a PG of width {width}", record.servers.len()),
+                });
+            }
+            *slot = Some(record);
         }
     }
     pgs.into_iter()
