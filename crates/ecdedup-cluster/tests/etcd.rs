@@ -320,28 +320,28 @@ async fn pools_and_volumes_are_created_listed_resized_and_removed_under_their_gu
     assert_eq!(create_volume(&etcd, "wide", "a", gib).await.unwrap().id, 4);
 
     // Records left bad by another writer are refused when read, by key.
-    let mut client = etcd.client();
     let no_pgs = r#"{"k":2,"m":1,"stripe_unit_bytes":65536,"policy":"rmw","dedup":"none",
         "pg_count":0,"failure_domain":"host","ready":true}"#;
+    let narrow = r#"{"servers":[1],"epoch":1}"#;
+    let mut client = etcd.client();
     client
         .put(etcd.keys().pool("bad"), no_pgs, None)
         .await
         .unwrap();
-    let bad = get_pool(&etcd, "bad").await.unwrap_err();
-    assert!(
-        matches!(bad, Error::Corrupt { ref key, .. } if key.ends_with("pool/bad")),
-        "{bad}"
-    );
-    let narrow = r#"{"servers":[1],"epoch":1}"#;
     client
         .put(etcd.keys().pg("p", 7), narrow, None)
         .await
         .unwrap();
-    let bad = pool_pgs(&etcd, "p").await.unwrap_err();
-    assert!(
-        matches!(bad, Error::Corrupt { ref key, .. } if key.ends_with("pg/p/7")),
-        "{bad}"
-    );
+    assert_corrupt(get_pool(&etcd, "bad").await, "pool/bad");
+    assert_corrupt(pool_pgs(&etcd, "p").await, "pg/p/7");
+}
+
+/// `result` is a refusal of the value of the key ending in `key_suffix`.
+fn assert_corrupt<T: std::fmt::Debug>(result: Result<T>, key_suffix: &str) {
+    match result {
+        Err(Error::Corrupt { key, .. }) if key.ends_with(key_suffix) => {}
+        other => panic!("expected {key_suffix} refused as corrupt, got {other:?}"),
+    }
 }
 
 #[tokio::test]
