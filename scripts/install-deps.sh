@@ -16,6 +16,10 @@ PKGS=(
   linux-libc-dev       # /usr/include/linux: part of the tree the ext4 tests copy
   debootstrap          # scripts/capture-traces.sh app-update: a minbase Debian image
   curl                 # scripts/capture-traces.sh: source tarballs from the Debian mirror
+  etcd-server          # etcd 3.4: the cluster's coordination store (crates/ecdedup-cluster); its tests start one
+  etcd-client          # etcdctl: read a cluster's keys by hand (docs/cluster.md, "etcd keys")
+  protobuf-compiler    # protoc: the etcd-client crate compiles etcd's gRPC protos at build time
+  libprotobuf-dev      # google/protobuf/*.proto, the well-known types etcd's protos import (protoc needs them)
 )
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"

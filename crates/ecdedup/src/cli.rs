@@ -212,6 +212,8 @@ enum Command {
         #[command(subcommand)]
         command: ArchiveCommand,
     },
+    /// Volumes of a cluster's pools, in etcd (docs/cluster.md).
+    Volume(crate::volume_cli::VolumeArgs),
     /// Run an experiment that reproduces a paper's evaluation.
     Eval {
         #[command(subcommand)]
@@ -1286,6 +1288,7 @@ fn run(cli: Cli) -> Result<()> {
             command,
         } => run_archive(&dir, command, progress, &fingerprint_backend),
         Command::Eval { experiment } => crate::eval::run(experiment),
+        Command::Volume(args) => crate::volume_cli::run(args, &mut std::io::stdout()),
         Command::Sim(args) => crate::ssd::run_sim(args),
         Command::SetPolicy { policy } => {
             let policy: crate::array::WritePolicy = policy.parse()?;

@@ -18,3 +18,4 @@ pub use ecdedup_lab::eval;
 pub mod cli;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod volume_cli;

@@ -1,0 +1,95 @@
+//! The coordination layer's errors: every refusal names what was refused
+//! and why (the holder of a key, the guard that failed, the bad value).
+
+/// Results of the coordination layer.
+pub type Result<T> = std::result::Result<T, Error>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// No endpoint of the list answered a status request.
+    #[error("etcd: no endpoint of [{endpoints}] answered (last error: {last})")]
+    NoEndpoint { endpoints: String, last: String },
+    /// An etcd request failed (transport or gRPC status).
+    #[error("etcd {operation}: {source}")]
+    Etcd {
+        operation: &'static str,
+        #[source]
+        source: etcd_client::Error,
+    },
+    /// A name, size or setting that the layout refuses.
+    #[error("invalid {what}: {reason}")]
+    Invalid { what: &'static str, reason: String },
+    /// A value stored in etcd that does not parse as its key's type.
+    #[error("etcd key {key} holds a value that is not valid: {reason}")]
+    Corrupt { key: String, reason: String },
+    /// `register_server` found the id's state key held by another server.
+    #[error(
+        "chunk server id {id} is already registered by the server at {holder} \
+         (key {key}, lease {lease:x}): stop that server or pick another id"
+    )]
+    ServerIdTaken {
+        id: u32,
+        holder: String,
+        key: String,
+        lease: i64,
+    },
+    /// `acquire_writer` found the volume's writer key held.
+    #[error(
+        "volume {volume_id} already has a writer at {holder} (epoch {epoch}); \
+         a second writer is refused while it holds key {key}"
+    )]
+    WriterHeld {
+        volume_id: u64,
+        holder: String,
+        epoch: u64,
+        key: String,
+    },
+    #[error("pool {0} already exists")]
+    PoolExists(String),
+    #[error("pool {0} does not exist")]
+    PoolNotFound(String),
+    /// A pool whose creation did not finish (its PG records are incomplete).
+    #[error("pool {0} is not ready: its creation did not finish (remove it and create it again)")]
+    PoolNotReady(String),
+    #[error("volume {pool}/{name} already exists")]
+    VolumeExists { pool: String, name: String },
+    #[error("volume {pool}/{name} does not exist")]
+    VolumeNotFound { pool: String, name: String },
+    /// A volume that a writer holds cannot be removed.
+    #[error("volume {pool}/{name} is in use by the writer at {holder}: stop it first")]
+    VolumeInUse {
+        pool: String,
+        name: String,
+        holder: String,
+    },
+    /// A compare of a guarded transaction failed: someone else changed the
+    /// key between our read and our write.
+    #[error("{key} changed while {operation} was in progress: read it again and retry")]
+    Changed {
+        key: String,
+        operation: &'static str,
+    },
+    /// Placement cannot give every PG its servers on distinct failure domains.
+    #[error("placement: {0}")]
+    Placement(String),
+    /// The lease under which the caller acts is lost (see `lease.rs`).
+    #[error("fenced: {0}")]
+    Fenced(String),
+    /// A local etcd (tests, `cluster up`) could not be started.
+    #[error("local etcd: {0}")]
+    LocalEtcd(String),
+}
+
+impl Error {
+    /// Wraps an etcd client error with the operation it failed.
+    pub(crate) fn etcd(operation: &'static str) -> impl FnOnce(etcd_client::Error) -> Error {
+        move |source| Error::Etcd { operation, source }
+    }
+
+    pub(crate) fn invalid(what: &'static str, reason: impl Into<String>) -> Error {
+        Error::Invalid {
+            what,
+            reason: reason.into(),
+        }
+    }
+}

@@ -1,0 +1,511 @@
+//! The one etcd key layout of a cluster, and the typed (JSON) value of
+//! every key.
+//!
+//! Every key lives under `/ecdedup/<cluster>/`; [`Keys`] builds them and
+//! [`Keys::parse`] maps a key back to what it names (the watch layer's
+//! consumers use it). Each builder's doc says who writes the key and under
+//! which guard; `docs/cluster.md` ("etcd keys") is the same table for
+//! operators. Names (cluster, pool, volume) are 1 to [`NAME_BYTES_MAX`]
+//! bytes of `[A-Za-z0-9._-]`, so a name never contains the `/` that
+//! separates the parts of a key, and a prefix such as `volume/<pool>/`
+//! never matches another pool's keys.
+
+use crate::error::{Error, Result};
+use serde::{Deserialize, Serialize};
+
+/// The root under which every cluster's keys live.
+pub const ROOT: &str = "/ecdedup/";
+/// Longest cluster, pool or volume name, in bytes.
+pub const NAME_BYTES_MAX: usize = 64;
+
+/// A chunk server's id: chosen by the operator, unique in the cluster
+/// (registration refuses a second server with the same id).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ServerId(pub u32);
+
+impl std::fmt::Display for ServerId {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// Checks a cluster, pool or volume name.
+pub fn check_name(what: &'static str, name: &str) -> Result<()> {
+    if name.is_empty() || name.len() > NAME_BYTES_MAX {
+        return Err(Error::invalid(
+            what,
+            format!("{name:?} must be 1 to {NAME_BYTES_MAX} bytes long"),
+        ));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        return Err(Error::invalid(
+            what,
+            format!("{name:?} holds {c:?}; names are made of A-Z a-z 0-9 . _ -"),
+        ));
+    }
+    Ok(())
+}
+
+/// What a key of the layout names (the inverse of the builders).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Key {
+    ServerState(ServerId),
+    ServerSpace(ServerId),
+    Pool(String),
+    Pg { pool: String, pg: u32 },
+    Volume { pool: String, name: String },
+    VolumeIdNext,
+    VolumeWriter(u64),
+}
+
+/// The keys of one cluster.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    /// The layout of cluster `cluster` (a checked name).
+    pub fn new(cluster: &str) -> Result<Keys> {
+        check_name("cluster name", cluster)?;
+        Ok(Keys {
+            prefix: format!("{ROOT}{cluster}/"),
+        })
+    }
+
+    /// `/ecdedup/<cluster>/`: every key of the cluster starts with it.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// `server/<id>/state` ([`ServerInfo`]). Written by the chunk server,
+    /// under its lease, created with `create_revision == 0`: a second
+    /// server with the same id is refused while the first one's lease lives.
+    pub fn server_state(&self, id: ServerId) -> String {
+        format!("{}server/{id}/state", self.prefix)
+    }
+
+    /// `server/<id>/space` ([`ServerSpace`]). Written by the chunk server,
+    /// under the same lease as its state key (gone with it).
+    pub fn server_space(&self, id: ServerId) -> String {
+        format!("{}server/{id}/space", self.prefix)
+    }
+
+    /// The prefix of every server key.
+    pub fn servers(&self) -> String {
+        format!("{}server/", self.prefix)
+    }
+
+    /// `pool/<name>` ([`PoolRecord`]). Written by `pool create`, created
+    /// with `version == 0`; its later writes (`ready`) compare its
+    /// `mod_revision` with the one the creator wrote.
+    pub fn pool(&self, name: &str) -> String {
+        format!("{}pool/{name}", self.prefix)
+    }
+
+    /// The prefix of every pool key.
+    pub fn pools(&self) -> String {
+        format!("{}pool/", self.prefix)
+    }
+
+    /// `pg/<pool>/<pg>` ([`PgRecord`]). Written by `pool create` while the
+    /// pool is being created (compare: the pool key's `mod_revision` is the
+    /// creator's); later by the coordinator of issue 20 (remapping).
+    pub fn pg(&self, pool: &str, pg: u32) -> String {
+        format!("{}pg/{pool}/{pg}", self.prefix)
+    }
+
+    /// The prefix of one pool's PG keys.
+    pub fn pgs(&self, pool: &str) -> String {
+        format!("{}pg/{pool}/", self.prefix)
+    }
+
+    /// `volume/<pool>/<name>` ([`VolumeRecord`]). Written by `volume
+    /// create` (`version == 0`, with the id counter's and the pool's
+    /// `mod_revision` compared), `resize` and `rm` (the volume's
+    /// `mod_revision` compared; `rm` also needs no writer key).
+    pub fn volume(&self, pool: &str, name: &str) -> String {
+        format!("{}volume/{pool}/{name}", self.prefix)
+    }
+
+    /// The prefix of one pool's volume keys.
+    pub fn volumes(&self, pool: &str) -> String {
+        format!("{}volume/{pool}/", self.prefix)
+    }
+
+    /// `volume-id-next` (a JSON number, absent = 1): the next volume id.
+    /// Written by `volume create` in the same transaction as the volume,
+    /// comparing its `mod_revision`, so two creates never share an id and
+    /// an id is never reused.
+    pub fn volume_id_next(&self) -> String {
+        format!("{}volume-id-next", self.prefix)
+    }
+
+    /// `volume-writer/<id>` ([`WriterRecord`]). Written by the volume's
+    /// writer (`serve --cluster`) under its lease, created with
+    /// `create_revision == 0`; its creation revision is the volume's epoch.
+    pub fn volume_writer(&self, volume_id: u64) -> String {
+        format!("{}volume-writer/{volume_id}", self.prefix)
+    }
+
+    /// What `key` names, or `None` for a key outside the layout.
+    pub fn parse(&self, key: &str) -> Option<Key> {
+        let rest = key.strip_prefix(self.prefix.as_str())?;
+        let parts: Vec<&str> = rest.split('/').collect();
+        let name = |s: &str| check_name("name", s).ok().map(|()| s.to_string());
+        let number = |s: &str| -> Option<u64> {
+            // Canonical decimal only: the builders never write "01" or "+1".
+            (!s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| s.parse().ok())
+                .flatten()
+                .filter(|n: &u64| n.to_string() == s)
+        };
+        let server = |s: &str| number(s).and_then(|n| u32::try_from(n).ok()).map(ServerId);
+        match parts.as_slice() {
+            ["server", id, "state"] => server(id).map(Key::ServerState),
+            ["server", id, "space"] => server(id).map(Key::ServerSpace),
+            ["pool", pool] => name(pool).map(Key::Pool),
+            ["pg", pool, pg] => Some(Key::Pg {
+                pool: name(pool)?,
+                pg: u32::try_from(number(pg)?).ok()?,
+            }),
+            ["volume", pool, volume] => Some(Key::Volume {
+                pool: name(pool)?,
+                name: name(volume)?,
+            }),
+            ["volume-id-next"] => Some(Key::VolumeIdNext),
+            ["volume-writer", id] => number(id).map(Key::VolumeWriter),
+            _ => None,
+        }
+    }
+}
+
+/// One device of a chunk server.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceInfo {
+    /// The device's path on its host.
+    pub path: String,
+    /// Its data capacity.
+    pub bytes: u64,
+}
+
+/// `server/<id>/state`: where a chunk server listens and what it owns.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerInfo {
+    /// `host:port` of its data protocol.
+    pub address: String,
+    /// The failure domain `host` of placement (a host name).
+    pub host: String,
+    pub devices: Vec<DeviceInfo>,
+}
+
+/// Space of one device, as its chunk server last reported it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceSpace {
+    pub path: String,
+    pub bytes_free: u64,
+    pub bytes_used: u64,
+}
+
+/// `server/<id>/space`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerSpace {
+    pub devices: Vec<DeviceSpace>,
+}
+
+/// A pool's partial-write policy (the engine's `WritePolicy`, with the
+/// replica count of `replicate` explicit).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WritePolicy {
+    Rmw,
+    Plog,
+    Parix,
+    /// `copies` full copies: stored as RS(1, copies - 1).
+    Replicate {
+        copies: u32,
+    },
+}
+
+/// A pool's dedup policy (the engine's `dedup::Policy`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DedupPolicy {
+    None,
+    All,
+    Parity,
+}
+
+/// What must differ between the servers of one PG.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FailureDomain {
+    /// Distinct `host` values: a host lost costs each PG one shard at most.
+    Host,
+    /// Distinct servers only (each owns its own devices): one-machine trials.
+    Device,
+}
+
+/// The settings of a pool, fixed at creation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolSpec {
+    pub k: u32,
+    pub m: u32,
+    pub stripe_unit_bytes: u32,
+    pub policy: WritePolicy,
+    pub dedup: DedupPolicy,
+    pub pg_count: u32,
+    pub failure_domain: FailureDomain,
+}
+
+/// Most shards in a stripe (k + m), as the engine's codec allows.
+pub const SHARDS_MAX: u32 = 32;
+/// Most PGs in a pool.
+pub const PG_COUNT_MAX: u32 = 1 << 16;
+/// Largest stripe unit, in bytes.
+pub const STRIPE_UNIT_BYTES_MAX: u32 = 4 << 20;
+/// Sizes (stripe units, volumes) are multiples of this.
+pub const BLOCK_BYTES: u32 = 4096;
+
+impl PoolSpec {
+    /// Servers per PG: k + m.
+    pub fn width(&self) -> u32 {
+        self.k + self.m
+    }
+
+    /// Checks the settings: the bounds above, and `replicate(n)` stored as
+    /// RS(1, n - 1).
+    pub fn check(&self) -> Result<()> {
+        let bad = |reason: String| Err(Error::invalid("pool settings", reason));
+        if self.k == 0 || self.width() > SHARDS_MAX {
+            return bad(format!(
+                "k = {}, m = {}: k must be at least 1 and k + m at most {SHARDS_MAX}",
+                self.k, self.m
+            ));
+        }
+        if let WritePolicy::Replicate { copies } = self.policy {
+            if copies < 2 || self.k != 1 || self.m + 1 != copies {
+                return bad(format!(
+                    "replicate({copies}) is stored as k = 1, m = copies - 1 with at least 2 copies \
+                     (given k = {}, m = {})",
+                    self.k, self.m
+                ));
+            }
+        } else if self.m == 0 {
+            return bad(format!("{:?} needs m >= 1", self.policy));
+        }
+        if self.stripe_unit_bytes == 0
+            || !self.stripe_unit_bytes.is_multiple_of(BLOCK_BYTES)
+            || self.stripe_unit_bytes > STRIPE_UNIT_BYTES_MAX
+        {
+            return bad(format!(
+                "stripe unit {} bytes must be a multiple of {BLOCK_BYTES} up to {STRIPE_UNIT_BYTES_MAX}",
+                self.stripe_unit_bytes
+            ));
+        }
+        if self.pg_count == 0 || self.pg_count > PG_COUNT_MAX {
+            return bad(format!(
+                "{} PGs: a pool has 1 to {PG_COUNT_MAX}",
+                self.pg_count
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `pool/<name>`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolRecord {
+    #[serde(flatten)]
+    pub spec: PoolSpec,
+    /// False while `pool create` is still writing the PG records (a pool
+    /// with many PGs takes several transactions): no volume is created in
+    /// a pool that is not ready.
+    pub ready: bool,
+}
+
+/// `pg/<pool>/<pg>`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PgRecord {
+    /// Shard i of every stripe of the PG lives on `servers[i]` (k data
+    /// shards, then m parity).
+    pub servers: Vec<ServerId>,
+    /// Bumped by the coordinator (issue 20) on every change of `servers`.
+    pub epoch: u64,
+}
+
+/// `volume/<pool>/<name>`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeRecord {
+    /// Unique in the cluster, never reused; the stripe-to-PG mapping and
+    /// the writer key use it.
+    pub id: u64,
+    pub size_bytes: u64,
+}
+
+/// `volume-writer/<id>`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriterRecord {
+    /// Where the writer (the NBD server of the volume) runs.
+    pub address: String,
+}
+
+/// Encodes a value for etcd.
+pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+    // Plain structs of numbers, strings and enums: serialization cannot fail.
+    serde_json::to_vec(value).expect("a layout value serializes")
+}
+
+/// Decodes the value of `key`, naming the key when it is not valid.
+pub fn decode<T: for<'de> Deserialize<'de>>(key: &str, value: &[u8]) -> Result<T> {
+    serde_json::from_slice(value).map_err(|e| Error::Corrupt {
+        key: key.to_string(),
+        reason: e.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_builder_parses_back_to_what_it_names() {
+        let keys = Keys::new("c1").unwrap();
+        let cases = [
+            (
+                keys.server_state(ServerId(7)),
+                Key::ServerState(ServerId(7)),
+            ),
+            (
+                keys.server_space(ServerId(7)),
+                Key::ServerSpace(ServerId(7)),
+            ),
+            (keys.pool("p"), Key::Pool("p".into())),
+            (
+                keys.pg("p", 12),
+                Key::Pg {
+                    pool: "p".into(),
+                    pg: 12,
+                },
+            ),
+            (
+                keys.volume("p", "v.1"),
+                Key::Volume {
+                    pool: "p".into(),
+                    name: "v.1".into(),
+                },
+            ),
+            (keys.volume_id_next(), Key::VolumeIdNext),
+            (keys.volume_writer(3), Key::VolumeWriter(3)),
+        ];
+        for (key, named) in cases {
+            assert!(key.starts_with("/ecdedup/c1/"), "{key}");
+            assert_eq!(keys.parse(&key), Some(named), "{key}");
+        }
+    }
+
+    #[test]
+    fn keys_outside_the_layout_parse_to_none() {
+        let keys = Keys::new("c1").unwrap();
+        for key in [
+            "/ecdedup/c2/pool/p",
+            "/ecdedup/c1/server/x/state",
+            "/ecdedup/c1/server/01/state",
+            "/ecdedup/c1/server/4294967296/state",
+            "/ecdedup/c1/pg/p/",
+            "/ecdedup/c1/volume/p",
+            "/ecdedup/c1/volume/p/a b",
+            "/ecdedup/c1/volume-writer/-1",
+            "/ecdedup/c1/",
+        ] {
+            assert_eq!(keys.parse(key), None, "{key}");
+        }
+    }
+
+    #[test]
+    fn names_with_a_slash_or_out_of_bounds_are_refused() {
+        for bad in ["", "a/b", "a b", "ü", &"x".repeat(NAME_BYTES_MAX + 1)] {
+            assert!(check_name("pool name", bad).is_err(), "{bad:?}");
+        }
+        assert!(Keys::new("a/b").is_err());
+        check_name("pool name", "Pool_1.x-y").unwrap();
+    }
+
+    #[test]
+    fn pool_settings_are_checked() {
+        let good = PoolSpec {
+            k: 4,
+            m: 2,
+            stripe_unit_bytes: 65536,
+            policy: WritePolicy::Parix,
+            dedup: DedupPolicy::Parity,
+            pg_count: 64,
+            failure_domain: FailureDomain::Host,
+        };
+        good.check().unwrap();
+        let replicate = PoolSpec {
+            k: 1,
+            m: 2,
+            policy: WritePolicy::Replicate { copies: 3 },
+            ..good.clone()
+        };
+        replicate.check().unwrap();
+        for bad in [
+            PoolSpec {
+                k: 0,
+                ..good.clone()
+            },
+            PoolSpec {
+                m: 0,
+                ..good.clone()
+            },
+            PoolSpec {
+                k: 30,
+                m: 3,
+                ..good.clone()
+            },
+            PoolSpec {
+                stripe_unit_bytes: 1000,
+                ..good.clone()
+            },
+            PoolSpec {
+                pg_count: 0,
+                ..good.clone()
+            },
+            PoolSpec {
+                policy: WritePolicy::Replicate { copies: 3 },
+                ..good.clone()
+            },
+            PoolSpec {
+                m: 1,
+                ..replicate.clone()
+            },
+        ] {
+            let err = bad.check().unwrap_err();
+            assert!(matches!(err, Error::Invalid { .. }), "{bad:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn values_round_trip_and_bad_json_names_the_key() {
+        let pool = PoolRecord {
+            spec: PoolSpec {
+                k: 1,
+                m: 2,
+                stripe_unit_bytes: 4096,
+                policy: WritePolicy::Replicate { copies: 3 },
+                dedup: DedupPolicy::None,
+                pg_count: 8,
+                failure_domain: FailureDomain::Device,
+            },
+            ready: true,
+        };
+        let bytes = encode(&pool);
+        assert_eq!(decode::<PoolRecord>("k", &bytes).unwrap(), pool);
+        let err = decode::<VolumeRecord>("/ecdedup/c/volume/p/v", b"{").unwrap_err();
+        assert!(err.to_string().contains("/ecdedup/c/volume/p/v"), "{err}");
+    }
+}

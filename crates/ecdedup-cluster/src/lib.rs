@@ -1,0 +1,49 @@
+//! ecdedup's coordination layer on etcd (docs/cluster.md, "etcd keys").
+//!
+//! etcd is the cluster's only source of agreement: who is a chunk server
+//! ([`server`]), which pools, placement groups and volumes exist
+//! ([`pool`], [`volume`]), and which process writes a volume, with which
+//! epoch ([`writer`]). This crate is that layer and nothing else: the key
+//! layout ([`keys`]), guarded transactions over it, leases whose holders
+//! fence themselves ([`lease`]), a watch that survives broken streams,
+//! compaction and dead endpoints ([`watch`], [`session`]), and placement
+//! as pure functions ([`placement`]). The decisions that do not need etcd
+//! (placement, the lease clock, the watch cursor) are plain functions and
+//! state machines, tested without sockets or clocks.
+//!
+//! The API is async (tokio). Typical uses:
+//! - a chunk server: [`Etcd::connect`], [`register_server`], then serve
+//!   until [`lease::Fence::fenced`] fires, and exit non-zero;
+//! - `ecdedup pool create` / `volume create|ls|resize|rm`: [`create_pool`],
+//!   [`create_volume`], [`list_volumes`], [`resize_volume`], [`remove_volume`];
+//! - a volume's NBD server: [`acquire_writer`] (the epoch), then
+//!   [`placement::stripe_pg`] and [`pool_pgs`] to find each stripe's servers.
+//!
+//! Tests run against a real etcd ([`LocalEtcd`]).
+
+pub mod error;
+pub mod keys;
+pub mod lease;
+pub mod local_etcd;
+pub mod placement;
+pub mod pool;
+pub mod server;
+pub mod session;
+mod txn;
+pub mod volume;
+pub mod watch;
+pub mod writer;
+
+pub use error::{Error, Result};
+pub use keys::{Keys, ServerId};
+pub use lease::{Fence, Lease};
+pub use local_etcd::LocalEtcd;
+pub use pool::{create_pool, get_pool, list_pools, pool_pgs};
+pub use server::{list_servers, register_server, Registration};
+pub use session::{Etcd, EtcdConfig};
+pub use volume::{
+    create_volume, get_volume, list_volumes, remove_volume, remove_volume_at, resize_volume,
+    resize_volume_at,
+};
+pub use watch::{WatchEvent, Watcher};
+pub use writer::{acquire_writer, current_writer, Writer};

@@ -1,0 +1,142 @@
+//! A connection to an etcd cluster that fails over between endpoints.
+//!
+//! [`Etcd::connect`] tries the endpoints in the order given and keeps the
+//! first that answers a status request, so a dead endpoint listed first
+//! costs one refused connection (or `connect_timeout`), not an error. The
+//! long-lived users (the lease keeper, the watch layer) call
+//! [`Etcd::reconnect`] when their stream breaks: it tries the current
+//! endpoint again and then the others, in order. One-shot requests
+//! (pool, volume and writer operations) return the error instead: the
+//! caller decides to retry, after a `reconnect`.
+
+use crate::error::{Error, Result};
+use crate::keys::Keys;
+use etcd_client::{Client, ConnectOptions};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Interval of HTTP/2 pings on an idle connection.
+const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(5);
+/// A ping unanswered this long breaks the connection.
+const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How to reach a cluster.
+#[derive(Clone, Debug)]
+pub struct EtcdConfig {
+    /// `http://host:port` URLs of the etcd members; tried in this order.
+    pub endpoints: Vec<String>,
+    /// The cluster's name: its keys live under `/ecdedup/<cluster>/`.
+    pub cluster: String,
+    /// Longest wait for a TCP connection to one endpoint.
+    pub connect_timeout: Duration,
+    /// Longest wait for one request's answer.
+    pub request_timeout: Duration,
+}
+
+impl EtcdConfig {
+    /// The defaults: 2 s to connect, 10 s per request.
+    pub fn new(endpoints: Vec<String>, cluster: &str) -> EtcdConfig {
+        EtcdConfig {
+            endpoints,
+            cluster: cluster.to_string(),
+            connect_timeout: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A live connection: cheap to clone (clones share the current endpoint).
+#[derive(Clone)]
+pub struct Etcd {
+    config: Arc<EtcdConfig>,
+    keys: Keys,
+    current: Arc<Mutex<(usize, Client)>>,
+}
+
+impl std::fmt::Debug for Etcd {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.debug_struct("Etcd")
+            .field("endpoint", &self.endpoint())
+            .field("prefix", &self.keys.prefix())
+            .finish()
+    }
+}
+
+impl Etcd {
+    /// Connects to the first endpoint (in order) that answers.
+    pub async fn connect(config: EtcdConfig) -> Result<Etcd> {
+        let keys = Keys::new(&config.cluster)?;
+        if config.endpoints.is_empty() {
+            return Err(Error::invalid("etcd endpoints", "the list is empty"));
+        }
+        let (index, client) = first_live(&config, 0).await?;
+        Ok(Etcd {
+            config: Arc::new(config),
+            keys,
+            current: Arc::new(Mutex::new((index, client))),
+        })
+    }
+
+    /// The cluster's key layout.
+    pub fn keys(&self) -> &Keys {
+        &self.keys
+    }
+
+    /// The endpoint in use.
+    pub fn endpoint(&self) -> String {
+        let index = self.lock().0;
+        self.config.endpoints[index].clone()
+    }
+
+    /// A client on the endpoint in use (a clone: clients are handles).
+    pub fn client(&self) -> Client {
+        self.lock().1.clone()
+    }
+
+    /// Finds a live endpoint again, starting with the one in use, and makes
+    /// it current for every clone of this connection.
+    pub async fn reconnect(&self) -> Result<()> {
+        let start = self.lock().0;
+        let found = first_live(&self.config, start).await?;
+        *self.lock() = found;
+        Ok(())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, (usize, Client)> {
+        // The guarded pair is replaced whole; a panic elsewhere cannot leave
+        // it half-written, so a poisoned lock still holds a valid pair.
+        self.current.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The first endpoint from `start` (wrapping around) that answers a status
+/// request, with its index.
+async fn first_live(config: &EtcdConfig, start: usize) -> Result<(usize, Client)> {
+    let count = config.endpoints.len();
+    let mut last = String::new();
+    for step in 0..count {
+        let index = (start + step) % count;
+        let endpoint = &config.endpoints[index];
+        let options = ConnectOptions::new()
+            .with_connect_timeout(config.connect_timeout)
+            .with_timeout(config.request_timeout)
+            // HTTP/2 pings: a watch or keep-alive stream on a silently dead
+            // endpoint breaks instead of waiting forever.
+            .with_keep_alive(KEEP_ALIVE_INTERVAL, KEEP_ALIVE_TIMEOUT)
+            .with_keep_alive_while_idle(true);
+        let attempt = async {
+            let mut client = Client::connect([endpoint.as_str()], Some(options)).await?;
+            client.status().await?;
+            Ok::<Client, etcd_client::Error>(client)
+        };
+        match tokio::time::timeout(config.connect_timeout + config.request_timeout, attempt).await {
+            Ok(Ok(client)) => return Ok((index, client)),
+            Ok(Err(e)) => last = format!("{endpoint}: {e}"),
+            Err(_) => last = format!("{endpoint}: no answer in time"),
+        }
+    }
+    Err(Error::NoEndpoint {
+        endpoints: config.endpoints.join(", "),
+        last,
+    })
+}

@@ -1,0 +1,510 @@
+//! The coordination layer against a real etcd (Debian's etcd 3.4): each
+//! test is a story on its own cluster prefix of one etcd shared by the
+//! tests that run at the same time (started on free loopback ports,
+//! stopped by PID when the last of them ends). A test that compacts gets
+//! an etcd of its own. Connection faults come from a TCP proxy in front of
+//! etcd that the test can cut (every connection closed) or stop (refusing
+//! new ones). Without `etcd` on PATH every test fails, naming
+//! scripts/install-deps.sh.
+
+use ecdedup_cluster::keys::{
+    DedupPolicy, DeviceSpace, FailureDomain, PoolSpec, ServerInfo, ServerSpace, WritePolicy,
+};
+use ecdedup_cluster::*;
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+
+/// Generous bound on any one wait (a loaded 2-core machine).
+const WAIT: Duration = Duration::from_secs(60);
+
+struct EtcdProcess {
+    etcd: LocalEtcd,
+    _dir: tempfile::TempDir,
+}
+
+fn start_etcd() -> EtcdProcess {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let etcd = LocalEtcd::start(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+    EtcdProcess { etcd, _dir: dir }
+}
+
+static SHARED: Mutex<Weak<EtcdProcess>> = Mutex::new(Weak::new());
+
+/// The etcd of the tests running now (started if none runs).
+fn shared_etcd() -> Arc<EtcdProcess> {
+    let mut shared = SHARED.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(running) = shared.upgrade() {
+        return running;
+    }
+    let started = Arc::new(start_etcd());
+    *shared = Arc::downgrade(&started);
+    started
+}
+
+/// The shared etcd, and a connection to it for cluster `cluster`.
+async fn shared_cluster(cluster: &str) -> (Arc<EtcdProcess>, Etcd) {
+    let process = shared_etcd();
+    let etcd = connect(vec![process.etcd.endpoint()], cluster).await;
+    (process, etcd)
+}
+
+/// Registers server `id` at `address` on `host` with the tests' TTL.
+async fn register(etcd: &Etcd, id: u32, address: &str, host: &str) -> Result<Registration> {
+    register_server(etcd, ServerId(id), &info(address, host), TTL).await
+}
+
+async fn connect(endpoints: Vec<String>, cluster: &str) -> Etcd {
+    Etcd::connect(EtcdConfig::new(endpoints, cluster))
+        .await
+        .unwrap_or_else(|e| panic!("connect: {e}"))
+}
+
+async fn within<T>(what: &str, future: impl Future<Output = T>) -> T {
+    tokio::time::timeout(WAIT, future)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: nothing after {WAIT:?}"))
+}
+
+fn info(address: &str, host: &str) -> ServerInfo {
+    ServerInfo {
+        address: address.to_string(),
+        host: host.to_string(),
+        devices: vec![],
+    }
+}
+
+const TTL: Duration = Duration::from_secs(10);
+
+/// A TCP proxy in front of etcd.
+struct Proxy {
+    port: u16,
+    accept: JoinHandle<()>,
+    connections: Arc<Mutex<Vec<JoinHandle<()>>>>,
+}
+
+impl Proxy {
+    async fn start(upstream_port: u16) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let connections: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
+        let tracked = connections.clone();
+        let accept = tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let handle = tokio::spawn(async move {
+                    if let Ok(mut outbound) = TcpStream::connect(("127.0.0.1", upstream_port)).await
+                    {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+                tracked.lock().unwrap().push(handle);
+            }
+        });
+        Proxy {
+            port,
+            accept,
+            connections,
+        }
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Closes every connection through the proxy; new ones are accepted.
+    fn cut(&self) {
+        for connection in self.connections.lock().unwrap().drain(..) {
+            connection.abort();
+        }
+    }
+
+    /// Closes every connection and refuses new ones.
+    fn stop(&self) {
+        self.accept.abort();
+        self.cut();
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// An endpoint where nothing listens.
+fn dead_endpoint() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    drop(listener);
+    format!("http://127.0.0.1:{port}")
+}
+
+#[tokio::test]
+async fn a_second_server_with_the_same_id_is_refused_and_told_who_holds_it() {
+    let (_process, etcd) = shared_cluster("duplicate-id").await;
+    let first = register(&etcd, 1, "10.0.0.1:7000", "a").await.unwrap();
+    let refused = register(&etcd, 1, "10.0.0.2:7000", "b").await.unwrap_err();
+    assert!(
+        matches!(refused, Error::ServerIdTaken { id: 1, .. }),
+        "{refused}"
+    );
+    assert!(refused.to_string().contains("10.0.0.1:7000"), "{refused}");
+
+    let space = ServerSpace {
+        devices: vec![DeviceSpace {
+            path: "/dev/nvme0n1".into(),
+            bytes_free: 10,
+            bytes_used: 20,
+        }],
+    };
+    first.report_space(&space).await.unwrap();
+    let servers = list_servers(&etcd).await.unwrap();
+    assert_eq!(servers.len(), 1);
+    assert_eq!(servers[&ServerId(1)].info.address, "10.0.0.1:7000");
+    assert_eq!(servers[&ServerId(1)].space.as_ref(), Some(&space));
+
+    // A clean stop frees the id at once (state and space keys go with the lease).
+    first.close().await.unwrap();
+    assert!(list_servers(&etcd).await.unwrap().is_empty());
+    let second = register(&etcd, 1, "10.0.0.2:7000", "b").await.unwrap();
+    assert!(second.fence().reason().is_none());
+}
+
+#[tokio::test]
+async fn a_revoked_lease_fences_the_server_and_frees_its_id() {
+    let (process, etcd) = shared_cluster("revoked").await;
+    let registration = register(&etcd, 5, "10.0.0.5:7000", "a").await.unwrap();
+    let mut fence = registration.fence();
+    // An operator (or the coordinator) revokes the lease from elsewhere.
+    let other = connect(vec![process.etcd.endpoint()], "revoked").await;
+    other
+        .client()
+        .lease_revoke(registration.lease_id())
+        .await
+        .unwrap();
+    let reason = within("the fence", fence.fenced()).await;
+    assert!(reason.contains("gone"), "{reason}");
+    let space = ServerSpace { devices: vec![] };
+    assert!(matches!(
+        registration.report_space(&space).await,
+        Err(Error::Fenced(_))
+    ));
+    register(&other, 5, "10.0.0.6:7000", "b").await.unwrap();
+}
+
+#[tokio::test]
+async fn a_server_cut_off_from_etcd_fences_itself() {
+    let process = shared_etcd();
+    let proxy = Proxy::start(process.etcd.client_port()).await;
+    let etcd = connect(vec![proxy.endpoint()], "cut-off").await;
+    let registration = register_server(
+        &etcd,
+        ServerId(9),
+        &info("10.0.0.9:7000", "a"),
+        Duration::from_secs(3),
+    )
+    .await
+    .unwrap();
+    let mut fence = registration.fence();
+    assert!(fence.reason().is_none());
+    proxy.stop();
+    let reason = within("the fence", fence.fenced()).await;
+    assert!(reason.contains("not renewed in time"), "{reason}");
+}
+
+/// Registers `count` servers spread over `hosts` hosts.
+async fn register_many(etcd: &Etcd, count: u32, hosts: u32) -> Vec<Registration> {
+    let mut registrations = Vec::new();
+    for i in 0..count {
+        let address = format!("10.0.{}.{}:7000", i % hosts, i);
+        let host = format!("host{}", i % hosts);
+        registrations.push(register(etcd, i + 1, &address, &host).await.unwrap());
+    }
+    registrations
+}
+
+fn spec(k: u32, m: u32, pg_count: u32, failure_domain: FailureDomain) -> PoolSpec {
+    PoolSpec {
+        k,
+        m,
+        stripe_unit_bytes: 65536,
+        policy: WritePolicy::Parix,
+        dedup: DedupPolicy::Parity,
+        pg_count,
+        failure_domain,
+    }
+}
+
+#[tokio::test]
+async fn pools_and_volumes_are_created_listed_resized_and_removed_under_their_guards() {
+    let (_process, etcd) = shared_cluster("crud").await;
+    let _servers = register_many(&etcd, 6, 3).await;
+
+    // 150 PGs take two transactions; every PG spans three hosts.
+    let placed = create_pool(&etcd, "p", &spec(2, 1, 150, FailureDomain::Host))
+        .await
+        .unwrap();
+    let stored = pool_pgs(&etcd, "p").await.unwrap();
+    assert_eq!(stored, placed);
+    assert_eq!(stored.len(), 150);
+    let hosts = list_servers(&etcd).await.unwrap();
+    for pg in &stored {
+        let distinct: BTreeSet<&str> = pg
+            .servers
+            .iter()
+            .map(|id| hosts[id].info.host.as_str())
+            .collect();
+        assert_eq!(distinct.len(), 3, "{pg:?}");
+    }
+    assert!(get_pool(&etcd, "p").await.unwrap().record.ready);
+    let again = create_pool(&etcd, "p", &spec(2, 1, 4, FailureDomain::Host)).await;
+    assert!(matches!(again, Err(Error::PoolExists(_))), "{again:?}");
+    let wide = create_pool(&etcd, "wide", &spec(4, 2, 4, FailureDomain::Host)).await;
+    assert!(matches!(wide, Err(Error::Placement(_))), "{wide:?}");
+    create_pool(&etcd, "wide", &spec(4, 2, 4, FailureDomain::Device))
+        .await
+        .unwrap();
+    assert_eq!(list_pools(&etcd).await.unwrap().len(), 2);
+
+    let gib = 1u64 << 30;
+    let a = create_volume(&etcd, "p", "a", gib).await.unwrap();
+    let b = create_volume(&etcd, "p", "b", gib).await.unwrap();
+    assert_eq!((a.id, b.id), (1, 2));
+    let twice = create_volume(&etcd, "p", "a", gib).await;
+    assert!(
+        matches!(twice, Err(Error::VolumeExists { .. })),
+        "{twice:?}"
+    );
+    let nowhere = create_volume(&etcd, "nopool", "a", gib).await;
+    assert!(
+        matches!(nowhere, Err(Error::PoolNotFound(_))),
+        "{nowhere:?}"
+    );
+    assert!(create_volume(&etcd, "p", "odd", 1000).await.is_err());
+    assert_eq!(
+        list_volumes(&etcd, "p")
+            .await
+            .unwrap()
+            .keys()
+            .collect::<Vec<_>>(),
+        ["a", "b"]
+    );
+
+    // A resize or rm based on a stale read is refused by its guard.
+    let stale = get_volume(&etcd, "p", "a").await.unwrap();
+    resize_volume(&etcd, "p", "a", 2 * gib).await.unwrap();
+    let late = resize_volume_at(&etcd, "p", "a", &stale, 3 * gib).await;
+    assert!(matches!(late, Err(Error::Changed { .. })), "{late:?}");
+    let late = remove_volume_at(&etcd, "p", "a", &stale).await;
+    assert!(matches!(late, Err(Error::Changed { .. })), "{late:?}");
+    let shrink = resize_volume(&etcd, "p", "a", gib).await;
+    assert!(matches!(shrink, Err(Error::Invalid { .. })), "{shrink:?}");
+    assert_eq!(
+        get_volume(&etcd, "p", "a").await.unwrap().record.size_bytes,
+        2 * gib
+    );
+
+    // Ids are never reused.
+    remove_volume(&etcd, "p", "b").await.unwrap();
+    let gone = get_volume(&etcd, "p", "b").await;
+    assert!(
+        matches!(gone, Err(Error::VolumeNotFound { .. })),
+        "{gone:?}"
+    );
+    let c = create_volume(&etcd, "p", "b", gib).await.unwrap();
+    assert_eq!(c.id, 3);
+    // The same name in another pool is another volume.
+    assert_eq!(create_volume(&etcd, "wide", "a", gib).await.unwrap().id, 4);
+
+    // Records left bad by another writer are refused when read, by key.
+    let no_pgs = r#"{"k":2,"m":1,"stripe_unit_bytes":65536,"policy":"rmw","dedup":"none",
+        "pg_count":0,"failure_domain":"host","ready":true}"#;
+    let narrow = r#"{"servers":[1],"epoch":1}"#;
+    let mut client = etcd.client();
+    client
+        .put(etcd.keys().pool("bad"), no_pgs, None)
+        .await
+        .unwrap();
+    client
+        .put(etcd.keys().pg("p", 7), narrow, None)
+        .await
+        .unwrap();
+    assert_corrupt(get_pool(&etcd, "bad").await, "pool/bad");
+    assert_corrupt(pool_pgs(&etcd, "p").await, "pg/p/7");
+}
+
+/// `result` is a refusal of the value of the key ending in `key_suffix`.
+fn assert_corrupt<T: std::fmt::Debug>(result: Result<T>, key_suffix: &str) {
+    match result {
+        Err(Error::Corrupt { key, .. }) if key.ends_with(key_suffix) => {}
+        other => panic!("expected {key_suffix} refused as corrupt, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn each_writer_gets_a_higher_epoch_and_a_second_writer_is_refused() {
+    let (_process, etcd) = shared_cluster("writer").await;
+    let _servers = register_many(&etcd, 3, 3).await;
+    create_pool(&etcd, "p", &spec(2, 1, 8, FailureDomain::Device))
+        .await
+        .unwrap();
+    let volume = create_volume(&etcd, "p", "v", 1 << 30).await.unwrap();
+
+    let first = acquire_writer(&etcd, "p", "v", "10.1.0.1:10809", TTL)
+        .await
+        .unwrap();
+    assert_eq!(first.volume_id(), volume.id);
+    let (epoch, holder) = current_writer(&etcd, volume.id).await.unwrap().unwrap();
+    assert_eq!(
+        (epoch, holder.address.as_str()),
+        (first.epoch(), "10.1.0.1:10809")
+    );
+
+    let second = acquire_writer(&etcd, "p", "v", "10.1.0.2:10809", TTL).await;
+    match &second {
+        Err(Error::WriterHeld { holder, epoch, .. }) => {
+            assert_eq!((holder.as_str(), *epoch), ("10.1.0.1:10809", first.epoch()));
+        }
+        other => panic!("expected WriterHeld, got {other:?}"),
+    }
+    let in_use = remove_volume(&etcd, "p", "v").await;
+    assert!(
+        matches!(in_use, Err(Error::VolumeInUse { .. })),
+        "{in_use:?}"
+    );
+
+    let old_epoch = first.epoch();
+    first.release().await.unwrap();
+    let next = acquire_writer(&etcd, "p", "v", "10.1.0.2:10809", TTL)
+        .await
+        .unwrap();
+    assert!(
+        next.epoch() > old_epoch,
+        "{} after {old_epoch}",
+        next.epoch()
+    );
+    assert!(next.fence().reason().is_none());
+}
+
+/// The next `count` events, each within the wait.
+async fn take(watcher: &mut Watcher, count: usize) -> Vec<WatchEvent> {
+    let mut events = Vec::new();
+    while events.len() < count {
+        let event = within("a watch event", watcher.next()).await;
+        events.push(event.expect("the watch task runs"));
+    }
+    events
+}
+
+/// The keys of puts, in order.
+fn put_keys(events: &[WatchEvent]) -> Vec<String> {
+    events
+        .iter()
+        .map(|e| match e {
+            WatchEvent::Put(kv) => kv.key.clone(),
+            other => panic!("expected a put, got {other:?}"),
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_watch_resumes_after_a_broken_stream_without_losing_or_repeating_events() {
+    let process = shared_etcd();
+    let direct = connect(vec![process.etcd.endpoint()], "resume").await;
+    let proxy = Proxy::start(process.etcd.client_port()).await;
+    let etcd = connect(vec![proxy.endpoint()], "resume").await;
+    let prefix = format!("{}watched/", etcd.keys().prefix());
+    let mut watcher = Watcher::start(&etcd, prefix.clone(), None);
+    let reset = take(&mut watcher, 1).await;
+    assert!(matches!(&reset[0], WatchEvent::Reset { kvs, .. } if kvs.is_empty()));
+
+    let mut client = direct.client();
+    let keys: Vec<String> = (0..10).map(|i| format!("{prefix}{i:02}")).collect();
+    for key in &keys[..5] {
+        client.put(key.as_str(), "x", None).await.unwrap();
+    }
+    assert_eq!(put_keys(&take(&mut watcher, 5).await), keys[..5]);
+
+    proxy.cut();
+    for key in &keys[5..] {
+        client.put(key.as_str(), "y", None).await.unwrap();
+    }
+    client.delete(keys[0].as_str(), None).await.unwrap();
+    let after = take(&mut watcher, 6).await;
+    assert_eq!(put_keys(&after[..5]), keys[5..]);
+    assert!(matches!(&after[5], WatchEvent::Delete { key, .. } if *key == keys[0]));
+    assert!(watcher.resumes() >= 1, "the stream was never broken");
+    assert_eq!(watcher.reloads(), 0);
+}
+
+#[tokio::test]
+async fn a_watch_reloads_everything_after_its_revision_was_compacted() {
+    // Compaction is cluster-wide: this story gets an etcd of its own.
+    let process = start_etcd();
+    let etcd = connect(vec![process.etcd.endpoint()], "compact").await;
+    let prefix = format!("{}watched/", etcd.keys().prefix());
+    let mut client = etcd.client();
+    client.put(format!("{prefix}a"), "1", None).await.unwrap();
+    let seen = client.put(format!("{prefix}b"), "2", None).await.unwrap();
+    let seen_revision = seen.header().unwrap().revision();
+    client.put(format!("{prefix}c"), "3", None).await.unwrap();
+    client.delete(format!("{prefix}a"), None).await.unwrap();
+    let last = client.put("/elsewhere", "x", None).await.unwrap();
+    client
+        .compact(last.header().unwrap().revision(), None)
+        .await
+        .unwrap();
+
+    // A consumer that had seen up to `seen_revision` resumes after it: gone.
+    let mut watcher = Watcher::start(&etcd, prefix.clone(), Some(seen_revision + 1));
+    match &take(&mut watcher, 1).await[0] {
+        WatchEvent::Reset { kvs, revision } => {
+            let keys: Vec<&str> = kvs.iter().map(|kv| kv.key.as_str()).collect();
+            assert_eq!(keys, [format!("{prefix}b"), format!("{prefix}c")]);
+            assert!(*revision >= last.header().unwrap().revision());
+        }
+        other => panic!("expected a reload, got {other:?}"),
+    }
+    assert_eq!(watcher.reloads(), 1);
+    client.put(format!("{prefix}d"), "4", None).await.unwrap();
+    assert_eq!(
+        put_keys(&take(&mut watcher, 1).await),
+        [format!("{prefix}d")]
+    );
+}
+
+#[tokio::test]
+async fn connect_skips_a_dead_endpoint_and_the_watch_fails_over_to_the_next() {
+    let process = shared_etcd();
+    let proxy = Proxy::start(process.etcd.client_port()).await;
+    let endpoints = vec![dead_endpoint(), proxy.endpoint(), process.etcd.endpoint()];
+    let etcd = connect(endpoints, "failover").await;
+    assert_eq!(etcd.endpoint(), proxy.endpoint());
+
+    let prefix = format!("{}watched/", etcd.keys().prefix());
+    let mut watcher = Watcher::start(&etcd, prefix.clone(), None);
+    take(&mut watcher, 1).await;
+    let mut client = connect(vec![process.etcd.endpoint()], "failover")
+        .await
+        .client();
+    client.put(format!("{prefix}1"), "x", None).await.unwrap();
+    assert_eq!(
+        put_keys(&take(&mut watcher, 1).await),
+        [format!("{prefix}1")]
+    );
+
+    // The proxied endpoint goes away for good.
+    proxy.stop();
+    client.put(format!("{prefix}2"), "x", None).await.unwrap();
+    assert_eq!(
+        put_keys(&take(&mut watcher, 1).await),
+        [format!("{prefix}2")]
+    );
+    assert_eq!(etcd.endpoint(), process.etcd.endpoint());
+    // One-shot requests use the endpoint the watch found.
+    let servers = list_servers(&etcd).await.unwrap();
+    assert!(servers.is_empty());
+}
