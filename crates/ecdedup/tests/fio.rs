@@ -6,7 +6,7 @@ mod support;
 use support::{counter, FioJob, TestArray, MIB};
 
 /// Three standard jobs (4 KiB random, 1 MiB sequential, mixed 4k-256k) of
-/// 16 MiB each (128 stripes, 16 intent regions), from `base`. (32 MiB each
+/// 16 MiB each (128 stripes of 128 KiB), from `base`. (32 MiB each
 /// on 256 MiB volumes until 2026-11-26: twice the bytes, no other path
 /// taken; docs/benchmarks.md "CI time and the long runs".)
 fn jobs(base: u64, seed: u64) -> Vec<FioJob> {
