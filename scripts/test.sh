@@ -18,15 +18,15 @@
 #   --long   the long schedules as well (not run by CI):
 #            every crash point of the archive crash test
 #            (ECDEDUP_ARCHIVE_CRASH_STRIDE=1), 100 SIGKILL rounds of the
-#            crash test, and 40 power-loss schedules per configuration
-#            (CI: 8 with dedup); docs/benchmarks.md says what the long
-#            runs found
+#            crash test (CI: 12), and 40 power-loss schedules per
+#            configuration (CI: 8 with dedup); docs/benchmarks.md says what
+#            the long runs found
 #
 # Environment:
 #   TEST_THREADS              parallel tests per test binary (default 2)
 #   ECDEDUP_ARCHIVE_CRASH_STRIDE  every how many crash points the archive
 #                             crash test tries (default 3; 1 with --long)
-#   ECDEDUP_CRASH_ITERATIONS  SIGKILL iterations of the crash test (default 20)
+#   ECDEDUP_CRASH_ITERATIONS  SIGKILL iterations of the crash test (default 12)
 #   FUZZ_SECONDS              fuzzing time per target (default 20)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -101,10 +101,38 @@ fi
 
 run_step "format" cargo fmt --all -- --check
 run_step "clippy" cargo clippy --workspace --all-targets -- -D warnings
+# run_tests: the unit and integration tests, their output also kept in
+# $test_log for the per-file times in the summary.
+test_log=$(mktemp)
+trap 'rm -f "$test_log"' EXIT
+run_tests() {
+  cargo test --workspace --no-fail-fast -- --test-threads="$TEST_THREADS" 2>&1 | tee "$test_log"
+  return "${PIPESTATUS[0]}"
+}
+
+# per_file_times: each test binary's time (libtest's "finished in"), the
+# slowest first: where CI's time goes.
+per_file_times() {
+  awk '
+    /^ *Running / {
+      name = $2
+      if (name == "unittests") {
+        # "(target/debug/deps/CRATE-HASH)": the crate of the unit tests
+        bin = $NF; sub(/.*\//, "", bin); sub(/-[0-9a-f]+\)$/, "", bin)
+        name = bin " (unit tests)"
+      }
+    }
+    /^ *Doc-tests / { name = "doc-tests " $2 }
+    /^test result: / {
+      for (i = 1; i < NF; i++) if ($i == "in") { t = $(i + 1); sub(/s$/, "", t) }
+      printf "%8.1f s  %s\n", t, name
+    }' "$test_log" | sort -rn | head -n 25
+}
+
 # The integration tests serve target/debug/libecdedup_nbdkit.so, which
 # `cargo test` alone does not always rebuild: build the workspace first.
 if run_step "build" cargo build --workspace; then
-  run_step "tests" cargo test --workspace --no-fail-fast -- --test-threads="$TEST_THREADS"
+  run_step "tests" run_tests
 else
   skip_step tests "the build failed"
 fi
@@ -116,6 +144,12 @@ elif ! RUSTUP_AUTO_INSTALL=0 cargo +nightly fuzz --version >/dev/null 2>&1; then
   skip_step fuzz "no cargo-fuzz: cargo install cargo-fuzz"
 else
   run_step "fuzz (${FUZZ_SECONDS:-20} s per target)" scripts/fuzz.sh --seconds "${FUZZ_SECONDS:-20}"
+fi
+
+if [ -s "$test_log" ]; then
+  echo
+  echo "==> test time per file, slowest first"
+  per_file_times
 fi
 
 echo

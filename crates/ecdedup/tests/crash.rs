@@ -4,8 +4,9 @@
 //! anything else), and (b) `scrub --check-only` finds every stripe's
 //! checksums and parity consistent.
 //!
-//! ECDEDUP_CRASH_ITERATIONS sets the number of crashes (default 20; the
-//! write-policy and dedup variants run a third of that, at least 2).
+//! ECDEDUP_CRASH_ITERATIONS sets the number of crashes (default 12, 20
+//! until 2026-11-26; `scripts/test.sh --long` runs 100; the write-policy
+//! and dedup variants run a third of that, at least 2).
 
 mod support;
 
@@ -30,7 +31,7 @@ fn iterations() -> usize {
     std::env::var("ECDEDUP_CRASH_ITERATIONS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(20)
+        .unwrap_or(12)
 }
 
 fn fio_load(uri: &str, seed: u64) -> Background {
@@ -78,7 +79,7 @@ fn variant_iterations() -> usize {
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
         .map(|n| (n / 3).max(2))
-        .unwrap_or(6)
+        .unwrap_or(4)
 }
 
 fn crash_test(extra_create_args: &[&str], iterations: usize) {

@@ -18,8 +18,10 @@ use support::{counter, FioJob, Server, TestArray, MIB};
 
 /// Period of the repeating pattern: 6 stripes of 4 × 32 KiB.
 const PATTERN_BYTES: usize = 768 * 1024;
-/// The pattern covers [0, PATTERN_AREA); fio overwrites its first 4 MiB.
-const PATTERN_AREA: u64 = 16 * 3 * PATTERN_BYTES as u64;
+/// The pattern covers [0, PATTERN_AREA) (24 periods, 18 MiB; 48 until
+/// 2026-11-26, which repeated the same references twice as often); fio
+/// overwrites its first 4 MiB.
+const PATTERN_AREA: u64 = 8 * 3 * PATTERN_BYTES as u64;
 const OVERWRITTEN: u64 = 4 * MIB;
 
 fn create(policy: &str) -> TestArray {

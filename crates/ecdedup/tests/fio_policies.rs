@@ -27,8 +27,9 @@ fn create(policy: &str) -> TestArray {
 fn healthy_crash_degraded_rebuild(policy: &str, seed: u64) {
     let a = create(policy);
     let server = a.serve();
-    // Healthy: 4 KiB random, 1 MiB sequential, mixed, 16 MiB each.
-    let mut written = FioJob::standard_three(0, 16 * MIB, seed);
+    // Healthy: 4 KiB random, 1 MiB sequential, mixed, 8 MiB each (16 MiB
+    // until 2026-11-26; 8 MiB of 4 KiB writes is 2,048 logged writes).
+    let mut written = FioJob::standard_three(0, 8 * MIB, seed);
     for job in &written {
         job.run(&server);
     }
@@ -49,7 +50,7 @@ fn healthy_crash_degraded_rebuild(policy: &str, seed: u64) {
 
     // Overwrites of the 4 KiB range, then kill -9 at once: the restart
     // resyncs or replays before serving.
-    written[0] = FioJob::random_4k(0, 16 * MIB, seed + 10);
+    written[0] = FioJob::random_4k(0, 8 * MIB, seed + 10);
     written[0].run(&server);
     server.kill9();
     let server = a.serve();
@@ -59,7 +60,7 @@ fn healthy_crash_degraded_rebuild(policy: &str, seed: u64) {
 
     // Overwrites again, then a device fails: what its units held is decoded
     // from parity that the journals must have reached first.
-    written[0] = FioJob::random_4k(0, 16 * MIB, seed + 20);
+    written[0] = FioJob::random_4k(0, 8 * MIB, seed + 20);
     written[0].run(&server);
     a.cli(&["fail", "2"]).ok();
     for job in &written {
@@ -67,7 +68,7 @@ fn healthy_crash_degraded_rebuild(policy: &str, seed: u64) {
     }
     // Degraded writes (logging falls back to in-place writes on a degraded
     // stripe) and a second failure.
-    let degraded = FioJob::random_4k(64 * MIB, 16 * MIB, seed + 30);
+    let degraded = FioJob::random_4k(64 * MIB, 8 * MIB, seed + 30);
     degraded.run(&server);
     written.push(degraded);
     a.cli(&["fail", "5"]).ok();
@@ -122,9 +123,9 @@ fn fio_verifies_under_replicate_healthy_degraded_and_across_kill9() {
 fn parix_degraded_reads_after_logged_overwrites_verify_and_replay_counts() {
     let a = create("parix");
     let server = a.serve();
-    let fill = FioJob::sequential_1m(0, 32 * MIB, 1400);
+    let fill = FioJob::sequential_1m(0, 16 * MIB, 1400);
     fill.run(&server);
-    let over = FioJob::random_4k(0, 32 * MIB, 1401);
+    let over = FioJob::random_4k(0, 16 * MIB, 1401);
     over.run(&server);
     a.cli(&["fail", "0"]).ok();
     a.cli(&["fail", "3"]).ok();
