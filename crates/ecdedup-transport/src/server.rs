@@ -268,7 +268,21 @@ where
         let replies = replies.clone();
         let stats = stats.clone();
         tokio::spawn(async move {
-            let (mut status, mut payload) = handler.handle(request, payload).await;
+            // The handler runs in a task of its own, so that a panic in it
+            // (a bug) fails its request with `Io` at once instead of
+            // leaving the caller to its timeout; the connection goes on.
+            let handled = tokio::spawn(async move { handler.handle(request, payload).await }).await;
+            let (mut status, mut payload) = match handled {
+                Ok(reply) => reply,
+                Err(e) => {
+                    log::event(
+                        "handler_failed",
+                        &request.request_id,
+                        &format!("a {:?}: {e}; replying Io", request.op),
+                    );
+                    (Status::Io, Vec::new())
+                }
+            };
             if payload.len() > PAYLOAD_BYTES_MAX as usize {
                 log::event(
                     "reply_too_large",

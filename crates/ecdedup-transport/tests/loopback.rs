@@ -49,6 +49,8 @@ impl Handler for Store {
                 self.held.fetch_sub(1, Ordering::SeqCst);
                 (Status::Ok, Vec::new())
             }
+            // A handler bug: the transport must fail this request alone.
+            Op::Replay => panic!("planted handler panic"),
             _ => (Status::Invalid, Vec::new()),
         }
     }
@@ -389,4 +391,22 @@ async fn requests_no_frame_can_carry_are_refused_before_sending() {
         );
     }
     round_trip(&client, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_panics_fails_its_request_alone() {
+    let (server, _) = serve(key(9), ServerConfig::default()).await;
+    let config = ClientConfig::default();
+    let client = Client::connect(server.local_addr(), &key(9), &config)
+        .await
+        .unwrap();
+    let replay = Header::request(Op::Replay, 0, &[]);
+    // Well before the client's own request timeout: the server answers.
+    let reply = tokio::time::timeout(DEADLINE, client.call(&replay, Vec::new()))
+        .await
+        .expect("a reply before the deadline, not the client's timeout")
+        .expect("a reply");
+    assert_eq!(reply.header.status, Status::Io);
+    // The connection and the server go on serving.
+    round_trip(&client, 11).await;
 }
