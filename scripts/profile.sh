@@ -37,17 +37,20 @@
 #   allocation          malloc, free, realloc, calloc, _int_malloc, _int_free,
 #                       __rust_alloc/dealloc/realloc, alloc::raw_vec,
 #                       alloc::alloc, mmap, munmap, brk, page faults
-#   intent map          frames whose name contains `intent` (any case)
-#   journal             frames whose name contains `journal` (any case)
+#   intent map          frames whose name contains `intent` (any case; not
+#                       kernel frames)
+#   journal             frames whose name contains `journal` (any case; not
+#                       kernel frames: ext4's own journal is file system I/O)
 #   locks/futex, scheduling  futex, pthread_mutex/cond, __lll_lock,
 #                       parking_lot, Mutex, Condvar, RwLock, schedule,
 #                       __switch_to, finish_task_switch, try_to_wake_up, ttwu,
-#                       pick_next_task, sched_*, enqueue_task, dequeue_task
+#                       pick_next_task, sched_* (not *_blk_mq_sched_*),
+#                       enqueue_task, dequeue_task
 #   NBD/nbdkit + socket copies  kernel socket frames (unix_stream_*, sock_*,
 #                       skb_*, *_datagram_*, __sys_sendto/recvfrom/sendmsg/
 #                       recvmsg) and libc's send/recv wrappers
 #   io_uring / syscalls io_uring*, io_submit*, io_wq*, iou*, blk*, *bio*,
-#                       iomap*, ext4_*, xfs_*, virtblk*, nvme*, virtqueue*
+#                       iomap*, ext4_*, jbd2*, xfs_*, virtblk*, nvme*, virtqueue*
 # A stack that no frame of matches falls back, in this order, to:
 #   io_uring / syscalls any kernel frame in the stack (the rest of the kernel:
 #                       syscall entry, interrupts, timers)
@@ -77,6 +80,9 @@
 #   NO_BUILD=1          do not run cargo build
 #   BENCH_TMP [${TMPDIR:-/tmp}]  where the arrays, sockets and perf data go
 #   KEEP=1              keep the work folder (perf.data, folded stacks, fio JSON)
+#   SUMMARY_FROM=DIR    only print the table again from a kept work folder
+#                       (its folded stacks; same PERF_SECONDS), e.g. after
+#                       changing the rules
 #
 # Needs: perf (linux-perf), fio, nbdkit, python3, and inferno
 # (`cargo install inferno`). perf must be allowed to attach to the server:
@@ -103,6 +109,90 @@ BENCH_TMP=${BENCH_TMP:-${TMPDIR:-/tmp}}
 BENCH_NAME=profile
 # shellcheck source=scripts/bench-lib.sh
 . "$repo/scripts/bench-lib.sh"
+
+summarize() {
+python3 - "$1" "$PERF_SECONDS" <<'PY'
+import csv, json, os, re, sys
+work, perf_s = sys.argv[1], float(sys.argv[2])
+
+# (category, regex on one frame name), tried leaf first: see the header comment.
+RULES = [
+    ("encode (ISA-L)", re.compile(r"ec_encode_data|gf_\w*vect|gf_\w*mad|ec_init_tables|\bencode|Codec|codec::", re.I)),
+    ("CRC32C / checksums", re.compile(r"crc32|checksum", re.I)),
+    ("memset (user)", re.compile(r"^(?!.*_\[k\]$).*memset")),
+    ("memcpy/memmove (user)", re.compile(r"^(?!.*_\[k\]$).*(memcpy|memmove)")),
+    ("allocation", re.compile(r"\b_?_?(lib)?c?(malloc|free|realloc|calloc)\b|_int_malloc|_int_free|malloc_consolidate|__rust_alloc|__rust_dealloc|__rust_realloc|alloc::raw_vec|alloc::alloc|^(__x64_sys_)?(mmap|munmap|brk)|do_mmap|__do_munmap|exc_page_fault|do_anonymous_page")),
+    ("intent map", re.compile(r"^(?!.*_\[k\]$).*intent", re.I)),
+    ("journal", re.compile(r"^(?!.*_\[k\]$).*journal", re.I)),
+    ("locks/futex, scheduling", re.compile(r"futex|pthread_mutex|pthread_cond|__lll_lock|lll_lock|parking_lot|Mutex|Condvar|RwLock|\bschedule|__schedule|__switch_to|finish_task_switch|try_to_wake_up|ttwu|pick_next_task|^sched_|dequeue_task|enqueue_task")),
+    ("NBD/nbdkit + socket copies", re.compile(r"unix_stream|^sock_|^__sock_|skb_|_datagram_|__sys_(sendto|recvfrom|sendmsg|recvmsg)|^(__libc_)?(__)?(send|recv)(msg|to|from)?$")),
+    ("io_uring / syscalls", re.compile(r"io_uring|io_submit|io_wq|^iou|^_*blk|bio|iomap|^_*ext4_|jbd2|^_*xfs_|virtblk|virtqueue|nvme")),
+]
+FALLBACK = [
+    ("io_uring / syscalls", re.compile(r"_\[k\]$")),
+    ("engine, other", re.compile(r"ecdedup")),
+    ("NBD/nbdkit + socket copies", re.compile(r"^\[nbdkit\]$")),
+]
+CATS = list(dict.fromkeys([c for c, _ in RULES] + ["engine, other", "other"]))
+
+def classify(frames):
+    for f in reversed(frames):  # leaf first
+        for cat, rx in RULES:
+            if rx.search(f):
+                return cat
+    for cat, rx in FALLBACK:
+        if any(rx.search(f) for f in frames):
+            return cat
+    return "other"
+
+rows = list(csv.DictReader(open(os.path.join(work, "jobs.csv"))))
+table = []
+for r in rows:
+    job = r["job"]
+    counts = {c: 0 for c in CATS}
+    total = 0
+    with open(os.path.join(work, "perf", job + ".folded")) as f:
+        for line in f:
+            stack, _, n = line.rstrip("\n").rpartition(" ")
+            if not stack:
+                continue
+            n = int(n)
+            frames = stack.split(";")[1:]  # the first frame is the thread name
+            counts[classify(frames)] += n
+            total += n
+    with open(os.path.join(work, "fio", job + ".json")) as f:
+        text = f.read()
+    j = json.loads(text[text.index("{"):])["jobs"][0]
+    side = j["write"] if j["write"]["io_bytes"] > 0 else j["read"]
+    tput = f"{side['bw_bytes'] / 1e6:,.0f} MB/s" if job.startswith("seq") else f"{side['iops']:,.0f} IOPS"
+    log = open(os.path.join(work, "perf", job + ".record.log")).read()
+    m = re.search(r"\((\d+) samples\)", log)
+    lost = re.search(r"lost (\d+) chunks", log)
+    nsamples = f"{int(m.group(1)):,}" if m else "?"
+    if lost:
+        nsamples += f" ({lost.group(1)} chunks lost)"
+    table.append((job, tput, r["load_before"], r["load_after"], total, counts, side["iops"], nsamples))
+
+print("| category | " + " | ".join(t[0] for t in table) + " |")
+print("|---|" + "---|" * len(table))
+print("| throughput while sampled | " + " | ".join(t[1] for t in table) + " |")
+print("| load average (1 min) before / after | " + " | ".join(f"{t[2]} / {t[3]}" for t in table) + " |")
+print("| samples | " + " | ".join(t[7] for t in table) + " |")
+# cpu-clock periods are nanoseconds of CPU time.
+print(f"| server CPU while sampled (cores busy over {perf_s} s) | " + " | ".join(f"{t[4] / 1e9 / perf_s:.2f}" for t in table) + " |")
+# CPU time per request: the sampled CPU share over the request rate of the
+# whole fio run (ramp and tail included, so an approximation).
+print("| server CPU per request (µs) | " + " | ".join(f"{t[4] / 1e3 / perf_s / max(t[6], 1e-9):,.0f}" for t in table) + " |")
+for c in CATS:
+    print(f"| {c} | " + " | ".join(f"{100.0 * t[5][c] / max(t[4], 1):.1f}%" for t in table) + " |")
+PY
+}
+
+if [ -n "${SUMMARY_FROM:-}" ]; then
+  [ -f "$SUMMARY_FROM/jobs.csv" ] || die "$SUMMARY_FROM has no jobs.csv (run with KEEP=1)"
+  summarize "$SUMMARY_FROM"
+  exit 0
+fi
 
 bench_require_tools
 command -v perf >/dev/null || die "perf is not installed (apt-get install linux-perf)"
@@ -190,69 +280,5 @@ echo "job,server,kind,load_before,load_after" >"$WORK/jobs.csv"
 for job in $JOBS; do profile_job "$job"; done
 for s in "${STARTED[@]}"; do stop_server "$s"; done
 
-python3 - "$WORK" "$PERF_SECONDS" <<'PY' | tee "$WORK/summary.md"
-import csv, json, os, re, sys
-work, perf_s = sys.argv[1], float(sys.argv[2])
-
-# (category, regex on one frame name), tried leaf first: see the header comment.
-RULES = [
-    ("encode (ISA-L)", re.compile(r"ec_encode_data|gf_\w*vect|gf_\w*mad|ec_init_tables|\bencode|Codec|codec::", re.I)),
-    ("CRC32C / checksums", re.compile(r"crc32|checksum", re.I)),
-    ("memset (user)", re.compile(r"^(?!.*_\[k\]$).*memset")),
-    ("memcpy/memmove (user)", re.compile(r"^(?!.*_\[k\]$).*(memcpy|memmove)")),
-    ("allocation", re.compile(r"\b_?_?(lib)?c?(malloc|free|realloc|calloc)\b|_int_malloc|_int_free|malloc_consolidate|__rust_alloc|__rust_dealloc|__rust_realloc|alloc::raw_vec|alloc::alloc|^(__x64_sys_)?(mmap|munmap|brk)|do_mmap|__do_munmap|exc_page_fault|do_anonymous_page")),
-    ("intent map", re.compile(r"intent", re.I)),
-    ("journal", re.compile(r"journal", re.I)),
-    ("locks/futex, scheduling", re.compile(r"futex|pthread_mutex|pthread_cond|__lll_lock|lll_lock|parking_lot|Mutex|Condvar|RwLock|\bschedule|__schedule|__switch_to|finish_task_switch|try_to_wake_up|ttwu|pick_next_task|sched_|dequeue_task|enqueue_task")),
-    ("NBD/nbdkit + socket copies", re.compile(r"unix_stream|^sock_|^__sock_|skb_|_datagram_|__sys_(sendto|recvfrom|sendmsg|recvmsg)|^(__libc_)?(__)?(send|recv)(msg|to|from)?$")),
-    ("io_uring / syscalls", re.compile(r"io_uring|io_submit|io_wq|^iou|^blk|bio|iomap|^ext4_|^xfs_|virtblk|virtqueue|nvme")),
-]
-FALLBACK = [
-    ("io_uring / syscalls", re.compile(r"_\[k\]$")),
-    ("engine, other", re.compile(r"ecdedup")),
-    ("NBD/nbdkit + socket copies", re.compile(r"^\[nbdkit\]$")),
-]
-CATS = list(dict.fromkeys([c for c, _ in RULES] + ["engine, other", "other"]))
-
-def classify(frames):
-    for f in reversed(frames):  # leaf first
-        for cat, rx in RULES:
-            if rx.search(f):
-                return cat
-    for cat, rx in FALLBACK:
-        if any(rx.search(f) for f in frames):
-            return cat
-    return "other"
-
-rows = list(csv.DictReader(open(os.path.join(work, "jobs.csv"))))
-table = []
-for r in rows:
-    job = r["job"]
-    counts = {c: 0 for c in CATS}
-    total = 0
-    with open(os.path.join(work, "perf", job + ".folded")) as f:
-        for line in f:
-            stack, _, n = line.rstrip("\n").rpartition(" ")
-            if not stack:
-                continue
-            n = int(n)
-            frames = stack.split(";")[1:]  # the first frame is the thread name
-            counts[classify(frames)] += n
-            total += n
-    with open(os.path.join(work, "fio", job + ".json")) as f:
-        text = f.read()
-    j = json.loads(text[text.index("{"):])["jobs"][0]
-    side = j["write"] if j["write"]["io_bytes"] > 0 else j["read"]
-    tput = f"{side['bw_bytes'] / 1e6:,.0f} MB/s" if job.startswith("seq") else f"{side['iops']:,.0f} IOPS"
-    table.append((job, tput, r["load_before"], r["load_after"], total, counts))
-
-print("| category | " + " | ".join(t[0] for t in table) + " |")
-print("|---|" + "---|" * len(table))
-print("| throughput while sampled | " + " | ".join(t[1] for t in table) + " |")
-print("| load average (1 min) before / after | " + " | ".join(f"{t[2]} / {t[3]}" for t in table) + " |")
-# cpu-clock periods are nanoseconds of CPU time.
-print(f"| server CPU while sampled (cores busy over {perf_s} s) | " + " | ".join(f"{t[4] / 1e9 / perf_s:.2f}" for t in table) + " |")
-for c in CATS:
-    print(f"| {c} | " + " | ".join(f"{100.0 * t[5][c] / max(t[4], 1):.1f}%" for t in table) + " |")
-PY
+summarize "$WORK" | tee "$WORK/summary.md"
 log "done"
