@@ -18,7 +18,8 @@
 # threads) for PERF_SECONDS, then fio stops. cpu-clock is a software event:
 # this VM exposes no hardware counters. The samples are folded with
 # inferno-collapse-perf and drawn with inferno-flamegraph into
-# OUT/profile-JOB.svg; the folded stacks stay in the work folder.
+# OUT/profile-JOB.svg (widths are CPU time: each cpu-clock sample counts its
+# period in ns); the folded stacks stay in the work folder.
 #
 # Categories (the table). Samples are weighted by their cpu-clock period, so
 # the shares are shares of the server's CPU time. Each folded stack is read
@@ -73,8 +74,9 @@
 #                       cuts user stacks after the leaf) or fp
 #   JOBS [seqwrite-1m-qd8 randwrite-qd32-rmw randwrite-qd32-parix randread-qd32]
 #   OUT [docs/img]      where the SVGs go (OUT/profile-JOB.svg)
-#   MINWIDTH [0.3]      inferno-flamegraph --minwidth (pixels): frames narrower
-#                       than this are left out, which keeps each SVG small
+#   MINWIDTH [0.3]      inferno-flamegraph --minwidth (percent of the samples):
+#                       frames narrower than this are left out, which keeps
+#                       each SVG small
 #   ECDEDUP_BIN         an ecdedup executable with libecdedup_nbdkit.so beside it
 #                       [target/release/ecdedup, built with cargo build --release --workspace]
 #   NO_BUILD=1          do not run cargo build
@@ -263,7 +265,7 @@ profile_job() {
   perf script -i "$WORK/perf/$job.data" --no-inline 2>"$WORK/perf/$job.script.err" \
     | inferno-collapse-perf --all >"$WORK/perf/$job.folded"
   [ -s "$WORK/perf/$job.folded" ] || die "no samples for $job (see $WORK/perf/$job.script.err)"
-  inferno-flamegraph --minwidth "$MINWIDTH" \
+  inferno-flamegraph --minwidth "$MINWIDTH" --countname "ns of CPU" \
     --title "ecdedup server (nbdkit) CPU, $job, cpu-clock, $(date -u +%F)" \
     <"$WORK/perf/$job.folded" >"$OUT/profile-$job.svg"
   [ "${KEEP:-0}" = 1 ] || rm -f "$WORK/perf/$job.data"  # hundreds of MB with dwarf stacks
