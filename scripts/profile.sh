@@ -274,7 +274,10 @@ profile_job() {
 
 log "work folder $WORK; SIZE=$SIZE THREADS=$THREADS RAMP=${RAMP}s PERF_SECONDS=${PERF_SECONDS}s FREQ=$FREQ CALLGRAPH=$CALLGRAPH"
 need_x=0
-for job in $JOBS; do [ "$(job_server "$job")" = X ] && need_x=1; done
+for job in $JOBS; do
+  job_opts "$job" >/dev/null  # an unknown job stops here, before any server starts
+  if [ "$(job_server "$job")" = X ]; then need_x=1; fi
+done
 create_array E rmw
 warm E
 if [ "$need_x" = 1 ]; then create_array X parix; warm X; fi
