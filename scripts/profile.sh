@@ -80,7 +80,10 @@
 #   ECDEDUP_BIN         an ecdedup executable with libecdedup_nbdkit.so beside it
 #                       [target/release/ecdedup, built with cargo build --release --workspace]
 #   NO_BUILD=1          do not run cargo build
-#   BENCH_TMP [${TMPDIR:-/tmp}]  where the arrays, sockets and perf data go
+#   BENCH_TMP [${TMPDIR:-/tmp}]  where the arrays, sockets and perf data go;
+#                       needs about 3 x SIZE free (two arrays of 6 preallocated
+#                       devices, 1.5 x SIZE each) plus up to ~150 MB of perf
+#                       data per job with dwarf stacks
 #   KEEP=1              keep the work folder (perf.data, folded stacks, fio JSON)
 #   SUMMARY_FROM=DIR    only print the table again from a kept work folder
 #                       (its folded stacks; same PERF_SECONDS), e.g. after
