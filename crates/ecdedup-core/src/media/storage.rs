@@ -250,16 +250,91 @@ impl DeviceLock {
 /// logical block size in use (4 KiB sector drives).
 pub const DIRECT_ALIGN_BYTES: usize = 4096;
 
-/// A zeroed buffer aligned for `O_DIRECT`.
+/// A buffer aligned for `O_DIRECT` (the bounce buffer of a transfer whose
+/// memory is not aligned), of a power-of-two size class of at least
+/// [`DIRECT_ALIGN_BYTES`]. Buffers of up to [`BOUNCE_POOL_CLASS_MAX`] are
+/// taken from and given back to a pool holding at most
+/// [`BOUNCE_POOL_BYTES_MAX`], so a steady stream of unaligned requests
+/// allocates, zeroes and faults in no memory per request (the allocation
+/// was 17% of the server's CPU under 1 MiB writes: docs/benchmarks.md,
+/// "Where the CPU goes"). Its bytes are initialised: zeros when new, else
+/// what an earlier transfer left, which every user overwrites before it
+/// reads them (a read fills the whole slice or fails).
 pub(crate) struct AlignedBuf {
     ptr: std::ptr::NonNull<u8>,
     layout: std::alloc::Layout,
 }
 
+// SAFETY: the buffer owns its memory exclusively; it is plain bytes.
+unsafe impl Send for AlignedBuf {}
+
+/// Largest bounce buffer kept for reuse; bigger ones are freed.
+pub(crate) const BOUNCE_POOL_CLASS_MAX: usize = 4 << 20;
+/// Most bytes of bounce buffers the pool keeps (the RAM it may hold idle).
+pub(crate) const BOUNCE_POOL_BYTES_MAX: usize = 32 << 20;
+
+/// Free bounce buffers by size class, and the bytes they hold.
+struct BouncePool {
+    free: Vec<Vec<AlignedBuf>>,
+    bytes: usize,
+}
+
+static BOUNCE_POOL: std::sync::Mutex<BouncePool> = std::sync::Mutex::new(BouncePool {
+    free: Vec::new(),
+    bytes: 0,
+});
+
+fn bounce_pool() -> std::sync::MutexGuard<'static, BouncePool> {
+    BOUNCE_POOL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Bytes the pool holds idle now.
+impl BouncePool {
+    /// A free buffer of `class` (`size` bytes), if one is kept.
+    fn take(&mut self, class: usize, size: usize) -> Option<AlignedBuf> {
+        let buf = self.free.get_mut(class).and_then(|v| v.pop())?;
+        self.bytes -= size;
+        Some(buf)
+    }
+
+    /// Keeps `buf` for reuse, or gives it back when it is too big or the
+    /// pool is full.
+    fn keep(&mut self, buf: AlignedBuf) -> Result<(), AlignedBuf> {
+        let size = buf.layout.size();
+        if size > BOUNCE_POOL_CLASS_MAX || self.bytes + size > BOUNCE_POOL_BYTES_MAX {
+            return Err(buf);
+        }
+        let (class, _) = size_class(size);
+        if self.free.len() <= class {
+            self.free.resize_with(class + 1, Vec::new);
+        }
+        self.bytes += size;
+        self.free[class].push(buf);
+        Ok(())
+    }
+}
+
+fn size_class(len: usize) -> (usize, usize) {
+    let size = len.max(DIRECT_ALIGN_BYTES).next_power_of_two();
+    let class = (size / DIRECT_ALIGN_BYTES).trailing_zeros() as usize;
+    (class, size)
+}
+
 impl AlignedBuf {
     pub(crate) fn new(len: usize) -> AlignedBuf {
-        let layout = std::alloc::Layout::from_size_align(len.max(1), DIRECT_ALIGN_BYTES)
-            .expect("aligned layout");
+        let (class, size) = size_class(len);
+        if size <= BOUNCE_POOL_CLASS_MAX {
+            if let Some(buf) = bounce_pool().take(class, size) {
+                return buf;
+            }
+        }
+        AlignedBuf::allocate(size)
+    }
+
+    /// A new zeroed buffer of `size` bytes (a power of two).
+    fn allocate(size: usize) -> AlignedBuf {
+        let layout =
+            std::alloc::Layout::from_size_align(size, DIRECT_ALIGN_BYTES).expect("aligned layout");
         // SAFETY: the layout has a non-zero size.
         let raw = unsafe { std::alloc::alloc_zeroed(layout) };
         let ptr =
@@ -269,15 +344,23 @@ impl AlignedBuf {
 
     pub(crate) fn as_mut_slice(&mut self, len: usize) -> &mut [u8] {
         assert!(len <= self.layout.size());
-        // SAFETY: `ptr` owns `layout.size()` initialised (zeroed) bytes.
+        // SAFETY: `ptr` owns `layout.size()` initialised bytes.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), len) }
     }
 }
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout.
-        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+        let this = AlignedBuf {
+            ptr: self.ptr,
+            layout: self.layout,
+        };
+        if let Err(back) = bounce_pool().keep(this) {
+            std::mem::forget(back);
+            // SAFETY: allocated in `allocate` with this layout; the pool
+            // did not keep it.
+            unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+        }
     }
 }
 
@@ -712,6 +795,45 @@ pub fn foreign_signature(head: &[u8]) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Buffers come back in their size class, aligned and long enough; the
+    /// pool never holds more than its bound or a buffer over the class cap;
+    /// a kept buffer is the one handed out next in its class.
+    #[test]
+    fn the_bounce_pool_reuses_buffers_within_its_bounds() {
+        let mut pool = BouncePool {
+            free: Vec::new(),
+            bytes: 0,
+        };
+        for len in [1, 4096, 4097, 65536, 1 << 20, (1 << 20) + 1] {
+            let (class, size) = size_class(len);
+            assert!(size >= len && size.is_power_of_two() && size >= DIRECT_ALIGN_BYTES);
+            let mut buf = AlignedBuf::allocate(size);
+            assert_eq!(buf.as_mut_slice(len).len(), len);
+            let addr = buf.ptr.as_ptr() as usize;
+            assert_eq!(addr % DIRECT_ALIGN_BYTES, 0);
+            assert!(pool.keep(buf).is_ok());
+            let again = pool.take(class, size).expect("kept");
+            assert_eq!(again.ptr.as_ptr() as usize, addr, "the same buffer back");
+            assert!(pool.take(class, size).is_none());
+            drop(again);
+        }
+        // Over the class cap: never kept.
+        let big = AlignedBuf::allocate(BOUNCE_POOL_CLASS_MAX * 2);
+        assert!(pool.keep(big).is_err());
+        // Up to the byte bound, and no further.
+        let n = BOUNCE_POOL_BYTES_MAX / BOUNCE_POOL_CLASS_MAX;
+        for _ in 0..n {
+            assert!(pool
+                .keep(AlignedBuf::allocate(BOUNCE_POOL_CLASS_MAX))
+                .is_ok());
+        }
+        assert_eq!(pool.bytes, BOUNCE_POOL_BYTES_MAX);
+        assert!(pool.keep(AlignedBuf::allocate(DIRECT_ALIGN_BYTES)).is_err());
+        // Buffers given back by the test land in the shared pool: bounded.
+        drop(pool);
+        assert!(bounce_pool().bytes <= BOUNCE_POOL_BYTES_MAX);
+    }
 
     #[test]
     fn a_folder_lists_its_plain_files_sorted_and_a_missing_one_is_not_found() {
