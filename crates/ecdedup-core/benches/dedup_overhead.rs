@@ -36,6 +36,7 @@ use ecdedup_core::dedup::{DedupConfig, Policy};
 use ecdedup_core::fingerprint::gpu::{BackendChoice, MIN_BATCH_ENV};
 use ecdedup_core::fingerprint::Algorithm;
 use ecdedup_core::media::IoMode;
+use ecdedup_core::units::parse_size;
 use rand::Rng;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -79,7 +80,7 @@ fn parse_args() -> Args {
             "--backends" => a.backends = value().split(',').map(str::to_string).collect(),
             "--rounds" => a.rounds = value().parse().expect("--rounds N"),
             "--seconds" => a.seconds = value().parse().expect("--seconds S"),
-            "--size" => a.size = parse_size(&value()),
+            "--size" => a.size = parse_size(&value()).expect("--size like 1G"),
             "--qd" => {
                 a.qds = value()
                     .split(',')
@@ -99,16 +100,6 @@ fn parse_args() -> Args {
         );
     }
     a
-}
-
-fn parse_size(s: &str) -> u64 {
-    let (num, mult) = match s.as_bytes().last() {
-        Some(b'K') => (&s[..s.len() - 1], 1u64 << 10),
-        Some(b'M') => (&s[..s.len() - 1], 1 << 20),
-        Some(b'G') => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    num.parse::<u64>().expect("size like 1G") * mult
 }
 
 /// One side: a name and its open array.

@@ -8,23 +8,8 @@ use super::*;
 fn a_copy_that_cannot_be_written_fails_its_device_and_the_warning_names_the_copy() {
     let dir = tempfile::tempdir().unwrap();
     let (k, m, unit) = (4u32, 2u32, 4096u32);
-    let mut opts = CreateOptions {
-        devices: (0..6)
-            .map(|i| PathBuf::from(format!("/nonexistent/mem{i}")))
-            .collect(),
-        k,
-        m,
-        stripe_unit_bytes: unit,
-        volume_bytes: 16 * k as u64 * unit as u64,
-        intent_region_bytes: 2 * k as u64 * unit as u64,
-        dedup: DedupConfig::default(),
-        write_policy: WritePolicy::Rmw,
-        journal_bytes_max: JOURNAL_BYTES_DEFAULT,
-        io: crate::media::IoMode::Buffered,
-        sparse: true,
-        force: false,
-        metadata: MetadataPlacement::Devices,
-    };
+    let mut opts = options(6, k, m, unit, 16 * k as u64 * unit as u64);
+    opts.metadata = MetadataPlacement::Devices;
     opts.journal_bytes_max = 1 << 20;
     let geo = geometry_for(&opts).unwrap();
     let mems: Vec<MemDevice> = (0..6)
