@@ -206,6 +206,29 @@ impl Volume {
     }
 }
 
+/// Checks a request that carries `len` bytes of data against a volume of
+/// `size` bytes: the request bound, then the range.
+pub fn check_request(offset: u64, len: u64, size: u64) -> Result<()> {
+    if len > REQUEST_BYTES_MAX {
+        return Err(Error::InvalidRequest(format!(
+            "request of {len} bytes exceeds the {REQUEST_BYTES_MAX}-byte limit"
+        )));
+    }
+    check_range(offset, len, size)
+}
+
+/// Checks that `offset..offset + len` lies inside a volume of `size` bytes.
+pub fn check_range(offset: u64, len: u64, size: u64) -> Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(Error::OutOfRange {
+            offset,
+            length: len,
+            size,
+        }),
+    }
+}
+
 impl Volume {
     pub fn new(array: Arc<Array>) -> Volume {
         Volume {
@@ -234,24 +257,12 @@ impl Volume {
 
     /// Checks a request that carries `len` bytes of data.
     fn validate(&self, offset: u64, len: u64) -> Result<()> {
-        if len > REQUEST_BYTES_MAX {
-            return Err(Error::InvalidRequest(format!(
-                "request of {len} bytes exceeds the {REQUEST_BYTES_MAX}-byte limit"
-            )));
-        }
-        self.validate_range(offset, len)
+        check_request(offset, len, self.size())
     }
 
     /// Checks that `offset..offset + len` lies inside the volume.
     fn validate_range(&self, offset: u64, len: u64) -> Result<()> {
-        match offset.checked_add(len) {
-            Some(end) if end <= self.size() => Ok(()),
-            _ => Err(Error::OutOfRange {
-                offset,
-                length: len,
-                size: self.size(),
-            }),
-        }
+        check_range(offset, len, self.size())
     }
 
     pub fn read(&self, buf: &mut [u8], offset: u64) -> Result<()> {

@@ -27,7 +27,7 @@ pub mod server;
 pub mod wire;
 
 mod error;
-mod log;
+pub mod log;
 
 pub use client::{Client, ClientConfig, Peers, Reply};
 pub use error::Error;

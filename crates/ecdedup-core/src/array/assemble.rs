@@ -26,7 +26,7 @@ use super::{lock_dir, ConfigFile};
 use crate::error::{Error, Result};
 use crate::media::area::AreaFs;
 use crate::media::storage::read_file;
-use crate::media::{FileDevice, OsStorage, Storage};
+use crate::media::{Device, FileDevice, OsStorage, Storage};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -197,38 +197,46 @@ fn newest_config_copy(
     found: &[(PathBuf, Superblock)],
     newest: &Superblock,
 ) -> Result<(ConfigFile, PathBuf)> {
+    newest_config_copy_with(found, newest, |path| {
+        Ok(Arc::new(FileDevice::open_in(storage, path)?))
+    })
+}
+
+/// [`newest_config_copy`] over members found as `T`s (paths, or devices
+/// already open), each opened by `open`.
+fn newest_config_copy_with<T: Clone + NameOf>(
+    found: &[(T, Superblock)],
+    newest: &Superblock,
+    open: impl Fn(&T) -> std::io::Result<Arc<dyn Device>>,
+) -> Result<(ConfigFile, T)> {
     let geo = newest.geometry;
-    let mut order: Vec<&(PathBuf, Superblock)> = found
+    let mut order: Vec<&(T, Superblock)> = found
         .iter()
         .filter(|(_, sb)| newest.states.get(sb.position as usize) == Some(&MemberState::Active))
         .collect();
     order.sort_by_key(|(_, sb)| (std::cmp::Reverse(sb.generation), sb.position));
     let mut why = Vec::new();
-    for (path, _) in order {
-        let read = FileDevice::open_in(storage, path)
+    for (member, _) in order {
+        let read = open(member)
             .and_then(|dev| {
-                let area = AreaFs::open_read_only(
-                    Arc::new(dev),
-                    geo.meta_area_offset(),
-                    geo.meta_area_bytes,
-                )?;
+                let area =
+                    AreaFs::open_read_only(dev, geo.meta_area_offset(), geo.meta_area_bytes)?;
                 read_file(Arc::new(area).open_file(super::CONFIG_FILE)?.as_ref())
             })
             .map_err(|e| e.to_string())
             .and_then(|b| serde_json::from_slice::<ConfigFile>(&b).map_err(|e| e.to_string()));
+        let name = member.name_of();
         match read {
-            Ok(c) if c.array_uuid.as_bytes() != &newest.array_uuid => why.push(format!(
-                "{}: a copy of another array's settings",
-                path.display()
-            )),
+            Ok(c) if c.array_uuid.as_bytes() != &newest.array_uuid => {
+                why.push(format!("{name}: a copy of another array's settings"))
+            }
             Ok(c) if c.devices.len() != geo.devices as usize => why.push(format!(
-                "{}: the copy lists {} devices, the superblocks {}",
-                path.display(),
+                "{name}: the copy lists {} devices, the superblocks {}",
                 c.devices.len(),
                 geo.devices
             )),
-            Ok(c) => return Ok((c, path.clone())),
-            Err(e) => why.push(format!("{}: {e}", path.display())),
+            Ok(c) => return Ok((c, member.clone())),
+            Err(e) => why.push(format!("{name}: {e}")),
         }
     }
     Err(Error::Corrupt(format!(
@@ -355,6 +363,74 @@ pub(super) fn recover_config(
             aside.display()
         ),
     ))
+}
+
+/// How a member is named in messages.
+trait NameOf {
+    fn name_of(&self) -> String;
+}
+
+impl NameOf for PathBuf {
+    fn name_of(&self) -> String {
+        self.display().to_string()
+    }
+}
+
+impl NameOf for Arc<dyn Device> {
+    fn name_of(&self) -> String {
+        self.describe()
+    }
+}
+
+/// The settings of the array whose members are `devices` (in position
+/// order, None where a member cannot be reached), read from the newest
+/// copy on the devices themselves (format 2): how a volume client that has
+/// never served the array opens it (docs/cluster.md). The members must
+/// all belong to one array; at least one must hold a readable copy.
+pub fn config_from_devices(devices: &[Option<Arc<dyn Device>>]) -> Result<ConfigFile> {
+    let mut found: Vec<(Arc<dyn Device>, Superblock)> = Vec::new();
+    let mut why = Vec::new();
+    for dev in devices.iter().flatten() {
+        match super::read_superblock(dev.as_ref()) {
+            Ok(sb) => found.push((Arc::clone(dev), sb)),
+            Err(e) => why.push(format!("{}: {e}", dev.describe())),
+        }
+    }
+    let Some((_, first)) = found.first() else {
+        return Err(Error::Corrupt(format!(
+            "no member holds a superblock ({})",
+            why.join("; ")
+        )));
+    };
+    let uuid = first.array_uuid;
+    if let Some((dev, sb)) = found.iter().find(|(_, sb)| sb.array_uuid != uuid) {
+        return Err(Error::Device {
+            path: PathBuf::from(dev.describe()),
+            reason: format!(
+                "belongs to array {}, not {}",
+                uuid::Uuid::from_bytes(sb.array_uuid),
+                uuid::Uuid::from_bytes(uuid)
+            ),
+        });
+    }
+    let n = first.geometry.devices as usize;
+    let mut members: Vec<Option<Superblock>> = vec![None; n];
+    for (_, sb) in &found {
+        if let Some(slot) = members.get_mut(sb.position as usize) {
+            if slot.as_ref().is_none_or(|s| s.generation < sb.generation) {
+                *slot = Some(sb.clone());
+            }
+        }
+    }
+    let newest = newest_superblock(&members)?;
+    if newest.geometry.meta_area_bytes == 0 {
+        return Err(Error::Config(
+            "the array keeps its settings in its folder (format 1): its devices hold no copy"
+                .into(),
+        ));
+    }
+    let (cfg, _) = newest_config_copy_with(&found, &newest, |d| Ok(Arc::clone(d)))?;
+    Ok(cfg)
 }
 
 /// Copies `bytes` (the damaged `path`) to `path.corrupt-<unix seconds>`,

@@ -42,7 +42,7 @@ pub mod superblock;
 #[cfg(test)]
 mod tests;
 
-pub use assemble::{assemble_from_devices, force_assemble};
+pub use assemble::{assemble_from_devices, config_from_devices, force_assemble};
 pub use inspect::inspect;
 pub use layout::Geometry;
 pub use logging::WritePolicy;
@@ -595,6 +595,11 @@ fn read_superblock(dev: &dyn Device) -> Result<Superblock> {
         .map_err(|e| Error::io(format!("reading superblock of {}", dev.describe()), e))?;
     let (a, b) = buf.split_at(SUPERBLOCK_BYTES as usize);
     Superblock::newest(a, b)
+}
+
+/// Whether `dev` holds an ecdedup superblock (a member of some array).
+pub fn has_superblock(dev: &dyn Device) -> bool {
+    read_superblock(dev).is_ok()
 }
 
 /// The bytes of file `name` in a metadata area, if it is there and reads.

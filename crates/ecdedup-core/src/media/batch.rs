@@ -70,8 +70,19 @@ pub fn submit(ios: &mut [DeviceIo<'_>]) -> (Vec<io::Result<()>>, BatchCost) {
         return (results, cost);
     }
     cost.submissions = 1;
+    // Remote operations leave first, all of them, and are waited for
+    // last: one round trip for the batch.
+    let mut remote = Vec::new();
+    for (i, io) in ios.iter().enumerate() {
+        if let Some(link) = io.dev.link() {
+            remote.push((i, link.send(link_op(&io.op))));
+        }
+    }
     let mut ring_ops = Vec::new();
     for (i, io) in ios.iter_mut().enumerate() {
+        if io.dev.link().is_some() {
+            continue;
+        }
         match io.dev.ring_file().filter(|_| ring_enabled()) {
             Some(file) => ring_ops.push((i, file)),
             None => {
@@ -116,7 +127,36 @@ pub fn submit(ios: &mut [DeviceIo<'_>]) -> (Vec<io::Result<()>>, BatchCost) {
             }
         }
     }
+    for (i, pending) in remote {
+        let reply = pending.wait();
+        results[i] = match &mut ios[i].op {
+            Op::Read { buf, .. } => {
+                let dev = ios[i].dev;
+                super::remote::fill_read(buf, reply, &|| dev.describe())
+            }
+            _ => reply.map(drop),
+        };
+    }
     (results, cost)
+}
+
+/// The link operation of a batch operation.
+fn link_op<'a>(op: &'a Op<'_>) -> super::remote::LinkOp<'a> {
+    use super::remote::LinkOp;
+    match op {
+        Op::Read { buf, offset } => LinkOp::Read {
+            offset: *offset,
+            len: buf.len(),
+        },
+        Op::Write {
+            buf, offset, fua, ..
+        } => LinkOp::Write {
+            offset: *offset,
+            buf,
+            fua: *fua,
+        },
+        Op::Sync => LinkOp::Sync,
+    }
 }
 
 /// The plain twin: one call per operation on the calling thread.

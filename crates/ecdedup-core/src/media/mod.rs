@@ -20,6 +20,7 @@ mod file;
 mod mem;
 pub mod placement;
 pub mod powerloss;
+pub mod remote;
 pub mod storage;
 
 pub use batch::{submit, BatchCost, DeviceIo, Op};
@@ -28,6 +29,7 @@ pub use file::FileDevice;
 pub use mem::MemDevice;
 pub use placement::{PlacementDevice, PlacementFilter, Stream};
 pub use powerloss::PowerLossStorage;
+pub use remote::{ChunkLink, LinkOp, PendingReply, RemoteDevice};
 pub use storage::{OsStorage, RingFile, Storage, StorageFile};
 
 use crate::counters::IoClass;
@@ -128,6 +130,12 @@ pub trait Device: Send + Sync {
     /// batch loop through `read_at`, `write_hinted` and `sync`, so memory,
     /// fault-injecting, dedup and simulated devices need nothing more.
     fn ring_file(&self) -> Option<RingFile> {
+        None
+    }
+    /// The connection of a device across the network ([`remote`]): a
+    /// batch sends its operation with the batch's others before waiting
+    /// for any reply. `None`, the default, for every local device.
+    fn link(&self) -> Option<&dyn remote::ChunkLink> {
         None
     }
 }

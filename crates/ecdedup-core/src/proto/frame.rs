@@ -76,6 +76,13 @@ wire_enum! {
         SetEpoch = 8,
         /// Read the checksums of a range (to check a decode).
         ReadChecksums = 9,
+        /// Open a chunk, creating it (sparse) if absent: the payload is
+        /// its size, 8 bytes LE; the reply's the size and whether it was
+        /// made now (1 byte).
+        Open = 10,
+        /// Make `[offset, offset + n)` of a chunk read as zeroes: the
+        /// payload is n, 8 bytes LE (a discard may pass `length`'s bound).
+        Discard = 11,
     }
 }
 
@@ -172,6 +179,19 @@ impl fmt::Display for FrameError {
 }
 
 impl std::error::Error for FrameError {}
+
+/// The `pg` field of a chunk's frame: the placement group in the high 24
+/// bits, the shard's position in the stripe in the low 8 (a volume's chunk
+/// is named by its volume id, its PG and its shard).
+pub fn chunk_code(pg: u32, shard: u32) -> u32 {
+    debug_assert!(pg < 1 << 24 && shard < 1 << 8);
+    (pg << 8) | (shard & 0xff)
+}
+
+/// The (PG, shard) of a chunk's `pg` field.
+pub fn chunk_parts(code: u32) -> (u32, u32) {
+    (code >> 8, code & 0xff)
+}
 
 /// A frame's header, decoded and checked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -12,4 +12,7 @@
 
 pub mod frame;
 
-pub use frame::{read_frame, FrameError, Header, Op, Status, HEADER_BYTES, PAYLOAD_BYTES_MAX};
+pub use frame::{
+    chunk_code, chunk_parts, read_frame, FrameError, Header, Op, Status, HEADER_BYTES,
+    PAYLOAD_BYTES_MAX,
+};

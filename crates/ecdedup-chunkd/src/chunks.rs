@@ -1,0 +1,599 @@
+//! The chunk server's protocol logic: requests in, replies out, over a
+//! [`Storage`]; no sockets, no clocks (the cluster simulator drives it
+//! directly, the daemon through the transport).
+//!
+//! Each request names a chunk by (volume id, `pg` field = PG << 8 | shard)
+//! and carries the writer's epoch of the volume. The server keeps the
+//! highest epoch it has seen per volume, durably (`epochs/v<ID>` in its
+//! first data folder, written atomically before anything acts on a higher
+//! epoch), and refuses any request with a lower one: `EpochTooOld`. A
+//! writer that has been taken over can therefore land nothing on a server
+//! that has heard from its successor (docs/cluster.md, "Fencing").
+//!
+//! Invariants:
+//! - a request is checked whole (op, epoch, chunk, bounds) before any byte
+//!   of a chunk is touched; a bad one gets `Invalid` with the reason;
+//! - a write acknowledged with FUA, or followed by an acknowledged `Flush`
+//!   of its chunk, is durable;
+//! - once [`ChunkServer::fence`] is called (the lease could not be
+//!   renewed), every request is refused with `Io`: nothing more is
+//!   acknowledged;
+//! - open chunks are bounded by [`ChunkServerConfig::open_chunks_max`]
+//!   (the least recently used is closed; an open is cheap).
+
+use ecdedup_core::media::storage::{read_all, write_atomic};
+use ecdedup_core::media::{Device, DeviceOptions, FileDevice, IoMode, Storage};
+use ecdedup_core::proto::{chunk_parts, Header, Op, Status};
+use std::collections::HashMap;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Largest chunk the server creates (1 PiB: a bound, not a reservation).
+pub const CHUNK_BYTES_MAX: u64 = 1 << 50;
+
+#[derive(Clone, Debug)]
+pub struct ChunkServerConfig {
+    /// The data folders (one per device or file system); a chunk lives in
+    /// `dirs[hash % len]`.
+    pub dirs: Vec<PathBuf>,
+    /// How chunk files are read and written.
+    pub io: IoMode,
+    /// Chunks kept open at once.
+    pub open_chunks_max: usize,
+}
+
+/// Counts for the server's status and tests.
+#[derive(Debug, Default)]
+pub struct ChunkCounters {
+    pub reads: AtomicU64,
+    pub writes: AtomicU64,
+    pub bytes_read: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub syncs: AtomicU64,
+    pub epoch_refusals: AtomicU64,
+    pub invalid: AtomicU64,
+}
+
+pub struct ChunkServer {
+    storage: Arc<dyn Storage>,
+    config: ChunkServerConfig,
+    open: Mutex<OpenChunks>,
+    /// Highest epoch per volume, as stored.
+    epochs: Mutex<HashMap<u64, u64>>,
+    fenced: AtomicBool,
+    pub counters: ChunkCounters,
+}
+
+#[derive(Default)]
+struct OpenChunks {
+    by_name: HashMap<(u64, u32), (Arc<FileDevice>, u64)>,
+    clock: u64,
+}
+
+/// A refusal: the status and the reason (the reply's payload).
+type Refusal = (Status, String);
+
+fn invalid(reason: impl Into<String>) -> Refusal {
+    (Status::Invalid, reason.into())
+}
+
+fn io_refusal(what: &str, e: &io::Error) -> Refusal {
+    let status = match e.raw_os_error() {
+        Some(libc::ENOSPC) | Some(libc::EDQUOT) => Status::NoSpace,
+        _ => Status::Io,
+    };
+    (status, format!("{what}: {e}"))
+}
+
+fn u64_payload(payload: &[u8], what: &str) -> Result<u64, Refusal> {
+    let bytes: [u8; 8] = payload.try_into().map_err(|_| {
+        invalid(format!(
+            "{what}: a payload of {} bytes, not 8",
+            payload.len()
+        ))
+    })?;
+    Ok(u64::from_le_bytes(bytes))
+}
+
+impl ChunkServer {
+    pub fn new(storage: Arc<dyn Storage>, config: ChunkServerConfig) -> io::Result<ChunkServer> {
+        if config.dirs.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a chunk server needs at least one data folder",
+            ));
+        }
+        for dir in &config.dirs {
+            storage.create_dir_all(&dir.join("chunks"))?;
+        }
+        storage.create_dir_all(&config.dirs[0].join("epochs"))?;
+        Ok(ChunkServer {
+            storage,
+            config,
+            open: Mutex::new(OpenChunks::default()),
+            epochs: Mutex::new(HashMap::new()),
+            fenced: AtomicBool::new(false),
+            counters: ChunkCounters::default(),
+        })
+    }
+
+    /// Stops acknowledging anything (the lease is lost).
+    pub fn fence(&self) {
+        self.fenced.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_fenced(&self) -> bool {
+        self.fenced.load(Ordering::SeqCst)
+    }
+
+    /// The highest epoch stored for `volume` (0: none).
+    pub fn epoch(&self, volume: u64) -> io::Result<u64> {
+        if let Some(e) = self.epochs.lock().unwrap().get(&volume) {
+            return Ok(*e);
+        }
+        let path = self.epoch_path(volume);
+        let stored = match read_all(self.storage.as_ref(), &path) {
+            Ok(bytes) => parse_epoch(&bytes).ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "{} is damaged: the server refuses volume {volume} until it is \
+                         repaired (write the newest writer's epoch into it)",
+                        path.display()
+                    ),
+                )
+            })?,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => 0,
+            Err(e) => return Err(e),
+        };
+        self.epochs.lock().unwrap().insert(volume, stored);
+        Ok(stored)
+    }
+
+    fn epoch_path(&self, volume: u64) -> PathBuf {
+        self.config.dirs[0]
+            .join("epochs")
+            .join(format!("v{volume}"))
+    }
+
+    /// Admits `epoch` for `volume`: refused below the stored one; stored
+    /// durably first when above it.
+    fn admit_epoch(&self, volume: u64, epoch: u64) -> Result<(), Refusal> {
+        if epoch == 0 {
+            return Err(invalid("epoch 0: a writer's epoch is at least 1"));
+        }
+        let stored = self
+            .epoch(volume)
+            .map_err(|e| io_refusal("reading the volume's epoch", &e))?;
+        if epoch < stored {
+            self.counters.epoch_refusals.fetch_add(1, Ordering::Relaxed);
+            return Err((
+                Status::EpochTooOld,
+                format!(
+                    "EPOCH_TOO_OLD: volume {volume} is written at epoch {stored}, this \
+                     request carries {epoch} (a newer writer took the volume over)"
+                ),
+            ));
+        }
+        if epoch > stored {
+            // Under the map's lock: two raises are stored in order.
+            let mut epochs = self.epochs.lock().unwrap();
+            let now = epochs.get(&volume).copied().unwrap_or(stored);
+            if epoch > now {
+                write_atomic(
+                    self.storage.as_ref(),
+                    &self.epoch_path(volume),
+                    format!("{epoch}\n").as_bytes(),
+                )
+                .map_err(|e| io_refusal("storing the volume's epoch", &e))?;
+                epochs.insert(volume, epoch);
+            } else if epoch < now {
+                self.counters.epoch_refusals.fetch_add(1, Ordering::Relaxed);
+                return Err((
+                    Status::EpochTooOld,
+                    format!("EPOCH_TOO_OLD: volume {volume} is written at epoch {now}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn chunk_path(&self, volume: u64, code: u32) -> PathBuf {
+        let (pg, shard) = chunk_parts(code);
+        let dirs = &self.config.dirs;
+        let at = (volume as usize)
+            .wrapping_mul(31)
+            .wrapping_add(pg as usize * 7 + shard as usize)
+            % dirs.len();
+        dirs[at]
+            .join("chunks")
+            .join(format!("v{volume}"))
+            .join(format!("pg{pg}-s{shard}.chunk"))
+    }
+
+    fn options(&self) -> DeviceOptions {
+        DeviceOptions {
+            io: self.config.io,
+            sparse: true,
+        }
+    }
+
+    /// The open chunk, opened from its file if it exists.
+    fn chunk(&self, volume: u64, code: u32) -> Result<Arc<FileDevice>, Refusal> {
+        let mut open = self.open.lock().unwrap();
+        open.clock += 1;
+        let clock = open.clock;
+        if let Some((dev, used)) = open.by_name.get_mut(&(volume, code)) {
+            *used = clock;
+            return Ok(Arc::clone(dev));
+        }
+        let path = self.chunk_path(volume, code);
+        if !self.storage.exists(&path) {
+            let (pg, shard) = chunk_parts(code);
+            return Err((
+                Status::NotHere,
+                format!("no chunk of volume {volume} PG {pg} shard {shard} here"),
+            ));
+        }
+        let dev = FileDevice::open_with(self.storage.as_ref(), &path, self.options())
+            .map_err(|e| io_refusal(&format!("opening {}", path.display()), &e))?;
+        Ok(self.keep_open(&mut open, volume, code, dev, clock))
+    }
+
+    fn keep_open(
+        &self,
+        open: &mut OpenChunks,
+        volume: u64,
+        code: u32,
+        dev: FileDevice,
+        clock: u64,
+    ) -> Arc<FileDevice> {
+        while open.by_name.len() >= self.config.open_chunks_max.max(1) {
+            let oldest = open
+                .by_name
+                .iter()
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(name, _)| *name);
+            match oldest {
+                Some(name) => open.by_name.remove(&name),
+                None => break,
+            };
+        }
+        let dev = Arc::new(dev);
+        open.by_name
+            .insert((volume, code), (Arc::clone(&dev), clock));
+        dev
+    }
+
+    /// Opens (creating, sparse, if absent) a chunk of `size` bytes;
+    /// returns whether it was made now.
+    fn open_chunk(&self, volume: u64, code: u32, size: u64) -> Result<bool, Refusal> {
+        if size == 0 || size > CHUNK_BYTES_MAX || size % 4096 != 0 {
+            return Err(invalid(format!(
+                "a chunk of {size} bytes (a multiple of 4096 up to {CHUNK_BYTES_MAX})"
+            )));
+        }
+        match self.chunk(volume, code) {
+            Ok(dev) if dev.size() == size => return Ok(false),
+            Ok(dev) => {
+                return Err(invalid(format!(
+                    "{} is {} bytes, asked for {size}",
+                    dev.describe(),
+                    dev.size()
+                )))
+            }
+            Err((Status::NotHere, _)) => {}
+            Err(refusal) => return Err(refusal),
+        }
+        let path = self.chunk_path(volume, code);
+        let parent = path.parent().expect("a chunk path has a folder");
+        self.storage
+            .create_dir_all(parent)
+            .map_err(|e| io_refusal(&format!("creating {}", parent.display()), &e))?;
+        let made = FileDevice::create_with(self.storage.as_ref(), &path, size, self.options())
+            .and_then(|dev| {
+                dev.sync()?;
+                self.storage.sync_dir(parent)?;
+                Ok(dev)
+            })
+            .map_err(|e| io_refusal(&format!("creating {}", path.display()), &e))?;
+        let mut open = self.open.lock().unwrap();
+        open.clock += 1;
+        let clock = open.clock;
+        self.keep_open(&mut open, volume, code, made, clock);
+        Ok(true)
+    }
+
+    /// Answers one request: the reply's status and payload (the reason,
+    /// as text, for a refusal).
+    pub fn handle(&self, h: &Header, payload: &[u8]) -> (Status, Vec<u8>) {
+        match self.serve(h, payload) {
+            Ok(reply) => (Status::Ok, reply),
+            Err((status, reason)) => {
+                if status == Status::Invalid {
+                    self.counters.invalid.fetch_add(1, Ordering::Relaxed);
+                }
+                (status, reason.into_bytes())
+            }
+        }
+    }
+
+    fn serve(&self, h: &Header, payload: &[u8]) -> Result<Vec<u8>, Refusal> {
+        if self.is_fenced() {
+            return Err((
+                Status::Io,
+                "this chunk server lost its etcd lease and is stopping".into(),
+            ));
+        }
+        match h.op {
+            Op::Open | Op::Read | Op::Write | Op::Flush | Op::Discard | Op::SetEpoch => {}
+            other => {
+                return Err(invalid(format!(
+                    "{other:?} is not served by this chunk server (the volume client keeps \
+                     the parity journals in the chunks themselves)"
+                )))
+            }
+        }
+        self.admit_epoch(h.volume_id, h.epoch)?;
+        let (volume, code) = (h.volume_id, h.pg);
+        match h.op {
+            Op::SetEpoch => Ok(Vec::new()),
+            Op::Open => {
+                let size = u64_payload(payload, "Open")?;
+                let made = self.open_chunk(volume, code, size)?;
+                let mut reply = size.to_le_bytes().to_vec();
+                reply.push(u8::from(made));
+                Ok(reply)
+            }
+            Op::Read => {
+                let dev = self.chunk(volume, code)?;
+                let len = u64::from(h.length);
+                check_range(dev.as_ref(), h.offset, len)?;
+                let mut buf = vec![0u8; h.length as usize];
+                dev.read_at(&mut buf, h.offset)
+                    .map_err(|e| io_refusal(&format!("reading {}", dev.describe()), &e))?;
+                self.counters.reads.fetch_add(1, Ordering::Relaxed);
+                self.counters.bytes_read.fetch_add(len, Ordering::Relaxed);
+                Ok(buf)
+            }
+            Op::Write => {
+                let dev = self.chunk(volume, code)?;
+                if h.length as usize != payload.len() {
+                    return Err(invalid(format!(
+                        "a write of length {} with {} bytes of payload",
+                        h.length,
+                        payload.len()
+                    )));
+                }
+                check_range(dev.as_ref(), h.offset, payload.len() as u64)?;
+                let what = || format!("writing {}", dev.describe());
+                dev.write_at(payload, h.offset)
+                    .map_err(|e| io_refusal(&what(), &e))?;
+                if h.flags & ecdedup_core::proto::frame::FLAG_FUA != 0 {
+                    dev.sync().map_err(|e| io_refusal(&what(), &e))?;
+                    self.counters.syncs.fetch_add(1, Ordering::Relaxed);
+                }
+                self.counters.writes.fetch_add(1, Ordering::Relaxed);
+                self.counters
+                    .bytes_written
+                    .fetch_add(payload.len() as u64, Ordering::Relaxed);
+                Ok(Vec::new())
+            }
+            Op::Flush => {
+                let dev = self.chunk(volume, code)?;
+                dev.sync()
+                    .map_err(|e| io_refusal(&format!("syncing {}", dev.describe()), &e))?;
+                self.counters.syncs.fetch_add(1, Ordering::Relaxed);
+                Ok(Vec::new())
+            }
+            Op::Discard => {
+                let dev = self.chunk(volume, code)?;
+                let len = u64_payload(payload, "Discard")?;
+                check_range(dev.as_ref(), h.offset, len)?;
+                dev.discard(h.offset, len)
+                    .map_err(|e| io_refusal(&format!("discarding on {}", dev.describe()), &e))?;
+                Ok(Vec::new())
+            }
+            _ => unreachable!("ops checked above"),
+        }
+    }
+
+    /// Space of each data folder: (folder, bytes free, bytes used by chunks
+    /// as the file system counts them).
+    pub fn space(&self) -> Vec<(PathBuf, u64, u64)> {
+        self.config
+            .dirs
+            .iter()
+            .map(|d| {
+                let (free, _) = fs_space(d).unwrap_or((0, 0));
+                (d.clone(), free, du(&d.join("chunks")))
+            })
+            .collect()
+    }
+}
+
+fn parse_epoch(bytes: &[u8]) -> Option<u64> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    let line = text.strip_suffix('\n')?;
+    if line.is_empty() || !line.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    line.parse().ok()
+}
+
+fn check_range(dev: &dyn Device, offset: u64, len: u64) -> Result<(), Refusal> {
+    match offset.checked_add(len) {
+        Some(end) if end <= dev.size() => Ok(()),
+        _ => Err(invalid(format!(
+            "[{offset}, +{len}) is past the end of {} ({} bytes)",
+            dev.describe(),
+            dev.size()
+        ))),
+    }
+}
+
+/// (bytes free, bytes in all) of the file system holding `dir`.
+fn fs_space(dir: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a statvfs to fill.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    let frsize = st.f_frsize as u64;
+    Some((st.f_bavail as u64 * frsize, st.f_blocks as u64 * frsize))
+}
+
+/// Bytes allocated to the files under `dir` (sparse chunks count what
+/// they hold).
+fn du(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => du(&e.path()),
+            Ok(m) => m.blocks() * 512,
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ecdedup_core::media::OsStorage;
+    use ecdedup_core::proto::chunk_code;
+
+    fn server(dir: &Path) -> ChunkServer {
+        ChunkServer::new(
+            OsStorage::shared(),
+            ChunkServerConfig {
+                dirs: vec![dir.join("a"), dir.join("b")],
+                io: IoMode::Buffered,
+                open_chunks_max: 2,
+            },
+        )
+        .unwrap()
+    }
+
+    fn req(op: Op, volume: u64, epoch: u64, offset: u64, payload: &[u8]) -> Header {
+        let mut h = Header::request(op, 1, payload);
+        h.volume_id = volume;
+        h.epoch = epoch;
+        h.pg = chunk_code(3, 1);
+        h.offset = offset;
+        h
+    }
+
+    fn call(s: &ChunkServer, h: Header, payload: &[u8]) -> (Status, Vec<u8>) {
+        s.handle(&h, payload)
+    }
+
+    #[test]
+    fn chunks_are_made_written_read_and_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = server(dir.path());
+        let size = (1u64 << 20).to_le_bytes();
+        let (st, reply) = call(&s, req(Op::Open, 7, 5, 0, &size), &size);
+        assert_eq!(st, Status::Ok);
+        assert_eq!(reply[8], 1, "made now");
+        let (_, reply) = call(&s, req(Op::Open, 7, 5, 0, &size), &size);
+        assert_eq!(reply[8], 0, "found the second time");
+        let data = vec![0xabu8; 8192];
+        let (st, _) = call(&s, req(Op::Write, 7, 5, 4096, &data), &data);
+        assert_eq!(st, Status::Ok);
+        let mut h = req(Op::Read, 7, 5, 4096, &[]);
+        h.length = 8192;
+        let (st, got) = call(&s, h, &[]);
+        assert_eq!((st, got), (Status::Ok, data.clone()));
+        // Past the end: refused, nothing read.
+        let mut h = req(Op::Read, 7, 5, (1 << 20) - 4096, &[]);
+        h.length = 8192;
+        assert_eq!(call(&s, h, &[]).0, Status::Invalid);
+        // A chunk never opened is not here.
+        let mut h = req(Op::Read, 8, 5, 0, &[]);
+        h.length = 4096;
+        assert_eq!(call(&s, h, &[]).0, Status::NotHere);
+        // Other ops of the protocol are refused with a reason.
+        let (st, why) = call(&s, req(Op::NeedD0, 7, 5, 0, &[]), &[]);
+        assert_eq!(st, Status::Invalid);
+        assert!(String::from_utf8_lossy(&why).contains("not served"));
+    }
+
+    #[test]
+    fn an_older_epoch_is_refused_after_a_newer_one_even_across_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = server(dir.path());
+            let size = (1u64 << 20).to_le_bytes();
+            assert_eq!(call(&s, req(Op::Open, 7, 5, 0, &size), &size).0, Status::Ok);
+            assert_eq!(call(&s, req(Op::SetEpoch, 7, 9, 0, &[]), &[]).0, Status::Ok);
+            let data = vec![1u8; 4096];
+            let (st, why) = call(&s, req(Op::Write, 7, 5, 0, &data), &data);
+            assert_eq!(st, Status::EpochTooOld);
+            assert!(String::from_utf8_lossy(&why).contains("EPOCH_TOO_OLD"));
+            // Another volume is not affected.
+            assert_eq!(call(&s, req(Op::SetEpoch, 8, 1, 0, &[]), &[]).0, Status::Ok);
+        }
+        let s = server(dir.path());
+        assert_eq!(s.epoch(7).unwrap(), 9, "stored durably");
+        let data = vec![1u8; 4096];
+        assert_eq!(
+            call(&s, req(Op::Write, 7, 8, 0, &data), &data).0,
+            Status::EpochTooOld
+        );
+        assert_eq!(
+            call(&s, req(Op::Write, 7, 9, 0, &data), &data).0,
+            Status::Ok
+        );
+        // A damaged epoch file refuses the volume instead of admitting all.
+        std::fs::write(dir.path().join("a/epochs/v7"), b"garbage").unwrap();
+        let s = server(dir.path());
+        assert_eq!(
+            call(&s, req(Op::Write, 7, 9, 0, &data), &data).0,
+            Status::Io
+        );
+    }
+
+    #[test]
+    fn a_fenced_server_acknowledges_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = server(dir.path());
+        let size = (1u64 << 20).to_le_bytes();
+        assert_eq!(call(&s, req(Op::Open, 7, 5, 0, &size), &size).0, Status::Ok);
+        s.fence();
+        let data = vec![1u8; 4096];
+        assert_eq!(
+            call(&s, req(Op::Write, 7, 5, 0, &data), &data).0,
+            Status::Io
+        );
+    }
+
+    #[test]
+    fn open_chunks_are_bounded_and_reopen_on_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = server(dir.path());
+        let size = (1u64 << 20).to_le_bytes();
+        for v in 1..=4 {
+            assert_eq!(call(&s, req(Op::Open, v, 1, 0, &size), &size).0, Status::Ok);
+            let data = vec![v as u8; 4096];
+            assert_eq!(
+                call(&s, req(Op::Write, v, 1, 0, &data), &data).0,
+                Status::Ok
+            );
+        }
+        assert!(s.open.lock().unwrap().by_name.len() <= 2);
+        for v in 1..=4 {
+            let mut h = req(Op::Read, v, 1, 0, &[]);
+            h.length = 4096;
+            let (st, got) = call(&s, h, &[]);
+            assert_eq!((st, got), (Status::Ok, vec![v as u8; 4096]));
+        }
+    }
+}

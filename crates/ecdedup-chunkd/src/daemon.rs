@@ -1,0 +1,170 @@
+//! The chunk server's process: the transport's listener over a
+//! [`ChunkServer`], the registration in etcd under a lease, the
+//! self-fence, space reports, and the stop on a signal.
+
+use crate::chunks::{ChunkServer, ChunkServerConfig};
+use ecdedup_cluster::keys::{DeviceInfo, DeviceSpace, ServerInfo, ServerSpace};
+use ecdedup_cluster::{register_server, Etcd, EtcdConfig, ServerId};
+use ecdedup_core::media::{IoMode, OsStorage};
+use ecdedup_core::proto::{Header, Status};
+use ecdedup_transport::log::line;
+use ecdedup_transport::{ClusterKey, Handler, Server, ServerConfig};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The exit status of a server that fenced itself (its lease could not be
+/// renewed): a supervisor restarts it.
+pub const EXIT_FENCED: i32 = 3;
+/// The exit status when the server id is held by another live server.
+pub const EXIT_ID_TAKEN: i32 = 4;
+
+const COMPONENT: &str = "chunkd";
+
+#[derive(Clone, Debug)]
+pub struct ChunkdConfig {
+    pub etcd: EtcdConfig,
+    pub id: u32,
+    /// Where the data protocol listens (port 0: any free port).
+    pub listen: SocketAddr,
+    /// The address clients use, if not `listen`'s (behind NAT, 0.0.0.0).
+    pub advertise: Option<String>,
+    /// The failure domain `host` of placement.
+    pub host: String,
+    pub key: PathBuf,
+    pub dirs: Vec<PathBuf>,
+    pub io: IoMode,
+    pub lease_ttl: Duration,
+    /// Seconds between space reports to etcd.
+    pub space_every: Duration,
+}
+
+struct Adapter(Arc<ChunkServer>);
+
+impl Handler for Adapter {
+    async fn handle(&self, request: Header, payload: Vec<u8>) -> (Status, Vec<u8>) {
+        let server = Arc::clone(&self.0);
+        match tokio::task::spawn_blocking(move || server.handle(&request, &payload)).await {
+            Ok(reply) => reply,
+            Err(e) => (
+                Status::Io,
+                format!("the request's task failed: {e}").into_bytes(),
+            ),
+        }
+    }
+}
+
+/// Tells systemd (`Type=notify`) the server is ready, when started by it.
+fn notify_ready() {
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
+        return;
+    };
+    if let Ok(sock) = std::os::unix::net::UnixDatagram::unbound() {
+        let _ = sock.send_to(b"READY=1", PathBuf::from(path));
+    }
+}
+
+/// Runs the chunk server until a stop signal (returns 0), a fence
+/// ([`EXIT_FENCED`]) or a refused registration ([`EXIT_ID_TAKEN`]); an
+/// error that keeps it from starting is returned as text.
+pub async fn run(config: ChunkdConfig) -> Result<i32, String> {
+    let key = ClusterKey::load(&config.key).map_err(|e| e.to_string())?;
+    let server = Arc::new(
+        ChunkServer::new(
+            OsStorage::shared(),
+            ChunkServerConfig {
+                dirs: config.dirs.clone(),
+                io: config.io,
+                open_chunks_max: 4096,
+            },
+        )
+        .map_err(|e| format!("data folders: {e}"))?,
+    );
+    let listener = Server::bind(
+        config.listen,
+        key,
+        Arc::new(Adapter(Arc::clone(&server))),
+        ServerConfig::default(),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    let address = config
+        .advertise
+        .clone()
+        .unwrap_or_else(|| listener.local_addr().to_string());
+    let etcd = Etcd::connect(config.etcd.clone())
+        .await
+        .map_err(|e| format!("etcd: {e}"))?;
+    let info = ServerInfo {
+        address: address.clone(),
+        host: config.host.clone(),
+        devices: config
+            .dirs
+            .iter()
+            .map(|d| DeviceInfo {
+                path: d.display().to_string(),
+                bytes: 0,
+            })
+            .collect(),
+    };
+    let registration =
+        match register_server(&etcd, ServerId(config.id), &info, config.lease_ttl).await {
+            Ok(r) => r,
+            Err(e @ ecdedup_cluster::Error::ServerIdTaken { .. }) => {
+                line(COMPONENT, "refused", &[("id", &config.id), ("reason", &e)]);
+                return Ok(EXIT_ID_TAKEN);
+            }
+            Err(e) => return Err(format!("registering in etcd: {e}")),
+        };
+    line(
+        COMPONENT,
+        "ready",
+        &[
+            ("id", &config.id),
+            ("address", &address),
+            ("host", &config.host),
+            ("lease", &registration.lease_id()),
+        ],
+    );
+    notify_ready();
+    let mut fence = registration.fence();
+    let mut space_tick = tokio::time::interval(config.space_every);
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| e.to_string())?;
+    loop {
+        tokio::select! {
+            reason = fence.fenced() => {
+                // Nothing more is acknowledged from here on.
+                server.fence();
+                line(COMPONENT, "fenced", &[("id", &config.id), ("reason", &reason)]);
+                return Ok(EXIT_FENCED);
+            }
+            _ = tokio::signal::ctrl_c() => break,
+            _ = term.recv() => break,
+            _ = space_tick.tick() => {
+                let s = Arc::clone(&server);
+                let space = tokio::task::spawn_blocking(move || s.space()).await.unwrap_or_default();
+                let report = ServerSpace {
+                    devices: space
+                        .into_iter()
+                        .map(|(path, free, used)| DeviceSpace {
+                            path: path.display().to_string(),
+                            bytes_free: free,
+                            bytes_used: used,
+                        })
+                        .collect(),
+                };
+                if let Err(e) = registration.report_space(&report).await {
+                    line(COMPONENT, "space-report-failed", &[("reason", &e)]);
+                }
+            }
+        }
+    }
+    line(COMPONENT, "stopping", &[("id", &config.id)]);
+    drop(listener);
+    if let Err(e) = registration.close().await {
+        line(COMPONENT, "deregister-failed", &[("reason", &e)]);
+    }
+    Ok(0)
+}

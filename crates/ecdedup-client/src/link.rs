@@ -1,0 +1,299 @@
+//! The volume client's connection to one chunk: the engine's
+//! [`ChunkLink`] over the transport (docs/cluster.md, "The data path").
+//!
+//! Every frame carries the volume's id and the writer's epoch. A send
+//! spawns the call on the client's runtime and returns at once, so a batch
+//! of the array puts every unit of a stripe on the wire before it waits;
+//! operations larger than a frame go as several frames in flight together.
+//! A refusal with `EpochTooOld` latches [`Wire::fenced`]: a newer writer
+//! owns the volume, and the client stops its export.
+
+use ecdedup_cluster::ServerId;
+use ecdedup_core::media::remote::{ChunkLink, LinkOp, PendingReply, Ready};
+use ecdedup_core::proto::frame::FLAG_FUA;
+use ecdedup_core::proto::{Header, Op, Status, PAYLOAD_BYTES_MAX};
+use ecdedup_transport::Peers;
+use std::cell::Cell;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+
+/// Bytes of data one frame carries (a multiple of 4 KiB under the
+/// protocol's bound).
+pub const FRAME_DATA_BYTES: usize = 4 << 20;
+
+/// What crossed the wire, per volume client (JSON and Prometheus).
+#[derive(Debug, Default, serde::Serialize)]
+pub struct WireCounters {
+    /// Frames sent.
+    pub messages: AtomicU64,
+    /// Groups of frames sent before the sender waited for a reply: one per
+    /// batch of the array, one per lone call.
+    pub round_trips: AtomicU64,
+    pub bytes_out: AtomicU64,
+    pub bytes_in: AtomicU64,
+    /// Replies with a status other than Ok, or no reply.
+    pub failures: AtomicU64,
+    pub epoch_refusals: AtomicU64,
+}
+
+thread_local! {
+    /// Whether this thread has sent frames it has not yet waited for.
+    static IN_FLIGHT: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Shared by every link of one volume client.
+pub struct Wire {
+    pub(crate) rt: tokio::runtime::Handle,
+    pub(crate) peers: Arc<Peers>,
+    pub volume_id: u64,
+    pub epoch: u64,
+    pub(crate) timeout: Duration,
+    fenced: AtomicBool,
+    fence_reason: Mutex<Option<String>>,
+    pub counters: WireCounters,
+}
+
+impl Wire {
+    pub fn new(
+        rt: tokio::runtime::Handle,
+        peers: Arc<Peers>,
+        volume_id: u64,
+        epoch: u64,
+        timeout: Duration,
+    ) -> Wire {
+        Wire {
+            rt,
+            peers,
+            volume_id,
+            epoch,
+            timeout,
+            fenced: AtomicBool::new(false),
+            fence_reason: Mutex::new(None),
+            counters: WireCounters::default(),
+        }
+    }
+
+    /// Why this writer is fenced (a newer writer owns the volume, or its
+    /// lease is gone), or None.
+    pub fn fenced(&self) -> Option<String> {
+        if !self.fenced.load(SeqCst) {
+            return None;
+        }
+        self.fence_reason.lock().unwrap().clone()
+    }
+
+    /// Latches the fence with `reason` (the first reason stays).
+    pub fn fence(&self, reason: String) {
+        let mut r = self.fence_reason.lock().unwrap();
+        if r.is_none() {
+            *r = Some(reason);
+        }
+        self.fenced.store(true, SeqCst);
+    }
+
+    /// A request header for a chunk of this volume.
+    pub fn header(&self, op: Op, code: u32, offset: u64, length: u32) -> Header {
+        let mut h = Header::request(op, 0, &[]);
+        h.volume_id = self.volume_id;
+        h.epoch = self.epoch;
+        h.pg = code;
+        h.offset = offset;
+        h.length = length;
+        h
+    }
+
+    /// Sends one frame; the receiver gets its reply (or why none came).
+    pub fn call(
+        self: &Arc<Self>,
+        addr: SocketAddr,
+        header: Header,
+        payload: Vec<u8>,
+    ) -> mpsc::Receiver<io::Result<Vec<u8>>> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        if !IN_FLIGHT.with(|f| f.replace(true)) {
+            self.counters.round_trips.fetch_add(1, Relaxed);
+        }
+        self.counters.messages.fetch_add(1, Relaxed);
+        self.counters
+            .bytes_out
+            .fetch_add(64 + payload.len() as u64, Relaxed);
+        let wire = Arc::clone(self);
+        self.rt.spawn(async move {
+            let reply = async {
+                let client = wire.peers.get(addr).await?;
+                client.call(&header, payload).await
+            };
+            let result = match tokio::time::timeout(wire.timeout, reply).await {
+                Err(_) => Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "{:?} to {addr}: no reply within {:?}",
+                        header.op, wire.timeout
+                    ),
+                )),
+                Ok(Err(e)) => Err(io::Error::new(io::ErrorKind::NotConnected, e.to_string())),
+                Ok(Ok(reply)) => {
+                    wire.counters
+                        .bytes_in
+                        .fetch_add(64 + reply.payload.len() as u64, Relaxed);
+                    wire.outcome(addr, &header, reply.header.status, reply.payload)
+                }
+            };
+            if result.is_err() {
+                wire.counters.failures.fetch_add(1, Relaxed);
+            }
+            let _ = tx.send(result);
+        });
+        rx
+    }
+
+    /// A reply's status as the engine sees it.
+    fn outcome(
+        &self,
+        addr: SocketAddr,
+        h: &Header,
+        status: Status,
+        payload: Vec<u8>,
+    ) -> io::Result<Vec<u8>> {
+        if status == Status::Ok {
+            return Ok(payload);
+        }
+        let why = String::from_utf8_lossy(&payload).into_owned();
+        let msg = format!("{:?} at {addr}: {status:?}: {why}", h.op);
+        match status {
+            Status::EpochTooOld => {
+                self.counters.epoch_refusals.fetch_add(1, Relaxed);
+                self.fence(msg.clone());
+                Err(io::Error::new(io::ErrorKind::PermissionDenied, msg))
+            }
+            Status::NoSpace => Err(io::Error::from_raw_os_error(libc::ENOSPC)),
+            _ => Err(io::Error::other(msg)),
+        }
+    }
+
+    /// Waits for a reply sent by [`Wire::call`].
+    pub fn wait(rx: mpsc::Receiver<io::Result<Vec<u8>>>) -> io::Result<Vec<u8>> {
+        IN_FLIGHT.with(|f| f.set(false));
+        rx.recv().unwrap_or_else(|_| {
+            Err(io::Error::new(
+                io::ErrorKind::NotConnected,
+                "the client's runtime stopped",
+            ))
+        })
+    }
+}
+
+/// One chunk: shard `shard` of PG `pg` of the volume, on `server`.
+pub struct NetLink {
+    wire: Arc<Wire>,
+    server: ServerId,
+    addr: SocketAddr,
+    code: u32,
+    size: u64,
+}
+
+impl NetLink {
+    pub fn new(
+        wire: Arc<Wire>,
+        server: ServerId,
+        addr: SocketAddr,
+        code: u32,
+        size: u64,
+    ) -> NetLink {
+        NetLink {
+            wire,
+            server,
+            addr,
+            code,
+            size,
+        }
+    }
+}
+
+/// Replies of the frames of one operation, joined.
+struct Frames(Vec<mpsc::Receiver<io::Result<Vec<u8>>>>);
+
+impl PendingReply for Frames {
+    fn wait(self: Box<Self>) -> io::Result<Vec<u8>> {
+        let mut out = Vec::new();
+        let mut first_error = None;
+        for rx in self.0 {
+            match Wire::wait(rx) {
+                Ok(bytes) if first_error.is_none() => out.extend_from_slice(&bytes),
+                Ok(_) => {}
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
+    }
+}
+
+impl ChunkLink for NetLink {
+    fn send(&self, op: LinkOp<'_>) -> Box<dyn PendingReply> {
+        if let Some(reason) = self.wire.fenced() {
+            return Box::new(Ready(Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                reason,
+            ))));
+        }
+        let w = &self.wire;
+        let mut frames = Vec::new();
+        match op {
+            LinkOp::Read { offset, len } => {
+                let mut done = 0;
+                while done < len || frames.is_empty() {
+                    let n = (len - done).min(FRAME_DATA_BYTES);
+                    let h = w.header(Op::Read, self.code, offset + done as u64, n as u32);
+                    frames.push(w.call(self.addr, h, Vec::new()));
+                    done += n;
+                    if n == 0 {
+                        break;
+                    }
+                }
+            }
+            LinkOp::Write { offset, buf, fua } => {
+                for (i, piece) in buf.chunks(FRAME_DATA_BYTES).enumerate() {
+                    let mut h = w.header(
+                        Op::Write,
+                        self.code,
+                        offset + (i * FRAME_DATA_BYTES) as u64,
+                        piece.len() as u32,
+                    );
+                    if fua {
+                        h.flags |= FLAG_FUA;
+                    }
+                    frames.push(w.call(self.addr, h, piece.to_vec()));
+                }
+            }
+            LinkOp::Sync => {
+                frames.push(w.call(self.addr, w.header(Op::Flush, self.code, 0, 0), Vec::new()))
+            }
+            LinkOp::Discard { offset, len } => {
+                let h = w.header(Op::Discard, self.code, offset, 8);
+                frames.push(w.call(self.addr, h, len.to_le_bytes().to_vec()));
+            }
+        }
+        debug_assert!(FRAME_DATA_BYTES as u32 <= PAYLOAD_BYTES_MAX);
+        Box::new(Frames(frames))
+    }
+
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn describe(&self) -> String {
+        let (pg, shard) = ecdedup_core::proto::chunk_parts(self.code);
+        format!(
+            "server {} ({}) volume {} PG {pg} shard {shard}",
+            self.server, self.addr, self.wire.volume_id
+        )
+    }
+}

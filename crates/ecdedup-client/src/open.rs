@@ -1,0 +1,394 @@
+//! Taking a volume over: the writer's handover (docs/cluster.md,
+//! "Fencing"), in this order:
+//!
+//! 1. read the pool, its PGs, the volume and the live servers from etcd;
+//! 2. take the volume's writer key under a lease of our own: its creation
+//!    revision is our epoch (a second writer is refused here and told who
+//!    holds the key);
+//! 3. push the epoch to every server of the volume's PGs and wait for
+//!    their acks: from then on no server acknowledges the old writer;
+//! 4. open every PG's chunks on its servers and open the PG's array over
+//!    them (formatting chunks that are all new): the array's open
+//!    replays the parity journals and resynchronises the stripes the old
+//!    writer left dirty;
+//! 5. only then serve.
+//!
+//! A server that cannot be reached costs its PGs one shard each: the
+//! array opens degraded (up to m per PG) and records what the server
+//! misses.
+
+use crate::link::{NetLink, Wire};
+use crate::volume::ClusterVolume;
+use ecdedup_cluster::keys::{DedupPolicy, PgRecord, PoolSpec, WritePolicy as PoolPolicy};
+use ecdedup_cluster::{Etcd, EtcdConfig, ServerId};
+use ecdedup_core::array::{self, Array, ConfigFile, CreateOptions, MetadataPlacement, WritePolicy};
+use ecdedup_core::dedup::{DedupConfig, Policy};
+use ecdedup_core::error::{Error, Result};
+use ecdedup_core::media::{Device, RemoteDevice};
+use ecdedup_core::proto::{chunk_code, Op};
+use ecdedup_transport::log::line;
+use ecdedup_transport::{ClientConfig, ClusterKey, Peers};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Every volume is formatted for at least this many bytes (its chunks are
+/// sparse: the room costs nothing until written), so that `volume resize`
+/// can grow it up to this without moving data.
+pub const CAPACITY_BYTES_MIN: u64 = 256 << 30;
+/// Bound of each chunk's parity journal (plog, parix).
+pub const CHUNK_JOURNAL_BYTES: u64 = 32 << 20;
+
+const COMPONENT: &str = "volume-client";
+
+#[derive(Clone, Debug)]
+pub struct ClusterOptions {
+    pub etcd: EtcdConfig,
+    pub pool: String,
+    pub volume: String,
+    pub key: PathBuf,
+    /// Where the client keeps each PG's `array.json` (a cache: the chunks
+    /// hold the truth).
+    pub state_dir: PathBuf,
+    /// How this writer is named in its writer key.
+    pub writer_address: String,
+    pub lease_ttl: Duration,
+    /// The longest a chunk request waits for its reply before the server
+    /// counts as failed for that PG.
+    pub request_timeout: Duration,
+}
+
+/// What the volume keeps alive while it serves: the runtime, the etcd
+/// session and the writer's lease.
+pub struct Session {
+    rt: tokio::runtime::Runtime,
+    writer: Mutex<Option<ecdedup_cluster::Writer>>,
+}
+
+impl Session {
+    /// Gives the writer key back (a clean stop: the next writer need not
+    /// wait for the lease to expire).
+    pub fn release(&self) {
+        if let Some(w) = self.writer.lock().unwrap().take() {
+            let _ = self.rt.block_on(w.release());
+        }
+    }
+}
+
+fn cluster_error(what: &str) -> impl Fn(ecdedup_cluster::Error) -> Error + '_ {
+    move |e| match e {
+        ecdedup_cluster::Error::WriterHeld { .. } => Error::Busy(format!("{what}: {e}")),
+        e => Error::Unavailable(format!("{what}: {e}")),
+    }
+}
+
+/// The engine's settings for a PG array of `pool`, over `names`.
+fn create_options(spec: &PoolSpec, names: Vec<PathBuf>, pg_bytes: u64) -> Result<CreateOptions> {
+    let write_policy = match spec.policy {
+        PoolPolicy::Rmw => WritePolicy::Rmw,
+        PoolPolicy::Plog => WritePolicy::Plog,
+        PoolPolicy::Parix => WritePolicy::Parix,
+        PoolPolicy::Replicate { .. } => WritePolicy::Replicate,
+    };
+    let policy = match spec.dedup {
+        DedupPolicy::None => Policy::None,
+        DedupPolicy::All => Policy::All,
+        DedupPolicy::Parity => Policy::Parity,
+    };
+    Ok(CreateOptions {
+        devices: names,
+        k: spec.k,
+        m: spec.m,
+        stripe_unit_bytes: spec.stripe_unit_bytes,
+        volume_bytes: pg_bytes,
+        intent_region_bytes: array::intent::REGION_BYTES_DEFAULT,
+        dedup: DedupConfig {
+            policy,
+            ..DedupConfig::default()
+        },
+        write_policy,
+        journal_bytes_max: CHUNK_JOURNAL_BYTES,
+        io: Default::default(),
+        sparse: true,
+        force: false,
+        metadata: MetadataPlacement::Devices,
+    })
+}
+
+/// Takes volume `opts.volume` over and returns it ready to serve.
+pub fn open(opts: &ClusterOptions) -> Result<ClusterVolume> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("ecdedup-client")
+        .enable_all()
+        .build()
+        .map_err(|e| Error::io("starting the client's runtime", e))?;
+    let key = ClusterKey::load(&opts.key).map_err(|e| Error::Config(e.to_string()))?;
+    let (etcd, pool, pgs, volume, servers, writer) = rt.block_on(async {
+        let etcd = Etcd::connect(opts.etcd.clone())
+            .await
+            .map_err(cluster_error("etcd"))?;
+        let pool = ecdedup_cluster::get_pool(&etcd, &opts.pool)
+            .await
+            .map_err(cluster_error("pool"))?;
+        let pgs = ecdedup_cluster::pool_pgs(&etcd, &opts.pool)
+            .await
+            .map_err(cluster_error("placement groups"))?;
+        let volume = ecdedup_cluster::get_volume(&etcd, &opts.pool, &opts.volume)
+            .await
+            .map_err(cluster_error("volume"))?;
+        let servers = ecdedup_cluster::list_servers(&etcd)
+            .await
+            .map_err(cluster_error("servers"))?;
+        let writer = ecdedup_cluster::acquire_writer(
+            &etcd,
+            &opts.pool,
+            &opts.volume,
+            &opts.writer_address,
+            opts.lease_ttl,
+        )
+        .await
+        .map_err(cluster_error("writer"))?;
+        Ok::<_, Error>((etcd, pool, pgs, volume, servers, writer))
+    })?;
+    drop(etcd);
+    let spec = pool.record.spec.clone();
+    let volume_id = volume.record.id;
+    let epoch = writer.epoch();
+    line(
+        COMPONENT,
+        "writer",
+        &[
+            ("volume", &opts.volume),
+            ("volume_id", &volume_id),
+            ("epoch", &epoch),
+        ],
+    );
+    let peers = Arc::new(Peers::new(
+        key,
+        ClientConfig {
+            request_timeout: opts.request_timeout,
+            ..ClientConfig::default()
+        },
+    ));
+    let wire = Arc::new(Wire::new(
+        rt.handle().clone(),
+        peers,
+        volume_id,
+        epoch,
+        opts.request_timeout,
+    ));
+    // The lease lost: the writer stops at once.
+    {
+        let mut fence = writer.fence();
+        let wire = Arc::clone(&wire);
+        rt.spawn(async move {
+            let reason = fence.fenced().await;
+            wire.fence(format!("the writer's lease is lost: {reason}"));
+        });
+    }
+    let addr_of =
+        |id: ServerId| -> Option<SocketAddr> { servers.get(&id)?.info.address.parse().ok() };
+    // 3. The epoch, to every server of the volume's PGs.
+    let mut all: Vec<ServerId> = pgs.iter().flat_map(|p| p.servers.iter().copied()).collect();
+    all.sort();
+    all.dedup();
+    let pushes: Vec<_> = all
+        .iter()
+        .filter_map(|&id| {
+            Some((
+                id,
+                wire.call(addr_of(id)?, wire.header(Op::SetEpoch, 0, 0, 0), Vec::new()),
+            ))
+        })
+        .collect();
+    let mut reached = BTreeMap::new();
+    for (id, rx) in pushes {
+        match Wire::wait(rx) {
+            Ok(_) => {
+                reached.insert(id, ());
+            }
+            Err(e) => line(
+                COMPONENT,
+                "epoch-push-failed",
+                &[("server", &id), ("reason", &e)],
+            ),
+        }
+    }
+    if let Some(reason) = wire.fenced() {
+        return Err(Error::Busy(format!(
+            "a newer writer holds the volume: {reason}"
+        )));
+    }
+    // 4. Every PG's array.
+    let stripe_bytes = u64::from(spec.k) * u64::from(spec.stripe_unit_bytes);
+    let p = u64::from(spec.pg_count);
+    let capacity = volume.record.size_bytes.max(CAPACITY_BYTES_MIN);
+    let pg_stripes = capacity.div_ceil(stripe_bytes).div_ceil(p);
+    let pg_bytes = pg_stripes * stripe_bytes;
+    let mut arrays = Vec::with_capacity(pgs.len());
+    for (pg, record) in pgs.iter().enumerate() {
+        let array = open_pg(
+            opts,
+            &spec,
+            &wire,
+            volume_id,
+            pg as u32,
+            record,
+            pg_bytes,
+            &|id| addr_of(id).filter(|_| reached.contains_key(&id)),
+        )?;
+        arrays.push(Arc::new(array));
+    }
+    if volume.record.size_bytes > arrays[0].volume_bytes() * p {
+        return Err(Error::Config(format!(
+            "volume {} is {} bytes, its chunks were formatted for {}: it cannot grow past that",
+            opts.volume,
+            volume.record.size_bytes,
+            arrays[0].volume_bytes() * p
+        )));
+    }
+    for a in &arrays {
+        a.start_background_replay();
+    }
+    line(
+        COMPONENT,
+        "serving",
+        &[
+            ("volume", &opts.volume),
+            ("bytes", &volume.record.size_bytes),
+            ("pgs", &pgs.len()),
+        ],
+    );
+    Ok(ClusterVolume {
+        size: volume.record.size_bytes,
+        stripe_bytes,
+        rotation: volume_id,
+        pgs: arrays,
+        wire,
+        _session: Some(Session {
+            rt,
+            writer: Mutex::new(Some(writer)),
+        }),
+    })
+}
+
+/// Opens (formatting if new) the array of PG `pg` over its chunks.
+#[allow(clippy::too_many_arguments)]
+fn open_pg(
+    opts: &ClusterOptions,
+    spec: &PoolSpec,
+    wire: &Arc<Wire>,
+    volume_id: u64,
+    pg: u32,
+    record: &PgRecord,
+    pg_bytes: u64,
+    addr_of: &dyn Fn(ServerId) -> Option<SocketAddr>,
+) -> Result<Array> {
+    let names: Vec<PathBuf> = record
+        .servers
+        .iter()
+        .enumerate()
+        .map(|(shard, id)| {
+            PathBuf::from(format!(
+                "ecdedup://server-{id}/v{volume_id}/pg{pg}/s{shard}"
+            ))
+        })
+        .collect();
+    let dir = opts
+        .state_dir
+        .join(format!("v{volume_id}"))
+        .join(format!("pg{pg}"));
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    // The chunk's size: the array's data per device plus its metadata.
+    let options = create_options(spec, names.clone(), pg_bytes)?;
+    let geo = array::geometry_for(&options)?;
+    let chunk_bytes = geo.device_bytes_min().div_ceil(4096) * 4096;
+    let mut devices: Vec<Option<Arc<dyn Device>>> = Vec::new();
+    let mut made = Vec::new();
+    let opens: Vec<_> = record
+        .servers
+        .iter()
+        .enumerate()
+        .map(|(shard, &id)| {
+            let code = chunk_code(pg, shard as u32);
+            addr_of(id).map(|addr| {
+                let h = wire.header(Op::Open, code, 0, 8);
+                (
+                    id,
+                    addr,
+                    code,
+                    wire.call(addr, h, chunk_bytes.to_le_bytes().to_vec()),
+                )
+            })
+        })
+        .collect();
+    for (shard, open) in opens.into_iter().enumerate() {
+        let Some((id, addr, code, rx)) = open else {
+            line(
+                COMPONENT,
+                "shard-unreachable",
+                &[("pg", &pg), ("shard", &shard)],
+            );
+            devices.push(None);
+            continue;
+        };
+        match Wire::wait(rx) {
+            Ok(reply) if reply.len() == 9 => {
+                made.push(reply[8] == 1);
+                let link = NetLink::new(Arc::clone(wire), id, addr, code, chunk_bytes);
+                devices.push(Some(Arc::new(RemoteDevice::new(Arc::new(link)))));
+            }
+            Ok(reply) => {
+                return Err(Error::Corrupt(format!(
+                    "server {id} answered an Open with {} bytes",
+                    reply.len()
+                )))
+            }
+            Err(e) => {
+                line(
+                    COMPONENT,
+                    "shard-open-failed",
+                    &[("pg", &pg), ("shard", &shard), ("reason", &e)],
+                );
+                devices.push(None);
+            }
+        }
+    }
+    if let Some(reason) = wire.fenced() {
+        return Err(Error::Busy(format!(
+            "a newer writer holds the volume: {reason}"
+        )));
+    }
+    let config = dir.join(array::CONFIG_FILE);
+    let _ = std::fs::remove_file(&config);
+    let formatted = devices
+        .iter()
+        .flatten()
+        .any(|d| array::has_superblock(d.as_ref()));
+    if !formatted {
+        if devices.iter().any(Option::is_none) {
+            return Err(Error::Unavailable(format!(
+                "PG {pg} of volume {} is new and a server of it cannot be reached: it is \
+                 formatted only with all {} servers up",
+                opts.volume,
+                record.servers.len()
+            )));
+        }
+        line(
+            COMPONENT,
+            "format",
+            &[("pg", &pg), ("chunk_bytes", &chunk_bytes)],
+        );
+        array::format(&dir, &options, devices.iter().flatten().cloned().collect())?;
+    } else {
+        let mut cfg: ConfigFile = array::config_from_devices(&devices)?;
+        cfg.devices = names;
+        cfg.store(&dir)?;
+    }
+    let _ = made;
+    Array::open_with_devices(&dir, devices, None)
+}
