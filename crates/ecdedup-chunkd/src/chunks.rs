@@ -270,7 +270,7 @@ impl ChunkServer {
     /// Opens (creating, sparse, if absent) a chunk of `size` bytes;
     /// returns whether it was made now.
     fn open_chunk(&self, volume: u64, code: u32, size: u64) -> Result<bool, Refusal> {
-        if size == 0 || size > CHUNK_BYTES_MAX || size % 4096 != 0 {
+        if size == 0 || size > CHUNK_BYTES_MAX || !size.is_multiple_of(4096) {
             return Err(invalid(format!(
                 "a chunk of {size} bytes (a multiple of 4096 up to {CHUNK_BYTES_MAX})"
             )));
