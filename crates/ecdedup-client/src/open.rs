@@ -268,6 +268,7 @@ pub fn open(opts: &ClusterOptions) -> Result<ClusterVolume> {
         rotation: volume_id,
         pgs: arrays,
         wire,
+        state_dir: opts.state_dir.clone(),
         _session: Some(Session {
             rt,
             writer: Mutex::new(Some(writer)),

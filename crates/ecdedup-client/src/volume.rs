@@ -42,6 +42,7 @@ pub struct ClusterVolume {
     /// Index: PG number.
     pub(crate) pgs: Vec<Arc<Array>>,
     pub(crate) wire: Arc<Wire>,
+    pub(crate) state_dir: std::path::PathBuf,
     /// Held for the volume's lifetime: the runtime the links run on, the
     /// writer's lease.
     pub(crate) _session: Option<crate::open::Session>,
@@ -54,6 +55,11 @@ impl ClusterVolume {
 
     pub fn wire(&self) -> &Arc<Wire> {
         &self.wire
+    }
+
+    /// The folder the client keeps its state in.
+    pub fn state_dir(&self) -> &std::path::Path {
+        &self.state_dir
     }
 
     pub fn pg_arrays(&self) -> &[Arc<Array>] {

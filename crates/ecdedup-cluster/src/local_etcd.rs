@@ -142,6 +142,14 @@ impl LocalEtcd {
         self.client_port
     }
 
+    /// Lets etcd run on after this handle goes (`ecdedup cluster up`,
+    /// which `cluster down` stops by its pid); returns the pid.
+    pub fn detach(self) -> u32 {
+        let pid = self.child.id();
+        std::mem::forget(self);
+        pid
+    }
+
     /// The process id.
     pub fn pid(&self) -> u32 {
         self.child.id()

@@ -15,19 +15,33 @@
 //! Parameters: `dir=ARRAY_FOLDER` (required), `metrics=HOST:PORT`,
 //! `trace=FILE`, `fingerprint_backend=cpu|gpu|auto` (optional; the last
 //! overrides the array's configured fingerprint backend for this run).
+//!
+//! Cluster mode (docs/cluster.md): `cluster=ETCD_ENDPOINTS` (comma-
+//! separated), `volume=POOL/NAME`, `key=CLUSTER_KEY_FILE`, `dir=STATE`
+//! (where each PG's `array.json` is cached and `stats.sock` answers the
+//! volume's counters), `cluster_name=NAME` (default `default`). The volume
+//! is taken over in `config_complete` (the writer key, the epoch pushed to
+//! every server, each PG's array opened), so nbdkit must run in the
+//! foreground (`ecdedup serve` does). A writer fenced by a newer one
+//! (`EPOCH_TOO_OLD`) or by the loss of its lease stops its export: the
+//! failing request gets EIO and the server stops as on SIGTERM, exit 1.
 
 use ecdedup_core::array::Array;
 use ecdedup_core::volume::Volume;
 use nbdkit::*;
 use std::sync::{Arc, Mutex, OnceLock};
 
+mod cluster;
 mod lifecycle;
+
+use cluster::Served;
 
 static DIR: Mutex<Option<String>> = Mutex::new(None);
 static METRICS: Mutex<Option<String>> = Mutex::new(None);
 static TRACE: Mutex<Option<String>> = Mutex::new(None);
 static FINGERPRINT_BACKEND: Mutex<Option<String>> = Mutex::new(None);
-static VOLUME: OnceLock<Arc<Volume>> = OnceLock::new();
+static CLUSTER: Mutex<cluster::Params> = Mutex::new(cluster::Params::new());
+static VOLUME: OnceLock<Arc<Served>> = OnceLock::new();
 
 fn to_nbd(e: ecdedup_core::Error) -> Error {
     Error::new(e.errno(), e.to_string())
@@ -40,7 +54,7 @@ fn close_volume() -> std::result::Result<(), String> {
         .map_or(Ok(()), |vol| vol.close().map_err(|e| e.to_string()))
 }
 
-fn volume() -> Result<&'static Arc<Volume>> {
+fn volume() -> Result<&'static Arc<Served>> {
     VOLUME
         .get()
         .ok_or_else(|| Error::new(libc::EIO, "volume not open"))
@@ -58,7 +72,7 @@ impl Server for Handle {
     }
 
     fn config_help() -> Option<&'static str> {
-        Some("dir=<ARRAY_FOLDER>  (required) the array to serve\nmetrics=<HOST:PORT>  Prometheus text on this address")
+        Some("dir=<ARRAY_FOLDER>  (required) the array to serve (cluster mode: the state folder)\nmetrics=<HOST:PORT>  Prometheus text on this address\ncluster=<ETCD,...> volume=<POOL/NAME> key=<FILE> [cluster_name=<NAME>]  serve a cluster volume")
     }
 
     fn config(key: &str, value: &str) -> Result<()> {
@@ -67,11 +81,15 @@ impl Server for Handle {
             "metrics" => *METRICS.lock().unwrap() = Some(value.to_owned()),
             "trace" => *TRACE.lock().unwrap() = Some(value.to_owned()),
             "fingerprint_backend" => *FINGERPRINT_BACKEND.lock().unwrap() = Some(value.to_owned()),
+            "cluster" | "volume" | "key" | "cluster_name" => {
+                CLUSTER.lock().unwrap().set(key, value)
+            }
             _ => {
                 return Err(Error::new(
                     libc::EINVAL,
                     format!(
-                        "unknown parameter {key:?} (dir=, metrics=, trace=, fingerprint_backend=)"
+                        "unknown parameter {key:?} (dir=, metrics=, trace=, fingerprint_backend=, \
+                         cluster=, volume=, key=, cluster_name=)"
                     ),
                 ))
             }
@@ -84,6 +102,12 @@ impl Server for Handle {
         let dir = DIR.lock().unwrap().clone().ok_or_else(|| {
             Error::new(libc::EINVAL, "the dir=<ARRAY_FOLDER> parameter is required")
         })?;
+        let params = CLUSTER.lock().unwrap().clone();
+        if params.is_cluster() {
+            let served = cluster::open(&params, &dir)?;
+            let _ = VOLUME.set(Arc::new(served));
+            return Ok(());
+        }
         let progress: ecdedup_core::array::ProgressFn =
             Arc::new(|what: &str, done: u64, total: u64| {
                 if done == total || done.is_multiple_of(4096) {
@@ -114,16 +138,22 @@ impl Server for Handle {
             }
             None => Volume::new(array),
         };
-        let _ = VOLUME.set(Arc::new(volume));
+        let _ = VOLUME.set(Arc::new(Served::Local(volume)));
         Ok(())
     }
 
     fn after_fork() -> Result<()> {
         let vol = volume()?;
-        ecdedup_core::control::serve(Arc::clone(vol.array())).map_err(to_nbd)?;
-        vol.array().start_background_replay();
-        if let Some(addr) = METRICS.lock().unwrap().clone() {
-            ecdedup_core::control::serve_metrics(Arc::clone(vol.array()), &addr).map_err(to_nbd)?;
+        match vol.as_ref() {
+            Served::Local(vol) => {
+                ecdedup_core::control::serve(Arc::clone(vol.array())).map_err(to_nbd)?;
+                vol.array().start_background_replay();
+                if let Some(addr) = METRICS.lock().unwrap().clone() {
+                    ecdedup_core::control::serve_metrics(Arc::clone(vol.array()), &addr)
+                        .map_err(to_nbd)?;
+                }
+            }
+            Served::Cluster(c) => cluster::serve_stats(Arc::clone(c)).map_err(to_nbd)?,
         }
         // nbdkit's signal handlers are in place, no connection is accepted
         // yet: from now on a stop signal is ours.

@@ -142,6 +142,19 @@ enum Command {
         /// one chosen at create.
         #[arg(long)]
         fingerprint_backend: Option<String>,
+        /// Serve a cluster volume instead (docs/cluster.md): etcd endpoints,
+        /// comma-separated. --dir is then the client's state folder.
+        #[arg(long, requires_all = ["volume", "key"])]
+        cluster: Option<String>,
+        /// The cluster's name (its etcd keys live under /ecdedup/NAME/).
+        #[arg(long, default_value = "default")]
+        cluster_name: String,
+        /// The cluster volume, POOL/NAME.
+        #[arg(long, requires = "cluster")]
+        volume: Option<String>,
+        /// The cluster key file.
+        #[arg(long, requires = "cluster")]
+        key: Option<PathBuf>,
     },
     /// Show geometry, device states and any running operation (a stopped
     /// array is only read: no recovery, no file changed).
@@ -214,6 +227,13 @@ enum Command {
     },
     /// Volumes of a cluster's pools, in etcd (docs/cluster.md).
     Volume(crate::volume_cli::VolumeArgs),
+    /// Pools of a cluster and their placement groups, in etcd.
+    Pool(crate::cluster_cli::PoolArgs),
+    /// A chunk server: serves this host's chunk files to volume clients.
+    Chunkd(crate::cluster_cli::ChunkdArgs),
+    /// A whole cluster on this machine in --dir (etcd, chunk servers on
+    /// loopback, a pool, a volume and its NBD server), for trials.
+    Cluster(crate::cluster_cli::ClusterArgs),
     /// Run an experiment that reproduces a paper's evaluation.
     Eval {
         #[command(subcommand)]
@@ -1070,7 +1090,22 @@ fn run(cli: Cli) -> Result<()> {
             threads,
             plugin,
             fingerprint_backend,
+            cluster,
+            cluster_name,
+            volume,
+            key,
         } => {
+            if let (Some(endpoints), Some(volume), Some(key)) = (cluster, volume, key) {
+                let target = ServeTarget::Cluster {
+                    endpoints,
+                    name: cluster_name,
+                    volume,
+                    key,
+                };
+                return serve_nbdkit(
+                    &dir, target, socket, tcp, metrics, None, threads, plugin, None,
+                );
+            }
             let backend = fingerprint_backend
                 .as_deref()
                 .map(parse_backend)
@@ -1289,6 +1324,15 @@ fn run(cli: Cli) -> Result<()> {
         } => run_archive(&dir, command, progress, &fingerprint_backend),
         Command::Eval { experiment } => crate::eval::run(experiment),
         Command::Volume(args) => crate::volume_cli::run(args, &mut std::io::stdout()),
+        Command::Pool(args) => crate::cluster_cli::pool(args, &mut std::io::stdout()),
+        Command::Chunkd(args) => {
+            let code = crate::cluster_cli::chunkd(args)?;
+            if code != 0 {
+                std::process::exit(code);
+            }
+            Ok(())
+        }
+        Command::Cluster(args) => crate::cluster_cli::cluster(&dir, args),
         Command::Sim(args) => crate::ssd::run_sim(args),
         Command::SetPolicy { policy } => {
             let policy: crate::array::WritePolicy = policy.parse()?;
@@ -1465,7 +1509,6 @@ fn serve(
     plugin: Option<PathBuf>,
     fingerprint_backend: Option<crate::fingerprint::gpu::BackendChoice>,
 ) -> Result<()> {
-    use std::os::unix::process::CommandExt;
     // Fail early, with our own words, on the common mistakes. A config that
     // does not parse is the open's to recover (from the devices' copies).
     match array::ConfigFile::load(dir) {
@@ -1479,7 +1522,50 @@ fn serve(
             SERVE_LOCK_WAIT.as_secs()
         )));
     }
+    serve_nbdkit(
+        dir,
+        ServeTarget::Array,
+        socket,
+        tcp,
+        metrics,
+        trace,
+        threads,
+        plugin,
+        fingerprint_backend,
+    )
+}
+
+/// What `serve` serves: the array in --dir, or a cluster volume (--dir
+/// then holds the client's state).
+enum ServeTarget {
+    Array,
+    Cluster {
+        endpoints: String,
+        name: String,
+        volume: String,
+        key: PathBuf,
+    },
+}
+
+#[allow(clippy::too_many_arguments)] // one per `serve` option
+fn serve_nbdkit(
+    dir: &Path,
+    target: ServeTarget,
+    socket: Option<PathBuf>,
+    tcp: Option<String>,
+    metrics: Option<String>,
+    trace: Option<PathBuf>,
+    threads: u32,
+    plugin: Option<PathBuf>,
+    fingerprint_backend: Option<crate::fingerprint::gpu::BackendChoice>,
+) -> Result<()> {
+    use std::os::unix::process::CommandExt;
     let plugin = plugin_path(plugin)?;
+    let cluster = matches!(target, ServeTarget::Cluster { .. });
+    if cluster {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    }
     let dir_abs = std::fs::canonicalize(dir)
         .map_err(|e| Error::io(format!("resolving {}", dir.display()), e))?;
     let mut cmd = std::process::Command::new("nbdkit");
@@ -1509,6 +1595,20 @@ fn serve(
         }
     }
     cmd.arg(&plugin).arg(format!("dir={}", dir_abs.display()));
+    if let ServeTarget::Cluster {
+        endpoints,
+        name,
+        volume,
+        key,
+    } = target
+    {
+        let key = std::fs::canonicalize(&key)
+            .map_err(|e| Error::io(format!("cluster key {}", key.display()), e))?;
+        cmd.arg(format!("cluster={endpoints}"))
+            .arg(format!("cluster_name={name}"))
+            .arg(format!("volume={volume}"))
+            .arg(format!("key={}", key.display()));
+    }
     if let Some(m) = metrics {
         cmd.arg(format!("metrics={m}"));
     }
@@ -1523,10 +1623,52 @@ fn serve(
         };
         cmd.arg(format!("trace={}", t.display()));
     }
+    if cluster {
+        // nbdkit (Debian's 1.32) dies with its parent (it sets
+        // PR_SET_PDEATHSIG): a cluster volume's server stays its parent,
+        // so that `cluster up` or a supervisor may exit before it.
+        return supervise(cmd);
+    }
     let err = cmd.exec();
     Err(Error::Other(format!(
         "cannot run nbdkit ({err}); install it with scripts/install-deps.sh"
     )))
+}
+
+/// The child `supervise` forwards stop signals to (0: none yet).
+static SUPERVISED: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+extern "C" fn forward_signal(sig: libc::c_int) {
+    let pid = SUPERVISED.load(std::sync::atomic::Ordering::SeqCst);
+    if pid > 0 {
+        // SAFETY: kill(2) is async-signal-safe; the pid is our child's.
+        unsafe { libc::kill(pid, sig) };
+    }
+}
+
+/// Runs nbdkit as a child, forwards the stop signals to it, and exits with
+/// its status.
+fn supervise(mut cmd: std::process::Command) -> Result<()> {
+    let mut child = cmd.spawn().map_err(|e| {
+        Error::Other(format!(
+            "cannot run nbdkit ({e}); install it with scripts/install-deps.sh"
+        ))
+    })?;
+    SUPERVISED.store(child.id() as i32, std::sync::atomic::Ordering::SeqCst);
+    for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT] {
+        // SAFETY: installs an async-signal-safe handler.
+        unsafe {
+            let mut act: libc::sigaction = std::mem::zeroed();
+            act.sa_sigaction = forward_signal as *const () as usize;
+            act.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut act.sa_mask);
+            libc::sigaction(sig, &act, std::ptr::null_mut());
+        }
+    }
+    let status = child
+        .wait()
+        .map_err(|e| Error::io("waiting for nbdkit", e))?;
+    std::process::exit(status.code().unwrap_or(1));
 }
 
 /// A socket file left by a killed server would make nbdkit refuse to bind.

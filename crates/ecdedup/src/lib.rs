@@ -16,6 +16,7 @@ pub use ecdedup_core::{Error, Result};
 pub use ecdedup_lab::eval;
 
 pub mod cli;
+pub mod cluster_cli;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod volume_cli;

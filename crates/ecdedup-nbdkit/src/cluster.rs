@@ -1,0 +1,182 @@
+//! What the plugin serves: a local array's volume, or a cluster volume
+//! (docs/cluster.md), behind one set of calls.
+
+use ecdedup_client::{ClusterOptions, ClusterVolume};
+use ecdedup_cluster::EtcdConfig;
+use ecdedup_core::volume::Volume;
+use ecdedup_core::Result;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The cluster parameters (`cluster=`, `volume=`, `key=`, `cluster_name=`).
+#[derive(Clone, Debug)]
+pub struct Params {
+    endpoints: Option<String>,
+    volume: Option<String>,
+    key: Option<String>,
+    name: Option<String>,
+}
+
+impl Params {
+    pub const fn new() -> Params {
+        Params {
+            endpoints: None,
+            volume: None,
+            key: None,
+            name: None,
+        }
+    }
+
+    pub fn set(&mut self, key: &str, value: &str) {
+        let slot = match key {
+            "cluster" => &mut self.endpoints,
+            "volume" => &mut self.volume,
+            "key" => &mut self.key,
+            _ => &mut self.name,
+        };
+        *slot = Some(value.to_owned());
+    }
+
+    pub fn is_cluster(&self) -> bool {
+        self.endpoints.is_some() || self.volume.is_some()
+    }
+}
+
+pub enum Served {
+    Local(Volume),
+    Cluster(Arc<ClusterVolume>),
+}
+
+/// Set once a fenced writer has begun its stop.
+static FENCE_STOP: AtomicBool = AtomicBool::new(false);
+
+impl Served {
+    pub fn size(&self) -> u64 {
+        match self {
+            Served::Local(v) => v.size(),
+            Served::Cluster(c) => c.size(),
+        }
+    }
+
+    /// A failed request of a fenced writer stops the export (once).
+    fn after<T>(&self, r: Result<T>) -> Result<T> {
+        if let (Err(_), Served::Cluster(c)) = (&r, self) {
+            if let Some(reason) = c.wire().fenced() {
+                if !FENCE_STOP.swap(true, Ordering::SeqCst) {
+                    ecdedup_transport::log::line(
+                        "volume-client",
+                        "fenced",
+                        &[("volume_id", &c.wire().volume_id), ("reason", &reason)],
+                    );
+                    // SAFETY: raising a signal our own handler takes.
+                    unsafe { libc::raise(libc::SIGTERM) };
+                }
+            }
+        }
+        r
+    }
+
+    pub fn read(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.after(match self {
+            Served::Local(v) => v.read(buf, offset),
+            Served::Cluster(c) => c.read(buf, offset),
+        })
+    }
+
+    pub fn write(&self, buf: &[u8], offset: u64, fua: bool) -> Result<()> {
+        self.after(match self {
+            Served::Local(v) => v.write(buf, offset, fua),
+            Served::Cluster(c) => c.write(buf, offset, fua),
+        })
+    }
+
+    pub fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
+        self.after(match self {
+            Served::Local(v) => v.write_zeroes(offset, len, fua),
+            Served::Cluster(c) => c.write_zeroes(offset, len, fua),
+        })
+    }
+
+    pub fn flush(&self) -> Result<()> {
+        self.after(match self {
+            Served::Local(v) => v.flush(),
+            Served::Cluster(c) => c.flush(),
+        })
+    }
+
+    pub fn close(&self) -> Result<()> {
+        match self {
+            Served::Local(v) => v.close(),
+            Served::Cluster(c) => c.close(),
+        }
+    }
+}
+
+fn missing(what: &str) -> nbdkit::Error {
+    nbdkit::Error::new(
+        libc::EINVAL,
+        format!("cluster mode needs {what}= (cluster=, volume=POOL/NAME, key=)"),
+    )
+}
+
+/// Takes the cluster volume over.
+pub fn open(params: &Params, state: &str) -> nbdkit::Result<Served> {
+    let endpoints = params.endpoints.clone().ok_or_else(|| missing("cluster"))?;
+    let volume = params.volume.clone().ok_or_else(|| missing("volume"))?;
+    let key = params.key.clone().ok_or_else(|| missing("key"))?;
+    let (pool, name) = volume
+        .split_once('/')
+        .filter(|(p, n)| !p.is_empty() && !n.is_empty())
+        .ok_or_else(|| {
+            nbdkit::Error::new(libc::EINVAL, format!("volume={volume:?} is not POOL/NAME"))
+        })?;
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let opts = ClusterOptions {
+        etcd: EtcdConfig::new(
+            endpoints.split(',').map(str::to_owned).collect(),
+            params.name.as_deref().unwrap_or("default"),
+        ),
+        pool: pool.to_owned(),
+        volume: name.to_owned(),
+        key: PathBuf::from(key),
+        state_dir: PathBuf::from(state),
+        writer_address: format!("{} pid {}", host.trim(), std::process::id()),
+        lease_ttl: Duration::from_secs(10),
+        request_timeout: Duration::from_secs(10),
+    };
+    let c =
+        ecdedup_client::open(&opts).map_err(|e| nbdkit::Error::new(e.errno(), e.to_string()))?;
+    for (pg, a) in c.pg_arrays().iter().enumerate() {
+        for w in a.warnings() {
+            eprintln!("ecdedup: PG {pg}: warning: {w}");
+        }
+    }
+    Ok(Served::Cluster(Arc::new(c)))
+}
+
+/// The socket that answers the volume's counters (JSON, one answer per
+/// connection): `STATE/stats.sock`.
+pub fn stats_socket(state: &Path) -> PathBuf {
+    state.join("stats.sock")
+}
+
+/// Answers the counters on [`stats_socket`], in a thread of its own.
+pub fn serve_stats(c: Arc<ClusterVolume>) -> Result<()> {
+    use std::io::Write;
+    let path = stats_socket(c.state_dir());
+    let _ = std::fs::remove_file(&path);
+    let listener = std::os::unix::net::UnixListener::bind(&path)
+        .map_err(|e| ecdedup_core::Error::io(format!("binding {}", path.display()), e))?;
+    std::thread::Builder::new()
+        .name("ecdedup-stats".into())
+        .spawn(move || {
+            for mut conn in listener.incoming().flatten() {
+                let text = c.stats_json().to_string();
+                let _ = conn.write_all(text.as_bytes());
+            }
+        })
+        .map_err(|e| ecdedup_core::Error::io("starting the stats thread", e))?;
+    Ok(())
+}

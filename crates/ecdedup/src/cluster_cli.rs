@@ -1,0 +1,778 @@
+//! The cluster's commands (docs/cluster.md):
+//! - `ecdedup chunkd`: a chunk server;
+//! - `ecdedup pool create|ls`: pools and their placement groups in etcd;
+//! - `ecdedup cluster up|status|stats|restart-server|down`: a whole cluster
+//!   on this machine (etcd, N chunk servers on loopback, a pool, a volume,
+//!   its NBD server), for trials and tests; its processes are recorded in
+//!   `DIR/cluster.json` and stopped by pid.
+
+use crate::error::{Error, Result};
+use crate::units::{format_size, parse_size};
+use clap::{Args, Subcommand};
+use ecdedup_cluster::keys::{DedupPolicy, FailureDomain, PoolSpec, WritePolicy};
+use ecdedup_cluster::{Etcd, EtcdConfig, ServerId};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn cluster_error(e: ecdedup_cluster::Error) -> Error {
+    Error::Other(e.to_string())
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| Error::io("starting the tokio runtime", e))
+}
+
+#[derive(Args)]
+pub struct EtcdArgs {
+    /// etcd endpoints (comma-separated), tried in this order.
+    #[arg(long, value_delimiter = ',', default_value = "http://127.0.0.1:2379")]
+    pub etcd: Vec<String>,
+    /// The cluster's name: its keys live under /ecdedup/<cluster>/.
+    #[arg(long, default_value = "default")]
+    pub cluster: String,
+}
+
+impl EtcdArgs {
+    fn config(&self) -> EtcdConfig {
+        EtcdConfig::new(self.etcd.clone(), &self.cluster)
+    }
+}
+
+#[derive(Args)]
+pub struct ChunkdArgs {
+    #[command(flatten)]
+    etcd: EtcdArgs,
+    /// This server's id: unique in the cluster (a second server with the
+    /// same id is refused while the first is registered).
+    #[arg(long)]
+    id: u32,
+    /// Where the data protocol listens, HOST:PORT (port 0: any).
+    #[arg(long, default_value = "0.0.0.0:7900")]
+    listen: String,
+    /// The address clients reach it at, if not --listen's.
+    #[arg(long)]
+    advertise: Option<String>,
+    /// The failure domain `host` of placement [default: the host name].
+    #[arg(long)]
+    host: Option<String>,
+    /// The cluster key file (mode 0600; `ecdedup cluster up` makes one).
+    #[arg(long)]
+    key: PathBuf,
+    /// A data folder (one per device or file system; repeat).
+    #[arg(long = "data", required = true)]
+    data: Vec<PathBuf>,
+    /// Chunk I/O: direct (O_DIRECT) or buffered.
+    #[arg(long, default_value = "direct")]
+    io: String,
+    /// The etcd lease's TTL in seconds: a server that cannot renew it for
+    /// this long fences itself and exits 3.
+    #[arg(long, default_value_t = 10)]
+    lease_ttl: u64,
+}
+
+/// `ecdedup chunkd`: returns the process's exit status.
+pub fn chunkd(args: ChunkdArgs) -> Result<i32> {
+    let listen = args
+        .listen
+        .parse()
+        .map_err(|e| Error::Config(format!("--listen {:?}: {e}", args.listen)))?;
+    let host = match args.host {
+        Some(h) => h,
+        None => std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_owned())
+            .unwrap_or_else(|_| "localhost".into()),
+    };
+    let config = ecdedup_chunkd::ChunkdConfig {
+        etcd: args.etcd.config(),
+        id: args.id,
+        listen,
+        advertise: args.advertise,
+        host,
+        key: args.key,
+        dirs: args.data,
+        io: args.io.parse()?,
+        lease_ttl: Duration::from_secs(args.lease_ttl),
+        space_every: Duration::from_secs(10),
+    };
+    runtime()?
+        .block_on(ecdedup_chunkd::run(config))
+        .map_err(Error::Other)
+}
+
+#[derive(Args)]
+pub struct PoolArgs {
+    #[command(flatten)]
+    etcd: EtcdArgs,
+    #[command(subcommand)]
+    command: PoolCommand,
+}
+
+#[derive(Args, Clone)]
+pub struct PoolSettings {
+    #[arg(short, long, default_value_t = 4)]
+    k: u32,
+    #[arg(short, long, default_value_t = 2)]
+    m: u32,
+    /// Stripe unit (a multiple of 4K, up to 4M).
+    #[arg(long, default_value = "64K")]
+    stripe_unit: String,
+    /// Partial-write policy: rmw, plog, parix, or replicate (with --copies;
+    /// stored as k = 1, m = copies - 1).
+    #[arg(long, default_value = "rmw")]
+    policy: String,
+    /// Copies of `replicate`.
+    #[arg(long, default_value_t = 3)]
+    copies: u32,
+    /// Dedup: none, all or parity.
+    #[arg(long, default_value = "none")]
+    dedup: String,
+    /// Placement groups.
+    #[arg(long, default_value_t = 4)]
+    pgs: u32,
+    /// What the servers of one PG must not share: host, or device (one-machine trials).
+    #[arg(long, default_value = "host")]
+    failure_domain: String,
+}
+
+impl PoolSettings {
+    fn spec(&self) -> Result<PoolSpec> {
+        let bad = |what: &str, v: &str| Error::Config(format!("--{what} {v:?}"));
+        let (k, m, policy) = match self.policy.as_str() {
+            "rmw" => (self.k, self.m, WritePolicy::Rmw),
+            "plog" => (self.k, self.m, WritePolicy::Plog),
+            "parix" => (self.k, self.m, WritePolicy::Parix),
+            "replicate" => (
+                1,
+                self.copies.saturating_sub(1),
+                WritePolicy::Replicate {
+                    copies: self.copies,
+                },
+            ),
+            other => return Err(bad("policy (rmw, plog, parix, replicate)", other)),
+        };
+        let dedup = match self.dedup.as_str() {
+            "none" => DedupPolicy::None,
+            "all" => DedupPolicy::All,
+            "parity" => DedupPolicy::Parity,
+            other => return Err(bad("dedup (none, all, parity)", other)),
+        };
+        let failure_domain = match self.failure_domain.as_str() {
+            "host" => FailureDomain::Host,
+            "device" => FailureDomain::Device,
+            other => return Err(bad("failure-domain (host, device)", other)),
+        };
+        let unit = parse_size(&self.stripe_unit)?;
+        let spec = PoolSpec {
+            k,
+            m,
+            stripe_unit_bytes: u32::try_from(unit)
+                .map_err(|_| bad("stripe-unit", &self.stripe_unit))?,
+            policy,
+            dedup,
+            pg_count: self.pgs,
+            failure_domain,
+        };
+        spec.check().map_err(cluster_error)?;
+        Ok(spec)
+    }
+}
+
+#[derive(Subcommand)]
+enum PoolCommand {
+    /// Create a pool and place its PGs on the servers registered now.
+    Create {
+        name: String,
+        #[command(flatten)]
+        settings: PoolSettings,
+    },
+    /// List the pools and their PGs' servers.
+    Ls,
+}
+
+/// `ecdedup pool ...`; what it prints goes to `out`.
+pub fn pool(args: PoolArgs, out: &mut dyn std::io::Write) -> Result<()> {
+    let text = runtime()?.block_on(async {
+        let etcd = Etcd::connect(args.etcd.config())
+            .await
+            .map_err(cluster_error)?;
+        match args.command {
+            PoolCommand::Create { name, settings } => {
+                let spec = settings.spec()?;
+                let pgs = ecdedup_cluster::create_pool(&etcd, &name, &spec)
+                    .await
+                    .map_err(cluster_error)?;
+                Ok::<_, Error>(format!(
+                    "created pool {name}: RS({},{}) {:?}, {} PGs\n",
+                    spec.k,
+                    spec.m,
+                    spec.policy,
+                    pgs.len()
+                ))
+            }
+            PoolCommand::Ls => {
+                let mut text = String::new();
+                for (name, record) in ecdedup_cluster::list_pools(&etcd)
+                    .await
+                    .map_err(cluster_error)?
+                {
+                    let s = &record.spec;
+                    text.push_str(&format!(
+                        "{name}\tRS({},{})\t{:?}\tunit {}\tdedup {:?}\t{} PGs\n",
+                        s.k,
+                        s.m,
+                        s.policy,
+                        format_size(u64::from(s.stripe_unit_bytes)),
+                        s.dedup,
+                        s.pg_count
+                    ));
+                }
+                Ok(text)
+            }
+        }
+    })?;
+    out.write_all(text.as_bytes())
+        .map_err(|e| Error::io("writing the output", e))
+}
+
+#[derive(Args)]
+pub struct ClusterArgs {
+    #[command(subcommand)]
+    command: ClusterCommand,
+}
+
+#[derive(Subcommand)]
+enum ClusterCommand {
+    /// Start a cluster on this machine in --dir: etcd, N chunk servers on
+    /// loopback, a pool, a volume and its NBD server; prints the NBD URI.
+    Up {
+        #[arg(long, default_value_t = 6)]
+        servers: u32,
+        /// Data folders per chunk server.
+        #[arg(long, default_value_t = 1)]
+        devices_per_server: u32,
+        /// The pool's name.
+        #[arg(long, default_value = "pool0")]
+        pool: String,
+        #[command(flatten)]
+        settings: PoolSettings,
+        /// The volume's name.
+        #[arg(long, default_value = "vol0")]
+        volume: String,
+        /// The volume's size.
+        #[arg(long, default_value = "1G")]
+        size: String,
+        /// Chunk I/O of the servers: direct or buffered.
+        #[arg(long, default_value = "buffered")]
+        io: String,
+        /// nbdkit worker threads of the volume's NBD server.
+        #[arg(long, default_value_t = 16)]
+        threads: u32,
+    },
+    /// Servers (live or down), PGs, volumes and their writers.
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// The volume client's counters (JSON): wire messages, round trips,
+    /// bytes, and each PG array's counters.
+    Stats,
+    /// Start chunk server ID again (after a kill).
+    RestartServer { id: u32 },
+    /// Stop everything `up` started (NBD server, chunk servers, etcd).
+    Down,
+}
+
+/// What `cluster up` started, in `DIR/cluster.json`.
+#[derive(Serialize, Deserialize, Default)]
+struct UpState {
+    etcd: String,
+    etcd_pid: u32,
+    key: PathBuf,
+    servers: Vec<ServerProc>,
+    io: String,
+    devices_per_server: u32,
+    pool: String,
+    volume: String,
+    serve_pid: Option<u32>,
+    socket: PathBuf,
+}
+
+#[derive(Serialize, Deserialize, Clone)]
+struct ServerProc {
+    id: u32,
+    pid: u32,
+}
+
+const STATE_FILE: &str = "cluster.json";
+const CLUSTER_NAME: &str = "default";
+/// Generous bound on each start-up wait (a loaded 2-core machine).
+const START_WAIT: Duration = Duration::from_secs(120);
+
+fn load_state(dir: &Path) -> Result<UpState> {
+    let path = dir.join(STATE_FILE);
+    let bytes = std::fs::read(&path).map_err(|e| {
+        Error::Config(format!(
+            "{}: {e} (no cluster was started in {} with `ecdedup cluster up`)",
+            path.display(),
+            dir.display()
+        ))
+    })?;
+    serde_json::from_slice(&bytes).map_err(|e| Error::Corrupt(format!("{}: {e}", path.display())))
+}
+
+fn save_state(dir: &Path, state: &UpState) -> Result<()> {
+    let bytes = serde_json::to_vec_pretty(state).expect("plain data serializes");
+    crate::media::storage::write_atomic(&crate::media::OsStorage, &dir.join(STATE_FILE), &bytes)
+        .map_err(|e| Error::io("writing cluster.json", e))
+}
+
+fn alive(pid: u32) -> bool {
+    // A zombie (our own child not yet reaped) counts as gone.
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let state = stat
+        .rsplit(')')
+        .next()
+        .and_then(|r| r.split_whitespace().next());
+    !stat.is_empty() && state != Some("Z")
+}
+
+/// SIGTERM, then SIGKILL past `grace`; waits until the process is gone.
+fn stop_pid(pid: u32, grace: Duration) {
+    if !alive(pid) {
+        return;
+    }
+    // SAFETY: kill(2) on a pid this cluster recorded.
+    unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+    let deadline = Instant::now() + grace;
+    while alive(pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if alive(pid) {
+        // SAFETY: as above.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while alive(pid) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+fn exe() -> Result<PathBuf> {
+    std::env::current_exe().map_err(|e| Error::io("locating the ecdedup executable", e))
+}
+
+/// Starts a detached process with its output in `log`; returns its pid.
+fn spawn_logged(mut cmd: Command, log: &Path) -> Result<u32> {
+    use std::os::unix::process::CommandExt;
+    let out = std::fs::File::create(log)
+        .map_err(|e| Error::io(format!("creating {}", log.display()), e))?;
+    let err = out.try_clone().map_err(|e| Error::io("log file", e))?;
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .process_group(0)
+        .spawn()
+        .map_err(|e| Error::io("starting a cluster process", e))?;
+    Ok(child.id())
+}
+
+fn start_server(dir: &Path, state: &UpState, id: u32) -> Result<u32> {
+    let mut cmd = Command::new(exe()?);
+    cmd.arg("chunkd")
+        .arg("--etcd")
+        .arg(&state.etcd)
+        .arg("--cluster")
+        .arg(CLUSTER_NAME)
+        .arg("--id")
+        .arg(id.to_string())
+        .arg("--listen")
+        .arg("127.0.0.1:0")
+        .arg("--host")
+        .arg(format!("host{id}"))
+        .arg("--key")
+        .arg(&state.key)
+        .arg("--io")
+        .arg(&state.io)
+        .arg("--lease-ttl")
+        .arg("5");
+    for d in 0..state.devices_per_server.max(1) {
+        cmd.arg("--data")
+            .arg(dir.join(format!("server{id}")).join(format!("dev{d}")));
+    }
+    spawn_logged(cmd, &dir.join(format!("server{id}.log")))
+}
+
+fn wait_for(what: &str, log: &Path, mut ready: impl FnMut() -> bool) -> Result<()> {
+    let deadline = Instant::now() + START_WAIT;
+    while !ready() {
+        if Instant::now() > deadline {
+            let tail = std::fs::read_to_string(log).unwrap_or_default();
+            let lines: Vec<&str> = tail.lines().collect();
+            return Err(Error::Other(format!(
+                "{what} did not come up within {START_WAIT:?}; {} ends:\n{}",
+                log.display(),
+                lines[lines.len().saturating_sub(15)..].join("\n")
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(())
+}
+
+fn registered(rt: &tokio::runtime::Runtime, etcd: &EtcdConfig) -> Vec<u32> {
+    rt.block_on(async {
+        let Ok(etcd) = Etcd::connect(etcd.clone()).await else {
+            return Vec::new();
+        };
+        ecdedup_cluster::list_servers(&etcd)
+            .await
+            .map(|s| s.keys().map(|id| id.0).collect())
+            .unwrap_or_default()
+    })
+}
+
+fn start_serve(dir: &Path, state: &UpState, threads: u32) -> Result<u32> {
+    let _ = std::fs::remove_file(&state.socket);
+    let mut cmd = Command::new(exe()?);
+    cmd.arg("serve")
+        .arg("--dir")
+        .arg(dir.join("client"))
+        .arg("--cluster")
+        .arg(&state.etcd)
+        .arg("--cluster-name")
+        .arg(CLUSTER_NAME)
+        .arg("--volume")
+        .arg(format!("{}/{}", state.pool, state.volume))
+        .arg("--key")
+        .arg(&state.key)
+        .arg("--socket")
+        .arg(&state.socket)
+        .arg("--threads")
+        .arg(threads.to_string());
+    spawn_logged(cmd, &dir.join("serve.log"))
+}
+
+/// `ecdedup cluster ...` in `dir`.
+pub fn cluster(dir: &Path, args: ClusterArgs) -> Result<()> {
+    match args.command {
+        ClusterCommand::Up {
+            servers,
+            devices_per_server,
+            pool,
+            settings,
+            volume,
+            size,
+            io,
+            threads,
+        } => up(
+            dir,
+            servers,
+            devices_per_server,
+            pool,
+            settings,
+            volume,
+            size,
+            io,
+            threads,
+        ),
+        ClusterCommand::Status { json } => status(dir, json),
+        ClusterCommand::Stats => {
+            use std::io::Read;
+            let path = dir.join("client").join("stats.sock");
+            let mut s = std::os::unix::net::UnixStream::connect(&path).map_err(|e| {
+                Error::io(
+                    format!("connecting to {} (is the volume served?)", path.display()),
+                    e,
+                )
+            })?;
+            let mut text = String::new();
+            s.read_to_string(&mut text)
+                .map_err(|e| Error::io("reading the counters", e))?;
+            println!("{text}");
+            Ok(())
+        }
+        ClusterCommand::RestartServer { id } => {
+            let mut state = load_state(dir)?;
+            let Some(slot) = state.servers.iter().position(|s| s.id == id) else {
+                return Err(Error::Config(format!("this cluster has no server {id}")));
+            };
+            if alive(state.servers[slot].pid) {
+                return Err(Error::Busy(format!(
+                    "server {id} runs (pid {})",
+                    state.servers[slot].pid
+                )));
+            }
+            let pid = start_server(dir, &state, id)?;
+            state.servers[slot].pid = pid;
+            save_state(dir, &state)?;
+            let rt = runtime()?;
+            let etcd = EtcdConfig::new(vec![state.etcd.clone()], CLUSTER_NAME);
+            wait_for(
+                &format!("server {id}"),
+                &dir.join(format!("server{id}.log")),
+                || registered(&rt, &etcd).contains(&id),
+            )?;
+            println!("server {id} restarted (pid {pid})");
+            Ok(())
+        }
+        ClusterCommand::Down => {
+            let state = load_state(dir)?;
+            if let Some(pid) = state.serve_pid {
+                stop_pid(pid, Duration::from_secs(90));
+            }
+            for s in &state.servers {
+                stop_pid(s.pid, Duration::from_secs(30));
+            }
+            stop_pid(state.etcd_pid, Duration::from_secs(30));
+            std::fs::remove_file(dir.join(STATE_FILE))
+                .map_err(|e| Error::io("removing cluster.json", e))?;
+            println!("cluster in {} stopped", dir.display());
+            Ok(())
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)] // one per `cluster up` option
+fn up(
+    dir: &Path,
+    servers: u32,
+    devices_per_server: u32,
+    pool: String,
+    settings: PoolSettings,
+    volume: String,
+    size: String,
+    io: String,
+    threads: u32,
+) -> Result<()> {
+    let spec = settings.spec()?;
+    let size_bytes = parse_size(&size)?;
+    let _: crate::media::IoMode = io.parse()?;
+    if servers < spec.width() {
+        return Err(Error::Config(format!(
+            "RS({},{}) needs {} servers on distinct hosts; --servers {servers}",
+            spec.k,
+            spec.m,
+            spec.width()
+        )));
+    }
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    let dir = std::fs::canonicalize(dir).map_err(|e| Error::io("resolving --dir", e))?;
+    if let Ok(old) = load_state(&dir) {
+        if alive(old.etcd_pid) {
+            return Err(Error::Busy(format!(
+                "a cluster runs in {} (etcd pid {}); `ecdedup cluster down --dir {}` first",
+                dir.display(),
+                old.etcd_pid,
+                dir.display()
+            )));
+        }
+    }
+    let key = dir.join("cluster.key");
+    if !key.exists() {
+        ecdedup_transport::ClusterKey::generate()
+            .write_new(&key)
+            .map_err(|e| Error::Other(e.to_string()))?;
+    }
+    let etcd = ecdedup_cluster::LocalEtcd::start(&dir.join("etcd")).map_err(cluster_error)?;
+    let mut state = UpState {
+        etcd: etcd.endpoint(),
+        etcd_pid: etcd.detach(),
+        key,
+        servers: Vec::new(),
+        io,
+        devices_per_server,
+        pool: pool.clone(),
+        volume: volume.clone(),
+        serve_pid: None,
+        socket: dir.join("nbd.sock"),
+    };
+    save_state(&dir, &state)?;
+    for id in 0..servers {
+        let pid = start_server(&dir, &state, id)?;
+        state.servers.push(ServerProc { id, pid });
+        save_state(&dir, &state)?;
+    }
+    let rt = runtime()?;
+    let etcd_config = EtcdConfig::new(vec![state.etcd.clone()], CLUSTER_NAME);
+    wait_for("the chunk servers", &dir.join("server0.log"), || {
+        registered(&rt, &etcd_config).len() >= servers as usize
+    })?;
+    rt.block_on(async {
+        let etcd = Etcd::connect(etcd_config.clone())
+            .await
+            .map_err(cluster_error)?;
+        if ecdedup_cluster::get_pool(&etcd, &pool).await.is_err() {
+            ecdedup_cluster::create_pool(&etcd, &pool, &spec)
+                .await
+                .map_err(cluster_error)?;
+        }
+        if ecdedup_cluster::get_volume(&etcd, &pool, &volume)
+            .await
+            .is_err()
+        {
+            ecdedup_cluster::create_volume(&etcd, &pool, &volume, size_bytes)
+                .await
+                .map_err(cluster_error)?;
+        }
+        Ok::<_, Error>(())
+    })?;
+    let pid = start_serve(&dir, &state, threads)?;
+    state.serve_pid = Some(pid);
+    save_state(&dir, &state)?;
+    let socket = state.socket.clone();
+    wait_for("the volume's NBD server", &dir.join("serve.log"), || {
+        std::os::unix::net::UnixStream::connect(&socket).is_ok() || !alive(pid)
+    })?;
+    if !alive(pid) {
+        let log = std::fs::read_to_string(dir.join("serve.log")).unwrap_or_default();
+        return Err(Error::Other(format!(
+            "the volume's NBD server exited at start; serve.log:\n{log}"
+        )));
+    }
+    println!(
+        "cluster up in {}: etcd {} (pid {}), {} chunk servers, pool {pool} RS({},{}) {:?}, volume {pool}/{volume} ({})",
+        dir.display(),
+        state.etcd,
+        state.etcd_pid,
+        servers,
+        spec.k,
+        spec.m,
+        spec.policy,
+        format_size(size_bytes)
+    );
+    println!("nbd+unix:///?socket={}", socket.display());
+    Ok(())
+}
+
+fn status(dir: &Path, json: bool) -> Result<()> {
+    let state = load_state(dir)?;
+    let rt = runtime()?;
+    let etcd_config = EtcdConfig::new(vec![state.etcd.clone()], CLUSTER_NAME);
+    let report = rt.block_on(async {
+        let etcd = Etcd::connect(etcd_config).await.map_err(cluster_error)?;
+        let live = ecdedup_cluster::list_servers(&etcd).await.map_err(cluster_error)?;
+        let pools = ecdedup_cluster::list_pools(&etcd).await.map_err(cluster_error)?;
+        let mut pool_rows = Vec::new();
+        for (name, record) in pools {
+            let pgs = ecdedup_cluster::pool_pgs(&etcd, &name).await.map_err(cluster_error)?;
+            let volumes = ecdedup_cluster::list_volumes(&etcd, &name).await.map_err(cluster_error)?;
+            let mut vols = Vec::new();
+            for (vname, v) in volumes {
+                let writer = ecdedup_cluster::current_writer(&etcd, v.record.id)
+                    .await
+                    .map_err(cluster_error)?;
+                vols.push(serde_json::json!({
+                    "name": vname,
+                    "id": v.record.id,
+                    "size_bytes": v.record.size_bytes,
+                    "writer": writer.map(|(epoch, w)| serde_json::json!({"address": w.address, "epoch": epoch})),
+                }));
+            }
+            let pg_rows: Vec<serde_json::Value> = pgs
+                .iter()
+                .enumerate()
+                .map(|(i, pg)| {
+                    let down: Vec<u32> = pg
+                        .servers
+                        .iter()
+                        .filter(|id| !live.contains_key(id))
+                        .map(|id| id.0)
+                        .collect();
+                    let state = if down.is_empty() {
+                        "active"
+                    } else if down.len() as u32 <= record.spec.m {
+                        "degraded"
+                    } else {
+                        "unavailable"
+                    };
+                    serde_json::json!({
+                        "pg": i,
+                        "servers": pg.servers.iter().map(|s| s.0).collect::<Vec<_>>(),
+                        "epoch": pg.epoch,
+                        "down": down,
+                        "state": state,
+                    })
+                })
+                .collect();
+            pool_rows.push(serde_json::json!({
+                "name": name,
+                "k": record.spec.k,
+                "m": record.spec.m,
+                "policy": format!("{:?}", record.spec.policy),
+                "pgs": pg_rows,
+                "volumes": vols,
+            }));
+        }
+        let servers: Vec<serde_json::Value> = state
+            .servers
+            .iter()
+            .map(|s| {
+                let entry = live.get(&ServerId(s.id));
+                serde_json::json!({
+                    "id": s.id,
+                    "pid": s.pid,
+                    "state": if entry.is_some() { "up" } else { "down" },
+                    "address": entry.map(|e| e.info.address.clone()),
+                })
+            })
+            .collect();
+        Ok::<_, Error>(serde_json::json!({
+            "etcd": state.etcd,
+            "servers": servers,
+            "pools": pool_rows,
+            "nbd": format!("nbd+unix:///?socket={}", state.socket.display()),
+            "serve_pid": state.serve_pid.filter(|p| alive(*p)),
+        }))
+    })?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report).expect("json"));
+        return Ok(());
+    }
+    println!("etcd {}", report["etcd"].as_str().unwrap_or(""));
+    for s in report["servers"].as_array().into_iter().flatten() {
+        println!(
+            "server {}\t{}\tpid {}\t{}",
+            s["id"],
+            s["state"].as_str().unwrap_or(""),
+            s["pid"],
+            s["address"].as_str().unwrap_or("-")
+        );
+    }
+    for p in report["pools"].as_array().into_iter().flatten() {
+        println!(
+            "pool {} RS({},{}) {}",
+            p["name"].as_str().unwrap_or(""),
+            p["k"],
+            p["m"],
+            p["policy"].as_str().unwrap_or("")
+        );
+        for pg in p["pgs"].as_array().into_iter().flatten() {
+            println!(
+                "  pg {}\t{}\tservers {}\tdown {}",
+                pg["pg"],
+                pg["state"].as_str().unwrap_or(""),
+                pg["servers"],
+                pg["down"]
+            );
+        }
+        for v in p["volumes"].as_array().into_iter().flatten() {
+            println!(
+                "  volume {}\tid {}\t{}\twriter {}",
+                v["name"].as_str().unwrap_or(""),
+                v["id"],
+                format_size(v["size_bytes"].as_u64().unwrap_or(0)),
+                v["writer"]
+            );
+        }
+    }
+    println!("{}", report["nbd"].as_str().unwrap_or(""));
+    Ok(())
+}
