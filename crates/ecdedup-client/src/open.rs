@@ -391,5 +391,34 @@ fn open_pg(
         cfg.store(&dir)?;
     }
     let _ = made;
-    Array::open_with_devices(&dir, devices, None)
+    let mut array = Array::open_with_devices(&dir, devices.clone(), None)?;
+    // A server that is back: its shard rejoins, resynchronising only the
+    // regions written while it was out (rmw without dedup: `re-add`), or
+    // stays failed until it is replaced and rebuilt (the other policies
+    // keep a journal or maps on the shard that re-add does not reconcile).
+    let failed: Vec<usize> = array
+        .status()
+        .devices
+        .iter()
+        .filter(|d| d.state == array::MemberState::Failed)
+        .map(|d| d.position)
+        .collect();
+    for d in failed {
+        let Some(dev) = devices[d].clone() else {
+            continue;
+        };
+        match array.re_add_device(d, dev) {
+            Ok(units) => line(
+                COMPONENT,
+                "shard-resynced",
+                &[("pg", &pg), ("shard", &d), ("units", &units)],
+            ),
+            Err(e) => line(
+                COMPONENT,
+                "shard-stays-failed",
+                &[("pg", &pg), ("shard", &d), ("reason", &e)],
+            ),
+        }
+    }
+    Ok(array)
 }

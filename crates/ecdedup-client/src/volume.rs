@@ -228,6 +228,10 @@ impl ClusterVolume {
     /// Flushes and closes every PG's array, then gives the writer key back.
     pub fn close(&self) -> Result<()> {
         let closed = self.each_pg(|a| a.close());
+        // Nothing more leaves this writer (a background replay of a closed
+        // array included): its key is given back below.
+        self.wire
+            .fence("the volume was closed by its writer".into());
         if let Some(session) = &self._session {
             session.release();
         }

@@ -126,6 +126,48 @@ impl Cluster {
         }
     }
 
+    /// Starts server `id` again; its old lease may still run for up to its
+    /// TTL (the id is refused meanwhile), so it retries until registered.
+    fn restart_server(&mut self, name: &str, id: u32) {
+        let etcd = self.etcd_config(name);
+        // The killed server's registration goes with its lease (TTL 5 s).
+        self.rt.block_on(async {
+            let etcd = Etcd::connect(etcd.clone()).await.unwrap();
+            for _ in 0..600 {
+                let live = ecdedup_cluster::list_servers(&etcd).await.unwrap();
+                if !live.contains_key(&ecdedup_cluster::ServerId(id)) {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            panic!("server {id}'s old registration did not expire within 60 s");
+        });
+        for _ in 0..60 {
+            let h = self.start_server(name, id);
+            let registered = self.rt.block_on(async {
+                let etcd = Etcd::connect(etcd.clone()).await.unwrap();
+                for _ in 0..100 {
+                    if h.is_finished() {
+                        return false;
+                    }
+                    let live = ecdedup_cluster::list_servers(&etcd).await.unwrap();
+                    if live.contains_key(&ecdedup_cluster::ServerId(id)) {
+                        return true;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                false
+            });
+            if registered {
+                self.servers[id as usize] = Some(h);
+                return;
+            }
+            h.abort();
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        panic!("server {id} did not register again");
+    }
+
     fn kill_server(&mut self, id: u32) {
         if let Some(h) = self.servers[id as usize].take() {
             h.abort();
@@ -221,5 +263,45 @@ fn volumes_on_six_servers_write_read_take_over_and_run_degraded() {
     check(&a, &model_a);
     write_and_check(&a, &mut model_a, 4);
     a.close().unwrap();
+    drop(a);
+
+    // An rmw pool: a server that comes back rejoins at the next open,
+    // resynchronising only what it missed.
+    c.restart_server(name, 2);
+    c.pool(name, "rmw", WritePolicy::Rmw, 4, 2, 2);
+    c.volume(name, "rmw", "c", 8 << 20);
+    let mut model_c = vec![0u8; 8 << 20];
+    let v = ecdedup_client::open(&c.options(name, "rmw", "c", "wc1")).unwrap();
+    write_and_check(&v, &mut model_c, 5);
+    c.kill_server(4);
+    write_and_check(&v, &mut model_c, 6);
+    let failed = |v: &ClusterVolume| -> usize {
+        v.pg_arrays()
+            .iter()
+            .map(|a| {
+                a.status()
+                    .devices
+                    .iter()
+                    .filter(|d| d.state != ecdedup_core::array::MemberState::Active)
+                    .count()
+            })
+            .sum()
+    };
+    assert!(failed(&v) > 0, "the killed server's shards are failed");
+    v.close().unwrap();
+    drop(v);
+    c.restart_server(name, 4);
+    let v = ecdedup_client::open(&c.options(name, "rmw", "c", "wc2")).unwrap();
+    assert_eq!(failed(&v), 0, "the returning server's shards rejoined");
+    let resynced: Vec<String> = v
+        .pg_arrays()
+        .iter()
+        .flat_map(|a| a.warnings())
+        .filter(|w| w.contains("re-added"))
+        .collect();
+    assert!(!resynced.is_empty(), "a re-add says what it resynchronised");
+    check(&v, &model_c);
+    write_and_check(&v, &mut model_c, 7);
+    v.close().unwrap();
     let _ = Path::new("");
 }

@@ -307,6 +307,18 @@ struct UpState {
 struct ServerProc {
     id: u32,
     pid: u32,
+    /// Its data protocol's loopback port, the same across restarts.
+    port: u16,
+}
+
+/// A free loopback port (the kernel's choice; a race with another binder
+/// makes the server's start fail loudly, never serve elsewhere).
+fn free_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| Error::io("finding a free port", e))?;
+    l.local_addr()
+        .map(|a| a.port())
+        .map_err(|e| Error::io("finding a free port", e))
 }
 
 const STATE_FILE: &str = "cluster.json";
@@ -383,7 +395,7 @@ fn spawn_logged(mut cmd: Command, log: &Path) -> Result<u32> {
     Ok(child.id())
 }
 
-fn start_server(dir: &Path, state: &UpState, id: u32) -> Result<u32> {
+fn start_server(dir: &Path, state: &UpState, id: u32, port: u16) -> Result<u32> {
     let mut cmd = Command::new(exe()?);
     cmd.arg("chunkd")
         .arg("--etcd")
@@ -393,7 +405,7 @@ fn start_server(dir: &Path, state: &UpState, id: u32) -> Result<u32> {
         .arg("--id")
         .arg(id.to_string())
         .arg("--listen")
-        .arg("127.0.0.1:0")
+        .arg(format!("127.0.0.1:{port}"))
         .arg("--host")
         .arg(format!("host{id}"))
         .arg("--key")
@@ -509,16 +521,29 @@ pub fn cluster(dir: &Path, args: ClusterArgs) -> Result<()> {
                     state.servers[slot].pid
                 )));
             }
-            let pid = start_server(dir, &state, id)?;
-            state.servers[slot].pid = pid;
-            save_state(dir, &state)?;
             let rt = runtime()?;
             let etcd = EtcdConfig::new(vec![state.etcd.clone()], CLUSTER_NAME);
+            let log = dir.join(format!("server{id}.log"));
+            // A killed server's registration lives until its lease expires
+            // (5 s): the id is refused until then.
             wait_for(
-                &format!("server {id}"),
-                &dir.join(format!("server{id}.log")),
-                || registered(&rt, &etcd).contains(&id),
+                &format!("server {id}'s old registration to expire"),
+                &log,
+                || !registered(&rt, &etcd).contains(&id),
             )?;
+            let port = state.servers[slot].port;
+            let pid = start_server(dir, &state, id, port)?;
+            state.servers[slot].pid = pid;
+            save_state(dir, &state)?;
+            wait_for(&format!("server {id}"), &log, || {
+                registered(&rt, &etcd).contains(&id) || !alive(pid)
+            })?;
+            if !alive(pid) {
+                return Err(Error::Other(format!(
+                    "server {id} exited at start; see {}",
+                    log.display()
+                )));
+            }
             println!("server {id} restarted (pid {pid})");
             Ok(())
         }
@@ -596,8 +621,9 @@ fn up(
     };
     save_state(&dir, &state)?;
     for id in 0..servers {
-        let pid = start_server(&dir, &state, id)?;
-        state.servers.push(ServerProc { id, pid });
+        let port = free_port()?;
+        let pid = start_server(&dir, &state, id, port)?;
+        state.servers.push(ServerProc { id, pid, port });
         save_state(&dir, &state)?;
     }
     let rt = runtime()?;

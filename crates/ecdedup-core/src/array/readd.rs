@@ -67,6 +67,19 @@ impl Array {
     /// reconstructs only the stripes of regions written while it was out;
     /// returns how many stripe units were reconstructed.
     pub fn re_add(&mut self, d: usize) -> Result<u64> {
+        let cfg = self.re_add_allowed(d)?;
+        let path = cfg.devices[d].clone();
+        let raw = FileDevice::open_with(self.storage.as_ref(), &path, cfg.device_options())
+            .map_err(|e| Error::Device {
+                path: path.clone(),
+                reason: format!("cannot be opened: {e}"),
+            })?;
+        self.re_add_device(d, Arc::new(raw))
+    }
+
+    /// Whether failed member `d` may be re-added (the array's policy and
+    /// dedup allow it); returns the settings.
+    fn re_add_allowed(&self, d: usize) -> Result<super::ConfigFile> {
         self.check_position(d)?;
         if !self.stores[d].is_failed() {
             return Err(Error::Config(format!("device {d} is not failed")));
@@ -79,14 +92,19 @@ impl Array {
                 self.write_policy, cfg.dedup.policy
             )));
         }
+        Ok(cfg)
+    }
+
+    /// [`Array::re_add`] with the member's device already open (a chunk
+    /// across the network, for the volume client).
+    pub fn re_add_device(&mut self, d: usize, raw: Arc<dyn Device>) -> Result<u64> {
+        let cfg = self.re_add_allowed(d)?;
         let path = cfg.devices[d].clone();
         let dev_err = |reason: String| Error::Device {
             path: path.clone(),
             reason,
         };
-        let raw = FileDevice::open_with(self.storage.as_ref(), &path, cfg.device_options())
-            .map_err(|e| dev_err(format!("cannot be opened: {e}")))?;
-        let sb = read_superblock(&raw)?;
+        let sb = read_superblock(raw.as_ref())?;
         super::inspect::check_member(&cfg, d, &sb)?;
         if sb.states.get(d) != Some(&MemberState::Active) {
             return Err(dev_err(
@@ -109,7 +127,7 @@ impl Array {
             Some(_) => self.intent.missed_regions().unwrap_or_default(),
             None => Vec::new(),
         };
-        let (dev, wear) = cfg.ssd_sim.wrap(Arc::new(raw))?;
+        let (dev, wear) = cfg.ssd_sim.wrap(raw)?;
         // Format 2: its area holds only copies of the mirrored files (rmw,
         // no dedup: no journal, no maps), stale since it left: a fresh area
         // with current copies before it serves.
