@@ -273,6 +273,9 @@ enum ClusterCommand {
         /// nbdkit worker threads of the volume's NBD server.
         #[arg(long, default_value_t = 16)]
         threads: u32,
+        /// Start no NBD server (`ecdedup serve --cluster` serves volumes).
+        #[arg(long)]
+        no_serve: bool,
     },
     /// Servers (live or down), PGs, volumes and their writers.
     Status {
@@ -483,6 +486,7 @@ pub fn cluster(dir: &Path, args: ClusterArgs) -> Result<()> {
             size,
             io,
             threads,
+            no_serve,
         } => up(
             dir,
             servers,
@@ -492,7 +496,7 @@ pub fn cluster(dir: &Path, args: ClusterArgs) -> Result<()> {
             volume,
             size,
             io,
-            threads,
+            (!no_serve).then_some(threads),
         ),
         ClusterCommand::Status { json } => status(dir, json),
         ClusterCommand::Stats => {
@@ -574,7 +578,7 @@ fn up(
     volume: String,
     size: String,
     io: String,
-    threads: u32,
+    threads: Option<u32>,
 ) -> Result<()> {
     let spec = settings.spec()?;
     let size_bytes = parse_size(&size)?;
@@ -650,18 +654,20 @@ fn up(
         }
         Ok::<_, Error>(())
     })?;
-    let pid = start_serve(&dir, &state, threads)?;
-    state.serve_pid = Some(pid);
-    save_state(&dir, &state)?;
-    let socket = state.socket.clone();
-    wait_for("the volume's NBD server", &dir.join("serve.log"), || {
-        std::os::unix::net::UnixStream::connect(&socket).is_ok() || !alive(pid)
-    })?;
-    if !alive(pid) {
-        let log = std::fs::read_to_string(dir.join("serve.log")).unwrap_or_default();
-        return Err(Error::Other(format!(
-            "the volume's NBD server exited at start; serve.log:\n{log}"
-        )));
+    if let Some(threads) = threads {
+        let pid = start_serve(&dir, &state, threads)?;
+        state.serve_pid = Some(pid);
+        save_state(&dir, &state)?;
+        let socket = state.socket.clone();
+        wait_for("the volume's NBD server", &dir.join("serve.log"), || {
+            std::os::unix::net::UnixStream::connect(&socket).is_ok() || !alive(pid)
+        })?;
+        if !alive(pid) {
+            let log = std::fs::read_to_string(dir.join("serve.log")).unwrap_or_default();
+            return Err(Error::Other(format!(
+                "the volume's NBD server exited at start; serve.log:\n{log}"
+            )));
+        }
     }
     println!(
         "cluster up in {}: etcd {} (pid {}), {} chunk servers, pool {pool} RS({},{}) {:?}, volume {pool}/{volume} ({})",
@@ -674,7 +680,10 @@ fn up(
         spec.policy,
         format_size(size_bytes)
     );
-    println!("nbd+unix:///?socket={}", socket.display());
+    if threads.is_some() {
+        println!("nbd+unix:///?socket={}", state.socket.display());
+    }
+    println!("etcd {}", state.etcd);
     Ok(())
 }
 

@@ -1,0 +1,301 @@
+//! The cluster through its commands, as a user runs it: `cluster up` (a
+//! local etcd and six chunk servers on loopback), pools of each policy,
+//! volumes served by `serve --cluster`, and fio `--verify` through NBD
+//! across a chunk server killed and restarted, a second writer refused,
+//! and a writer taken over while the old one is stopped (SIGSTOP) and
+//! later resumed. One cluster serves the whole story (its start-up is the
+//! expensive part); each step's failure names the step.
+
+mod support;
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+use support::*;
+
+struct Cluster {
+    _tmp: tempfile::TempDir,
+    dir: PathBuf,
+    etcd: String,
+}
+
+impl Cluster {
+    fn cli(&self, args: &[&str]) -> Out {
+        run(
+            Command::new(ecdedup_bin())
+                .arg("--dir")
+                .arg(&self.dir)
+                .args(args),
+            CLI_TIMEOUT,
+        )
+    }
+
+    fn cli_ok(&self, args: &[&str]) -> Out {
+        let out = self.cli(args);
+        assert!(out.success(), "ecdedup {args:?}: {out}");
+        out
+    }
+
+    fn etcd_args(&self) -> Vec<String> {
+        vec!["--etcd".into(), self.etcd.clone()]
+    }
+
+    fn state(&self) -> Value {
+        serde_json::from_slice(&std::fs::read(self.dir.join("cluster.json")).unwrap()).unwrap()
+    }
+
+    fn server_pid(&self, id: usize) -> u32 {
+        self.state()["servers"][id]["pid"].as_u64().unwrap() as u32
+    }
+
+    /// `serve --cluster` of `volume` with its state in `name`.
+    fn serve(&self, volume: &str, name: &str) -> Result<Server, String> {
+        let key = self.dir.join("cluster.key");
+        Server::start(
+            &self.dir.join(name),
+            &self.dir.join(format!("{name}.sock")),
+            &self.dir.join(format!("{name}.log")),
+            &[
+                "--cluster",
+                &self.etcd,
+                "--volume",
+                volume,
+                "--key",
+                key.to_str().unwrap(),
+            ],
+        )
+    }
+
+    fn stats(&self, name: &str) -> Value {
+        use std::io::Read;
+        let mut s = std::os::unix::net::UnixStream::connect(self.dir.join(name).join("stats.sock"))
+            .expect("the volume's stats socket");
+        let mut text = String::new();
+        s.read_to_string(&mut text).unwrap();
+        serde_json::from_str(&text).unwrap()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if self.dir.join("cluster.json").exists() {
+            let _ = self.cli(&["cluster", "down"]);
+        }
+    }
+}
+
+fn up() -> Cluster {
+    require_tool("etcd");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("c");
+    let mut c = Cluster {
+        _tmp: tmp,
+        dir,
+        etcd: String::new(),
+    };
+    let out = c.cli_ok(&[
+        "cluster",
+        "up",
+        "--servers",
+        "6",
+        "--size",
+        "128M",
+        "--pgs",
+        "2",
+        "--stripe-unit",
+        "32K",
+        "--no-serve",
+    ]);
+    c.etcd = out
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("etcd "))
+        .expect("cluster up prints etcd's endpoint")
+        .trim()
+        .to_owned();
+    c
+}
+
+/// The nbdkit process under a `serve --cluster` (its child).
+fn nbdkit_of(server: &Server) -> u32 {
+    let path = format!("/proc/{}/task/{}/children", server.pid(), server.pid());
+    std::fs::read_to_string(&path)
+        .unwrap_or_default()
+        .split_whitespace()
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("serve --cluster has no nbdkit child ({path})"))
+}
+
+fn wait_until(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !ok() {
+        assert!(Instant::now() < deadline, "{what}: not within {timeout:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn a_cluster_serves_volumes_through_faults_and_takeovers() {
+    let c = up();
+    let etcd = c.etcd_args();
+    let with_etcd = |args: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        v.splice(1..1, etcd.iter().cloned());
+        v
+    };
+    let cli = |args: Vec<String>| {
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        c.cli_ok(&refs)
+    };
+
+    // 1. The rmw volume `cluster up` made: fio verifies through NBD.
+    let w1 = c
+        .serve("pool0/vol0", "w1")
+        .expect("step 1: serve --cluster");
+    let jobs = FioJob::standard_three(0, 8 * MIB, 11);
+    for job in &jobs {
+        job.run(&w1);
+    }
+
+    // 2. A second writer of the same volume is refused, saying who holds it.
+    match c.serve("pool0/vol0", "w2") {
+        Ok(_) => panic!("step 2: a second writer of pool0/vol0 was accepted"),
+        Err(log) => assert!(
+            log.contains("writer"),
+            "step 2: the refusal names the writer: {log}"
+        ),
+    }
+
+    // 3. A chunk server killed during writes: fio goes on, degraded.
+    let victim = c.server_pid(2);
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(500));
+        signal(victim, libc::SIGKILL);
+    });
+    let during = FioJob::random_4k(32 * MIB, 8 * MIB, 12);
+    during.run(&w1);
+    killer.join().unwrap();
+    for job in &jobs {
+        job.verify_only(&w1);
+    }
+    let status = c.cli_ok(&["cluster", "status", "--json"]).stdout;
+    let status: Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(status["servers"][2]["state"], "down", "step 3: {status}");
+
+    // 4. It comes back; the next writer resynchronises only what it missed.
+    c.cli_ok(&["cluster", "restart-server", "2"]);
+    w1.stop();
+    let w3 = c
+        .serve("pool0/vol0", "w3")
+        .expect("step 4: serve after the restart");
+    assert!(
+        w3.log_text().contains("re-added"),
+        "step 4: the returning server's shards are re-added: {}",
+        w3.log_text()
+    );
+    for job in jobs.iter().chain([&during]) {
+        job.verify_only(&w3);
+    }
+
+    // 5. Takeover: the writer stopped (SIGSTOP) past its lease, a new
+    //    writer takes over and writes; the old one, resumed, lands nothing.
+    let old_nbdkit = nbdkit_of(&w3);
+    signal(old_nbdkit, libc::SIGSTOP);
+    let w4 = {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            match c.serve("pool0/vol0", "w4") {
+                Ok(s) => break s,
+                Err(log) if Instant::now() < deadline && log.contains("writer") => {
+                    std::thread::sleep(Duration::from_secs(1))
+                }
+                Err(log) => panic!("step 5: the new writer did not take over: {log}"),
+            }
+        }
+    };
+    let after = FioJob::random_4k(0, 8 * MIB, 13);
+    after.run(&w4);
+    signal(old_nbdkit, libc::SIGCONT);
+    // The old writer's attempt: refused (EIO), and it stops its export.
+    let old_try = run(
+        fio_command()
+            .arg("--name=old")
+            .arg("--ioengine=nbd")
+            .arg(format!("--uri={}", w3.uri()))
+            .arg("--rw=write")
+            .arg("--bs=64k")
+            .arg("--size=1M")
+            .arg("--offset=0"),
+        TOOL_TIMEOUT,
+    );
+    assert!(
+        !old_try.success(),
+        "step 5: the old writer's write succeeded: {old_try}"
+    );
+    wait_until(
+        "step 5: the fenced writer stops",
+        Duration::from_secs(60),
+        || w3.log_text().contains("fenced") || w3.log_text().contains("stopped"),
+    );
+    after.verify_only(&w4);
+    let wire = &c.stats("w4")["wire"];
+    assert_eq!(wire["failures"], 0, "step 5: {wire}");
+    w4.stop();
+    drop(w3);
+
+    // 6. A parix pool and a replicated pool on the same servers.
+    cli(with_etcd(&[
+        "pool",
+        "create",
+        "px",
+        "--policy",
+        "parix",
+        "--pgs",
+        "2",
+        "--stripe-unit",
+        "32K",
+    ]));
+    cli(with_etcd(&[
+        "pool",
+        "create",
+        "r3",
+        "--policy",
+        "replicate",
+        "--copies",
+        "3",
+        "--pgs",
+        "2",
+    ]));
+    cli(with_etcd(&["volume", "create", "px/v", "--size", "64M"]));
+    cli(with_etcd(&["volume", "create", "r3/v", "--size", "64M"]));
+    cli(with_etcd(&[
+        "volume", "create", "px/small", "--size", "32M",
+    ]));
+    cli(with_etcd(&[
+        "volume", "resize", "px/small", "--size", "48M",
+    ]));
+    for (volume, name) in [("px/v", "px"), ("r3/v", "r3"), ("px/small", "small")] {
+        let s = c
+            .serve(volume, name)
+            .unwrap_or_else(|e| panic!("step 6: {volume}: {e}"));
+        let job = FioJob::random_4k(0, 8 * MIB, 14);
+        job.run(&s);
+        let wire = &c.stats(name)["wire"];
+        assert!(
+            wire["round_trips"].as_u64().unwrap() > 0,
+            "step 6: {volume}: {wire}"
+        );
+        if name == "small" {
+            // The resize shows: the volume is 48 MiB.
+            let out = run_ok(
+                Command::new("nbdinfo").arg("--size").arg(s.uri()),
+                TOOL_TIMEOUT,
+            );
+            assert_eq!(out.stdout.trim(), (48 * MIB).to_string(), "step 6: resized");
+        }
+        s.stop();
+    }
+    let _ = Path::new("");
+}
