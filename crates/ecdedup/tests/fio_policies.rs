@@ -13,8 +13,11 @@ mod support;
 
 use support::{counter, FioJob, TestArray, MIB};
 
+/// RS(4,2) (RS(1,2) for replicate) under `policy`, 64 MiB: the jobs use
+/// [0, 34 MiB), and the rebuild and the scrub walk every stripe (128 MiB
+/// until 2026-11-27).
 fn create(policy: &str) -> TestArray {
-    let mut args: Vec<String> = support::create_args("128M");
+    let mut args: Vec<String> = support::create_args("64M");
     args.extend(
         ["--write-policy", policy, "--journal-max", "64M"]
             .iter()
@@ -67,8 +70,9 @@ fn healthy_crash_degraded_rebuild(policy: &str, seed: u64) {
         job.verify_only(&server);
     }
     // Degraded writes (logging falls back to in-place writes on a degraded
-    // stripe) and a second failure.
-    let degraded = FioJob::random_4k(64 * MIB, 8 * MIB, seed + 30);
+    // stripe) and a second failure. 2 MiB, 512 writes over 16 stripes (8
+    // MiB until 2026-11-27): each syncs the degraded-write log first.
+    let degraded = FioJob::random_4k(32 * MIB, 2 * MIB, seed + 30);
     degraded.run(&server);
     written.push(degraded);
     a.cli(&["fail", "5"]).ok();

@@ -694,6 +694,20 @@ impl Drop for Server {
     }
 }
 
+/// Runs one named phase of a test that tells a story on one array: when
+/// the phase panics, the test's output says `phase NAME failed` right after
+/// the panic's own message (the panic goes on unchanged), so a merged test
+/// still says which step broke.
+pub fn phase<T>(name: &str, f: impl FnOnce() -> T) -> T {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(v) => v,
+        Err(payload) => {
+            eprintln!("phase `{name}` failed");
+            std::panic::resume_unwind(payload)
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------
 // fio
 
