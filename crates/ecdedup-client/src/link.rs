@@ -96,13 +96,7 @@ impl Wire {
 
     /// A request header for a chunk of this volume.
     pub fn header(&self, op: Op, code: u32, offset: u64, length: u32) -> Header {
-        let mut h = Header::request(op, 0, &[]);
-        h.volume_id = self.volume_id;
-        h.epoch = self.epoch;
-        h.pg = code;
-        h.offset = offset;
-        h.length = length;
-        h
+        request_header(self.volume_id, self.epoch, op, code, offset, length)
     }
 
     /// Sends one frame; the receiver gets its reply (or why none came).
@@ -186,6 +180,67 @@ impl Wire {
     }
 }
 
+/// A request header for chunk `code` (PG << 8 | shard) of volume
+/// `volume_id`, carrying the writer's `epoch`.
+pub fn request_header(
+    volume_id: u64,
+    epoch: u64,
+    op: Op,
+    code: u32,
+    offset: u64,
+    length: u32,
+) -> Header {
+    let mut h = Header::request(op, 0, &[]);
+    h.volume_id = volume_id;
+    h.epoch = epoch;
+    h.pg = code;
+    h.offset = offset;
+    h.length = length;
+    h
+}
+
+/// The frames (header, payload) that carry `op` on chunk `code`: one per
+/// [`FRAME_DATA_BYTES`] of a read or write, one for a sync or discard.
+/// The same for every link (the network's and the cluster simulator's).
+pub fn link_frames(
+    volume_id: u64,
+    epoch: u64,
+    code: u32,
+    op: LinkOp<'_>,
+) -> Vec<(Header, Vec<u8>)> {
+    let header = |op, offset, length| request_header(volume_id, epoch, op, code, offset, length);
+    let mut frames = Vec::new();
+    match op {
+        LinkOp::Read { offset, len } => {
+            let mut done = 0;
+            while done < len || frames.is_empty() {
+                let n = (len - done).min(FRAME_DATA_BYTES);
+                frames.push((header(Op::Read, offset + done as u64, n as u32), Vec::new()));
+                done += n;
+                if n == 0 {
+                    break;
+                }
+            }
+        }
+        LinkOp::Write { offset, buf, fua } => {
+            for (i, piece) in buf.chunks(FRAME_DATA_BYTES).enumerate() {
+                let at = offset + (i * FRAME_DATA_BYTES) as u64;
+                let mut h = header(Op::Write, at, piece.len() as u32);
+                if fua {
+                    h.flags |= FLAG_FUA;
+                }
+                frames.push((h, piece.to_vec()));
+            }
+        }
+        LinkOp::Sync => frames.push((header(Op::Flush, 0, 0), Vec::new())),
+        LinkOp::Discard { offset, len } => {
+            frames.push((header(Op::Discard, offset, 8), len.to_le_bytes().to_vec()))
+        }
+    }
+    debug_assert!(FRAME_DATA_BYTES as u32 <= PAYLOAD_BYTES_MAX);
+    frames
+}
+
 /// One chunk: shard `shard` of PG `pg` of the volume, on `server`.
 pub struct NetLink {
     wire: Arc<Wire>,
@@ -245,43 +300,10 @@ impl ChunkLink for NetLink {
             ))));
         }
         let w = &self.wire;
-        let mut frames = Vec::new();
-        match op {
-            LinkOp::Read { offset, len } => {
-                let mut done = 0;
-                while done < len || frames.is_empty() {
-                    let n = (len - done).min(FRAME_DATA_BYTES);
-                    let h = w.header(Op::Read, self.code, offset + done as u64, n as u32);
-                    frames.push(w.call(self.addr, h, Vec::new()));
-                    done += n;
-                    if n == 0 {
-                        break;
-                    }
-                }
-            }
-            LinkOp::Write { offset, buf, fua } => {
-                for (i, piece) in buf.chunks(FRAME_DATA_BYTES).enumerate() {
-                    let mut h = w.header(
-                        Op::Write,
-                        self.code,
-                        offset + (i * FRAME_DATA_BYTES) as u64,
-                        piece.len() as u32,
-                    );
-                    if fua {
-                        h.flags |= FLAG_FUA;
-                    }
-                    frames.push(w.call(self.addr, h, piece.to_vec()));
-                }
-            }
-            LinkOp::Sync => {
-                frames.push(w.call(self.addr, w.header(Op::Flush, self.code, 0, 0), Vec::new()))
-            }
-            LinkOp::Discard { offset, len } => {
-                let h = w.header(Op::Discard, self.code, offset, 8);
-                frames.push(w.call(self.addr, h, len.to_le_bytes().to_vec()));
-            }
-        }
-        debug_assert!(FRAME_DATA_BYTES as u32 <= PAYLOAD_BYTES_MAX);
+        let frames = link_frames(w.volume_id, w.epoch, self.code, op)
+            .into_iter()
+            .map(|(h, payload)| w.call(self.addr, h, payload))
+            .collect();
         Box::new(Frames(frames))
     }
 

@@ -30,7 +30,7 @@ use ecdedup_transport::log::line;
 use ecdedup_transport::{ClientConfig, ClusterKey, Peers};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -363,6 +363,22 @@ fn open_pg(
             "a newer writer holds the volume: {reason}"
         )));
     }
+    let what = format!("PG {pg} of volume {}", opts.volume);
+    open_pg_array(&dir, &options, devices, &what)
+}
+
+/// The array of one PG over its chunks (`devices`, in shard order, None
+/// where a server cannot be reached), with its client state in `dir`:
+/// formatted with `options` when no chunk holds a superblock yet (only
+/// with every chunk there), else opened with the settings the chunks
+/// carry, which replays the parity journals and resynchronises what the
+/// last writer left dirty. `what` names the PG in messages.
+pub fn open_pg_array(
+    dir: &Path,
+    options: &CreateOptions,
+    devices: Vec<Option<Arc<dyn Device>>>,
+    what: &str,
+) -> Result<Array> {
     let config = dir.join(array::CONFIG_FILE);
     let _ = std::fs::remove_file(&config);
     let formatted = devices
@@ -372,23 +388,31 @@ fn open_pg(
     if !formatted {
         if devices.iter().any(Option::is_none) {
             return Err(Error::Unavailable(format!(
-                "PG {pg} of volume {} is new and a server of it cannot be reached: it is \
-                 formatted only with all {} servers up",
-                opts.volume,
-                record.servers.len()
+                "{what} is new and a server of it cannot be reached: it is formatted only \
+                 with all {} servers up",
+                devices.len()
             )));
         }
         line(
             COMPONENT,
             "format",
-            &[("pg", &pg), ("chunk_bytes", &chunk_bytes)],
+            &[("array", &what), ("chunk_bytes", &devices_size(&devices))],
         );
-        array::format(&dir, &options, devices.iter().flatten().cloned().collect())?;
+        array::format(dir, options, devices.iter().flatten().cloned().collect())?;
     } else {
         let mut cfg: ConfigFile = array::config_from_devices(&devices)?;
-        cfg.devices = names;
-        cfg.store(&dir)?;
+        cfg.devices = options.devices.clone();
+        cfg.store(dir)?;
     }
-    let _ = made;
-    Array::open_with_devices(&dir, devices, None)
+    Array::open_with_devices(dir, devices, None)
+}
+
+/// The size of the first reachable chunk (all are alike), for the log.
+fn devices_size(devices: &[Option<Arc<dyn Device>>]) -> u64 {
+    devices
+        .iter()
+        .flatten()
+        .map(|d| d.size())
+        .next()
+        .unwrap_or(0)
 }
