@@ -75,8 +75,8 @@ const VOLUME_ID: u64 = 7;
 /// The PG array's data bytes: 32 stripes of RS(4,2) at 4 KiB units.
 const VOLUME_BYTES: u64 = 512 << 10;
 const STRIPE_UNIT_BYTES: u32 = 4096;
-/// Seeds in CI: about 0.2 s each in the test profile on a quiet 2-core
-/// machine, 0.4 s loaded.
+/// Seeds in CI: 0.34 s each in the test profile on a 2-core machine under
+/// a load average of 10 (40 s for the 120).
 const SEEDS_CI: u64 = 120;
 /// Seeds of the ignored `many_seeds` test.
 const SEEDS_LONG: u64 = 5_000;
