@@ -63,6 +63,11 @@ pub struct ChunkServer {
     /// Highest epoch per volume, as stored.
     epochs: Mutex<HashMap<u64, u64>>,
     fenced: AtomicBool,
+    /// Chosen at random when the server starts: every reply that
+    /// acknowledges a change carries it, so a client notices a restart
+    /// (and the unsynced writes a crash may have lost) between two of its
+    /// requests.
+    boot_id: u64,
     pub counters: ChunkCounters,
 }
 
@@ -115,6 +120,13 @@ impl ChunkServer {
             open: Mutex::new(OpenChunks::default()),
             epochs: Mutex::new(HashMap::new()),
             fenced: AtomicBool::new(false),
+            boot_id: {
+                use std::hash::{BuildHasher, Hasher};
+                std::collections::hash_map::RandomState::new()
+                    .build_hasher()
+                    .finish()
+                    | 1
+            },
             counters: ChunkCounters::default(),
         })
     }
@@ -122,6 +134,11 @@ impl ChunkServer {
     /// Stops acknowledging anything (the lease is lost).
     pub fn fence(&self) {
         self.fenced.store(true, Ordering::SeqCst);
+    }
+
+    /// This run's boot id (see the field).
+    pub fn boot_id(&self) -> u64 {
+        self.boot_id
     }
 
     pub fn is_fenced(&self) -> bool {
@@ -339,12 +356,13 @@ impl ChunkServer {
         self.admit_epoch(h.volume_id, h.epoch)?;
         let (volume, code) = (h.volume_id, h.pg);
         match h.op {
-            Op::SetEpoch => Ok(Vec::new()),
+            Op::SetEpoch => Ok(self.boot_id.to_le_bytes().to_vec()),
             Op::Open => {
                 let size = u64_payload(payload, "Open")?;
                 let made = self.open_chunk(volume, code, size)?;
                 let mut reply = size.to_le_bytes().to_vec();
                 reply.push(u8::from(made));
+                reply.extend_from_slice(&self.boot_id.to_le_bytes());
                 Ok(reply)
             }
             Op::Read => {
@@ -379,14 +397,14 @@ impl ChunkServer {
                 self.counters
                     .bytes_written
                     .fetch_add(payload.len() as u64, Ordering::Relaxed);
-                Ok(Vec::new())
+                Ok(self.boot_id.to_le_bytes().to_vec())
             }
             Op::Flush => {
                 let dev = self.chunk(volume, code)?;
                 dev.sync()
                     .map_err(|e| io_refusal(&format!("syncing {}", dev.describe()), &e))?;
                 self.counters.syncs.fetch_add(1, Ordering::Relaxed);
-                Ok(Vec::new())
+                Ok(self.boot_id.to_le_bytes().to_vec())
             }
             Op::Discard => {
                 let dev = self.chunk(volume, code)?;
@@ -394,7 +412,7 @@ impl ChunkServer {
                 check_range(dev.as_ref(), h.offset, len)?;
                 dev.discard(h.offset, len)
                     .map_err(|e| io_refusal(&format!("discarding on {}", dev.describe()), &e))?;
-                Ok(Vec::new())
+                Ok(self.boot_id.to_le_bytes().to_vec())
             }
             _ => unreachable!("ops checked above"),
         }
@@ -503,6 +521,7 @@ mod tests {
         let (st, reply) = call(&s, req(Op::Open, 7, 5, 0, &size), &size);
         assert_eq!(st, Status::Ok);
         assert_eq!(reply[8], 1, "made now");
+        assert_eq!(reply[9..], s.boot_id().to_le_bytes(), "the boot id");
         let (_, reply) = call(&s, req(Op::Open, 7, 5, 0, &size), &size);
         assert_eq!(reply[8], 0, "found the second time");
         let data = vec![0xabu8; 8192];

@@ -96,13 +96,7 @@ impl Wire {
 
     /// A request header for a chunk of this volume.
     pub fn header(&self, op: Op, code: u32, offset: u64, length: u32) -> Header {
-        let mut h = Header::request(op, 0, &[]);
-        h.volume_id = self.volume_id;
-        h.epoch = self.epoch;
-        h.pg = code;
-        h.offset = offset;
-        h.length = length;
-        h
+        request_header(self.volume_id, self.epoch, op, code, offset, length)
     }
 
     /// Sends one frame; the receiver gets its reply (or why none came).
@@ -186,6 +180,67 @@ impl Wire {
     }
 }
 
+/// A request header for chunk `code` (PG << 8 | shard) of volume
+/// `volume_id`, carrying the writer's `epoch`.
+pub fn request_header(
+    volume_id: u64,
+    epoch: u64,
+    op: Op,
+    code: u32,
+    offset: u64,
+    length: u32,
+) -> Header {
+    let mut h = Header::request(op, 0, &[]);
+    h.volume_id = volume_id;
+    h.epoch = epoch;
+    h.pg = code;
+    h.offset = offset;
+    h.length = length;
+    h
+}
+
+/// The frames (header, payload) that carry `op` on chunk `code`: one per
+/// [`FRAME_DATA_BYTES`] of a read or write, one for a sync or discard.
+/// The same for every link (the network's and the cluster simulator's).
+pub fn link_frames(
+    volume_id: u64,
+    epoch: u64,
+    code: u32,
+    op: LinkOp<'_>,
+) -> Vec<(Header, Vec<u8>)> {
+    let header = |op, offset, length| request_header(volume_id, epoch, op, code, offset, length);
+    let mut frames = Vec::new();
+    match op {
+        LinkOp::Read { offset, len } => {
+            let mut done = 0;
+            while done < len || frames.is_empty() {
+                let n = (len - done).min(FRAME_DATA_BYTES);
+                frames.push((header(Op::Read, offset + done as u64, n as u32), Vec::new()));
+                done += n;
+                if n == 0 {
+                    break;
+                }
+            }
+        }
+        LinkOp::Write { offset, buf, fua } => {
+            for (i, piece) in buf.chunks(FRAME_DATA_BYTES).enumerate() {
+                let at = offset + (i * FRAME_DATA_BYTES) as u64;
+                let mut h = header(Op::Write, at, piece.len() as u32);
+                if fua {
+                    h.flags |= FLAG_FUA;
+                }
+                frames.push((h, piece.to_vec()));
+            }
+        }
+        LinkOp::Sync => frames.push((header(Op::Flush, 0, 0), Vec::new())),
+        LinkOp::Discard { offset, len } => {
+            frames.push((header(Op::Discard, offset, 8), len.to_le_bytes().to_vec()))
+        }
+    }
+    debug_assert!(FRAME_DATA_BYTES as u32 <= PAYLOAD_BYTES_MAX);
+    frames
+}
+
 /// One chunk: shard `shard` of PG `pg` of the volume, on `server`.
 pub struct NetLink {
     wire: Arc<Wire>,
@@ -193,6 +248,8 @@ pub struct NetLink {
     addr: SocketAddr,
     code: u32,
     size: u64,
+    /// The server's boot id when the chunk was opened.
+    boot_id: u64,
 }
 
 impl NetLink {
@@ -202,6 +259,7 @@ impl NetLink {
         addr: SocketAddr,
         code: u32,
         size: u64,
+        boot_id: u64,
     ) -> NetLink {
         NetLink {
             wire,
@@ -209,19 +267,52 @@ impl NetLink {
             addr,
             code,
             size,
+            boot_id,
         }
     }
 }
 
-/// Replies of the frames of one operation, joined.
-struct Frames(Vec<mpsc::Receiver<io::Result<Vec<u8>>>>);
+/// Checks the reply of a change (write, flush, discard) against the boot
+/// id the chunk's server gave at open: another id means the server
+/// restarted in between, and writes it acknowledged before may be lost
+/// (a crash drops unsynced writes), so the shard is failed rather than
+/// trusted. A read's reply is data, passed on.
+pub fn check_boot(
+    is_read: bool,
+    boot_id: u64,
+    reply: io::Result<Vec<u8>>,
+    what: &dyn Fn() -> String,
+) -> io::Result<Vec<u8>> {
+    let payload = reply?;
+    if is_read {
+        return Ok(payload);
+    }
+    if payload.as_slice() != boot_id.to_le_bytes() {
+        return Err(io::Error::other(format!(
+            "{} restarted since this writer opened the chunk (its boot id changed): writes \
+             it acknowledged before may be lost",
+            what()
+        )));
+    }
+    Ok(Vec::new())
+}
+
+/// Replies of the frames of one operation, joined, each checked.
+struct Frames {
+    rxs: Vec<mpsc::Receiver<io::Result<Vec<u8>>>>,
+    is_read: bool,
+    boot_id: u64,
+    what: String,
+}
 
 impl PendingReply for Frames {
     fn wait(self: Box<Self>) -> io::Result<Vec<u8>> {
         let mut out = Vec::new();
         let mut first_error = None;
-        for rx in self.0 {
-            match Wire::wait(rx) {
+        let what = &self.what;
+        for rx in self.rxs {
+            let reply = check_boot(self.is_read, self.boot_id, Wire::wait(rx), &|| what.clone());
+            match reply {
                 Ok(bytes) if first_error.is_none() => out.extend_from_slice(&bytes),
                 Ok(_) => {}
                 Err(e) => {
@@ -245,44 +336,17 @@ impl ChunkLink for NetLink {
             ))));
         }
         let w = &self.wire;
-        let mut frames = Vec::new();
-        match op {
-            LinkOp::Read { offset, len } => {
-                let mut done = 0;
-                while done < len || frames.is_empty() {
-                    let n = (len - done).min(FRAME_DATA_BYTES);
-                    let h = w.header(Op::Read, self.code, offset + done as u64, n as u32);
-                    frames.push(w.call(self.addr, h, Vec::new()));
-                    done += n;
-                    if n == 0 {
-                        break;
-                    }
-                }
-            }
-            LinkOp::Write { offset, buf, fua } => {
-                for (i, piece) in buf.chunks(FRAME_DATA_BYTES).enumerate() {
-                    let mut h = w.header(
-                        Op::Write,
-                        self.code,
-                        offset + (i * FRAME_DATA_BYTES) as u64,
-                        piece.len() as u32,
-                    );
-                    if fua {
-                        h.flags |= FLAG_FUA;
-                    }
-                    frames.push(w.call(self.addr, h, piece.to_vec()));
-                }
-            }
-            LinkOp::Sync => {
-                frames.push(w.call(self.addr, w.header(Op::Flush, self.code, 0, 0), Vec::new()))
-            }
-            LinkOp::Discard { offset, len } => {
-                let h = w.header(Op::Discard, self.code, offset, 8);
-                frames.push(w.call(self.addr, h, len.to_le_bytes().to_vec()));
-            }
-        }
-        debug_assert!(FRAME_DATA_BYTES as u32 <= PAYLOAD_BYTES_MAX);
-        Box::new(Frames(frames))
+        let is_read = matches!(op, LinkOp::Read { .. });
+        let rxs = link_frames(w.volume_id, w.epoch, self.code, op)
+            .into_iter()
+            .map(|(h, payload)| w.call(self.addr, h, payload))
+            .collect();
+        Box::new(Frames {
+            rxs,
+            is_read,
+            boot_id: self.boot_id,
+            what: format!("server {} ({})", self.server, self.addr),
+        })
     }
 
     fn size(&self) -> u64 {

@@ -30,7 +30,7 @@ use ecdedup_transport::log::line;
 use ecdedup_transport::{ClientConfig, ClusterKey, Peers};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -309,7 +309,6 @@ fn open_pg(
     let geo = array::geometry_for(&options)?;
     let chunk_bytes = geo.device_bytes_min().div_ceil(4096) * 4096;
     let mut devices: Vec<Option<Arc<dyn Device>>> = Vec::new();
-    let mut made = Vec::new();
     let opens: Vec<_> = record
         .servers
         .iter()
@@ -338,9 +337,9 @@ fn open_pg(
             continue;
         };
         match Wire::wait(rx) {
-            Ok(reply) if reply.len() == 9 => {
-                made.push(reply[8] == 1);
-                let link = NetLink::new(Arc::clone(wire), id, addr, code, chunk_bytes);
+            Ok(reply) if reply.len() == 17 => {
+                let boot_id = u64::from_le_bytes(reply[9..17].try_into().expect("8 bytes"));
+                let link = NetLink::new(Arc::clone(wire), id, addr, code, chunk_bytes, boot_id);
                 devices.push(Some(Arc::new(RemoteDevice::new(Arc::new(link)))));
             }
             Ok(reply) => {
@@ -364,6 +363,22 @@ fn open_pg(
             "a newer writer holds the volume: {reason}"
         )));
     }
+    let what = format!("PG {pg} of volume {}", opts.volume);
+    open_pg_array(&dir, &options, devices, &what)
+}
+
+/// The array of one PG over its chunks (`devices`, in shard order, None
+/// where a server cannot be reached), with its client state in `dir`:
+/// formatted with `options` when no chunk holds a superblock yet (only
+/// with every chunk there), else opened with the settings the chunks
+/// carry, which replays the parity journals and resynchronises what the
+/// last writer left dirty. `what` names the PG in messages.
+pub fn open_pg_array(
+    dir: &Path,
+    options: &CreateOptions,
+    devices: Vec<Option<Arc<dyn Device>>>,
+    what: &str,
+) -> Result<Array> {
     let config = dir.join(array::CONFIG_FILE);
     let _ = std::fs::remove_file(&config);
     let formatted = devices
@@ -373,25 +388,23 @@ fn open_pg(
     if !formatted {
         if devices.iter().any(Option::is_none) {
             return Err(Error::Unavailable(format!(
-                "PG {pg} of volume {} is new and a server of it cannot be reached: it is \
-                 formatted only with all {} servers up",
-                opts.volume,
-                record.servers.len()
+                "{what} is new and a server of it cannot be reached: it is formatted only \
+                 with all {} servers up",
+                devices.len()
             )));
         }
         line(
             COMPONENT,
             "format",
-            &[("pg", &pg), ("chunk_bytes", &chunk_bytes)],
+            &[("array", &what), ("chunk_bytes", &devices_size(&devices))],
         );
-        array::format(&dir, &options, devices.iter().flatten().cloned().collect())?;
+        array::format(dir, options, devices.iter().flatten().cloned().collect())?;
     } else {
         let mut cfg: ConfigFile = array::config_from_devices(&devices)?;
-        cfg.devices = names;
-        cfg.store(&dir)?;
+        cfg.devices = options.devices.clone();
+        cfg.store(dir)?;
     }
-    let _ = made;
-    let mut array = Array::open_with_devices(&dir, devices.clone(), None)?;
+    let mut array = Array::open_with_devices(dir, devices.clone(), None)?;
     // A server that is back: its shard rejoins, resynchronising only the
     // regions written while it was out (rmw without dedup: `re-add`), or
     // stays failed until it is replaced and rebuilt (the other policies
@@ -411,14 +424,24 @@ fn open_pg(
             Ok(units) => line(
                 COMPONENT,
                 "shard-resynced",
-                &[("pg", &pg), ("shard", &d), ("units", &units)],
+                &[("array", &what), ("shard", &d), ("units", &units)],
             ),
             Err(e) => line(
                 COMPONENT,
                 "shard-stays-failed",
-                &[("pg", &pg), ("shard", &d), ("reason", &e)],
+                &[("array", &what), ("shard", &d), ("reason", &e)],
             ),
         }
     }
     Ok(array)
+}
+
+/// The size of the first reachable chunk (all are alike), for the log.
+fn devices_size(devices: &[Option<Arc<dyn Device>>]) -> u64 {
+    devices
+        .iter()
+        .flatten()
+        .map(|d| d.size())
+        .next()
+        .unwrap_or(0)
 }

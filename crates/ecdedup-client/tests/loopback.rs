@@ -188,7 +188,7 @@ fn pattern(seed: u64, len: usize) -> Vec<u8> {
 }
 
 /// Writes, reads back and returns what the volume should hold.
-fn write_and_check(v: &ClusterVolume, model: &mut Vec<u8>, seed: u64) {
+fn write_and_check(v: &ClusterVolume, model: &mut [u8], seed: u64) {
     let size = model.len() as u64;
     let mut s = seed;
     for i in 0..24u64 {

@@ -141,6 +141,12 @@ impl Array {
                         .pin(stripe)
                         .map_err(|e| Error::io("marking the write-intent log", e))?;
                 }
+                if self.journal_on_device_failed(d, "parity journal sync", &e) {
+                    // The device is out: its parity no longer counts, and
+                    // the flush goes on with the others (as for any device
+                    // error), within m.
+                    continue;
+                }
                 first_error.get_or_insert(Error::io(
                     format!("syncing the parity journal of device {d}"),
                     e,
@@ -464,10 +470,51 @@ impl Array {
     /// follows the parity write is logged (or forgotten with the region
     /// pinned), so an error before that leaves them in place.
     fn replay_parity(&self, stripe: u64, j: usize, p: usize) -> Result<()> {
-        let Some((folded, records)) = self.fold_parity(stripe, j, p, false)? else {
+        let Some((folded, records)) = self.fold_parity_or_fail(stripe, j, p, false)? else {
             return Ok(());
         };
         self.write_folded_parity(stripe, j, p, &folded, records)
+    }
+
+    /// [`Array::fold_parity`], where a journal on its own device that
+    /// cannot be read fails that device (format 2): its parity no longer
+    /// counts, so nothing is folded into it.
+    #[allow(clippy::type_complexity)]
+    fn fold_parity_or_fail(
+        &self,
+        stripe: u64,
+        j: usize,
+        p: usize,
+        dirty: bool,
+    ) -> Result<Option<(std::collections::BTreeMap<u32, Vec<u8>>, usize)>> {
+        match self.fold_parity(stripe, j, p, dirty) {
+            Err(Error::Io { source, .. })
+                if self.journal_on_device_failed(p, "parity journal read", &source) =>
+            {
+                // Out of service: its parity is rebuilt from data, if ever.
+                self.stores[p].journal_forget(stripe);
+                Ok(None)
+            }
+            other => other,
+        }
+    }
+
+    /// A journal kept on its own device (format 2) that fails is that
+    /// device failing: it is latched failed, like any other I/O error of
+    /// the device. Returns whether the array goes on without it (format 2,
+    /// and at most m devices out); format 1 keeps its journals in the
+    /// folder, whose errors are the flush's.
+    pub(super) fn journal_on_device_failed(
+        &self,
+        d: usize,
+        what: &str,
+        e: &std::io::Error,
+    ) -> bool {
+        if self.meta.is_none() || Array::is_space_error(e) {
+            return false;
+        }
+        self.latch_failure(d, what, e);
+        self.unavailable_count() <= self.geo.m()
     }
 
     /// Writes parity rows that `fold_parity` computed and drops the records
@@ -622,7 +669,7 @@ impl Array {
         let mut folds = Vec::new();
         let mut rows = std::collections::BTreeSet::new();
         for (j, p) in self.parity_devices(stripe) {
-            if let Some((folded, records)) = self.fold_parity(stripe, j, p, dirty)? {
+            if let Some((folded, records)) = self.fold_parity_or_fail(stripe, j, p, dirty)? {
                 rows.extend(folded.keys().copied());
                 folds.push((j, p, folded, records));
             }
