@@ -249,6 +249,17 @@ impl Array {
             match self.write_policy {
                 WritePolicy::Parix => {
                     need_d0_writes += need_d0 as u64;
+                    // d(r) goes to every parity journal as the same record:
+                    // encoded and checksummed once, copied to the others.
+                    let mut value = Vec::with_capacity(new.len() + 32);
+                    journal::encode(
+                        &mut value,
+                        Kind::Value,
+                        stripe,
+                        role16,
+                        blocks.start as u32,
+                        &new,
+                    );
                     for (j, rec) in records.iter_mut().enumerate() {
                         if let Some(d0) = current.as_ref().filter(|_| need_d0) {
                             // Runs of blocks this journal needs d(0) for.
@@ -273,14 +284,7 @@ impl Array {
                                 );
                             }
                         }
-                        journal::encode(
-                            rec,
-                            Kind::Value,
-                            stripe,
-                            role16,
-                            blocks.start as u32,
-                            &new,
-                        );
+                        rec.extend_from_slice(&value);
                     }
                 }
                 WritePolicy::Plog => {
