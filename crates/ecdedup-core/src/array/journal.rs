@@ -46,9 +46,7 @@
 
 use crate::counters::IoClass;
 use crate::error::{Error, Result};
-use crate::media::storage::{
-    parent_of, read_all, OsStorage, PlacedWrite, RingFile, Storage, StorageFile,
-};
+use crate::media::storage::{parent_of, read_all, OsStorage, PlacedWrite, Storage, StorageFile};
 use crate::media::{Device, DeviceIo, WriteHint};
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -179,14 +177,20 @@ pub struct JournalWrite {
 enum Target {
     /// On the device of the metadata area the journal lives in (format
     /// 2): beside the data writes of the same batch.
-    Placed(PlacedWrite),
+    Placed(PlacedWrite, Synchronous),
     /// The journal's own file (format 1), as a device of one file.
     File(OwnFile),
 }
 
 impl JournalWrite {
     /// The device writes that put the records (and, in a metadata area,
-    /// the file's length hint) in place.
+    /// the file's length hint) in place. They run on the calling thread
+    /// (`pwrite`), first in their batch, not through its io_uring
+    /// submission: the records are not 4 KiB-aligned, so they go through
+    /// the page cache, and io_uring hands such writes to a worker thread
+    /// (ext4 cannot take them without blocking), which cost 1.32x the
+    /// server CPU per write of the synchronous `pwrite` (docs/benchmarks.md,
+    /// "Where the CPU goes").
     pub fn device_ios(&self) -> Vec<DeviceIo<'_>> {
         fn write<'a>(dev: &'a dyn Device, buf: &'a [u8], offset: u64) -> DeviceIo<'a> {
             DeviceIo {
@@ -200,15 +204,15 @@ impl JournalWrite {
             }
         }
         match &self.target {
-            Target::Placed(p) => {
+            Target::Placed(p, dev) => {
                 let mut ios = Vec::with_capacity(p.runs.len() + 1);
                 let mut done = 0usize;
                 for &(at, n) in &p.runs {
-                    ios.push(write(p.dev.as_ref(), &self.records[done..done + n], at));
+                    ios.push(write(dev, &self.records[done..done + n], at));
                     done += n;
                 }
                 if let Some((at, h)) = &p.hint {
-                    ios.push(write(p.dev.as_ref(), &h[..], *at));
+                    ios.push(write(dev, &h[..], *at));
                 }
                 ios
             }
@@ -222,8 +226,34 @@ impl JournalWrite {
     }
 }
 
-/// A file of its own seen as a device, so that a batch writes it
-/// ([`crate::media::batch`]: through io_uring where it has descriptors).
+/// The device of a metadata area, whose writes a batch runs on the
+/// calling thread: it offers no descriptors for the ring
+/// ([`Device::ring_file`] is None).
+struct Synchronous(Arc<dyn Device>);
+
+impl Device for Synchronous {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.0.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.0.write_at(buf, offset)
+    }
+    fn write_hinted(&self, buf: &[u8], offset: u64, hint: WriteHint) -> std::io::Result<()> {
+        self.0.write_hinted(buf, offset, hint)
+    }
+    fn sync(&self) -> std::io::Result<()> {
+        self.0.sync()
+    }
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+    fn describe(&self) -> String {
+        self.0.describe()
+    }
+}
+
+/// A file of its own seen as a device, so that a batch writes it (on the
+/// calling thread, as [`Synchronous`]).
 struct OwnFile(Arc<dyn StorageFile>);
 
 impl Device for OwnFile {
@@ -241,9 +271,6 @@ impl Device for OwnFile {
     }
     fn describe(&self) -> String {
         self.0.describe()
-    }
-    fn ring_file(&self) -> Option<RingFile> {
-        self.0.ring_file()
     }
 }
 
@@ -542,7 +569,10 @@ impl ParityJournal {
                 self.reserved = false;
                 return Err(e);
             }
-            Some(Ok(placed)) => Target::Placed(placed),
+            Some(Ok(placed)) => {
+                let dev = Synchronous(Arc::clone(&placed.dev));
+                Target::Placed(placed, dev)
+            }
             None => Target::File(OwnFile(Arc::clone(&self.file))),
         };
         self.end += records.len() as u64;

@@ -102,8 +102,8 @@ pub struct PlacedWrite {
     /// (device offset, bytes), in the order of the file's bytes.
     pub runs: Vec<(u64, usize)>,
     /// The file's length hint for the new length: (device offset, bytes),
-    /// written with the runs (not before them matters only to a killed
-    /// process, whose open then cuts the tail as a torn one).
+    /// written after the runs (before them, a killed process's open would
+    /// find zeroes at the end and cut them as a torn tail).
     pub hint: Option<(u64, [u8; 32])>,
 }
 

@@ -116,15 +116,10 @@ fn a_parix_overwrite_writes_its_data_and_journal_appends_in_one_batch() {
         "no read (d(0) is logged), one batch of writes"
     );
     // The data unit's memory device loops (one call); the journals are
-    // files in the folder: one io_uring_enter for both, or a pwrite each.
-    let journal_calls = if crate::media::batch::ring_enabled() {
-        1
-    } else {
-        2
-    };
+    // files in the folder, appended by a pwrite each in the same batch.
     assert_eq!(
         s.array.device_syscalls - before.array.device_syscalls,
-        1 + journal_calls
+        1 + 2
     );
     rig.assert_matches_model();
     rig.a().replay_all(None).unwrap();
