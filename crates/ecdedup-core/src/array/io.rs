@@ -316,6 +316,17 @@ impl Array {
         units: &[(u64, usize, u64, &[u8])],
         repair: bool,
     ) -> Vec<bool> {
+        self.write_units_with(units, repair, Vec::new()).0
+    }
+
+    /// As `write_units`, with `beside` (parity-journal appends) in the
+    /// same batch; returns their replies too, in order.
+    pub(super) fn write_units_with<'a>(
+        &self,
+        units: &[(u64, usize, u64, &'a [u8])],
+        repair: bool,
+        beside: Vec<ChunkRequest<'a>>,
+    ) -> (Vec<bool>, Vec<ChunkReply>) {
         let g = &self.geo;
         let mut reqs: Vec<ChunkRequest> = units
             .iter()
@@ -338,8 +349,11 @@ impl Array {
                 ChunkRequest::new(place.device, op)
             })
             .collect();
+        reqs.extend(beside);
         self.submit(&mut reqs);
-        reqs.into_iter()
+        let beside: Vec<ChunkReply> = reqs.drain(units.len()..).map(|r| r.reply).collect();
+        let written = reqs
+            .into_iter()
             .zip(units)
             .map(|(req, &(stripe, role, b, bytes))| match req.reply {
                 ChunkReply::Done => true,
@@ -349,7 +363,8 @@ impl Array {
                     false
                 }
             })
-            .collect()
+            .collect();
+        (written, beside)
     }
 
     /// Handles a unit write's error (a full file system is noted, any

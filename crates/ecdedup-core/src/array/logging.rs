@@ -24,6 +24,7 @@
 
 use super::io::UnitWrite;
 use super::journal::{self, Kind};
+use super::store::{ChunkOp, ChunkReply, ChunkRequest};
 use super::Array;
 use crate::counters::{bump, IoClass};
 use crate::error::{Error, Result};
@@ -254,6 +255,17 @@ impl Array {
             match self.write_policy {
                 WritePolicy::Parix => {
                     need_d0_writes += need_d0 as u64;
+                    // d(r) goes to every parity journal as the same record:
+                    // encoded and checksummed once, copied to the others.
+                    let mut value = Vec::with_capacity(new.len() + 32);
+                    journal::encode(
+                        &mut value,
+                        Kind::Value,
+                        stripe,
+                        role16,
+                        blocks.start as u32,
+                        &new,
+                    );
                     for (j, rec) in records.iter_mut().enumerate() {
                         if let Some(d0) = current.as_ref().filter(|_| need_d0) {
                             // Runs of blocks this journal needs d(0) for.
@@ -278,14 +290,7 @@ impl Array {
                                 );
                             }
                         }
-                        journal::encode(
-                            rec,
-                            Kind::Value,
-                            stripe,
-                            role16,
-                            blocks.start as u32,
-                            &new,
-                        );
+                        rec.extend_from_slice(&value);
                     }
                 }
                 WritePolicy::Plog => {
@@ -324,31 +329,47 @@ impl Array {
                 return Ok(false);
             }
         }
-        for (&(_, p), rec) in parity.iter().zip(&records) {
-            let appended = self.stores[p]
-                .journal_append(rec)
-                .expect("journals checked above under the stripe lock");
-            let bytes = match appended {
-                Ok(bytes) => bytes,
-                Err(e) => {
-                    // The journals before this one hold the write's records, and
-                    // this one may hold part of them: none must ever be folded.
-                    self.warn(format!(
-                    "appending to the parity journal of device {p}: {e}; the write goes in place, \
-                     stripe {stripe}'s parity is recomputed from its data, and writes to this \
-                     journal fall back to read-modify-write until it has room again"
-                ));
-                    bump(&self.counters.array.journal_errors);
-                    bump(&self.counters.array.journal_fallbacks);
-                    return self.write_in_place_and_resync(stripe, &news);
+        // The appends go in the same batch as the data writes: no write
+        // here is acknowledged durable before a flush or FUA syncs the
+        // journals, so their order within the batch does not matter.
+        let appends: Vec<ChunkRequest> = parity
+            .iter()
+            .zip(records)
+            .map(|(&(_, p), records)| ChunkRequest::new(p, ChunkOp::LogAppend { records }))
+            .collect();
+        let units: Vec<(u64, usize, u64, &[u8])> = news
+            .iter()
+            .map(|(role, blocks, new)| (stripe, *role, blocks.start, new.as_slice()))
+            .collect();
+        let (_, replies) = self.write_units_with(&units, false, appends);
+        let mut failed = None;
+        for (&(_, p), reply) in parity.iter().zip(replies) {
+            match reply {
+                ChunkReply::Done => {
+                    let bytes = self.stores[p].journal_bytes();
+                    if bytes > self.journal_bytes_max / REPLAY_AT_FRACTION_OF_BOUND {
+                        self.replay_wanted.store(true, Relaxed);
+                    }
                 }
-            };
-            if bytes > self.journal_bytes_max / REPLAY_AT_FRACTION_OF_BOUND {
-                self.replay_wanted.store(true, Relaxed);
+                ChunkReply::Failed(e) => {
+                    failed.get_or_insert((p, e));
+                }
+                ChunkReply::Unavailable | ChunkReply::Mismatch => {
+                    failed.get_or_insert((p, std::io::Error::other("no parity journal")));
+                }
             }
         }
-        for (role, blocks, new) in &news {
-            self.write_unit_blocks(stripe, *role, blocks.start, new);
+        if let Some((p, e)) = failed {
+            // Other journals hold the write's records, and this one may
+            // hold part of them: none must ever be folded.
+            self.warn(format!(
+                "appending to the parity journal of device {p}: {e}; the write went in place, \
+                 stripe {stripe}'s parity is recomputed from its data, and writes to this \
+                 journal fall back to read-modify-write until it has room again"
+            ));
+            bump(&self.counters.array.journal_errors);
+            bump(&self.counters.array.journal_fallbacks);
+            return self.resync_after_failed_append(stripe);
         }
         bump(&self.counters.array.journal_writes);
         self.counters
@@ -357,21 +378,15 @@ impl Array {
         Ok(true)
     }
 
-    /// After a failed append: the stripe's region stays dirty until the
-    /// next open (which resyncs it before any replay), the new data goes in
-    /// place, and parity is recomputed from the data, which drops (logs an
-    /// invalidation of, or forgets) everything the journals hold for it.
-    fn write_in_place_and_resync(
-        &self,
-        stripe: u64,
-        news: &[(usize, std::ops::Range<u64>, Vec<u8>)],
-    ) -> Result<bool> {
+    /// After a failed append (the new data written in place beside it):
+    /// the stripe's region stays dirty until the next open (which resyncs
+    /// it before any replay), and parity is recomputed from the data,
+    /// which drops (logs an invalidation of, or forgets) everything the
+    /// journals hold for it.
+    fn resync_after_failed_append(&self, stripe: u64) -> Result<bool> {
         self.intent
             .pin(stripe)
             .map_err(|e| Error::io("marking the write-intent log", e))?;
-        for (role, blocks, new) in news {
-            self.write_unit_blocks(stripe, *role, blocks.start, new);
-        }
         self.resync_stripe(stripe);
         Ok(true)
     }

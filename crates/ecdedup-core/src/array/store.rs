@@ -22,7 +22,7 @@
 //!   the stripe lock).
 
 use super::checksum::{ChecksumTable, DeviceSlot};
-use super::journal::{self, ParityJournal, StripeLog};
+use super::journal::{self, JournalWrite, ParityJournal, StripeLog};
 use super::layout;
 use super::superblock::MemberState;
 use crate::counters::{DeviceCounters, IoClass};
@@ -382,15 +382,13 @@ impl ChunkStore {
             .is_some_and(|j| j.is_reserved() && j.bytes() + bytes <= bytes_max)
     }
 
-    /// Appends encoded records; returns the journal's bytes after. None
-    /// when the store has no journal.
-    pub(super) fn journal_append(&self, records: &[u8]) -> Option<std::io::Result<u64>> {
-        let mut guard = self.journal.lock().unwrap();
-        let j = guard.as_mut()?;
-        Some(j.append(records).map(|()| {
-            self.counters.write(IoClass::Journal, records.len());
-            j.bytes()
-        }))
+    /// The journal's bytes: past every append begun (0 without one).
+    pub(super) fn journal_bytes(&self) -> u64 {
+        self.journal
+            .lock()
+            .unwrap()
+            .as_ref()
+            .map_or(0, |j| j.bytes())
     }
 
     /// Logs that rows `[first, first+count)` of `stripe` no longer need
@@ -501,7 +499,11 @@ impl ChunkStore {
         let j = guard.as_mut()?;
         let used = j.bytes() - journal::HEADER_BYTES;
         let mut compacted = false;
-        let reclaimed = if j.is_empty() {
+        let reclaimed = if j.appends_in_flight() {
+            // Writes of other stripes are appending: the file stays as it
+            // is until a later reclaim.
+            Ok(false)
+        } else if j.is_empty() {
             j.reset_if_empty()
         } else if j.bytes() > compact_above && j.live_bytes() * 2 < used {
             compacted = true;
@@ -558,6 +560,11 @@ pub(super) enum ChunkOp<'a> {
     /// The second half of `Op::Flush`: the device synced (its checksum
     /// pages are written first, by [`ChunkStore::flush_checksums`]).
     Sync,
+    /// `Op::LogAppend`: encoded records (`journal::encode`) appended to
+    /// the store's parity journal, written beside the batch's other
+    /// requests and indexed once written. `Unavailable` without a journal.
+    /// Not durable until the journal is synced (a flush, a FUA write).
+    LogAppend { records: Vec<u8> },
 }
 
 /// A store's answer to a request.
@@ -581,6 +588,8 @@ pub(super) struct ChunkRequest<'a> {
     pub(super) reply: ChunkReply,
     /// The device the request runs on, held while its batch runs.
     dev: Option<Arc<dyn Device>>,
+    /// A `LogAppend`'s write, begun on the journal, while its batch runs.
+    log: Option<JournalWrite>,
 }
 
 impl<'a> ChunkRequest<'a> {
@@ -590,12 +599,40 @@ impl<'a> ChunkRequest<'a> {
             op,
             reply: ChunkReply::Unavailable,
             dev: None,
+            log: None,
+        }
+    }
+
+    /// Puts the device operations of a request that runs (one with a
+    /// device, or a journal append begun) in `ios`; returns how many.
+    fn push_ios<'s>(&'s mut self, ios: &mut Vec<DeviceIo<'s>>) -> usize {
+        let ChunkRequest { dev, op, log, .. } = self;
+        if let Some(w) = log {
+            let before = ios.len();
+            ios.extend(w.device_ios());
+            return ios.len() - before;
+        }
+        match device_io(dev, op) {
+            Some(io) => {
+                ios.push(io);
+                1
+            }
+            None => 0,
         }
     }
 
     /// The device operation of a request that runs (one with a device).
     fn device_io(&mut self) -> Option<DeviceIo<'_>> {
-        let ChunkRequest { dev, op, .. } = self;
+        device_io(&self.dev, &mut self.op)
+    }
+}
+
+/// The device operation of `op` on `dev`, if it has one.
+fn device_io<'s>(
+    dev: &'s Option<Arc<dyn Device>>,
+    op: &'s mut ChunkOp<'_>,
+) -> Option<DeviceIo<'s>> {
+    {
         let dev = dev.as_deref()?;
         let op = match op {
             ChunkOp::Read { buf, offset, .. } => media::Op::Read {
@@ -615,6 +652,7 @@ impl<'a> ChunkRequest<'a> {
                 fua: *fua,
             },
             ChunkOp::Sync => media::Op::Sync,
+            ChunkOp::LogAppend { .. } => return None,
         };
         Some(DeviceIo { dev, op })
     }
@@ -641,26 +679,73 @@ impl ChunkTransport for [ChunkStore] {
 }
 
 fn submit_local(stores: &[ChunkStore], reqs: &mut [ChunkRequest<'_>]) -> BatchCost {
+    let mut appends = false;
     for req in reqs.iter_mut() {
         let store = &stores[req.store];
-        let held = match req.op {
+        req.reply = ChunkReply::Unavailable;
+        let held = match &mut req.op {
             ChunkOp::Read { stripe, .. } => stripe.is_none_or(|s| store.holds(s)),
-            ChunkOp::Write { stripe, .. } => store.holds(stripe),
+            ChunkOp::Write { stripe, .. } => store.holds(*stripe),
             ChunkOp::Sync => true,
+            ChunkOp::LogAppend { records } => {
+                // The journal's place for the records is taken now; its
+                // lock is not held while the batch runs.
+                appends = true;
+                if let Some(j) = store.journal.lock().unwrap().as_mut() {
+                    match j.begin_append(std::mem::take(records)) {
+                        Ok(w) => req.log = Some(w),
+                        Err(e) => req.reply = ChunkReply::Failed(e),
+                    }
+                }
+                false
+            }
         };
         req.dev = store.device().filter(|_| held);
-        req.reply = ChunkReply::Unavailable;
     }
     // One request (a decode's or a replay's read) needs no vector.
-    let (results, cost) = if let [req] = &mut *reqs {
+    let (results, cost) = if let ([req], false) = (&mut *reqs, appends) {
         match req.device_io() {
             Some(io) => media::submit(&mut [io]),
             None => (Vec::new(), BatchCost::default()),
         }
     } else {
-        let mut ios: Vec<DeviceIo> = Vec::with_capacity(reqs.len());
-        ios.extend(reqs.iter_mut().filter_map(|r| r.device_io()));
-        media::submit(&mut ios)
+        let mut ios: Vec<DeviceIo> = Vec::with_capacity(reqs.len() + appends as usize);
+        let counts: Vec<usize> = reqs.iter_mut().map(|r| r.push_ios(&mut ios)).collect();
+        let (results, cost) = media::submit(&mut ios);
+        drop(ios);
+        // A journal append's writes (its runs, its length hint) answer
+        // together: the first error, or done.
+        let mut results = results.into_iter();
+        let mut per_request = Vec::with_capacity(reqs.len());
+        for (req, n) in reqs.iter_mut().zip(counts) {
+            let mut outcome = Ok(());
+            for r in results.by_ref().take(n) {
+                if let (Ok(()), Err(e)) = (&outcome, r) {
+                    outcome = Err(e);
+                }
+            }
+            match req.log.take() {
+                Some(w) => {
+                    let store = &stores[req.store];
+                    let bytes = w.record_bytes();
+                    let mut guard = store.journal.lock().unwrap();
+                    let finished = match guard.as_mut() {
+                        Some(j) => j.finish_append(w, outcome),
+                        None => Err(std::io::Error::other("the parity journal was closed")),
+                    };
+                    req.reply = match finished {
+                        Ok(()) => {
+                            store.counters.write(IoClass::Journal, bytes);
+                            ChunkReply::Done
+                        }
+                        Err(e) => ChunkReply::Failed(e),
+                    };
+                }
+                None if n > 0 => per_request.push(outcome),
+                None => {}
+            }
+        }
+        (per_request, cost)
     };
     let issued = reqs.iter_mut().filter(|r| r.dev.is_some());
     for (req, r) in issued.zip(results) {
@@ -694,6 +779,7 @@ fn submit_local(stores: &[ChunkStore], reqs: &mut [ChunkRequest<'_>]) -> BatchCo
                 store.counters.sync();
                 ChunkReply::Done
             }
+            (Ok(()), ChunkOp::LogAppend { .. }) => unreachable!("an append has no device"),
         };
     }
     cost

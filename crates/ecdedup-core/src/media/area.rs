@@ -50,7 +50,7 @@
 //!   with the next commit ([`AreaFs::commit`], which `sync_dir` and file
 //!   syncs call), as a real folder's entries do with its fsync.
 
-use super::storage::{RingFile, StorageFile};
+use super::storage::{PlacedWrite, RingFile, StorageFile};
 use super::Device;
 use std::collections::BTreeMap;
 use std::io;
@@ -515,18 +515,22 @@ impl AreaFs {
 
     /// Records a grown length where a restarted process finds it.
     fn write_hint(&self, n: &Node) -> io::Result<()> {
-        let Some((i, seq)) = n.hint else {
-            return Ok(());
-        };
+        match self.hint_for(n, n.len) {
+            Some((at, h)) => self.dev.write_at(&h, at),
+            None => Ok(()),
+        }
+    }
+
+    /// The length hint saying that file `n` is `len` bytes long, and where
+    /// it goes on the device (None for a file not yet committed).
+    fn hint_for(&self, n: &Node, len: u64) -> Option<(u64, [u8; HINT_BYTES])> {
+        let (i, seq) = n.hint?;
         let mut h = [0u8; HINT_BYTES];
         h[0..8].copy_from_slice(&seq.to_le_bytes());
-        h[8..16].copy_from_slice(&n.len.to_le_bytes());
+        h[8..16].copy_from_slice(&len.to_le_bytes());
         let crc = hint_crc(&h[..16], i as usize);
         h[16..20].copy_from_slice(&crc.to_le_bytes());
-        self.dev.write_at(
-            &h,
-            self.offset + HINTS_OFFSET + i as u64 * HINT_BYTES as u64,
-        )
+        Some((self.offset + HINTS_OFFSET + i as u64 * HINT_BYTES as u64, h))
     }
 
     /// Finds `units` free units: not in the committed directory, not in
@@ -864,6 +868,32 @@ impl StorageFile for AreaFile {
         None
     }
 
+    /// Unlike `write_at`, nothing between the length and `offset` is
+    /// zeroed: the caller writes those bytes itself (appends in flight
+    /// beside this one), so a zeroing here could land over them.
+    fn place_write(&self, offset: u64, len: u64) -> Option<io::Result<PlacedWrite>> {
+        let Some(end) = offset.checked_add(len) else {
+            return Some(Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "offset overflows",
+            )));
+        };
+        if let Err(e) = self.fs.grow(&self.node, end) {
+            return Some(Err(e));
+        }
+        let n = self.node.lock().unwrap();
+        Some(Ok(PlacedWrite {
+            dev: Arc::clone(&self.fs.dev),
+            runs: self.fs.runs(&n, offset, len),
+            hint: (end > n.len).then(|| self.fs.hint_for(&n, end)).flatten(),
+        }))
+    }
+
+    fn placed_written(&self, end: u64) {
+        let mut n = self.node.lock().unwrap();
+        n.len = n.len.max(end);
+    }
+
     fn describe(&self) -> String {
         format!("{} in {}", self.name, self.fs.describe())
     }
@@ -937,6 +967,49 @@ mod tests {
         let got = read(&fs, "log");
         assert_eq!(&got[..14], b"synced and not");
         assert_eq!(got.len(), 14 + 200_000);
+    }
+
+    /// Appends written in a batch beside other device I/O: placed while
+    /// an earlier one is written and not yet finished, the later one must
+    /// not zero the earlier one's bytes (as `write_at` zeroes a gap).
+    #[test]
+    fn placed_writes_land_where_placed_and_finish_in_any_order() {
+        let dev: Arc<dyn Device> = Arc::new(MemDevice::new("d", AREA));
+        let fs = Arc::new(AreaFs::format(Arc::clone(&dev), 0, AREA).unwrap());
+        let f = fs.create_file("j", false).unwrap();
+        f.write_at(&[7u8; 100], 0).unwrap();
+        f.sync().unwrap();
+        let write = |p: &PlacedWrite, bytes: &[u8]| {
+            let mut done = 0;
+            for &(at, n) in &p.runs {
+                p.dev.write_at(&bytes[done..done + n], at).unwrap();
+                done += n;
+            }
+            if let Some((at, h)) = &p.hint {
+                p.dev.write_at(h, *at).unwrap();
+            }
+        };
+        let a = vec![0xa1u8; 5000];
+        let b = vec![0xb2u8; 200_000];
+        let pa = f.place_write(100, a.len() as u64).unwrap().unwrap();
+        write(&pa, &a);
+        let pb = f
+            .place_write(100 + a.len() as u64, b.len() as u64)
+            .unwrap()
+            .unwrap();
+        assert_eq!(f.len().unwrap(), 100, "placing changes no length");
+        write(&pb, &b);
+        f.placed_written(5100 + b.len() as u64);
+        f.placed_written(5100);
+        let mut want = vec![7u8; 100];
+        want.extend(&a);
+        want.extend(&b);
+        assert_eq!(read(&fs, "j"), want);
+        f.sync().unwrap();
+        drop(f);
+        drop(fs);
+        let fs = Arc::new(AreaFs::open(dev, 0, AREA).unwrap());
+        assert_eq!(read(&fs, "j"), want);
     }
 
     #[test]

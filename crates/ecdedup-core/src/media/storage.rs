@@ -77,8 +77,34 @@ pub trait StorageFile: Send + Sync {
     fn ring_file(&self) -> Option<RingFile> {
         None
     }
+    /// For a file inside a device's metadata area ([`super::area`]): makes
+    /// room for `[offset, offset + len)` and says where those bytes lie on
+    /// the device, so that a batch of device I/O ([`super::batch`]) can
+    /// write them beside other device writes; the writer then calls
+    /// [`StorageFile::placed_written`]. None (the default): a file of its
+    /// own, written through `write_at` or [`StorageFile::ring_file`].
+    fn place_write(&self, offset: u64, len: u64) -> Option<io::Result<PlacedWrite>> {
+        let _ = (offset, len);
+        None
+    }
+    /// A placed write up to `end` completed: the file is at least `end`
+    /// bytes long.
+    fn placed_written(&self, end: u64) {
+        let _ = end;
+    }
     /// Where this file lives, for messages.
     fn describe(&self) -> String;
+}
+
+/// Where a file's bytes lie on a device ([`StorageFile::place_write`]).
+pub struct PlacedWrite {
+    pub dev: Arc<dyn super::Device>,
+    /// (device offset, bytes), in the order of the file's bytes.
+    pub runs: Vec<(u64, usize)>,
+    /// The file's length hint for the new length: (device offset, bytes),
+    /// written after the runs (before them, a killed process's open would
+    /// find zeroes at the end and cut them as a torn tail).
+    pub hint: Option<(u64, [u8; 32])>,
 }
 
 /// A real file's descriptors, for the io_uring engine: valid while the
