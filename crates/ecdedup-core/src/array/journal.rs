@@ -250,6 +250,12 @@ impl Device for Synchronous {
     fn describe(&self) -> String {
         self.0.describe()
     }
+    /// A chunk across the network keeps its link: the append leaves with
+    /// the batch's other remote writes (one round trip), as only the
+    /// io_uring path is what this wrapper keeps off.
+    fn link(&self) -> Option<&dyn crate::media::ChunkLink> {
+        self.0.link()
+    }
 }
 
 /// A file of its own seen as a device, so that a batch writes it (on the

@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# The cluster on loopback (issue 19's first benchmark; issue 20 does the
+# full set): 4 KiB random overwrites at QD1 (IOPS, p50 latency) and QD32
+# (IOPS) for rmw, parix and 3-way replicate pools on the same 6 chunk
+# servers (`ecdedup cluster up`, one etcd, every process on this machine),
+# with the wire's messages, round trips and bytes per client write read
+# from each volume client's counters before and after every run.
+#
+# Method: RS(4,2) (rmw, parix) and RS(1,2) (replicate), 64 KiB stripe unit,
+# 4 PGs per pool, one 1 GiB volume per pool, each served by its own
+# `ecdedup serve --cluster` (16 nbdkit threads). A warm pass writes REGION
+# sequentially (1 MiB, QD8) so that every measured write is an overwrite,
+# then one unmeasured random 4 KiB pass at QD32 over REGION (parix's first
+# overwrite of a block logs d(0); the measured ones are the paper's
+# successful speculation while the journal holds it). Then ROUNDS rounds;
+# per round every pool runs QD1 then QD32 for RUNTIME s, the pools'
+# order rotating each round so that drift spreads over all of them.
+# Reported: per pool the median over rounds with min-max, and per round the
+# paired ratios parix/rmw and parix/replicate (median, min-max). The chunk
+# servers write their chunk files with IO (direct: O_DIRECT on the file
+# system under BENCH_TMP; buffered: the page cache).
+#
+# Usage: scripts/bench-cluster.sh  (ROUNDS=3 RUNTIME=10 REGION=256M IO=direct
+# BENCH_TMP=/var/tmp NO_BUILD=1 ECDEDUP_BIN=... KEEP=1)
+set -euo pipefail
+BENCH_NAME=bench-cluster
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=scripts/bench-lib.sh
+source "$REPO/scripts/bench-lib.sh"
+
+ROUNDS=${ROUNDS:-3}
+RUNTIME=${RUNTIME:-10}
+REGION=${REGION:-256M}
+IO=${IO:-direct}
+THREADS=${THREADS:-16}
+BENCH_TMP=${BENCH_TMP:-/var/tmp}
+POOLS=(rmw parix repl)
+
+for tool in fio nbdkit nbdinfo python3 etcd; do
+  command -v "$tool" >/dev/null || die "$tool is not installed (scripts/install-deps.sh)"
+done
+bench_find_bin "$REPO"
+bench_make_work cluster
+C=$WORK/c
+
+cluster_cleanup() {
+  local rc=$?
+  "$BIN" --dir "$C" cluster down >/dev/null 2>&1 || true
+  (exit $rc)  # cleanup keeps the work folder of a failed run
+  cleanup
+}
+trap cluster_cleanup EXIT
+
+log "cluster up in $C (6 chunk servers, io $IO)"
+out=$("$BIN" --dir "$C" cluster up --servers 6 --no-serve --pool rmw --volume v \
+  --policy rmw --pgs 4 --size 1G --io "$IO")
+ETCD=$(printf '%s\n' "$out" | sed -n 's/^etcd //p')
+[ -n "$ETCD" ] || die "cluster up printed no etcd endpoint: $out"
+"$BIN" pool --etcd "$ETCD" create parix --policy parix --pgs 4 >/dev/null
+"$BIN" pool --etcd "$ETCD" create repl --policy replicate --copies 3 --pgs 4 >/dev/null
+"$BIN" volume --etcd "$ETCD" create parix/v --size 1G >/dev/null
+"$BIN" volume --etcd "$ETCD" create repl/v --size 1G >/dev/null
+
+for p in "${POOLS[@]}"; do
+  KIND[$p]=cluster; DIR[$p]=$WORK/state-$p; SOCK[$p]=$WORK/$p.sock
+  "$BIN" --dir "${DIR[$p]}" serve --cluster "$ETCD" --volume "$p/v" --key "$C/cluster.key" \
+    --socket "${SOCK[$p]}" --threads "$THREADS" >"$WORK/$p.log" 2>&1 &
+  PID[$p]=$!; _note_started "$p"
+done
+for p in "${POOLS[@]}"; do
+  for _ in $(seq 1 600); do
+    kill -0 "${PID[$p]}" 2>/dev/null || die "serve $p exited: $(tail -5 "$WORK/$p.log")"
+    nbdinfo --size "nbd+unix:///?socket=${SOCK[$p]}" >/dev/null 2>&1 && break
+    sleep 0.2
+  done
+done
+
+stats() {  # the wire counters of pool $1 as JSON
+  python3 - "${DIR[$1]}/stats.sock" <<'EOF'
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
+data = b""
+while True:
+    b = s.recv(65536)
+    if not b: break
+    data += b
+print(json.dumps(json.loads(data)["wire"]))
+EOF
+}
+
+fio_run() {  # pool, name, extra args...
+  local p=$1 name=$2; shift 2
+  fio --name="$name" --ioengine=nbd --uri="nbd+unix:///?socket=${SOCK[$p]}" --thread \
+    --size="$REGION" --output-format=json "$@" >"$WORK/fio/$p-$name.json"
+}
+
+for p in "${POOLS[@]}"; do
+  log "warm pass: $p"
+  fio_run "$p" warm-seq --rw=write --bs=1m --iodepth=8
+  fio_run "$p" warm-rand --rw=randwrite --bs=4k --iodepth=32 --randseed=7
+done
+
+RESULTS=$WORK/results.jsonl
+: >"$RESULTS"
+for r in $(seq 1 "$ROUNDS"); do
+  order=("${POOLS[@]:$(( (r - 1) % 3 ))}" "${POOLS[@]:0:$(( (r - 1) % 3 ))}")
+  for p in "${order[@]}"; do
+    for qd in 1 32; do
+      before=$(stats "$p")
+      fio_run "$p" "r$r-qd$qd" --rw=randwrite --bs=4k --iodepth="$qd" --time_based \
+        --runtime="$RUNTIME" --randseed=$((r * 100 + qd))
+      after=$(stats "$p")
+      python3 - "$p" "$r" "$qd" "$WORK/fio/$p-r$r-qd$qd.json" "$before" "$after" >>"$RESULTS" <<'EOF'
+import json, sys
+p, r, qd, path, before, after = sys.argv[1:]
+text = open(path).read()
+job = json.loads(text[text.index("{"):])["jobs"][0]["write"]  # fio may print notes first
+b, a = json.loads(before), json.loads(after)
+n = job["total_ios"]
+d = {k: a[k] - b[k] for k in ("messages", "round_trips", "bytes_out", "bytes_in")}
+print(json.dumps({
+    "pool": p, "round": int(r), "qd": int(qd), "iops": job["iops"],
+    "p50_us": job["clat_ns"]["percentile"]["50.000000"] / 1000,
+    "writes": n,
+    "messages_per_write": d["messages"] / n, "round_trips_per_write": d["round_trips"] / n,
+    "wire_bytes_per_write": (d["bytes_out"] + d["bytes_in"]) / n,
+}))
+EOF
+      log "round $r $p QD$qd: $(tail -1 "$RESULTS")"
+    done
+  done
+done
+
+python3 - "$RESULTS" <<'EOF'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+def med(xs):
+    return f"{statistics.median(xs):,.1f} ({min(xs):,.1f}-{max(xs):,.1f})"
+print("| pool | QD1 IOPS | QD1 p50 us | QD32 IOPS | messages / write (QD32) | round trips / write (QD32) | wire bytes / write (QD32) |")
+print("| --- | --- | --- | --- | --- | --- | --- |")
+for p in ("rmw", "parix", "repl"):
+    q1 = [x for x in rows if x["pool"] == p and x["qd"] == 1]
+    q32 = [x for x in rows if x["pool"] == p and x["qd"] == 32]
+    print(f"| {p} | {med([x['iops'] for x in q1])} | {med([x['p50_us'] for x in q1])} | "
+          f"{med([x['iops'] for x in q32])} | {med([x['messages_per_write'] for x in q32])} | "
+          f"{med([x['round_trips_per_write'] for x in q32])} | {med([x['wire_bytes_per_write'] for x in q32])} |")
+for qd in (1, 32):
+    for other in ("rmw", "repl"):
+        ratios = []
+        for r in sorted({x["round"] for x in rows}):
+            a = [x for x in rows if x["pool"] == "parix" and x["qd"] == qd and x["round"] == r]
+            b = [x for x in rows if x["pool"] == other and x["qd"] == qd and x["round"] == r]
+            if a and b:
+                ratios.append(a[0]["iops"] / b[0]["iops"])
+        print(f"parix/{other} IOPS at QD{qd}: median {statistics.median(ratios):.2f} "
+              f"(min {min(ratios):.2f}, max {max(ratios):.2f}) over {len(ratios)} rounds")
+EOF
