@@ -246,6 +246,8 @@ pub struct ClusterArgs {
     command: ClusterCommand,
 }
 
+// Parsed once per process: the size of `Up` does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum ClusterCommand {
     /// Start a cluster on this machine in --dir: etcd, N chunk servers on
