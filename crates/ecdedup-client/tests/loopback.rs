@@ -11,7 +11,7 @@ use ecdedup_cluster::keys::{DedupPolicy, FailureDomain, PoolSpec, WritePolicy};
 use ecdedup_cluster::{Etcd, EtcdConfig, LocalEtcd};
 use ecdedup_core::media::IoMode;
 use ecdedup_transport::ClusterKey;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 use tokio::task::JoinHandle;
 
@@ -303,5 +303,4 @@ fn volumes_on_six_servers_write_read_take_over_and_run_degraded() {
     check(&v, &model_c);
     write_and_check(&v, &mut model_c, 7);
     v.close().unwrap();
-    let _ = Path::new("");
 }

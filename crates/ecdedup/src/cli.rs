@@ -1110,7 +1110,18 @@ fn run(cli: Cli) -> Result<()> {
                 .as_deref()
                 .map(parse_backend)
                 .transpose()?;
-            serve(&dir, socket, tcp, metrics, trace, threads, plugin, backend)
+            check_servable(&dir)?;
+            serve_nbdkit(
+                &dir,
+                ServeTarget::Array,
+                socket,
+                tcp,
+                metrics,
+                trace,
+                threads,
+                plugin,
+                backend,
+            )
         }
         Command::Status { json } => {
             let status = match array::lock_dir(&dir) {
@@ -1498,19 +1509,10 @@ fn plugin_path(explicit: Option<PathBuf>) -> Result<PathBuf> {
     )))
 }
 
-#[allow(clippy::too_many_arguments)] // one per `serve` option
-fn serve(
-    dir: &Path,
-    socket: Option<PathBuf>,
-    tcp: Option<String>,
-    metrics: Option<String>,
-    trace: Option<PathBuf>,
-    threads: u32,
-    plugin: Option<PathBuf>,
-    fingerprint_backend: Option<crate::fingerprint::gpu::BackendChoice>,
-) -> Result<()> {
-    // Fail early, with our own words, on the common mistakes. A config that
-    // does not parse is the open's to recover (from the devices' copies).
+/// Fails early, with our own words, on the common mistakes of serving the
+/// array in `dir`. A config that does not parse is the open's to recover
+/// (from the devices' copies).
+fn check_servable(dir: &Path) -> Result<()> {
     match array::ConfigFile::load(dir) {
         Ok(_) | Err(Error::Corrupt(_)) => {}
         Err(e) => return Err(e),
@@ -1522,17 +1524,7 @@ fn serve(
             SERVE_LOCK_WAIT.as_secs()
         )));
     }
-    serve_nbdkit(
-        dir,
-        ServeTarget::Array,
-        socket,
-        tcp,
-        metrics,
-        trace,
-        threads,
-        plugin,
-        fingerprint_backend,
-    )
+    Ok(())
 }
 
 /// What `serve` serves: the array in --dir, or a cluster volume (--dir

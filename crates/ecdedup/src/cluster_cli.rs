@@ -246,39 +246,43 @@ pub struct ClusterArgs {
     command: ClusterCommand,
 }
 
+/// `cluster up`'s options.
+#[derive(Args)]
+struct UpArgs {
+    #[arg(long, default_value_t = 6)]
+    servers: u32,
+    /// Data folders per chunk server.
+    #[arg(long, default_value_t = 1)]
+    devices_per_server: u32,
+    /// The pool's name.
+    #[arg(long, default_value = "pool0")]
+    pool: String,
+    #[command(flatten)]
+    settings: PoolSettings,
+    /// The volume's name.
+    #[arg(long, default_value = "vol0")]
+    volume: String,
+    /// The volume's size.
+    #[arg(long, default_value = "1G")]
+    size: String,
+    /// Chunk I/O of the servers: direct or buffered.
+    #[arg(long, default_value = "buffered")]
+    io: String,
+    /// nbdkit worker threads of the volume's NBD server.
+    #[arg(long, default_value_t = 16)]
+    threads: u32,
+    /// Start no NBD server (`ecdedup serve --cluster` serves volumes).
+    #[arg(long)]
+    no_serve: bool,
+}
+
 // Parsed once per process: the size of `Up` does not matter.
 #[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum ClusterCommand {
     /// Start a cluster on this machine in --dir: etcd, N chunk servers on
     /// loopback, a pool, a volume and its NBD server; prints the NBD URI.
-    Up {
-        #[arg(long, default_value_t = 6)]
-        servers: u32,
-        /// Data folders per chunk server.
-        #[arg(long, default_value_t = 1)]
-        devices_per_server: u32,
-        /// The pool's name.
-        #[arg(long, default_value = "pool0")]
-        pool: String,
-        #[command(flatten)]
-        settings: PoolSettings,
-        /// The volume's name.
-        #[arg(long, default_value = "vol0")]
-        volume: String,
-        /// The volume's size.
-        #[arg(long, default_value = "1G")]
-        size: String,
-        /// Chunk I/O of the servers: direct or buffered.
-        #[arg(long, default_value = "buffered")]
-        io: String,
-        /// nbdkit worker threads of the volume's NBD server.
-        #[arg(long, default_value_t = 16)]
-        threads: u32,
-        /// Start no NBD server (`ecdedup serve --cluster` serves volumes).
-        #[arg(long)]
-        no_serve: bool,
-    },
+    Up(UpArgs),
     /// Servers (live or down), PGs, volumes and their writers.
     Status {
         #[arg(long)]
@@ -479,27 +483,7 @@ fn start_serve(dir: &Path, state: &UpState, threads: u32) -> Result<u32> {
 /// `ecdedup cluster ...` in `dir`.
 pub fn cluster(dir: &Path, args: ClusterArgs) -> Result<()> {
     match args.command {
-        ClusterCommand::Up {
-            servers,
-            devices_per_server,
-            pool,
-            settings,
-            volume,
-            size,
-            io,
-            threads,
-            no_serve,
-        } => up(
-            dir,
-            servers,
-            devices_per_server,
-            pool,
-            settings,
-            volume,
-            size,
-            io,
-            (!no_serve).then_some(threads),
-        ),
+        ClusterCommand::Up(args) => up(dir, args),
         ClusterCommand::Status { json } => status(dir, json),
         ClusterCommand::Stats => {
             use std::io::Read;
@@ -570,18 +554,19 @@ pub fn cluster(dir: &Path, args: ClusterArgs) -> Result<()> {
     }
 }
 
-#[allow(clippy::too_many_arguments)] // one per `cluster up` option
-fn up(
-    dir: &Path,
-    servers: u32,
-    devices_per_server: u32,
-    pool: String,
-    settings: PoolSettings,
-    volume: String,
-    size: String,
-    io: String,
-    threads: Option<u32>,
-) -> Result<()> {
+fn up(dir: &Path, args: UpArgs) -> Result<()> {
+    let UpArgs {
+        servers,
+        devices_per_server,
+        pool,
+        settings,
+        volume,
+        size,
+        io,
+        threads,
+        no_serve,
+    } = args;
+    let threads = (!no_serve).then_some(threads);
     let spec = settings.spec()?;
     let size_bytes = parse_size(&size)?;
     let _: crate::media::IoMode = io.parse()?;

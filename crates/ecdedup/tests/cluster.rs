@@ -9,7 +9,7 @@
 mod support;
 
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 use support::*;
@@ -297,5 +297,4 @@ fn a_cluster_serves_volumes_through_faults_and_takeovers() {
         }
         s.stop();
     }
-    let _ = Path::new("");
 }

@@ -317,15 +317,7 @@ pub(super) fn recover_config(
     };
     found.retain(|(_, sb)| sb.array_uuid == array_uuid);
     let n = found[0].1.geometry.devices as usize;
-    let mut members: Vec<Option<Superblock>> = vec![None; n];
-    for (_, sb) in &found {
-        if let Some(slot) = members.get_mut(sb.position as usize) {
-            if slot.as_ref().is_none_or(|s| s.generation < sb.generation) {
-                *slot = Some(sb.clone());
-            }
-        }
-    }
-    let newest = newest_superblock(&members)?;
+    let newest = newest_of_found(&found, n)?;
     if newest.geometry.meta_area_bytes == 0 {
         return Err(Error::Config(format!(
             "{damaged}, and this array keeps its metadata in its folder (format 1, \
@@ -363,6 +355,21 @@ pub(super) fn recover_config(
             aside.display()
         ),
     ))
+}
+
+/// The newest superblock among the members `found` of an array of `n`
+/// devices (per position the highest generation seen, then the newest of
+/// those).
+fn newest_of_found<T>(found: &[(T, Superblock)], n: usize) -> Result<Superblock> {
+    let mut members: Vec<Option<Superblock>> = vec![None; n];
+    for (_, sb) in found {
+        if let Some(slot) = members.get_mut(sb.position as usize) {
+            if slot.as_ref().is_none_or(|s| s.generation < sb.generation) {
+                *slot = Some(sb.clone());
+            }
+        }
+    }
+    newest_superblock(&members)
 }
 
 /// How a member is named in messages.
@@ -414,15 +421,7 @@ pub fn config_from_devices(devices: &[Option<Arc<dyn Device>>]) -> Result<Config
         });
     }
     let n = first.geometry.devices as usize;
-    let mut members: Vec<Option<Superblock>> = vec![None; n];
-    for (_, sb) in &found {
-        if let Some(slot) = members.get_mut(sb.position as usize) {
-            if slot.as_ref().is_none_or(|s| s.generation < sb.generation) {
-                *slot = Some(sb.clone());
-            }
-        }
-    }
-    let newest = newest_superblock(&members)?;
+    let newest = newest_of_found(&found, n)?;
     if newest.geometry.meta_area_bytes == 0 {
         return Err(Error::Config(
             "the array keeps its settings in its folder (format 1): its devices hold no copy"
