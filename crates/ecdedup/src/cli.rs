@@ -1095,32 +1095,33 @@ fn run(cli: Cli) -> Result<()> {
             volume,
             key,
         } => {
-            if let (Some(endpoints), Some(volume), Some(key)) = (cluster, volume, key) {
-                let target = ServeTarget::Cluster {
-                    endpoints,
-                    name: cluster_name,
-                    volume,
-                    key,
-                };
-                return serve_nbdkit(
-                    &dir, target, socket, tcp, metrics, None, threads, plugin, None,
-                );
-            }
             let backend = fingerprint_backend
                 .as_deref()
                 .map(parse_backend)
                 .transpose()?;
-            check_servable(&dir)?;
+            let target = match (cluster, volume, key) {
+                (Some(endpoints), Some(volume), Some(key)) => {
+                    if trace.is_some() || backend.is_some() {
+                        return Err(Error::Config(
+                            "--trace and --fingerprint-backend serve a local array; a cluster \
+                             volume takes neither"
+                                .into(),
+                        ));
+                    }
+                    ServeTarget::Cluster {
+                        endpoints,
+                        name: cluster_name,
+                        volume,
+                        key,
+                    }
+                }
+                _ => {
+                    check_servable(&dir)?;
+                    ServeTarget::Array
+                }
+            };
             serve_nbdkit(
-                &dir,
-                ServeTarget::Array,
-                socket,
-                tcp,
-                metrics,
-                trace,
-                threads,
-                plugin,
-                backend,
+                &dir, target, socket, tcp, metrics, trace, threads, plugin, backend,
             )
         }
         Command::Status { json } => {
