@@ -40,6 +40,15 @@ use crate::error::{Error, Result};
 /// C(present, level) decodes).
 const COMBINATION_DEPTH_MAX: usize = 3;
 
+/// A row decoded by [`Array::decode_checked`].
+pub(super) struct Checked {
+    /// Every member's block of the row.
+    pub(super) shards: Vec<Vec<u8>>,
+    /// Present members the decode that checked left out (they disagree
+    /// with the others).
+    pub(super) left_out: Vec<usize>,
+}
+
 /// A row decoded and checked.
 pub(super) struct DecodedRow {
     /// Every member's block of the row.
@@ -123,29 +132,9 @@ impl Array {
                 wrong,
             });
         }
-        let avail: Vec<usize> = (0..w).filter(|&r| present[r]).collect();
-        let depth_max = (have - k).min(COMBINATION_DEPTH_MAX);
-        for depth in 0..=depth_max {
-            let mut found = None;
-            for_each_combination(avail.len(), depth, &mut |left_out| {
-                let mut use_ = present.clone();
-                for &i in left_out {
-                    use_[avail[i]] = false;
-                }
-                match self.try_decode(&read, &use_, &present, &expected) {
-                    Some((shards, vouched)) if depth == 0 || vouched => {
-                        found = Some((
-                            shards,
-                            left_out.iter().map(|&i| avail[i]).collect::<Vec<usize>>(),
-                        ));
-                        true
-                    }
-                    _ => false,
-                }
-            });
-            if let Some((shards, left_out)) = found {
-                if depth > 0 {
-                    bump(&self.counters.array.combination_decodes);
+        match self.decode_checked(&read, &present, &expected) {
+            Some(Checked { shards, left_out }) => {
+                if !left_out.is_empty() {
                     self.warn(format!(
                         "stripe {stripe} block {b}: members {left_out:?} hold stale blocks \
                          with matching checksums; decoded without them"
@@ -157,17 +146,75 @@ impl Array {
                     self.rewrite_wrong(stripe, b, &shards, &wrong);
                     self.rewrite_wrong(stripe, b, &shards, &unreadable);
                 }
-                return Ok(DecodedRow { shards, wrong });
+                Ok(DecodedRow { shards, wrong })
+            }
+            None => {
+                bump(&self.counters.array.unreadable_blocks);
+                Err(Error::DataLoss(format!(
+                    "stripe {stripe} block {b}: no combination of the {have} intact members \
+                     decodes to the recorded checksums; the block is unreadable"
+                )))
+            }
+        }
+    }
+
+    /// Decodes a row from the members flagged `present` (their blocks in
+    /// `read`), checked: the decoded members against `expected` where
+    /// known, and the row against every spare member. When that fails
+    /// and more than k members are present, the combinations leaving out
+    /// one present member, then two, ... are tried, and one is taken only
+    /// when a known checksum or a spare member vouches for it. None when
+    /// nothing does: the missing members cannot be known, and a decode
+    /// would be a guess. With exactly k members and no checksum known the
+    /// decode is taken unchecked (counted in `unverified_decodes`).
+    pub(super) fn decode_checked(
+        &self,
+        read: &[Vec<u8>],
+        present: &[bool],
+        expected: &[Option<u32>],
+    ) -> Option<Checked> {
+        let k = self.geo.k();
+        let have = present.iter().filter(|p| **p).count();
+        if have < k {
+            return None;
+        }
+        if have == present.len() {
+            return Some(Checked {
+                shards: read.to_vec(),
+                left_out: Vec::new(),
+            });
+        }
+        let avail: Vec<usize> = (0..present.len()).filter(|&r| present[r]).collect();
+        let depth_max = (have - k).min(COMBINATION_DEPTH_MAX);
+        for depth in 0..=depth_max {
+            let mut found = None;
+            for_each_combination(avail.len(), depth, &mut |left_out| {
+                let mut use_ = present.to_vec();
+                for &i in left_out {
+                    use_[avail[i]] = false;
+                }
+                match self.try_decode(read, &use_, present, expected) {
+                    Some((shards, vouched)) if depth == 0 || vouched => {
+                        found = Some(Checked {
+                            shards,
+                            left_out: left_out.iter().map(|&i| avail[i]).collect(),
+                        });
+                        true
+                    }
+                    _ => false,
+                }
+            });
+            if found.is_some() {
+                if depth > 0 {
+                    bump(&self.counters.array.combination_decodes);
+                }
+                return found;
             }
             if depth == 0 {
                 bump(&self.counters.array.decode_check_failures);
             }
         }
-        bump(&self.counters.array.unreadable_blocks);
-        Err(Error::DataLoss(format!(
-            "stripe {stripe} block {b}: no combination of the {have} intact members decodes \
-             to the recorded checksums; the block is unreadable"
-        )))
+        None
     }
 
     /// Decodes from the members flagged in `use_`; checks every member
