@@ -167,6 +167,9 @@ struct NetState {
     cut: BTreeSet<(u64, usize)>,
     loss: Option<PowerLoss>,
     restart_at: Option<(u64, usize)>,
+    /// Servers that failed a frame (down, cut off, or a frame lost)
+    /// since this was last cleared.
+    troubled: BTreeSet<usize>,
     tally: Tally,
     verbose: bool,
 }
@@ -258,6 +261,7 @@ impl Net {
                 cut: BTreeSet::new(),
                 loss: None,
                 restart_at: None,
+                troubled: BTreeSet::new(),
                 tally: Tally::default(),
                 verbose,
             }),
@@ -277,20 +281,24 @@ impl Net {
         st.tally.frames += 1;
         st.tick();
         if st.cut.contains(&(writer.epoch, s)) {
+            st.troubled.insert(s);
             st.tally.partitioned_frames += 1;
             return Err(timeout(&format!("server {s} is cut off from this writer")));
         }
         let Some(server) = st.servers[s].live.clone() else {
+            st.troubled.insert(s);
             return Err(timeout(&format!("server {s} is down")));
         };
         let chance = st.drop_chance[s];
         if st.rng.gen_bool(chance) {
+            st.troubled.insert(s);
             st.tally.requests_dropped += 1;
             st.log(|| format!("{:?} to server {s} lost", h.op));
             return Err(timeout(&format!("{:?} to server {s} lost", h.op)));
         }
         let (status, reply) = server.handle(&h, &payload);
         if st.rng.gen_bool(chance) {
+            st.troubled.insert(s);
             st.tally.replies_dropped += 1;
             st.log(|| format!("the reply of {:?} from server {s} lost", h.op));
             return Err(timeout(&format!("the reply from server {s} lost")));
@@ -404,6 +412,10 @@ impl Pg {
     fn m(&self) -> usize {
         self.options.m as usize
     }
+
+    fn k(&self) -> usize {
+        self.options.k as usize
+    }
 }
 
 /// A writer that holds the volume: its array and the folder of its
@@ -473,9 +485,9 @@ struct Model {
     /// Blocks whose last write failed: any of the above.
     unsure: Vec<bool>,
     /// Blocks that may read as an I/O error (never as wrong data): held
-    /// by a server lost after a whole-cluster power loss and before the
-    /// next writer's resync, in a stripe that had writes in flight at the
-    /// loss (the double fault `docs/write-hole.md` describes).
+    /// by a server lost after an unclean stop and before the next
+    /// writer's resync, in a stripe that had writes in flight at the stop
+    /// (the double fault `docs/write-hole.md` describes; `mark_double_fault`).
     may_fail: Vec<bool>,
 }
 
@@ -546,9 +558,20 @@ impl Model {
         !self.unsure[b]
     }
 
+    /// Whether blocks `b..b + n` share a stripe (of `k` blocks, one per
+    /// unit) with a block that may fail to read.
+    fn touches_may_fail(&self, b: usize, n: usize, k: usize) -> bool {
+        let (first, last) = (b / k * k, (b + n - 1) / k * k + k);
+        self.may_fail[first..last.min(self.may_fail.len())]
+            .iter()
+            .any(|f| *f)
+    }
+
     /// Blocks with writes in flight (not yet flushed, or failed).
-    fn in_flight(&self, b: usize) -> bool {
-        self.unsure[b] || !self.maybe[b].is_empty()
+    fn in_flight_blocks(&self) -> BTreeSet<usize> {
+        (0..self.durable.len())
+            .filter(|&b| self.unsure[b] || !self.maybe[b].is_empty())
+            .collect()
     }
 
     /// What a new writer read back becomes the truth (`unreadable`: the
@@ -678,6 +701,16 @@ impl Run {
         let outcome = match r {
             Ok(()) if fua => Outcome::Durable,
             Ok(()) => Outcome::Acknowledged,
+            // A write into a stripe the double fault left undecodable
+            // may fail (the missing unit's value is needed and unknown).
+            Err(_)
+                if self
+                    .model
+                    .touches_may_fail(b, data.len() / BLOCK, self.pg.k()) =>
+            {
+                self.double_fault_unreadable += 1;
+                Outcome::Failed
+            }
             Err(e) => {
                 self.fail(format!(
                     "{label}: a write of blocks {b}+{} failed: {e}",
@@ -813,17 +846,38 @@ impl Run {
         }
     }
 
-    /// After a whole-cluster power loss, a member the new writer found
-    /// failed by the end of its open (a server lost, or a frame dropped,
-    /// before the resync reached every stripe) leaves the write hole open
-    /// in the stripes with writes in flight at the loss: their parity may
-    /// disagree with their data, and the failed member's blocks there
-    /// cannot be decoded for certain. Those blocks may read as I/O errors
-    /// (never wrong data) until rewritten. `in_flight`: the blocks with
-    /// writes in flight at the loss.
-    fn mark_double_fault(&mut self, h: &Holder, in_flight: &BTreeSet<usize>) {
+    /// After an unclean stop (the old writer taken over with writes not
+    /// flushed, and perhaps every server's power lost), members the new
+    /// writer found failed by the end of its open (a server lost, or a
+    /// frame dropped, before the resync reached every stripe) leave the
+    /// stripes with writes in flight at the stop undecodable for certain:
+    /// after a power loss their members may disagree (the write hole);
+    /// without one, the failed members' checksum entries predate those
+    /// writes, and with m members failed no spare member is left to vouch
+    /// for a decode instead. Those blocks may read as I/O errors (never
+    /// wrong data) until rewritten. `in_flight`: the blocks with writes in
+    /// flight at the stop; `failed_at_least`: failed members it takes,
+    /// counting those failed before the open ended (`before`: the old
+    /// writer's, and those that failed a frame of the open), which the new
+    /// writer may have re-added since.
+    fn mark_double_fault(
+        &mut self,
+        h: &Holder,
+        in_flight: &BTreeSet<usize>,
+        failed_at_least: usize,
+        before: &[bool],
+    ) {
         let array = h.vol.array();
-        let states = array.member_states();
+        let now = array.member_states();
+        let states: Vec<bool> = now
+            .iter()
+            .zip(before)
+            .map(|(a, b)| *a != MemberState::Active || *b)
+            .collect();
+        let failed = states.iter().filter(|f| **f).count();
+        if failed < failed_at_least {
+            return;
+        }
         let g = array.geometry();
         let k = g.k();
         // One block per unit (STRIPE_UNIT_BYTES == BLOCK): block b is
@@ -831,7 +885,7 @@ impl Run {
         let stripes: BTreeSet<u64> = in_flight.iter().map(|&b| (b / k) as u64).collect();
         for stripe in stripes {
             for role in 0..k {
-                if states[g.place(stripe, role).device] != MemberState::Active {
+                if states[g.place(stripe, role).device] {
                     self.model.may_fail[stripe as usize * k + role] = true;
                 }
             }
@@ -933,11 +987,10 @@ fn run_seed(seed: u64, verbose: bool) -> Tally {
         // first writer's host too: its unflushed writes may or may not be
         // there); its own stream of draws, so the other seeds' stories
         // stay as they were.
-        let mut in_flight_at_outage = BTreeSet::new();
-        if StdRng::seed_from_u64(seed ^ OUTAGE_SALT).gen_bool(0.25) {
-            in_flight_at_outage = (0..VOLUME_BYTES as usize / BLOCK)
-                .filter(|&b| run.model.in_flight(b))
-                .collect();
+        let in_flight = run.model.in_flight_blocks();
+        let failed_before = first.vol.array().member_states();
+        let outage = StdRng::seed_from_u64(seed ^ OUTAGE_SALT).gen_bool(0.25);
+        if outage {
             run.net.with(|st| {
                 st.log(|| "every server loses power".into());
                 for s in 0..SERVERS {
@@ -947,8 +1000,21 @@ fn run_seed(seed: u64, verbose: bool) -> Tally {
             });
         }
         // The takeover, with the first writer still holding its array.
+        run.net.with(|st| st.troubled.clear());
         if let Some(second) = run.take_over("takeover") {
-            run.mark_double_fault(&second, &in_flight_at_outage);
+            // After a whole-cluster power loss one member lost is enough
+            // (the members may disagree); without one, the members agree,
+            // and only with m lost is nothing left to vouch for a decode
+            // against entries from before the writes in flight.
+            let failed_at_least = if outage { 1 } else { run.pg.m() };
+            // Members failed during the open count even if re-added there.
+            let troubled = run.net.with(|st| st.troubled.clone());
+            let failed_before: Vec<bool> = failed_before
+                .iter()
+                .zip(&run.pg.servers)
+                .map(|(state, s)| *state != MemberState::Active || troubled.contains(s))
+                .collect();
+            run.mark_double_fault(&second, &in_flight, failed_at_least, &failed_before);
             run.fenced_writer_tries(&first);
             run.read_back(&second, "after the takeover");
             drop(first);
@@ -1096,9 +1162,18 @@ fn run_seed_list(seeds: Vec<u64>) {
 ///   decoded from members that disagreed, and parity was rewritten to
 ///   match it, so a flushed block read back as neither its old nor its
 ///   new bytes (now checked before it is logged, an I/O error instead);
-/// - 144 (rmw), 551 (replicate): the same double fault, whose
-///   blocks may only fail to read (`Model::may_fail`).
-const REGRESSION_SEEDS: &[u64] = &[127, 144, 551, 1921];
+/// - 144 (rmw), 551 (replicate), 1460 (rmw: two members out, one re-added
+///   at the open): the same double fault, whose blocks may only fail to
+///   read (`Model::may_fail`);
+/// - 1079 (replicate): two replicas held an acknowledged, unflushed write,
+///   the third was lost during the next writer's resync, and its checksum
+///   entry from the last flush failed every read (the entries now follow
+///   what the members left decode to, when a spare member vouches);
+/// - 1253 (plog): a resync dropped a stripe's journal records before
+///   recomputing its parity, a member was lost in between, and a block
+///   flushed long before failed to read (the records now go only once
+///   parity is recomputed).
+const REGRESSION_SEEDS: &[u64] = &[127, 144, 551, 1079, 1253, 1460, 1921];
 
 #[test]
 fn regression_seeds() {

@@ -223,7 +223,7 @@ impl Array {
     /// present but left out are taken to be wrong: not checked. Returns
     /// the row and whether something beyond the decode itself vouched for
     /// it, or None when a check failed.
-    fn try_decode(
+    pub(super) fn try_decode(
         &self,
         read: &[Vec<u8>],
         use_: &[bool],

@@ -135,33 +135,40 @@ impl Array {
     /// Returns false when the stripe is degraded and could only be re-checksummed.
     pub(super) fn resync_stripe(&self, stripe: u64) -> bool {
         let g = &self.geo;
+        let logged = || {
+            self.degraded_log
+                .as_ref()
+                .is_some_and(|l| l.has_stripe(stripe))
+        };
+        // Whole, or covered by the degraded-write log (newer than any
+        // record: a replay cut short may have folded them in already),
+        // parity is recomputed below from data and the log, and the
+        // journal's records are dropped only then: dropped first, a member
+        // lost before the recompute (a frame lost, a server gone) left
+        // stale parity and no record to fold, and the lost unit decoded
+        // wrong (cluster simulator seed 1253: an I/O error on a block
+        // flushed long before).
+        let mut drop_records = false;
         if self.journal_pending(stripe) {
             let all_held =
                 (0..g.width()).all(|role| self.holds(g.place(stripe, role).device, stripe));
-            let logged = self
-                .degraded_log
-                .as_ref()
-                .is_some_and(|l| l.has_stripe(stripe));
-            if all_held || logged {
-                // Parity is recomputed below from data (and, degraded, from
-                // the degraded-write log, which is newer than any record:
-                // a replay cut short may have folded them in already).
-                if let Err(e) = self.journal_invalidate(stripe, 0, g.blocks_per_unit()) {
-                    self.warn(format!("stripe {stripe}: {e}"));
-                }
-            } else if let Err(e) = self.replay_dirty_stripe(stripe) {
-                // Degraded: parity cannot be recomputed from data, so the
-                // journal is the only record of the logged updates: fold it
-                // into the surviving parity (dropping it would leave stale
-                // parity behind for the missing unit's decode).
-                self.warn(format!(
-                    "stripe {stripe}: replaying its journal while degraded: {e}"
-                ));
+            if all_held || logged() {
+                drop_records = true;
+            } else {
+                self.replay_degraded_dirty(stripe);
             }
         }
-        let units = self.read_stripe_raw(stripe);
+        let mut units = self.read_stripe_raw(stripe);
         bump(&self.counters.array.resync_stripes);
-        let complete = units.iter().all(Option::is_some);
+        let mut complete = units.iter().all(Option::is_some);
+        if drop_records && !complete && !logged() {
+            // A member was lost since: the records are the only account of
+            // the updates parity lacks.
+            drop_records = false;
+            self.replay_degraded_dirty(stripe);
+            units = self.read_stripe_raw(stripe);
+            complete = units.iter().all(Option::is_some);
+        }
         if complete {
             let parity = self.encode_parity(&units);
             for (j, p) in parity.iter().enumerate() {
@@ -183,9 +190,26 @@ impl Array {
             }
             // A degraded stripe: the degraded-write log says what its
             // missing data units must decode to.
-            return self.resync_from_degraded_log(stripe, &units);
+            complete = self.resync_from_degraded_log(stripe, &units);
+        }
+        if drop_records {
+            if let Err(e) = self.journal_invalidate(stripe, 0, g.blocks_per_unit()) {
+                self.warn(format!("stripe {stripe}: {e}"));
+            }
         }
         complete
+    }
+
+    /// A dirty stripe with a data unit out of service: parity cannot be
+    /// recomputed from data, so the journal is the only record of the
+    /// logged updates: it is folded into the surviving parity (dropping it
+    /// would leave stale parity behind for the missing unit's decode).
+    fn replay_degraded_dirty(&self, stripe: u64) {
+        if let Err(e) = self.replay_dirty_stripe(stripe) {
+            self.warn(format!(
+                "stripe {stripe}: replaying its journal while degraded: {e}"
+            ));
+        }
     }
 
     /// Records the checksums of a unit's content after a resync. Entries
