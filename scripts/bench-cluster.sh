@@ -21,7 +21,7 @@
 # system under BENCH_TMP; buffered: the page cache).
 #
 # Usage: scripts/bench-cluster.sh  (ROUNDS=3 RUNTIME=10 REGION=256M IO=direct
-# BENCH_TMP=/var/tmp NO_BUILD=1 ECDEDUP_BIN=... KEEP=1)
+# BENCH_TMP=/var/tmp NO_BUILD=1 ECDEDUP_BIN=... KEEP=1 BENCH_DEADLINE=...)
 set -euo pipefail
 BENCH_NAME=bench-cluster
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -103,6 +103,11 @@ done
 RESULTS=$WORK/results.jsonl
 : >"$RESULTS"
 for r in $(seq 1 "$ROUNDS"); do
+  if [ "$r" -gt 1 ] && ! round_fits "$round_s"; then
+    log "BENCH_DEADLINE: no time for round $r; the tables cover $((r - 1)) rounds"
+    break
+  fi
+  round_t0=$SECONDS
   order=("${POOLS[@]:$(( (r - 1) % 3 ))}" "${POOLS[@]:0:$(( (r - 1) % 3 ))}")
   for p in "${order[@]}"; do
     for qd in 1 32; do
@@ -129,6 +134,7 @@ EOF
       log "round $r $p QD$qd: $(tail -1 "$RESULTS")"
     done
   done
+  round_s=$((SECONDS - round_t0))
 done
 
 python3 - "$RESULTS" <<'EOF'

@@ -11,13 +11,18 @@
 log() { printf '[%s %s] %s\n' "$BENCH_NAME" "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
+# nbdkit's file plugin: its name (nbdkit looks in its compiled-in plugin
+# folder) or a path to nbdkit-file-plugin.so (scripts/device-bench.sh
+# carries one to a machine without nbdkit).
+NBDKIT_FILE_PLUGIN=${NBDKIT_FILE_PLUGIN:-file}
+
 # Checks for fio, nbdkit (with its file plugin) and python3.
 bench_require_tools() {
   local tool
   for tool in fio nbdkit python3; do
     command -v "$tool" >/dev/null || die "$tool is not installed (scripts/install-deps.sh installs fio and nbdkit)"
   done
-  nbdkit file --version >/dev/null 2>&1 || die "nbdkit has no file plugin"
+  nbdkit "$NBDKIT_FILE_PLUGIN" --version >/dev/null 2>&1 || die "nbdkit has no file plugin ($NBDKIT_FILE_PLUGIN)"
 }
 
 # Sets ECDEDUP_BIN (building the workspace unless NO_BUILD=1 or ECDEDUP_BIN
@@ -113,7 +118,7 @@ start_peer() {
   rm -f "${SOCK[$s]}"  # a stale socket would look ready
   local cache=()
   [ -n "${PEER_CACHE:-}" ] && cache=("cache=$PEER_CACHE")
-  nbdkit --foreground --threads "$THREADS" --unix "${SOCK[$s]}" file "$f" "${cache[@]}" >"$WORK/$s.log" 2>&1 &
+  nbdkit --foreground --threads "$THREADS" --unix "${SOCK[$s]}" "$NBDKIT_FILE_PLUGIN" "$f" "${cache[@]}" >"$WORK/$s.log" 2>&1 &
   PID[$s]=$!; _note_started "$s"
   wait_ready "$s"
 }
@@ -152,6 +157,17 @@ for p in sorted(glob.glob(d + "/dev?") + glob.glob(d + "/journal/*.jrnl")):
 }
 
 uri() { echo "nbd+unix:///?socket=${SOCK[$1]}"; }
+
+# BENCH_DEADLINE (seconds since the epoch; unset: none; scripts/device-bench.sh
+# sets it to fit a lent machine's time): a script starts no round that would
+# end after it, so that its tables still cover the rounds done.
+# round_fits LAST_ROUND_S [DEADLINE]: whether one more round as long as the
+# last one ends by DEADLINE [BENCH_DEADLINE].
+round_fits() {
+  local deadline=${2:-${BENCH_DEADLINE:-}}
+  [ -n "$deadline" ] || return 0
+  [ $(($(date +%s) + $1)) -le "$deadline" ]
+}
 
 # record_peak_rss FILE: appends "server,kind,peak_rss_kib" for every running
 # server: VmHWM of its process (nbdkit with the plugin loaded), the peak

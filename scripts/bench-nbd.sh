@@ -37,13 +37,17 @@
 #   ECDEDUP_IO_URING=0  the server's device I/O without io_uring (one
 #              pread/pwrite/fdatasync per operation), for before/after counts
 #   JOBS [randwrite-qd1 randwrite-qd32 randread-qd32 seqwrite-1m-qd8] the jobs to run;
-#              randwrite-qd1-flush64 (a flush every 64 writes) is also known
+#              also known: randwrite-qd1-flush64 (a flush every 64 writes),
+#              randread-qd1, seqread-1m-qd8 (1 MiB sequential reads QD8)
 #   QUICK=1    smoke run: PAIRS=2 RUNTIME=2 RAMP=0 SIZE=256M
 #   ECDEDUP_BIN  an ecdedup executable with libecdedup_nbdkit.so beside it
 #                [target/release/ecdedup, built with `cargo build --release --workspace`]
 #   NO_BUILD=1   do not run cargo build
 #   BENCH_TMP [${TMPDIR:-/tmp}] where the array, files and sockets go
 #   KEEP=1       keep the work folder (raw fio JSON, stats snapshots, runs.csv)
+#   BENCH_DEADLINE  no round is started that would end after this time
+#              (seconds since the epoch, shared equally by the jobs left;
+#              scripts/bench-lib.sh)
 #
 # Output: progress on stderr, the markdown tables on stdout (also in
 # WORK/summary.md). Every server started here is stopped by its PID.
@@ -86,6 +90,8 @@ job_opts() {
     randwrite-qd1)   echo "--rw=randwrite --bs=4k --iodepth=1" ;;
     randwrite-qd32)  echo "--rw=randwrite --bs=4k --iodepth=32" ;;
     randread-qd32)   echo "--rw=randread --bs=4k --iodepth=32" ;;
+    randread-qd1)    echo "--rw=randread --bs=4k --iodepth=1" ;;
+    seqread-1m-qd8)  echo "--rw=read --bs=1M --iodepth=8" ;;
     seqwrite-1m-qd8) echo "--rw=write --bs=1M --iodepth=8" ;;
     # Not in the default set: a client that flushes (NBD_CMD_FLUSH) every 64 writes.
     randwrite-qd1-flush64) echo "--rw=randwrite --bs=4k --iodepth=1 --fsync=64" ;;
@@ -145,14 +151,25 @@ echo "job,round,server,kind,load_before,load_after,fio_json" >"$WORK/runs.csv"
 njobs=$(wc -w <<<"$JOBS")
 nsides=${#ORDER[@]}
 log "running $njobs jobs x $PAIRS rounds x $nsides sides x $((RUNTIME + RAMP)) s (about $((njobs * PAIRS * nsides * (RUNTIME + RAMP + 1) / 60 + 1)) min)"
+jobs_left=$njobs
 for job in $JOBS; do
+  # Under BENCH_DEADLINE each job gets an equal share of the time left.
+  job_deadline=""
+  [ -n "${BENCH_DEADLINE:-}" ] && job_deadline=$(( $(date +%s) + (BENCH_DEADLINE - $(date +%s)) / jobs_left ))
+  jobs_left=$((jobs_left - 1))
   for round in $(seq 1 "$PAIRS"); do
+    if [ "$round" -gt 1 ] && ! round_fits "$round_s" "$job_deadline"; then
+      log "BENCH_DEADLINE: no time for $job round $round; its table covers $((round - 1)) rounds"
+      break
+    fi
+    round_t0=$SECONDS
     order=("${ORDER[@]}")
     if [ $((round % 2)) = 0 ]; then
       order=(); for ((i = nsides - 1; i >= 0; i--)); do order+=("${ORDER[$i]}"); done
     fi
     for s in "${order[@]}"; do run_one "$job" "$round" "$s"; done
     log "$job round $round/$PAIRS done"
+    round_s=$((SECONDS - round_t0))
   done
 done
 
@@ -191,7 +208,8 @@ def spread(vals):
 
 ctrl_label = "peer2/peer" if control == "peer" else "ecdedup2/ecdedup"
 ctrl_ref = "P" if control == "peer" else "E"
-print(f"### Throughput, ecdedup vs nbdkit file ({pairs} rounds x {runtime} s per side, ramp {ramp} s, volume {size}, {threads} nbdkit threads)\n")
+counts = {job: len({k[1] for k in runs if k[0] == job}) for job in jobs}  # BENCH_DEADLINE may cut rounds
+print(f"### Throughput, ecdedup vs nbdkit file ({max(counts.values())} rounds x {runtime} s per side, ramp {ramp} s, volume {size}, {threads} nbdkit threads)\n")
 raw = any(k[2] == "R" for k in runs)
 raw_head = " raw file (median) | ecdedup/raw: median (min–max) |" if raw else ""
 print(f"| job | ecdedup (median) | nbdkit file (median) | ecdedup/peer: median (min–max) | A/A control {ctrl_label}: median (min–max) |{raw_head} ecdedup mean latency | ecdedup p50 latency | peer mean latency |")
@@ -212,7 +230,8 @@ for job in jobs:
     if raw:
         w = [metric(job, runs[(job, r, "R")]) for r in rounds]
         raw_cells = f" {statistics.median(w):,.0f} {u} | {spread([a / b for a, b in zip(e, w)])} |"
-    print(f"| {job} | {statistics.median(e):,.0f} {u} | {statistics.median(p):,.0f} {u} | {spread(ratio)} | {spread(cratio)} |{raw_cells} {le:,.0f} µs | {p50:,.0f} µs | {lp:,.0f} µs |")
+    label = job if counts[job] == max(counts.values()) else f"{job} ({counts[job]} rounds)"
+    print(f"| {label} | {statistics.median(e):,.0f} {u} | {statistics.median(p):,.0f} {u} | {spread(ratio)} | {spread(cratio)} |{raw_cells} {le:,.0f} µs | {p50:,.0f} µs | {lp:,.0f} µs |")
 
 # Deterministic device cost, from `ecdedup stats` deltas over every ecdedup run.
 def load(path):

@@ -52,6 +52,8 @@
 #   CONTROL [rmw] the A/A control C: a second server of this policy (rmw,
 #              plog, parix, replicate) or peer (a second nbdkit file)
 #   JOBS [fw-qd1 fw-qd32 ow-qd1 ow-qd32]
+#   SERVERS [R L X T P C] the servers to run, a subset of R (rmw), L (plog),
+#              X (parix), T (replicate), P (nbdkit file), C (the control)
 #   QUICK=1    smoke run: PAIRS=2 RUNTIME=2 FW_QD1_SIZE=8M FW_QD32_SIZE=32M JOURNAL_MAX=256M
 #   ECDEDUP_BIN  an ecdedup executable with libecdedup_nbdkit.so beside it
 #                [target/release/ecdedup, built with `cargo build --release --workspace`]
@@ -63,6 +65,8 @@
 #   KEEP=1       keep the work folder too (raw fio JSON, stats snapshots)
 #   PEER_CACHE [] nbdkit file's cache= option for the peer (none: O_DIRECT)
 #   DROP_CACHES=1 write back and drop the page cache before every run (root)
+#   BENCH_DEADLINE  no round is started that would end after this time
+#              (seconds since the epoch; scripts/bench-lib.sh)
 #
 # Output: progress on stderr, the markdown tables on stdout (also in
 # RESULTS/summary.md). Every server started here is stopped by its PID.
@@ -95,6 +99,9 @@ case "$CONTROL" in rmw|plog|parix|replicate|peer) ;; *) die "CONTROL must be rmw
 for job in $JOBS; do
   case "$job" in fw-qd1|fw-qd32|ow-qd1|ow-qd32) ;; *) die "unknown job $job" ;; esac
 done
+for s in ${SERVERS:-}; do
+  case "$s" in R|L|X|T|P|C) ;; *) die "SERVERS: unknown server $s (R L X T P C)" ;; esac
+done
 
 bytes() { # 64M -> bytes (K, M, G suffixes, powers of 2)
   local v=$1 n=${1%[KkMmGg]}
@@ -116,6 +123,10 @@ mkdir -p "$WORK/warm"
 # Servers: key -> policy (peer: nbdkit file).
 declare -A POLICY=([R]=rmw [L]=plog [X]=parix [T]=replicate [P]=peer [C]=$CONTROL)
 ORDER=(R L X T P C)
+if [ -n "${SERVERS:-}" ]; then
+  read -r -a ORDER <<<"$SERVERS"
+  [ "${#ORDER[@]}" -ge 1 ] || die "SERVERS names no server"
+fi
 
 start_server() {
   local s=$1 pol=${POLICY[$1]} d=$WORK/$1
@@ -208,6 +219,11 @@ log "disk: journals preallocate 2-3 x 6 x $JOURNAL_MAX; volumes up to $((SIZE * 
 echo "job,round,server,kind,policy,load_before,load_after,settle_s,fio_json,warm_json" >"$WORK/runs.csv"
 started=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 for round in $(seq 1 "$PAIRS"); do
+  if [ "$round" -gt 1 ] && ! round_fits "$round_s"; then
+    log "BENCH_DEADLINE: no time for round $round; the tables cover $((round - 1)) rounds"
+    break
+  fi
+  round_t0=$SECONDS
   if [ $((round % 2)) = 1 ]; then order=("${ORDER[@]}"); else order=(); for ((i = ${#ORDER[@]} - 1; i >= 0; i--)); do order+=("${ORDER[$i]}"); done; fi
   log "round $round/$PAIRS: fresh servers, order ${order[*]}"
   for s in "${ORDER[@]}"; do start_server "$s"; done
@@ -216,6 +232,7 @@ for round in $(seq 1 "$PAIRS"); do
     log "round $round: $job done"
   done
   for s in "${ORDER[@]}"; do remove_server "$s"; done
+  round_s=$((SECONDS - round_t0))
 done
 finished=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 
@@ -280,7 +297,7 @@ for row in csv.DictReader(open(os.path.join(work, "runs.csv"))):
     runs.append(r)
 
 meta = {"started": started, "finished": finished, "code": code, "machine": machine,
-        "rounds": int(pairs), "runtime_s": int(runtime), "region_qd1": a_size, "region_qd32": b_size,
+        "rounds": len({r["round"] for r in runs}), "runtime_s": int(runtime), "region_qd1": a_size, "region_qd32": b_size,
         "journal_max": jmax, "nbdkit_threads": int(threads), "control": control,
         "geometry": "RS(4,2), 32K stripe unit, 6 device files (replicate: RS(1,2) over the same 6 device files, each block on 3 of them)"}
 with open(os.path.join(results, "results.json"), "w") as f:
@@ -291,6 +308,7 @@ for r in runs:
     if r["job"] not in jobs:
         jobs.append(r["job"])
 get = {(r["job"], r["round"], r["server"]): r for r in runs}
+SERVERS = [s for s in SERVERS if any(r["server"] == s for r in runs)]  # SERVERS may name a subset
 rounds = sorted({r["round"] for r in runs})
 
 def vals(job, s, key, warm=False):
