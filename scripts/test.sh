@@ -20,8 +20,8 @@
 #            (ECDEDUP_ARCHIVE_CRASH_STRIDE=1), 100 SIGKILL rounds of the
 #            crash test (CI: 12), 40 power-loss schedules per
 #            configuration (CI: 8 with dedup), and 2,000 seeds of the
-#            cluster simulator (CI: 120; it fails today on the open
-#            write-hole seeds, docs/cluster.md); docs/benchmarks.md says
+#            cluster simulator (CI: 120, plus its regression seeds);
+#            docs/benchmarks.md says
 #            what the long runs found
 #
 # Environment:
