@@ -132,6 +132,7 @@ array_counters! {
     combination_decodes: "rows decoded by leaving out members that held stale blocks with matching checksums",
     unverified_decodes: "rows decoded from exactly k members with no checksum known for the decoded blocks",
     read_errors_corrected: "medium read errors survived by decoding the block and rewriting it (the device stays in service)",
+    torn_journal_records: "parity journal records whose d(r) survived a power cut without its d(0) (a write never flushed): left out of the fold",
     degraded_replay_unknown_rows: "stripes whose degraded journal replay after an unclean stop found block rows of a missing unit that no decode vouched for (left unlogged: they read as I/O errors, never as a guess)",
     unreadable_blocks: "block rows no combination of members decodes to their checksums (an I/O error, never wrong data)",
     resync_checksum_mismatches: "blocks of dirty stripes whose content no longer matched their recorded checksum at resync (a write in flight at the stop, or corruption)",

@@ -47,6 +47,9 @@ pub(super) struct Checked {
     /// Present members the decode that checked left out (they disagree
     /// with the others).
     pub(super) left_out: Vec<usize>,
+    /// Whether a known checksum or a spare member vouched for the row
+    /// (false: exactly k members and no checksum known, unchecked).
+    pub(super) vouched: bool,
 }
 
 /// A row decoded and checked.
@@ -133,7 +136,9 @@ impl Array {
             });
         }
         match self.decode_checked(&read, &present, &expected) {
-            Some(Checked { shards, left_out }) => {
+            Some(Checked {
+                shards, left_out, ..
+            }) => {
                 if !left_out.is_empty() {
                     self.warn(format!(
                         "stripe {stripe} block {b}: members {left_out:?} hold stale blocks \
@@ -182,6 +187,7 @@ impl Array {
             return Some(Checked {
                 shards: read.to_vec(),
                 left_out: Vec::new(),
+                vouched: true,
             });
         }
         let avail: Vec<usize> = (0..present.len()).filter(|&r| present[r]).collect();
@@ -198,6 +204,7 @@ impl Array {
                         found = Some(Checked {
                             shards,
                             left_out: left_out.iter().map(|&i| avail[i]).collect(),
+                            vouched,
                         });
                         true
                     }
