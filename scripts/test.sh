@@ -204,11 +204,15 @@ per_file_times() {
 }
 
 # The integration tests serve target/debug/libecdedup_nbdkit.so, which
-# `cargo test` does not build: build the workspace first. The dev and test
-# profiles are the same (Cargo.toml), so the test step reuses this build,
-# and clippy after it reuses its build scripts and proc macros.
+# `cargo test` does not build: build the workspace first, with what
+# `cargo test` builds (--tests --examples): with the dev-dependencies'
+# features, rand_core, getrandom, uuid and io-uring build differently, so
+# after a plain `cargo build` the tests compiled every workspace crate
+# again. The dev and test profiles are the same
+# (Cargo.toml), so the test step then compiles nothing, and clippy after
+# the build reuses its build scripts and proc macros.
 built=0
-run_step "build" cargo build --workspace && built=1
+run_step "build" cargo build --workspace --lib --bins --tests --examples && built=1
 run_step "clippy" cargo clippy --workspace --all-targets -- -D warnings
 if [ "$built" -eq 1 ]; then
   run_step "tests" run_tests
