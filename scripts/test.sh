@@ -132,7 +132,7 @@ test_binaries() {
 }
 
 run_tests() {
-  local list="$test_dir/binaries" order="$test_dir/order"
+  local list="$test_dir/binaries" order="$test_dir/order" name
   test_binaries >"$list" || return 1
   if [ ! -s "$list" ]; then
     echo "no test binaries found" >&2
