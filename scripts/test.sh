@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every check CI runs: formatting, lints, build, then the unit and
+# Every check CI runs: formatting, build, lints, then the unit and
 # integration tests. Run from anywhere; installs the system packages first
 # (scripts/install-deps.sh, idempotent: a no-op when all are there). The integration tests (crates/ecdedup/tests/)
 # start nbdkit servers, fio, qemu-img, nbdcopy, and mount ext4 through
@@ -26,6 +26,7 @@
 #
 # Environment:
 #   TEST_THREADS              parallel tests per test binary (default 2)
+#   TEST_JOBS                 test binaries run side by side (default 3)
 #   ECDEDUP_ARCHIVE_CRASH_STRIDE  every how many crash points the archive
 #                             crash test tries (default 3; 1 with --long)
 #   ECDEDUP_CRASH_ITERATIONS  SIGKILL iterations of the crash test (default 12)
@@ -51,6 +52,7 @@ done
 export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 TEST_THREADS="${TEST_THREADS:-2}"
+TEST_JOBS="${TEST_JOBS:-3}"
 
 started=$SECONDS
 summary=()
@@ -103,28 +105,97 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 run_step "format" cargo fmt --all -- --check
-run_step "clippy" cargo clippy --workspace --all-targets -- -D warnings
-# run_tests: the unit and integration tests, their output also kept in
-# $test_log for the per-file times in the summary.
+# The tests: every test binary of the workspace (unit and integration),
+# TEST_JOBS binaries at a time. Most integration tests wait on fio, nbdkit,
+# syncs and child processes rather than on the CPU, so two or three
+# binaries side by side fill the 2 cores that one leaves half idle. Each
+# binary runs from its package's folder, as `cargo test` runs it, with
+# --test-threads=TEST_THREADS; its output is kept whole and printed when it
+# ends (in $test_log too, for the per-file times). The slowest binaries
+# start first so that none is left running alone at the end.
 test_log=$(mktemp)
-trap 'rm -f "$test_log"' EXIT
+test_dir=$(mktemp -d)
+trap 'rm -rf "$test_log" "$test_dir"' EXIT
+SLOW_FIRST="cluster fio_policies fio model ecdedup_core crash fio_dedup powerloss loopback operations archive_crash eval_codeplugin sim"
+
+# test_binaries: "EXECUTABLE PACKAGE_DIR LABEL" per test binary, compiled by
+# `cargo test --no-run` (with the build's profile, so the libraries, the
+# `ecdedup` binary and the plugin are shared with the build step).
+test_binaries() {
+  cargo test --workspace --no-run --message-format=json-render-diagnostics |
+    grep '"reason":"compiler-artifact"' | grep -E '"profile":\{[^}]*"test":true' |
+    grep '"executable":"/' |
+    sed -E 's/.*"manifest_path":"([^"]*)\/Cargo\.toml".*"src_path":"([^"]*)".*"executable":"([^"]*)".*/\3 \1 \2/' |
+    while read -r exe pkg src; do
+      echo "$exe $pkg ${src#"$PWD/"}"
+    done
+}
+
 run_tests() {
-  cargo test --workspace --no-fail-fast -- --test-threads="$TEST_THREADS" 2>&1 | tee "$test_log"
-  return "${PIPESTATUS[0]}"
+  local list="$test_dir/binaries" order="$test_dir/order" name
+  test_binaries >"$list" || return 1
+  if [ ! -s "$list" ]; then
+    echo "no test binaries found" >&2
+    return 1
+  fi
+  # Order: the known slow ones first, then the rest as cargo listed them.
+  : >"$order"
+  for name in $SLOW_FIRST; do
+    awk -v n="$name" '{ b = $1; sub(/.*\//, "", b); sub(/-[0-9a-f]+$/, "", b); if (b == n) print }' "$list" >>"$order"
+  done
+  awk 'NR == FNR { seen[$1] = 1; next } !($1 in seen)' "$order" "$list" >>"$order"
+  echo "$(wc -l <"$order") test binaries, $TEST_JOBS at a time, --test-threads=$TEST_THREADS"
+
+  local i=0 running=0 failed_bins=()
+  local -A label_of=()
+  local -A log_of=()
+  # finish PID STATUS: prints a finished binary's output, records a failure.
+  finish() {
+    local log=${log_of[$1]}
+    { echo "     Running ${label_of[$1]}"; cat "$log"; } | tee -a "$test_log"
+    [ "$2" -eq 0 ] || failed_bins+=("${label_of[$1]} (exit $2)")
+  }
+  local pid status
+  while read -r exe pkg src; do
+    i=$((i + 1))
+    local log="$test_dir/$i.log"
+    (cd "$pkg" && exec "$exe" --test-threads="$TEST_THREADS") >"$log" 2>&1 &
+    pid=$!
+    label_of[$pid]="$src ($exe)"
+    log_of[$pid]=$log
+    running=$((running + 1))
+    if [ "$running" -ge "$TEST_JOBS" ]; then
+      status=0
+      wait -n -p pid || status=$?
+      finish "$pid" "$status"
+      running=$((running - 1))
+    fi
+  done <"$order"
+  while [ "$running" -gt 0 ]; do
+    status=0
+    wait -n -p pid || status=$?
+    finish "$pid" "$status"
+    running=$((running - 1))
+  done
+  # The doc tests last (rustdoc compiles them: CPU, no waiting).
+  status=0
+  cargo test --workspace --doc >"$test_dir/doc.log" 2>&1 || status=$?
+  tee -a "$test_log" <"$test_dir/doc.log"
+  [ "$status" -eq 0 ] || failed_bins+=("doc-tests (exit $status)")
+  if [ "${#failed_bins[@]}" -ne 0 ]; then
+    echo
+    echo "failed test binaries:"
+    printf '    %s\n' "${failed_bins[@]}"
+    return 1
+  fi
 }
 
 # per_file_times: each test binary's time (libtest's "finished in"), the
-# slowest first: where CI's time goes.
+# slowest first: where CI's time goes (with TEST_JOBS > 1, wall time
+# shared with the binaries beside it).
 per_file_times() {
   awk '
-    /^ *Running / {
-      name = $2
-      if (name == "unittests") {
-        # "(target/debug/deps/CRATE-HASH)": the crate of the unit tests
-        bin = $NF; sub(/.*\//, "", bin); sub(/-[0-9a-f]+\)$/, "", bin)
-        name = bin " (unit tests)"
-      }
-    }
+    /^ *Running / { name = $2 }
     /^ *Doc-tests / { name = "doc-tests " $2 }
     /^test result: / {
       for (i = 1; i < NF; i++) if ($i == "in") { t = $(i + 1); sub(/s$/, "", t) }
@@ -133,8 +204,17 @@ per_file_times() {
 }
 
 # The integration tests serve target/debug/libecdedup_nbdkit.so, which
-# `cargo test` alone does not always rebuild: build the workspace first.
-if run_step "build" cargo build --workspace; then
+# `cargo test` does not build: build the workspace first, with what
+# `cargo test` builds (--tests --examples): with the dev-dependencies'
+# features, rand_core, getrandom, uuid and io-uring build differently, so
+# after a plain `cargo build` the tests compiled every workspace crate
+# again. The dev and test profiles are the same
+# (Cargo.toml), so the test step then compiles nothing, and clippy after
+# the build reuses its build scripts and proc macros.
+built=0
+run_step "build" cargo build --workspace --lib --bins --tests --examples && built=1
+run_step "clippy" cargo clippy --workspace --all-targets -- -D warnings
+if [ "$built" -eq 1 ]; then
   run_step "tests" run_tests
 else
   skip_step tests "the build failed"
