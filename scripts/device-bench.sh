@@ -47,7 +47,8 @@
 #               4 KiB random read QD1 and QD32, random write QD1
 #   policies-qd1   (optional) the overwrites at QD1 (p50)
 # SKIP="nbd-rest policies-qd1" leaves steps out; ONLY="cluster" runs only
-# those named.
+# those named (an optional step named there runs over what fits, as a
+# priority step does, instead of needing 3 of its rounds to fit).
 #
 # Time: the three priority steps share BUDGET_S in proportion to their
 # estimates (fixed start + rounds x seconds per round, scaled by how much
@@ -337,19 +338,23 @@ est_full() { # est_full NAME: seconds for all its rounds, at this machine's pace
   echo $(( (FIXED[$1] + ROUNDS_MAX[$1] * PER[$1]) * $(slowdown) / 100 ))
 }
 
+# named NAME: ONLY names it (an optional step named there counts as a
+# priority step: asked for, it runs over what fits).
+named() { [[ " ${ONLY:-} " == *" $1 "* ]]; }
+
 # slice_for NAME LEFT_S: the seconds step NAME may take (0: skip it). The
 # priority steps still to run share what is left in proportion to their
 # estimates; an optional step takes what is left if 3 of its rounds fit.
 slice_for() {
   local n=$1 left=$2 m go=0 sum=0 mine
-  if [ "${OPTIONAL[$n]}" = 1 ]; then
+  if [ "${OPTIONAL[$n]}" = 1 ] && ! named "$n"; then
     local three=$(( (FIXED[$n] + 3 * PER[$n]) * $(slowdown) / 100 ))
     [ $((three * 6 / 5 + 20)) -le "$left" ] && echo $((left - 5)) || echo 0
     return
   fi
   for m in "${STEPS[@]}"; do
     [ "$m" = "$n" ] && go=1
-    if [ $go = 1 ] && [ "${OPTIONAL[$m]}" = 0 ] && selected "$m"; then sum=$((sum + $(est_full "$m"))); fi
+    if [ $go = 1 ] && { [ "${OPTIONAL[$m]}" = 0 ] || named "$m"; } && selected "$m"; then sum=$((sum + $(est_full "$m"))); fi
   done
   mine=$(est_full "$n")
   echo $(( (left - 5) * mine / sum ))
