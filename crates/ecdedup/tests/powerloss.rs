@@ -286,6 +286,16 @@ fn check(vol: &Volume, model: &Model, what: &str, tally: &mut Tally) -> Vec<u8> 
     got
 }
 
+/// The power goes: the volume and the array are dropped as a crash leaves
+/// them (nothing more reaches the media); the caller then cuts the
+/// simulated storage (`crash`, `crash_with`).
+fn power_goes(vol: Volume, array: Arc<Array>) {
+    drop(vol);
+    Arc::try_unwrap(array)
+        .unwrap_or_else(|_| panic!("the array is shared"))
+        .simulate_crash();
+}
+
 /// Map records the array's dedup layers refused when it opened.
 fn refused_records(array: &Array) -> u64 {
     array
@@ -411,11 +421,7 @@ fn run_schedule(cfg: Config, seed: u64, tally: &mut Tally) {
                 }
             }
         }
-        // The power goes: nothing more reaches the media.
-        drop(vol);
-        Arc::try_unwrap(array)
-            .unwrap_or_else(|_| panic!("the array is shared"))
-            .simulate_crash();
+        power_goes(vol, array);
         sim.crash(rng.gen());
         tally.crash_points += 1;
     }
@@ -581,8 +587,7 @@ fn a_map_record_that_reached_the_disk_without_its_slot_bytes_is_not_believed() {
                     model.flush();
                 }
             }
-            drop(vol);
-            Arc::try_unwrap(array).ok().unwrap().simulate_crash();
+            power_goes(vol, array);
             sim.crash_with(cut, false, |path, _| {
                 if path.extension().is_some_and(|e| e == "log") {
                     ecdedup::media::powerloss::Fate::Keep
@@ -655,8 +660,7 @@ fn a_failed_journal_sync_is_latched_and_its_stripes_are_resynced() {
         // the model's unflushed set. The next flush succeeds.
         vol.flush().expect("a later flush succeeds");
         model.flush();
-        drop(vol);
-        Arc::try_unwrap(array).ok().unwrap().simulate_crash();
+        power_goes(vol, array);
         sim.crash_with(7, false, |_, _| ecdedup::media::powerloss::Fate::Keep);
         let array = Arc::new(open(&storage, "after the cut"));
         let vol = Volume::new(Arc::clone(&array));
@@ -736,8 +740,7 @@ fn a_full_file_system_refuses_writes_fails_no_device_and_serves_again() {
         model.durable.copy_from_slice(&now);
         model.current.copy_from_slice(&now);
         model.since_flush.clear();
-        drop(vol);
-        Arc::try_unwrap(array).ok().unwrap().simulate_crash();
+        power_goes(vol, array);
         sim.crash(3);
         let array = Arc::new(open(&storage, "after the cut"));
         let vol = Volume::new(Arc::clone(&array));
@@ -941,10 +944,7 @@ fn power_loss_then_a_device_lost_before_resync_never_reads_wrong() {
                     .unwrap_or_else(|e| panic!("{what}: write: {e}"));
                 model.write(off, &data, false);
             }
-            drop(vol);
-            Arc::try_unwrap(array)
-                .unwrap_or_else(|_| panic!("the array is shared"))
-                .simulate_crash();
+            power_goes(vol, array);
             sim.crash(rng.gen());
             cuts += 1;
             // The lost device: its writes fail from the reopen on (its

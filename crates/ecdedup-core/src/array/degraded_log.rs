@@ -522,13 +522,13 @@ impl super::Array {
     pub(super) fn resync_from_degraded_log(&self, stripe: u64, units: &[Option<Vec<u8>>]) -> bool {
         let g = &self.geo;
         let missing = self.missing_data_roles(stripe);
-        let uncovered_rows = |rows: &mut dyn Iterator<Item = u64>| {
+        let uncovered_rows = |rows: std::ops::Range<u64>| {
             for row in rows {
                 self.note_missing_from_codeword(stripe, row, units);
             }
         };
         let Some(log) = &self.degraded_log else {
-            uncovered_rows(&mut (0..self.geo.blocks_per_unit()));
+            uncovered_rows(0..g.blocks_per_unit());
             return false;
         };
         if missing.is_empty() {
@@ -547,7 +547,7 @@ impl super::Array {
             return true;
         }
         if !log.has_stripe(stripe) {
-            uncovered_rows(&mut (0..g.blocks_per_unit()));
+            uncovered_rows(0..g.blocks_per_unit());
             return false;
         }
         let block = g.block() as usize;
@@ -570,7 +570,7 @@ impl super::Array {
             }
             if !whole {
                 covered_all = false;
-                uncovered_rows(&mut std::iter::once(row));
+                uncovered_rows(row..row + 1);
                 continue;
             }
             // The missing units hold what the log says: their entries,
@@ -620,13 +620,13 @@ impl super::Array {
         stripe: u64,
         row: u64,
         units: &[Option<Vec<u8>>],
-    ) -> bool {
+    ) {
         let g = &self.geo;
         let block = g.block() as usize;
         let at = row as usize * block;
         let present: Vec<bool> = units.iter().map(Option::is_some).collect();
         if present.iter().filter(|p| **p).count() <= g.k() {
-            return false;
+            return;
         }
         let read: Vec<Vec<u8>> = units
             .iter()
@@ -636,19 +636,15 @@ impl super::Array {
             })
             .collect();
         let no_sums = vec![None; g.width()];
-        match self.try_decode(&read, &present, &present, &no_sums) {
-            Some((shards, true)) => {
-                for role in (0..g.k()).filter(|&r| !present[r]) {
-                    let place = g.place(stripe, role);
-                    self.note_logical_crc(
-                        place.device,
-                        g.checksum_index(place.row, row),
-                        crc32c::crc32c(&shards[role]),
-                    );
-                }
-                true
+        if let Some((shards, true)) = self.try_decode(&read, &present, &present, &no_sums) {
+            for role in (0..g.k()).filter(|&r| !present[r]) {
+                let place = g.place(stripe, role);
+                self.note_logical_crc(
+                    place.device,
+                    g.checksum_index(place.row, row),
+                    crc32c::crc32c(&shards[role]),
+                );
             }
-            _ => false,
         }
     }
 

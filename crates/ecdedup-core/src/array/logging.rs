@@ -750,14 +750,13 @@ impl Array {
             // value decoded from members that disagree, logged, would
             // become the parity's truth (seed 1921 of the cluster
             // simulator read a block back as neither its old nor its new
-            // content). Against the missing units' entries where known
-            // (their content at the last flush, or newer) and every spare
-            // member; unvouched, a row is left unlogged: it decodes as it
-            // can at a read, checked there, an I/O error rather than a
-            // guess.
-            // In a dirty stripe the missing units' entries may predate
-            // writes in flight at the stop (table pages are written at
-            // flushes): where spare members can vouch, they alone do.
+            // content). Checked against every spare member and the missing
+            // units' entries where known, except in a dirty stripe with a
+            // spare member: there the entries may predate writes in flight
+            // at the stop (table pages are written at flushes), and the
+            // spares alone vouch. Unvouched, a row is left unlogged: it
+            // decodes as it can at a read, checked there, an I/O error
+            // rather than a guess.
             let spare = present.iter().filter(|p| **p).count() > g.k();
             let expected: Vec<Option<u32>> = (0..g.width())
                 .map(|role| {
@@ -886,19 +885,6 @@ impl Array {
                         "replaying stripe {s}: {e}; its parity is recomputed from its data instead"
                     ));
                     self.resync_stripe(s);
-                } else if matches!(e, Error::Corrupt(_)) {
-                    // A power cut tore the log of a write that was never
-                    // flushed (its d(0) is gone, its d(r) survived): the
-                    // log cannot be folded, and keeping it would fail
-                    // every open. The stripe is in the degraded write hole.
-                    self.warn(format!(
-                        "replaying stripe {s}: {e}; its log is dropped: the stripe was being \
-                         written at an unclean stop with a device out of service (the degraded \
-                         write hole, docs/write-hole.md)"
-                    ));
-                    if let Err(e) = self.journal_invalidate(s, 0, g.blocks_per_unit()) {
-                        self.warn(format!("stripe {s}: {e}"));
-                    }
                 } else {
                     self.warn(format!("replaying stripe {s}: {e}; it stays pending"));
                     first_error.get_or_insert(e);
