@@ -24,7 +24,7 @@
 use ecdedup_core::media::storage::{read_all, write_atomic};
 use ecdedup_core::media::{Device, DeviceOptions, FileDevice, IoMode, Storage};
 use ecdedup_core::proto::{chunk_parts, Header, Op, Status};
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -54,6 +54,22 @@ pub struct ChunkCounters {
     pub syncs: AtomicU64,
     pub epoch_refusals: AtomicU64,
     pub invalid: AtomicU64,
+    /// Volumes whose chunks this server deleted (`volume rm`).
+    pub volumes_removed: AtomicU64,
+    /// Chunk files deleted with them.
+    pub chunks_removed: AtomicU64,
+}
+
+/// The epoch stored for a removed volume: above every writer's, so every
+/// later request for it is refused, and final (ids are never reused).
+pub const REMOVED_EPOCH: u64 = u64::MAX;
+
+/// What [`ChunkServer::remove_volume`] deleted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Removed {
+    pub chunks: u64,
+    /// Bytes the file system had allocated to them.
+    pub bytes: u64,
 }
 
 pub struct ChunkServer {
@@ -184,6 +200,16 @@ impl ChunkServer {
         let stored = self
             .epoch(volume)
             .map_err(|e| io_refusal("reading the volume's epoch", &e))?;
+        if stored == REMOVED_EPOCH {
+            self.counters.epoch_refusals.fetch_add(1, Ordering::Relaxed);
+            return Err((
+                Status::EpochTooOld,
+                format!(
+                    "EPOCH_TOO_OLD: volume {volume} was removed (volume rm); this server \
+                     deleted its chunks"
+                ),
+            ));
+        }
         if epoch < stored {
             self.counters.epoch_refusals.fetch_add(1, Ordering::Relaxed);
             return Err((
@@ -418,6 +444,125 @@ impl ChunkServer {
         }
     }
 
+    /// The volumes this server has heard of (an epoch stored), removed
+    /// ones included.
+    pub fn volumes_here(&self) -> io::Result<Vec<u64>> {
+        let names = match self.storage.list_files(&self.config.dirs[0].join("epochs")) {
+            Ok(names) => names,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        Ok(names
+            .iter()
+            .filter_map(|n| n.strip_prefix('v')?.parse().ok())
+            .collect())
+    }
+
+    /// Deletes every chunk of `volume` and refuses every later request
+    /// for it: the volume was removed from the cluster (ids are never
+    /// reused). The refusal is stored first (its epoch becomes
+    /// [`REMOVED_EPOCH`]), so a writer that outlived its lease can land
+    /// nothing after this; then the chunk files go. Idempotent: a second
+    /// call deletes what a racing request may have made meanwhile.
+    pub fn remove_volume(&self, volume: u64) -> io::Result<Removed> {
+        let newly = {
+            let mut epochs = self.epochs.lock().unwrap();
+            if epochs.get(&volume) == Some(&REMOVED_EPOCH) {
+                false
+            } else {
+                write_atomic(
+                    self.storage.as_ref(),
+                    &self.epoch_path(volume),
+                    format!("{REMOVED_EPOCH}\n").as_bytes(),
+                )?;
+                epochs.insert(volume, REMOVED_EPOCH);
+                true
+            }
+        };
+        self.open
+            .lock()
+            .unwrap()
+            .by_name
+            .retain(|(v, _), _| *v != volume);
+        let mut removed = Removed::default();
+        for dir in &self.config.dirs {
+            let chunks = dir.join("chunks");
+            let folder = chunks.join(format!("v{volume}"));
+            let names = match self.storage.list_files(&folder) {
+                Ok(names) => names,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            };
+            removed.bytes += du(&folder);
+            for name in names {
+                self.storage.remove(&folder.join(name))?;
+                removed.chunks += 1;
+            }
+            match self.storage.remove_dir(&folder) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::Unsupported => {}
+                Err(e) => return Err(e),
+            }
+            self.storage.sync_dir(&chunks)?;
+        }
+        if newly {
+            self.counters
+                .volumes_removed
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        self.counters
+            .chunks_removed
+            .fetch_add(removed.chunks, Ordering::Relaxed);
+        Ok(removed)
+    }
+
+    /// Deletes the chunks of every volume this server has heard of whose
+    /// id is below `next` and not in `live` (a consistent read of etcd:
+    /// such a volume was removed, and its id is never given again).
+    /// `cluster` names the etcd cluster the ids come from: the first call
+    /// stores it in the first data folder, and a later call from another
+    /// cluster (a server pointed at the wrong etcd or cluster name) deletes
+    /// nothing and says why.
+    pub fn remove_volumes_not_in(
+        &self,
+        cluster: &str,
+        live: &BTreeSet<u64>,
+        next: u64,
+    ) -> io::Result<Vec<(u64, Removed)>> {
+        let path = self.config.dirs[0].join("cluster");
+        match read_all(self.storage.as_ref(), &path) {
+            Ok(bytes) if bytes == format!("{cluster}\n").as_bytes() => {}
+            Ok(bytes) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "{} names cluster {:?}, but this server is registered in {cluster:?}: \
+                         no chunk is deleted (start it with its own cluster's etcd, or \
+                         remove that file if the data folders were moved on purpose)",
+                        path.display(),
+                        String::from_utf8_lossy(&bytes).trim_end()
+                    ),
+                ))
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => write_atomic(
+                self.storage.as_ref(),
+                &path,
+                format!("{cluster}\n").as_bytes(),
+            )?,
+            Err(e) => return Err(e),
+        }
+        let mut removed = Vec::new();
+        for volume in self.volumes_here()? {
+            if volume < next && !live.contains(&volume) {
+                let r = self.remove_volume(volume)?;
+                if r != Removed::default() {
+                    removed.push((volume, r));
+                }
+            }
+        }
+        Ok(removed)
+    }
+
     /// Space of each data folder: (folder, bytes free, bytes used by chunks
     /// as the file system counts them).
     pub fn space(&self) -> Vec<(PathBuf, u64, u64)> {
@@ -578,6 +723,68 @@ mod tests {
             call(&s, req(Op::Write, 7, 9, 0, &data), &data).0,
             Status::Io
         );
+    }
+
+    #[test]
+    fn a_removed_volume_loses_its_chunks_and_is_refused_for_good() {
+        let dir = tempfile::tempdir().unwrap();
+        let size = (1u64 << 20).to_le_bytes();
+        let data = vec![0x5au8; 8192];
+        {
+            let s = server(dir.path());
+            // Chunks of volume 7 in both data folders, and one of volume 8.
+            for (volume, shard) in [(7, 0), (7, 1), (7, 2), (7, 3), (8, 0)] {
+                let mut h = req(Op::Open, volume, 5, 0, &size);
+                h.pg = chunk_code(3, shard);
+                assert_eq!(call(&s, h, &size).0, Status::Ok);
+                let mut h = req(Op::Write, volume, 5, 0, &data);
+                h.pg = chunk_code(3, shard);
+                assert_eq!(call(&s, h, &data).0, Status::Ok);
+            }
+            assert_eq!(s.volumes_here().unwrap(), vec![7, 8]);
+            // Volume 8 is live, 9 not yet given: only 7 goes.
+            let live = BTreeSet::from([8]);
+            let removed = s.remove_volumes_not_in("c1", &live, 10).unwrap();
+            assert_eq!(removed.len(), 1);
+            let (volume, removed) = removed[0];
+            assert_eq!((volume, removed.chunks), (7, 4));
+            assert!(removed.bytes >= 4 * 8192, "{removed:?}");
+            for d in ["a", "b"] {
+                assert!(!dir.path().join(d).join("chunks/v7").exists());
+            }
+            // An open chunk of it is not served from the cache either.
+            let mut h = req(Op::Read, 7, 5, 0, &[]);
+            h.length = 4096;
+            let (st, why) = call(&s, h, &[]);
+            assert_eq!(st, Status::EpochTooOld);
+            assert!(String::from_utf8_lossy(&why).contains("was removed"));
+            // Again: nothing left, counted once.
+            assert_eq!(s.remove_volume(7).unwrap(), Removed::default());
+            assert_eq!(s.counters.volumes_removed.load(Ordering::Relaxed), 1);
+            assert_eq!(s.counters.chunks_removed.load(Ordering::Relaxed), 4);
+        }
+        // After a restart, even a writer with a newer epoch is refused, and
+        // volume 8 is untouched.
+        let s = server(dir.path());
+        assert_eq!(
+            call(&s, req(Op::Open, 7, 99, 0, &size), &size).0,
+            Status::EpochTooOld
+        );
+        // Ids from another etcd cluster delete nothing.
+        let why = s
+            .remove_volumes_not_in("c2", &BTreeSet::new(), 10)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            why.contains("\"c1\"") && why.contains("no chunk is deleted"),
+            "{why}"
+        );
+        assert!(!dir.path().join("a/chunks/v7").exists());
+        assert!(!dir.path().join("b/chunks/v7").exists());
+        let mut h = req(Op::Read, 8, 5, 0, &[]);
+        h.pg = chunk_code(3, 0);
+        h.length = 8192;
+        assert_eq!(call(&s, h, &[]), (Status::Ok, data));
     }
 
     #[test]

@@ -65,6 +65,45 @@ fn notify_ready() {
     }
 }
 
+/// Deletes the chunks of volumes removed from the cluster (`volume rm`
+/// leaves them to the servers, so a server that was down then frees them
+/// when it is back): one consistent read of the volume ids, then the
+/// deletions off the async threads. Failures are logged and retried at the
+/// next space report.
+async fn remove_deleted_volumes(etcd: &Etcd, server: &Arc<ChunkServer>, id: u32) {
+    let ids = match ecdedup_cluster::volume_ids(etcd).await {
+        Ok(ids) => ids,
+        Err(e) => {
+            line(COMPONENT, "volume-ids-failed", &[("reason", &e)]);
+            return;
+        }
+    };
+    let s = Arc::clone(server);
+    let done = tokio::task::spawn_blocking(move || {
+        s.remove_volumes_not_in(&ids.cluster, &ids.live, ids.next)
+    })
+    .await
+    .map_err(|e| std::io::Error::other(e.to_string()))
+    .and_then(|r| r);
+    match done {
+        Ok(removed) => {
+            for (volume, r) in removed {
+                line(
+                    COMPONENT,
+                    "volume-removed",
+                    &[
+                        ("id", &id),
+                        ("volume", &volume),
+                        ("chunks", &r.chunks),
+                        ("bytes", &r.bytes),
+                    ],
+                );
+            }
+        }
+        Err(e) => line(COMPONENT, "volume-removal-failed", &[("reason", &e)]),
+    }
+}
+
 /// Runs the chunk server until a stop signal (returns 0), a fence
 /// ([`EXIT_FENCED`]) or a refused registration ([`EXIT_ID_TAKEN`]); an
 /// error that keeps it from starting is returned as text.
@@ -143,6 +182,7 @@ pub async fn run(config: ChunkdConfig) -> Result<i32, String> {
             _ = tokio::signal::ctrl_c() => break,
             _ = term.recv() => break,
             _ = space_tick.tick() => {
+                remove_deleted_volumes(&etcd, &server, config.id).await;
                 let s = Arc::clone(&server);
                 let space = tokio::task::spawn_blocking(move || s.space()).await.unwrap_or_default();
                 let report = ServerSpace {

@@ -136,6 +136,11 @@ impl Keys {
         format!("{}volume/{pool}/", self.prefix)
     }
 
+    /// The prefix of every pool's volume keys.
+    pub fn all_volumes(&self) -> String {
+        format!("{}volume/", self.prefix)
+    }
+
     /// `volume-id-next` (a JSON number, absent = 1): the next volume id.
     /// Written by `volume create` in the same transaction as the volume,
     /// comparing its `mod_revision`, so two creates never share an id and

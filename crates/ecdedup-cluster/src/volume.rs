@@ -15,8 +15,8 @@ use crate::pool::get_pool;
 use crate::server::holder_address;
 use crate::session::Etcd;
 use crate::txn;
-use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
-use std::collections::BTreeMap;
+use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse};
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Tries of `create_volume` when another create took the id meanwhile.
 pub const CREATE_ATTEMPTS_MAX: u32 = 16;
@@ -139,6 +139,68 @@ pub async fn list_volumes(etcd: &Etcd, pool: &str) -> Result<BTreeMap<String, Vo
         }
     }
     Ok(volumes)
+}
+
+/// What [`volume_ids`] read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VolumeIds {
+    /// The id of every volume of every pool.
+    pub live: BTreeSet<u64>,
+    /// The next id `volume create` will give.
+    pub next: u64,
+    /// The etcd cluster's id (from the answer's header) and the cluster's
+    /// name, as `<id in hex>/<name>`: ids mean something only there.
+    pub cluster: String,
+}
+
+/// Every volume id and the next one, read in one transaction (one
+/// revision): an id below `next` that is not live belonged to a removed
+/// volume, and ids are never reused, so what a chunk server holds of it
+/// can go.
+pub async fn volume_ids(etcd: &Etcd) -> Result<VolumeIds> {
+    let keys = etcd.keys();
+    let counter = keys.volume_id_next();
+    let read = Txn::new().and_then([
+        TxnOp::get(keys.all_volumes(), Some(GetOptions::new().with_prefix())),
+        TxnOp::get(counter.as_str(), None),
+    ]);
+    let answer = etcd
+        .client()
+        .txn(read)
+        .await
+        .map_err(Error::etcd("volume ids"))?;
+    let cluster = format!(
+        "{:x}/{}",
+        answer.header().map(|h| h.cluster_id()).unwrap_or(0),
+        etcd.keys()
+            .prefix()
+            .trim_end_matches('/')
+            .rsplit('/')
+            .next()
+            .unwrap_or("")
+    );
+    let mut ids = BTreeSet::new();
+    let mut next = 1;
+    for (i, op) in answer.op_responses().into_iter().enumerate() {
+        let TxnOpResponse::Get(get) = op else {
+            continue;
+        };
+        for kv in get.kvs() {
+            let key = String::from_utf8_lossy(kv.key()).into_owned();
+            if i == 0 {
+                if let Some(Key::Volume { .. }) = keys.parse(&key) {
+                    ids.insert(decode::<VolumeRecord>(&key, kv.value())?.id);
+                }
+            } else {
+                next = decode::<u64>(&key, kv.value())?;
+            }
+        }
+    }
+    Ok(VolumeIds {
+        live: ids,
+        next,
+        cluster,
+    })
 }
 
 /// Grows volume `pool/name` to `size_bytes` (shrinking is refused: the

@@ -318,6 +318,13 @@ async fn pools_and_volumes_are_created_listed_resized_and_removed_under_their_gu
     assert_eq!(c.id, 3);
     // The same name in another pool is another volume.
     assert_eq!(create_volume(&etcd, "wide", "a", gib).await.unwrap().id, 4);
+    // What the chunk servers read to free removed volumes' chunks: every
+    // pool's ids, the next id, and which etcd cluster said so.
+    let ids = volume_ids(&etcd).await.unwrap();
+    assert_eq!(ids.live, BTreeSet::from([1, 3, 4]));
+    assert_eq!(ids.next, 5);
+    assert!(ids.cluster.ends_with("/crud"), "{}", ids.cluster);
+    assert!(!ids.cluster.starts_with("0/"), "{}", ids.cluster);
 
     // Records left bad by another writer are refused when read, by key.
     let no_pgs = r#"{"k":2,"m":1,"stripe_unit_bytes":65536,"policy":"rmw","dedup":"none",

@@ -147,7 +147,10 @@ async fn execute(args: VolumeArgs) -> Result<String> {
             ecdedup_cluster::remove_volume(&etcd, pool, name)
                 .await
                 .map_err(cluster_error)?;
-            format!("removed {pool}/{name}\n")
+            format!(
+                "removed {pool}/{name}: each chunk server deletes its chunks at its next \
+                 space report (a server that is down, when it is back)\n"
+            )
         }
     };
     Ok(text)

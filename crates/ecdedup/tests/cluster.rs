@@ -270,9 +270,16 @@ fn a_cluster_serves_volumes_through_faults_and_takeovers() {
     ]));
     cli(with_etcd(&["volume", "create", "px/v", "--size", "64M"]));
     cli(with_etcd(&["volume", "create", "r3/v", "--size", "64M"]));
-    cli(with_etcd(&[
+    let made = cli(with_etcd(&[
         "volume", "create", "px/small", "--size", "32M",
     ]));
+    let small_id: u64 = made
+        .stdout
+        .split("id ")
+        .nth(1)
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|id| id.parse().ok())
+        .unwrap_or_else(|| panic!("step 6: the new volume's id in {:?}", made.stdout));
     cli(with_etcd(&[
         "volume", "resize", "px/small", "--size", "48M",
     ]));
@@ -297,4 +304,24 @@ fn a_cluster_serves_volumes_through_faults_and_takeovers() {
         }
         s.stop();
     }
+
+    // 7. `volume rm` frees the volume's chunks: each server deletes them at
+    //    its next space report (every 10 s here).
+    let chunk_folders = || -> Vec<PathBuf> {
+        (0..6)
+            .flat_map(|id| {
+                let server = c.dir.join(format!("server{id}"));
+                (0..4).map(move |d| server.join(format!("dev{d}/chunks/v{small_id}")))
+            })
+            .filter(|p| p.exists())
+            .collect()
+    };
+    assert!(!chunk_folders().is_empty(), "step 7: px/small has chunks");
+    let out = cli(with_etcd(&["volume", "rm", "px/small"]));
+    assert!(out.stdout.contains("removed px/small"), "step 7: {out:?}");
+    wait_until(
+        "step 7: the chunks of px/small deleted",
+        Duration::from_secs(120),
+        || chunk_folders().is_empty(),
+    );
 }

@@ -161,6 +161,15 @@ pub trait Storage: Send + Sync {
     fn is_dir(&self, path: &Path) -> bool {
         self.list_files(path).is_ok()
     }
+    /// Removes the empty folder `path` (durable after `sync_dir` of its
+    /// parent). Default: `Unsupported`.
+    fn remove_dir(&self, path: &Path) -> io::Result<()> {
+        let _ = path;
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this storage cannot remove a folder",
+        ))
+    }
 }
 
 /// Reads a whole file.
@@ -723,6 +732,10 @@ impl Storage for OsStorage {
 
     fn is_dir(&self, path: &Path) -> bool {
         path.is_dir()
+    }
+
+    fn remove_dir(&self, path: &Path) -> io::Result<()> {
+        std::fs::remove_dir(path)
     }
 }
 
