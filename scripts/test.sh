@@ -69,20 +69,42 @@ skip_step() {
   skipped=$((skipped + 1))
 }
 
-# run_step NAME COMMAND...: runs, times and records one step.
+# cpu_seconds: sets $cpu to the CPU time (user + system) of the child
+# processes this shell has waited for so far, in whole seconds (bash's
+# `times`, run in this shell: a subshell counts only its own children).
+cpu_times=$(mktemp)
+cpu=0
+cpu_seconds() {
+  times >"$cpu_times"
+  cpu=$(awk 'NR == 2 {
+    t = 0
+    for (i = 1; i <= 2; i++) { split($i, p, /[ms]/); t += p[1] * 60 + p[2] }
+    printf "%d\n", t
+  }' "$cpu_times")
+}
+
+# run_step NAME COMMAND...: runs, times and records one step (its wall
+# time, and the CPU time of its processes: on a shared machine the
+# comparable figure).
 run_step() {
   local name=$1
   shift
-  local t0=$SECONDS
+  local t0=$SECONDS c0 c1
+  cpu_seconds
+  c0=$cpu
   echo
   echo "==> $name"
   echo "    \$ $*"
   if "$@"; then
-    summary+=("ok      $(printf '%5d' $((SECONDS - t0))) s  $name")
+    cpu_seconds
+    c1=$cpu
+    summary+=("ok      $(printf '%5d' $((SECONDS - t0))) s  $(printf '%5d' $((c1 - c0))) s CPU  $name")
     return 0
   else
     local rc=$?
-    summary+=("FAILED  $(printf '%5d' $((SECONDS - t0))) s  $name (exit $rc)")
+    cpu_seconds
+    c1=$cpu
+    summary+=("FAILED  $(printf '%5d' $((SECONDS - t0))) s  $(printf '%5d' $((c1 - c0))) s CPU  $name (exit $rc)")
     failed=1
     return $rc
   fi
@@ -121,7 +143,7 @@ run_step "format" cargo fmt --all -- --check
 # running alone at the end.
 test_log=$(mktemp)
 test_dir=$(mktemp -d)
-trap 'rm -rf "$test_log" "$test_dir"' EXIT
+trap 'rm -rf "$test_log" "$test_dir" "$cpu_times"' EXIT
 SLOW_FIRST="cluster fio_policies fio model ecdedup_core crash fio_dedup powerloss loopback operations archive_crash eval_codeplugin sim"
 SPLIT_BY_MODULE="crates/ecdedup/tests/it.rs"
 
