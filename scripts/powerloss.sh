@@ -19,9 +19,11 @@
 # "Archive power loss") come from here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tests=(--test powerloss --test archive_powerloss)
+# Both files' tests are modules of the `it` test binary (crates/ecdedup/tests/it.rs);
+# a filter is a substring of a test's name: `powerloss::` picks both files' tests.
+filter=powerloss::
 if [ "${1:-}" = "--archive" ]; then
-  tests=(--test archive_powerloss)
+  filter=archive_powerloss::
   shift
 fi
 if [ "${1:-}" = "--long" ]; then
@@ -34,5 +36,5 @@ fi
 if [ -n "${ARCHIVE_SCHEDULES:-}" ]; then
   export ECDEDUP_ARCHIVE_POWERLOSS_SCHEDULES="$ARCHIVE_SCHEDULES"
 fi
-cargo test --release -p ecdedup "${tests[@]}" -- --test-threads="$(nproc)" --nocapture 2>&1 \
+cargo test --release -p ecdedup --test it -- "$filter" --test-threads="$(nproc)" --nocapture 2>&1 \
   | tee /dev/stderr | grep -E '^powerloss:|^archive powerloss:|^test result'

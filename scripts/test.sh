@@ -69,20 +69,42 @@ skip_step() {
   skipped=$((skipped + 1))
 }
 
-# run_step NAME COMMAND...: runs, times and records one step.
+# cpu_seconds: sets $cpu to the CPU time (user + system) of the child
+# processes this shell has waited for so far, in whole seconds (bash's
+# `times`, run in this shell: a subshell counts only its own children).
+cpu_times=$(mktemp)
+cpu=0
+cpu_seconds() {
+  times >"$cpu_times"
+  cpu=$(awk 'NR == 2 {
+    t = 0
+    for (i = 1; i <= 2; i++) { split($i, p, /[ms]/); t += p[1] * 60 + p[2] }
+    printf "%d\n", t
+  }' "$cpu_times")
+}
+
+# run_step NAME COMMAND...: runs, times and records one step (its wall
+# time, and the CPU time of its processes: on a shared machine the
+# comparable figure).
 run_step() {
   local name=$1
   shift
-  local t0=$SECONDS
+  local t0=$SECONDS c0 c1
+  cpu_seconds
+  c0=$cpu
   echo
   echo "==> $name"
   echo "    \$ $*"
   if "$@"; then
-    summary+=("ok      $(printf '%5d' $((SECONDS - t0))) s  $name")
+    cpu_seconds
+    c1=$cpu
+    summary+=("ok      $(printf '%5d' $((SECONDS - t0))) s  $(printf '%5d' $((c1 - c0))) s CPU  $name")
     return 0
   else
     local rc=$?
-    summary+=("FAILED  $(printf '%5d' $((SECONDS - t0))) s  $name (exit $rc)")
+    cpu_seconds
+    c1=$cpu
+    summary+=("FAILED  $(printf '%5d' $((SECONDS - t0))) s  $(printf '%5d' $((c1 - c0))) s CPU  $name (exit $rc)")
     failed=1
     return $rc
   fi
@@ -108,17 +130,22 @@ fi
 
 run_step "format" cargo fmt --all -- --check
 # The tests: every test binary of the workspace (unit and integration),
-# TEST_JOBS binaries at a time. Most integration tests wait on fio, nbdkit,
-# syncs and child processes rather than on the CPU, so two or three
-# binaries side by side fill the 2 cores that one leaves half idle. Each
-# binary runs from its package's folder, as `cargo test` runs it, with
-# --test-threads=TEST_THREADS; its output is kept whole and printed when it
-# ends (in $test_log too, for the per-file times). The slowest binaries
-# start first so that none is left running alone at the end.
+# TEST_JOBS jobs at a time. A job is one test binary, or one module (one
+# file of tests/) of a binary named in SPLIT_BY_MODULE: those binaries
+# merge a package's integration-test files so that they compile and link
+# once, and each file's tests still run in their own process, as before.
+# Most integration tests wait on fio, nbdkit, syncs and child processes
+# rather than on the CPU, so two or three jobs side by side fill the 2
+# cores that one leaves half idle. Each job runs from its package's
+# folder, as `cargo test` runs it, with --test-threads=TEST_THREADS; its
+# output is kept whole and printed when it ends (in $test_log too, for the
+# per-file times). The slowest jobs start first so that none is left
+# running alone at the end.
 test_log=$(mktemp)
 test_dir=$(mktemp -d)
-trap 'rm -rf "$test_log" "$test_dir"' EXIT
+trap 'rm -rf "$test_log" "$test_dir" "$cpu_times"' EXIT
 SLOW_FIRST="cluster fio_policies fio model ecdedup_core crash fio_dedup powerloss loopback operations archive_crash eval_codeplugin sim"
+SPLIT_BY_MODULE="crates/ecdedup/tests/it.rs"
 
 # test_binaries: "EXECUTABLE PACKAGE_DIR LABEL" per test binary, compiled by
 # `cargo test --no-run` (with the build's profile, so the libraries, the
@@ -133,20 +160,59 @@ test_binaries() {
     done
 }
 
+# test_jobs: "KEY EXECUTABLE PACKAGE_DIR LABEL NAMES" per job, from
+# test_binaries' lines. KEY is the binary's name (less cargo's hash) or,
+# for a binary in SPLIT_BY_MODULE, the module's; NAMES is "-" (every test
+# of the binary) or a file of the module's test names, which the job runs
+# with --exact. Every test the binary lists (`--list`) is in exactly one
+# job; tests outside any module make a job of their own.
+test_jobs() {
+  local exe pkg src base names
+  while read -r exe pkg src; do
+    base=${exe##*/}
+    base=${base%-*}
+    if [[ " $SPLIT_BY_MODULE " != *" $src "* ]]; then
+      echo "$base $exe $pkg $src -"
+      continue
+    fi
+    names="$test_dir/names.$base"
+    (cd "$pkg" && "$exe" --list --format=terse) >"$names.all" || return 1
+    sed -n 's/: test$//p' "$names.all" >"$names"
+    if [ ! -s "$names" ]; then
+      echo "$src: its binary lists no tests" >&2
+      return 1
+    fi
+    awk -F'::' -v base="$base" -v exe="$exe" -v pkg="$pkg" -v src="$src" -v out="$names" '
+      {
+        m = NF > 1 ? $1 : base
+        print > (out "." m)
+        if (!(m in seen)) { seen[m] = 1; order[++n] = m }
+      }
+      END {
+        dir = src; sub(/[^\/]*$/, "", dir)
+        for (i = 1; i <= n; i++) {
+          m = order[i]
+          print m, exe, pkg, (m == base ? src : dir m ".rs"), out "." m
+        }
+      }' "$names"
+  done
+}
+
 run_tests() {
-  local list="$test_dir/binaries" order="$test_dir/order" name
-  test_binaries >"$list" || return 1
-  if [ ! -s "$list" ]; then
+  local binaries="$test_dir/binaries" list="$test_dir/jobs" order="$test_dir/order" name
+  test_binaries >"$binaries" || return 1
+  if [ ! -s "$binaries" ]; then
     echo "no test binaries found" >&2
     return 1
   fi
+  test_jobs <"$binaries" >"$list" || return 1
   # Order: the known slow ones first, then the rest as cargo listed them.
   : >"$order"
   for name in $SLOW_FIRST; do
-    awk -v n="$name" '{ b = $1; sub(/.*\//, "", b); sub(/-[0-9a-f]+$/, "", b); if (b == n) print }' "$list" >>"$order"
+    awk -v n="$name" '$1 == n' "$list" >>"$order"
   done
-  awk 'NR == FNR { seen[$1] = 1; next } !($1 in seen)' "$order" "$list" >>"$order"
-  echo "$(wc -l <"$order") test binaries, $TEST_JOBS at a time, --test-threads=$TEST_THREADS"
+  awk 'NR == FNR { seen[$0] = 1; next } !($0 in seen)' "$order" "$list" >>"$order"
+  echo "$(wc -l <"$binaries") test binaries, $(wc -l <"$order") jobs, $TEST_JOBS at a time, --test-threads=$TEST_THREADS"
 
   local i=0 running=0 failed_bins=()
   local -A label_of=()
@@ -158,12 +224,22 @@ run_tests() {
     [ "$2" -eq 0 ] || failed_bins+=("${label_of[$1]} (exit $2)")
   }
   local pid status
-  while read -r exe pkg src; do
+  local key names filter
+  while read -r key exe pkg src names; do
     i=$((i + 1))
     local log="$test_dir/$i.log"
-    (cd "$pkg" && exec "$exe" --test-threads="$TEST_THREADS") >"$log" 2>&1 &
+    filter=()
+    if [ "$names" != - ]; then
+      mapfile -t filter <"$names"
+      filter=(--exact "${filter[@]}")
+    fi
+    (cd "$pkg" && exec "$exe" --test-threads="$TEST_THREADS" "${filter[@]}") >"$log" 2>&1 &
     pid=$!
-    label_of[$pid]="$src ($exe)"
+    if [ "$names" = - ]; then
+      label_of[$pid]="$src ($exe)"
+    else
+      label_of[$pid]="$src ($exe, $((${#filter[@]} - 1)) tests: module $key)"
+    fi
     log_of[$pid]=$log
     running=$((running + 1))
     if [ "$running" -ge "$TEST_JOBS" ]; then

@@ -12,7 +12,7 @@ use ecdedup::Error;
 use rand::{Rng, SeedableRng};
 use std::path::{Path, PathBuf};
 
-mod support;
+use crate::support;
 use support::archive::{layout_options, CONTAINER_BYTES, DEVICES, M};
 
 /// Options with the device folders outside the archive folder, so that the

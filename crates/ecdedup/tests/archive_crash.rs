@@ -17,8 +17,6 @@ use ecdedup::fingerprint::Algorithm;
 use rand::{Rng, SeedableRng};
 use std::path::Path;
 
-mod support;
-
 const BLOCK_BYTES: usize = 512;
 const CONTAINER_BYTES: u64 = 3 * 512 * 4;
 

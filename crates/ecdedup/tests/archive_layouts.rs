@@ -13,7 +13,7 @@ use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
 use std::path::Path;
 
-mod support;
+use crate::support;
 use support::archive::{
     first_map, lose_devices_then_read_and_repair, maps, rm_source_then_copy, BLOCK_BYTES,
     CONTAINER_BYTES, DEVICES, K, M,

@@ -13,7 +13,7 @@ use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
 
-mod support;
+use crate::support;
 use support::archive::{first_map, CONTAINER_BYTES, DEVICES, M};
 
 fn options() -> CreateOptions {

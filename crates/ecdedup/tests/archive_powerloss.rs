@@ -43,7 +43,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 
-mod support;
+use crate::support;
 
 const BLOCK_BYTES: usize = 512;
 const K: usize = 3;

@@ -3,7 +3,7 @@
 //! `put -` from standard input, and what a failing source leaves (nothing),
 //! plus `--fingerprint-backend` on the command line.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::process::{Command, Stdio};

@@ -3,7 +3,7 @@
 //! control requests. Each gets a clear error (and a non-zero exit where a
 //! command is refused), and nothing that was written is lost.
 
-mod support;
+use crate::support;
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;

@@ -10,7 +10,7 @@
 //! maps live in each device's metadata area, and a damaged area fails its
 //! device the same way (tests/metadata_on_devices.rs).
 
-mod support;
+use crate::support;
 
 use support::{assert_same_bytes, pseudo_random, Server, TestArray, MIB};
 

@@ -6,7 +6,7 @@
 //! later resumed. One cluster serves the whole story (its start-up is the
 //! expensive part); each step's failure names the step.
 
-mod support;
+use crate::support;
 
 use serde_json::Value;
 use std::path::PathBuf;

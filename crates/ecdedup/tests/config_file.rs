@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-mod support;
+use crate::support;
 
 const VOLUME_BYTES: u64 = 8 << 20;
 

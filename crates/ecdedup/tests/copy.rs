@@ -1,7 +1,7 @@
 //! Images in and out through standard NBD clients: qemu-img and nbdcopy,
 //! byte for byte, with several connections at once.
 
-mod support;
+use crate::support;
 
 use std::process::Command;
 use support::{assert_same_bytes, pseudo_random, run_ok, TestArray, MIB, TOOL_TIMEOUT};

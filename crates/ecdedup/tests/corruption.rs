@@ -2,7 +2,7 @@
 //! server is stopped must be detected by the block checksums, repaired from
 //! the redundancy (on read, or by scrub), and never reach a client.
 
-mod support;
+use crate::support;
 
 use support::nbd;
 use support::{

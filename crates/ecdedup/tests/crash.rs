@@ -8,7 +8,7 @@
 //! until 2026-11-26; `scripts/test.sh --long` runs 100; the write-policy
 //! and dedup variants run a third of that, at least 2).
 
-mod support;
+use crate::support;
 
 use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -3,7 +3,7 @@
 //! deterministic (the same trace gives the same figures, pinned here), so a
 //! change to the FTL, the replay or the eval shows up as a changed number.
 
-mod support;
+use crate::support;
 
 use serde_json::Value;
 use support::{run_ok, TestArray, CLI_TIMEOUT};

@@ -6,7 +6,7 @@
 //!
 //! Needs root, /dev/fuse and loop devices (as CI has).
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -9,7 +9,7 @@
 //! usable GPU the `auto` test checks that it picked the GPU instead, and the
 //! `gpu`-without-a-GPU tests say loudly that they have nothing to check.
 
-mod support;
+use crate::support;
 
 use support::*;
 

@@ -1,7 +1,7 @@
 //! fio over NBD with crc32c verification, on a healthy array, with one and
 //! two failed devices (RS(4,2)), and across replace + rebuild.
 
-mod support;
+use crate::support;
 
 use support::{counter, phase, FioJob, TestArray, MIB};
 

@@ -14,7 +14,7 @@
 //! the untouched rest of the pattern must still read back exactly (checked
 //! with our own NBD client), and so must every fio job.
 
-mod support;
+use crate::support;
 
 use support::{counter, phase, FioJob, Server, TestArray, MIB};
 

@@ -9,7 +9,7 @@
 //! Nothing here asserts timing: whether a journal was replayed by the idle
 //! thread or by the degraded read first, the bytes must be the same.
 
-mod support;
+use crate::support;
 
 use support::{counter, FioJob, TestArray, MIB};
 

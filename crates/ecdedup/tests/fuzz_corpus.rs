@@ -4,7 +4,8 @@
 //! (`fuzz/regressions/TARGET/`) goes through the target's entry point in
 //! `ecdedup::fuzzing`, so the regressions run in every `cargo test`, with or
 //! without a nightly toolchain. The seeds are made by the ignored test
-//! `write_seeds` (`cargo test --test fuzz_corpus -- --ignored`).
+//! `write_seeds`
+//! (`cargo test -p ecdedup --test it -- fuzz_corpus::write_seeds --ignored`).
 
 use ecdedup::fuzzing;
 use std::path::{Path, PathBuf};

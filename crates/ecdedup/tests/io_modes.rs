@@ -14,7 +14,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::Arc;
 
-mod support;
+use crate::support;
 
 const VOLUME_BYTES: u64 = 8 << 20;
 

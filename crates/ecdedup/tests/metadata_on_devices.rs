@@ -15,7 +15,7 @@ use rand::{Rng, SeedableRng};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-mod support;
+use crate::support;
 
 const VOLUME_BYTES: u64 = 8 << 20;
 

@@ -3,7 +3,7 @@
 //! devices, and after a restart; with the default write policy (rmw) and
 //! with parity logging, PARIX and dedup.
 
-mod support;
+use crate::support;
 
 use rand::{Rng, SeedableRng};
 use support::{assert_same_bytes, pseudo_random, TestArray, KIB, MIB};

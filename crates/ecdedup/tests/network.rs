@@ -4,7 +4,7 @@
 //!
 //! All traffic stays on 127.0.0.1; ports are picked free by the kernel.
 
-mod support;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

@@ -3,7 +3,7 @@
 //! and inspecting a stopped array. Each test tells one such story and checks
 //! how it ends: quietly, by a fail-stop, by waiting, cleanly, read-only.
 
-mod support;
+use crate::support;
 
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;

@@ -4,7 +4,7 @@
 //! still there. Each story ends with the data read back through the
 //! members that came back (the others failed on purpose) and a clean scrub.
 
-mod support;
+use crate::support;
 
 use ecdedup::array::layout::SUPERBLOCK_BYTES;
 use ecdedup::array::superblock::{MemberState, Superblock};

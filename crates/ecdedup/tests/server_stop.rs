@@ -4,7 +4,7 @@
 //! server exits with status 0, within its bound, with the array closed
 //! cleanly (no dirty intent region) and every acknowledged write there.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::io::{Read, Write};

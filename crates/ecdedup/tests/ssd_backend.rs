@@ -4,7 +4,7 @@
 //! and survives a restart, after which the counters start again), and an
 //! array without the option has no `ssd` section at all.
 
-mod support;
+use crate::support;
 
 use serde_json::Value;
 use support::{FioJob, TestArray, MIB};

@@ -5,7 +5,7 @@
 //! line parses, host page writes equal the pages written, and the recorded
 //! fingerprints are those of the bytes the volume holds.
 
-mod support;
+use crate::support;
 
 use ecdedup::fingerprint::Algorithm;
 use std::collections::HashMap;
