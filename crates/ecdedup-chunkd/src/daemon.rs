@@ -38,6 +38,77 @@ pub struct ChunkdConfig {
     pub lease_ttl: Duration,
     /// Seconds between space reports to etcd.
     pub space_every: Duration,
+    /// How long a server is down before the coordinator (if this server
+    /// is elected) re-places its PGs ([`ecdedup_cluster::coordinator`]).
+    pub out_after: Duration,
+}
+
+/// How often a coordinator candidate campaigns, and the elected one looks
+/// at the servers.
+const COORDINATOR_TICK: Duration = Duration::from_secs(1);
+
+/// This server's coordinator candidate: campaigns every tick, and once
+/// elected re-places the PGs of servers that are out; logs what it does.
+async fn coordinate(etcd: ecdedup_cluster::Etcd, config: ecdedup_cluster::CoordinatorConfig) {
+    use ecdedup_cluster::CoordinatorEvent as E;
+    let mut c = ecdedup_cluster::Coordinator::new(etcd, config);
+    let mut tick = tokio::time::interval(COORDINATOR_TICK);
+    loop {
+        tick.tick().await;
+        let events = match c.tick().await {
+            Ok(events) => events,
+            Err(e) => {
+                line(COMPONENT, "coordinator-failed", &[("reason", &e)]);
+                continue;
+            }
+        };
+        for e in events {
+            match e {
+                E::Elected { term } => line(COMPONENT, "coordinator-elected", &[("term", &term)]),
+                E::TermLost { term } => {
+                    line(COMPONENT, "coordinator-term-lost", &[("term", &term)])
+                }
+                E::Down { server } => line(COMPONENT, "server-down", &[("server", &server)]),
+                E::Out { server } => line(COMPONENT, "server-out", &[("server", &server)]),
+                E::Replaced { pool, pg, moved } => line(
+                    COMPONENT,
+                    "pg-replaced",
+                    &[
+                        ("pool", &pool),
+                        ("pg", &pg),
+                        ("shard", &moved.shard),
+                        ("from", &moved.from),
+                        ("to", &moved.to),
+                        ("epoch", &moved.epoch),
+                    ],
+                ),
+                E::Unplaceable {
+                    pool,
+                    pg,
+                    shard,
+                    from,
+                } => line(
+                    COMPONENT,
+                    "pg-unplaceable",
+                    &[
+                        ("pool", &pool),
+                        ("pg", &pg),
+                        ("shard", &shard),
+                        ("from", &from),
+                        (
+                            "reason",
+                            &"no live server on a failure domain new to the PG",
+                        ),
+                    ],
+                ),
+                E::Rebuilt { pool, pg, shard } => line(
+                    COMPONENT,
+                    "pg-rebuilt",
+                    &[("pool", &pool), ("pg", &pg), ("shard", &shard)],
+                ),
+            }
+        }
+    }
 }
 
 struct Adapter(Arc<ChunkServer>);
@@ -167,6 +238,24 @@ pub async fn run(config: ChunkdConfig) -> Result<i32, String> {
         ],
     );
     notify_ready();
+    // Every server is a coordinator candidate under its registration's
+    // lease: the coordinator goes with the server that runs it.
+    let coordinator = tokio::spawn(coordinate(
+        etcd.clone(),
+        ecdedup_cluster::CoordinatorConfig {
+            server: ServerId(config.id),
+            address: address.clone(),
+            lease_id: registration.lease_id(),
+            out_after: config.out_after,
+        },
+    ));
+    struct AbortOnDrop(tokio::task::JoinHandle<()>);
+    impl Drop for AbortOnDrop {
+        fn drop(&mut self) {
+            self.0.abort();
+        }
+    }
+    let _coordinator = AbortOnDrop(coordinator);
     let mut fence = registration.fence();
     let mut space_tick = tokio::time::interval(config.space_every);
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())

@@ -10,10 +10,12 @@
 //! - [`link`]: one chunk across the network; the wire's counters; the
 //!   writer's fence.
 //! - [`open`]: taking a volume over (writer key, epoch push, PG arrays).
+//! - [`rebuild`]: rebuilding a re-placed shard on its new server.
 //! - [`volume`]: striping over PGs.
 
 pub mod link;
 pub mod open;
+pub mod rebuild;
 pub mod volume;
 
 pub use open::{open, ClusterOptions, Session};

@@ -40,6 +40,9 @@ use std::time::Duration;
 pub const CAPACITY_BYTES_MIN: u64 = 256 << 30;
 /// Bound of each chunk's parity journal (plog, parix).
 pub const CHUNK_JOURNAL_BYTES: u64 = 32 << 20;
+/// The rebuild of a re-placed shard writes at most this many bytes a
+/// second to its new server, by default (per PG being rebuilt).
+pub const REBUILD_BYTES_PER_S_DEFAULT: u64 = 64 << 20;
 
 const COMPONENT: &str = "volume-client";
 
@@ -58,6 +61,12 @@ pub struct ClusterOptions {
     /// The longest a chunk request waits for its reply before the server
     /// counts as failed for that PG.
     pub request_timeout: Duration,
+    /// A new volume's PGs are formatted for at least this many bytes in
+    /// all ([`CAPACITY_BYTES_MIN`]; tests format less, so that a rebuild,
+    /// which walks every formatted stripe, is short).
+    pub capacity_bytes_min: u64,
+    /// The throttle of a rebuild ([`REBUILD_BYTES_PER_S_DEFAULT`]; 0: none).
+    pub rebuild_bytes_per_s: u64,
 }
 
 /// What the volume keeps alive while it serves: the runtime, the etcd
@@ -153,7 +162,6 @@ pub fn open(opts: &ClusterOptions) -> Result<ClusterVolume> {
         .map_err(cluster_error("writer"))?;
         Ok::<_, Error>((etcd, pool, pgs, volume, servers, writer))
     })?;
-    drop(etcd);
     let spec = pool.record.spec.clone();
     let volume_id = volume.record.id;
     let epoch = writer.epoch();
@@ -225,7 +233,7 @@ pub fn open(opts: &ClusterOptions) -> Result<ClusterVolume> {
     // 4. Every PG's array.
     let stripe_bytes = u64::from(spec.k) * u64::from(spec.stripe_unit_bytes);
     let p = u64::from(spec.pg_count);
-    let capacity = volume.record.size_bytes.max(CAPACITY_BYTES_MIN);
+    let capacity = volume.record.size_bytes.max(opts.capacity_bytes_min);
     let pg_stripes = capacity.div_ceil(stripe_bytes).div_ceil(p);
     let pg_bytes = pg_stripes * stripe_bytes;
     let mut arrays = Vec::with_capacity(pgs.len());
@@ -253,6 +261,21 @@ pub fn open(opts: &ClusterOptions) -> Result<ClusterVolume> {
     for a in &arrays {
         a.start_background_replay();
     }
+    // 5. Shards to rebuild (a re-placed shard's new chunk, or a rebuild
+    // that an earlier writer left part-way): in the background, while
+    // the volume serves.
+    let rebuilds = crate::rebuild::start(
+        &arrays,
+        &crate::rebuild::Context {
+            etcd,
+            rt: rt.handle().clone(),
+            pool: opts.pool.clone(),
+            volume_id,
+            writer_epoch: epoch,
+            pg_epochs: pgs.iter().map(|p| p.epoch).collect(),
+            bytes_per_s: opts.rebuild_bytes_per_s,
+        },
+    );
     line(
         COMPONENT,
         "serving",
@@ -269,6 +292,9 @@ pub fn open(opts: &ClusterOptions) -> Result<ClusterVolume> {
         pgs: arrays,
         wire,
         state_dir: opts.state_dir.clone(),
+        min_size: spec.min_size() as usize,
+        rebuilds: Mutex::new(rebuilds),
+        below_min: (0..pgs.len()).map(|_| Default::default()).collect(),
         _session: Some(Session {
             rt,
             writer: Mutex::new(Some(writer)),
@@ -364,7 +390,41 @@ fn open_pg(
         )));
     }
     let what = format!("PG {pg} of volume {}", opts.volume);
-    open_pg_array(&dir, &options, devices, &what)
+    // A chunk with no superblock in a PG whose other chunks have one is
+    // a replacement (the coordinator moved the shard to a new server, or
+    // the server lost the chunk): it is left out of the open, installed
+    // blank in the shard's place and rebuilt from the others. Its old
+    // server is no longer in the PG's record, so nothing of it is read.
+    let formatted = devices
+        .iter()
+        .flatten()
+        .any(|d| array::has_superblock(d.as_ref()));
+    let mut fresh = Vec::new();
+    if formatted {
+        for (shard, slot) in devices.iter_mut().enumerate() {
+            if slot
+                .as_ref()
+                .is_some_and(|d| !array::has_superblock(d.as_ref()))
+            {
+                fresh.push((shard, slot.take().expect("checked")));
+            }
+        }
+    }
+    let array = open_pg_array(&dir, &options, devices, &what)?;
+    for (shard, dev) in fresh {
+        array.install_replacement(shard, dev, &names[shard])?;
+        line(
+            COMPONENT,
+            "shard-replacement-installed",
+            &[
+                ("array", &what),
+                ("shard", &shard),
+                ("server", &record.servers[shard]),
+                ("pg_epoch", &record.epoch),
+            ],
+        );
+    }
+    Ok(array)
 }
 
 /// The array of one PG over its chunks (`devices`, in shard order, None

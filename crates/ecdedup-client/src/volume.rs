@@ -16,6 +16,8 @@
 use crate::link::Wire;
 use ecdedup_core::array::Array;
 use ecdedup_core::error::{Error, Result};
+use ecdedup_transport::log::line;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::Arc;
 
 /// Where stripe `stripe` of a volume lives: (PG, local stripe).
@@ -43,6 +45,14 @@ pub struct ClusterVolume {
     pub(crate) pgs: Vec<Arc<Array>>,
     pub(crate) wire: Arc<Wire>,
     pub(crate) state_dir: std::path::PathBuf,
+    /// The pool's min_size: a PG with fewer shards in service takes no
+    /// writes (reads go on while k remain).
+    pub(crate) min_size: usize,
+    /// Per PG: whether it is below min_size now (its log line is written
+    /// once per change, not per refused write).
+    pub(crate) below_min: Vec<AtomicBool>,
+    /// The rebuilds running in the background (`rebuild.rs`).
+    pub(crate) rebuilds: std::sync::Mutex<Vec<crate::rebuild::Running>>,
     /// Held for the volume's lifetime: the runtime the links run on, the
     /// writer's lease.
     pub(crate) _session: Option<crate::open::Session>,
@@ -119,6 +129,49 @@ impl ClusterVolume {
         }
     }
 
+    /// Whether PG `pg` has min_size shards in service: checked before a
+    /// write goes to its array and again after it, so that no write is
+    /// acknowledged with fewer (a shard that failed during the write
+    /// turns its success into EIO: the data may have landed, as with any
+    /// EIO). The PG's change either way is logged once.
+    fn min_size_holds(&self, pg: u32) -> Result<()> {
+        let complete = self.pgs[pg as usize].members_complete();
+        let below = complete < self.min_size;
+        let was = self.below_min[pg as usize].swap(below, SeqCst);
+        if below != was {
+            let event = if below {
+                "pg-below-min-size"
+            } else {
+                "pg-writable-again"
+            };
+            line(
+                "volume-client",
+                event,
+                &[
+                    ("volume_id", &self.wire.volume_id),
+                    ("pg", &pg),
+                    ("shards_in_service", &complete),
+                    ("min_size", &self.min_size),
+                ],
+            );
+        }
+        if below {
+            return Err(Error::Unavailable(format!(
+                "PG {pg} of volume {} has {complete} shards in service, fewer than the pool's \
+                 min_size {}: writes are refused until it has {} again (reads go on)",
+                self.wire.volume_id, self.min_size, self.min_size
+            )));
+        }
+        Ok(())
+    }
+
+    /// A write of PG `pg`, between two min_size checks.
+    fn pg_write(&self, pg: u32, write: impl FnOnce(&Array) -> Result<()>) -> Result<()> {
+        self.min_size_holds(pg)?;
+        write(&self.pgs[pg as usize])?;
+        self.min_size_holds(pg)
+    }
+
     pub fn read(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         self.check(offset, buf.len() as u64, true)?;
         let groups = self.by_pg(offset, buf.len() as u64);
@@ -154,19 +207,18 @@ impl ClusterVolume {
         self.check(offset, buf.len() as u64, true)?;
         let groups = self.by_pg(offset, buf.len() as u64);
         if let [(pg, start, _, _)] = groups.as_slice() {
-            return self.pgs[*pg as usize].write(buf, *start, fua);
+            return self.pg_write(*pg, |a| a.write(buf, *start, fua));
         }
         let results: Vec<Result<()>> = std::thread::scope(|s| {
             let handles: Vec<_> = groups
                 .into_iter()
                 .map(|(pg, start, len, pieces)| {
-                    let array = &self.pgs[pg as usize];
                     s.spawn(move || {
                         let mut tmp = Vec::with_capacity(len as usize);
                         for p in &pieces {
                             tmp.extend_from_slice(&buf[p.at as usize..(p.at + p.len) as usize]);
                         }
-                        array.write(&tmp, start, fua)
+                        self.pg_write(pg, |a| a.write(&tmp, start, fua))
                     })
                 })
                 .collect();
@@ -205,14 +257,13 @@ impl ClusterVolume {
             ranges.push((pg, start, end - start));
         }
         if let [(pg, start, n)] = ranges.as_slice() {
-            return self.pgs[*pg as usize].write_zeroes(*start, *n, fua);
+            return self.pg_write(*pg, |a| a.write_zeroes(*start, *n, fua));
         }
         let results: Vec<Result<()>> = std::thread::scope(|s| {
             let handles: Vec<_> = ranges
                 .into_iter()
                 .map(|(pg, start, n)| {
-                    let array = &self.pgs[pg as usize];
-                    s.spawn(move || array.write_zeroes(start, n, fua))
+                    s.spawn(move || self.pg_write(pg, |a| a.write_zeroes(start, n, fua)))
                 })
                 .collect();
             handles.into_iter().map(join).collect()
@@ -225,9 +276,35 @@ impl ClusterVolume {
         self.each_pg(|a| a.flush())
     }
 
+    /// Where each rebuild started at open: (PG, shard, first stripe).
+    /// A rebuild resumed from an earlier writer's durable cursor starts
+    /// past 0.
+    pub fn rebuild_starts(&self) -> Vec<(u32, usize, u64)> {
+        self.rebuilds
+            .lock()
+            .unwrap()
+            .iter()
+            .flat_map(|r| r.starts.clone())
+            .collect()
+    }
+
+    /// Waits for the background rebuilds to end; their results (an error
+    /// where a rebuild stopped short: the shard stays rebuilding, its
+    /// cursor durable).
+    pub fn wait_rebuilds(&self) -> Vec<Result<u64>> {
+        let running: Vec<_> = self.rebuilds.lock().unwrap().drain(..).collect();
+        running.into_iter().map(|r| r.join()).collect()
+    }
+
     /// Flushes and closes every PG's array, then gives the writer key back.
+    /// A rebuild running stops at its next stripe with its cursor
+    /// recorded (the next writer resumes there).
     pub fn close(&self) -> Result<()> {
         let closed = self.each_pg(|a| a.close());
+        // The arrays are stopping: each rebuild records its cursor and
+        // ends; then the arrays are flushed once more.
+        self.wait_rebuilds();
+        let closed = closed.and(self.each_pg(|a| a.close()));
         // Nothing more leaves this writer (a background replay of a closed
         // array included): its key is given back below.
         self.wire

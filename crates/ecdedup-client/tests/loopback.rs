@@ -24,10 +24,16 @@ struct Cluster {
     rt: tokio::runtime::Runtime,
     servers: Vec<Option<JoinHandle<Result<i32, String>>>>,
     key: PathBuf,
+    out_after: Duration,
 }
 
 impl Cluster {
     fn start(name: &str) -> Cluster {
+        Cluster::start_with(name, SERVERS, Duration::from_secs(600))
+    }
+
+    /// `count` servers whose coordinator outs a server down `out_after`.
+    fn start_with(name: &str, count: u32, out_after: Duration) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().to_owned();
         let etcd = LocalEtcd::start(&root.join("etcd")).unwrap_or_else(|e| panic!("{e}"));
@@ -45,8 +51,9 @@ impl Cluster {
             rt,
             servers: Vec::new(),
             key,
+            out_after,
         };
-        for id in 0..SERVERS {
+        for id in 0..count {
             let h = c.start_server(name, id);
             c.servers.push(Some(h));
         }
@@ -54,7 +61,7 @@ impl Cluster {
         c.rt.block_on(async {
             let etcd = Etcd::connect(etcd).await.unwrap();
             for _ in 0..600 {
-                if ecdedup_cluster::list_servers(&etcd).await.unwrap().len() == SERVERS as usize {
+                if ecdedup_cluster::list_servers(&etcd).await.unwrap().len() == count as usize {
                     return;
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -80,6 +87,7 @@ impl Cluster {
             io: IoMode::Buffered,
             lease_ttl: Duration::from_secs(5),
             space_every: Duration::from_secs(10),
+            out_after: self.out_after,
         };
         self.rt.spawn(ecdedup_chunkd::run(config))
     }
@@ -93,6 +101,7 @@ impl Cluster {
             dedup: DedupPolicy::None,
             pg_count: pgs,
             failure_domain: FailureDomain::Host,
+            min_size: None,
         };
         let etcd = self.etcd_config(name);
         self.rt.block_on(async {
@@ -123,6 +132,9 @@ impl Cluster {
             writer_address: format!("test-{state}"),
             lease_ttl: Duration::from_secs(5),
             request_timeout: Duration::from_secs(20),
+            // Small chunks: a rebuild walks every formatted stripe.
+            capacity_bytes_min: 16 << 20,
+            rebuild_bytes_per_s: 0,
         }
     }
 
@@ -302,5 +314,164 @@ fn volumes_on_six_servers_write_read_take_over_and_run_degraded() {
     assert!(!resynced.is_empty(), "a re-add says what it resynchronised");
     check(&v, &model_c);
     write_and_check(&v, &mut model_c, 7);
+    v.close().unwrap();
+}
+
+/// The PG records of `pool`.
+fn pgs(c: &Cluster, name: &str, pool: &str) -> Vec<ecdedup_cluster::keys::PgRecord> {
+    let etcd = c.etcd_config(name);
+    c.rt.block_on(async {
+        let etcd = Etcd::connect(etcd).await.unwrap();
+        ecdedup_cluster::pool_pgs(&etcd, pool).await.unwrap()
+    })
+}
+
+/// The rebuild records and progress reports of the cluster.
+fn rebuild_status(c: &Cluster, name: &str) -> ecdedup_cluster::coordinator::RebuildStatus {
+    let etcd = c.etcd_config(name);
+    c.rt.block_on(async {
+        let etcd = Etcd::connect(etcd).await.unwrap();
+        ecdedup_cluster::coordinator::rebuild_status(&etcd)
+            .await
+            .unwrap()
+    })
+}
+
+/// Polls `ready` every 200 ms for up to 120 s.
+fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
+    for _ in 0..600 {
+        if ready() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    panic!("{what} did not happen within 120 s");
+}
+
+fn rebuilding_cursors(v: &ClusterVolume) -> Vec<u64> {
+    v.pg_arrays()
+        .iter()
+        .flat_map(|a| a.status().devices)
+        .filter_map(|d| match d.state {
+            ecdedup_core::array::MemberState::Rebuilding { cursor } => Some(cursor),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_server_out_is_replaced_rebuilt_elsewhere_and_never_read_again() {
+    let name = "replace";
+    // Seven servers on seven hosts: each RS(4,2) PG has one spare host.
+    let mut c = Cluster::start_with(name, 7, Duration::from_secs(1));
+    c.pool(name, "rs42", WritePolicy::Parix, 4, 2, 2);
+    c.volume(name, "rs42", "a", 8 << 20);
+    let mut model = vec![0u8; 8 << 20];
+    let v = ecdedup_client::open(&c.options(name, "rs42", "a", "w1")).unwrap();
+    write_and_check(&v, &mut model, 21);
+    v.close().unwrap();
+    drop(v);
+
+    // A server of PG 0 dies with its files: down, then out after 1 s.
+    let before = pgs(&c, name, "rs42");
+    let gone = before[0].servers[1];
+    c.kill_server(gone.0);
+    std::fs::remove_dir_all(c.root.join(format!("server{}", gone.0))).unwrap();
+    wait_until("the re-placement of the dead server's PGs", || {
+        pgs(&c, name, "rs42")
+            .iter()
+            .all(|p| !p.servers.contains(&gone))
+    });
+    let after = pgs(&c, name, "rs42");
+    for (old, new) in before.iter().zip(&after) {
+        if old.servers.contains(&gone) {
+            assert_eq!(
+                new.epoch,
+                old.epoch + 1,
+                "a placement change bumps the epoch"
+            );
+            let changed: Vec<usize> = (0..6)
+                .filter(|&i| old.servers[i] != new.servers[i])
+                .collect();
+            assert_eq!(changed.len(), 1, "only the dead server's shard moves");
+        } else {
+            assert_eq!(new, old);
+        }
+    }
+    let records = rebuild_status(&c, name);
+    let moved = &records[&("rs42".to_string(), 0)].0.as_ref().unwrap().moves;
+    assert_eq!((moved[0].shard, moved[0].from), (1, gone));
+
+    // The next writer installs the new chunks and rebuilds them, throttled,
+    // while it serves writes; it is stopped part-way.
+    let mut slow = c.options(name, "rs42", "a", "w2");
+    slow.rebuild_bytes_per_s = 128 << 10;
+    let v = ecdedup_client::open(&slow).unwrap();
+    assert!(
+        v.rebuild_starts().iter().all(|s| s.2 == 0),
+        "{:?}",
+        v.rebuild_starts()
+    );
+    write_and_check(&v, &mut model, 22);
+    wait_until("some rebuild progress", || {
+        rebuilding_cursors(&v).iter().any(|&c| c > 0)
+    });
+    let reached = rebuilding_cursors(&v).into_iter().max().unwrap();
+    v.close().unwrap();
+    drop(v);
+
+    // The writer after it resumes from the durable cursor, not from 0.
+    let v = ecdedup_client::open(&c.options(name, "rs42", "a", "w3")).unwrap();
+    let starts = v.rebuild_starts();
+    assert!(
+        starts.iter().map(|s| s.2).max().unwrap() >= reached,
+        "resumed at {starts:?}, had reached {reached}"
+    );
+    for r in v.wait_rebuilds() {
+        r.unwrap();
+    }
+    assert!(rebuilding_cursors(&v).is_empty());
+    check(&v, &model);
+    v.close().unwrap();
+    drop(v);
+    wait_until("the coordinator closing the rebuild records", || {
+        rebuild_status(&c, name).values().all(|(r, _)| r.is_none())
+    });
+
+    // The dead server returns after it was out: no PG names it, and the
+    // writer never addresses it.
+    c.restart_server(name, gone.0);
+    let v = ecdedup_client::open(&c.options(name, "rs42", "a", "w4")).unwrap();
+    let needle = format!("server-{gone}/");
+    for a in v.pg_arrays() {
+        for d in a.status().devices {
+            assert!(!d.path.to_string_lossy().contains(&needle), "{:?}", d.path);
+        }
+    }
+    // Two more servers of PG 0 lost (not the new one): the rebuilt shard
+    // is one of the k that remain, and everything reads back; writes are
+    // refused below min_size.
+    let now = pgs(&c, name, "rs42");
+    for &id in now[0]
+        .servers
+        .iter()
+        .filter(|&&id| id != now[0].servers[1])
+        .take(2)
+    {
+        c.kill_server(id.0);
+    }
+    check(&v, &model);
+    // Volume 1's stripe in PG 0 (stripes of 64 KiB over 2 PGs).
+    let stripe = (0..2u64)
+        .find(|&s| ecdedup_client::volume::stripe_pg(1, s, 2).0 == 0)
+        .unwrap();
+    let err = v
+        .write(&pattern(23, 4096), stripe * (64 << 10), false)
+        .unwrap_err();
+    assert_eq!(err.errno(), libc::EIO, "{err}");
+    assert!(err.to_string().contains("min_size"), "{err}");
+    let err = v.write_zeroes(0, 8 << 20, false).unwrap_err();
+    assert!(err.to_string().contains("min_size"), "{err}");
+    check(&v, &model);
     v.close().unwrap();
 }

@@ -55,10 +55,26 @@ pub enum Key {
     ServerState(ServerId),
     ServerSpace(ServerId),
     Pool(String),
-    Pg { pool: String, pg: u32 },
-    Volume { pool: String, name: String },
+    Pg {
+        pool: String,
+        pg: u32,
+    },
+    Volume {
+        pool: String,
+        name: String,
+    },
     VolumeIdNext,
     VolumeWriter(u64),
+    Coordinator,
+    Rebuild {
+        pool: String,
+        pg: u32,
+    },
+    RebuildProgress {
+        pool: String,
+        pg: u32,
+        volume_id: u64,
+    },
 }
 
 /// The keys of one cluster.
@@ -113,7 +129,8 @@ impl Keys {
 
     /// `pg/<pool>/<pg>` ([`PgRecord`]). Written by `pool create` while the
     /// pool is being created (compare: the pool key's `mod_revision` is the
-    /// creator's); later by the coordinator of issue 20 (remapping).
+    /// creator's); later by the coordinator when a server is out (comparing its term and
+    /// the PG key's `mod_revision`; the PG's epoch bumped).
     pub fn pg(&self, pool: &str, pg: u32) -> String {
         format!("{}pg/{pool}/{pg}", self.prefix)
     }
@@ -156,6 +173,41 @@ impl Keys {
         format!("{}volume-writer/{volume_id}", self.prefix)
     }
 
+    /// `coordinator` ([`CoordinatorRecord`]). Written by the chunk server
+    /// elected coordinator, under its registration lease, created with
+    /// `create_revision == 0`: its creation revision is the coordinator's
+    /// term, and every placement write compares it.
+    pub fn coordinator(&self) -> String {
+        format!("{}coordinator", self.prefix)
+    }
+
+    /// `rebuild/<pool>/<pg>` ([`RebuildRecord`]): the shards of a PG that
+    /// were re-placed and are to be rebuilt. Written by the coordinator in
+    /// the transaction that re-places the PG (comparing its term and the
+    /// PG key's `mod_revision`), and by it again when every volume of the
+    /// pool has rebuilt them.
+    pub fn rebuild(&self, pool: &str, pg: u32) -> String {
+        format!("{}rebuild/{pool}/{pg}", self.prefix)
+    }
+
+    /// The prefix of every rebuild record.
+    pub fn rebuilds(&self) -> String {
+        format!("{}rebuild/", self.prefix)
+    }
+
+    /// `rebuild-progress/<pool>/<pg>/<volume id>` ([`RebuildProgress`]):
+    /// how far the volume's writer has rebuilt its chunks of the PG.
+    /// Written by that writer, comparing the creation revision of its
+    /// writer key (its epoch), so a fenced writer writes none.
+    pub fn rebuild_progress(&self, pool: &str, pg: u32, volume_id: u64) -> String {
+        format!("{}rebuild-progress/{pool}/{pg}/{volume_id}", self.prefix)
+    }
+
+    /// The prefix of every rebuild progress record.
+    pub fn rebuild_progresses(&self) -> String {
+        format!("{}rebuild-progress/", self.prefix)
+    }
+
     /// What `key` names, or `None` for a key outside the layout.
     pub fn parse(&self, key: &str) -> Option<Key> {
         let rest = key.strip_prefix(self.prefix.as_str())?;
@@ -183,6 +235,16 @@ impl Keys {
             }),
             ["volume-id-next"] => Some(Key::VolumeIdNext),
             ["volume-writer", id] => number(id).map(Key::VolumeWriter),
+            ["coordinator"] => Some(Key::Coordinator),
+            ["rebuild", pool, pg] => Some(Key::Rebuild {
+                pool: name(pool)?,
+                pg: u32::try_from(number(pg)?).ok()?,
+            }),
+            ["rebuild-progress", pool, pg, volume] => Some(Key::RebuildProgress {
+                pool: name(pool)?,
+                pg: u32::try_from(number(pg)?).ok()?,
+                volume_id: number(volume)?,
+            }),
             _ => None,
         }
     }
@@ -264,6 +326,11 @@ pub struct PoolSpec {
     pub dedup: DedupPolicy,
     pub pg_count: u32,
     pub failure_domain: FailureDomain,
+    /// The fewest shards of a PG that must be in service for the PG to
+    /// take writes (`pool create --min-size`); `None` (and a record
+    /// written before the field existed) is [`PoolSpec::min_size_default`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_size: Option<u32>,
 }
 
 /// Most shards in a stripe (k + m), as the engine's codec allows.
@@ -281,8 +348,24 @@ impl PoolSpec {
         self.k + self.m
     }
 
-    /// Checks the settings: the bounds above, and `replicate(n)` stored as
-    /// RS(1, n - 1).
+    /// k + 1 where m >= 2 (a write acknowledged then survives one more
+    /// loss), else k.
+    pub fn min_size_default(&self) -> u32 {
+        if self.m >= 2 {
+            self.k + 1
+        } else {
+            self.k
+        }
+    }
+
+    /// The pool's min_size: the fewest shards of a PG in service for
+    /// writes (reads go on while k remain).
+    pub fn min_size(&self) -> u32 {
+        self.min_size.unwrap_or_else(|| self.min_size_default())
+    }
+
+    /// Checks the settings: the bounds above, `replicate(n)` stored as
+    /// RS(1, n - 1), and a min_size from k to k + m.
     pub fn check(&self) -> Result<()> {
         let bad = |reason: String| Err(Error::invalid("pool settings", reason));
         if self.k == 0 || self.width() > SHARDS_MAX {
@@ -311,6 +394,15 @@ impl PoolSpec {
                 self.stripe_unit_bytes
             ));
         }
+        if let Some(min) = self.min_size {
+            if min < self.k || min > self.width() {
+                return bad(format!(
+                    "min_size {min} must be from k = {} to k + m = {}",
+                    self.k,
+                    self.width()
+                ));
+            }
+        }
         if self.pg_count == 0 || self.pg_count > PG_COUNT_MAX {
             return bad(format!(
                 "{} PGs: a pool has 1 to {PG_COUNT_MAX}",
@@ -338,7 +430,7 @@ pub struct PgRecord {
     /// Shard i of every stripe of the PG lives on `servers[i]` (k data
     /// shards, then m parity).
     pub servers: Vec<ServerId>,
-    /// Bumped by the coordinator (issue 20) on every change of `servers`.
+    /// Bumped by the coordinator on every change of `servers`.
     pub epoch: u64,
 }
 
@@ -356,6 +448,43 @@ pub struct VolumeRecord {
 pub struct WriterRecord {
     /// Where the writer (the NBD server of the volume) runs.
     pub address: String,
+}
+
+/// `coordinator`: the chunk server that re-places the PGs of servers out.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CoordinatorRecord {
+    pub server: ServerId,
+    pub address: String,
+}
+
+/// One shard of a PG moved from a server that is out to another.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardMove {
+    pub shard: u32,
+    pub from: ServerId,
+    pub to: ServerId,
+    /// The PG's epoch that the move created.
+    pub epoch: u64,
+}
+
+/// `rebuild/<pool>/<pg>`: the moves whose rebuild is not known to be done
+/// in every volume of the pool.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RebuildRecord {
+    pub moves: Vec<ShardMove>,
+}
+
+/// `rebuild-progress/<pool>/<pg>/<volume id>`: one volume's rebuild of
+/// its chunks of a PG, as its writer last reported it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RebuildProgress {
+    /// The PG's epoch the writer rebuilds for (its placement at open).
+    pub epoch: u64,
+    /// Stripes done (rebuilt or found not to hold the shard) and in all.
+    pub done: u64,
+    pub total: u64,
+    /// True once the engine marked the shard rebuilt (never before).
+    pub finished: bool,
 }
 
 /// Encodes a value for etcd.
@@ -405,6 +534,22 @@ mod tests {
             ),
             (keys.volume_id_next(), Key::VolumeIdNext),
             (keys.volume_writer(3), Key::VolumeWriter(3)),
+            (keys.coordinator(), Key::Coordinator),
+            (
+                keys.rebuild("p", 4),
+                Key::Rebuild {
+                    pool: "p".into(),
+                    pg: 4,
+                },
+            ),
+            (
+                keys.rebuild_progress("p", 4, 9),
+                Key::RebuildProgress {
+                    pool: "p".into(),
+                    pg: 4,
+                    volume_id: 9,
+                },
+            ),
         ];
         for (key, named) in cases {
             assert!(key.starts_with("/ecdedup/c1/"), "{key}");
@@ -449,6 +594,7 @@ mod tests {
             dedup: DedupPolicy::Parity,
             pg_count: 64,
             failure_domain: FailureDomain::Host,
+            min_size: None,
         };
         good.check().unwrap();
         let replicate = PoolSpec {
@@ -488,6 +634,14 @@ mod tests {
                 m: 1,
                 ..replicate.clone()
             },
+            PoolSpec {
+                min_size: Some(3),
+                ..good.clone()
+            },
+            PoolSpec {
+                min_size: Some(7),
+                ..good.clone()
+            },
         ] {
             let err = bad.check().unwrap_err();
             assert!(matches!(err, Error::Invalid { .. }), "{bad:?}: {err}");
@@ -505,11 +659,40 @@ mod tests {
                 dedup: DedupPolicy::None,
                 pg_count: 8,
                 failure_domain: FailureDomain::Device,
+                min_size: Some(3),
             },
             ready: true,
         };
         let bytes = encode(&pool);
         assert_eq!(decode::<PoolRecord>("k", &bytes).unwrap(), pool);
+        let err = decode::<VolumeRecord>("/ecdedup/c/volume/p/v", b"{").unwrap_err();
+        assert!(err.to_string().contains("/ecdedup/c/volume/p/v"), "{err}");
+    }
+
+    #[test]
+    fn min_size_defaults_to_k_plus_one_for_m_of_two_and_old_records_read_so() {
+        // A pool record written before min_size existed.
+        let old = br#"{"k":4,"m":2,"stripe_unit_bytes":65536,"policy":"parix","dedup":"none",
+            "pg_count":8,"failure_domain":"host","ready":true}"#;
+        let pool: PoolRecord = decode("k", old).unwrap();
+        assert_eq!(pool.spec.min_size, None);
+        assert_eq!(pool.spec.min_size(), 5);
+        let rs21 = PoolSpec {
+            k: 2,
+            m: 1,
+            ..pool.spec.clone()
+        };
+        assert_eq!(rs21.min_size(), 2);
+        let set = PoolSpec {
+            min_size: Some(4),
+            ..pool.spec.clone()
+        };
+        set.check().unwrap();
+        assert_eq!(set.min_size(), 4);
+        // The default is not written out: older readers see what they know.
+        assert!(!String::from_utf8(encode(&pool))
+            .unwrap()
+            .contains("min_size"));
         let err = decode::<VolumeRecord>("/ecdedup/c/volume/p/v", b"{").unwrap_err();
         assert!(err.to_string().contains("/ecdedup/c/volume/p/v"), "{err}");
     }

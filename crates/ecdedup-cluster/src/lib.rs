@@ -21,6 +21,7 @@
 //!
 //! Tests run against a real etcd ([`LocalEtcd`]).
 
+pub mod coordinator;
 pub mod error;
 pub mod keys;
 pub mod lease;
@@ -34,11 +35,12 @@ pub mod volume;
 pub mod watch;
 pub mod writer;
 
+pub use coordinator::{Coordinator, CoordinatorConfig, CoordinatorEvent};
 pub use error::{Error, Result};
 pub use keys::{Keys, ServerId};
 pub use lease::{Fence, Lease};
 pub use local_etcd::LocalEtcd;
-pub use pool::{create_pool, get_pool, list_pools, pool_pgs};
+pub use pool::{create_pool, get_pool, list_pools, pool_pgs, pool_pgs_at};
 pub use server::{list_servers, register_server, Registration};
 pub use session::{Etcd, EtcdConfig};
 pub use volume::{

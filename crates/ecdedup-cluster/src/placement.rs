@@ -14,7 +14,7 @@
 
 use crate::error::{Error, Result};
 use crate::keys::{FailureDomain, PgRecord, PoolSpec, ServerId};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// A server that placement may choose.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -73,13 +73,11 @@ pub fn place_pgs(pool: &str, spec: &PoolSpec, servers: &[Candidate]) -> Result<V
             domains.len()
         )));
     }
-    let seed = fnv1a(pool.as_bytes());
     let pgs = (0..spec.pg_count)
         .map(|pg| {
-            let pg_seed = mix(seed ^ u64::from(pg));
             let mut ranked: Vec<(u64, &Candidate)> = servers
                 .iter()
-                .map(|s| (mix(pg_seed ^ mix(u64::from(s.id.0))), s))
+                .map(|s| (weight(pool, pg, s.id), s))
                 .collect();
             // Highest weight first; the id breaks (improbable) ties, so the
             // input order never matters.
@@ -101,6 +99,65 @@ pub fn place_pgs(pool: &str, spec: &PoolSpec, servers: &[Candidate]) -> Result<V
     Ok(pgs)
 }
 
+/// The weight of server `id` for PG `pg` of pool `pool` (rendezvous).
+fn weight(pool: &str, pg: u32, id: ServerId) -> u64 {
+    let pg_seed = mix(fnv1a(pool.as_bytes()) ^ u64::from(pg));
+    mix(pg_seed ^ mix(u64::from(id.0)))
+}
+
+/// The replacements of PG `pg`'s shards whose servers are `out`: for each
+/// such shard, in shard order, the live candidate of highest weight
+/// (the rendezvous hash of [`place_pgs`]) that is not in the PG and whose
+/// failure domain no kept or already chosen server of the PG has.
+/// `hosts` gives the `host` of every server known (the kept ones may be
+/// down, and absent from `live`); a kept server of unknown host counts
+/// as its own domain. Returns `(shard, from, to)` per shard placed; a
+/// shard for which no candidate fits is left out (the caller logs it and
+/// the PG stays degraded).
+pub fn replace_shards(
+    pool: &str,
+    spec: &PoolSpec,
+    pg: u32,
+    servers: &[ServerId],
+    out: &BTreeSet<ServerId>,
+    hosts: &BTreeMap<ServerId, String>,
+    live: &[Candidate],
+) -> Vec<(u32, ServerId, ServerId)> {
+    let domain_of = |id: ServerId, host: Option<&String>| match (spec.failure_domain, host) {
+        (FailureDomain::Host, Some(h)) => h.clone(),
+        _ => format!("server {id}"),
+    };
+    let mut used: BTreeSet<String> = servers
+        .iter()
+        .filter(|id| !out.contains(id))
+        .map(|&id| domain_of(id, hosts.get(&id)))
+        .collect();
+    let mut taken: BTreeSet<ServerId> = servers.iter().copied().collect();
+    let mut ranked: Vec<&Candidate> = live.iter().collect();
+    ranked.sort_by(|a, b| {
+        weight(pool, pg, b.id)
+            .cmp(&weight(pool, pg, a.id))
+            .then(a.id.cmp(&b.id))
+    });
+    let mut moves = Vec::new();
+    for (shard, &from) in servers.iter().enumerate() {
+        if !out.contains(&from) {
+            continue;
+        }
+        let pick = ranked.iter().find(|c| {
+            !taken.contains(&c.id)
+                && !out.contains(&c.id)
+                && !used.contains(&domain_of(c.id, Some(&c.host)))
+        });
+        if let Some(c) = pick {
+            taken.insert(c.id);
+            used.insert(domain_of(c.id, Some(&c.host)));
+            moves.push((shard as u32, from, c.id));
+        }
+    }
+    moves
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -116,6 +173,7 @@ mod tests {
             dedup: DedupPolicy::None,
             pg_count,
             failure_domain,
+            min_size: None,
         }
     }
 
@@ -218,6 +276,62 @@ mod tests {
         );
         // The same servers are enough when each server is its own domain.
         place_pgs("p", &spec(4, 2, 8, FailureDomain::Device), &list).unwrap();
+    }
+
+    #[test]
+    fn an_out_server_is_replaced_on_a_new_domain_and_the_choice_is_stable() {
+        let list = servers(9, 9);
+        let spec = spec(4, 2, 16, FailureDomain::Host);
+        let pgs = place_pgs("p", &spec, &list).unwrap();
+        let hosts: BTreeMap<ServerId, String> =
+            list.iter().map(|c| (c.id, c.host.clone())).collect();
+        for (pg, record) in pgs.iter().enumerate() {
+            let gone = record.servers[2];
+            let out = BTreeSet::from([gone]);
+            let live: Vec<Candidate> = list.iter().filter(|c| c.id != gone).cloned().collect();
+            let moves = replace_shards("p", &spec, pg as u32, &record.servers, &out, &hosts, &live);
+            assert_eq!(moves.len(), 1);
+            let (shard, from, to) = moves[0];
+            assert_eq!((shard, from), (2, gone));
+            assert!(!record.servers.contains(&to), "a server new to the PG");
+            let mut reversed = live.clone();
+            reversed.reverse();
+            assert_eq!(
+                replace_shards(
+                    "p",
+                    &spec,
+                    pg as u32,
+                    &record.servers,
+                    &out,
+                    &hosts,
+                    &reversed
+                ),
+                moves,
+                "the listing order does not matter"
+            );
+        }
+        // A host already in the PG is never chosen: the only spare server
+        // shares a host with a kept member.
+        let record = &pgs[0];
+        let mut hosts = hosts.clone();
+        let spare: Vec<Candidate> = list
+            .iter()
+            .filter(|c| !record.servers.contains(&c.id))
+            .map(|c| Candidate {
+                id: c.id,
+                host: list
+                    .iter()
+                    .find(|k| k.id == record.servers[0])
+                    .unwrap()
+                    .host
+                    .clone(),
+            })
+            .collect();
+        for c in &spare {
+            hosts.insert(c.id, c.host.clone());
+        }
+        let out = BTreeSet::from([record.servers[1]]);
+        assert!(replace_shards("p", &spec, 0, &record.servers, &out, &hosts, &spare).is_empty());
     }
 
     #[test]

@@ -119,6 +119,17 @@ pub async fn list_pools(etcd: &Etcd) -> Result<BTreeMap<String, PoolRecord>> {
 
 /// The PGs of a ready pool (index = PG number), every one present.
 pub async fn pool_pgs(etcd: &Etcd, name: &str) -> Result<Vec<PgRecord>> {
+    Ok(pool_pgs_at(etcd, name)
+        .await?
+        .1
+        .into_iter()
+        .map(|(record, _)| record)
+        .collect())
+}
+
+/// The pool and its PGs (index = PG number), each with the
+/// `mod_revision` of its key (what a guarded re-placement compares).
+pub async fn pool_pgs_at(etcd: &Etcd, name: &str) -> Result<(PoolEntry, Vec<(PgRecord, i64)>)> {
     let pool = get_pool(etcd, name).await?;
     if !pool.record.ready {
         return Err(Error::PoolNotReady(name.to_string()));
@@ -129,7 +140,7 @@ pub async fn pool_pgs(etcd: &Etcd, name: &str) -> Result<Vec<PgRecord>> {
         .await
         .map_err(Error::etcd("pool PGs"))?;
     let count = pool.record.spec.pg_count as usize;
-    let mut pgs: Vec<Option<PgRecord>> = vec![None; count];
+    let mut pgs: Vec<Option<(PgRecord, i64)>> = vec![None; count];
     for kv in answer.kvs() {
         let key = String::from_utf8_lossy(kv.key()).into_owned();
         if let Some(Key::Pg { pg, .. }) = etcd.keys().parse(&key) {
@@ -145,10 +156,11 @@ pub async fn pool_pgs(etcd: &Etcd, name: &str) -> Result<Vec<PgRecord>> {
                     reason: format!("{} servers in a PG of width {width}", record.servers.len()),
                 });
             }
-            *slot = Some(record);
+            *slot = Some((record, kv.mod_revision()));
         }
     }
-    pgs.into_iter()
+    let pgs = pgs
+        .into_iter()
         .enumerate()
         .map(|(pg, record)| {
             record.ok_or_else(|| Error::Corrupt {
@@ -156,5 +168,6 @@ pub async fn pool_pgs(etcd: &Etcd, name: &str) -> Result<Vec<PgRecord>> {
                 reason: "missing from a ready pool".into(),
             })
         })
-        .collect()
+        .collect::<Result<Vec<_>>>()?;
+    Ok((pool, pgs))
 }

@@ -145,6 +145,8 @@ pub fn open(params: &Params, state: &str) -> nbdkit::Result<Served> {
         writer_address: format!("{} pid {}", host.trim(), std::process::id()),
         lease_ttl: Duration::from_secs(10),
         request_timeout: Duration::from_secs(10),
+        capacity_bytes_min: ecdedup_client::open::CAPACITY_BYTES_MIN,
+        rebuild_bytes_per_s: ecdedup_client::open::REBUILD_BYTES_PER_S_DEFAULT,
     };
     let c =
         ecdedup_client::open(&opts).map_err(|e| nbdkit::Error::new(e.errno(), e.to_string()))?;

@@ -74,6 +74,11 @@ pub struct ChunkdArgs {
     /// this long fences itself and exits 3.
     #[arg(long, default_value_t = 10)]
     lease_ttl: u64,
+    /// Seconds a server may stay down before it is out: the coordinator
+    /// (one chunk server, elected in etcd) then re-places its PGs and
+    /// their writers rebuild them elsewhere. Give every server the same.
+    #[arg(long, default_value_t = 600)]
+    out_after: u64,
 }
 
 /// `ecdedup chunkd`: returns the process's exit status.
@@ -99,6 +104,7 @@ pub fn chunkd(args: ChunkdArgs) -> Result<i32> {
         io: args.io.parse()?,
         lease_ttl: Duration::from_secs(args.lease_ttl),
         space_every: Duration::from_secs(10),
+        out_after: Duration::from_secs(args.out_after),
     };
     runtime()?
         .block_on(ecdedup_chunkd::run(config))
@@ -138,6 +144,11 @@ pub struct PoolSettings {
     /// What the servers of one PG must not share: host, or device (one-machine trials).
     #[arg(long, default_value = "host")]
     failure_domain: String,
+    /// The fewest shards of a PG in service for writes (below it writes
+    /// fail with EIO, reads go on while k remain) [default: k + 1 for
+    /// m >= 2, else k].
+    #[arg(long)]
+    min_size: Option<u32>,
 }
 
 impl PoolSettings {
@@ -177,6 +188,7 @@ impl PoolSettings {
             dedup,
             pg_count: self.pgs,
             failure_domain,
+            min_size: self.min_size,
         };
         spec.check().map_err(cluster_error)?;
         Ok(spec)
@@ -274,6 +286,10 @@ struct UpArgs {
     /// Start no NBD server (`ecdedup serve --cluster` serves volumes).
     #[arg(long)]
     no_serve: bool,
+    /// Seconds a chunk server may be down before it is out (its PGs
+    /// re-placed and rebuilt elsewhere; `chunkd --out-after`).
+    #[arg(long, default_value_t = 600)]
+    out_after: u64,
 }
 
 // Parsed once per process: the size of `Up` does not matter.
@@ -310,6 +326,13 @@ struct UpState {
     volume: String,
     serve_pid: Option<u32>,
     socket: PathBuf,
+    /// `chunkd --out-after` of every server (older state files: 600).
+    #[serde(default = "out_after_default")]
+    out_after: u64,
+}
+
+fn out_after_default() -> u64 {
+    600
 }
 
 #[derive(Serialize, Deserialize, Clone)]
@@ -422,7 +445,9 @@ fn start_server(dir: &Path, state: &UpState, id: u32, port: u16) -> Result<u32> 
         .arg("--io")
         .arg(&state.io)
         .arg("--lease-ttl")
-        .arg("5");
+        .arg("5")
+        .arg("--out-after")
+        .arg(state.out_after.to_string());
     for d in 0..state.devices_per_server.max(1) {
         cmd.arg("--data")
             .arg(dir.join(format!("server{id}")).join(format!("dev{d}")));
@@ -565,6 +590,7 @@ fn up(dir: &Path, args: UpArgs) -> Result<()> {
         io,
         threads,
         no_serve,
+        out_after,
     } = args;
     let threads = (!no_serve).then_some(threads);
     let spec = settings.spec()?;
@@ -609,6 +635,7 @@ fn up(dir: &Path, args: UpArgs) -> Result<()> {
         volume: volume.clone(),
         serve_pid: None,
         socket: dir.join("nbd.sock"),
+        out_after,
     };
     save_state(&dir, &state)?;
     for id in 0..servers {
@@ -682,6 +709,12 @@ fn status(dir: &Path, json: bool) -> Result<()> {
         let etcd = Etcd::connect(etcd_config).await.map_err(cluster_error)?;
         let live = ecdedup_cluster::list_servers(&etcd).await.map_err(cluster_error)?;
         let pools = ecdedup_cluster::list_pools(&etcd).await.map_err(cluster_error)?;
+        let coordinator = ecdedup_cluster::coordinator::current_coordinator(&etcd)
+            .await
+            .map_err(cluster_error)?;
+        let rebuilds = ecdedup_cluster::coordinator::rebuild_status(&etcd)
+            .await
+            .map_err(cluster_error)?;
         let mut pool_rows = Vec::new();
         for (name, record) in pools {
             let pgs = ecdedup_cluster::pool_pgs(&etcd, &name).await.map_err(cluster_error)?;
@@ -715,12 +748,27 @@ fn status(dir: &Path, json: bool) -> Result<()> {
                     } else {
                         "unavailable"
                     };
+                    let (moves, progress) = rebuilds
+                        .get(&(name.clone(), i as u32))
+                        .cloned()
+                        .unwrap_or_default();
                     serde_json::json!({
                         "pg": i,
                         "servers": pg.servers.iter().map(|s| s.0).collect::<Vec<_>>(),
                         "epoch": pg.epoch,
                         "down": down,
                         "state": state,
+                        "rebuild": moves.map(|r| r.moves).unwrap_or_default(),
+                        "rebuild_progress": progress
+                            .iter()
+                            .map(|(volume, p)| serde_json::json!({
+                                "volume_id": volume,
+                                "epoch": p.epoch,
+                                "done": p.done,
+                                "total": p.total,
+                                "finished": p.finished,
+                            }))
+                            .collect::<Vec<_>>(),
                     })
                 })
                 .collect();
@@ -729,6 +777,7 @@ fn status(dir: &Path, json: bool) -> Result<()> {
                 "k": record.spec.k,
                 "m": record.spec.m,
                 "policy": format!("{:?}", record.spec.policy),
+                "min_size": record.spec.min_size(),
                 "pgs": pg_rows,
                 "volumes": vols,
             }));
@@ -750,6 +799,11 @@ fn status(dir: &Path, json: bool) -> Result<()> {
             "etcd": state.etcd,
             "servers": servers,
             "pools": pool_rows,
+            "coordinator": coordinator.map(|(term, c)| serde_json::json!({
+                "server": c.server.0,
+                "address": c.address,
+                "term": term,
+            })),
             "nbd": format!("nbd+unix:///?socket={}", state.socket.display()),
             "serve_pid": state.serve_pid.filter(|p| alive(*p)),
         }))
@@ -759,6 +813,10 @@ fn status(dir: &Path, json: bool) -> Result<()> {
         return Ok(());
     }
     println!("etcd {}", report["etcd"].as_str().unwrap_or(""));
+    match report["coordinator"].as_object() {
+        Some(c) => println!("coordinator server {} term {}", c["server"], c["term"]),
+        None => println!("coordinator none elected"),
+    }
     for s in report["servers"].as_array().into_iter().flatten() {
         println!(
             "server {}\t{}\tpid {}\t{}",
@@ -770,20 +828,41 @@ fn status(dir: &Path, json: bool) -> Result<()> {
     }
     for p in report["pools"].as_array().into_iter().flatten() {
         println!(
-            "pool {} RS({},{}) {}",
+            "pool {} RS({},{}) {} min_size {}",
             p["name"].as_str().unwrap_or(""),
             p["k"],
             p["m"],
-            p["policy"].as_str().unwrap_or("")
+            p["policy"].as_str().unwrap_or(""),
+            p["min_size"]
         );
         for pg in p["pgs"].as_array().into_iter().flatten() {
             println!(
-                "  pg {}\t{}\tservers {}\tdown {}",
+                "  pg {}\t{}\tepoch {}\tservers {}\tdown {}",
                 pg["pg"],
                 pg["state"].as_str().unwrap_or(""),
+                pg["epoch"],
                 pg["servers"],
                 pg["down"]
             );
+            for m in pg["rebuild"].as_array().into_iter().flatten() {
+                println!(
+                    "    rebuild shard {} from server {} to server {} (epoch {})",
+                    m["shard"], m["from"], m["to"], m["epoch"]
+                );
+            }
+            for r in pg["rebuild_progress"].as_array().into_iter().flatten() {
+                println!(
+                    "    volume {} rebuilt {} of {} stripes{}",
+                    r["volume_id"],
+                    r["done"],
+                    r["total"],
+                    if r["finished"] == true {
+                        ", finished"
+                    } else {
+                        ""
+                    }
+                );
+            }
         }
         for v in p["volumes"].as_array().into_iter().flatten() {
             println!(

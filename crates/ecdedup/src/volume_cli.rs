@@ -227,6 +227,7 @@ mod tests {
                 dedup: DedupPolicy::None,
                 pg_count: 4,
                 failure_domain: FailureDomain::Device,
+                min_size: None,
             };
             ecdedup_cluster::create_pool(&cluster, "p", &spec)
                 .await

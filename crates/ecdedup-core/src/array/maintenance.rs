@@ -441,6 +441,17 @@ impl Array {
             let start = self.stores[d].cursor();
             let mut last_checkpoint = Instant::now();
             for stripe in start..g.stripes {
+                if self.stopping.load(SeqCst) {
+                    // The array is closing: the cursor is recorded (data
+                    // and checksums first) and the next open resumes here.
+                    self.flush()?;
+                    self.persist_superblocks()?;
+                    return Err(Error::Unavailable(format!(
+                        "rebuild of device {d} stopped at stripe {stripe} of {}: the array is \
+                         closing; it resumes there",
+                        g.stripes
+                    )));
+                }
                 {
                     let _g = self.locks[Self::lock_index(stripe)].write().unwrap();
                     if !self.stores[d].is_rebuilding() {

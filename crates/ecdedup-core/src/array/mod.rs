@@ -1547,6 +1547,16 @@ impl Array {
             .count()
     }
 
+    /// Members in service with every stripe's content (neither failed
+    /// nor still being rebuilt): a cluster PG's count for its pool's
+    /// min_size.
+    pub fn members_complete(&self) -> usize {
+        self.stores
+            .iter()
+            .filter(|s| !s.is_failed() && !s.is_rebuilding())
+            .count()
+    }
+
     /// Whether `device` holds current content for `stripe`.
     fn holds(&self, device: usize, stripe: u64) -> bool {
         self.stores[device].holds(stripe)
