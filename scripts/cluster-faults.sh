@@ -40,6 +40,10 @@
 # Usage: scripts/cluster-faults.sh [--short] [--trials N] [--only NAME,...]
 #   --short   the CI subset: kill/restart, split-brain start, etcd leader;
 #             no trials.
+#   --only    scenarios by name (kill-restart, partition, linkdown, sigstop,
+#             loss, two-lost, etcd-leader, split-brain, power-loss,
+#             takeover, rebuild-interrupted), `trials` (both series) or
+#             `writer-trials` (series 2 only).
 #   env: ECDEDUP_BIN (default target/release/ecdedup if built, else
 #   target/debug), WORK_ROOT (/var/tmp), KEEP=1 keeps the work folder,
 #   SERVER_TTL (chunk servers' lease, s; 5 as `cluster up`), RATE (fio
@@ -215,16 +219,17 @@ server_cmd() {  # server_cmd NODE ID DATA
     --host "host$2" --key "$KEY" --io buffered --lease-ttl "$SERVER_TTL" --data "$3"
 }
 server_data() { if [ "$1" = 5 ] && [ -n "$PL_MNT" ]; then echo "$PL_MNT/dev0"; else echo "$WORK/server$1/dev0"; fi; }
+# server_said ID REGEX: the server's log since its latest start matches.
+server_said() { tail -n "+$SERVER_LOG_FROM" "$WORK/server$1.log" 2>/dev/null | grep -qE "$2"; }
 start_server() {  # start_server ID: retries while its old registration lives
   local id=$1 deadline=$(( $(date +%s) + 120 )) pid
   [ "$id" = 5 ] || mkdir -p "$(server_data "$id")"
   while :; do
-    : > "$WORK/server$id.try.log"
-    server_cmd "s$id" "$id" "$(server_data "$id")" >>"$WORK/server$id.try.log" 2>&1 &
+    SERVER_LOG_FROM=$(( $(cat "$WORK/server$id.log" 2>/dev/null | wc -l) + 1 ))
+    server_cmd "s$id" "$id" "$(server_data "$id")" >>"$WORK/server$id.log" 2>&1 &
     pid=$!; track "$pid"
-    wait_until 60 grep -qE 'event=(ready|refused)' "$WORK/server$id.try.log"
-    cat "$WORK/server$id.try.log" >> "$WORK/server$id.log"
-    if grep -q 'event=ready' "$WORK/server$id.try.log"; then SERVER_PID[$id]=$pid; return 0; fi
+    wait_until 60 server_said "$id" 'event=(ready|refused)'
+    if server_said "$id" 'event=ready'; then SERVER_PID[$id]=$pid; return 0; fi
     wait "$pid" 2>/dev/null
     [ "$(date +%s)" -ge "$deadline" ] && { log "server $id did not start"; return 1; }
     sleep 0.5
@@ -289,6 +294,13 @@ fio_start() {  # fio_start NAME URI OFFSET SIZE SEED: background, FIO_PID
   FIO_PID=$!; track "$FIO_PID"
 }
 fio_wait() { wait "$1"; }
+# fio whose NBD server died may spin ("nbd_poll: nothing to poll for in
+# state DEAD") instead of exiting: give it SECONDS, then kill it.
+wait_or_kill() {
+  local i
+  for i in $(seq $(( $2 * 10 ))); do alive "$1" || break; sleep 0.1; done
+  kill -9 "$1" 2>/dev/null; wait "$1" 2>/dev/null
+}
 fio_verify() {  # fio_verify NAME URI OFFSET SIZE SEED: re-reads what the job wrote
   # shellcheck disable=SC2046
   (cd "$WORK" && exec fio $(fio_args "$1" "$3" "$4" "$5") --uri="$2" --verify_only \
@@ -453,7 +465,11 @@ f_etcd_leader() {
 }
 h_etcd_leader() {
   local i gone=""
-  for i in $(seq 0 $((SERVERS - 1))); do alive "${SERVER_PID[$i]}" || gone="$gone $i"; done
+  for i in $(seq 0 $((SERVERS - 1))); do
+    alive "${SERVER_PID[$i]}" && continue
+    wait "${SERVER_PID[$i]}" 2>/dev/null
+    gone="$gone $i (exit $?: $(grep -o 'event=fenced.*' "$WORK/server$i.log" | tail -1 | cut -c1-160))"
+  done
   [ -n "$gone" ] && fail "chunk servers$gone exited while the etcd leader was down"
   alive "$W_PID" || fail "the writer exited while the etcd leader was down"
   start_etcd "$LEADER"
@@ -528,7 +544,8 @@ fcntl.ioctl(fd, 0x8004587d, struct.pack("I", 2))' "$PL_MNT" || fail "the file sy
     newfio=$FIO_PID
     sleep 3
     heal cl
-    wait "$oldfio"; oldrc=$?
+    for _ in $(seq 600); do alive "$oldfio" || break; sleep 0.1; done
+    if alive "$oldfio"; then oldrc="killed after 60 s"; wait_or_kill "$oldfio" 0; else wait "$oldfio"; oldrc=$?; fi
     # The old writer, if it still serves, tries again over the same blocks.
     if alive "$old_writer"; then
       (cd "$WORK" && exec fio --name=old-again --ioengine=nbd --thread --rw=write --bs=64k \
@@ -575,7 +592,7 @@ writer_trial() {  # writer_trial NAME SEED: kill -9 the writer, start a new one
   fio_start "$name-w" "$(writer_uri "$W_NAME")" 8M 4M "$2"
   sleep 2
   t0=$(now_ms); kill9_writer "$W_PID"
-  wait "$FIO_PID" 2>/dev/null
+  wait_or_kill "$FIO_PID" 0
   W_GEN=$((W_GEN + 1))
   start_writer cl "w$W_GEN" || die "no new writer after $name"
   FIO_BS=128k fio_start "$name-n" "$(writer_uri "$W_NAME")" 16M 1M "$2"
@@ -598,7 +615,7 @@ for trial in $(seq 1 "$TRIALS"); do
   log "trial $trial: server $victim killed: first write after ${d}s; writer killed (re-add pending): first write after ${TTFW}s"
 done
 for trial in $(seq 1 "$TRIALS"); do
-  wanted trials || break
+  wanted trials || wanted writer-trials || break
   SEED=$((SEED + 1))
   writer_trial "clean$trial" "$SEED"; TAKEOVER+=("$TTFW"); LEASE_WAIT+=("$WAIT")
   log "trial $trial: writer killed (in sync): first write after ${TTFW}s (its successor's last start attempt at ${WAIT}s)"
