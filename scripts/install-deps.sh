@@ -20,6 +20,8 @@ PKGS=(
   etcd-client          # etcdctl: read a cluster's keys by hand (docs/cluster.md, "etcd keys")
   protobuf-compiler    # protoc: the etcd-client crate compiles etcd's gRPC protos at build time
   libprotobuf-dev      # google/protobuf/*.proto, the well-known types etcd's protos import (protoc needs them)
+  iproute2             # ip netns, veth, bridge: scripts/cluster-faults.sh
+  nftables             # nft: scripts/cluster-faults.sh's partitions and packet loss
 )
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"

@@ -10,14 +10,20 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The cluster parameters (`cluster=`, `volume=`, `key=`, `cluster_name=`).
+/// The cluster parameters (`cluster=`, `volume=`, `key=`, `cluster_name=`,
+/// `lease_ttl=`).
 #[derive(Clone, Debug)]
 pub struct Params {
     endpoints: Option<String>,
     volume: Option<String>,
     key: Option<String>,
     name: Option<String>,
+    lease_ttl: Option<String>,
 }
+
+/// The writer's etcd lease TTL without `lease_ttl=`: a killed writer's
+/// successor waits up to this long for the volume.
+pub const WRITER_LEASE_TTL_DEFAULT: Duration = Duration::from_secs(10);
 
 impl Params {
     pub const fn new() -> Params {
@@ -26,6 +32,7 @@ impl Params {
             volume: None,
             key: None,
             name: None,
+            lease_ttl: None,
         }
     }
 
@@ -34,6 +41,7 @@ impl Params {
             "cluster" => &mut self.endpoints,
             "volume" => &mut self.volume,
             "key" => &mut self.key,
+            "lease_ttl" => &mut self.lease_ttl,
             _ => &mut self.name,
         };
         *slot = Some(value.to_owned());
@@ -41,6 +49,24 @@ impl Params {
 
     pub fn is_cluster(&self) -> bool {
         self.endpoints.is_some() || self.volume.is_some()
+    }
+
+    /// `lease_ttl=SECONDS`: whole seconds, at least the lease minimum.
+    fn lease_ttl(&self) -> nbdkit::Result<Duration> {
+        let Some(text) = &self.lease_ttl else {
+            return Ok(WRITER_LEASE_TTL_DEFAULT);
+        };
+        let min = ecdedup_cluster::lease::LEASE_TTL_MIN;
+        match text.parse::<u64>() {
+            Ok(s) if Duration::from_secs(s) >= min => Ok(Duration::from_secs(s)),
+            _ => Err(nbdkit::Error::new(
+                libc::EINVAL,
+                format!(
+                    "lease_ttl={text:?}: whole seconds, at least {}",
+                    min.as_secs()
+                ),
+            )),
+        }
     }
 }
 
@@ -143,7 +169,7 @@ pub fn open(params: &Params, state: &str) -> nbdkit::Result<Served> {
         key: PathBuf::from(key),
         state_dir: PathBuf::from(state),
         writer_address: format!("{} pid {}", host.trim(), std::process::id()),
-        lease_ttl: Duration::from_secs(10),
+        lease_ttl: params.lease_ttl()?,
         request_timeout: Duration::from_secs(10),
         capacity_bytes_min: ecdedup_client::open::CAPACITY_BYTES_MIN,
         rebuild_bytes_per_s: ecdedup_client::open::REBUILD_BYTES_PER_S_DEFAULT,
@@ -181,4 +207,22 @@ pub fn serve_stats(c: Arc<ClusterVolume>) -> Result<()> {
         })
         .map_err(|e| ecdedup_core::Error::io("starting the stats thread", e))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_ttl_is_whole_seconds_at_least_the_minimum() {
+        let mut p = Params::new();
+        assert_eq!(p.lease_ttl().unwrap(), WRITER_LEASE_TTL_DEFAULT);
+        p.set("lease_ttl", "3");
+        assert_eq!(p.lease_ttl().unwrap(), Duration::from_secs(3));
+        for bad in ["1", "0", "-3", "2.5", "ten", ""] {
+            p.set("lease_ttl", bad);
+            let e = p.lease_ttl().expect_err(bad);
+            assert!(e.to_string().contains("lease_ttl"), "{bad}: {e}");
+        }
+    }
 }

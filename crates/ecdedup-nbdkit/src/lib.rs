@@ -19,7 +19,9 @@
 //! Cluster mode (docs/cluster.md): `cluster=ETCD_ENDPOINTS` (comma-
 //! separated), `volume=POOL/NAME`, `key=CLUSTER_KEY_FILE`, `dir=STATE`
 //! (where each PG's `array.json` is cached and `stats.sock` answers the
-//! volume's counters), `cluster_name=NAME` (default `default`). The volume
+//! volume's counters), `cluster_name=NAME` (default `default`),
+//! `lease_ttl=SECONDS` (the writer's etcd lease, default 10: how long a
+//! killed writer keeps a successor out). The volume
 //! is taken over in `config_complete` (the writer key, the epoch pushed to
 //! every server, each PG's array opened), so nbdkit must run in the
 //! foreground (`ecdedup serve` does). A writer fenced by a newer one
@@ -72,7 +74,7 @@ impl Server for Handle {
     }
 
     fn config_help() -> Option<&'static str> {
-        Some("dir=<ARRAY_FOLDER>  (required) the array to serve (cluster mode: the state folder)\nmetrics=<HOST:PORT>  Prometheus text on this address\ncluster=<ETCD,...> volume=<POOL/NAME> key=<FILE> [cluster_name=<NAME>]  serve a cluster volume")
+        Some("dir=<ARRAY_FOLDER>  (required) the array to serve (cluster mode: the state folder)\nmetrics=<HOST:PORT>  Prometheus text on this address\ncluster=<ETCD,...> volume=<POOL/NAME> key=<FILE> [cluster_name=<NAME>] [lease_ttl=<SECONDS>]  serve a cluster volume")
     }
 
     fn config(key: &str, value: &str) -> Result<()> {
@@ -81,7 +83,7 @@ impl Server for Handle {
             "metrics" => *METRICS.lock().unwrap() = Some(value.to_owned()),
             "trace" => *TRACE.lock().unwrap() = Some(value.to_owned()),
             "fingerprint_backend" => *FINGERPRINT_BACKEND.lock().unwrap() = Some(value.to_owned()),
-            "cluster" | "volume" | "key" | "cluster_name" => {
+            "cluster" | "volume" | "key" | "cluster_name" | "lease_ttl" => {
                 CLUSTER.lock().unwrap().set(key, value)
             }
             _ => {
@@ -89,7 +91,7 @@ impl Server for Handle {
                     libc::EINVAL,
                     format!(
                         "unknown parameter {key:?} (dir=, metrics=, trace=, fingerprint_backend=, \
-                         cluster=, volume=, key=, cluster_name=)"
+                         cluster=, volume=, key=, cluster_name=, lease_ttl=)"
                     ),
                 ))
             }

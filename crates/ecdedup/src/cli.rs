@@ -155,6 +155,10 @@ enum Command {
         /// The cluster key file.
         #[arg(long, requires = "cluster")]
         key: Option<PathBuf>,
+        /// The writer's etcd lease TTL in seconds (at least 2; default 10):
+        /// a writer killed keeps its successor out for up to this long.
+        #[arg(long, requires = "cluster")]
+        lease_ttl: Option<u64>,
     },
     /// Show geometry, device states and any running operation (a stopped
     /// array is only read: no recovery, no file changed).
@@ -1094,6 +1098,7 @@ fn run(cli: Cli) -> Result<()> {
             cluster_name,
             volume,
             key,
+            lease_ttl,
         } => {
             let backend = fingerprint_backend
                 .as_deref()
@@ -1113,6 +1118,7 @@ fn run(cli: Cli) -> Result<()> {
                         name: cluster_name,
                         volume,
                         key,
+                        lease_ttl,
                     }
                 }
                 _ => {
@@ -1537,6 +1543,7 @@ enum ServeTarget {
         name: String,
         volume: String,
         key: PathBuf,
+        lease_ttl: Option<u64>,
     },
 }
 
@@ -1593,6 +1600,7 @@ fn serve_nbdkit(
         name,
         volume,
         key,
+        lease_ttl,
     } = target
     {
         let key = std::fs::canonicalize(&key)
@@ -1601,6 +1609,9 @@ fn serve_nbdkit(
             .arg(format!("cluster_name={name}"))
             .arg(format!("volume={volume}"))
             .arg(format!("key={}", key.display()));
+        if let Some(ttl) = lease_ttl {
+            cmd.arg(format!("lease_ttl={ttl}"));
+        }
     }
     if let Some(m) = metrics {
         cmd.arg(format!("metrics={m}"));
