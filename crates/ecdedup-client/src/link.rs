@@ -7,9 +7,13 @@
 //! operations larger than a frame go as several frames in flight together.
 //! A refusal with `EpochTooOld` latches [`Wire::fenced`]: a newer writer
 //! owns the volume, and the client stops its export.
+//!
+//! The counters say what crossed the wire, in all and by [`Purpose`] (a
+//! data write, a journal append, a d(0) read, a replay's read...): a round
+//! trip is counted for the purpose of the first frame of its group.
 
 use ecdedup_cluster::ServerId;
-use ecdedup_core::media::remote::{ChunkLink, LinkOp, PendingReply, Ready};
+use ecdedup_core::media::remote::{ChunkLink, LinkOp, PendingReply, Purpose, Ready};
 use ecdedup_core::proto::frame::FLAG_FUA;
 use ecdedup_core::proto::{Header, Op, Status, PAYLOAD_BYTES_MAX};
 use ecdedup_transport::Peers;
@@ -37,6 +41,51 @@ pub struct WireCounters {
     /// Replies with a status other than Ok, or no reply.
     pub failures: AtomicU64,
     pub epoch_refusals: AtomicU64,
+    /// Messages, round trips and bytes out, by purpose.
+    pub by_purpose: PurposeCounters,
+}
+
+/// Per [`Purpose`]: frames sent, round trips begun (groups whose first
+/// frame had that purpose), bytes sent.
+#[derive(Debug, Default)]
+pub struct PurposeCounters([[AtomicU64; 3]; Purpose::ALL.len()]);
+
+impl PurposeCounters {
+    fn add(&self, purpose: Purpose, round_trip: bool, bytes: u64) {
+        let at = &self.0[Purpose::ALL.iter().position(|p| *p == purpose).unwrap_or(0)];
+        at[0].fetch_add(1, Relaxed);
+        at[1].fetch_add(u64::from(round_trip), Relaxed);
+        at[2].fetch_add(bytes, Relaxed);
+    }
+
+    /// (messages, round trips, bytes out) of `purpose`.
+    pub fn get(&self, purpose: Purpose) -> (u64, u64, u64) {
+        let at = &self.0[Purpose::ALL.iter().position(|p| *p == purpose).unwrap_or(0)];
+        (
+            at[0].load(Relaxed),
+            at[1].load(Relaxed),
+            at[2].load(Relaxed),
+        )
+    }
+}
+
+impl serde::Serialize for PurposeCounters {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(Some(Purpose::ALL.len()))?;
+        for p in Purpose::ALL {
+            let (messages, round_trips, bytes_out) = self.get(p);
+            map.serialize_entry(
+                p.name(),
+                &serde_json::json!({
+                    "messages": messages,
+                    "round_trips": round_trips,
+                    "bytes_out": bytes_out,
+                }),
+            )?;
+        }
+        map.end()
+    }
 }
 
 thread_local! {
@@ -99,21 +148,34 @@ impl Wire {
         request_header(self.volume_id, self.epoch, op, code, offset, length)
     }
 
-    /// Sends one frame; the receiver gets its reply (or why none came).
+    /// Sends one frame of chunk management (`Open`, `SetEpoch`); the
+    /// receiver gets its reply (or why none came).
     pub fn call(
         self: &Arc<Self>,
         addr: SocketAddr,
         header: Header,
         payload: Vec<u8>,
     ) -> mpsc::Receiver<io::Result<Vec<u8>>> {
+        self.call_for(Purpose::Control, addr, header, payload)
+    }
+
+    /// Sends one frame sent for `purpose`, as [`Wire::call`].
+    pub fn call_for(
+        self: &Arc<Self>,
+        purpose: Purpose,
+        addr: SocketAddr,
+        header: Header,
+        payload: Vec<u8>,
+    ) -> mpsc::Receiver<io::Result<Vec<u8>>> {
         let (tx, rx) = mpsc::sync_channel(1);
-        if !IN_FLIGHT.with(|f| f.replace(true)) {
-            self.counters.round_trips.fetch_add(1, Relaxed);
-        }
-        self.counters.messages.fetch_add(1, Relaxed);
+        let round_trip = !IN_FLIGHT.with(|f| f.replace(true));
+        let bytes = 64 + payload.len() as u64;
         self.counters
-            .bytes_out
-            .fetch_add(64 + payload.len() as u64, Relaxed);
+            .round_trips
+            .fetch_add(u64::from(round_trip), Relaxed);
+        self.counters.messages.fetch_add(1, Relaxed);
+        self.counters.bytes_out.fetch_add(bytes, Relaxed);
+        self.counters.by_purpose.add(purpose, round_trip, bytes);
         let wire = Arc::clone(self);
         self.rt.spawn(async move {
             let reply = async {
@@ -222,14 +284,12 @@ pub fn link_frames(
                 }
             }
         }
-        LinkOp::Write { offset, buf, fua } => {
-            for (i, piece) in buf.chunks(FRAME_DATA_BYTES).enumerate() {
-                let at = offset + (i * FRAME_DATA_BYTES) as u64;
-                let mut h = header(Op::Write, at, piece.len() as u32);
-                if fua {
-                    h.flags |= FLAG_FUA;
-                }
-                frames.push((h, piece.to_vec()));
+        LinkOp::Write {
+            offset, buf, fua, ..
+        } => write_frames(&mut frames, &header, offset, buf, fua),
+        LinkOp::Append { writes } => {
+            for &(offset, buf) in writes {
+                write_frames(&mut frames, &header, offset, buf, false);
             }
         }
         LinkOp::Sync => frames.push((header(Op::Flush, 0, 0), Vec::new())),
@@ -239,6 +299,24 @@ pub fn link_frames(
     }
     debug_assert!(FRAME_DATA_BYTES as u32 <= PAYLOAD_BYTES_MAX);
     frames
+}
+
+/// The `Write` frames of `buf` at `offset`, one per [`FRAME_DATA_BYTES`].
+fn write_frames(
+    frames: &mut Vec<(Header, Vec<u8>)>,
+    header: &dyn Fn(Op, u64, u32) -> Header,
+    offset: u64,
+    buf: &[u8],
+    fua: bool,
+) {
+    for (i, piece) in buf.chunks(FRAME_DATA_BYTES).enumerate() {
+        let at = offset + (i * FRAME_DATA_BYTES) as u64;
+        let mut h = header(Op::Write, at, piece.len() as u32);
+        if fua {
+            h.flags |= FLAG_FUA;
+        }
+        frames.push((h, piece.to_vec()));
+    }
 }
 
 /// One chunk: shard `shard` of PG `pg` of the volume, on `server`.
@@ -337,9 +415,10 @@ impl ChunkLink for NetLink {
         }
         let w = &self.wire;
         let is_read = matches!(op, LinkOp::Read { .. });
+        let purpose = Purpose::of(&op);
         let rxs = link_frames(w.volume_id, w.epoch, self.code, op)
             .into_iter()
-            .map(|(h, payload)| w.call(self.addr, h, payload))
+            .map(|(h, payload)| w.call_for(purpose, self.addr, h, payload))
             .collect();
         Box::new(Frames {
             rxs,

@@ -327,18 +327,22 @@ impl ClusterVolume {
         results.into_iter().collect()
     }
 
-    /// The volume's counters: the wire's and each PG array's.
+    /// The volume's counters: the wire's, the volume's sums of the PG
+    /// arrays' NEED_D0s and degraded service, and each PG array's.
     pub fn stats_json(&self) -> serde_json::Value {
-        let pgs: Vec<serde_json::Value> = self
-            .pgs
-            .iter()
-            .map(|a| serde_json::to_value(a.stats()).unwrap_or_default())
-            .collect();
+        let stats: Vec<_> = self.pgs.iter().map(|a| a.stats()).collect();
+        let sum = |f: fn(&ecdedup_core::counters::ArrayStats) -> u64| -> u64 {
+            stats.iter().map(|s| f(&s.array)).sum()
+        };
         serde_json::json!({
             "volume_id": self.wire.volume_id,
             "epoch": self.wire.epoch,
             "wire": &self.wire.counters,
-            "pgs": pgs,
+            "need_d0": sum(|a| a.need_d0),
+            "journal_writes": sum(|a| a.journal_writes),
+            "degraded_reads": sum(|a| a.reconstructed_blocks),
+            "degraded_writes": sum(|a| a.degraded_writes),
+            "pgs": stats,
         })
     }
 }

@@ -35,6 +35,7 @@
 //! table (4 bytes per 4 KiB block).
 
 use crate::counters::{DeviceCounters, IoClass};
+use crate::media::remote::{within, Scope};
 use crate::media::Device;
 use std::collections::{HashMap, VecDeque};
 use std::io;
@@ -396,7 +397,8 @@ impl ChecksumTable {
     fn read_page(&self, page_number: u64) -> Option<Vec<u8>> {
         let (dev, counters) = self.device()?;
         let mut buf = vec![0u8; PAGE_BYTES];
-        match dev.read_at(&mut buf, self.page_offset(page_number)) {
+        let at = self.page_offset(page_number);
+        match within(Scope::Checksums, || dev.read_at(&mut buf, at)) {
             Ok(()) => {
                 counters.read(IoClass::Metadata, PAGE_BYTES);
                 Some(buf)
@@ -424,12 +426,12 @@ impl ChecksumTable {
     ) -> io::Result<()> {
         let at = self.page_offset(page_number);
         if page.known.is_some() {
-            dev.read_at(buf, at)?;
+            within(Scope::Checksums, || dev.read_at(buf, at))?;
             counters.read(IoClass::Metadata, buf.len());
             page.merge_under(buf, self.zero_crc);
         }
         page.encode(self.zero_crc, buf);
-        dev.write_at(buf, at)?;
+        within(Scope::Checksums, || dev.write_at(buf, at))?;
         counters.write(IoClass::Metadata, buf.len());
         page.dirty = false;
         Ok(())

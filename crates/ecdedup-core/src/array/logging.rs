@@ -28,6 +28,7 @@ use super::store::{ChunkOp, ChunkReply, ChunkRequest};
 use super::Array;
 use crate::counters::{bump, IoClass};
 use crate::error::{Error, Result};
+use crate::media::remote::{within, Scope};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -240,7 +241,11 @@ impl Array {
             let need_d0 = need.iter().any(|n| n.iter().any(|x| *x));
             let read_current = partial || need_d0 || self.write_policy == WritePolicy::Plog;
             let current = if read_current {
-                Some(self.read_unit_blocks(stripe, w.role, blocks.clone())?)
+                let read = || self.read_unit_blocks(stripe, w.role, blocks.clone());
+                Some(match need_d0 {
+                    true => within(Scope::D0, read)?,
+                    false => read()?,
+                })
             } else {
                 None
             };
@@ -456,6 +461,10 @@ impl Array {
         if !self.journal_pending(stripe) {
             return Ok(());
         }
+        within(Scope::Replay, || self.replay_pending_stripe(stripe, dirty))
+    }
+
+    fn replay_pending_stripe(&self, stripe: u64, dirty: bool) -> Result<()> {
         self.intent_begin(stripe)?;
         let mut first_error = None;
         let missing = self.missing_data_roles(stripe);
@@ -865,6 +874,10 @@ impl Array {
         if !self.write_policy.journals() {
             return Ok(0);
         }
+        within(Scope::Replay, || self.replay_every_stripe(progress))
+    }
+
+    fn replay_every_stripe(&self, progress: Option<&super::ProgressFn>) -> Result<u64> {
         self.replay_wanted.store(false, Relaxed);
         let mut stripes: Vec<u64> = Vec::new();
         for store in &self.stores {

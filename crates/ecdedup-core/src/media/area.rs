@@ -60,7 +60,7 @@ pub const DIR_SLOT_BYTES: u64 = 64 << 10;
 pub const UNIT_BYTES: u64 = 64 << 10;
 /// Where the length hints start, after the two directory slots.
 pub const HINTS_OFFSET: u64 = 2 * DIR_SLOT_BYTES;
-const HINT_BYTES: usize = 32;
+pub const HINT_BYTES: usize = 32;
 /// Where extents start, after the directory slots and the hints.
 pub const EXTENTS_OFFSET: u64 = 3 * DIR_SLOT_BYTES;
 pub const MAGIC: [u8; 8] = *b"ECDDMA01";

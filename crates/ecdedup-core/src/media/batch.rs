@@ -44,6 +44,14 @@ pub enum Op<'a> {
     },
     /// Makes the device's completed writes durable.
     Sync,
+    /// Several writes on one device (a parity-journal append: its records'
+    /// runs, then the journal's length hint), made in this order and
+    /// answered together. Always on the calling thread (`pwrite`), or as
+    /// one message to a chunk across the network.
+    Append {
+        writes: Vec<(u64, &'a [u8])>,
+        hint: WriteHint,
+    },
 }
 
 /// One operation on one device.
@@ -83,7 +91,8 @@ pub fn submit(ios: &mut [DeviceIo<'_>]) -> (Vec<io::Result<()>>, BatchCost) {
         if io.dev.link().is_some() {
             continue;
         }
-        match io.dev.ring_file().filter(|_| ring_enabled()) {
+        let ring = io.dev.ring_file().filter(|_| ring_enabled());
+        match ring.filter(|_| !matches!(io.op, Op::Append { .. })) {
             Some(file) => ring_ops.push((i, file)),
             None => {
                 let (r, calls) = run_looped(io);
@@ -149,13 +158,18 @@ fn link_op<'a>(op: &'a Op<'_>) -> super::remote::LinkOp<'a> {
             len: buf.len(),
         },
         Op::Write {
-            buf, offset, fua, ..
+            buf,
+            offset,
+            fua,
+            hint,
         } => LinkOp::Write {
             offset: *offset,
             buf,
             fua: *fua,
+            class: hint.class,
         },
         Op::Sync => LinkOp::Sync,
+        Op::Append { writes, .. } => LinkOp::Append { writes },
     }
 }
 
@@ -177,6 +191,14 @@ fn run_looped(io: &mut DeviceIo<'_>) -> (io::Result<()>, u64) {
             }
         }
         Op::Sync => (io.dev.sync(), 1),
+        Op::Append { writes, hint } => {
+            for (n, (offset, buf)) in writes.iter().enumerate() {
+                if let Err(e) = io.dev.write_hinted(buf, *offset, *hint) {
+                    return (Err(e), n as u64 + 1);
+                }
+            }
+            (Ok(()), writes.len() as u64)
+        }
     }
 }
 
@@ -372,6 +394,7 @@ fn prepare(io: &mut DeviceIo<'_>, index: usize, file: RingFile) -> (io_uring::sq
                 .build();
             (entry, fd, bounce)
         }
+        Op::Append { .. } => unreachable!("an append runs on the calling thread"),
         Op::Sync => (
             opcode::Fsync::new(types::Fd(file.fd))
                 .flags(types::FsyncFlags::DATASYNC)
@@ -445,6 +468,7 @@ fn complete(io: &mut DeviceIo<'_>, mut slot: Slot, res: i32, calls: &mut u64) ->
             Ok(())
         }
         Op::Sync => Ok(()),
+        Op::Append { .. } => unreachable!("an append runs on the calling thread"),
     }
 }
 
@@ -617,7 +641,7 @@ mod tests {
                 let at = (i * 4096) as u64;
                 match &mut op {
                     Op::Read { offset, .. } | Op::Write { offset, .. } => *offset = at,
-                    Op::Sync => {}
+                    Op::Sync | Op::Append { .. } => {}
                 }
                 DeviceIo { dev, op }
             })

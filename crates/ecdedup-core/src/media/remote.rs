@@ -13,11 +13,19 @@
 //! travel to their servers in parallel, one round trip for the batch, as
 //! the io_uring path submits every local unit in one system call.
 //!
+//! Every operation has a [`Purpose`] (a data write, a journal append, a
+//! d(0) read, a replay's read...), which the link counts its messages and
+//! round trips by: the op and its write class say most of it, and the
+//! array names the rest for a stretch of its code with [`within`] (a
+//! NEED_D0 read, a replay, a checksum page).
+//!
 //! Invariants: a reply is waited for once; an operation whose reply does
 //! not come (a timeout, a closed connection, a refusal) is an error of
 //! that device only, which the array latches like a medium error.
 
-use super::Device;
+use super::{Device, WriteHint};
+use crate::counters::IoClass;
+use std::cell::Cell;
 use std::io;
 use std::sync::Arc;
 
@@ -26,16 +34,151 @@ use std::sync::Arc;
 pub enum LinkOp<'a> {
     /// Reads `len` bytes at `offset`.
     Read { offset: u64, len: usize },
-    /// Writes `buf` at `offset`; `fua`: durable before the reply.
+    /// Writes `buf` at `offset`; `fua`: durable before the reply. `class`:
+    /// what the bytes are (for the counters).
     Write {
         offset: u64,
         buf: &'a [u8],
         fua: bool,
+        class: IoClass,
     },
+    /// A parity-journal append: `writes` (the records' runs, then the
+    /// journal's length hint) written in this order, answered together
+    /// (`proto::frame::Op::LogAppend`, one message).
+    Append { writes: &'a [(u64, &'a [u8])] },
     /// Makes the chunk's completed writes durable.
     Sync,
     /// `[offset, offset+len)` reads as zeroes from now on.
     Discard { offset: u64, len: u64 },
+}
+
+/// Why an operation is sent: what the volume client counts messages and
+/// round trips by (`cluster stats`, "wire"."by_purpose").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Purpose {
+    /// A read of data or parity (a client read, read-modify-write's old
+    /// values, a decode).
+    Read,
+    /// parix's read of the original value d(0) for a parity journal that
+    /// lacks it (NEED_D0).
+    D0Read,
+    /// A write of data or parity in place.
+    Write,
+    /// A parity-journal append (its records; with its length hint when
+    /// one message carries both).
+    JournalAppend,
+    /// A journal's length hint, written as a message of its own.
+    JournalHint,
+    /// A replay's read (journal records, parity).
+    ReplayRead,
+    /// A replay's write (folded parity, the invalidation that follows).
+    ReplayWrite,
+    /// A page of a chunk's checksum table, read or written.
+    ChecksumPage,
+    /// Any other metadata: superblocks, the metadata area's files (intent
+    /// marks, logs), written outside a batch.
+    Metadata,
+    /// A sync of a chunk.
+    Flush,
+    Discard,
+    /// Chunk management (`Open`, `SetEpoch`): not sent through a link.
+    Control,
+}
+
+impl Purpose {
+    /// Every purpose, in counter order.
+    pub const ALL: [Purpose; 12] = [
+        Purpose::Read,
+        Purpose::D0Read,
+        Purpose::Write,
+        Purpose::JournalAppend,
+        Purpose::JournalHint,
+        Purpose::ReplayRead,
+        Purpose::ReplayWrite,
+        Purpose::ChecksumPage,
+        Purpose::Metadata,
+        Purpose::Flush,
+        Purpose::Discard,
+        Purpose::Control,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Purpose::Read => "read",
+            Purpose::D0Read => "d0_read",
+            Purpose::Write => "write",
+            Purpose::JournalAppend => "journal_append",
+            Purpose::JournalHint => "journal_hint",
+            Purpose::ReplayRead => "replay_read",
+            Purpose::ReplayWrite => "replay_write",
+            Purpose::ChecksumPage => "checksum_page",
+            Purpose::Metadata => "metadata",
+            Purpose::Flush => "flush",
+            Purpose::Discard => "discard",
+            Purpose::Control => "control",
+        }
+    }
+
+    /// The purpose of `op` sent from this thread now: the op and its
+    /// class, within the stretch [`within`] names.
+    pub fn of(op: &LinkOp<'_>) -> Purpose {
+        let scope = SCOPE.with(Cell::get);
+        match (op, scope) {
+            (LinkOp::Sync, _) => Purpose::Flush,
+            (LinkOp::Discard { .. }, _) => Purpose::Discard,
+            (LinkOp::Append { .. }, Some(Scope::Replay)) => Purpose::ReplayWrite,
+            (LinkOp::Append { .. }, _) => Purpose::JournalAppend,
+            (LinkOp::Read { .. }, Some(Scope::D0)) => Purpose::D0Read,
+            (LinkOp::Read { .. }, Some(Scope::Replay)) => Purpose::ReplayRead,
+            (LinkOp::Read { .. } | LinkOp::Write { .. }, Some(Scope::Checksums)) => {
+                Purpose::ChecksumPage
+            }
+            (LinkOp::Read { .. }, _) => Purpose::Read,
+            (LinkOp::Write { .. }, Some(Scope::Replay)) => Purpose::ReplayWrite,
+            (LinkOp::Write { class, buf, .. }, _) => match class {
+                IoClass::Data | IoClass::Parity => Purpose::Write,
+                IoClass::Journal if buf.len() == super::area::HINT_BYTES => Purpose::JournalHint,
+                IoClass::Journal => Purpose::JournalAppend,
+                IoClass::Metadata => Purpose::Metadata,
+            },
+        }
+    }
+}
+
+/// A stretch of the array's code whose operations have one purpose that
+/// the op alone does not say.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// Reading d(0) for a parity journal that lacks it.
+    D0,
+    /// Replaying a stripe's parity journals.
+    Replay,
+    /// Reading or writing a checksum table's pages.
+    Checksums,
+}
+
+thread_local! {
+    /// The stretch this thread is in, if any ([`within`]).
+    static SCOPE: Cell<Option<Scope>> = const { Cell::new(None) };
+}
+
+/// Runs `f` with this thread's operations counted as `scope`'s (the
+/// outermost stretch wins: a checksum page read inside a replay is the
+/// replay's).
+pub fn within<T>(scope: Scope, f: impl FnOnce() -> T) -> T {
+    let outer = SCOPE.with(Cell::get);
+    if outer.is_some() {
+        return f();
+    }
+    SCOPE.with(|s| s.set(Some(scope)));
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            SCOPE.with(|s| s.set(None));
+        }
+    }
+    let _reset = Reset;
+    f()
 }
 
 /// The reply to one operation, waited for once.
@@ -110,11 +253,16 @@ impl Device for RemoteDevice {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.write_hinted(buf, offset, WriteHint::new(IoClass::Metadata))
+    }
+
+    fn write_hinted(&self, buf: &[u8], offset: u64, hint: WriteHint) -> io::Result<()> {
         self.link
             .send(LinkOp::Write {
                 offset,
                 buf,
                 fua: false,
+                class: hint.class,
             })
             .wait()
             .map(drop)
