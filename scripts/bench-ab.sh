@@ -14,6 +14,7 @@
 # Usage: A=DIR_A B=DIR_B scripts/bench-ab.sh   (each DIR holds `ecdedup` and
 #        `libecdedup_nbdkit.so`, e.g. copies of target/release)
 # Environment (defaults in brackets): JOB [seqwrite] seqwrite (1 MiB QD8) |
+#   seqread (1 MiB QD8) |
 #   randwrite (4 KiB QD32 overwrites) | randread (4 KiB QD32); PAIRS [5];
 #   RUNTIME [10] s; SIZE [1G]; THREADS [16]; POLICY [rmw]; BENCH_TMP; KEEP=1.
 # Output: progress on stderr, a markdown table on stdout. Every server
@@ -36,9 +37,10 @@ BENCH_NAME=bench-ab
 
 case "$JOB" in
   seqwrite) FIO=(--rw=write --bs=1M --iodepth=8) ;;
+  seqread) FIO=(--rw=read --bs=1M --iodepth=8) ;;
   randwrite) FIO=(--rw=randwrite --bs=4k --iodepth=32) ;;
   randread) FIO=(--rw=randread --bs=4k --iodepth=32) ;;
-  *) die "JOB must be seqwrite, randwrite or randread, not $JOB" ;;
+  *) die "JOB must be seqwrite, seqread, randwrite or randread, not $JOB" ;;
 esac
 bench_require_tools
 for d in "$A" "$B"; do
@@ -66,7 +68,7 @@ for s in A B C; do
 done
 
 hz=$(getconf CLK_TCK)
-echo "side,round,value,cpu_s,bytes" >"$WORK/runs.csv"
+echo "side,round,value,cpu_s,bytes,hwm_kib" >"$WORK/runs.csv"
 for round in $(seq 1 "$PAIRS"); do
   order=(A B C)
   [ $((round % 2)) = 0 ] && order=(C B A)
@@ -77,13 +79,14 @@ for round in $(seq 1 "$PAIRS"); do
     fio --name=ab --ioengine=nbd --uri="$(uri "$s")" "${FIO[@]}" --size="$SIZE" \
       --time_based --runtime="$RUNTIME" --output-format=json --output="$WORK/fio/$s.$round.json"
     t1=$(cpu_ticks "${PID[$s]}")
-    python3 - "$WORK/fio/$s.$round.json" "$s" "$round" "$(( t1 - t0 ))" "$hz" >>"$WORK/runs.csv" <<'EOF'
+    hwm=$(awk '/^VmHWM:/ {print $2}' "/proc/${PID[$s]}/status")
+    python3 - "$WORK/fio/$s.$round.json" "$s" "$round" "$(( t1 - t0 ))" "$hz" "$hwm" "$JOB" >>"$WORK/runs.csv" <<'EOF'
 import json, sys
 j = json.load(open(sys.argv[1]))["jobs"][0]
-side, rnd, ticks, hz = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+side, rnd, ticks, hz, hwm = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
 io = j["write"] if j["write"]["io_bytes"] else j["read"]
-value = io["bw_bytes"] / 1e6 if io["bw_bytes"] > 1e8 else io["iops"]
-print(f"{side},{rnd},{value:.1f},{ticks / hz:.2f},{io['io_bytes']}")
+value = io["bw_bytes"] / 1e6 if sys.argv[7].startswith("seq") else io["iops"]
+print(f"{side},{rnd},{value:.1f},{ticks / hz:.2f},{io['io_bytes']},{hwm}")
 EOF
     log "round $round $s: $(tail -1 "$WORK/runs.csv")"
     stop_server "$s"
@@ -103,7 +106,7 @@ def val(s, k): return float(by[s][k]["value"])
 def cpu_per_gib(s, k):
     r = by[s][k]
     return float(r["cpu_s"]) / (int(r["bytes"]) / 2**30)
-unit = "MB/s" if max(val("A", k) for k in rounds) > 100 and sys.argv[2] == "seqwrite" else "IOPS"
+unit = "MB/s" if sys.argv[2] in ("seqwrite", "seqread") else "IOPS"
 print(f"| {sys.argv[2]} | A (before) | B (after) | C (A again) | B / A | C / A (A/A) |")
 print("|---|---|---|---|---|---|")
 for name, f in ((unit, val), ("server CPU s per GiB", cpu_per_gib)):
@@ -111,5 +114,7 @@ for name, f in ((unit, val), ("server CPU s per GiB", cpu_per_gib)):
     print(f"| {name} | {cols[0]:.2f} | {cols[1]:.2f} | {cols[2]:.2f} | "
           f"{spread([f('B', k) / f('A', k) for k in rounds])} | "
           f"{spread([f('C', k) / f('A', k) for k in rounds])} |")
+hwm = [max(int(by[s][k]["hwm_kib"]) for k in rounds) / 1024 for s in "ABC"]
+print(f"| peak RSS MiB (most of any round) | {hwm[0]:.1f} | {hwm[1]:.1f} | {hwm[2]:.1f} | | |")
 print(f"\n{len(rounds)} rounds; medians, ratios per round as median (min-max).")
 EOF

@@ -5,6 +5,7 @@
 #
 # Jobs (fio --ioengine=nbd over a Unix socket, time_based):
 #   seqwrite-1m-qd8     1 MiB sequential writes, QD8, array E (RS(4,2) rmw)
+#   seqread-1m-qd8      1 MiB sequential reads, QD8, array E (not in the default JOBS)
 #   randwrite-qd32-rmw  4 KiB random overwrites, QD32, array E (after the warm pass)
 #   randwrite-qd32-parix 4 KiB random overwrites, QD32, array X (RS(4,2) parix,
 #                       after the warm pass)
@@ -231,13 +232,14 @@ warm() {
 job_server() {
   case "$1" in
     randwrite-qd32-parix) echo X ;;
-    seqwrite-1m-qd8|randwrite-qd32-rmw|randread-qd32) echo E ;;
+    seqwrite-1m-qd8|seqread-1m-qd8|randwrite-qd32-rmw|randread-qd32) echo E ;;
     *) die "unknown job $1" ;;
   esac
 }
 job_opts() {
   case "$1" in
     seqwrite-1m-qd8) echo "--rw=write --bs=1M --iodepth=8" ;;
+    seqread-1m-qd8) echo "--rw=read --bs=1M --iodepth=8" ;;
     randwrite-qd32-rmw|randwrite-qd32-parix) echo "--rw=randwrite --bs=4k --iodepth=32" ;;
     randread-qd32) echo "--rw=randread --bs=4k --iodepth=32" ;;
     *) die "unknown job $1" ;;

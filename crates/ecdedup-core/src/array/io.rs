@@ -1,10 +1,12 @@
 //! The array's read and write paths.
 //!
 //! A request is cut at stripe boundaries; each piece runs under its stripe
-//! lock. Reads fetch the data unit's blocks and check each block's CRC32C;
-//! a block on a failed device, or one whose checksum does not match, is
-//! decoded from the other units of its row (and written back when its
-//! device is healthy). Writes pick, per stripe piece:
+//! lock (a read over several stripes, or a write of whole stripes, takes
+//! up to 16 stripes' locks together, in lock order, and goes to the devices
+//! in one batch). Reads fetch the data unit's blocks and check each
+//! block's CRC32C; a block on a failed device, or one whose checksum does
+//! not match, is decoded from the other units of its row (and written back
+//! when its device is healthy). Writes pick, per stripe piece:
 //! - full-stripe / reconstruct-write (RCW): read the data blocks of the
 //!   touched rows that the write does not cover, encode parity;
 //! - read-modify-write (RMW): read the old data and parity of the touched
@@ -16,6 +18,7 @@ use super::store::{ChunkOp, ChunkReply, ChunkRequest, ChunkTransport};
 use super::{Array, IntentLog};
 use crate::counters::{bump, IoClass};
 use crate::error::{Error, Result};
+use crate::media::storage::ScratchBuf;
 use std::ops::Range;
 
 /// One data unit's share of a stripe write.
@@ -128,9 +131,34 @@ impl Array {
         self.counters
             .array
             .add(&self.counters.array.client_read_bytes, buf.len() as u64);
+        let pieces: Vec<(u64, u64, u64)> = self.pieces(offset, buf.len() as u64).collect();
+        if pieces.len() == 1 {
+            return self.read_pieces(&pieces, buf);
+        }
+        // A request over several stripes (a sequential read) reads every
+        // unit of a group of them in one batch, so each device has the
+        // request's reads in flight at once, not one stripe after another.
         let mut done = 0usize;
-        for (stripe, within, n) in self.pieces(offset, buf.len() as u64) {
-            let out = &mut buf[done..done + n as usize];
+        for group in pieces.chunks(WHOLE_STRIPES_BATCH_MAX) {
+            let len: usize = group.iter().map(|&(_, _, n)| n as usize).sum();
+            let out = &mut buf[done..done + len];
+            match self.read_stripes(group, out) {
+                // A decode needs a replay: stripe by stripe, which replays.
+                Err(Error::NeedsReplay(_)) => self.read_pieces(group, out)?,
+                r => r?,
+            }
+            done += len;
+        }
+        Ok(())
+    }
+
+    /// Reads stripe pieces (stripe, offset in its data, length) into `out`,
+    /// one stripe after another, each under its lock; replays a stripe
+    /// whose decode needs it.
+    fn read_pieces(&self, pieces: &[(u64, u64, u64)], out: &mut [u8]) -> Result<()> {
+        let mut done = 0usize;
+        for &(stripe, within, n) in pieces {
+            let out = &mut out[done..done + n as usize];
             loop {
                 let r = {
                     let _g = self.locks[Self::lock_index(stripe)].read().unwrap();
@@ -151,31 +179,59 @@ impl Array {
         Ok(())
     }
 
-    /// Reads `out.len()` bytes at `within` of the stripe's data: the blocks
-    /// of every unit the range touches, in one batch.
-    fn read_stripe(&self, stripe: u64, within: u64, out: &mut [u8]) -> Result<()> {
+    /// The units a read of `n` bytes at `within` of a stripe's data needs:
+    /// per unit (role, blocks, first byte wanted in the blocks, bytes
+    /// wanted).
+    fn read_parts(&self, within: u64, n: usize) -> Vec<(usize, Range<u64>, usize, usize)> {
         let unit = self.geo.unit_bytes();
         let block = self.geo.block();
-        // (role, blocks, first byte wanted in the blocks, bytes wanted)
         let mut parts = Vec::new();
         let mut pos = within;
         let mut done = 0usize;
-        while done < out.len() {
+        while done < n {
             let role = (pos / unit) as usize;
             let in_unit = pos % unit;
-            let n = (unit - in_unit).min((out.len() - done) as u64) as usize;
+            let len = (unit - in_unit).min((n - done) as u64) as usize;
             let b0 = in_unit / block;
-            let b1 = (in_unit + n as u64).div_ceil(block);
-            parts.push((role, b0..b1, (in_unit - b0 * block) as usize, n));
-            done += n;
-            pos += n as u64;
+            let b1 = (in_unit + len as u64).div_ceil(block);
+            parts.push((role, b0..b1, (in_unit - b0 * block) as usize, len));
+            done += len;
+            pos += len as u64;
         }
-        let wants: Vec<(usize, Range<u64>)> = parts
-            .iter()
-            .map(|(role, blocks, ..)| (*role, blocks.clone()))
-            .collect();
+        parts
+    }
+
+    /// Reads `out.len()` bytes at `within` of the stripe's data: the blocks
+    /// of every unit the range touches, in one batch.
+    fn read_stripe(&self, stripe: u64, within: u64, out: &mut [u8]) -> Result<()> {
+        self.read_stripes(&[(stripe, within, out.len() as u64)], out)
+    }
+
+    /// Reads stripe pieces (stripe, offset in its data, length) into `out`:
+    /// their locks taken shared in lock order (none when the caller holds
+    /// the only stripe's), every unit they touch read in one batch.
+    fn read_stripes(&self, pieces: &[(u64, u64, u64)], out: &mut [u8]) -> Result<()> {
+        let _guards: Vec<_> = if pieces.len() > 1 {
+            let mut order: Vec<usize> = pieces.iter().map(|p| Self::lock_index(p.0)).collect();
+            order.sort_unstable();
+            order.dedup();
+            order
+                .iter()
+                .map(|&i| self.locks[i].read().unwrap())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let mut wants: Vec<(u64, usize, Range<u64>)> = Vec::new();
+        let mut copies: Vec<(usize, usize)> = Vec::new();
+        for &(stripe, within, n) in pieces {
+            for (role, blocks, skip, len) in self.read_parts(within, n as usize) {
+                wants.push((stripe, role, blocks));
+                copies.push((skip, len));
+            }
+        }
         let mut done = 0usize;
-        for (blocks, &(_, _, skip, n)) in self.read_units(stripe, &wants)?.iter().zip(&parts) {
+        for (blocks, &(skip, n)) in self.read_units_of(&wants)?.iter().zip(&copies) {
             out[done..done + n].copy_from_slice(&blocks[skip..skip + n]);
             done += n;
         }
@@ -260,29 +316,41 @@ impl Array {
         a.add(&a.device_syscalls, cost.syscalls);
     }
 
-    /// Reads units of a stripe (role, blocks) in one batch, each checked
-    /// against its checksums at its store; a unit whose device is out,
-    /// fails or returns a bad block is read again through
-    /// [`Array::read_unit_blocks`], which decodes what it cannot read.
-    /// Caller holds the stripe lock.
-    fn read_units(&self, stripe: u64, wants: &[(usize, Range<u64>)]) -> Result<Vec<Vec<u8>>> {
+    /// Reads units of a stripe (role, blocks) in one batch: as
+    /// [`Array::read_units_of`].
+    fn read_units(&self, stripe: u64, wants: &[(usize, Range<u64>)]) -> Result<Vec<ScratchBuf>> {
+        let wants: Vec<(u64, usize, Range<u64>)> = wants
+            .iter()
+            .map(|(role, blocks)| (stripe, *role, blocks.clone()))
+            .collect();
+        self.read_units_of(&wants)
+    }
+
+    /// Reads units (stripe, role, blocks) in one batch, into pooled aligned
+    /// buffers (no bounce copy under `O_DIRECT`), each checked against its
+    /// checksums at its store; a unit whose device is out, fails or returns
+    /// a bad block is read again through [`Array::read_unit_blocks`], which
+    /// decodes what it cannot read. Caller holds the stripes' locks.
+    fn read_units_of(&self, wants: &[(u64, usize, Range<u64>)]) -> Result<Vec<ScratchBuf>> {
         let g = &self.geo;
         let block = g.block() as usize;
-        let mut out: Vec<Vec<u8>> = wants
+        // Every byte is overwritten below: by the read, or by the decode of
+        // a unit whose read did not take.
+        let mut out: Vec<ScratchBuf> = wants
             .iter()
-            .map(|(_, blocks)| vec![0u8; len_of(blocks) as usize * block])
+            .map(|(_, _, blocks)| ScratchBuf::new(len_of(blocks) as usize * block))
             .collect();
         let mut reqs: Vec<ChunkRequest> = out
             .iter_mut()
             .zip(wants)
-            .map(|(buf, (role, blocks))| {
-                let place = g.place(stripe, *role);
+            .map(|(buf, (stripe, role, blocks))| {
+                let place = g.place(*stripe, *role);
                 let op = ChunkOp::Read {
-                    buf,
+                    buf: &mut buf[..],
                     offset: g.device_offset(place.row, blocks.start),
                     class: class_of(*role, g.k()),
                     check: Some(g.checksum_index(place.row, blocks.start)),
-                    stripe: Some(stripe),
+                    stripe: Some(*stripe),
                 };
                 ChunkRequest::new(place.device, op)
             })
@@ -299,9 +367,9 @@ impl Array {
                 ChunkReply::Mismatch | ChunkReply::Unavailable => false,
             })
             .collect();
-        for (i, (role, blocks)) in wants.iter().enumerate() {
+        for (i, (stripe, role, blocks)) in wants.iter().enumerate() {
             if !good[i] {
-                out[i] = self.read_unit_blocks(stripe, *role, blocks.clone())?;
+                out[i].copy_from_slice(&self.read_unit_blocks(*stripe, *role, blocks.clone())?);
             }
         }
         Ok(out)
@@ -521,13 +589,16 @@ impl Array {
                             begun.push(stripe);
                             self.forget_degraded_records(stripe)?;
                         }
-                        let parity: Vec<Vec<Vec<u8>>> = group
+                        // Parity into pooled aligned buffers: the encode
+                        // writes every byte, the devices take them as they are.
+                        let parity: Vec<Vec<ScratchBuf>> = group
                             .iter()
                             .map(|&(_, _, n, at)| {
                                 let d: Vec<&[u8]> = buf[at..at + n].chunks(unit).collect();
-                                let mut p = vec![vec![0u8; unit]; g.m()];
+                                let mut p: Vec<ScratchBuf> =
+                                    (0..g.m()).map(|_| ScratchBuf::new(unit)).collect();
                                 let mut refs: Vec<&mut [u8]> =
-                                    p.iter_mut().map(|v| v.as_mut_slice()).collect();
+                                    p.iter_mut().map(|v| &mut v[..]).collect();
                                 self.codec.encode(&d, &mut refs);
                                 p
                             })
@@ -538,7 +609,7 @@ impl Array {
                                 units.push((stripe, role, 0, bytes));
                             }
                             for (j, bytes) in p.iter().enumerate() {
-                                units.push((stripe, g.k() + j, 0, bytes.as_slice()));
+                                units.push((stripe, g.k() + j, 0, &bytes[..]));
                             }
                             bump(&self.counters.array.full_stripe_writes);
                         }
@@ -749,10 +820,11 @@ impl Array {
             for w in writes {
                 overlay(&mut data[w.role], run.start * block, w);
             }
-            let mut parity = vec![vec![0u8; run_bytes]; g.m()];
+            let mut parity: Vec<ScratchBuf> =
+                (0..g.m()).map(|_| ScratchBuf::new(run_bytes)).collect();
             {
                 let d: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-                let mut p: Vec<&mut [u8]> = parity.iter_mut().map(|v| v.as_mut_slice()).collect();
+                let mut p: Vec<&mut [u8]> = parity.iter_mut().map(|v| &mut v[..]).collect();
                 self.codec.encode(&d, &mut p);
             }
             // Degraded: the missing units' new values are durable before
@@ -769,7 +841,7 @@ impl Array {
                 }
             }
             for (j, p) in parity.iter().enumerate() {
-                units.push((stripe, g.k() + j, run.start, p));
+                units.push((stripe, g.k() + j, run.start, &p[..]));
             }
             self.write_units(&units, false);
         }
@@ -793,17 +865,19 @@ impl Array {
         wants.extend(writes.iter().map(|w| (w.role, w.blocks(block))));
         let mut old = self.read_units(stripe, &wants)?;
         let old_data = old.split_off(rows.len() * g.m());
-        let mut parity: Vec<Vec<Vec<u8>>> = Vec::with_capacity(rows.len());
+        let mut parity: Vec<Vec<ScratchBuf>> = Vec::with_capacity(rows.len());
         let mut old_parity = old.into_iter();
         for _ in rows {
             parity.push(old_parity.by_ref().take(g.m()).collect());
         }
         let mut new_data = Vec::with_capacity(writes.len());
-        for (w, old) in writes.iter().zip(old_data) {
+        for (w, mut new) in writes.iter().zip(old_data) {
             let blocks = w.blocks(block);
-            let mut new = old.clone();
+            // The old bytes become the new ones in place (an aligned
+            // buffer, written as it is); the delta keeps old ^ new.
+            let mut delta = new.to_vec();
             overlay(&mut new, blocks.start * block, w);
-            let delta: Vec<u8> = old.iter().zip(&new).map(|(a, b)| a ^ b).collect();
+            delta.iter_mut().zip(new.iter()).for_each(|(d, b)| *d ^= b);
             let r = rows
                 .iter()
                 .position(|run| run.start <= blocks.start && blocks.end <= run.end)
@@ -819,11 +893,11 @@ impl Array {
         // New data and new parity: one batch.
         let mut units: Vec<(u64, usize, u64, &[u8])> = new_data
             .iter()
-            .map(|(role, b, bytes)| (stripe, *role, *b, bytes.as_slice()))
+            .map(|(role, b, bytes)| (stripe, *role, *b, &bytes[..]))
             .collect();
         for (run, per_run) in rows.iter().zip(&parity) {
             for (j, p) in per_run.iter().enumerate() {
-                units.push((stripe, g.k() + j, run.start, p));
+                units.push((stripe, g.k() + j, run.start, &p[..]));
             }
         }
         self.write_units(&units, false);

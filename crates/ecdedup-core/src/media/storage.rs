@@ -399,6 +399,40 @@ impl Drop for AlignedBuf {
     }
 }
 
+/// `len` bytes of a pooled [`AlignedBuf`]: the array's scratch memory on
+/// its hot paths (units read, parity encoded). An `O_DIRECT` transfer uses
+/// it as it is, without a bounce copy, and it is neither allocated nor
+/// zeroed per request. Its bytes start as an earlier user left them (zeros
+/// when new), so each user overwrites all of them before reading them: a
+/// read fills the whole slice or fails, an encode writes all its parity.
+pub(crate) struct ScratchBuf {
+    buf: AlignedBuf,
+    len: usize,
+}
+
+impl ScratchBuf {
+    pub(crate) fn new(len: usize) -> ScratchBuf {
+        ScratchBuf {
+            buf: AlignedBuf::new(len),
+            len,
+        }
+    }
+}
+
+impl std::ops::Deref for ScratchBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `ptr` owns at least `len` initialised bytes (`new`).
+        unsafe { std::slice::from_raw_parts(self.buf.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl std::ops::DerefMut for ScratchBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut_slice(self.len)
+    }
+}
+
 pub(crate) fn direct_aligned(offset: u64, len: usize) -> bool {
     len > 0
         && offset.is_multiple_of(DIRECT_ALIGN_BYTES as u64)
