@@ -946,7 +946,15 @@ const KNOWN: &[(&str, &str)] = &[];
 
 /// Seeds that fail for an open bug not told apart by its message; skipped
 /// unless `ECDEDUP_SIM_STRICT=1` or replayed alone.
-const KNOWN_SEEDS: &[(u64, &str)] = &[];
+const KNOWN_SEEDS: &[(u64, &str)] = &[
+    // Found by the 5,000-seed run of 2026-11-26 11:13 UTC; it fails on
+    // 7ac3a24 too (the seeds run before stopped at 2,000).
+    (
+        4364,
+        "rmw: a durable block unreadable after a takeover: no 5 members decode \
+         to its checksums (open, 2026-11-26)",
+    ),
+];
 
 fn strict() -> bool {
     std::env::var("ECDEDUP_SIM_STRICT").is_ok_and(|v| v == "1")
