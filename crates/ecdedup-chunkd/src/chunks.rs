@@ -23,6 +23,7 @@
 
 use ecdedup_core::media::storage::{read_all, write_atomic};
 use ecdedup_core::media::{Device, DeviceOptions, FileDevice, IoMode, Storage};
+use ecdedup_core::proto::frame::decode_append;
 use ecdedup_core::proto::{chunk_parts, Header, Op, Status};
 use std::collections::{BTreeSet, HashMap};
 use std::io;
@@ -371,11 +372,17 @@ impl ChunkServer {
             ));
         }
         match h.op {
-            Op::Open | Op::Read | Op::Write | Op::Flush | Op::Discard | Op::SetEpoch => {}
+            Op::Open
+            | Op::Read
+            | Op::Write
+            | Op::LogAppend
+            | Op::Flush
+            | Op::Discard
+            | Op::SetEpoch => {}
             other => {
                 return Err(invalid(format!(
                     "{other:?} is not served by this chunk server (the volume client keeps \
-                     the parity journals in the chunks themselves)"
+                     the parity journals' index and replays them itself)"
                 )))
             }
         }
@@ -402,19 +409,33 @@ impl ChunkServer {
                 self.counters.bytes_read.fetch_add(len, Ordering::Relaxed);
                 Ok(buf)
             }
-            Op::Write => {
+            Op::Write | Op::LogAppend => {
+                // A write, or a parity-journal append (the records' runs,
+                // then the journal's length hint): every write checked
+                // before any is made, then made in order, answered
+                // together.
                 let dev = self.chunk(volume, code)?;
-                if h.length as usize != payload.len() {
-                    return Err(invalid(format!(
-                        "a write of length {} with {} bytes of payload",
-                        h.length,
-                        payload.len()
-                    )));
+                let (writes, doing) = if h.op == Op::Write {
+                    if h.length as usize != payload.len() {
+                        return Err(invalid(format!(
+                            "a write of length {} with {} bytes of payload",
+                            h.length,
+                            payload.len()
+                        )));
+                    }
+                    (vec![(h.offset, payload)], "writing")
+                } else {
+                    let writes = decode_append(payload).map_err(invalid)?;
+                    (writes, "appending to the parity journal on")
+                };
+                for &(offset, buf) in &writes {
+                    check_range(dev.as_ref(), offset, buf.len() as u64)?;
                 }
-                check_range(dev.as_ref(), h.offset, payload.len() as u64)?;
-                let what = || format!("writing {}", dev.describe());
-                dev.write_at(payload, h.offset)
-                    .map_err(|e| io_refusal(&what(), &e))?;
+                let what = || format!("{doing} {}", dev.describe());
+                for &(offset, buf) in &writes {
+                    dev.write_at(buf, offset)
+                        .map_err(|e| io_refusal(&what(), &e))?;
+                }
                 if h.flags & ecdedup_core::proto::frame::FLAG_FUA != 0 {
                     dev.sync().map_err(|e| io_refusal(&what(), &e))?;
                     self.counters.syncs.fetch_add(1, Ordering::Relaxed);
@@ -688,6 +709,44 @@ mod tests {
         let (st, why) = call(&s, req(Op::NeedD0, 7, 5, 0, &[]), &[]);
         assert_eq!(st, Status::Invalid);
         assert!(String::from_utf8_lossy(&why).contains("not served"));
+    }
+
+    #[test]
+    fn a_log_append_makes_its_writes_in_order_and_a_malformed_one_makes_none() {
+        use ecdedup_core::proto::frame::encode_append;
+        let dir = tempfile::tempdir().unwrap();
+        let s = server(dir.path());
+        let size = (1u64 << 20).to_le_bytes();
+        assert_eq!(call(&s, req(Op::Open, 7, 5, 0, &size), &size).0, Status::Ok);
+        let records = vec![0x11u8; 4096 + 32];
+        let append = encode_append(&[(8192, &records), (8192 + 32, &[0x22; 32])]);
+        let (st, reply) = call(&s, req(Op::LogAppend, 7, 5, 8192, &append), &append);
+        assert_eq!(st, Status::Ok);
+        assert_eq!(
+            reply,
+            s.boot_id().to_le_bytes(),
+            "the boot id, as every change"
+        );
+        let mut h = req(Op::Read, 7, 5, 8192, &[]);
+        h.length = 4096 + 32;
+        let (_, back) = call(&s, h, &[]);
+        assert!(back[..32].iter().all(|&b| b == 0x11), "the records first");
+        assert!(
+            back[32..64].iter().all(|&b| b == 0x22),
+            "then the hint over them"
+        );
+        assert!(back[64..].iter().all(|&b| b == 0x11));
+        // One write past the chunk's end: refused, and nothing written.
+        let bad = encode_append(&[(0, &[0x33; 16]), (1 << 20, &[0x33; 16])]);
+        let (st, why) = call(&s, req(Op::LogAppend, 7, 5, 0, &bad), &bad);
+        assert_eq!(st, Status::Invalid);
+        assert!(String::from_utf8_lossy(&why).contains("past the end"));
+        let mut h = req(Op::Read, 7, 5, 0, &[]);
+        h.length = 16;
+        assert_eq!(call(&s, h, &[]).1, vec![0u8; 16]);
+        let (st, why) = call(&s, req(Op::LogAppend, 7, 5, 0, &[1, 2]), &[1, 2]);
+        assert_eq!(st, Status::Invalid);
+        assert!(String::from_utf8_lossy(&why).contains("cut short"));
     }
 
     #[test]

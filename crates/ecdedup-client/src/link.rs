@@ -14,7 +14,7 @@
 
 use ecdedup_cluster::ServerId;
 use ecdedup_core::media::remote::{ChunkLink, LinkOp, PendingReply, Purpose, Ready};
-use ecdedup_core::proto::frame::FLAG_FUA;
+use ecdedup_core::proto::frame::{encode_append, FLAG_FUA};
 use ecdedup_core::proto::{Header, Op, Status, PAYLOAD_BYTES_MAX};
 use ecdedup_transport::Peers;
 use std::cell::Cell;
@@ -262,7 +262,9 @@ pub fn request_header(
 }
 
 /// The frames (header, payload) that carry `op` on chunk `code`: one per
-/// [`FRAME_DATA_BYTES`] of a read or write, one for a sync or discard.
+/// [`FRAME_DATA_BYTES`] of a read or write, one for a sync or discard, one
+/// `LogAppend` for a journal append (its runs and its length hint) that
+/// fits a frame.
 /// The same for every link (the network's and the cluster simulator's).
 pub fn link_frames(
     volume_id: u64,
@@ -288,8 +290,18 @@ pub fn link_frames(
             offset, buf, fua, ..
         } => write_frames(&mut frames, &header, offset, buf, fua),
         LinkOp::Append { writes } => {
-            for &(offset, buf) in writes {
-                write_frames(&mut frames, &header, offset, buf, false);
+            let payload = encode_append(writes);
+            match u32::try_from(payload.len()) {
+                Ok(n) if n <= PAYLOAD_BYTES_MAX && !writes.is_empty() => {
+                    frames.push((header(Op::LogAppend, writes[0].0, n), payload))
+                }
+                // Larger than a frame (records of a 4 MiB unit with its
+                // d(0)): each write as its own frames.
+                _ => {
+                    for &(offset, buf) in writes {
+                        write_frames(&mut frames, &header, offset, buf, false);
+                    }
+                }
             }
         }
         LinkOp::Sync => frames.push((header(Op::Flush, 0, 0), Vec::new())),

@@ -191,32 +191,35 @@ impl JournalWrite {
     /// (ext4 cannot take them without blocking), which cost 1.32x the
     /// server CPU per write of the synchronous `pwrite` (docs/benchmarks.md,
     /// "Where the CPU goes").
+    ///
+    /// In a metadata area the runs and the hint are one operation
+    /// ([`crate::media::Op::Append`]), written in that order: on a chunk
+    /// across the network one `LogAppend` message, not one per write.
     pub fn device_ios(&self) -> Vec<DeviceIo<'_>> {
-        fn write<'a>(dev: &'a dyn Device, buf: &'a [u8], offset: u64) -> DeviceIo<'a> {
-            DeviceIo {
-                dev,
-                op: crate::media::Op::Write {
-                    buf,
-                    offset,
-                    hint: WriteHint::new(IoClass::Journal),
-                    fua: false,
-                },
-            }
-        }
+        let hint = WriteHint::new(IoClass::Journal);
         match &self.target {
             Target::Placed(p, dev) => {
-                let mut ios = Vec::with_capacity(p.runs.len() + 1);
+                let mut writes = Vec::with_capacity(p.runs.len() + 1);
                 let mut done = 0usize;
                 for &(at, n) in &p.runs {
-                    ios.push(write(dev, &self.records[done..done + n], at));
+                    writes.push((at, &self.records[done..done + n]));
                     done += n;
                 }
                 if let Some((at, h)) = &p.hint {
-                    ios.push(write(dev, &h[..], *at));
+                    writes.push((*at, &h[..]));
                 }
-                ios
+                let op = crate::media::Op::Append { writes, hint };
+                vec![DeviceIo { dev, op }]
             }
-            Target::File(f) => vec![write(f, &self.records[..], self.offset)],
+            Target::File(f) => vec![DeviceIo {
+                dev: f,
+                op: crate::media::Op::Write {
+                    buf: &self.records[..],
+                    offset: self.offset,
+                    hint,
+                    fua: false,
+                },
+            }],
         }
     }
 

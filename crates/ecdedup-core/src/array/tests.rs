@@ -14,6 +14,7 @@ mod full_logs;
 mod meta_copies;
 mod paged_tables;
 mod policies;
+mod wire;
 
 struct Rig {
     dir: tempfile::TempDir,

@@ -63,7 +63,10 @@ wire_enum! {
         Read = 2,
         /// Write the payload into a chunk at `offset` (data or parity).
         Write = 3,
-        /// Append the payload to a parity log (plog, parix's d(r)).
+        /// A parity-journal append (plog, parix's d(r)): the payload is
+        /// the append's writes ([`encode_append`]: the records' runs, then
+        /// the journal's length hint), which the chunk server makes in
+        /// that order before it answers; with [`FLAG_FUA`], durably.
         LogAppend = 4,
         /// A parity server's answer to a parix append it cannot apply: it
         /// lacks d(0), which the data server then supplies.
@@ -179,6 +182,58 @@ impl fmt::Display for FrameError {
 }
 
 impl std::error::Error for FrameError {}
+
+/// Bytes before each write of a `LogAppend` payload: u64 LE chunk offset,
+/// u32 LE length.
+pub const APPEND_WRITE_HEADER_BYTES: usize = 12;
+
+/// The payload of a `LogAppend`: each write as its offset (u64 LE), its
+/// length (u32 LE) and its bytes, in the order they are made.
+pub fn encode_append(writes: &[(u64, &[u8])]) -> Vec<u8> {
+    let bytes = writes
+        .iter()
+        .map(|(_, b)| APPEND_WRITE_HEADER_BYTES + b.len())
+        .sum();
+    let mut out = Vec::with_capacity(bytes);
+    for (offset, buf) in writes {
+        out.extend_from_slice(&offset.to_le_bytes());
+        out.extend_from_slice(&(buf.len() as u32).to_le_bytes());
+        out.extend_from_slice(buf);
+    }
+    out
+}
+
+/// The writes of a `LogAppend` payload, or why it is malformed (no write,
+/// an empty write, a length past the payload's end).
+pub fn decode_append(payload: &[u8]) -> Result<Vec<(u64, &[u8])>, String> {
+    let mut writes = Vec::new();
+    let mut rest = payload;
+    while !rest.is_empty() {
+        let Some((head, tail)) = rest.split_at_checked(APPEND_WRITE_HEADER_BYTES) else {
+            return Err(format!(
+                "a LogAppend write header cut short ({} bytes)",
+                rest.len()
+            ));
+        };
+        let offset = u64::from_le_bytes(head[..8].try_into().expect("8 bytes"));
+        let len = u32::from_le_bytes(head[8..].try_into().expect("4 bytes")) as usize;
+        if len == 0 {
+            return Err(format!("an empty LogAppend write at {offset}"));
+        }
+        let Some((buf, tail)) = tail.split_at_checked(len) else {
+            return Err(format!(
+                "a LogAppend write of {len} bytes at {offset} with {} bytes left",
+                tail.len()
+            ));
+        };
+        writes.push((offset, buf));
+        rest = tail;
+    }
+    if writes.is_empty() {
+        return Err("a LogAppend with no write".into());
+    }
+    Ok(writes)
+}
 
 /// The `pg` field of a chunk's frame: the placement group in the high 24
 /// bits, the shard's position in the stripe in the low 8 (a volume's chunk
@@ -553,5 +608,17 @@ mod tests {
         assert_eq!(b[32], 11);
         assert_eq!(b[40], 12);
         assert_eq!(b[48], 13);
+    }
+
+    #[test]
+    fn a_log_append_payload_round_trips_and_a_malformed_one_is_refused() {
+        let writes: Vec<(u64, &[u8])> = vec![(4096, b"records"), (131072, b"hint")];
+        let payload = encode_append(&writes);
+        assert_eq!(decode_append(&payload).unwrap(), writes);
+        let why = |p: &[u8]| decode_append(p).unwrap_err();
+        assert!(why(&[]).contains("no write"));
+        assert!(why(&payload[..5]).contains("cut short"));
+        assert!(why(&payload[..payload.len() - 1]).contains("bytes left"));
+        assert!(why(&encode_append(&[(8, b"")])).contains("empty"));
     }
 }
