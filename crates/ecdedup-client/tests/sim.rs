@@ -45,7 +45,10 @@
 //!
 //! `ECDEDUP_SIM_SEEDS=N` runs N seeds (CI: [`SEEDS_CI`]); the ignored test
 //! `many_seeds` runs [`SEEDS_LONG`]; `ECDEDUP_SIM_SEED=S` replays seed S
-//! alone, printing every fault as it is injected. Open bugs it found are
+//! alone, printing every fault as it is injected (with
+//! `ECDEDUP_SIM_TRACE_FRAMES=1`, every frame too; with
+//! `ECDEDUP_SIM_TRACE_BLOCK=B`, every op on block B, and which of its
+//! writes each read returned: a failure names that too). Open bugs it found are
 //! listed in [`KNOWN`] and [`KNOWN_SEEDS`];
 //! `ECDEDUP_SIM_STRICT=1` counts them as failures.
 
@@ -297,6 +300,19 @@ impl Net {
             return Err(timeout(&format!("{:?} to server {s} lost", h.op)));
         }
         let (status, reply) = server.handle(&h, &payload);
+        if trace().frames {
+            println!(
+                "  frame {}: writer at epoch {} -> server {s}: {:?} chunk {:#x} at {} \
+                 length {} payload {} -> {status:?}",
+                st.tally.frames,
+                writer.epoch,
+                h.op,
+                h.pg,
+                h.offset,
+                h.length,
+                payload.len(),
+            );
+        }
         if st.rng.gen_bool(chance) {
             st.troubled.insert(s);
             st.tally.replies_dropped += 1;
@@ -489,6 +505,9 @@ struct Model {
     /// writer's resync, in a stripe that had writes in flight at the stop
     /// (the double fault `docs/write-hole.md` describes; `mark_double_fault`).
     may_fail: Vec<bool>,
+    /// Every content written to each block, in order, with how its write
+    /// ended: only to say, when a block reads wrong, which one it read.
+    history: Vec<Vec<(Vec<u8>, &'static str)>>,
 }
 
 impl Model {
@@ -500,7 +519,25 @@ impl Model {
             maybe: vec![Vec::new(); n],
             unsure: vec![false; n],
             may_fail: vec![false; n],
+            history: vec![Vec::new(); n],
         }
+    }
+
+    /// Which write of block `b` `got` is, for a failure's message.
+    fn which(&self, b: usize, got: &[u8]) -> String {
+        let h = &self.history[b];
+        let found = h.iter().rposition(|(v, _)| v.as_slice() == got);
+        let durable = h.iter().rposition(|(v, _)| *v == self.durable[b]);
+        format!(
+            "it reads {} of {} writes; durable is {}",
+            match found {
+                Some(i) => format!("write #{i} ({})", h[i].1),
+                None if got.iter().all(|&x| x == 0) => "zeroes".to_string(),
+                None => "no write".to_string(),
+            },
+            h.len(),
+            durable.map_or("zeroes/none".to_string(), |i| format!("#{i}"))
+        )
     }
 
     fn write(&mut self, first: usize, data: &[u8], outcome: Outcome) {
@@ -509,6 +546,14 @@ impl Model {
             if outcome != Outcome::Failed {
                 self.may_fail[b] = false;
             }
+            self.history[b].push((
+                block.to_vec(),
+                match outcome {
+                    Outcome::Durable => "durable",
+                    Outcome::Acknowledged => "acknowledged",
+                    Outcome::Failed => "failed",
+                },
+            ));
             match outcome {
                 Outcome::Durable => {
                     self.durable[b] = block.to_vec();
@@ -622,7 +667,30 @@ struct Run {
     double_fault_unreadable: u64,
 }
 
+/// What a replay prints beyond the faults (`ECDEDUP_SIM_TRACE_FRAMES=1`:
+/// every frame and its answer; `ECDEDUP_SIM_TRACE_BLOCK=B`: every write,
+/// read and flush that touches block B, and which write a read returned).
+struct Trace {
+    frames: bool,
+    block: Option<usize>,
+}
+
+fn trace() -> &'static Trace {
+    static TRACE: std::sync::OnceLock<Trace> = std::sync::OnceLock::new();
+    TRACE.get_or_init(|| Trace {
+        frames: std::env::var("ECDEDUP_SIM_TRACE_FRAMES").is_ok_and(|v| v == "1"),
+        block: std::env::var("ECDEDUP_SIM_TRACE_BLOCK")
+            .ok()
+            .and_then(|v| v.parse().ok()),
+    })
+}
+
 impl Run {
+    fn trace_line(&self, what: &str) {
+        let frames = self.net.with(|st| st.tally.frames);
+        println!("  frame {frames}: {what}");
+    }
+
     fn fail(&mut self, what: String) {
         if self.failures.len() < 8 {
             self.failures.push(format!(
@@ -644,7 +712,12 @@ impl Run {
     fn step(&mut self, h: &Holder, label: &str) {
         match self.rng.gen_range(0..20) {
             0..=1 => match h.vol.flush() {
-                Ok(()) => self.model.flush(),
+                Ok(()) => {
+                    if trace().block.is_some() {
+                        self.trace_line(&format!("{label}: flush done"));
+                    }
+                    self.model.flush()
+                }
                 Err(e) => self.fail(format!("{label}: a flush failed: {e}")),
             },
             2 => {
@@ -698,6 +771,16 @@ impl Run {
         r: ecdedup_core::error::Result<()>,
         label: &str,
     ) {
+        if let Some(t) = trace().block {
+            if (b..b + data.len() / BLOCK).contains(&t) {
+                self.trace_line(&format!(
+                    "{label}: write of blocks {b}+{} (fua {fua}): {:?}; block {t} gets write #{}",
+                    data.len() / BLOCK,
+                    r.as_ref().map_err(|e| e.to_string()),
+                    self.model.history[t].len()
+                ));
+            }
+        }
         let outcome = match r {
             Ok(()) if fua => Outcome::Durable,
             Ok(()) => Outcome::Acknowledged,
@@ -725,13 +808,21 @@ impl Run {
     fn check_live(&mut self, first: usize, got: &[u8], label: &str) {
         for (i, block) in got.chunks(BLOCK).enumerate() {
             let b = first + i;
+            if trace().block == Some(b) {
+                self.trace_line(&format!(
+                    "{label}: read of block {b} (of {} from {first}): {}",
+                    got.len() / BLOCK,
+                    self.model.which(b, block)
+                ));
+            }
             let ok = if self.model.exact(b) {
                 block == self.model.current[b].as_slice()
             } else {
                 self.model.allowed(b, block)
             };
             if !ok {
-                self.fail(format!("{label}: block {b} reads wrong"));
+                let which = self.model.which(b, block);
+                self.fail(format!("{label}: block {b} reads wrong ({which})"));
             }
         }
     }
@@ -743,13 +834,22 @@ impl Run {
         let mut unreadable = BTreeSet::new();
         for b in 0..VOLUME_BYTES as usize / BLOCK {
             let at = b * BLOCK;
-            match h.vol.read(&mut got[at..at + BLOCK], at as u64) {
+            let r = h.vol.read(&mut got[at..at + BLOCK], at as u64);
+            if trace().block == Some(b) {
+                self.trace_line(&format!(
+                    "{label}: read-back of block {b}: {:?}; {}",
+                    r.as_ref().map_err(|e| e.to_string()),
+                    self.model.which(b, &got[at..at + BLOCK])
+                ));
+            }
+            match r {
                 Ok(()) if self.model.allowed(b, &got[at..at + BLOCK]) => {}
                 Ok(()) => {
                     let acked = !self.model.unsure[b] && self.model.maybe[b].is_empty();
+                    let which = self.model.which(b, &got[at..at + BLOCK]);
                     self.fail(format!(
                         "{label}: block {b} reads neither what was written nor what was \
-                         durable ({})",
+                         durable ({}; {which})",
                         if acked {
                             "it was durable"
                         } else {
@@ -1180,8 +1280,15 @@ fn run_seed_list(seeds: Vec<u64>) {
 /// - 1253 (plog): a resync dropped a stripe's journal records before
 ///   recomputing its parity, a member was lost in between, and a block
 ///   flushed long before failed to read (the records now go only once
-///   parity is recomputed).
-const REGRESSION_SEEDS: &[u64] = &[127, 144, 551, 1079, 1253, 1460, 1921];
+///   parity is recomputed);
+/// - 910 (parix, found with the one-message journal append): every
+///   server lost power with a write in flight, a member was lost during
+///   the next writer's resync, and its decode left out a data member that
+///   held the newer write as "stale" and rewrote it from parity, so a
+///   block read back as the newer write later read the older one (the
+///   resync now recomputes parity from data and the vouched decode of the
+///   missing member).
+const REGRESSION_SEEDS: &[u64] = &[127, 144, 551, 910, 1079, 1253, 1460, 1921];
 
 #[test]
 fn regression_seeds() {

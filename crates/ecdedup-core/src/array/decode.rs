@@ -224,6 +224,60 @@ impl Array {
         None
     }
 
+    /// The values of the missing data members (not `present`) of block
+    /// row `b` of `stripe`, from the decode that leaves out the fewest
+    /// present members and that the missing members' known checksums
+    /// vouch for: every missing data member's entry known, and each
+    /// decoded value matching it. None when no such decode exists, or
+    /// when two decodes at that depth disagree (a guess either way).
+    /// What the left-out members hold is not judged here: the caller
+    /// decides which side is the truth.
+    pub(super) fn decode_missing_vouched(
+        &self,
+        stripe: u64,
+        b: u64,
+        read: &[Vec<u8>],
+        present: &[bool],
+    ) -> Option<Vec<(usize, Vec<u8>)>> {
+        let g = &self.geo;
+        let k = g.k();
+        let missing: Vec<usize> = (0..k).filter(|&r| !present[r]).collect();
+        let mut expected = vec![None; g.width()];
+        for &role in &missing {
+            let place = g.place(stripe, role);
+            expected[role] =
+                Some(self.expected_crc(place.device, stripe, g.checksum_index(place.row, b))?);
+        }
+        if missing.is_empty() {
+            return None;
+        }
+        let avail: Vec<usize> = (0..present.len()).filter(|&r| present[r]).collect();
+        let depth_max = avail.len().saturating_sub(k).min(COMBINATION_DEPTH_MAX);
+        for depth in 1..=depth_max {
+            let mut answers: Vec<Vec<(usize, Vec<u8>)>> = Vec::new();
+            for_each_combination(avail.len(), depth, &mut |left_out| {
+                let mut use_ = present.to_vec();
+                for &i in left_out {
+                    use_[avail[i]] = false;
+                }
+                if let Some((shards, true)) = self.try_decode(read, &use_, present, &expected) {
+                    let values: Vec<(usize, Vec<u8>)> =
+                        missing.iter().map(|&r| (r, shards[r].clone())).collect();
+                    if !answers.contains(&values) {
+                        answers.push(values);
+                    }
+                }
+                answers.len() > 1
+            });
+            match answers.len() {
+                0 => continue,
+                1 => return answers.pop(),
+                _ => return None,
+            }
+        }
+        None
+    }
+
     /// Decodes from the members flagged in `use_`; checks every member
     /// that was not `present` (absent, or read with a checksum mismatch)
     /// against its known checksum, and every used member past k. Members

@@ -615,6 +615,18 @@ impl super::Array {
     /// seed 1079: two replicas of three held an acknowledged, unflushed
     /// write, the third was lost during the next writer's resync, and its
     /// entry from the last flush failed every read of the block.)
+    ///
+    /// When the members left are not one codeword (a data member holds a
+    /// write in flight at the stop that parity lacks, or parity one that a
+    /// data member lacks), the resync's rule still holds: data is the
+    /// truth and parity follows it. The missing units' values are taken
+    /// from the decode that leaves out the fewest present members and that
+    /// their known entries vouch for (one answer, or none is taken), and
+    /// parity is recomputed from the present data as it is and those
+    /// values. Left as it was, the row decoded the missing unit from a
+    /// combination that left a present data member out as "stale" and
+    /// rewrote it from parity: a block already read back as the newer
+    /// write went back to the older one (the cluster simulator, seed 910).
     pub(super) fn note_missing_from_codeword(
         &self,
         stripe: u64,
@@ -644,6 +656,26 @@ impl super::Array {
                     g.checksum_index(place.row, row),
                     crc32c::crc32c(&shards[role]),
                 );
+            }
+            return;
+        }
+        let Some(missing) = self.decode_missing_vouched(stripe, row, &read, &present) else {
+            return;
+        };
+        let mut data = read[..g.k()].to_vec();
+        for (role, value) in missing {
+            data[role] = value;
+        }
+        let mut parity = vec![vec![0u8; block]; g.m()];
+        {
+            let d: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+            let mut p: Vec<&mut [u8]> = parity.iter_mut().map(|v| v.as_mut_slice()).collect();
+            self.codec.encode(&d, &mut p);
+        }
+        for (j, p) in parity.iter().enumerate() {
+            if present[g.k() + j] && read[g.k() + j] != *p {
+                crate::counters::bump(&self.counters.array.parity_mismatches);
+                self.write_unit_blocks(stripe, g.k() + j, row, p);
             }
         }
     }
