@@ -424,6 +424,11 @@ pub fn frame(data: &[u8]) {
         }
     }
     stream(data);
+    // A LogAppend's payload (its writes): whatever parses encodes back to
+    // the same bytes, and nothing panics.
+    if let Ok(writes) = crate::proto::frame::decode_append(data) {
+        assert_eq!(crate::proto::frame::encode_append(&writes), data);
+    }
     let mut b = data.to_vec();
     if b.len() >= HEADER_BYTES {
         b[..4].copy_from_slice(&MAGIC);

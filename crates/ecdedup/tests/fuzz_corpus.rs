@@ -424,6 +424,14 @@ mod seeds {
         let mut h = Header::request(Op::Read, 2, &[]);
         h.length = 4096;
         write_frame(&mut read, &h, &[]);
-        vec![("write-and-reply", stream), ("read", read)]
+        // A LogAppend's payload alone (the target parses it as one too):
+        // a journal's records, then its length hint.
+        let append =
+            ecdedup::proto::frame::encode_append(&[(8192, &[0x11; 40]), (8232, &[0x22; 8])]);
+        vec![
+            ("write-and-reply", stream),
+            ("read", read),
+            ("log-append-payload", append),
+        ]
     }
 }
