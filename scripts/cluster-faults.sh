@@ -48,7 +48,9 @@
 #   target/debug), WORK_ROOT (/var/tmp), KEEP=1 keeps the work folder,
 #   SERVER_TTL (chunk servers' lease, s; 5 as `cluster up`), RATE (fio
 #   IOPS cap, 150), WRITER_LEASE_TTL (passed as `serve --lease-ttl` when
-#   set), TRIALS (20).
+#   set), WRITER_TAKE_OVER=1 (every new writer starts with `serve
+#   --take-over`: it takes the volume without waiting for the old writer's
+#   lease), TRIALS (20).
 # Needs root (ip netns, nft, losetup, mount), etcd, etcdctl,
 # fio, nbdkit, nbdinfo, mkfs.ext4.
 set -uo pipefail
@@ -244,6 +246,7 @@ start_writer() {  # start_writer NODE NAME: retries while another writer holds t
   local node=$1 name=$2 deadline=$(( $(date +%s) + 180 )) pid sock=$WORK/$2.sock
   local extra=()
   [ -n "${WRITER_LEASE_TTL:-}" ] && extra=(--lease-ttl "$WRITER_LEASE_TTL")
+  [ "${WRITER_TAKE_OVER:-0}" = 1 ] && extra+=(--take-over)
   while :; do
     rm -f "$sock"
     W_ATTEMPT_MS=$(now_ms)
@@ -645,7 +648,7 @@ if [ "$TRIALS" -gt 0 ]; then
   echo "  writer kill -9, a returned server to re-add -> first write of a new writer: $(dist "${TAKEOVER_READD[@]}")"
   echo "  writer kill -9, cluster in sync -> first write of a new writer: $(dist "${TAKEOVER[@]}")"
   echo "    of which waiting for the old writer's lease (the successful attempt's start): $(dist "${LEASE_WAIT[@]}")"
-  echo "  writer lease TTL: ${WRITER_LEASE_TTL:-10 (default)} s; chunk server lease TTL: $SERVER_TTL s"
+  echo "  writer lease TTL: ${WRITER_LEASE_TTL:-10 (default)} s; chunk server lease TTL: $SERVER_TTL s; new writers take over: ${WRITER_TAKE_OVER:-0}"
   echo "  samples: degraded ${DEGRADED[*]}"
   echo "           writer with re-add ${TAKEOVER_READD[*]}"
   echo "           writer in sync ${TAKEOVER[*]}"

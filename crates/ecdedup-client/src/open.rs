@@ -67,6 +67,10 @@ pub struct ClusterOptions {
     pub capacity_bytes_min: u64,
     /// The throttle of a rebuild ([`REBUILD_BYTES_PER_S_DEFAULT`]; 0: none).
     pub rebuild_bytes_per_s: u64,
+    /// Take the volume from a writer that still holds its key, without
+    /// waiting for that writer's lease to expire (`serve --take-over`;
+    /// `ecdedup_cluster::acquire_writer` says why that is safe).
+    pub take_over: bool,
 }
 
 /// What the volume keeps alive while it serves: the runtime, the etcd
@@ -157,6 +161,7 @@ pub fn open(opts: &ClusterOptions) -> Result<ClusterVolume> {
             &opts.volume,
             &opts.writer_address,
             opts.lease_ttl,
+            opts.take_over,
         )
         .await
         .map_err(cluster_error("writer"))?;
@@ -165,6 +170,18 @@ pub fn open(opts: &ClusterOptions) -> Result<ClusterVolume> {
     let spec = pool.record.spec.clone();
     let volume_id = volume.record.id;
     let epoch = writer.epoch();
+    if let Some(from) = writer.taken_from() {
+        line(
+            COMPONENT,
+            "writer-taken-over",
+            &[
+                ("volume", &opts.volume),
+                ("from", &from.holder),
+                ("from_epoch", &from.epoch),
+                ("epoch", &epoch),
+            ],
+        );
+    }
     line(
         COMPONENT,
         "writer",

@@ -135,6 +135,7 @@ impl Cluster {
             // Small chunks: a rebuild walks every formatted stripe.
             capacity_bytes_min: 16 << 20,
             rebuild_bytes_per_s: 0,
+            take_over: false,
         }
     }
 

@@ -48,4 +48,4 @@ pub use volume::{
     resize_volume_at, volume_ids, VolumeIds,
 };
 pub use watch::{WatchEvent, Watcher};
-pub use writer::{acquire_writer, current_writer, Writer};
+pub use writer::{acquire_writer, current_writer, TakenFrom, Writer};

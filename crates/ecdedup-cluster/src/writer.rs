@@ -26,15 +26,39 @@ pub struct Writer {
     volume_id: u64,
     epoch: u64,
     lease: Lease,
+    taken_from: Option<TakenFrom>,
+}
+
+/// The writer whose key a take-over deleted ([`acquire_writer`] with
+/// `take_over`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TakenFrom {
+    /// Its address, as its record gave it.
+    pub holder: String,
+    /// Its epoch, which every chunk server refuses once the new writer's
+    /// higher one reached it.
+    pub epoch: u64,
 }
 
 /// Takes the writer key of volume `pool/name` for the writer at `address`.
+///
+/// A key held by another writer refuses the volume (`WriterHeld`) until
+/// that writer's lease expires, unless `take_over`: then the key is
+/// deleted as it was read (a transaction comparing its `mod_revision`)
+/// and created again under this writer's lease, so the new epoch is higher
+/// than the old writer's. That is safe because the epoch, not the lease,
+/// fences: the old writer, dead or alive, is refused by every chunk server
+/// the new epoch reaches (the new writer pushes it to every server before
+/// it serves). It is how a cluster's orchestrator moves a volume off a
+/// host it has given up on without waiting out the lease (Ceph's lock
+/// break, Curve's epoch push).
 pub async fn acquire_writer(
     etcd: &Etcd,
     pool: &str,
     name: &str,
     address: &str,
     ttl: Duration,
+    take_over: bool,
 ) -> Result<Writer> {
     let volume = get_volume(etcd, pool, name).await?;
     let volume_id = volume.record.id;
@@ -43,48 +67,84 @@ pub async fn acquire_writer(
     let record = WriterRecord {
         address: address.to_string(),
     };
-    let txn = Txn::new()
-        .when([
-            Compare::create_revision(key.as_str(), CompareOp::Equal, 0),
-            // The volume read above is still the same volume (not removed,
-            // nor removed and created again under the same name).
-            Compare::create_revision(
-                etcd.keys().volume(pool, name),
-                CompareOp::Equal,
-                volume.create_revision,
-            ),
-        ])
-        .and_then([TxnOp::put(
-            key.as_str(),
-            encode(&record),
-            Some(PutOptions::new().with_lease(lease.id())),
-        )])
-        .or_else([TxnOp::get(key.as_str(), None)]);
-    let found = match txn::run(etcd, txn, "writer acquire").await? {
-        // The transaction's revision is the one that created the key.
-        Ok(revision) => {
-            return Ok(Writer {
+    let mut taken_from = None;
+    // A take-over deletes the key it read, then creates it: a third
+    // writer between the two sends it round again, a few times at most.
+    for _ in 0..TAKE_OVER_TRIES {
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(key.as_str(), CompareOp::Equal, 0),
+                // The volume read above is still the same volume (not
+                // removed, nor removed and created again under the same
+                // name).
+                Compare::create_revision(
+                    etcd.keys().volume(pool, name),
+                    CompareOp::Equal,
+                    volume.create_revision,
+                ),
+            ])
+            .and_then([TxnOp::put(
+                key.as_str(),
+                encode(&record),
+                Some(PutOptions::new().with_lease(lease.id())),
+            )])
+            .or_else([TxnOp::get(key.as_str(), None)]);
+        let found = match txn::run(etcd, txn, "writer acquire").await {
+            // The transaction's revision is the one that created the key.
+            Ok(Ok(revision)) => {
+                return Ok(Writer {
+                    volume_id,
+                    epoch: revision as u64,
+                    lease,
+                    taken_from,
+                })
+            }
+            Ok(Err(found)) => found,
+            Err(e) => {
+                let _ = lease.revoke().await;
+                return Err(e);
+            }
+        };
+        let Some(kv) = found else {
+            let _ = lease.revoke().await;
+            return Err(Error::Changed {
+                key: etcd.keys().volume(pool, name),
+                operation: "writer acquire",
+            });
+        };
+        let holder = holder_address::<WriterRecord>(&key, &kv, |w| w.address);
+        let epoch = kv.create_revision() as u64;
+        if !take_over {
+            let _ = lease.revoke().await;
+            return Err(Error::WriterHeld {
                 volume_id,
-                epoch: revision as u64,
-                lease,
-            })
+                holder,
+                epoch,
+                key,
+            });
         }
-        Err(found) => found,
-    };
-    let _ = lease.revoke().await;
-    if let Some(kv) = found {
-        return Err(Error::WriterHeld {
-            volume_id,
-            holder: holder_address::<WriterRecord>(&key, &kv, |w| w.address),
-            epoch: kv.create_revision() as u64,
-            key,
-        });
+        let delete = Txn::new()
+            .when([Compare::mod_revision(
+                key.as_str(),
+                CompareOp::Equal,
+                kv.mod_revision(),
+            )])
+            .and_then([TxnOp::delete(key.as_str(), None)]);
+        if let Err(e) = txn::run(etcd, delete, "writer take-over").await {
+            let _ = lease.revoke().await;
+            return Err(e);
+        }
+        taken_from = Some(TakenFrom { holder, epoch });
     }
+    let _ = lease.revoke().await;
     Err(Error::Changed {
-        key: etcd.keys().volume(pool, name),
-        operation: "writer acquire",
+        key,
+        operation: "writer take-over",
     })
 }
+
+/// How many times a take-over deletes a key another writer created again.
+const TAKE_OVER_TRIES: usize = 3;
 
 impl Writer {
     pub fn volume_id(&self) -> u64 {
@@ -94,6 +154,11 @@ impl Writer {
     /// The volume's epoch under this writer: every data message carries it.
     pub fn epoch(&self) -> u64 {
         self.epoch
+    }
+
+    /// The writer a take-over displaced, if it did.
+    pub fn taken_from(&self) -> Option<&TakenFrom> {
+        self.taken_from.as_ref()
     }
 
     /// Fires when the writer must stop serving the volume.

@@ -361,7 +361,7 @@ async fn each_writer_gets_a_higher_epoch_and_a_second_writer_is_refused() {
         .unwrap();
     let volume = create_volume(&etcd, "p", "v", 1 << 30).await.unwrap();
 
-    let first = acquire_writer(&etcd, "p", "v", "10.1.0.1:10809", TTL)
+    let first = acquire_writer(&etcd, "p", "v", "10.1.0.1:10809", TTL, false)
         .await
         .unwrap();
     assert_eq!(first.volume_id(), volume.id);
@@ -371,7 +371,7 @@ async fn each_writer_gets_a_higher_epoch_and_a_second_writer_is_refused() {
         (first.epoch(), "10.1.0.1:10809")
     );
 
-    let second = acquire_writer(&etcd, "p", "v", "10.1.0.2:10809", TTL).await;
+    let second = acquire_writer(&etcd, "p", "v", "10.1.0.2:10809", TTL, false).await;
     match &second {
         Err(Error::WriterHeld { holder, epoch, .. }) => {
             assert_eq!((holder.as_str(), *epoch), ("10.1.0.1:10809", first.epoch()));
@@ -386,7 +386,7 @@ async fn each_writer_gets_a_higher_epoch_and_a_second_writer_is_refused() {
 
     let old_epoch = first.epoch();
     first.release().await.unwrap();
-    let next = acquire_writer(&etcd, "p", "v", "10.1.0.2:10809", TTL)
+    let next = acquire_writer(&etcd, "p", "v", "10.1.0.2:10809", TTL, false)
         .await
         .unwrap();
     assert!(
@@ -395,6 +395,38 @@ async fn each_writer_gets_a_higher_epoch_and_a_second_writer_is_refused() {
         next.epoch()
     );
     assert!(next.fence().reason().is_none());
+
+    // A take-over does not wait for the holder's lease: it deletes the key
+    // as it read it and creates it again, with a higher epoch, and says
+    // whom it displaced.
+    let taker = acquire_writer(&etcd, "p", "v", "10.1.0.3:10809", TTL, true)
+        .await
+        .unwrap();
+    assert!(taker.epoch() > next.epoch());
+    assert_eq!(
+        taker.taken_from(),
+        Some(&ecdedup_cluster::TakenFrom {
+            holder: "10.1.0.2:10809".into(),
+            epoch: next.epoch(),
+        })
+    );
+    let (epoch, holder) = current_writer(&etcd, volume.id).await.unwrap().unwrap();
+    assert_eq!(
+        (epoch, holder.address.as_str()),
+        (taker.epoch(), "10.1.0.3:10809")
+    );
+    // The displaced writer's release is harmless: the key is the taker's.
+    next.release().await.unwrap();
+    assert_eq!(
+        current_writer(&etcd, volume.id).await.unwrap().unwrap().0,
+        taker.epoch()
+    );
+    // Without a holder, a take-over is a plain acquire.
+    taker.release().await.unwrap();
+    let plain = acquire_writer(&etcd, "p", "v", "10.1.0.4:10809", TTL, true)
+        .await
+        .unwrap();
+    assert_eq!(plain.taken_from(), None);
 }
 
 /// The next `count` events, each within the wait.

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// The cluster parameters (`cluster=`, `volume=`, `key=`, `cluster_name=`,
-/// `lease_ttl=`).
+/// `lease_ttl=`, `take_over=`).
 #[derive(Clone, Debug)]
 pub struct Params {
     endpoints: Option<String>,
@@ -19,6 +19,7 @@ pub struct Params {
     key: Option<String>,
     name: Option<String>,
     lease_ttl: Option<String>,
+    take_over: Option<String>,
 }
 
 /// The writer's etcd lease TTL without `lease_ttl=`: a killed writer's
@@ -33,6 +34,7 @@ impl Params {
             key: None,
             name: None,
             lease_ttl: None,
+            take_over: None,
         }
     }
 
@@ -42,6 +44,7 @@ impl Params {
             "volume" => &mut self.volume,
             "key" => &mut self.key,
             "lease_ttl" => &mut self.lease_ttl,
+            "take_over" => &mut self.take_over,
             _ => &mut self.name,
         };
         *slot = Some(value.to_owned());
@@ -65,6 +68,19 @@ impl Params {
                     "lease_ttl={text:?}: whole seconds, at least {}",
                     min.as_secs()
                 ),
+            )),
+        }
+    }
+
+    /// `take_over=1|0` (default 0): take the volume from a writer that
+    /// still holds it.
+    fn take_over(&self) -> nbdkit::Result<bool> {
+        match self.take_over.as_deref() {
+            None | Some("0") => Ok(false),
+            Some("1") => Ok(true),
+            Some(other) => Err(nbdkit::Error::new(
+                libc::EINVAL,
+                format!("take_over={other:?}: 1 or 0"),
             )),
         }
     }
@@ -173,6 +189,7 @@ pub fn open(params: &Params, state: &str) -> nbdkit::Result<Served> {
         request_timeout: Duration::from_secs(10),
         capacity_bytes_min: ecdedup_client::open::CAPACITY_BYTES_MIN,
         rebuild_bytes_per_s: ecdedup_client::open::REBUILD_BYTES_PER_S_DEFAULT,
+        take_over: params.take_over()?,
     };
     let c =
         ecdedup_client::open(&opts).map_err(|e| nbdkit::Error::new(e.errno(), e.to_string()))?;
@@ -212,6 +229,21 @@ pub fn serve_stats(c: Arc<ClusterVolume>) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn take_over_is_1_or_0() {
+        let mut p = Params::new();
+        assert!(!p.take_over().unwrap());
+        p.set("take_over", "1");
+        assert!(p.take_over().unwrap());
+        p.set("take_over", "0");
+        assert!(!p.take_over().unwrap());
+        for bad in ["yes", "2", ""] {
+            p.set("take_over", bad);
+            let e = p.take_over().expect_err(bad);
+            assert!(e.to_string().contains("take_over"), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn lease_ttl_is_whole_seconds_at_least_the_minimum() {

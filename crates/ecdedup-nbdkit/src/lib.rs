@@ -21,7 +21,9 @@
 //! (where each PG's `array.json` is cached and `stats.sock` answers the
 //! volume's counters), `cluster_name=NAME` (default `default`),
 //! `lease_ttl=SECONDS` (the writer's etcd lease, default 10: how long a
-//! killed writer keeps a successor out). The volume
+//! killed writer keeps a successor out), `take_over=1` (take the volume
+//! from a writer that still holds it, without waiting for its lease: the
+//! epoch fences the old writer). The volume
 //! is taken over in `config_complete` (the writer key, the epoch pushed to
 //! every server, each PG's array opened), so nbdkit must run in the
 //! foreground (`ecdedup serve` does). A writer fenced by a newer one
@@ -74,7 +76,7 @@ impl Server for Handle {
     }
 
     fn config_help() -> Option<&'static str> {
-        Some("dir=<ARRAY_FOLDER>  (required) the array to serve (cluster mode: the state folder)\nmetrics=<HOST:PORT>  Prometheus text on this address\ncluster=<ETCD,...> volume=<POOL/NAME> key=<FILE> [cluster_name=<NAME>] [lease_ttl=<SECONDS>]  serve a cluster volume")
+        Some("dir=<ARRAY_FOLDER>  (required) the array to serve (cluster mode: the state folder)\nmetrics=<HOST:PORT>  Prometheus text on this address\ncluster=<ETCD,...> volume=<POOL/NAME> key=<FILE> [cluster_name=<NAME>] [lease_ttl=<SECONDS>] [take_over=1]  serve a cluster volume")
     }
 
     fn config(key: &str, value: &str) -> Result<()> {
@@ -83,7 +85,7 @@ impl Server for Handle {
             "metrics" => *METRICS.lock().unwrap() = Some(value.to_owned()),
             "trace" => *TRACE.lock().unwrap() = Some(value.to_owned()),
             "fingerprint_backend" => *FINGERPRINT_BACKEND.lock().unwrap() = Some(value.to_owned()),
-            "cluster" | "volume" | "key" | "cluster_name" | "lease_ttl" => {
+            "cluster" | "volume" | "key" | "cluster_name" | "lease_ttl" | "take_over" => {
                 CLUSTER.lock().unwrap().set(key, value)
             }
             _ => {

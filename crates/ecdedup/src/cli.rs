@@ -159,6 +159,12 @@ enum Command {
         /// a writer killed keeps its successor out for up to this long.
         #[arg(long, requires = "cluster")]
         lease_ttl: Option<u64>,
+        /// Take the volume from a writer that still holds it, without
+        /// waiting for that writer's lease to expire: the new epoch fences
+        /// the old writer at every chunk server (for an orchestrator that
+        /// has given the old host up; docs/cluster.md, "Fencing").
+        #[arg(long, requires = "cluster")]
+        take_over: bool,
     },
     /// Show geometry, device states and any running operation (a stopped
     /// array is only read: no recovery, no file changed).
@@ -1099,6 +1105,7 @@ fn run(cli: Cli) -> Result<()> {
             volume,
             key,
             lease_ttl,
+            take_over,
         } => {
             let backend = fingerprint_backend
                 .as_deref()
@@ -1119,6 +1126,7 @@ fn run(cli: Cli) -> Result<()> {
                         volume,
                         key,
                         lease_ttl,
+                        take_over,
                     }
                 }
                 _ => {
@@ -1544,6 +1552,7 @@ enum ServeTarget {
         volume: String,
         key: PathBuf,
         lease_ttl: Option<u64>,
+        take_over: bool,
     },
 }
 
@@ -1601,6 +1610,7 @@ fn serve_nbdkit(
         volume,
         key,
         lease_ttl,
+        take_over,
     } = target
     {
         let key = std::fs::canonicalize(&key)
@@ -1611,6 +1621,9 @@ fn serve_nbdkit(
             .arg(format!("key={}", key.display()));
         if let Some(ttl) = lease_ttl {
             cmd.arg(format!("lease_ttl={ttl}"));
+        }
+        if take_over {
+            cmd.arg("take_over=1");
         }
     }
     if let Some(m) = metrics {
