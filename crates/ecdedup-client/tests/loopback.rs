@@ -359,6 +359,30 @@ fn rebuilding_cursors(v: &ClusterVolume) -> Vec<u64> {
         .collect()
 }
 
+/// A request for chunk `code` of the volume `v` serves, stamped with PG
+/// epoch `pg_epoch` and `v`'s writer epoch, sent to `addr` by a wire of
+/// its own (a refusal fences that wire, not `v`'s).
+fn read_at_pg_epoch(
+    c: &Cluster,
+    v: &ClusterVolume,
+    addr: std::net::SocketAddr,
+    code: u32,
+    pg_epoch: u32,
+) -> std::io::Result<Vec<u8>> {
+    use ecdedup_client::link::Wire;
+    let key = ClusterKey::load(&c.key).unwrap();
+    let peers = std::sync::Arc::new(ecdedup_transport::Peers::new(key, Default::default()));
+    let wire = std::sync::Arc::new(Wire::new(
+        c.rt.handle().clone(),
+        peers,
+        v.wire().volume_id,
+        v.wire().epoch,
+        Duration::from_secs(20),
+    ));
+    let h = wire.header(ecdedup_core::proto::Op::Read, code, pg_epoch, 0, 4096);
+    Wire::wait(wire.call(addr, h, Vec::new()))
+}
+
 #[test]
 fn a_server_out_is_replaced_rebuilt_elsewhere_and_never_read_again() {
     let name = "replace";
@@ -367,10 +391,12 @@ fn a_server_out_is_replaced_rebuilt_elsewhere_and_never_read_again() {
     c.pool(name, "rs42", WritePolicy::Parix, 4, 2, 2);
     c.volume(name, "rs42", "a", 8 << 20);
     let mut model = vec![0u8; 8 << 20];
-    let v = ecdedup_client::open(&c.options(name, "rs42", "a", "w1")).unwrap();
+    // The writer serves throughout the re-placement, its rebuild throttled.
+    let mut slow = c.options(name, "rs42", "a", "w1");
+    slow.rebuild_bytes_per_s = 128 << 10;
+    let v = ecdedup_client::open(&slow).unwrap();
     write_and_check(&v, &mut model, 21);
-    v.close().unwrap();
-    drop(v);
+    assert!(v.rebuild_starts().is_empty());
 
     // A server of PG 0 dies with its files: down, then out after 1 s.
     let before = pgs(&c, name, "rs42");
@@ -402,11 +428,12 @@ fn a_server_out_is_replaced_rebuilt_elsewhere_and_never_read_again() {
     let moved = &records[&("rs42".to_string(), 0)].0.as_ref().unwrap().moves;
     assert_eq!((moved[0].shard, moved[0].from), (1, gone));
 
-    // The next writer installs the new chunks and rebuilds them, throttled,
-    // while it serves writes; it is stopped part-way.
-    let mut slow = c.options(name, "rs42", "a", "w2");
-    slow.rebuild_bytes_per_s = 128 << 10;
-    let v = ecdedup_client::open(&slow).unwrap();
+    // The serving writer learns of it, installs the new chunks and
+    // rebuilds them while it goes on writing; it is stopped part-way.
+    let moved_pgs = before.iter().filter(|p| p.servers.contains(&gone)).count();
+    wait_until("the serving writer following the re-placement", || {
+        v.rebuild_starts().len() == moved_pgs
+    });
     assert!(
         v.rebuild_starts().iter().all(|s| s.2 == 0),
         "{:?}",
@@ -417,11 +444,39 @@ fn a_server_out_is_replaced_rebuilt_elsewhere_and_never_read_again() {
         rebuilding_cursors(&v).iter().any(|&c| c > 0)
     });
     let reached = rebuilding_cursors(&v).into_iter().max().unwrap();
+
+    // Every server of PG 0 took the new PG epoch before the rebuild began:
+    // a request of the volume's writer stamped with the old one is refused
+    // by a server it still reaches, naming both; the current one is not.
+    let servers = c.rt.block_on(async {
+        let etcd = Etcd::connect(c.etcd_config(name)).await.unwrap();
+        ecdedup_cluster::list_servers(&etcd).await.unwrap()
+    });
+    let kept = after[0].servers[0];
+    let addr = servers[&kept].info.address.parse().unwrap();
+    let code = ecdedup_core::proto::chunk_code(0, 0);
+    let (old_epoch, new_epoch) = (before[0].epoch as u32, after[0].epoch as u32);
+    let refused = read_at_pg_epoch(&c, &v, addr, code, old_epoch).unwrap_err();
+    let why = refused.to_string();
+    assert!(
+        why.contains("PG_EPOCH_TOO_OLD")
+            && why.contains(&format!("PG 0 is at PG epoch {new_epoch}"))
+            && why.contains(&format!("carries {old_epoch}")),
+        "{why}"
+    );
+    assert_eq!(
+        read_at_pg_epoch(&c, &v, addr, code, new_epoch)
+            .unwrap()
+            .len(),
+        4096
+    );
+    assert_eq!(v.stats_json()["wire"]["pg_epoch_refusals"], 0);
+    check(&v, &model);
     v.close().unwrap();
     drop(v);
 
     // The writer after it resumes from the durable cursor, not from 0.
-    let v = ecdedup_client::open(&c.options(name, "rs42", "a", "w3")).unwrap();
+    let v = ecdedup_client::open(&c.options(name, "rs42", "a", "w2")).unwrap();
     let starts = v.rebuild_starts();
     assert!(
         starts.iter().map(|s| s.2).max().unwrap() >= reached,
@@ -441,7 +496,7 @@ fn a_server_out_is_replaced_rebuilt_elsewhere_and_never_read_again() {
     // The dead server returns after it was out: no PG names it, and the
     // writer never addresses it.
     c.restart_server(name, gone.0);
-    let v = ecdedup_client::open(&c.options(name, "rs42", "a", "w4")).unwrap();
+    let v = ecdedup_client::open(&c.options(name, "rs42", "a", "w3")).unwrap();
     let needle = format!("server-{gone}/");
     for a in v.pg_arrays() {
         for d in a.status().devices {
