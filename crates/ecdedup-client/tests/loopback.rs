@@ -93,10 +93,22 @@ impl Cluster {
     }
 
     fn pool(&self, name: &str, pool: &str, policy: WritePolicy, k: u32, m: u32, pgs: u32) {
+        self.pool_of_unit(name, pool, policy, (k, m, pgs), 16 << 10);
+    }
+
+    /// A pool of RS(k, m) over `pgs` PGs with `unit_bytes` stripe units.
+    fn pool_of_unit(
+        &self,
+        name: &str,
+        pool: &str,
+        policy: WritePolicy,
+        (k, m, pgs): (u32, u32, u32),
+        unit_bytes: u32,
+    ) {
         let spec = PoolSpec {
             k,
             m,
-            stripe_unit_bytes: 16 << 10,
+            stripe_unit_bytes: unit_bytes,
             policy,
             dedup: DedupPolicy::None,
             pg_count: pgs,
@@ -527,6 +539,64 @@ fn a_server_out_is_replaced_rebuilt_elsewhere_and_never_read_again() {
     assert!(err.to_string().contains("min_size"), "{err}");
     let err = v.write_zeroes(0, 8 << 20, false).unwrap_err();
     assert!(err.to_string().contains("min_size"), "{err}");
+    check(&v, &model);
+    v.close().unwrap();
+}
+
+/// Rebuild throughput, for docs/benchmarks.md ("Rebuild of an out
+/// server"): one server out of seven, its shard of the one PG (RS(4,2)
+/// parix, 64 KiB units, a 128 MiB volume formatted for 128 MiB and
+/// written whole: 32 MiB of shard) rebuilt by a writer with the throttle
+/// off, the volume idle. Prints MiB of shard per second. Run by hand:
+/// `cargo test -p ecdedup-client --test loopback -- --ignored rebuild_throughput --nocapture`.
+#[test]
+#[ignore = "a measurement (about a minute), not a check"]
+fn rebuild_throughput_of_one_out_server() {
+    const VOLUME_BYTES: usize = 128 << 20;
+    let name = "rebuild-rate";
+    let mut c = Cluster::start_with(name, 7, Duration::from_secs(1));
+    c.pool_of_unit(name, "rs42", WritePolicy::Parix, (4, 2, 1), 64 << 10);
+    c.volume(name, "rs42", "a", VOLUME_BYTES as u64);
+    let mut options = c.options(name, "rs42", "a", "w1");
+    options.capacity_bytes_min = VOLUME_BYTES as u64;
+    let model = pattern(31, VOLUME_BYTES);
+    let v = ecdedup_client::open(&options).unwrap();
+    for (i, piece) in model.chunks(1 << 20).enumerate() {
+        v.write(piece, (i << 20) as u64, false).unwrap();
+    }
+    v.flush().unwrap();
+    v.close().unwrap();
+    drop(v);
+    let gone = pgs(&c, name, "rs42")[0].servers[1];
+    c.kill_server(gone.0);
+    wait_until("the re-placement", || {
+        !pgs(&c, name, "rs42")[0].servers.contains(&gone)
+    });
+    options.state_dir = c.root.join("w2");
+    let began = std::time::Instant::now();
+    let v = ecdedup_client::open(&options).unwrap();
+    let opened = began.elapsed();
+    for r in v.wait_rebuilds() {
+        r.unwrap();
+    }
+    let took = began.elapsed() - opened;
+    let status = v.pg_arrays()[0].status();
+    let shard_mib =
+        (status.stripes * u64::from(status.stripe_unit_bytes)) as f64 / (1 << 20) as f64;
+    println!(
+        "rebuild: {shard_mib:.0} MiB of shard ({} stripes of {} KiB) in {:.2} s: {:.1} MiB/s \
+         (open took {:.1} s)",
+        status.stripes,
+        status.stripe_unit_bytes >> 10,
+        took.as_secs_f64(),
+        shard_mib / took.as_secs_f64(),
+        opened.as_secs_f64()
+    );
+    let wire = &v.stats_json()["wire"];
+    println!(
+        "wire during the open and rebuild: {} messages, {} round trips; by purpose {}",
+        wire["messages"], wire["round_trips"], wire["by_purpose"]
+    );
     check(&v, &model);
     v.close().unwrap();
 }
