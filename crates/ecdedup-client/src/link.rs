@@ -579,3 +579,48 @@ impl ChunkLink for NetLink {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pg_epoch_change_pushes_only_after_the_old_epochs_requests_are_answered() {
+        let epoch = PgEpoch::new(1);
+        let (stamp, in_flight) = epoch.begin();
+        assert_eq!(stamp, 1);
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let changer = {
+            let (epoch, log) = (Arc::clone(&epoch), Arc::clone(&log));
+            std::thread::spawn(move || {
+                epoch.change(2, Duration::from_secs(600), || {
+                    log.lock().unwrap().push("pushed at 2");
+                    "the push's result"
+                })
+            })
+        };
+        // Give a change that does not wait the time to push first.
+        std::thread::sleep(Duration::from_millis(50));
+        log.lock().unwrap().push("old request answered");
+        drop(in_flight);
+        assert_eq!(changer.join().unwrap(), "the push's result");
+        assert_eq!(
+            *log.lock().unwrap(),
+            ["old request answered", "pushed at 2"]
+        );
+        // Requests after it carry the new epoch.
+        assert_eq!(epoch.begin().0, 2);
+    }
+
+    #[test]
+    fn a_pg_epoch_change_stops_waiting_at_its_bound_and_moves_on() {
+        let epoch = PgEpoch::new(4);
+        // A request whose reply never comes (its timeout is the bound).
+        let (_, stuck) = epoch.begin();
+        let pushed = epoch.change(5, Duration::from_millis(10), || true);
+        assert!(pushed);
+        assert_eq!(epoch.get(), 5);
+        drop(stuck);
+        assert_eq!(epoch.begin().0, 5);
+    }
+}
