@@ -10,6 +10,13 @@
 //! writer that has been taken over can therefore land nothing on a server
 //! that has heard from its successor (docs/cluster.md, "Fencing").
 //!
+//! A request for a chunk also carries the epoch of its PG's record in
+//! etcd that its sender acts on (`pg_epoch`; bumped by every re-placement
+//! of the PG). The server keeps the highest per (volume, PG) the same way
+//! (`epochs/v<ID>.pg<PG>`) and refuses a request with a lower one:
+//! `PgEpochTooOld`, naming both (docs/cluster.md, "Where the PG epoch
+//! travels").
+//!
 //! Invariants:
 //! - a request is checked whole (op, epoch, chunk, bounds) before any byte
 //!   of a chunk is touched; a bad one gets `Invalid` with the reason;
@@ -54,6 +61,8 @@ pub struct ChunkCounters {
     pub bytes_written: AtomicU64,
     pub syncs: AtomicU64,
     pub epoch_refusals: AtomicU64,
+    /// Requests refused for an older PG epoch than stored.
+    pub pg_epoch_refusals: AtomicU64,
     pub invalid: AtomicU64,
     /// Volumes whose chunks this server deleted (`volume rm`).
     pub volumes_removed: AtomicU64,
@@ -77,8 +86,8 @@ pub struct ChunkServer {
     storage: Arc<dyn Storage>,
     config: ChunkServerConfig,
     open: Mutex<OpenChunks>,
-    /// Highest epoch per volume, as stored.
-    epochs: Mutex<HashMap<u64, u64>>,
+    /// Highest epoch per volume and PG epoch per (volume, PG), as stored.
+    epochs: Mutex<HashMap<Fenced, u64>>,
     fenced: AtomicBool,
     /// Chosen at random when the server starts: every reply that
     /// acknowledges a change carries it, so a client notices a restart
@@ -92,6 +101,23 @@ pub struct ChunkServer {
 struct OpenChunks {
     by_name: HashMap<(u64, u32), (Arc<FileDevice>, u64)>,
     clock: u64,
+}
+
+/// What an epoch fences: a volume's writers (the frame's `epoch`), or the
+/// placements of one PG of a volume (a request's `pg_epoch`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Fenced {
+    Volume(u64),
+    Pg(u64, u32),
+}
+
+impl std::fmt::Display for Fenced {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Fenced::Volume(v) => write!(f, "volume {v}"),
+            Fenced::Pg(v, pg) => write!(f, "volume {v} PG {pg}"),
+        }
+    }
 }
 
 /// A refusal: the status and the reason (the reply's payload).
@@ -164,17 +190,26 @@ impl ChunkServer {
 
     /// The highest epoch stored for `volume` (0: none).
     pub fn epoch(&self, volume: u64) -> io::Result<u64> {
-        if let Some(e) = self.epochs.lock().unwrap().get(&volume) {
+        self.stored(Fenced::Volume(volume))
+    }
+
+    /// The highest PG epoch stored for PG `pg` of `volume` (0: none).
+    pub fn pg_epoch(&self, volume: u64, pg: u32) -> io::Result<u64> {
+        self.stored(Fenced::Pg(volume, pg))
+    }
+
+    fn stored(&self, key: Fenced) -> io::Result<u64> {
+        if let Some(e) = self.epochs.lock().unwrap().get(&key) {
             return Ok(*e);
         }
-        let path = self.epoch_path(volume);
+        let path = self.epoch_path(key);
         let stored = match read_all(self.storage.as_ref(), &path) {
             Ok(bytes) => parse_epoch(&bytes).ok_or_else(|| {
                 io::Error::new(
                     io::ErrorKind::InvalidData,
                     format!(
-                        "{} is damaged: the server refuses volume {volume} until it is \
-                         repaired (write the newest writer's epoch into it)",
+                        "{} is damaged: the server refuses {key} until it is repaired \
+                         (write the newest epoch into it)",
                         path.display()
                     ),
                 )
@@ -182,14 +217,42 @@ impl ChunkServer {
             Err(e) if e.kind() == io::ErrorKind::NotFound => 0,
             Err(e) => return Err(e),
         };
-        self.epochs.lock().unwrap().insert(volume, stored);
+        self.epochs.lock().unwrap().insert(key, stored);
         Ok(stored)
     }
 
-    fn epoch_path(&self, volume: u64) -> PathBuf {
-        self.config.dirs[0]
-            .join("epochs")
-            .join(format!("v{volume}"))
+    fn epoch_path(&self, key: Fenced) -> PathBuf {
+        let name = match key {
+            Fenced::Volume(volume) => format!("v{volume}"),
+            Fenced::Pg(volume, pg) => format!("v{volume}.pg{pg}"),
+        };
+        self.config.dirs[0].join("epochs").join(name)
+    }
+
+    /// Compares `epoch` with the one stored for `key`, storing it durably
+    /// first when it is higher (under the map's lock: two raises are
+    /// stored in order). Returns the highest epoch now stored: the caller
+    /// refuses the request when that is above `epoch`.
+    fn raise(&self, key: Fenced, epoch: u64) -> Result<u64, Refusal> {
+        let stored = self
+            .stored(key)
+            .map_err(|e| io_refusal(&format!("reading the epoch of {key}"), &e))?;
+        if epoch <= stored {
+            return Ok(stored);
+        }
+        let mut epochs = self.epochs.lock().unwrap();
+        let now = epochs.get(&key).copied().unwrap_or(stored);
+        if epoch > now {
+            write_atomic(
+                self.storage.as_ref(),
+                &self.epoch_path(key),
+                format!("{epoch}\n").as_bytes(),
+            )
+            .map_err(|e| io_refusal(&format!("storing the epoch of {key}"), &e))?;
+            epochs.insert(key, epoch);
+            return Ok(epoch);
+        }
+        Ok(now)
     }
 
     /// Admits `epoch` for `volume`: refused below the stored one; stored
@@ -198,10 +261,7 @@ impl ChunkServer {
         if epoch == 0 {
             return Err(invalid("epoch 0: a writer's epoch is at least 1"));
         }
-        let stored = self
-            .epoch(volume)
-            .map_err(|e| io_refusal("reading the volume's epoch", &e))?;
-        if stored == REMOVED_EPOCH {
+        if self.stored(Fenced::Volume(volume)).ok() == Some(REMOVED_EPOCH) {
             self.counters.epoch_refusals.fetch_add(1, Ordering::Relaxed);
             return Err((
                 Status::EpochTooOld,
@@ -211,6 +271,7 @@ impl ChunkServer {
                 ),
             ));
         }
+        let stored = self.raise(Fenced::Volume(volume), epoch)?;
         if epoch < stored {
             self.counters.epoch_refusals.fetch_add(1, Ordering::Relaxed);
             return Err((
@@ -221,25 +282,33 @@ impl ChunkServer {
                 ),
             ));
         }
-        if epoch > stored {
-            // Under the map's lock: two raises are stored in order.
-            let mut epochs = self.epochs.lock().unwrap();
-            let now = epochs.get(&volume).copied().unwrap_or(stored);
-            if epoch > now {
-                write_atomic(
-                    self.storage.as_ref(),
-                    &self.epoch_path(volume),
-                    format!("{epoch}\n").as_bytes(),
-                )
-                .map_err(|e| io_refusal("storing the volume's epoch", &e))?;
-                epochs.insert(volume, epoch);
-            } else if epoch < now {
-                self.counters.epoch_refusals.fetch_add(1, Ordering::Relaxed);
-                return Err((
-                    Status::EpochTooOld,
-                    format!("EPOCH_TOO_OLD: volume {volume} is written at epoch {now}"),
-                ));
-            }
+        Ok(())
+    }
+
+    /// Admits PG epoch `epoch` for PG `pg` of `volume` (a request for one
+    /// of its chunks): refused below the stored one; stored durably first
+    /// when above it (docs/cluster.md, "Where the PG epoch travels").
+    fn admit_pg_epoch(&self, volume: u64, pg: u32, epoch: u32) -> Result<(), Refusal> {
+        if epoch == 0 {
+            return Err(invalid(format!(
+                "PG epoch 0 in a request for a chunk of volume {volume} PG {pg}: a PG's epoch \
+                 is at least 1 (a sender of protocol version 2 names the epoch of the PG \
+                 record it acts on)"
+            )));
+        }
+        let stored = self.raise(Fenced::Pg(volume, pg), u64::from(epoch))?;
+        if u64::from(epoch) < stored {
+            self.counters
+                .pg_epoch_refusals
+                .fetch_add(1, Ordering::Relaxed);
+            return Err((
+                Status::PgEpochTooOld,
+                format!(
+                    "PG_EPOCH_TOO_OLD: volume {volume} PG {pg} is at PG epoch {stored} on this \
+                     server, this request carries {epoch} (the PG was re-placed: its record \
+                     in etcd names its servers now)"
+                ),
+            ));
         }
         Ok(())
     }
@@ -388,6 +457,9 @@ impl ChunkServer {
         }
         self.admit_epoch(h.volume_id, h.epoch)?;
         let (volume, code) = (h.volume_id, h.pg);
+        if h.op != Op::SetEpoch {
+            self.admit_pg_epoch(volume, chunk_parts(code).0, h.pg_epoch)?;
+        }
         match h.op {
             Op::SetEpoch => Ok(self.boot_id.to_le_bytes().to_vec()),
             Op::Open => {
@@ -488,15 +560,16 @@ impl ChunkServer {
     pub fn remove_volume(&self, volume: u64) -> io::Result<Removed> {
         let newly = {
             let mut epochs = self.epochs.lock().unwrap();
-            if epochs.get(&volume) == Some(&REMOVED_EPOCH) {
+            let key = Fenced::Volume(volume);
+            if epochs.get(&key) == Some(&REMOVED_EPOCH) {
                 false
             } else {
                 write_atomic(
                     self.storage.as_ref(),
-                    &self.epoch_path(volume),
+                    &self.epoch_path(key),
                     format!("{REMOVED_EPOCH}\n").as_bytes(),
                 )?;
-                epochs.insert(volume, REMOVED_EPOCH);
+                epochs.insert(key, REMOVED_EPOCH);
                 true
             }
         };
@@ -505,6 +578,18 @@ impl ChunkServer {
             .unwrap()
             .by_name
             .retain(|(v, _), _| *v != volume);
+        // Its PG epochs: no request for it is served any more.
+        let epochs = self.config.dirs[0].join("epochs");
+        let pg_files = format!("v{volume}.pg");
+        for name in self.storage.list_files(&epochs)? {
+            if name.starts_with(&pg_files) {
+                self.storage.remove(&epochs.join(name))?;
+            }
+        }
+        self.epochs
+            .lock()
+            .unwrap()
+            .retain(|key, _| !matches!(key, Fenced::Pg(v, _) if *v == volume));
         let mut removed = Removed::default();
         for dir in &self.config.dirs {
             let chunks = dir.join("chunks");
@@ -671,6 +756,7 @@ mod tests {
         h.volume_id = volume;
         h.epoch = epoch;
         h.pg = chunk_code(3, 1);
+        h.pg_epoch = 1;
         h.offset = offset;
         h
     }
@@ -782,6 +868,63 @@ mod tests {
             call(&s, req(Op::Write, 7, 9, 0, &data), &data).0,
             Status::Io
         );
+    }
+
+    #[test]
+    fn an_older_pg_epoch_is_refused_after_a_newer_one_even_across_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let size = (1u64 << 20).to_le_bytes();
+        let data = vec![1u8; 4096];
+        let at = |op, pg_epoch, payload: &[u8]| {
+            let mut h = req(op, 7, 5, 0, payload);
+            h.pg_epoch = pg_epoch;
+            h
+        };
+        {
+            let s = server(dir.path());
+            assert_eq!(call(&s, at(Op::Open, 1, &size), &size).0, Status::Ok);
+            assert_eq!(call(&s, at(Op::Write, 1, &data), &data).0, Status::Ok);
+            // The PG re-placed: its writer opens the chunk at epoch 2.
+            assert_eq!(call(&s, at(Op::Open, 2, &size), &size).0, Status::Ok);
+            // A sender still at epoch 1 is refused, naming both epochs...
+            let (st, why) = call(&s, at(Op::Write, 1, &data), &data);
+            assert_eq!(st, Status::PgEpochTooOld);
+            let why = String::from_utf8_lossy(&why).into_owned();
+            assert!(
+                why.contains("PG_EPOCH_TOO_OLD")
+                    && why.contains("PG 3 is at PG epoch 2")
+                    && why.contains("carries 1"),
+                "{why}"
+            );
+            assert_eq!(s.counters.pg_epoch_refusals.load(Ordering::Relaxed), 1);
+            // ... whatever it asks for; the current sender is not.
+            assert_eq!(
+                call(&s, at(Op::Flush, 1, &[]), &[]).0,
+                Status::PgEpochTooOld
+            );
+            assert_eq!(call(&s, at(Op::Write, 2, &data), &data).0, Status::Ok);
+            // Another PG of the volume, and another volume, keep their own.
+            let mut h = at(Op::Open, 1, &size);
+            h.pg = chunk_code(4, 1);
+            assert_eq!(call(&s, h, &size).0, Status::Ok);
+            // PG epoch 0 (no epoch named) is malformed.
+            let (st, why) = call(&s, at(Op::Write, 0, &data), &data);
+            assert_eq!(st, Status::Invalid);
+            assert!(String::from_utf8_lossy(&why).contains("PG epoch 0"));
+        }
+        let s = server(dir.path());
+        assert_eq!(s.pg_epoch(7, 3).unwrap(), 2, "stored durably");
+        assert_eq!(s.pg_epoch(7, 4).unwrap(), 1);
+        assert_eq!(
+            call(&s, at(Op::Write, 1, &data), &data).0,
+            Status::PgEpochTooOld
+        );
+        let mut h = at(Op::Read, 2, &[]);
+        h.length = 4096;
+        assert_eq!(call(&s, h, &[]), (Status::Ok, data));
+        // A volume epoch too old is refused as such first.
+        assert_eq!(call(&s, req(Op::SetEpoch, 7, 6, 0, &[]), &[]).0, Status::Ok);
+        assert_eq!(call(&s, at(Op::Write, 1, &[]), &[]).0, Status::EpochTooOld);
     }
 
     #[test]

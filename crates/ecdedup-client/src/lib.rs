@@ -11,8 +11,11 @@
 //!   writer's fence.
 //! - [`open`]: taking a volume over (writer key, epoch push, PG arrays).
 //! - [`rebuild`]: rebuilding a re-placed shard on its new server.
+//! - [`follow`]: following the PG records while serving (a re-placed
+//!   shard installed and rebuilt without waiting for the next open).
 //! - [`volume`]: striping over PGs.
 
+pub mod follow;
 pub mod link;
 pub mod open;
 pub mod rebuild;

@@ -1,12 +1,18 @@
 //! The volume client's connection to one chunk: the engine's
 //! [`ChunkLink`] over the transport (docs/cluster.md, "The data path").
 //!
-//! Every frame carries the volume's id and the writer's epoch. A send
+//! Every frame carries the volume's id and the writer's epoch, and every
+//! request for a chunk its PG's epoch ([`PgEpoch`]: the PG record's epoch
+//! in etcd that the writer acts on). A send
 //! spawns the call on the client's runtime and returns at once, so a batch
 //! of the array puts every unit of a stripe on the wire before it waits;
 //! operations larger than a frame go as several frames in flight together.
 //! A refusal with `EpochTooOld` latches [`Wire::fenced`]: a newer writer
-//! owns the volume, and the client stops its export.
+//! owns the volume, and the client stops its export. So does
+//! `PgEpochTooOld`: a server has heard a newer placement of the PG from a
+//! writer of the volume than this one acts on, which only a newer writer
+//! can have sent (this writer's own change of a PG's epoch drains its
+//! requests stamped with the old one first: [`PgEpoch::change`]).
 //!
 //! The counters say what crossed the wire, in all and by [`Purpose`] (a
 //! data write, a journal append, a d(0) read, a replay's read...): a round
@@ -21,8 +27,8 @@ use std::cell::Cell;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
-use std::sync::{mpsc, Arc, Mutex};
-use std::time::Duration;
+use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 /// Bytes of data one frame carries (a multiple of 4 KiB under the
 /// protocol's bound).
@@ -41,6 +47,8 @@ pub struct WireCounters {
     /// Replies with a status other than Ok, or no reply.
     pub failures: AtomicU64,
     pub epoch_refusals: AtomicU64,
+    /// Refusals for an older PG epoch than the server's.
+    pub pg_epoch_refusals: AtomicU64,
     /// Messages, round trips and bytes out, by purpose.
     pub by_purpose: PurposeCounters,
 }
@@ -85,6 +93,98 @@ impl serde::Serialize for PurposeCounters {
             )?;
         }
         map.end()
+    }
+}
+
+/// The epoch a writer stamps on every request for one PG's chunks, and
+/// the gate that changes it: requests stamped with the old epoch are
+/// drained before the new one is pushed, so that no server that took the
+/// new epoch later meets one of this writer's requests stamped with the
+/// old (the transport handles a connection's requests concurrently, so
+/// order on the wire is not order of handling).
+pub struct PgEpoch {
+    state: Mutex<PgEpochState>,
+    drained: Condvar,
+}
+
+struct PgEpochState {
+    epoch: u32,
+    /// Operations sent and not yet answered.
+    in_flight: u64,
+    /// A change is under way: new operations wait.
+    changing: bool,
+}
+
+/// An operation in flight on a PG: counted until dropped (when its last
+/// frame's reply is in).
+pub struct InFlight(Arc<PgEpoch>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut st = self.0.state.lock().unwrap();
+        st.in_flight -= 1;
+        if st.in_flight == 0 {
+            self.0.drained.notify_all();
+        }
+    }
+}
+
+impl PgEpoch {
+    pub fn new(epoch: u32) -> Arc<PgEpoch> {
+        Arc::new(PgEpoch {
+            state: Mutex::new(PgEpochState {
+                epoch,
+                in_flight: 0,
+                changing: false,
+            }),
+            drained: Condvar::new(),
+        })
+    }
+
+    pub fn get(&self) -> u32 {
+        self.state.lock().unwrap().epoch
+    }
+
+    /// An operation about to be sent: waits while the epoch changes, then
+    /// gives the epoch to stamp and its in-flight count.
+    pub fn begin(self: &Arc<Self>) -> (u32, Arc<InFlight>) {
+        let mut st = self.state.lock().unwrap();
+        while st.changing {
+            st = self.drained.wait(st).unwrap();
+        }
+        st.in_flight += 1;
+        (st.epoch, Arc::new(InFlight(Arc::clone(self))))
+    }
+
+    /// Moves to epoch `to`: holds new operations back, waits until those
+    /// in flight are answered (at most `drain_max`: every request ends by
+    /// its reply or its timeout), runs `push` (which tells the servers,
+    /// stamping `to` itself), then lets operations go stamped `to`, even
+    /// if `push` failed: the record at `to` is in etcd, and a server the
+    /// push missed takes `to` from the first request that carries it.
+    pub fn change<T>(&self, to: u32, drain_max: Duration, push: impl FnOnce() -> T) -> T {
+        {
+            let mut st = self.state.lock().unwrap();
+            assert!(to >= st.epoch, "a PG's epoch only grows");
+            while st.changing {
+                st = self.drained.wait(st).unwrap();
+            }
+            st.changing = true;
+            let until = Instant::now() + drain_max;
+            while st.in_flight > 0 {
+                let left = until.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                st = self.drained.wait_timeout(st, left).unwrap().0;
+            }
+        }
+        let result = push();
+        let mut st = self.state.lock().unwrap();
+        st.epoch = to;
+        st.changing = false;
+        self.drained.notify_all();
+        result
     }
 }
 
@@ -143,9 +243,18 @@ impl Wire {
         self.fenced.store(true, SeqCst);
     }
 
-    /// A request header for a chunk of this volume.
-    pub fn header(&self, op: Op, code: u32, offset: u64, length: u32) -> Header {
-        request_header(self.volume_id, self.epoch, op, code, offset, length)
+    /// A request header for a chunk of this volume, for PG epoch
+    /// `pg_epoch` (0 for `SetEpoch`, which names no PG).
+    pub fn header(&self, op: Op, code: u32, pg_epoch: u32, offset: u64, length: u32) -> Header {
+        request_header(
+            self.volume_id,
+            self.epoch,
+            pg_epoch,
+            op,
+            code,
+            offset,
+            length,
+        )
     }
 
     /// Sends one frame of chunk management (`Open`, `SetEpoch`); the
@@ -166,6 +275,19 @@ impl Wire {
         addr: SocketAddr,
         header: Header,
         payload: Vec<u8>,
+    ) -> mpsc::Receiver<io::Result<Vec<u8>>> {
+        self.send_frame(purpose, addr, header, payload, None)
+    }
+
+    /// Sends one frame; `in_flight` (the operation's count on its PG) is
+    /// held until its reply is in.
+    fn send_frame(
+        self: &Arc<Self>,
+        purpose: Purpose,
+        addr: SocketAddr,
+        header: Header,
+        payload: Vec<u8>,
+        in_flight: Option<Arc<InFlight>>,
     ) -> mpsc::Receiver<io::Result<Vec<u8>>> {
         let (tx, rx) = mpsc::sync_channel(1);
         let round_trip = !IN_FLIGHT.with(|f| f.replace(true));
@@ -201,6 +323,7 @@ impl Wire {
             if result.is_err() {
                 wire.counters.failures.fetch_add(1, Relaxed);
             }
+            drop(in_flight);
             let _ = tx.send(result);
         });
         rx
@@ -225,6 +348,11 @@ impl Wire {
                 self.fence(msg.clone());
                 Err(io::Error::new(io::ErrorKind::PermissionDenied, msg))
             }
+            Status::PgEpochTooOld => {
+                self.counters.pg_epoch_refusals.fetch_add(1, Relaxed);
+                self.fence(msg.clone());
+                Err(io::Error::new(io::ErrorKind::PermissionDenied, msg))
+            }
             Status::NoSpace => Err(io::Error::from_raw_os_error(libc::ENOSPC)),
             _ => Err(io::Error::other(msg)),
         }
@@ -243,10 +371,11 @@ impl Wire {
 }
 
 /// A request header for chunk `code` (PG << 8 | shard) of volume
-/// `volume_id`, carrying the writer's `epoch`.
+/// `volume_id`, carrying the writer's `epoch` and the PG's `pg_epoch`.
 pub fn request_header(
     volume_id: u64,
     epoch: u64,
+    pg_epoch: u32,
     op: Op,
     code: u32,
     offset: u64,
@@ -256,6 +385,7 @@ pub fn request_header(
     h.volume_id = volume_id;
     h.epoch = epoch;
     h.pg = code;
+    h.pg_epoch = pg_epoch;
     h.offset = offset;
     h.length = length;
     h
@@ -269,10 +399,12 @@ pub fn request_header(
 pub fn link_frames(
     volume_id: u64,
     epoch: u64,
+    pg_epoch: u32,
     code: u32,
     op: LinkOp<'_>,
 ) -> Vec<(Header, Vec<u8>)> {
-    let header = |op, offset, length| request_header(volume_id, epoch, op, code, offset, length);
+    let header =
+        |op, offset, length| request_header(volume_id, epoch, pg_epoch, op, code, offset, length);
     let mut frames = Vec::new();
     match op {
         LinkOp::Read { offset, len } => {
@@ -337,6 +469,8 @@ pub struct NetLink {
     server: ServerId,
     addr: SocketAddr,
     code: u32,
+    /// The PG's epoch, shared by the links of its chunks.
+    pg_epoch: Arc<PgEpoch>,
     size: u64,
     /// The server's boot id when the chunk was opened.
     boot_id: u64,
@@ -348,6 +482,7 @@ impl NetLink {
         server: ServerId,
         addr: SocketAddr,
         code: u32,
+        pg_epoch: Arc<PgEpoch>,
         size: u64,
         boot_id: u64,
     ) -> NetLink {
@@ -356,6 +491,7 @@ impl NetLink {
             server,
             addr,
             code,
+            pg_epoch,
             size,
             boot_id,
         }
@@ -428,9 +564,12 @@ impl ChunkLink for NetLink {
         let w = &self.wire;
         let is_read = matches!(op, LinkOp::Read { .. });
         let purpose = Purpose::of(&op);
-        let rxs = link_frames(w.volume_id, w.epoch, self.code, op)
+        let (pg_epoch, in_flight) = self.pg_epoch.begin();
+        let rxs = link_frames(w.volume_id, w.epoch, pg_epoch, self.code, op)
             .into_iter()
-            .map(|(h, payload)| w.call_for(purpose, self.addr, h, payload))
+            .map(|(h, payload)| {
+                w.send_frame(purpose, self.addr, h, payload, Some(Arc::clone(&in_flight)))
+            })
             .collect();
         Box::new(Frames {
             rxs,
@@ -450,5 +589,50 @@ impl ChunkLink for NetLink {
             "server {} ({}) volume {} PG {pg} shard {shard}",
             self.server, self.addr, self.wire.volume_id
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pg_epoch_change_pushes_only_after_the_old_epochs_requests_are_answered() {
+        let epoch = PgEpoch::new(1);
+        let (stamp, in_flight) = epoch.begin();
+        assert_eq!(stamp, 1);
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let changer = {
+            let (epoch, log) = (Arc::clone(&epoch), Arc::clone(&log));
+            std::thread::spawn(move || {
+                epoch.change(2, Duration::from_secs(600), || {
+                    log.lock().unwrap().push("pushed at 2");
+                    "the push's result"
+                })
+            })
+        };
+        // Give a change that does not wait the time to push first.
+        std::thread::sleep(Duration::from_millis(50));
+        log.lock().unwrap().push("old request answered");
+        drop(in_flight);
+        assert_eq!(changer.join().unwrap(), "the push's result");
+        assert_eq!(
+            *log.lock().unwrap(),
+            ["old request answered", "pushed at 2"]
+        );
+        // Requests after it carry the new epoch.
+        assert_eq!(epoch.begin().0, 2);
+    }
+
+    #[test]
+    fn a_pg_epoch_change_stops_waiting_at_its_bound_and_moves_on() {
+        let epoch = PgEpoch::new(4);
+        // A request whose reply never comes (its timeout is the bound).
+        let (_, stuck) = epoch.begin();
+        let pushed = epoch.change(5, Duration::from_millis(10), || true);
+        assert!(pushed);
+        assert_eq!(epoch.get(), 5);
+        drop(stuck);
+        assert_eq!(epoch.begin().0, 5);
     }
 }

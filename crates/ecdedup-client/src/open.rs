@@ -11,13 +11,15 @@
 //!    them (formatting chunks that are all new): the array's open
 //!    replays the parity journals and resynchronises the stripes the old
 //!    writer left dirty;
-//! 5. only then serve.
+//! 5. only then serve;
+//! 6. follow the PG records while serving (`follow.rs`): a re-placed
+//!    shard is installed and rebuilt without waiting for the next open.
 //!
 //! A server that cannot be reached costs its PGs one shard each: the
 //! array opens degraded (up to m per PG) and records what the server
 //! misses.
 
-use crate::link::{NetLink, Wire};
+use crate::link::{NetLink, PgEpoch, Wire};
 use crate::volume::ClusterVolume;
 use ecdedup_cluster::keys::{DedupPolicy, PgRecord, PoolSpec, WritePolicy as PoolPolicy};
 use ecdedup_cluster::{Etcd, EtcdConfig, ServerId};
@@ -225,7 +227,11 @@ pub fn open(opts: &ClusterOptions) -> Result<ClusterVolume> {
         .filter_map(|&id| {
             Some((
                 id,
-                wire.call(addr_of(id)?, wire.header(Op::SetEpoch, 0, 0, 0), Vec::new()),
+                wire.call(
+                    addr_of(id)?,
+                    wire.header(Op::SetEpoch, 0, 0, 0, 0),
+                    Vec::new(),
+                ),
             ))
         })
         .collect();
@@ -254,18 +260,24 @@ pub fn open(opts: &ClusterOptions) -> Result<ClusterVolume> {
     let pg_stripes = capacity.div_ceil(stripe_bytes).div_ceil(p);
     let pg_bytes = pg_stripes * stripe_bytes;
     let mut arrays = Vec::with_capacity(pgs.len());
+    let mut pg_epochs = Vec::with_capacity(pgs.len());
+    let mut chunk_bytes = 0;
     for (pg, record) in pgs.iter().enumerate() {
-        let array = open_pg(
+        let pg_epoch = PgEpoch::new(wire_pg_epoch(pg as u32, record.epoch)?);
+        let array;
+        (array, chunk_bytes) = open_pg(
             opts,
             &spec,
             &wire,
             volume_id,
             pg as u32,
             record,
+            &pg_epoch,
             pg_bytes,
             &|id| addr_of(id).filter(|_| reached.contains_key(&id)),
         )?;
         arrays.push(Arc::new(array));
+        pg_epochs.push(pg_epoch);
     }
     if volume.record.size_bytes > arrays[0].volume_bytes() * p {
         return Err(Error::Config(format!(
@@ -281,18 +293,30 @@ pub fn open(opts: &ClusterOptions) -> Result<ClusterVolume> {
     // 5. Shards to rebuild (a re-placed shard's new chunk, or a rebuild
     // that an earlier writer left part-way): in the background, while
     // the volume serves.
-    let rebuilds = crate::rebuild::start(
-        &arrays,
-        &crate::rebuild::Context {
-            etcd,
-            rt: rt.handle().clone(),
-            pool: opts.pool.clone(),
-            volume_id,
-            writer_epoch: epoch,
-            pg_epochs: pgs.iter().map(|p| p.epoch).collect(),
-            bytes_per_s: opts.rebuild_bytes_per_s,
-        },
-    );
+    let rebuild = crate::rebuild::Context {
+        etcd: etcd.clone(),
+        rt: rt.handle().clone(),
+        pool: opts.pool.clone(),
+        volume_id,
+        writer_epoch: epoch,
+        pg_epochs: pg_epochs.clone(),
+        bytes_per_s: opts.rebuild_bytes_per_s,
+    };
+    let rebuilds = Arc::new(Mutex::new(crate::rebuild::start(&arrays, &rebuild)));
+    // 6. A re-placement while the volume serves is followed at once.
+    let follower = crate::follow::Follower::start(crate::follow::Follow {
+        etcd,
+        rt: rt.handle().clone(),
+        wire: Arc::clone(&wire),
+        pool: opts.pool.clone(),
+        volume_id,
+        records: pgs.clone(),
+        arrays: arrays.clone(),
+        pg_epochs,
+        chunk_bytes,
+        rebuild,
+        rebuilds: Arc::clone(&rebuilds),
+    });
     line(
         COMPONENT,
         "serving",
@@ -310,7 +334,8 @@ pub fn open(opts: &ClusterOptions) -> Result<ClusterVolume> {
         wire,
         state_dir: opts.state_dir.clone(),
         min_size: spec.min_size() as usize,
-        rebuilds: Mutex::new(rebuilds),
+        rebuilds,
+        follower: Mutex::new(Some(follower)),
         below_min: (0..pgs.len()).map(|_| Default::default()).collect(),
         _session: Some(Session {
             rt,
@@ -319,7 +344,8 @@ pub fn open(opts: &ClusterOptions) -> Result<ClusterVolume> {
     })
 }
 
-/// Opens (formatting if new) the array of PG `pg` over its chunks.
+/// Opens (formatting if new) the array of PG `pg` over its chunks; with
+/// the size of its chunks.
 #[allow(clippy::too_many_arguments)]
 fn open_pg(
     opts: &ClusterOptions,
@@ -328,18 +354,15 @@ fn open_pg(
     volume_id: u64,
     pg: u32,
     record: &PgRecord,
+    pg_epoch: &Arc<PgEpoch>,
     pg_bytes: u64,
     addr_of: &dyn Fn(ServerId) -> Option<SocketAddr>,
-) -> Result<Array> {
+) -> Result<(Array, u64)> {
     let names: Vec<PathBuf> = record
         .servers
         .iter()
         .enumerate()
-        .map(|(shard, id)| {
-            PathBuf::from(format!(
-                "ecdedup://server-{id}/v{volume_id}/pg{pg}/s{shard}"
-            ))
-        })
+        .map(|(shard, &id)| chunk_name(id, volume_id, pg, shard))
         .collect();
     let dir = opts
         .state_dir
@@ -352,54 +375,25 @@ fn open_pg(
     let geo = array::geometry_for(&options)?;
     let chunk_bytes = geo.device_bytes_min().div_ceil(4096) * 4096;
     let mut devices: Vec<Option<Arc<dyn Device>>> = Vec::new();
-    let opens: Vec<_> = record
-        .servers
-        .iter()
-        .enumerate()
-        .map(|(shard, &id)| {
-            let code = chunk_code(pg, shard as u32);
-            addr_of(id).map(|addr| {
-                let h = wire.header(Op::Open, code, 0, 8);
-                (
-                    id,
-                    addr,
-                    code,
-                    wire.call(addr, h, chunk_bytes.to_le_bytes().to_vec()),
-                )
-            })
-        })
-        .collect();
-    for (shard, open) in opens.into_iter().enumerate() {
-        let Some((id, addr, code, rx)) = open else {
+    let shards: Vec<usize> = (0..record.servers.len()).collect();
+    for (shard, opened) in open_chunks(
+        wire,
+        pg,
+        &record.servers,
+        &shards,
+        pg_epoch.get(),
+        pg_epoch,
+        chunk_bytes,
+        addr_of,
+    )? {
+        if let Err(e) = &opened {
             line(
                 COMPONENT,
-                "shard-unreachable",
-                &[("pg", &pg), ("shard", &shard)],
+                "shard-open-failed",
+                &[("pg", &pg), ("shard", &shard), ("reason", e)],
             );
-            devices.push(None);
-            continue;
-        };
-        match Wire::wait(rx) {
-            Ok(reply) if reply.len() == 17 => {
-                let boot_id = u64::from_le_bytes(reply[9..17].try_into().expect("8 bytes"));
-                let link = NetLink::new(Arc::clone(wire), id, addr, code, chunk_bytes, boot_id);
-                devices.push(Some(Arc::new(RemoteDevice::new(Arc::new(link)))));
-            }
-            Ok(reply) => {
-                return Err(Error::Corrupt(format!(
-                    "server {id} answered an Open with {} bytes",
-                    reply.len()
-                )))
-            }
-            Err(e) => {
-                line(
-                    COMPONENT,
-                    "shard-open-failed",
-                    &[("pg", &pg), ("shard", &shard), ("reason", &e)],
-                );
-                devices.push(None);
-            }
         }
+        devices.push(opened.ok());
     }
     if let Some(reason) = wire.fenced() {
         return Err(Error::Busy(format!(
@@ -441,7 +435,89 @@ fn open_pg(
             ],
         );
     }
-    Ok(array)
+    Ok((array, chunk_bytes))
+}
+
+/// A PG record's epoch as the frames carry it (32 bits; one per
+/// re-placement of the PG, so never near the bound in practice).
+pub(crate) fn wire_pg_epoch(pg: u32, epoch: u64) -> Result<u32> {
+    u32::try_from(epoch).map_err(|_| {
+        Error::Corrupt(format!(
+            "PG {pg}'s record is at epoch {epoch}, past the data protocol's 32-bit PG epoch"
+        ))
+    })
+}
+
+/// How a chunk is named in its PG array's configuration.
+pub(crate) fn chunk_name(id: ServerId, volume_id: u64, pg: u32, shard: usize) -> PathBuf {
+    PathBuf::from(format!(
+        "ecdedup://server-{id}/v{volume_id}/pg{pg}/s{shard}"
+    ))
+}
+
+/// A chunk's device, or why it could not be opened.
+pub(crate) type OpenedChunk = std::io::Result<Arc<dyn Device>>;
+
+/// Opens (creating, sparse, if absent) the chunks of `shards` of PG `pg`
+/// on `servers[shard]`, all at once, each `Open` carrying PG epoch
+/// `open_at`: per shard, its device (a [`RemoteDevice`] whose requests
+/// carry the epoch `pg_epoch` stands at as it changes), or why not.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn open_chunks(
+    wire: &Arc<Wire>,
+    pg: u32,
+    servers: &[ServerId],
+    shards: &[usize],
+    open_at: u32,
+    pg_epoch: &Arc<PgEpoch>,
+    chunk_bytes: u64,
+    addr_of: &dyn Fn(ServerId) -> Option<SocketAddr>,
+) -> Result<Vec<(usize, OpenedChunk)>> {
+    let opens: Vec<_> = shards
+        .iter()
+        .map(|&shard| {
+            let id = servers[shard];
+            let code = chunk_code(pg, shard as u32);
+            let sent = addr_of(id).map(|addr| {
+                let h = wire.header(Op::Open, code, open_at, 0, 8);
+                (addr, wire.call(addr, h, chunk_bytes.to_le_bytes().to_vec()))
+            });
+            (shard, id, code, sent)
+        })
+        .collect();
+    let mut out = Vec::with_capacity(opens.len());
+    for (shard, id, code, sent) in opens {
+        let Some((addr, rx)) = sent else {
+            let why =
+                format!("server {id} is not reachable (not registered, or its epoch push failed)");
+            out.push((shard, Err(std::io::Error::other(why))));
+            continue;
+        };
+        let opened = match Wire::wait(rx) {
+            Ok(reply) if reply.len() == 17 => {
+                let boot_id = u64::from_le_bytes(reply[9..17].try_into().expect("8 bytes"));
+                let link = NetLink::new(
+                    Arc::clone(wire),
+                    id,
+                    addr,
+                    code,
+                    Arc::clone(pg_epoch),
+                    chunk_bytes,
+                    boot_id,
+                );
+                Ok(Arc::new(RemoteDevice::new(Arc::new(link))) as Arc<dyn Device>)
+            }
+            Ok(reply) => {
+                return Err(Error::Corrupt(format!(
+                    "server {id} answered an Open with {} bytes",
+                    reply.len()
+                )))
+            }
+            Err(e) => Err(e),
+        };
+        out.push((shard, opened));
+    }
+    Ok(out)
 }
 
 /// The array of one PG over its chunks (`devices`, in shard order, None

@@ -22,6 +22,7 @@
 //! the engine returned success), which `cluster status` shows and the
 //! coordinator reads to close the PG's rebuild record.
 
+use crate::link::PgEpoch;
 use ecdedup_cluster::keys::RebuildProgress;
 use ecdedup_cluster::Etcd;
 use ecdedup_core::array::{Array, MemberState, ProgressFn};
@@ -42,8 +43,8 @@ pub struct Context {
     pub pool: String,
     pub volume_id: u64,
     pub writer_epoch: u64,
-    /// Each PG's epoch at open (index = PG number).
-    pub pg_epochs: Vec<u64>,
+    /// Each PG's epoch as the writer acts on it (index = PG number).
+    pub pg_epochs: Vec<Arc<PgEpoch>>,
     /// 0: no throttle.
     pub bytes_per_s: u64,
 }
@@ -80,43 +81,50 @@ fn rebuilding(array: &Array) -> Vec<(usize, u64)> {
 
 /// Starts a rebuild thread for each PG with a shard to rebuild.
 pub fn start(arrays: &[Arc<Array>], ctx: &Context) -> Vec<Running> {
-    let mut running = Vec::new();
-    for (pg, array) in arrays.iter().enumerate() {
-        let pg = pg as u32;
-        let shards = rebuilding(array);
-        if shards.is_empty() {
-            continue;
-        }
-        let starts: Vec<(u32, usize, u64)> = shards.iter().map(|&(s, c)| (pg, s, c)).collect();
-        for &(_, shard, cursor) in &starts {
-            line(
-                COMPONENT,
-                "rebuild-start",
-                &[
-                    ("volume_id", &ctx.volume_id),
-                    ("pg", &pg),
-                    ("shard", &shard),
-                    ("from_stripe", &cursor),
-                    ("stripes", &array.status().stripes),
-                ],
-            );
-        }
-        let array = Arc::clone(array);
-        let ctx = ctx.clone();
-        let thread = std::thread::Builder::new()
-            .name(format!("ecdedup-rebuild-pg{pg}"))
-            .spawn(move || run(&array, pg, &ctx))
-            .expect("spawning a rebuild thread");
-        running.push(Running { starts, thread });
+    arrays
+        .iter()
+        .enumerate()
+        .filter_map(|(pg, array)| start_pg(pg as u32, array, ctx))
+        .collect()
+}
+
+/// Starts a rebuild thread for PG `pg` if it has a shard to rebuild.
+pub fn start_pg(pg: u32, array: &Arc<Array>, ctx: &Context) -> Option<Running> {
+    let shards = rebuilding(array);
+    if shards.is_empty() {
+        return None;
     }
-    running
+    let starts: Vec<(u32, usize, u64)> = shards.iter().map(|&(s, c)| (pg, s, c)).collect();
+    for &(_, shard, cursor) in &starts {
+        line(
+            COMPONENT,
+            "rebuild-start",
+            &[
+                ("volume_id", &ctx.volume_id),
+                ("pg", &pg),
+                ("shard", &shard),
+                ("from_stripe", &cursor),
+                ("stripes", &array.status().stripes),
+            ],
+        );
+    }
+    let array = Arc::clone(array);
+    let ctx = ctx.clone();
+    let thread = std::thread::Builder::new()
+        .name(format!("ecdedup-rebuild-pg{pg}"))
+        .spawn(move || run(&array, pg, &ctx))
+        .expect("spawning a rebuild thread");
+    Some(Running { starts, thread })
 }
 
 /// Writes PG `pg`'s rebuild progress to etcd (a failure is logged: the
 /// record is for operators, the durable cursor is in the chunks).
 fn report(ctx: &Context, pg: u32, done: u64, total: u64, finished: bool) {
     let progress = RebuildProgress {
-        epoch: ctx.pg_epochs.get(pg as usize).copied().unwrap_or(0),
+        epoch: ctx
+            .pg_epochs
+            .get(pg as usize)
+            .map_or(0, |e| u64::from(e.get())),
         done,
         total,
         finished,

@@ -51,8 +51,12 @@ pub struct ClusterVolume {
     /// Per PG: whether it is below min_size now (its log line is written
     /// once per change, not per refused write).
     pub(crate) below_min: Vec<AtomicBool>,
-    /// The rebuilds running in the background (`rebuild.rs`).
-    pub(crate) rebuilds: std::sync::Mutex<Vec<crate::rebuild::Running>>,
+    /// The rebuilds running in the background (`rebuild.rs`; the
+    /// follower adds those of re-placements while serving).
+    pub(crate) rebuilds: Arc<std::sync::Mutex<Vec<crate::rebuild::Running>>>,
+    /// Follows the PG records while the volume serves (`follow.rs`);
+    /// stopped first at close.
+    pub(crate) follower: std::sync::Mutex<Option<crate::follow::Follower>>,
     /// Held for the volume's lifetime: the runtime the links run on, the
     /// writer's lease.
     pub(crate) _session: Option<crate::open::Session>,
@@ -300,6 +304,9 @@ impl ClusterVolume {
     /// A rebuild running stops at its next stripe with its cursor
     /// recorded (the next writer resumes there).
     pub fn close(&self) -> Result<()> {
+        if let Some(mut follower) = self.follower.lock().unwrap().take() {
+            follower.stop();
+        }
         let closed = self.each_pg(|a| a.close());
         // The arrays are stopping: each rebuild records its cursor and
         // ends; then the arrays are flushed once more.

@@ -93,10 +93,22 @@ impl Cluster {
     }
 
     fn pool(&self, name: &str, pool: &str, policy: WritePolicy, k: u32, m: u32, pgs: u32) {
+        self.pool_of_unit(name, pool, policy, (k, m, pgs), 16 << 10);
+    }
+
+    /// A pool of RS(k, m) over `pgs` PGs with `unit_bytes` stripe units.
+    fn pool_of_unit(
+        &self,
+        name: &str,
+        pool: &str,
+        policy: WritePolicy,
+        (k, m, pgs): (u32, u32, u32),
+        unit_bytes: u32,
+    ) {
         let spec = PoolSpec {
             k,
             m,
-            stripe_unit_bytes: 16 << 10,
+            stripe_unit_bytes: unit_bytes,
             policy,
             dedup: DedupPolicy::None,
             pg_count: pgs,
@@ -360,6 +372,30 @@ fn rebuilding_cursors(v: &ClusterVolume) -> Vec<u64> {
         .collect()
 }
 
+/// A request for chunk `code` of the volume `v` serves, stamped with PG
+/// epoch `pg_epoch` and `v`'s writer epoch, sent to `addr` by a wire of
+/// its own (a refusal fences that wire, not `v`'s).
+fn read_at_pg_epoch(
+    c: &Cluster,
+    v: &ClusterVolume,
+    addr: std::net::SocketAddr,
+    code: u32,
+    pg_epoch: u32,
+) -> std::io::Result<Vec<u8>> {
+    use ecdedup_client::link::Wire;
+    let key = ClusterKey::load(&c.key).unwrap();
+    let peers = std::sync::Arc::new(ecdedup_transport::Peers::new(key, Default::default()));
+    let wire = std::sync::Arc::new(Wire::new(
+        c.rt.handle().clone(),
+        peers,
+        v.wire().volume_id,
+        v.wire().epoch,
+        Duration::from_secs(20),
+    ));
+    let h = wire.header(ecdedup_core::proto::Op::Read, code, pg_epoch, 0, 4096);
+    Wire::wait(wire.call(addr, h, Vec::new()))
+}
+
 #[test]
 fn a_server_out_is_replaced_rebuilt_elsewhere_and_never_read_again() {
     let name = "replace";
@@ -368,10 +404,12 @@ fn a_server_out_is_replaced_rebuilt_elsewhere_and_never_read_again() {
     c.pool(name, "rs42", WritePolicy::Parix, 4, 2, 2);
     c.volume(name, "rs42", "a", 8 << 20);
     let mut model = vec![0u8; 8 << 20];
-    let v = ecdedup_client::open(&c.options(name, "rs42", "a", "w1")).unwrap();
+    // The writer serves throughout the re-placement, its rebuild throttled.
+    let mut slow = c.options(name, "rs42", "a", "w1");
+    slow.rebuild_bytes_per_s = 128 << 10;
+    let v = ecdedup_client::open(&slow).unwrap();
     write_and_check(&v, &mut model, 21);
-    v.close().unwrap();
-    drop(v);
+    assert!(v.rebuild_starts().is_empty());
 
     // A server of PG 0 dies with its files: down, then out after 1 s.
     let before = pgs(&c, name, "rs42");
@@ -403,11 +441,12 @@ fn a_server_out_is_replaced_rebuilt_elsewhere_and_never_read_again() {
     let moved = &records[&("rs42".to_string(), 0)].0.as_ref().unwrap().moves;
     assert_eq!((moved[0].shard, moved[0].from), (1, gone));
 
-    // The next writer installs the new chunks and rebuilds them, throttled,
-    // while it serves writes; it is stopped part-way.
-    let mut slow = c.options(name, "rs42", "a", "w2");
-    slow.rebuild_bytes_per_s = 128 << 10;
-    let v = ecdedup_client::open(&slow).unwrap();
+    // The serving writer learns of it, installs the new chunks and
+    // rebuilds them while it goes on writing; it is stopped part-way.
+    let moved_pgs = before.iter().filter(|p| p.servers.contains(&gone)).count();
+    wait_until("the serving writer following the re-placement", || {
+        v.rebuild_starts().len() == moved_pgs
+    });
     assert!(
         v.rebuild_starts().iter().all(|s| s.2 == 0),
         "{:?}",
@@ -418,11 +457,39 @@ fn a_server_out_is_replaced_rebuilt_elsewhere_and_never_read_again() {
         rebuilding_cursors(&v).iter().any(|&c| c > 0)
     });
     let reached = rebuilding_cursors(&v).into_iter().max().unwrap();
+
+    // Every server of PG 0 took the new PG epoch before the rebuild began:
+    // a request of the volume's writer stamped with the old one is refused
+    // by a server it still reaches, naming both; the current one is not.
+    let servers = c.rt.block_on(async {
+        let etcd = Etcd::connect(c.etcd_config(name)).await.unwrap();
+        ecdedup_cluster::list_servers(&etcd).await.unwrap()
+    });
+    let kept = after[0].servers[0];
+    let addr = servers[&kept].info.address.parse().unwrap();
+    let code = ecdedup_core::proto::chunk_code(0, 0);
+    let (old_epoch, new_epoch) = (before[0].epoch as u32, after[0].epoch as u32);
+    let refused = read_at_pg_epoch(&c, &v, addr, code, old_epoch).unwrap_err();
+    let why = refused.to_string();
+    assert!(
+        why.contains("PG_EPOCH_TOO_OLD")
+            && why.contains(&format!("PG 0 is at PG epoch {new_epoch}"))
+            && why.contains(&format!("carries {old_epoch}")),
+        "{why}"
+    );
+    assert_eq!(
+        read_at_pg_epoch(&c, &v, addr, code, new_epoch)
+            .unwrap()
+            .len(),
+        4096
+    );
+    assert_eq!(v.stats_json()["wire"]["pg_epoch_refusals"], 0);
+    check(&v, &model);
     v.close().unwrap();
     drop(v);
 
     // The writer after it resumes from the durable cursor, not from 0.
-    let v = ecdedup_client::open(&c.options(name, "rs42", "a", "w3")).unwrap();
+    let v = ecdedup_client::open(&c.options(name, "rs42", "a", "w2")).unwrap();
     let starts = v.rebuild_starts();
     assert!(
         starts.iter().map(|s| s.2).max().unwrap() >= reached,
@@ -442,7 +509,7 @@ fn a_server_out_is_replaced_rebuilt_elsewhere_and_never_read_again() {
     // The dead server returns after it was out: no PG names it, and the
     // writer never addresses it.
     c.restart_server(name, gone.0);
-    let v = ecdedup_client::open(&c.options(name, "rs42", "a", "w4")).unwrap();
+    let v = ecdedup_client::open(&c.options(name, "rs42", "a", "w3")).unwrap();
     let needle = format!("server-{gone}/");
     for a in v.pg_arrays() {
         for d in a.status().devices {
@@ -473,6 +540,64 @@ fn a_server_out_is_replaced_rebuilt_elsewhere_and_never_read_again() {
     assert!(err.to_string().contains("min_size"), "{err}");
     let err = v.write_zeroes(0, 8 << 20, false).unwrap_err();
     assert!(err.to_string().contains("min_size"), "{err}");
+    check(&v, &model);
+    v.close().unwrap();
+}
+
+/// Rebuild throughput, for docs/benchmarks.md ("Rebuild of an out
+/// server"): one server out of seven, its shard of the one PG (RS(4,2)
+/// parix, 64 KiB units, a 128 MiB volume formatted for 128 MiB and
+/// written whole: 32 MiB of shard) rebuilt by a writer with the throttle
+/// off, the volume idle. Prints MiB of shard per second. Run by hand:
+/// `cargo test -p ecdedup-client --test loopback -- --ignored rebuild_throughput --nocapture`.
+#[test]
+#[ignore = "a measurement (about a minute), not a check"]
+fn rebuild_throughput_of_one_out_server() {
+    const VOLUME_BYTES: usize = 128 << 20;
+    let name = "rebuild-rate";
+    let mut c = Cluster::start_with(name, 7, Duration::from_secs(1));
+    c.pool_of_unit(name, "rs42", WritePolicy::Parix, (4, 2, 1), 64 << 10);
+    c.volume(name, "rs42", "a", VOLUME_BYTES as u64);
+    let mut options = c.options(name, "rs42", "a", "w1");
+    options.capacity_bytes_min = VOLUME_BYTES as u64;
+    let model = pattern(31, VOLUME_BYTES);
+    let v = ecdedup_client::open(&options).unwrap();
+    for (i, piece) in model.chunks(1 << 20).enumerate() {
+        v.write(piece, (i << 20) as u64, false).unwrap();
+    }
+    v.flush().unwrap();
+    v.close().unwrap();
+    drop(v);
+    let gone = pgs(&c, name, "rs42")[0].servers[1];
+    c.kill_server(gone.0);
+    wait_until("the re-placement", || {
+        !pgs(&c, name, "rs42")[0].servers.contains(&gone)
+    });
+    options.state_dir = c.root.join("w2");
+    let began = std::time::Instant::now();
+    let v = ecdedup_client::open(&options).unwrap();
+    let opened = began.elapsed();
+    for r in v.wait_rebuilds() {
+        r.unwrap();
+    }
+    let took = began.elapsed() - opened;
+    let status = v.pg_arrays()[0].status();
+    let shard_mib =
+        (status.stripes * u64::from(status.stripe_unit_bytes)) as f64 / (1 << 20) as f64;
+    println!(
+        "rebuild: {shard_mib:.0} MiB of shard ({} stripes of {} KiB) in {:.2} s: {:.1} MiB/s \
+         (open took {:.1} s)",
+        status.stripes,
+        status.stripe_unit_bytes >> 10,
+        took.as_secs_f64(),
+        shard_mib / took.as_secs_f64(),
+        opened.as_secs_f64()
+    );
+    let wire = &v.stats_json()["wire"];
+    println!(
+        "wire during the open and rebuild: {} messages, {} round trips; by purpose {}",
+        wire["messages"], wire["round_trips"], wire["by_purpose"]
+    );
     check(&v, &model);
     v.close().unwrap();
 }

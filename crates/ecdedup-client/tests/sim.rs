@@ -75,6 +75,8 @@ use std::sync::{Arc, Mutex};
 const SERVERS: usize = 6;
 const BLOCK: usize = 4096;
 const VOLUME_ID: u64 = 7;
+/// The simulated PG is never re-placed: its record stays at epoch 1.
+const PG_EPOCH: u32 = 1;
 /// The PG array's data bytes: 32 stripes of RS(4,2) at 4 KiB units.
 const VOLUME_BYTES: u64 = 512 << 10;
 const STRIPE_UNIT_BYTES: u32 = 4096;
@@ -362,7 +364,7 @@ impl ChunkLink for SimLink {
         }
         let mut out = Vec::new();
         let is_read = matches!(op, LinkOp::Read { .. });
-        for frame in link_frames(VOLUME_ID, self.writer.epoch, self.code, op) {
+        for frame in link_frames(VOLUME_ID, self.writer.epoch, PG_EPOCH, self.code, op) {
             let reply = self.net.deliver(&self.writer, self.server, frame);
             match check_boot(is_read, self.boot_id, reply, &|| self.describe()) {
                 Ok(bytes) => out.extend_from_slice(&bytes),
@@ -452,7 +454,7 @@ fn take_over(net: &Arc<Net>, pg: &Pg, epoch: u64) -> ecdedup_core::error::Result
     });
     let mut reached = BTreeSet::new();
     for s in 0..SERVERS {
-        let h = request_header(VOLUME_ID, epoch, Op::SetEpoch, 0, 0, 0);
+        let h = request_header(VOLUME_ID, epoch, 0, Op::SetEpoch, 0, 0, 0);
         if net.deliver(&writer, s, (h, Vec::new())).is_ok() {
             reached.insert(s);
         }
@@ -461,7 +463,7 @@ fn take_over(net: &Arc<Net>, pg: &Pg, epoch: u64) -> ecdedup_core::error::Result
     for (shard, &s) in pg.servers.iter().enumerate() {
         let code = chunk_code(0, shard as u32);
         let size = pg.chunk_bytes.to_le_bytes().to_vec();
-        let h = request_header(VOLUME_ID, epoch, Op::Open, code, 0, 8);
+        let h = request_header(VOLUME_ID, epoch, PG_EPOCH, Op::Open, code, 0, 8);
         let opened = reached
             .contains(&s)
             .then(|| net.deliver(&writer, s, (h, size)).ok())

@@ -251,6 +251,7 @@ impl Client {
             volume_id: request.volume_id,
             epoch: request.epoch,
             pg: request.pg,
+            pg_epoch: request.pg_epoch,
             offset: request.offset,
             length: request.length,
             ..Header::request(request.op, request_id, &payload)

@@ -416,6 +416,7 @@ mod seeds {
         write.epoch = 3;
         write.flags = FLAG_FUA;
         write.offset = 4096;
+        write.pg_epoch = 2;
         let mut stream = Vec::new();
         write_frame(&mut stream, &write, b"four kib of data, shortened");
         let reply = write.reply(Status::EpochTooOld, &[]);

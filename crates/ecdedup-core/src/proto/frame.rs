@@ -4,8 +4,8 @@
 //!
 //! The header is fixed-size and little-endian so that a reader needs no
 //! parser state: read 64 bytes, [`Header::decode`] them (magic, version,
-//! flags, op, status, payload bound, header CRC, in that order), read the
-//! payload the header announces, [`Header::check_payload`] it. Both CRCs
+//! header CRC, flags, op, a reply's status, payload bound, in that order),
+//! read the payload the header announces, [`Header::check_payload`] it. Both CRCs
 //! are CRC32C (the checksum the store already uses for every block), so a
 //! flipped bit on the wire or a peer that lost its framing is an error,
 //! never a request acted on.
@@ -17,8 +17,10 @@ use std::io::Read;
 pub const HEADER_BYTES: usize = 64;
 /// The first four bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"ECDF";
-/// The protocol version this code speaks.
-pub const VERSION: u8 = 1;
+/// The protocol version this code speaks: 2 since a request's word at
+/// byte 36 carries its PG epoch (issue 20; in version 1 it was a status
+/// that had to be 0). A frame of another version is refused by name.
+pub const VERSION: u8 = 2;
 /// The largest payload a frame may carry: a 4 MiB stripe unit (the largest
 /// the array allows) plus room for its per-block checksums. A header that
 /// announces more is refused before anything is allocated for it.
@@ -90,7 +92,8 @@ wire_enum! {
 }
 
 wire_enum! {
-    /// The outcome a reply carries (0 in every request).
+    /// The outcome a reply carries (a request's bytes 36..40 hold its PG
+    /// epoch instead).
     Status: u32 {
         Ok = 0,
         /// The frame's writer epoch is lower than the highest the chunk
@@ -124,8 +127,6 @@ pub enum FrameError {
     UnknownFlags(u16),
     UnknownOp(u8),
     UnknownStatus(u32),
-    /// A request with a non-zero status.
-    StatusInRequest(u32),
     PayloadTooLarge(u32),
     HeaderChecksum {
         stored: u32,
@@ -158,7 +159,6 @@ impl fmt::Display for FrameError {
             FrameError::UnknownFlags(x) => write!(f, "unknown flags {x:#06x}"),
             FrameError::UnknownOp(op) => write!(f, "unknown op {op}"),
             FrameError::UnknownStatus(s) => write!(f, "unknown status {s}"),
-            FrameError::StatusInRequest(s) => write!(f, "a request with status {s}"),
             FrameError::PayloadTooLarge(n) => {
                 write!(f, "payload of {n} bytes (at most {PAYLOAD_BYTES_MAX})")
             }
@@ -261,7 +261,13 @@ pub struct Header {
     pub epoch: u64,
     /// The placement group.
     pub pg: u32,
+    /// A reply's outcome (Ok in every request).
     pub status: Status,
+    /// A request's placement-group epoch: the epoch of the PG's record in
+    /// etcd that the sender acts on (0 in requests that name no PG's
+    /// chunk, and in every reply). Bytes 36..40 hold this in a request
+    /// and `status` in a reply.
+    pub pg_epoch: u32,
     /// Byte offset in the chunk.
     pub offset: u64,
     /// Bytes the operation covers (a read's length; a write's equals its
@@ -282,6 +288,7 @@ impl Header {
             epoch: 0,
             pg: 0,
             status: Status::Ok,
+            pg_epoch: 0,
             offset: 0,
             length: payload.len() as u32,
             payload_bytes: payload.len() as u32,
@@ -294,6 +301,7 @@ impl Header {
         Header {
             flags: (self.flags & !FLAG_FUA) | FLAG_REPLY,
             status,
+            pg_epoch: 0,
             payload_bytes: payload.len() as u32,
             payload_crc32c: payload_crc(payload),
             ..*self
@@ -320,7 +328,14 @@ impl Header {
         b[16..24].copy_from_slice(&self.volume_id.to_le_bytes());
         b[24..32].copy_from_slice(&self.epoch.to_le_bytes());
         b[32..36].copy_from_slice(&self.pg.to_le_bytes());
-        b[36..40].copy_from_slice(&(self.status as u32).to_le_bytes());
+        let word_36 = if self.is_reply() {
+            assert_eq!(self.pg_epoch, 0, "a reply carries no PG epoch");
+            self.status as u32
+        } else {
+            assert_eq!(self.status, Status::Ok, "a request carries no status");
+            self.pg_epoch
+        };
+        b[36..40].copy_from_slice(&word_36.to_le_bytes());
         b[40..48].copy_from_slice(&self.offset.to_le_bytes());
         b[48..52].copy_from_slice(&self.length.to_le_bytes());
         b[52..56].copy_from_slice(&self.payload_bytes.to_le_bytes());
@@ -352,12 +367,14 @@ impl Header {
             return Err(FrameError::UnknownFlags(flags));
         }
         let op = Op::from_code(b[5]).ok_or(FrameError::UnknownOp(b[5]))?;
-        let status_code = u32_at(36);
-        let status =
-            Status::from_code(status_code).ok_or(FrameError::UnknownStatus(status_code))?;
-        if flags & FLAG_REPLY == 0 && status != Status::Ok {
-            return Err(FrameError::StatusInRequest(status_code));
-        }
+        // Bytes 36..40: a reply's status, a request's PG epoch.
+        let (status, pg_epoch) = if flags & FLAG_REPLY != 0 {
+            let code = u32_at(36);
+            let status = Status::from_code(code).ok_or(FrameError::UnknownStatus(code))?;
+            (status, 0)
+        } else {
+            (Status::Ok, u32_at(36))
+        };
         let payload_bytes = u32_at(52);
         if payload_bytes > PAYLOAD_BYTES_MAX {
             return Err(FrameError::PayloadTooLarge(payload_bytes));
@@ -370,6 +387,7 @@ impl Header {
             epoch: u64_at(24),
             pg: u32_at(32),
             status,
+            pg_epoch,
             offset: u64_at(40),
             length: u32_at(48),
             payload_bytes,
@@ -461,23 +479,25 @@ mod tests {
             any::<bool>(),
             0..Status::ALL.len(),
             any::<[u64; 4]>(),
-            any::<u32>(),
-            any::<u32>(),
+            any::<[u32; 3]>(),
             proptest::collection::vec(any::<u8>(), 0..300),
         )
-            .prop_map(|(op, fua, reply, status, w, pg, length, payload)| {
-                let mut h = Header::request(Op::ALL[op], w[0], &payload);
-                h.volume_id = w[1];
-                h.epoch = w[2];
-                h.offset = w[3];
-                h.pg = pg;
-                h.length = length;
-                h.flags = if fua { FLAG_FUA } else { 0 };
-                if reply {
-                    h = h.reply(Status::ALL[status], &payload);
-                }
-                (h, payload)
-            })
+            .prop_map(
+                |(op, fua, reply, status, w, [pg, length, pg_epoch], payload)| {
+                    let mut h = Header::request(Op::ALL[op], w[0], &payload);
+                    h.volume_id = w[1];
+                    h.epoch = w[2];
+                    h.offset = w[3];
+                    h.pg = pg;
+                    h.length = length;
+                    h.pg_epoch = pg_epoch;
+                    h.flags = if fua { FLAG_FUA } else { 0 };
+                    if reply {
+                        h = h.reply(Status::ALL[status], &payload);
+                    }
+                    (h, payload)
+                },
+            )
     }
 
     proptest! {
@@ -564,13 +584,11 @@ mod tests {
             })),
             Err(FrameError::UnknownStatus(99))
         );
+        // Version 1 (whose requests had a status of 0 where the PG epoch
+        // now is) is refused by name, not misread.
         assert_eq!(
-            Header::decode(&resealed(|b| b[36] = 1)),
-            Err(FrameError::StatusInRequest(1))
-        );
-        assert_eq!(
-            Header::decode(&resealed(|b| b[4] = 2)),
-            Err(FrameError::UnsupportedVersion(2))
+            Header::decode(&resealed(|b| b[4] = 1)),
+            Err(FrameError::UnsupportedVersion(1))
         );
         let mut http = [0u8; HEADER_BYTES];
         http[..4].copy_from_slice(b"GET ");
@@ -583,10 +601,13 @@ mod tests {
         req.volume_id = 3;
         req.epoch = 17;
         req.flags = FLAG_FUA;
+        req.pg_epoch = 5;
+        assert_eq!(Header::decode(&req.encode()), Ok(req));
         let rep = req.reply(Status::EpochTooOld, &[]);
         assert!(rep.is_reply());
         assert_eq!((rep.request_id, rep.volume_id, rep.epoch), (41, 3, 17));
-        assert_eq!(rep.status, Status::EpochTooOld);
+        assert_eq!((rep.status, rep.pg_epoch), (Status::EpochTooOld, 0));
+        assert_eq!(rep.encode()[36], Status::EpochTooOld as u8);
         assert_eq!(Header::decode(&rep.encode()), Ok(rep));
     }
 
@@ -598,14 +619,16 @@ mod tests {
         h.pg = 11;
         h.offset = 12;
         h.length = 13;
+        h.pg_epoch = 14;
         let b = h.encode();
         assert_eq!(&b[0..4], b"ECDF");
-        assert_eq!(b[4], 1);
+        assert_eq!(b[4], 2);
         assert_eq!(b[5], Op::Read as u8);
         assert_eq!(b[8], 0x08);
         assert_eq!(b[16], 9);
         assert_eq!(b[24], 10);
         assert_eq!(b[32], 11);
+        assert_eq!(b[36], 14, "a request's PG epoch");
         assert_eq!(b[40], 12);
         assert_eq!(b[48], 13);
     }

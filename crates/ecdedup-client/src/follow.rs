@@ -1,0 +1,247 @@
+//! Following the PG records while a volume serves (docs/cluster.md,
+//! "Down and out"): a writer learns of a re-placement of one of its PGs
+//! without waiting for the next open, and installs and rebuilds the
+//! moved shard's new chunk while it serves.
+//!
+//! One etcd watch on the pool's PG records (`watch.rs`: resumed after a
+//! broken stream, reloaded after a compaction), read by a thread of its
+//! own; a record whose epoch is above the one the writer acts on is
+//! followed, in this order:
+//!
+//! 1. the PG's epoch changes ([`PgEpoch::change`]): the PG's requests in
+//!    flight are drained and new ones held back; every kept member gets
+//!    an `Open` at the new epoch and is waited for; only then is the new
+//!    server's chunk opened (created sparse), at the new epoch too. So
+//!    every server of the PG that this writer reaches has stored the new
+//!    epoch before any byte moves to or from the new chunk, and from then
+//!    on refuses a request stamped with the old one;
+//! 2. the moved shard is failed in the PG's array (if the old server's
+//!    requests had not failed it yet) and the new chunk installed blank
+//!    in its place (`Array::install_replacement`);
+//! 3. the PG's rebuild starts in the background (`rebuild.rs`), as at
+//!    open.
+//!
+//! A step that fails (the new server unreachable, a second failure) is
+//! logged (`event=pg-replacement-not-followed`) and the PG serves as it
+//! did: the next open installs the chunk. The watch costs nothing while
+//! no PG record changes; its queue is bounded (`WATCH_QUEUE_EVENTS`).
+
+use crate::link::{PgEpoch, Wire};
+use crate::open::{chunk_name, open_chunks, wire_pg_epoch};
+use crate::rebuild::{self, Running};
+use ecdedup_cluster::keys::{decode, Key, PgRecord};
+use ecdedup_cluster::{Etcd, ServerId, WatchEvent, Watcher};
+use ecdedup_core::array::{Array, MemberState};
+use ecdedup_core::error::{Error, Result};
+use ecdedup_transport::log::line;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+const COMPONENT: &str = "volume-client";
+/// How often the follower's thread looks at its stop flag while no
+/// event comes.
+const STOP_POLL: Duration = Duration::from_millis(200);
+
+/// What the follower works on: the volume's PGs as the writer acts on
+/// them.
+pub(crate) struct Follow {
+    pub etcd: Etcd,
+    pub rt: tokio::runtime::Handle,
+    pub wire: Arc<Wire>,
+    pub pool: String,
+    pub volume_id: u64,
+    /// Each PG's record as followed so far (index = PG number).
+    pub records: Vec<PgRecord>,
+    pub arrays: Vec<Arc<Array>>,
+    pub pg_epochs: Vec<Arc<PgEpoch>>,
+    /// The size of every chunk of the volume.
+    pub chunk_bytes: u64,
+    pub rebuild: rebuild::Context,
+    /// The volume's background rebuilds, where a new one is added.
+    pub rebuilds: Arc<Mutex<Vec<Running>>>,
+}
+
+/// The follower's thread; stopped (and joined) by [`Follower::stop`] or
+/// when dropped.
+pub struct Follower {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Follower {
+    pub(crate) fn start(follow: Follow) -> Follower {
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let stop = Arc::clone(&stop);
+            std::thread::Builder::new()
+                .name("ecdedup-pg-follow".into())
+                .spawn(move || run(follow, &stop))
+                .expect("spawning the PG follower")
+        };
+        Follower {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops following (a re-placement being installed is finished
+    /// first).
+    pub fn stop(&mut self) {
+        self.stop.store(true, SeqCst);
+        if let Some(t) = self.thread.take() {
+            if let Err(panic) = t.join() {
+                std::panic::resume_unwind(panic);
+            }
+        }
+    }
+}
+
+impl Drop for Follower {
+    fn drop(&mut self) {
+        self.stop.store(true, SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn run(mut follow: Follow, stop: &AtomicBool) {
+    let mut watcher = {
+        let _runtime = follow.rt.enter();
+        Watcher::start(&follow.etcd, follow.etcd.keys().pgs(&follow.pool), None)
+    };
+    while !stop.load(SeqCst) {
+        let next = follow
+            .rt
+            .block_on(async { tokio::time::timeout(STOP_POLL, watcher.next()).await });
+        let kvs = match next {
+            Err(_) => continue,
+            Ok(None) => {
+                line(COMPONENT, "pg-watch-stopped", &[("pool", &follow.pool)]);
+                return;
+            }
+            Ok(Some(WatchEvent::Reset { kvs, .. })) => kvs,
+            Ok(Some(WatchEvent::Put(kv))) => vec![kv],
+            Ok(Some(WatchEvent::Delete { .. })) => continue,
+        };
+        for kv in kvs {
+            let Some(Key::Pg { pool, pg }) = follow.etcd.keys().parse(&kv.key) else {
+                continue;
+            };
+            if pool != follow.pool {
+                continue;
+            }
+            match decode::<PgRecord>(&kv.key, &kv.value) {
+                Ok(record) => follow.pg(pg, record),
+                Err(e) => line(
+                    COMPONENT,
+                    "pg-record-unreadable",
+                    &[("pg", &pg), ("reason", &e)],
+                ),
+            }
+        }
+    }
+}
+
+impl Follow {
+    /// Follows PG `pg`'s record if it is newer than the one acted on.
+    fn pg(&mut self, pg: u32, record: PgRecord) {
+        let Some(current) = self.records.get(pg as usize) else {
+            return;
+        };
+        if record.epoch <= current.epoch || record.servers.len() != current.servers.len() {
+            return;
+        }
+        let moved: Vec<usize> = (0..record.servers.len())
+            .filter(|&s| record.servers[s] != current.servers[s])
+            .collect();
+        if let Err(e) = self.install(pg, &record, &moved) {
+            line(
+                COMPONENT,
+                "pg-replacement-not-followed",
+                &[
+                    ("volume_id", &self.volume_id),
+                    ("pg", &pg),
+                    ("pg_epoch", &record.epoch),
+                    ("reason", &e),
+                ],
+            );
+        }
+        self.records[pg as usize] = record;
+    }
+
+    /// Steps 1 to 3 of the module's comment for the `moved` shards of PG
+    /// `pg`, now placed as `record` says.
+    fn install(&self, pg: u32, record: &PgRecord, moved: &[usize]) -> Result<()> {
+        let to = wire_pg_epoch(pg, record.epoch)?;
+        let servers = self
+            .rt
+            .block_on(ecdedup_cluster::list_servers(&self.etcd))
+            .map_err(|e| Error::Unavailable(format!("listing the servers: {e}")))?;
+        let addr_of =
+            |id: ServerId| -> Option<SocketAddr> { servers.get(&id)?.info.address.parse().ok() };
+        let kept: Vec<usize> = (0..record.servers.len())
+            .filter(|s| !moved.contains(s))
+            .collect();
+        let pg_epoch = &self.pg_epochs[pg as usize];
+        // Every request stamped with the old epoch ends by its reply or
+        // its timeout.
+        let drain_max = self.wire.timeout * 2;
+        let opened = pg_epoch.change(to, drain_max, || -> Result<_> {
+            let open = |shards: &[usize]| {
+                open_chunks(
+                    &self.wire,
+                    pg,
+                    &record.servers,
+                    shards,
+                    to,
+                    pg_epoch,
+                    self.chunk_bytes,
+                    &addr_of,
+                )
+            };
+            for (shard, pushed) in open(&kept)? {
+                if let Err(e) = pushed {
+                    line(
+                        COMPONENT,
+                        "pg-epoch-push-failed",
+                        &[("pg", &pg), ("shard", &shard), ("reason", &e)],
+                    );
+                }
+            }
+            open(moved)
+        })?;
+        let array = &self.arrays[pg as usize];
+        for (shard, dev) in opened {
+            let dev = dev.map_err(|e| {
+                Error::Unavailable(format!(
+                    "opening shard {shard}'s new chunk on server {}: {e}",
+                    record.servers[shard]
+                ))
+            })?;
+            if array.status().devices[shard].state != MemberState::Failed {
+                array.fail_device(shard)?;
+            }
+            let name = chunk_name(record.servers[shard], self.volume_id, pg, shard);
+            array.install_replacement(shard, dev, &name)?;
+            line(
+                COMPONENT,
+                "shard-replacement-installed",
+                &[
+                    ("volume_id", &self.volume_id),
+                    ("pg", &pg),
+                    ("shard", &shard),
+                    ("server", &record.servers[shard]),
+                    ("pg_epoch", &record.epoch),
+                    ("while_serving", &true),
+                ],
+            );
+        }
+        if let Some(running) = rebuild::start_pg(pg, array, &self.rebuild) {
+            self.rebuilds.lock().unwrap().push(running);
+        }
+        Ok(())
+    }
+}
