@@ -52,6 +52,17 @@ pub(super) struct Checked {
     pub(super) vouched: bool,
 }
 
+/// One member's block of a row, as read for a decode.
+pub(super) enum MemberRead {
+    /// The member does not hold the stripe (out of service, or not yet
+    /// rebuilt this far): nothing was read.
+    NotHeld,
+    /// The member holds the stripe but its read failed (a medium error).
+    Unreadable,
+    /// What the member holds, not yet checked.
+    Block(Vec<u8>),
+}
+
 /// A row decoded and checked.
 pub(super) struct DecodedRow {
     /// Every member's block of the row.
@@ -84,14 +95,56 @@ impl Array {
             return Err(Error::NeedsReplay(stripe));
         }
         let g = &self.geo;
+        let block = g.block() as usize;
+        let reads = (0..g.width())
+            .map(|role| {
+                let place = g.place(stripe, role);
+                if !self.holds(place.device, stripe) {
+                    return MemberRead::NotHeld;
+                }
+                let class = if role < g.k() {
+                    IoClass::Data
+                } else {
+                    IoClass::Parity
+                };
+                let mut shard = vec![0u8; block];
+                if self.dev_read(
+                    place.device,
+                    class,
+                    &mut shard,
+                    g.device_offset(place.row, b),
+                ) {
+                    MemberRead::Block(shard)
+                } else if self.holds(place.device, stripe) {
+                    // A medium error on a device still in service: the
+                    // block is rewritten with the rest.
+                    MemberRead::Unreadable
+                } else {
+                    MemberRead::NotHeld
+                }
+            })
+            .collect();
+        self.decode_row_from(stripe, b, reads, repair)
+    }
+
+    /// [`Array::decode_row`] from the members' blocks of the row as read
+    /// (by the caller: one at a time, or a whole unit each in one batch).
+    pub(super) fn decode_row_from(
+        &self,
+        stripe: u64,
+        b: u64,
+        reads: Vec<MemberRead>,
+        repair: bool,
+    ) -> Result<DecodedRow> {
+        let g = &self.geo;
         let (w, k) = (g.width(), g.k());
         let block = g.block() as usize;
-        let mut read = vec![vec![0u8; block]; w];
+        let mut read = Vec::with_capacity(w);
         let mut present = vec![false; w];
         let mut wrong = Vec::new();
         let mut unreadable = Vec::new();
         let mut expected = vec![None; w];
-        for (role, shard) in read.iter_mut().enumerate() {
+        for (role, member) in reads.into_iter().enumerate() {
             let place = g.place(stripe, role);
             let index = g.checksum_index(place.row, b);
             // Decoded parity is not checked against its entry: parity is
@@ -101,26 +154,20 @@ impl Array {
             if role < k {
                 expected[role] = self.expected_crc(place.device, stripe, index);
             }
-            if !self.holds(place.device, stripe) {
-                continue;
-            }
-            let class = if role < k {
-                IoClass::Data
-            } else {
-                IoClass::Parity
-            };
-            if !self.dev_read(place.device, class, shard, g.device_offset(place.row, b)) {
-                // An unreadable block on a device still in service (a
-                // medium error): rewritten with the rest.
-                if self.holds(place.device, stripe) {
+            match member {
+                MemberRead::NotHeld => read.push(vec![0u8; block]),
+                MemberRead::Unreadable => {
                     unreadable.push(role);
+                    read.push(vec![0u8; block]);
                 }
-                continue;
-            }
-            if self.stores[place.device].block_matches(index, shard) {
-                present[role] = true;
-            } else {
-                wrong.push(role);
+                MemberRead::Block(shard) => {
+                    if self.stores[place.device].block_matches(index, &shard) {
+                        present[role] = true;
+                    } else {
+                        wrong.push(role);
+                    }
+                    read.push(shard);
+                }
             }
         }
         let have = present.iter().filter(|p| **p).count();

@@ -307,6 +307,67 @@ impl Array {
         }
     }
 
+    /// Reads whole units of `stripe` (the `roles` given) in one batch,
+    /// unverified: None for a unit whose device does not hold the stripe
+    /// or whose read failed (noted as [`Array::dev_read`] notes it). One
+    /// round trip for the lot where the members are across the network,
+    /// not one per unit.
+    pub(super) fn read_units_raw(&self, stripe: u64, roles: &[usize]) -> Vec<Option<Vec<u8>>> {
+        let g = &self.geo;
+        let held: Vec<bool> = roles
+            .iter()
+            .map(|&role| self.holds(g.place(stripe, role).device, stripe))
+            .collect();
+        let mut bufs: Vec<Vec<u8>> = held
+            .iter()
+            .map(|&h| {
+                if h {
+                    vec![0u8; g.unit_bytes() as usize]
+                } else {
+                    Vec::new()
+                }
+            })
+            .collect();
+        let reqs: Vec<ChunkRequest> = bufs
+            .iter_mut()
+            .zip(roles)
+            .zip(&held)
+            .filter(|(_, &h)| h)
+            .map(|((buf, &role), _)| {
+                let place = g.place(stripe, role);
+                let op = ChunkOp::Read {
+                    buf: &mut buf[..],
+                    offset: g.device_offset(place.row, 0),
+                    class: class_of(role, g.k()),
+                    check: None,
+                    stripe: None,
+                };
+                ChunkRequest::new(place.device, op)
+            })
+            .collect();
+        let mut took = self.submit_reads(reqs).into_iter();
+        bufs.into_iter()
+            .zip(held)
+            .map(|(buf, h)| (h && took.next().unwrap_or(false)).then_some(buf))
+            .collect()
+    }
+
+    /// Submits a batch of reads; per read, whether it took (a failure is
+    /// noted: a medium error, or the device latched failed).
+    fn submit_reads(&self, mut reqs: Vec<ChunkRequest<'_>>) -> Vec<bool> {
+        self.submit(&mut reqs);
+        reqs.into_iter()
+            .map(|req| match req.reply {
+                ChunkReply::Done => true,
+                ChunkReply::Failed(e) => {
+                    self.note_read_error(req.store, &e);
+                    false
+                }
+                ChunkReply::Mismatch | ChunkReply::Unavailable => false,
+            })
+            .collect()
+    }
+
     /// Runs a batch of requests to the chunk stores (every device's I/O in
     /// one submission) and counts what it cost.
     fn submit(&self, reqs: &mut [ChunkRequest<'_>]) {
@@ -340,7 +401,7 @@ impl Array {
             .iter()
             .map(|(_, _, blocks)| ScratchBuf::new(len_of(blocks) as usize * block))
             .collect();
-        let mut reqs: Vec<ChunkRequest> = out
+        let reqs: Vec<ChunkRequest> = out
             .iter_mut()
             .zip(wants)
             .map(|(buf, (stripe, role, blocks))| {
@@ -355,18 +416,7 @@ impl Array {
                 ChunkRequest::new(place.device, op)
             })
             .collect();
-        self.submit(&mut reqs);
-        let good: Vec<bool> = reqs
-            .into_iter()
-            .map(|req| match req.reply {
-                ChunkReply::Done => true,
-                ChunkReply::Failed(e) => {
-                    self.note_read_error(req.store, &e);
-                    false
-                }
-                ChunkReply::Mismatch | ChunkReply::Unavailable => false,
-            })
-            .collect();
+        let good = self.submit_reads(reqs);
         for (i, (stripe, role, blocks)) in wants.iter().enumerate() {
             if !good[i] {
                 out[i].copy_from_slice(&self.read_unit_blocks(*stripe, *role, blocks.clone())?);

@@ -2,6 +2,7 @@
 //! and rebuild. Each takes one stripe lock at a time, so the volume stays
 //! served while they run, and reports progress.
 
+use super::decode::MemberRead;
 use super::{Array, MemberState, ProgressFn};
 use crate::counters::bump;
 use crate::error::{Error, Result};
@@ -49,26 +50,11 @@ pub struct ScrubReport {
 }
 
 impl Array {
-    /// Reads every unit of a stripe whole, unverified. None for a unit whose
-    /// device does not hold the stripe or failed to read.
+    /// Reads every unit of a stripe whole, unverified, in one batch. None
+    /// for a unit whose device does not hold the stripe or failed to read.
     fn read_stripe_raw(&self, stripe: u64) -> Vec<Option<Vec<u8>>> {
-        let g = &self.geo;
-        (0..g.width())
-            .map(|role| {
-                let place = g.place(stripe, role);
-                if !self.holds(place.device, stripe) {
-                    return None;
-                }
-                let mut buf = vec![0u8; g.unit_bytes() as usize];
-                let class = if role < g.k() {
-                    crate::counters::IoClass::Data
-                } else {
-                    crate::counters::IoClass::Parity
-                };
-                self.dev_read(place.device, class, &mut buf, g.device_offset(place.row, 0))
-                    .then_some(buf)
-            })
-            .collect()
+        let roles: Vec<usize> = (0..self.geo.width()).collect();
+        self.read_units_raw(stripe, &roles)
     }
 
     pub(super) fn encode_parity(&self, units: &[Option<Vec<u8>>]) -> Vec<Vec<u8>> {
@@ -520,17 +506,41 @@ impl Array {
 
     /// Decodes a whole unit of `stripe` from the others, checked, per block
     /// row, so a bad row costs only itself: rows that cannot be decoded are
-    /// left zero and returned. Caller holds the stripe lock.
+    /// left zero and returned. The members' units are read whole, in one
+    /// batch (a rebuild across the network paid a round trip per member
+    /// and block row: 80 per stripe of 64 KiB units, 3 MiB/s); where one
+    /// of them fails to read, row by row as a single decode does, so a
+    /// medium error costs only its rows. Caller holds the stripe lock.
     pub(super) fn reconstruct_unit(&self, stripe: u64, role: usize) -> Result<(Vec<u8>, Vec<u64>)> {
         let g = &self.geo;
         let block = g.block() as usize;
+        if self.journal_pending(stripe) {
+            return Err(Error::NeedsReplay(stripe));
+        }
+        let units = self.read_stripe_raw(stripe);
+        let whole = units
+            .iter()
+            .enumerate()
+            .all(|(r, u)| u.is_some() || !self.holds(g.place(stripe, r).device, stripe));
         let mut unit = vec![0u8; g.unit_bytes() as usize];
         let mut unreadable = Vec::new();
         for b in 0..g.blocks_per_unit() {
-            match self.reconstruct_row(stripe, b) {
-                Ok(row) => {
-                    unit[b as usize * block..(b as usize + 1) * block].copy_from_slice(&row[role])
-                }
+            let at = b as usize * block;
+            let row = if whole {
+                let reads = units
+                    .iter()
+                    .map(|u| match u {
+                        Some(u) => MemberRead::Block(u[at..at + block].to_vec()),
+                        None => MemberRead::NotHeld,
+                    })
+                    .collect();
+                self.decode_row_from(stripe, b, reads, true)
+                    .map(|r| r.shards)
+            } else {
+                self.reconstruct_row(stripe, b)
+            };
+            match row {
+                Ok(row) => unit[at..at + block].copy_from_slice(&row[role]),
                 Err(Error::DataLoss(e)) => {
                     self.warn(format!("rebuild: {e}"));
                     unreadable.push(b);
