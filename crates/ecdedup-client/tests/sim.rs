@@ -55,9 +55,19 @@
 //! frame (a duplicate is therefore handled at once, before any other).
 //! Faults stay within every PG's tolerance: the servers that lose power,
 //! are cut off, or drop, duplicate or delay frames are at most m servers
-//! in all (each PG here has m = 2). Not simulated yet: etcd's leases and
-//! the coordinator (etcd is a counter per volume: each takeover gets the
-//! next epoch), out servers and rebuild elsewhere, several PGs per volume.
+//! in all (each PG here has m = 2).
+//!
+//! Down, out and rebuild (shared story; `Run::coordinate`): a server's
+//! lease runs out [`LEASE_TTL_FRAMES`] after it goes down (simulated time:
+//! a frame is 1 ms), the coordinator's real `OutClock` counts it out
+//! [`OUT_AFTER_FRAMES`] later, the real `placement::replace_shards` picks
+//! where each of its shards goes, and a new writer takes the volume over
+//! with the new placement: `open_pg_array_replacing` installs the blank
+//! chunk and the engine's `Array::rebuild` rebuilds it. Only replicate
+//! PGs can move (an RS(4,2) PG holds all six servers). Not simulated: the
+//! coordinator's election and its etcd transactions (etcd is a counter
+//! per volume: each takeover gets the next epoch), the PG epoch, several
+//! PGs per volume.
 //!
 use ecdedup_chunkd::{ChunkServer, ChunkServerConfig};
 use ecdedup_client::link::{check_boot, join_replies, link_frames, request_header};
@@ -1690,6 +1700,57 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     (
         1712,
         "rmw (beside rmw with dedup): an unflushed block reads wrong after a takeover",
+    ),
+    // Found by the 5,000-seed run of 2026-11-26 12:57 UTC (none needs a
+    // duplicated or late frame either; not narrowed yet).
+    (
+        2111,
+        "parix: a block unreadable after a takeover (no 5 members decode)",
+    ),
+    (2885, "plog: a flushed block reads wrong after a takeover"),
+    (
+        3029,
+        "plog (beside rmw with dedup): a flushed block reads wrong at the last takeover",
+    ),
+    (
+        3582,
+        "parix: an unflushed block reads wrong after a takeover",
+    ),
+    (
+        3586,
+        "plog: a block unreadable after a takeover (0 of 6 units intact)",
+    ),
+    (
+        3790,
+        "parix: a block unreadable after a takeover (1 of 6 units intact)",
+    ),
+    (
+        3911,
+        "plog: a block unreadable at the last takeover (no 5 members decode)",
+    ),
+    (
+        4129,
+        "plog: an unflushed block reads wrong after a takeover",
+    ),
+    (
+        4415,
+        "parix: a flushed block reads wrong at the last takeover",
+    ),
+    (
+        4785,
+        "plog: an unflushed block reads wrong at the last takeover",
+    ),
+    (
+        4870,
+        "parix: an unflushed block reads wrong at the last takeover",
+    ),
+    (
+        4876,
+        "parix: an unflushed block reads wrong at the last takeover",
+    ),
+    (
+        4890,
+        "parix: an unflushed block reads wrong after a takeover",
     ),
 ];
 
