@@ -19,8 +19,9 @@
 #            every crash point of the archive crash test
 #            (ECDEDUP_ARCHIVE_CRASH_STRIDE=1), 100 SIGKILL rounds of the
 #            crash test (CI: 12), 40 power-loss schedules per
-#            configuration (CI: 8 with dedup), and 2,000 seeds of the
-#            cluster simulator (CI: 120, plus its regression seeds),
+#            configuration (CI: 8 with dedup), and 100,000 seeds of the
+#            cluster simulator (CI: 2,000, plus its regression seeds;
+#            about 45 minutes on 2 cores),
 #            400 double-fault power-loss schedules per policy (CI: 24);
 #            docs/benchmarks.md says
 #            what the long runs found
@@ -41,7 +42,7 @@ for arg in "$@"; do
       export ECDEDUP_ARCHIVE_CRASH_STRIDE="${ECDEDUP_ARCHIVE_CRASH_STRIDE:-1}"
       export ECDEDUP_CRASH_ITERATIONS="${ECDEDUP_CRASH_ITERATIONS:-100}"
       export ECDEDUP_POWERLOSS_SCHEDULES="${ECDEDUP_POWERLOSS_SCHEDULES:-40}"
-      export ECDEDUP_SIM_SEEDS="${ECDEDUP_SIM_SEEDS:-2000}"
+      export ECDEDUP_SIM_SEEDS="${ECDEDUP_SIM_SEEDS:-100000}"
       export ECDEDUP_DOUBLE_FAULT_SCHEDULES="${ECDEDUP_DOUBLE_FAULT_SCHEDULES:-400}"
       ;;
     *)

@@ -533,23 +533,35 @@ struct Frames {
 
 impl PendingReply for Frames {
     fn wait(self: Box<Self>) -> io::Result<Vec<u8>> {
-        let mut out = Vec::new();
-        let mut first_error = None;
         let what = &self.what;
-        for rx in self.rxs {
-            let reply = check_boot(self.is_read, self.boot_id, Wire::wait(rx), &|| what.clone());
-            match reply {
-                Ok(bytes) if first_error.is_none() => out.extend_from_slice(&bytes),
-                Ok(_) => {}
-                Err(e) => {
-                    first_error.get_or_insert(e);
-                }
+        let replies = self.rxs.into_iter().map(Wire::wait);
+        join_replies(replies, self.is_read, self.boot_id, &|| what.clone())
+    }
+}
+
+/// The replies of one operation's frames, in order, each checked with
+/// [`check_boot`], joined: the first error, or the bytes of all (the same
+/// for every link: the network's and the cluster simulator's).
+pub fn join_replies(
+    replies: impl IntoIterator<Item = io::Result<Vec<u8>>>,
+    is_read: bool,
+    boot_id: u64,
+    what: &dyn Fn() -> String,
+) -> io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut first_error = None;
+    for reply in replies {
+        match check_boot(is_read, boot_id, reply, what) {
+            Ok(bytes) if first_error.is_none() => out.extend_from_slice(&bytes),
+            Ok(_) => {}
+            Err(e) => {
+                first_error.get_or_insert(e);
             }
         }
-        match first_error {
-            Some(e) => Err(e),
-            None => Ok(out),
-        }
+    }
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(out),
     }
 }
 

@@ -440,29 +440,8 @@ fn open_pg(
         )));
     }
     let what = format!("PG {pg} of volume {}", opts.volume);
-    // A chunk with no superblock in a PG whose other chunks have one is
-    // a replacement (the coordinator moved the shard to a new server, or
-    // the server lost the chunk): it is left out of the open, installed
-    // blank in the shard's place and rebuilt from the others. Its old
-    // server is no longer in the PG's record, so nothing of it is read.
-    let formatted = devices
-        .iter()
-        .flatten()
-        .any(|d| array::has_superblock(d.as_ref()));
-    let mut fresh = Vec::new();
-    if formatted {
-        for (shard, slot) in devices.iter_mut().enumerate() {
-            if slot
-                .as_ref()
-                .is_some_and(|d| !array::has_superblock(d.as_ref()))
-            {
-                fresh.push((shard, slot.take().expect("checked")));
-            }
-        }
-    }
-    let array = open_pg_array(&dir, &options, devices, &what)?;
-    for (shard, dev) in fresh {
-        array.install_replacement(shard, dev, &names[shard])?;
+    let (array, installed) = open_pg_array_replacing(&dir, &options, devices, &names, &what)?;
+    for shard in installed {
         line(
             COMPONENT,
             "shard-replacement-installed",
@@ -559,24 +538,112 @@ pub(crate) fn open_chunks(
     Ok(out)
 }
 
+/// As [`open_pg_array`], and a chunk with no superblock in a PG whose
+/// other chunks have one is a replacement (the coordinator moved the
+/// shard to a new server, or the server lost the chunk): it is left out
+/// of the open, installed blank in the shard's place (`names`: each
+/// shard's device name) and rebuilt from the others. Its old server is no
+/// longer in the PG's record, so nothing of it is read. Returns the array
+/// and the shards installed as replacements.
+pub fn open_pg_array_replacing(
+    dir: &Path,
+    options: &CreateOptions,
+    mut devices: Vec<Option<Arc<dyn Device>>>,
+    names: &[PathBuf],
+    what: &str,
+) -> Result<(Array, Vec<usize>)> {
+    let probed = probe_chunks(&devices, true);
+    let formatted = probed.iter().any(|p| matches!(p, Some(Ok(true))));
+    let mut fresh = Vec::new();
+    if formatted {
+        // Only a chunk that reads and holds no superblock: one that cannot
+        // be read (a lost frame) is no blank chunk, and goes to the open
+        // as any other (which fails it if it still cannot be read).
+        for (shard, probe) in probed.iter().enumerate() {
+            if matches!(probe, Some(Ok(false))) {
+                let dev = devices[shard].take().expect("probed");
+                fresh.push((shard, dev));
+            }
+        }
+    }
+    let array = open_probed(dir, options, devices, &probed, what)?;
+    let mut installed = Vec::new();
+    for (shard, dev) in fresh {
+        // A replacement that cannot be installed now (its server lost a
+        // frame) leaves the shard failed, as an unreachable server would:
+        // the PG serves degraded and the next open installs it.
+        match array.install_replacement(shard, dev, &names[shard]) {
+            Ok(()) => installed.push(shard),
+            Err(e) => line(
+                COMPONENT,
+                "shard-replacement-not-installed",
+                &[("array", &what), ("shard", &shard), ("reason", &e)],
+            ),
+        }
+    }
+    Ok((array, installed))
+}
+
+/// Each chunk's superblock, probed: `Ok(true)` held, `Ok(false)` blank,
+/// an error where it could not be read; None where the server cannot be
+/// reached, or (`all` false) past the first chunk found formatted.
+fn probe_chunks(devices: &[Option<Arc<dyn Device>>], all: bool) -> Vec<Option<Result<bool>>> {
+    let mut formatted = false;
+    devices
+        .iter()
+        .map(|d| {
+            let probe = d
+                .as_ref()
+                .filter(|_| all || !formatted)
+                .map(|d| array::probe_superblock(d.as_ref()));
+            formatted |= matches!(probe, Some(Ok(true)));
+            probe
+        })
+        .collect()
+}
+
 /// The array of one PG over its chunks (`devices`, in shard order, None
 /// where a server cannot be reached), with its client state in `dir`:
 /// formatted with `options` when no chunk holds a superblock yet (only
-/// with every chunk there), else opened with the settings the chunks
-/// carry, which replays the parity journals and resynchronises what the
-/// last writer left dirty. `what` names the PG in messages.
+/// with every chunk there and read), else opened with the settings the
+/// chunks carry, which replays the parity journals and resynchronises
+/// what the last writer left dirty. `what` names the PG in messages.
 pub fn open_pg_array(
     dir: &Path,
     options: &CreateOptions,
     devices: Vec<Option<Arc<dyn Device>>>,
     what: &str,
 ) -> Result<Array> {
+    let probed = probe_chunks(&devices, false);
+    open_probed(dir, options, devices, &probed, what)
+}
+
+/// [`open_pg_array`] with the chunks' superblocks probed (`probed`, of
+/// the chunks as they were before any was taken out as a replacement).
+fn open_probed(
+    dir: &Path,
+    options: &CreateOptions,
+    devices: Vec<Option<Arc<dyn Device>>>,
+    probed: &[Option<Result<bool>>],
+    what: &str,
+) -> Result<Array> {
     let config = dir.join(array::CONFIG_FILE);
     let _ = std::fs::remove_file(&config);
-    let formatted = devices
-        .iter()
-        .flatten()
-        .any(|d| array::has_superblock(d.as_ref()));
+    let formatted = probed.iter().any(|p| matches!(p, Some(Ok(true))));
+    // A chunk that could not be read may hold a superblock: the PG is
+    // formatted only once every chunk read blank, never over data.
+    if let (false, Some((shard, Some(Err(e))))) = (
+        formatted,
+        probed
+            .iter()
+            .enumerate()
+            .find(|(_, p)| matches!(p, Some(Err(_)))),
+    ) {
+        return Err(Error::Unavailable(format!(
+            "{what}: no chunk read holds a superblock, and shard {shard}'s cannot be read \
+             ({e}): it is formatted only once every chunk reads blank"
+        )));
+    }
     if !formatted {
         if devices.iter().any(Option::is_none) {
             return Err(Error::Unavailable(format!(

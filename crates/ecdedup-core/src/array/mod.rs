@@ -590,16 +590,30 @@ fn parity_stripe_ranges(geo: &Geometry, d: usize) -> Vec<(u64, u64)> {
 }
 
 fn read_superblock(dev: &dyn Device) -> Result<Superblock> {
+    let (a, b) = superblock_slots(dev)?;
+    Superblock::newest(&a, &b)
+}
+
+/// The two superblock slots of `dev`, as read.
+fn superblock_slots(dev: &dyn Device) -> Result<(Vec<u8>, Vec<u8>)> {
     let mut buf = vec![0u8; 2 * SUPERBLOCK_BYTES as usize];
     dev.read_at(&mut buf, 0)
         .map_err(|e| Error::io(format!("reading superblock of {}", dev.describe()), e))?;
-    let (a, b) = buf.split_at(SUPERBLOCK_BYTES as usize);
-    Superblock::newest(a, b)
+    let b = buf.split_off(SUPERBLOCK_BYTES as usize);
+    Ok((buf, b))
 }
 
 /// Whether `dev` holds an ecdedup superblock (a member of some array).
 pub fn has_superblock(dev: &dyn Device) -> bool {
     read_superblock(dev).is_ok()
+}
+
+/// Whether `dev` holds an ecdedup superblock, telling a device that reads
+/// and holds none (`Ok(false)`: blank) from one that cannot be read (an
+/// error: nothing is known of it), which [`has_superblock`] does not.
+pub fn probe_superblock(dev: &dyn Device) -> Result<bool> {
+    let (a, b) = superblock_slots(dev)?;
+    Ok(Superblock::newest(&a, &b).is_ok())
 }
 
 /// The bytes of file `name` in a metadata area, if it is there and reads.

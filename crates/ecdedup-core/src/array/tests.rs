@@ -1230,3 +1230,20 @@ fn a_flush_waits_until_a_concurrent_device_failure_is_durable() {
     let newest = Superblock::newest(x, y).unwrap();
     assert_eq!(newest.states[1], MemberState::Failed);
 }
+
+/// A member that cannot be read is no blank device: `probe_superblock`
+/// tells the two apart, where `has_superblock` answers no for both (the
+/// volume client took such a member for a blank replacement and installed
+/// it: seeds 1, 65 and 110 of the cluster simulator's shared story).
+#[test]
+fn probing_a_superblock_tells_an_unreadable_member_from_a_blank_device() {
+    let rig = Rig::new(6, 4, 2, 4096, 8);
+    let devices = rig.devices();
+    let member = devices[0].as_ref().expect("a member");
+    assert!(probe_superblock(member.as_ref()).unwrap());
+    rig.plans[0].dead.store(true, Ordering::SeqCst);
+    assert!(probe_superblock(member.as_ref()).is_err());
+    assert!(!has_superblock(member.as_ref()));
+    let blank = MemDevice::new("blank", 1 << 20);
+    assert!(!probe_superblock(&blank).unwrap());
+}

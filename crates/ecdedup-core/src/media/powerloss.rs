@@ -96,6 +96,8 @@ struct Sparse {
 
 /// Page size of [`Sparse`].
 const PAGE: usize = PAGE_BYTES as usize;
+/// A page of zeroes, to compare with.
+static ZERO_PAGE: [u8; PAGE] = [0; PAGE];
 
 impl Sparse {
     /// Calls `each(page index, offset in the page, range of the caller's
@@ -128,8 +130,10 @@ impl Sparse {
             let src = &bytes[r];
             match self.pages.get_mut(&page) {
                 Some(p) => Arc::make_mut(p)[in_page..in_page + src.len()].copy_from_slice(src),
-                // Zeroes over a hole stay a hole.
-                None if src.iter().all(|&b| b == 0) => {}
+                // Zeroes over a hole stay a hole (compared with a zero
+                // page: memcmp, not a byte loop, which was a third of the
+                // cluster simulator's time at the workspace's opt-level).
+                None if src == &ZERO_PAGE[..src.len()] => {}
                 None => {
                     let mut p = [0u8; PAGE];
                     p[in_page..in_page + src.len()].copy_from_slice(src);
