@@ -609,7 +609,13 @@ impl ChunkLink for SimLink {
             ))));
         }
         let is_read = matches!(op, LinkOp::Read { .. });
-        let frames = link_frames(self.writer.volume, self.writer.epoch, PG_EPOCH, self.code, op);
+        let frames = link_frames(
+            self.writer.volume,
+            self.writer.epoch,
+            PG_EPOCH,
+            self.code,
+            op,
+        );
         if self.net.with(|st| st.deferred) {
             // In flight until the first wait, as `NetLink`'s frames are.
             let replies = self.net.with(|st| {
