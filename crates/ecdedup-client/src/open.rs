@@ -395,17 +395,35 @@ fn open_pg(
     // the server lost the chunk): it is left out of the open, installed
     // blank in the shard's place and rebuilt from the others. Its old
     // server is no longer in the PG's record, so nothing of it is read.
+    // So is a chunk whose superblock is generations behind the others'
+    // (`array::stale_members`): the shard placed again on a server that
+    // still holds its chunk from before it moved away (the server was
+    // out, the shard rebuilt elsewhere, then moved back); its stale
+    // blocks match their own checksums, and taken as current they were
+    // read back.
     let formatted = devices
         .iter()
         .flatten()
         .any(|d| array::has_superblock(d.as_ref()));
     let mut fresh = Vec::new();
     if formatted {
+        let stale = array::stale_members(&devices);
         for (shard, slot) in devices.iter_mut().enumerate() {
-            if slot
+            let blank = slot
                 .as_ref()
-                .is_some_and(|d| !array::has_superblock(d.as_ref()))
-            {
+                .is_some_and(|d| !array::has_superblock(d.as_ref()));
+            if blank || (slot.is_some() && stale.contains(&shard)) {
+                if !blank {
+                    line(
+                        COMPONENT,
+                        "shard-stale",
+                        &[
+                            ("array", &what),
+                            ("shard", &shard),
+                            ("server", &record.servers[shard]),
+                        ],
+                    );
+                }
                 fresh.push((shard, slot.take().expect("checked")));
             }
         }
