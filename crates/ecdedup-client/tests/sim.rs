@@ -946,7 +946,20 @@ const KNOWN: &[(&str, &str)] = &[];
 
 /// Seeds that fail for an open bug not told apart by its message; skipped
 /// unless `ECDEDUP_SIM_STRICT=1` or replayed alone.
-const KNOWN_SEEDS: &[(u64, &str)] = &[];
+const KNOWN_SEEDS: &[(u64, &str)] = &[
+    // Found by the 5,000-seed run of 2026-11-26 13:03 UTC (branch s4364);
+    // it fails the same on 11c59f6 (main), not analysed yet: every server
+    // loses power with unflushed writes to stripe 14 (blocks 56 to 59);
+    // shard 5 had failed before (a reply lost) and shard 4's Open reply
+    // is lost at the takeover, so blocks 58 and 59 (their units) decode
+    // from exactly k = 4 members. They read back with the first bytes of
+    // their last acknowledged write but are not it: wrong data.
+    (
+        3425,
+        "plog: two blocks of members out at the open after a whole-cluster \
+         power loss read wrong (open, 2026-11-26)",
+    ),
+];
 
 fn strict() -> bool {
     std::env::var("ECDEDUP_SIM_STRICT").is_ok_and(|v| v == "1")
