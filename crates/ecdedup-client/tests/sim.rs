@@ -948,12 +948,16 @@ const KNOWN: &[(&str, &str)] = &[];
 /// unless `ECDEDUP_SIM_STRICT=1` or replayed alone.
 const KNOWN_SEEDS: &[(u64, &str)] = &[
     // Found by the 5,000-seed run of 2026-11-26 13:03 UTC (branch s4364);
-    // it fails the same on 11c59f6 (main), not analysed yet: every server
-    // loses power with unflushed writes to stripe 14 (blocks 56 to 59);
-    // shard 5 had failed before (a reply lost) and shard 4's Open reply
-    // is lost at the takeover, so blocks 58 and 59 (their units) decode
-    // from exactly k = 4 members. They read back with the first bytes of
-    // their last acknowledged write but are not it: wrong data.
+    // it fails the same on 11c59f6 (main), not fixed: every server loses
+    // power with unflushed writes to stripe 14 (blocks 56 to 59); shard 5
+    // had failed before (a reply lost) and shard 4's Open reply is lost at
+    // the takeover, so blocks 58 and 59 (their units) decode from exactly
+    // k = 4 members, one of them torn by the loss (block 56 reads neither
+    // its old nor its new bytes whole). The resync finds the stripe in the
+    // degraded-write log (shard 5's value) but not shard 4's, so the row is
+    // left as it is, and each read decodes both blocks with no checksum
+    // known for either (both out at the open) and no spare member:
+    // unchecked (`unverified_decodes`), served, wrong.
     (
         3425,
         "plog: two blocks of members out at the open after a whole-cluster \
