@@ -556,11 +556,26 @@ pub fn open_pg_array_replacing(
     let formatted = probed.iter().any(|p| matches!(p, Some(Ok(true))));
     let mut fresh = Vec::new();
     if formatted {
+        // A chunk whose superblock is generations behind the others'
+        // (`array::stale_members`): the shard placed again on a server
+        // that still holds its chunk from before it moved away (the server
+        // was out, the shard rebuilt elsewhere, then moved back). Its
+        // stale blocks match their own checksums, and taken as current
+        // they were read back: it is rebuilt as a blank chunk is.
+        let stale = array::stale_members(&devices);
         // Only a chunk that reads and holds no superblock: one that cannot
         // be read (a lost frame) is no blank chunk, and goes to the open
         // as any other (which fails it if it still cannot be read).
         for (shard, probe) in probed.iter().enumerate() {
-            if matches!(probe, Some(Ok(false))) {
+            let blank = matches!(probe, Some(Ok(false)));
+            if blank || (devices[shard].is_some() && stale.contains(&shard)) {
+                if !blank {
+                    line(
+                        COMPONENT,
+                        "shard-stale",
+                        &[("array", &what), ("shard", &shard)],
+                    );
+                }
                 let dev = devices[shard].take().expect("probed");
                 fresh.push((shard, dev));
             }

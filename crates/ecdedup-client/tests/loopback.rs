@@ -601,3 +601,72 @@ fn rebuild_throughput_of_one_out_server() {
     check(&v, &model);
     v.close().unwrap();
 }
+
+/// A shard moved back onto a server that still holds its old chunk: the
+/// server is out, the shard is rebuilt on the PG's one spare and written
+/// over, the spare is out in turn, and the shard goes back to the first
+/// server, whose chunk names this PG and shard with an old superblock.
+/// The writer installs that chunk as a replacement and rebuilds it; it
+/// never reads it (taken as a current member, the volume read its old
+/// bytes back).
+#[test]
+fn a_shard_placed_back_on_a_server_that_kept_its_old_chunk_is_rebuilt_not_read() {
+    let name = "back";
+    let mut c = Cluster::start_with(name, 7, Duration::from_secs(1));
+    c.pool(name, "rs42", WritePolicy::Parix, 4, 2, 1);
+    let size = 2 << 20;
+    c.volume(name, "rs42", "a", size);
+    let mut model = vec![0u8; size as usize];
+    let v = ecdedup_client::open(&c.options(name, "rs42", "a", "w1")).unwrap();
+    write_and_check(&v, &mut model, 41);
+    v.close().unwrap();
+    drop(v);
+
+    // Shard 1's server dies, its files kept: out, and the shard moves to
+    // the spare, where the next writer rebuilds it and writes every block.
+    let first = pgs(&c, name, "rs42")[0].servers[1];
+    c.kill_server(first.0);
+    wait_until("the shard's move to the spare", || {
+        !pgs(&c, name, "rs42")[0].servers.contains(&first)
+    });
+    let spare = pgs(&c, name, "rs42")[0].servers[1];
+    let v = ecdedup_client::open(&c.options(name, "rs42", "a", "w2")).unwrap();
+    for r in v.wait_rebuilds() {
+        r.unwrap();
+    }
+    model.copy_from_slice(&pattern(42, size as usize));
+    v.write(&model, 0, false).unwrap();
+    v.flush().unwrap();
+    v.close().unwrap();
+    drop(v);
+    wait_until("the coordinator closing the rebuild record", || {
+        rebuild_status(&c, name).values().all(|(r, _)| r.is_none())
+    });
+
+    // The first server returns, the spare dies: the shard goes back.
+    c.restart_server(name, first.0);
+    c.kill_server(spare.0);
+    wait_until("the shard's move back", || {
+        pgs(&c, name, "rs42")[0].servers[1] == first
+    });
+    let v = ecdedup_client::open(&c.options(name, "rs42", "a", "w3")).unwrap();
+    check(&v, &model);
+    assert_eq!(v.rebuild_starts(), vec![(0, 1, 0)], "rebuilt from stripe 0");
+    for r in v.wait_rebuilds() {
+        r.unwrap();
+    }
+    let states: Vec<_> = v.pg_arrays()[0]
+        .status()
+        .devices
+        .iter()
+        .map(|d| d.state)
+        .collect();
+    assert!(
+        states
+            .iter()
+            .all(|s| *s == ecdedup_core::array::MemberState::Active),
+        "{states:?}"
+    );
+    check(&v, &model);
+    v.close().unwrap();
+}

@@ -20,7 +20,7 @@
 //! folder from the devices' superblocks and the copy of `array.json` in
 //! their metadata areas.
 
-use super::inspect::{check_member, newest_superblock, read_member};
+use super::inspect::{check_member, newest_superblock, read_member, stale_member};
 use super::superblock::{MemberState, Superblock};
 use super::{lock_dir, ConfigFile};
 use crate::error::{Error, Result};
@@ -84,8 +84,12 @@ pub fn force_assemble(dir: &Path) -> Result<Vec<usize>> {
         states[i] = MemberState::Active;
     }
     let generation = newest.generation + 1;
-    for (i, sb) in members.iter().enumerate() {
-        let Some(sb) = sb else { continue };
+    // The members brought back first: a cut part way leaves none of them
+    // more than one generation behind a member that lists it active (an
+    // open would fail it as a stale image).
+    let others = (0..members.len()).filter(|i| !chosen.contains(i));
+    for i in chosen.iter().copied().chain(others) {
+        let Some(sb) = &members[i] else { continue };
         if states[i] == MemberState::Failed {
             continue;
         }
@@ -370,6 +374,31 @@ fn newest_of_found<T>(found: &[(T, Superblock)], n: usize) -> Result<Superblock>
         }
     }
     newest_superblock(&members)
+}
+
+/// The positions among `devices` (in position order, None where a member
+/// cannot be reached) whose superblock names the array of the newest one
+/// but is stale ([`super::inspect::stale_member`]): old images, which an
+/// open fails, never reads; a volume client installs their chunks as
+/// replacements and rebuilds them.
+pub fn stale_members(devices: &[Option<Arc<dyn Device>>]) -> Vec<usize> {
+    let sbs: Vec<Option<Superblock>> = devices
+        .iter()
+        .map(|d| {
+            d.as_ref()
+                .and_then(|d| super::read_superblock(d.as_ref()).ok())
+        })
+        .collect();
+    let Ok(newest) = newest_superblock(&sbs) else {
+        return Vec::new();
+    };
+    (0..sbs.len())
+        .filter(|&i| {
+            sbs[i].as_ref().is_some_and(|sb| {
+                sb.array_uuid == newest.array_uuid && stale_member(sb, &newest).is_some()
+            })
+        })
+        .collect()
 }
 
 /// How a member is named in messages.

@@ -89,6 +89,16 @@ pub fn inspect(dir: &Path) -> Result<Status> {
     let mut members = members;
     let newest = newest_superblock(&members)?;
     let geo = newest.geometry;
+    // A stale member is failed at open: said so here too.
+    for (i, slot) in members.iter_mut().enumerate() {
+        if let Some(why) = slot.as_ref().and_then(|sb| stale_member(sb, &newest)) {
+            warnings.push(format!(
+                "device {i} ({}) treated as failed: {why}",
+                cfg.devices[i].display()
+            ));
+            *slot = None;
+        }
+    }
     let storage = metadata_view(dir, &cfg, &geo, &mut members, &newest.states, &mut warnings);
     let devices: Vec<DeviceStatus> = cfg
         .devices
@@ -237,6 +247,30 @@ pub(super) fn newest_superblock(members: &[Option<Superblock>]) -> Result<Superb
         .ok_or_else(|| {
             Error::Unavailable("no device of the array has a readable superblock".into())
         })
+}
+
+/// Why a member whose superblock names this array and its position is
+/// still not current, if it is not: its generation is behind the newest
+/// member's by more than one. Every superblock update writes a new
+/// generation to every member in service (one at a time, so a cut in the
+/// middle leaves members one generation apart), and a member's failure
+/// is recorded by an update it misses, its return by another: a member
+/// two or more behind left service and is an old image (a copy put back,
+/// or a cluster shard's old chunk on a server the shard was placed on
+/// again after it was rebuilt elsewhere). Its blocks match their own
+/// checksums, so nothing else would tell that they are stale. (A member
+/// that kept an older superblock because its file system was full, and
+/// stayed in service, is failed too: `re-add` or a rebuild brings it
+/// back.)
+pub(super) fn stale_member(sb: &Superblock, newest: &Superblock) -> Option<String> {
+    (sb.generation + 1 < newest.generation).then(|| {
+        format!(
+            "its superblock is of generation {}, the array's is {}: a stale image that \
+             missed writes (an old copy put back, or a shard's old chunk placed again); \
+             `re-add` it, or `replace` and `rebuild` it",
+            sb.generation, newest.generation
+        )
+    })
 }
 
 /// Refuses a device of another array, or one listed at another position.

@@ -42,7 +42,7 @@ pub mod superblock;
 #[cfg(test)]
 mod tests;
 
-pub use assemble::{assemble_from_devices, config_from_devices, force_assemble};
+pub use assemble::{assemble_from_devices, config_from_devices, force_assemble, stale_members};
 pub use inspect::inspect;
 pub use layout::Geometry;
 pub use logging::WritePolicy;
@@ -1136,6 +1136,20 @@ impl Array {
             }
         }
         let mut states = newest.states.clone();
+        for (i, sb) in sbs.iter().enumerate() {
+            if let Some(why) = sb
+                .as_ref()
+                .and_then(|sb| inspect::stale_member(sb, &newest))
+            {
+                if states[i] != MemberState::Failed {
+                    warnings.push(format!(
+                        "device {i} ({}) treated as failed: {why}",
+                        cfg.devices[i].display()
+                    ));
+                    states[i] = MemberState::Failed;
+                }
+            }
+        }
         for i in 0..n {
             let usable = devices[i].as_ref().is_some_and(|d| {
                 if d.size() < geo.device_bytes_min() {

@@ -10,7 +10,10 @@
 //! the member reconstructed from the others, every other stripe is taken
 //! as it is. The member is rebuilding meanwhile (its cursor vouches for the
 //! stripes before it, as in `rebuild`), so a crash halfway leaves a
-//! rebuilding member that `rebuild` finishes in full. The map is removed
+//! rebuilding member that `rebuild` finishes in full. Each decode of its
+//! units past the cursor is checked against the entries the array kept
+//! for it while it was out, not its own table's, which predate what it
+//! missed. The map is removed
 //! once no member is failed.
 //!
 //! Limits: offline (the array stopped), and only under the `rmw` write
@@ -133,12 +136,12 @@ impl Array {
         // with current copies before it serves.
         self.fresh_metadata_area(d, &dev)
             .map_err(|e| dev_err(format!("cannot write its metadata area: {e}")))?;
-        // A fresh table over the member's slot: its pages are read from the
-        // device on demand once the device is in the slot (below); nothing
-        // from the time it was out (pages read as unknown) is kept.
+        // The member's own table, read from the device once it is in the
+        // slot (below); the entries kept while it was out check the
+        // stripes the cursor has not passed.
         let cache_bytes = cfg.checksum_cache_bytes_max / self.stores.len() as u64;
         let blocks = self.geo.blocks_per_device();
-        self.stores[d].reopen_table(blocks, cache_bytes);
+        self.stores[d].begin_re_add(blocks, cache_bytes);
         if self.ssd_sim_on {
             self.stores[d].set_wear(wear);
         }
@@ -146,7 +149,7 @@ impl Array {
         self.stores[d].put_in_service(dev);
         self.persist_superblocks()?;
         let resynced = self.resync_missed(d, &missed)?;
-        self.stores[d].mark_active();
+        self.stores[d].finish_rebuild();
         self.flush()?;
         self.persist_superblocks()?;
         if self.unavailable_count() == 0 {

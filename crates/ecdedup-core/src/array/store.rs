@@ -56,7 +56,9 @@ pub(super) struct ChunkStore {
     sums_known: AtomicBool,
     /// While the device is rebuilt: its table before the replacement, kept
     /// current by degraded writes, so each decoded unit is checked before
-    /// it is written (None when unknown or when no rebuild runs).
+    /// it is written; while it is re-added (and after a re-add that
+    /// failed), the entries kept while it was out (None when unknown or
+    /// when neither runs).
     prior_table: Mutex<Option<ChecksumTable>>,
     /// Medium read errors since open.
     read_errors: AtomicU32,
@@ -167,12 +169,8 @@ impl ChunkStore {
         self.tag.store(TAG_REBUILDING, SeqCst);
     }
 
-    /// A re-added member whose missed stripes are resynchronised: active.
-    pub(super) fn mark_active(&self) {
-        self.tag.store(TAG_ACTIVE, SeqCst);
-    }
-
-    /// A rebuild done: active, with every entry of its table its own.
+    /// A rebuild or a re-add done: active, with every entry of its table
+    /// its own.
     pub(super) fn finish_rebuild(&self) {
         self.tag.store(TAG_ACTIVE, SeqCst);
         *self.prior_table.lock().unwrap() = None;
@@ -296,10 +294,22 @@ impl ChunkStore {
         self.table.reset_zeroed();
     }
 
-    /// A fresh table over the store's slot, paged within `cache_bytes`:
-    /// its pages are read from the device on demand once the device is in
-    /// the slot; nothing from the time it was out is kept.
-    pub(super) fn reopen_table(&mut self, blocks: u64, cache_bytes: u64) {
+    /// A failed member coming back with the data it still holds
+    /// (`re-add`): a fresh table over the store's slot, paged within
+    /// `cache_bytes`, read from the device on demand once the device is in
+    /// the slot: it says what the member held when it left. Where the
+    /// entries were kept current while it was out (`sums_known`), that
+    /// table becomes the prior one, which checks each decode of the
+    /// member's units in the stripes the re-add has not reached, and in
+    /// every stripe if the member fails again before it is active: the
+    /// device's own entries there predate the writes it missed (those in
+    /// flight at an unclean stop, which the resync recorded from the
+    /// members left), and a decode checked against them was an I/O error
+    /// on a block the members agree on (cluster simulator seed 4364).
+    pub(super) fn begin_re_add(&mut self, blocks: u64, cache_bytes: u64) {
+        if self.sums_known.swap(false, SeqCst) {
+            *self.prior_table.get_mut().unwrap() = Some(self.table.duplicate());
+        }
         self.table = ChecksumTable::open(
             Arc::clone(&self.dev),
             Arc::clone(&self.counters),

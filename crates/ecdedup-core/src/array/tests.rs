@@ -596,6 +596,40 @@ fn too_many_missing_devices_refuse_to_open_with_a_reason() {
     );
 }
 
+/// A member's old image put back in its place after the member was
+/// replaced and rebuilt (in a cluster: a shard placed again on the server
+/// that still holds its old chunk) names this array and this position,
+/// and its stale blocks match their own checksums: only its superblock's
+/// generation, behind the array's by more than a cut in the middle of a
+/// superblock update leaves, tells it apart. It is failed at open, never
+/// read (it was taken as current, and the volume read its old bytes).
+#[test]
+fn a_stale_image_of_a_member_put_back_after_its_rebuild_is_never_read() {
+    let mut rig = Rig::new(6, 4, 2, 4096, 8);
+    let len = rig.model.len();
+    rig.write(0, &pattern(1, len));
+    rig.a().flush().unwrap();
+    let d = 2;
+    let image = rig.mems[d].with_bytes(|b| b.clone());
+    rig.a().fail_device(d).unwrap();
+    rig.replace_and_rebuild(d);
+    rig.write(0, &pattern(2, len));
+    rig.a().flush().unwrap();
+    rig.array = None;
+    rig.mems[d].with_bytes(|b| b.copy_from_slice(&image));
+    rig.open();
+    assert_eq!(rig.a().member_states()[d], MemberState::Failed);
+    assert!(
+        rig.a()
+            .warnings()
+            .iter()
+            .any(|w| w.contains(&format!("device {d}")) && w.contains("stale image")),
+        "{:?}",
+        rig.a().warnings()
+    );
+    rig.assert_matches_model();
+}
+
 #[derive(Clone, Debug)]
 enum Op {
     Write {
