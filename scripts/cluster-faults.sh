@@ -760,12 +760,23 @@ if [ "$SHORT" = 0 ] && wanted rebuild-interrupted; then
     fio_verify "$1" "$(writer_uri "$W_NAME")" "$2" "$size" "$3" ||
       fail "$1 did not read back with servers 0 and 2 down: $(grep -m1 -E 'verify:|err=' "$WORK/$1.verify")"
   done
-  verr=$(cat "$WORK"/rebuild-[12].fio "$WORK"/rebuild-[12].verify* 2>/dev/null | grep -c 'verify: ')
-  NOTE="PG 0 at $done1 of $total stripes at the 2nd kill, then every 2 s: ${trail#* }, $done2 after the degraded re-read; writer $([ "$stop" = kill ] && echo killed -9 || echo closed) mid-rebuild; per PG, progress (kill) or cursor (close) -> new writer's from_stripe:$resumed; a write below min_size refused; re-read degraded, whole, and with 0 and 2 down"
+  # Past job 2, the rebuild went on with 3 sources (< k): what it could
+  # not decode is marked unreadable on server 6, never written as data.
+  # With 0 and 2 back, that never-written space must read as zeros.
+  whole
+  last=$(writer_event "w$((W_GEN - 1))" rebuild-stopped cursor 0)
+  zeros=$(( ${last:-0} - end2 ))
+  if [ "$zeros" -gt 0 ]; then
+    (cd "$WORK" && exec fio --name=unwritten --ioengine=nbd --thread --rw=write --bs=4k \
+      --offset=$(( (end2 + 1) * 512 ))K --size=$(( zeros * 512 ))K --verify=pattern \
+      --verify_pattern=0x00 --verify_only --uri="$(writer_uri "$W_NAME")" >"$WORK/unwritten.verify" 2>&1) ||
+      fail "stripes $((end2 + 1))..$last (rebuilt with 0 and 2 down, never written) do not read as zeros: $(grep -m1 -E 'verify|err=' "$WORK/unwritten.verify")"
+  fi
+  verr=$(cat "$WORK"/rebuild-[12].fio "$WORK"/rebuild-[12].verify* "$WORK/unwritten.verify" 2>/dev/null | grep -c 'verify: ')
+  NOTE="PG 0 at $done1 of $total stripes at the 2nd kill, then every 2 s: ${trail#* }, $done2 after the degraded re-read; writer $([ "$stop" = kill ] && echo killed -9 || echo closed) mid-rebuild; per PG, progress (kill) or cursor (close) -> new writer's from_stripe:$resumed; a write below min_size refused; re-read degraded, whole, and with 0 and 2 down; PG 0's stripes $((end2 + 1))..${last:-?} (rebuilt with 0 and 2 down, never written) read as zeros after"
   record "rebuild interrupted by a second failure" "$verr" "$(ttfw rebuild-1 "$t0")" \
     "$(stall rebuild-1 "$t0")" "$NOTE"
   NOTE=""
-  whole
 fi
 
 dist() {  # dist VALUES...: min p50 p90 max (nearest rank) of the numbers given
