@@ -50,7 +50,11 @@
 #   IOPS cap, 150), WRITER_LEASE_TTL (passed as `serve --lease-ttl` when
 #   set), WRITER_TAKE_OVER=1 (every new writer starts with `serve
 #   --take-over`: it takes the volume without waiting for the old writer's
-#   lease), TRIALS (20).
+#   lease), TRIALS (20); for rebuild-interrupted (run last, after the
+#   trials): REBUILD_OUT_AFTER (chunkd --out-after there, 4 s; 600
+#   elsewhere), REBUILD_RATE (serve --rebuild-rate, 524288 bytes/s per
+#   PG), REBUILD_JOB_SIZE (MiB per fio job, 12), REBUILD_WRITER_STOP
+#   (kill: the writer is killed -9 mid-rebuild; close: closed).
 # Needs root (ip netns, nft, losetup, mount), etcd, etcdctl,
 # fio, nbdkit, nbdinfo, mkfs.ext4.
 set -uo pipefail
@@ -64,7 +68,7 @@ while [ $# -gt 0 ]; do
     --short) SHORT=1 ;;
     --trials) TRIALS=$2; shift ;;
     --only) ONLY=$2; shift ;;
-    -h|--help) sed -n '2,50p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,54p' "$0"; exit 0 ;;
     *) echo "cluster-faults: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -88,6 +92,7 @@ else BIN=$REPO/target/debug/ecdedup; fi
 [ -f "$(dirname "$BIN")/libecdedup_nbdkit.so" ] || die "no libecdedup_nbdkit.so beside $BIN"
 
 SERVER_TTL=${SERVER_TTL:-5}
+OUT_AFTER=600                   # chunkd's default; rebuild-interrupted shortens it
 RATE=${RATE:-150}
 TAG=ecf$$                       # namespaces: $TAG-<node>
 SHORTTAG=f$$                    # interface names (15 characters at most)
@@ -100,6 +105,7 @@ PIDS_FILE=$WORK/pids            # every pid this script started
 declare -A SERVER_PID ETCD_PID
 W_PID=""                        # the current writer (serve --cluster)
 W_NAME=""
+REBUILD_RATE_ARG=()             # serve --rebuild-rate, for rebuild-interrupted
 PL_LOOP="" ; PL_MNT=""   # the power-loss server's file system
 STARTED=$(date +%s)
 log "work folder $WORK, binary $BIN, namespaces $TAG-*"
@@ -218,10 +224,11 @@ server_cmd() {  # server_cmd NODE ID DATA
     exec ip netns exec "$TAG-$1" sh -c 'mount "$0" "$1" && mkdir -p "$2" && shift 2 && exec "$@"' \
       "$PL_LOOP" "$PL_MNT" "$3" "$BIN" chunkd --etcd "$ETCD_EPS" --id "$2" \
       --listen "$NET.$((20 + $2)):7900" --host "host$2" --key "$KEY" --io buffered \
-      --lease-ttl "$SERVER_TTL" --data "$3"
+      --lease-ttl "$SERVER_TTL" --out-after "$OUT_AFTER" --data "$3"
   fi
   nsexec "$1" "$BIN" chunkd --etcd "$ETCD_EPS" --id "$2" --listen "$NET.$((20 + $2)):7900" \
-    --host "host$2" --key "$KEY" --io buffered --lease-ttl "$SERVER_TTL" --data "$3"
+    --host "host$2" --key "$KEY" --io buffered --lease-ttl "$SERVER_TTL" --out-after "$OUT_AFTER" \
+    --data "$3"
 }
 server_data() { if [ "$1" = 5 ] && [ -n "$PL_MNT" ]; then echo "$PL_MNT/dev0"; else echo "$WORK/server$1/dev0"; fi; }
 # server_said ID REGEX: the server's log since its latest start matches.
@@ -247,6 +254,7 @@ start_writer() {  # start_writer NODE NAME: retries while another writer holds t
   local extra=()
   [ -n "${WRITER_LEASE_TTL:-}" ] && extra=(--lease-ttl "$WRITER_LEASE_TTL")
   [ "${WRITER_TAKE_OVER:-0}" = 1 ] && extra+=(--take-over)
+  extra+=("${REBUILD_RATE_ARG[@]}")
   while :; do
     rm -f "$sock"
     W_ATTEMPT_MS=$(now_ms)
@@ -577,15 +585,6 @@ fcntl.ioctl(fd, 0x8004587d, struct.pack("I", 2))' "$PL_MNT" || fail "the file sy
   fi
 fi
 
-# Rebuild interrupted by a second failure: needs the down/out coordinator.
-if wanted rebuild-interrupted; then
-  if "$BIN" --help 2>&1 | grep -qi coordinator || "$BIN" cluster --help 2>&1 | grep -qi coordinator; then
-    RESULTS+=("| rebuild interrupted by a second failure | FAILED: the coordinator exists but this scenario is not written yet | - | - | - | |")
-  else
-    RESULTS+=("| rebuild interrupted by a second failure | NOT BUILT (no down/out coordinator in ecdedup yet) | - | - | - | |")
-  fi
-fi
-
 # --- failover trials (item 6) -------------------------------------------------
 # Series 1, TRIALS times: a chunk server killed while fio writes full
 # stripes (time to the first degraded write), the server restarted, then
@@ -626,6 +625,159 @@ for trial in $(seq 1 "$TRIALS"); do
   writer_trial "clean$trial" "$SEED"; TAKEOVER+=("$TTFW"); LEASE_WAIT+=("$WAIT")
   log "trial $trial: writer killed (in sync): first write after ${TTFW}s (its successor's last start attempt at ${WAIT}s)"
 done
+
+# --- rebuild interrupted by a second failure (issue 20, items 2 and 5) --------
+# Last, because it leaves the cluster changed: every chunk server is
+# restarted with `--out-after $REBUILD_OUT_AFTER` and a 7th server (host6,
+# in no PG: the pool was placed on 6) joins as the spare; the writer
+# rebuilds at `serve --rebuild-rate $REBUILD_RATE` (bytes/s per PG).
+# 1. fio job 1 writes while server 1 is killed and goes down, then out;
+#    the coordinator re-places its shard of every PG on server 6 and the
+#    serving writer installs it and starts rebuilding it.
+# 2. With the rebuild part-way (etcd `rebuild-progress`), server 3 of the
+#    same PGs is killed (m = 2; out with no spare left: unplaceable). The
+#    PGs have 4 shards in service, below min_size (5): a write must fail
+#    with EIO, job 1's blocks must read back.
+# 3. The writer is killed (kill -9: its rebuild's cursor is what it last
+#    recorded, every 2 s), servers 3 and 1 return and a new writer opens:
+#    its `rebuild-start from_stripe` must be past PG 0's progress at the
+#    second failure (never 0). With REBUILD_WRITER_STOP=close the writer
+#    is closed instead (its rebuild stops at a recorded cursor) and the
+#    new writer must start at exactly the old one's `rebuild-stopped
+#    cursor`. fio job 2 writes across the cursor as it moves.
+# 4. Once every PG's rebuild has passed both jobs' stripes (but not
+#    finished: a PG formats 256 GiB / 4 of capacity, hours at this rate),
+#    `finished` must still be false; both jobs read back, then again with
+#    servers 0 and 2 killed (and server 1, the spare now, stopped so that
+#    nothing is re-placed under the read): every read then needs server
+#    6's rebuilt stripes.
+REBUILD_OUT_AFTER=${REBUILD_OUT_AFTER:-4}
+REBUILD_RATE=${REBUILD_RATE:-524288}
+# progress PG: PG's rebuild progress record (JSON) for the volume.
+progress() {
+  nsx cl etcdctl --endpoints="$ETCD_EPS" --command-timeout=3s get --print-value-only \
+    --prefix "/ecdedup/default/rebuild-progress/pool0/$1/" 2>/dev/null | head -1
+}
+field() { grep -o "\"$2\":[a-z0-9]*" <<<"$1" | cut -d: -f2; }
+done_of() { local d; d=$(field "$(progress "$1")" done); echo "${d:-0}"; }
+# every_pg_past STRIPE: every PG's rebuild has done more than STRIPE stripes.
+every_pg_past() { local pg; for pg in 0 1 2 3; do [ "$(done_of "$pg")" -gt "$1" ] || return 1; done; }
+# writer_event NAME EVENT FIELD PG: FIELD of NAME's last EVENT line for PG.
+writer_event() {
+  grep -o "event=$2 volume_id=[0-9]* pg=$4 .*" "$WORK/$1.log" | tail -1 |
+    grep -o " $3=[0-9]*" | cut -d= -f2
+}
+if [ "$SHORT" = 0 ] && wanted rebuild-interrupted; then
+  log "scenario: rebuild interrupted by a second failure"
+  NOTE=""
+  stop_writer "$W_PID"; W_PID=""
+  OUT_AFTER=$REBUILD_OUT_AFTER
+  for i in $(seq 0 $((SERVERS - 1))); do
+    kill -TERM "${SERVER_PID[$i]}" 2>/dev/null; wait "${SERVER_PID[$i]}" 2>/dev/null
+    start_server "$i" || fail "server $i did not restart with --out-after $OUT_AFTER"
+  done
+  add_node s6 26
+  SERVERS=7
+  start_server 6 || fail "the spare server 6 did not start"
+  REBUILD_RATE_ARG=(--rebuild-rate "$REBUILD_RATE")
+  W_GEN=$((W_GEN + 1))
+  start_writer cl "w$W_GEN" || fail "no writer"
+  old=$W_NAME
+  size=${REBUILD_JOB_SIZE:-12}M; SEED=$((SEED + 1)); seed1=$SEED; SEED=$((SEED + 1)); seed2=$SEED
+  fio_start rebuild-1 "$(writer_uri "$W_NAME")" 0 "$size" "$seed1"
+  fio=$FIO_PID; sleep 4
+  alive "$fio" || fail "fio ended before the fault (raise REBUILD_JOB_SIZE)"
+  t0=$(now_ms)
+  kill -9 "${SERVER_PID[1]}"
+  wait_until $((SERVER_TTL + REBUILD_OUT_AFTER + 60)) every_pg_past 0 ||
+    fail "no rebuild progress within $((SERVER_TTL + REBUILD_OUT_AFTER + 60)) s of server 1's kill"
+  fio_wait "$fio" || fail "job 1 failed: $(grep -m1 -E 'err=|error' "$WORK/rebuild-1.fio")"
+  total=$(field "$(progress 0)" total)
+  done1=$(done_of 0)
+  kill -9 "${SERVER_PID[3]}"
+  log "  server 3 killed with PG 0's rebuild at $done1 of $total stripes"
+  # Down, then out (unplaceable: no spare left); PG 0's progress meanwhile.
+  trail="$done1"
+  for _ in $(seq $(( (SERVER_TTL + REBUILD_OUT_AFTER + 4) / 2 ))); do sleep 2; trail="$trail $(done_of 0)"; done
+  (cd "$WORK" && exec fio --name=below-min --ioengine=nbd --rw=write --bs=4k --size=4k \
+    --offset=900M --uri="$(writer_uri "$W_NAME")" >"$WORK/below-min.fio" 2>&1) &&
+    fail "a write with 4 shards in service (below min_size 5) succeeded"
+  fio_verify rebuild-1 "$(writer_uri "$W_NAME")" 0 "$size" "$seed1" ||
+    fail "job 1 did not read back with server 3 down: $(grep -m1 -E 'verify:|err=' "$WORK/rebuild-1.verify")"
+  mv "$WORK/rebuild-1.verify" "$WORK/rebuild-1.verify-degraded"
+  done2=$(done_of 0)
+  log "  PG 0's progress every 2 s after the 2nd kill: $trail; after the degraded re-read: $done2"
+  [ "$done2" -lt "$done1" ] && fail "PG 0's rebuild progress went back from $done1 to $done2"
+  stop=${REBUILD_WRITER_STOP:-kill}
+  if [ "$stop" = kill ]; then
+    declare -A before
+    for pg in 0 1 2 3; do before[$pg]=$(done_of "$pg"); done
+    kill9_writer "$W_PID"; W_PID=""
+  fi
+  start_server 3 || fail "server 3 did not restart"
+  start_server 1 || fail "server 1 did not restart"
+  whole   # a new writer opens (closing the old one first with REBUILD_WRITER_STOP=close)
+  resumed=""; cmax=0
+  for pg in 0 1 2 3; do
+    if [ "$stop" = kill ]; then c=${before[$pg]}; else c=$(writer_event "$old" rebuild-stopped cursor "$pg"); fi
+    f=$(writer_event "$W_NAME" rebuild-start from_stripe "$pg")
+    resumed="$resumed pg$pg:${c:-none}->${f:-none}"
+    [ "${f:-0}" -gt "$cmax" ] && cmax=$f
+    if [ "$stop" = kill ]; then
+      [ "${f:-0}" -gt "$done1" ] ||
+        fail "PG $pg's rebuild resumed from ${f:-none}, not past $done1 (PG 0's progress at the second failure)"
+    else
+      [ -n "$f" ] && [ "$f" != 0 ] && [ "$f" = "$c" ] ||
+        fail "PG $pg's rebuild did not resume where it stopped (stopped at ${c:-none}, new writer from ${f:-none})"
+    fi
+  done
+  if [ "$stop" = kill ]; then
+    log "  writer killed; per PG, its progress last reported -> the new writer's start:$resumed"
+  else
+    log "  rebuild cursors, old writer's stop -> new writer's start:$resumed"
+  fi
+  # Job 2 over each PG's local stripes from 160 past the furthest cursor
+  # (a volume stripe is 128 KiB, every 4th in a PG), which the resumed
+  # rebuild crosses while job 2 writes.
+  off2=$(( (cmax + 160) * 512 ))K
+  end2=$(( cmax + 160 + ${size%M} * 2 + 1 ))
+  fio_start rebuild-2 "$(writer_uri "$W_NAME")" "$off2" "$size" "$seed2"
+  fio_wait "$FIO_PID" || fail "job 2 failed: $(grep -m1 -E 'err=|error' "$WORK/rebuild-2.fio")"
+  log "  job 2 over stripes $((cmax + 160))..$end2; PG 0's rebuild at $(done_of 0) when it ended"
+  wait_until 300 every_pg_past "$end2" || fail "the rebuild did not pass stripe $end2 within 300 s: $(progress 0)"
+  for pg in 0 1 2 3; do
+    [ "$(field "$(progress "$pg")" finished)" = false ] || fail "PG $pg's rebuild says finished: $(progress "$pg")"
+  done
+  for job in "rebuild-1 0 $seed1" "rebuild-2 $off2 $seed2"; do
+    set -- $job
+    fio_verify "$1" "$(writer_uri "$W_NAME")" "$2" "$size" "$3" ||
+      fail "$1 did not read back: $(grep -m1 -E 'verify:|err=' "$WORK/$1.verify")"
+    mv "$WORK/$1.verify" "$WORK/$1.verify-whole"
+  done
+  kill -9 "${SERVER_PID[1]}" "${SERVER_PID[0]}" "${SERVER_PID[2]}"
+  for job in "rebuild-1 0 $seed1" "rebuild-2 $off2 $seed2"; do
+    set -- $job
+    fio_verify "$1" "$(writer_uri "$W_NAME")" "$2" "$size" "$3" ||
+      fail "$1 did not read back with servers 0 and 2 down: $(grep -m1 -E 'verify:|err=' "$WORK/$1.verify")"
+  done
+  # Past job 2, the rebuild went on with 3 sources (< k): what it could
+  # not decode is marked unreadable on server 6, never written as data.
+  # With 0 and 2 back, that never-written space must read as zeros.
+  whole
+  last=$(writer_event "w$((W_GEN - 1))" rebuild-stopped cursor 0)
+  zeros=$(( ${last:-0} - end2 ))
+  if [ "$zeros" -gt 0 ]; then
+    (cd "$WORK" && exec fio --name=unwritten --ioengine=nbd --thread --rw=write --bs=4k \
+      --offset=$(( (end2 + 1) * 512 ))K --size=$(( zeros * 512 ))K --verify=pattern \
+      --verify_pattern=0x00 --verify_only --uri="$(writer_uri "$W_NAME")" >"$WORK/unwritten.verify" 2>&1) ||
+      fail "stripes $((end2 + 1))..$last (rebuilt with 0 and 2 down, never written) do not read as zeros: $(grep -m1 -E 'verify|err=' "$WORK/unwritten.verify")"
+  fi
+  verr=$(cat "$WORK"/rebuild-[12].fio "$WORK"/rebuild-[12].verify* "$WORK/unwritten.verify" 2>/dev/null | grep -c 'verify: ')
+  NOTE="PG 0 at $done1 of $total stripes at the 2nd kill, then every 2 s: ${trail#* }, $done2 after the degraded re-read; writer $([ "$stop" = kill ] && echo killed -9 || echo closed) mid-rebuild; per PG, progress (kill) or cursor (close) -> new writer's from_stripe:$resumed; a write below min_size refused; re-read degraded, whole, and with 0 and 2 down; PG 0's stripes $((end2 + 1))..${last:-?} (rebuilt with 0 and 2 down, never written) read as zeros after"
+  record "rebuild interrupted by a second failure" "$verr" "$(ttfw rebuild-1 "$t0")" \
+    "$(stall rebuild-1 "$t0")" "$NOTE"
+  NOTE=""
+fi
 
 dist() {  # dist VALUES...: min p50 p90 max (nearest rank) of the numbers given
   printf '%s\n' "$@" | grep -E '^[0-9.]+$' | sort -n | awk '{ v[NR] = $1 }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// The cluster parameters (`cluster=`, `volume=`, `key=`, `cluster_name=`,
-/// `lease_ttl=`, `take_over=`).
+/// `lease_ttl=`, `take_over=`, `rebuild_rate=`).
 #[derive(Clone, Debug)]
 pub struct Params {
     endpoints: Option<String>,
@@ -20,6 +20,7 @@ pub struct Params {
     name: Option<String>,
     lease_ttl: Option<String>,
     take_over: Option<String>,
+    rebuild_rate: Option<String>,
 }
 
 /// The writer's etcd lease TTL without `lease_ttl=`: a killed writer's
@@ -35,6 +36,7 @@ impl Params {
             name: None,
             lease_ttl: None,
             take_over: None,
+            rebuild_rate: None,
         }
     }
 
@@ -45,6 +47,7 @@ impl Params {
             "key" => &mut self.key,
             "lease_ttl" => &mut self.lease_ttl,
             "take_over" => &mut self.take_over,
+            "rebuild_rate" => &mut self.rebuild_rate,
             _ => &mut self.name,
         };
         *slot = Some(value.to_owned());
@@ -83,6 +86,21 @@ impl Params {
                 format!("take_over={other:?}: 1 or 0"),
             )),
         }
+    }
+
+    /// `rebuild_rate=BYTES_PER_S` (default
+    /// [`ecdedup_client::open::REBUILD_BYTES_PER_S_DEFAULT`]; 0: no
+    /// throttle): the most a rebuild writes to a PG's new server per second.
+    fn rebuild_rate(&self) -> nbdkit::Result<u64> {
+        let Some(text) = &self.rebuild_rate else {
+            return Ok(ecdedup_client::open::REBUILD_BYTES_PER_S_DEFAULT);
+        };
+        text.parse::<u64>().map_err(|_| {
+            nbdkit::Error::new(
+                libc::EINVAL,
+                format!("rebuild_rate={text:?}: bytes per second, a whole number (0: no throttle)"),
+            )
+        })
     }
 }
 
@@ -188,7 +206,7 @@ pub fn open(params: &Params, state: &str) -> nbdkit::Result<Served> {
         lease_ttl: params.lease_ttl()?,
         request_timeout: Duration::from_secs(10),
         capacity_bytes_min: ecdedup_client::open::CAPACITY_BYTES_MIN,
-        rebuild_bytes_per_s: ecdedup_client::open::REBUILD_BYTES_PER_S_DEFAULT,
+        rebuild_bytes_per_s: params.rebuild_rate()?,
         take_over: params.take_over()?,
     };
     let c =
@@ -242,6 +260,22 @@ mod tests {
             p.set("take_over", bad);
             let e = p.take_over().expect_err(bad);
             assert!(e.to_string().contains("take_over"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn rebuild_rate_is_whole_bytes_per_second() {
+        let mut p = Params::new();
+        let default = ecdedup_client::open::REBUILD_BYTES_PER_S_DEFAULT;
+        assert_eq!(p.rebuild_rate().unwrap(), default);
+        p.set("rebuild_rate", "262144");
+        assert_eq!(p.rebuild_rate().unwrap(), 262_144);
+        p.set("rebuild_rate", "0");
+        assert_eq!(p.rebuild_rate().unwrap(), 0);
+        for bad in ["-1", "1.5", "64M", ""] {
+            p.set("rebuild_rate", bad);
+            let e = p.rebuild_rate().expect_err(bad);
+            assert!(e.to_string().contains("rebuild_rate"), "{bad}: {e}");
         }
     }
 

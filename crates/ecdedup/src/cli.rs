@@ -165,6 +165,10 @@ enum Command {
         /// has given the old host up; docs/cluster.md, "Fencing").
         #[arg(long, requires = "cluster")]
         take_over: bool,
+        /// The most a rebuild of a re-placed shard writes to the PG's new
+        /// server, bytes per second per PG (default 64 MiB; 0: no throttle).
+        #[arg(long, requires = "cluster")]
+        rebuild_rate: Option<u64>,
     },
     /// Show geometry, device states and any running operation (a stopped
     /// array is only read: no recovery, no file changed).
@@ -1106,6 +1110,7 @@ fn run(cli: Cli) -> Result<()> {
             key,
             lease_ttl,
             take_over,
+            rebuild_rate,
         } => {
             let backend = fingerprint_backend
                 .as_deref()
@@ -1127,6 +1132,7 @@ fn run(cli: Cli) -> Result<()> {
                         key,
                         lease_ttl,
                         take_over,
+                        rebuild_rate,
                     }
                 }
                 _ => {
@@ -1553,6 +1559,7 @@ enum ServeTarget {
         key: PathBuf,
         lease_ttl: Option<u64>,
         take_over: bool,
+        rebuild_rate: Option<u64>,
     },
 }
 
@@ -1611,6 +1618,7 @@ fn serve_nbdkit(
         key,
         lease_ttl,
         take_over,
+        rebuild_rate,
     } = target
     {
         let key = std::fs::canonicalize(&key)
@@ -1624,6 +1632,9 @@ fn serve_nbdkit(
         }
         if take_over {
             cmd.arg("take_over=1");
+        }
+        if let Some(rate) = rebuild_rate {
+            cmd.arg(format!("rebuild_rate={rate}"));
         }
     }
     if let Some(m) = metrics {
