@@ -446,10 +446,21 @@ impl Array {
                         )));
                     }
                     if let Some(role) = g.role_on(stripe, d) {
+                        // Fewer than k other members in service: nothing
+                        // can be decoded now, and rows marked unreadable
+                        // would stay so after the members return. The
+                        // rebuild pauses here, its cursor recorded, and
+                        // resumes at the next `rebuild` (a writer's next
+                        // open, in a cluster).
+                        self.pause_rebuild_below_k(d, stripe, role)?;
                         // Pipelined recovery: the stripe's journals are
                         // replayed, and the fresh parity decodes at once.
                         self.replay_stripe(stripe)?;
                         let (unit, unreadable) = self.reconstruct_unit(stripe, role)?;
+                        if !unreadable.is_empty() {
+                            // A member lost while this stripe was read.
+                            self.pause_rebuild_below_k(d, stripe, role)?;
+                        }
                         self.stores[d].set_cursor(stripe + 1);
                         if !self.write_unit_blocks(stripe, role, 0, &unit) {
                             if self.stores[d].is_rebuilding() {
@@ -502,6 +513,28 @@ impl Array {
             }
         }
         Ok(rebuilt)
+    }
+
+    /// Stops a rebuild of device `d` at `stripe` (its cursor recorded,
+    /// data and checksums first) when fewer than k of the stripe's other
+    /// members are in service: `Unavailable`, and the next rebuild resumes
+    /// there. Ok when k or more are.
+    fn pause_rebuild_below_k(&self, d: usize, stripe: u64, role: usize) -> Result<()> {
+        let g = &self.geo;
+        let in_service = (0..g.width())
+            .filter(|&r| r != role && self.holds(g.place(stripe, r).device, stripe))
+            .count();
+        if in_service >= g.k() {
+            return Ok(());
+        }
+        self.flush()?;
+        self.persist_superblocks()?;
+        Err(Error::Unavailable(format!(
+            "rebuild of device {d} paused at stripe {stripe} of {}: only {in_service} of the \
+             other members are in service, {} needed to decode; it resumes there",
+            g.stripes,
+            g.k()
+        )))
     }
 
     /// Decodes a whole unit of `stripe` from the others, checked, per block

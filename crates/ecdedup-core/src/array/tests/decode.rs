@@ -162,6 +162,31 @@ fn rebuild_goes_on_past_a_row_it_cannot_decode_and_marks_it_unreadable() {
 }
 
 #[test]
+fn a_rebuild_with_fewer_than_k_members_in_service_pauses_and_marks_nothing() {
+    // Device 0 replaced blank; then two more members out, so only 3 of the
+    // others are in service (k = 4): nothing can be decoded. Before, the
+    // rebuild went on, marked every row unreadable on the new member and
+    // moved its cursor past them, and the blocks stayed I/O errors after
+    // the members came back (the fault suite's rebuild-interrupted run).
+    let mut rig = Rig::filled_rs42();
+    rig.a().fail_device(0).unwrap();
+    let fresh = MemDevice::new("r0", rig.mems[0].size());
+    rig.mems[0] = fresh.clone();
+    rig.a()
+        .install_replacement(0, Arc::new(fresh), Path::new("/nonexistent/new0"))
+        .unwrap();
+    rig.a().fail_device(1).unwrap();
+    rig.a().fail_device(2).unwrap();
+    let e = rig.a().rebuild(None).unwrap_err();
+    assert!(e.to_string().contains("paused at stripe 0"), "{e}");
+    // Nothing rebuilt, nothing marked: the new member's cursor stays at
+    // stripe 0, and a second try pauses there again.
+    assert_eq!(rig.a().stats().array.rebuilt_stripes, 0);
+    let e = rig.a().rebuild(None).unwrap_err();
+    assert!(e.to_string().contains("paused at stripe 0"), "{e}");
+}
+
+#[test]
 fn scrub_of_a_degraded_array_finds_a_stale_parity_and_repairs_it() {
     let mut rig = Rig::filled_rs42();
     let fresh = vec![0xcd; BLOCK];
