@@ -32,7 +32,7 @@
 //! are decoded from was itself checked against its checksum.
 
 use super::Array;
-use crate::counters::{bump, IoClass};
+use crate::counters::bump;
 use crate::error::{Error, Result};
 
 /// Most members left out when searching combinations: RS(k, m) with m up
@@ -102,11 +102,7 @@ impl Array {
                 if !self.holds(place.device, stripe) {
                     return MemberRead::NotHeld;
                 }
-                let class = if role < g.k() {
-                    IoClass::Data
-                } else {
-                    IoClass::Parity
-                };
+                let class = super::io::class_of(role, g.k());
                 let mut shard = vec![0u8; block];
                 if self.dev_read(
                     place.device,

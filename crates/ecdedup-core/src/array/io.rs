@@ -50,7 +50,7 @@ type Piece = (u64, u64, usize, usize);
 /// held together); a larger request is written in groups of this many.
 pub(super) const WHOLE_STRIPES_BATCH_MAX: usize = 16;
 
-fn class_of(role: usize, k: usize) -> IoClass {
+pub(super) fn class_of(role: usize, k: usize) -> IoClass {
     if role < k {
         IoClass::Data
     } else {
