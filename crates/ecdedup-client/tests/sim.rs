@@ -106,7 +106,8 @@ const STRIPE_UNIT_BYTES: u32 = 4096;
 /// Seeds in CI: 53 ms of CPU each (107 CPU s for 2,000 on the 2-core
 /// machine, 2026-11-26), run on both cores.
 const SEEDS_CI: u64 = 2_000;
-/// Threads that run seeds at once (at most the cores there are).
+/// Threads that run seeds at once (at most the cores there are), unless
+/// `ECDEDUP_SIM_WORKERS` says how many (a long run on a larger machine).
 const WORKERS_MAX: usize = 4;
 /// Seeds of the ignored `many_seeds` test.
 const SEEDS_LONG: u64 = 5_000;
@@ -1989,10 +1990,16 @@ fn run_one(seed: u64, verbose: bool, shape: Shape) -> Tally {
     })
 }
 
-/// Runs seeds `0..count` (or the one of `ECDEDUP_SIM_SEED`); prints the
-/// summary and every failure with how to replay it; fails if any seed did.
+/// Runs seeds `first..first + count` (`first` from
+/// `ECDEDUP_SIM_FIRST_SEED`, default 0: a long run split in parts), or the
+/// one of `ECDEDUP_SIM_SEED`; prints the summary and every failure with
+/// how to replay it; fails if any seed did.
 fn run_seeds(count: u64) {
-    run_seed_list((0..count).collect(), Shape::of);
+    let first: u64 = std::env::var("ECDEDUP_SIM_FIRST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    run_seed_list((first..first.saturating_add(count)).collect(), Shape::of);
 }
 
 /// As [`run_seeds`], over the seeds given (or the one of `ECDEDUP_SIM_SEED`),
@@ -2031,9 +2038,15 @@ fn run_seed_list(seeds: Vec<u64>, shape: fn(u64) -> Shape) {
     // they run on every core, each taken in turn from one counter, and
     // their tallies are added in seed order.
     let next = std::sync::atomic::AtomicUsize::new(0);
-    let workers = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(WORKERS_MAX)
+    let workers = std::env::var("ECDEDUP_SIM_WORKERS")
+        .ok()
+        .and_then(|s| s.parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .min(WORKERS_MAX)
+        })
         .min(seeds.len().max(1));
     let mut tallies: Vec<(u64, Tally)> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..workers)
