@@ -30,7 +30,7 @@ use crate::counters::{bump, IoClass};
 use crate::error::{Error, Result};
 use crate::media::remote::{within, Scope};
 use serde::{Deserialize, Serialize};
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 
 /// Quiet time after which logged writes are replayed.
 pub const IDLE_REPLAY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
@@ -888,6 +888,11 @@ impl Array {
         let total = stripes.len() as u64;
         let mut first_error = None;
         for (i, &s) in stripes.iter().enumerate() {
+            if self.stopping.load(SeqCst) {
+                // Closing: what is left stays logged, replayed at the next
+                // open (the background replay's case: the close waits).
+                break;
+            }
             let _g = self.locks[Self::lock_index(s)].write().unwrap();
             if let Err(e) = self.replay_stripe(s) {
                 bump(&self.counters.array.journal_errors);
@@ -952,6 +957,10 @@ impl Array {
             return;
         }
         let array = std::sync::Arc::clone(self);
+        let mut slot = self.background_replay.lock().unwrap();
+        if slot.is_some() || self.stopping.load(SeqCst) {
+            return;
+        }
         let spawned = std::thread::Builder::new()
             .name("ecdedup-replay".into())
             .spawn(move || {
@@ -968,8 +977,9 @@ impl Array {
                     }
                 }
             });
-        if let Err(e) = spawned {
-            self.warn(format!("cannot start the background replay: {e}"));
+        match spawned {
+            Ok(thread) => *slot = Some(thread),
+            Err(e) => self.warn(format!("cannot start the background replay: {e}")),
         }
     }
 

@@ -477,6 +477,11 @@ pub struct Array {
     last_write_ms: AtomicU64,
     started: std::time::Instant,
     stopping: std::sync::atomic::AtomicBool,
+    /// The background replay's thread, joined by [`Array::close`] before
+    /// its last flush: a fold still running after it would write parity
+    /// whose checksum entries no flush persists, with the intent log
+    /// already cleared (scrub then found the parity blocks mismatched).
+    background_replay: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Set by `simulate_crash`: drop without flushing, as kill -9 would.
     crashed: std::sync::atomic::AtomicBool,
     /// Whether the stores carry a simulated-SSD wear layer (`stats.ssd`
@@ -1445,6 +1450,7 @@ impl Array {
             last_write_ms: AtomicU64::new(0),
             started: std::time::Instant::now(),
             stopping: std::sync::atomic::AtomicBool::new(false),
+            background_replay: Mutex::new(None),
             crashed: std::sync::atomic::AtomicBool::new(false),
             ssd_sim_on: false,
             _lock: lock,
@@ -2090,6 +2096,15 @@ impl Array {
     /// Clean shutdown: everything durable, intent map clean.
     pub fn close(&self) -> Result<()> {
         self.stopping.store(true, SeqCst);
+        // The background replay stops at its next stripe; what it wrote is
+        // then in the flush below, and the intent log is cleared only once
+        // no fold can be between its intent and its parity write.
+        let replay = self.background_replay.lock().unwrap().take();
+        if let Some(thread) = replay {
+            if thread.thread().id() != std::thread::current().id() && thread.join().is_err() {
+                self.warn("the background replay panicked before the close".to_string());
+            }
+        }
         self.flush()?;
         self.intent
             .clear_all()
