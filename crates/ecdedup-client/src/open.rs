@@ -556,13 +556,16 @@ pub fn open_pg_array_replacing(
     let formatted = probed.iter().any(|p| matches!(p, Some(Ok(true))));
     let mut fresh = Vec::new();
     if formatted {
-        // A chunk whose superblock is generations behind the others'
-        // (`array::stale_members`): the shard placed again on a server
-        // that still holds its chunk from before it moved away (the server
-        // was out, the shard rebuilt elsewhere, then moved back). Its
-        // stale blocks match their own checksums, and taken as current
-        // they were read back: it is rebuilt as a blank chunk is.
-        let stale = array::stale_members(&devices);
+        // A chunk of an earlier occupant of its shard, which the newest
+        // superblock no longer names there (`array::replaced_members`):
+        // the shard placed again on a server that still holds its chunk
+        // from before it moved away (the server was out, the shard rebuilt
+        // elsewhere, then moved back). Its stale blocks match their own
+        // checksums, and taken as current they were read back: it is
+        // rebuilt as a blank chunk is. A chunk the newest superblock still
+        // names was only down, however many generations it missed: the
+        // open below re-adds it (what it missed, not all of it).
+        let stale = array::replaced_members(&devices);
         // Only a chunk that reads and holds no superblock: one that cannot
         // be read (a lost frame) is no blank chunk, and goes to the open
         // as any other (which fails it if it still cannot be read).

@@ -184,6 +184,7 @@ mod seeds {
             position: 3,
             array_uuid: [0xA1; 16],
             device_uuid: [0xD3; 16],
+            member_uuids: (0xD0..0xD6).map(|b| [b; 16]).collect(),
         };
         let older = sb.encode();
         sb.generation = 6;

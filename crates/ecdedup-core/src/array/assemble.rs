@@ -20,7 +20,7 @@
 //! folder from the devices' superblocks and the copy of `array.json` in
 //! their metadata areas.
 
-use super::inspect::{check_member, newest_superblock, read_member, stale_member};
+use super::inspect::{check_member, member_uuids, newest_superblock, read_member, replaced_member};
 use super::superblock::{MemberState, Superblock};
 use super::{lock_dir, ConfigFile};
 use crate::error::{Error, Result};
@@ -63,7 +63,9 @@ pub fn force_assemble(dir: &Path) -> Result<Vec<usize>> {
         .iter()
         .filter_map(|&i| {
             let sb = members[i].as_ref()?;
-            (sb.states.get(i) == Some(&MemberState::Active)).then_some((sb.generation, i))
+            (sb.states.get(i) == Some(&MemberState::Active)
+                && replaced_member(sb, &newest).is_none())
+            .then_some((sb.generation, i))
         })
         .collect();
     candidates.sort_by_key(|&(generation, i)| (std::cmp::Reverse(generation), i));
@@ -84,18 +86,20 @@ pub fn force_assemble(dir: &Path) -> Result<Vec<usize>> {
         states[i] = MemberState::Active;
     }
     let generation = newest.generation + 1;
+    let member_uuids = member_uuids(&newest, &members);
     // The members brought back first: a cut part way leaves none of them
     // more than one generation behind a member that lists it active (an
     // open would fail it as a stale image).
     let others = (0..members.len()).filter(|i| !chosen.contains(i));
     for i in chosen.iter().copied().chain(others) {
         let Some(sb) = &members[i] else { continue };
-        if states[i] == MemberState::Failed {
+        if states[i] == MemberState::Failed || replaced_member(sb, &newest).is_some() {
             continue;
         }
         let next = Superblock {
             generation,
             states: states.clone(),
+            member_uuids: member_uuids.clone(),
             ..sb.clone()
         };
         write_superblock(&cfg.devices[i], &next)
@@ -377,11 +381,13 @@ fn newest_of_found<T>(found: &[(T, Superblock)], n: usize) -> Result<Superblock>
 }
 
 /// The positions among `devices` (in position order, None where a member
-/// cannot be reached) whose superblock names the array of the newest one
-/// but is stale ([`super::inspect::stale_member`]): old images, which an
-/// open fails, never reads; a volume client installs their chunks as
-/// replacements and rebuilds them.
-pub fn stale_members(devices: &[Option<Arc<dyn Device>>]) -> Vec<usize> {
+/// cannot be reached) that hold an earlier occupant of the position,
+/// replaced since ([`super::inspect::replaced_member`]): stale images,
+/// which an open fails, never reads; a volume client installs their
+/// chunks as replacements and rebuilds them. A member that was only out,
+/// however many superblock generations ago, is not one of them: it is
+/// re-added.
+pub fn replaced_members(devices: &[Option<Arc<dyn Device>>]) -> Vec<usize> {
     let sbs: Vec<Option<Superblock>> = devices
         .iter()
         .map(|d| {
@@ -395,7 +401,7 @@ pub fn stale_members(devices: &[Option<Arc<dyn Device>>]) -> Vec<usize> {
     (0..sbs.len())
         .filter(|&i| {
             sbs[i].as_ref().is_some_and(|sb| {
-                sb.array_uuid == newest.array_uuid && stale_member(sb, &newest).is_some()
+                sb.array_uuid == newest.array_uuid && replaced_member(sb, &newest).is_some()
             })
         })
         .collect()

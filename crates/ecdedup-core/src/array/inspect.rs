@@ -250,27 +250,71 @@ pub(super) fn newest_superblock(members: &[Option<Superblock>]) -> Result<Superb
 }
 
 /// Why a member whose superblock names this array and its position is
-/// still not current, if it is not: its generation is behind the newest
-/// member's by more than one. Every superblock update writes a new
-/// generation to every member in service (one at a time, so a cut in the
-/// middle leaves members one generation apart), and a member's failure
-/// is recorded by an update it misses, its return by another: a member
-/// two or more behind left service and is an old image (a copy put back,
-/// or a cluster shard's old chunk on a server the shard was placed on
-/// again after it was rebuilt elsewhere). Its blocks match their own
-/// checksums, so nothing else would tell that they are stale. (A member
-/// that kept an older superblock because its file system was full, and
-/// stayed in service, is failed too: `re-add` or a rebuild brings it
-/// back.)
+/// not current, if it is not: [`replaced_member`], or the newest lists
+/// its position in service while its generation is behind the newest's
+/// by more than one. Every superblock update writes a new generation to
+/// every member in service (one at a time, so a cut in the middle leaves
+/// members one generation apart), so a member listed in service and two
+/// or more behind is an old image of it put back (a copy), whose blocks
+/// match their own checksums: nothing else would tell that they are
+/// stale. (A member that kept an older superblock because its file
+/// system was full, and stayed in service, is failed too: `re-add` or a
+/// rebuild brings it back.) A member the newest lists failed and names
+/// at its position was only out (a server down, a cable): however many
+/// generations it missed, it is no stale image; `re-add` resyncs what the
+/// missed-write map says it missed.
 pub(super) fn stale_member(sb: &Superblock, newest: &Superblock) -> Option<String> {
-    (sb.generation + 1 < newest.generation).then(|| {
+    let pos = sb.position as usize;
+    let listed_in_service = newest
+        .states
+        .get(pos)
+        .is_some_and(|s| *s != MemberState::Failed);
+    replaced_member(sb, newest).or_else(|| {
+        (listed_in_service && sb.generation + 1 < newest.generation).then(|| {
+            format!(
+                "its superblock is of generation {}, the array's is {}: a stale image that \
+                 missed writes (an old copy put back); `re-add` it, or `replace` and \
+                 `rebuild` it",
+                sb.generation, newest.generation
+            )
+        })
+    })
+}
+
+/// Why a member is an earlier occupant of its position, replaced since,
+/// if it is: the newest superblock names another device there (a
+/// replacement gets a new device UUID). Its blocks are stale however
+/// recent its superblock (an old disk put back after its position was
+/// rebuilt; a cluster shard's old chunk on a server the shard was placed
+/// on again). Superblocks from before the member table name no one, and
+/// nothing is concluded from them.
+pub(super) fn replaced_member(sb: &Superblock, newest: &Superblock) -> Option<String> {
+    let named = newest.member_uuid(sb.position as usize)?;
+    (named != sb.device_uuid).then(|| {
         format!(
-            "its superblock is of generation {}, the array's is {}: a stale image that \
-             missed writes (an old copy put back, or a shard's old chunk placed again); \
-             `re-add` it, or `replace` and `rebuild` it",
-            sb.generation, newest.generation
+            "it is device {} (superblock generation {}), an earlier occupant of position {}, \
+             which the array has replaced since with device {} (generation {}): a stale image; \
+             `replace` and `rebuild` the position",
+            uuid::Uuid::from_bytes(sb.device_uuid),
+            sb.generation,
+            sb.position,
+            uuid::Uuid::from_bytes(named),
+            newest.generation
         )
     })
+}
+
+/// Each position's member as the array knows it: the device the newest
+/// superblock names there, else (not recorded) the device found there.
+pub(super) fn member_uuids(newest: &Superblock, sbs: &[Option<Superblock>]) -> Vec<[u8; 16]> {
+    (0..sbs.len())
+        .map(|i| {
+            newest
+                .member_uuid(i)
+                .or_else(|| sbs[i].as_ref().map(|sb| sb.device_uuid))
+                .unwrap_or([0; 16])
+        })
+        .collect()
 }
 
 /// Refuses a device of another array, or one listed at another position.

@@ -42,7 +42,7 @@ pub mod superblock;
 #[cfg(test)]
 mod tests;
 
-pub use assemble::{assemble_from_devices, config_from_devices, force_assemble, stale_members};
+pub use assemble::{assemble_from_devices, config_from_devices, force_assemble, replaced_members};
 pub use inspect::inspect;
 pub use layout::Geometry;
 pub use logging::WritePolicy;
@@ -821,6 +821,7 @@ pub fn format_in(
         }
     }
     let array_uuid = uuid::Uuid::new_v4();
+    let member_uuids: Vec<[u8; 16]> = (0..n).map(|_| *uuid::Uuid::new_v4().as_bytes()).collect();
     for (i, dev) in devices.iter().enumerate() {
         let io = |e| Error::io(format!("initialising {}", dev.describe()), e);
         // Zero everything: parity of zeroes is zeroes, and zeroed checksum
@@ -828,12 +829,13 @@ pub fn format_in(
         dev.discard(0, geo.device_bytes_min()).map_err(io)?;
         let sb = Superblock {
             array_uuid: *array_uuid.as_bytes(),
-            device_uuid: *uuid::Uuid::new_v4().as_bytes(),
+            device_uuid: member_uuids[i],
             generation: 1,
             position: i as u32,
             geometry: geo,
             volume_bytes: opts.volume_bytes,
             states: vec![MemberState::Active; n as usize],
+            member_uuids: member_uuids.clone(),
         };
         allocate_superblock_slots(dev.as_ref()).map_err(io)?;
         dev.write_at(&sb.encode(), Superblock::slot_offset(1))
@@ -1289,9 +1291,7 @@ impl Array {
         )?;
         warnings.extend(intent_warning);
         intent.set_quiet_before_clear(std::time::Duration::from_millis(cfg.intent_clear_quiet_ms));
-        let device_uuids = (0..n)
-            .map(|i| sbs[i].as_ref().map(|s| s.device_uuid).unwrap_or([0; 16]))
-            .collect();
+        let device_uuids = inspect::member_uuids(&newest, &sbs);
         let degraded_log = match degraded_log::DegradedLog::open(
             Arc::clone(&storage),
             &dir.join(DEGRADED_LOG_FILE),
@@ -1668,6 +1668,7 @@ impl Array {
                     geometry: self.geo,
                     volume_bytes: self.volume_bytes,
                     states: states.clone(),
+                    member_uuids: cfg.device_uuids.clone(),
                 };
                 let bytes = sb.encode();
                 let r = dev

@@ -14,8 +14,12 @@ pub const MAGIC: [u8; 8] = *b"ECDDSB01";
 pub const FORMAT_VERSION: u32 = 2;
 const HEADER_BYTES: usize = 128;
 const STATE_ENTRY_BYTES: usize = 16;
+/// The member table: the device UUID of each position's occupant, after
+/// the state table of the most devices an array may have.
+const MEMBERS_AT: usize = HEADER_BYTES + DEVICES_MAX as usize * STATE_ENTRY_BYTES;
+const MEMBER_ENTRY_BYTES: usize = 16;
 const CHECKSUM_AT: usize = SUPERBLOCK_BYTES as usize - 4;
-const _: () = assert!(HEADER_BYTES + DEVICES_MAX as usize * STATE_ENTRY_BYTES <= CHECKSUM_AT);
+const _: () = assert!(MEMBERS_AT + DEVICES_MAX as usize * MEMBER_ENTRY_BYTES <= CHECKSUM_AT);
 
 /// The state of one device position, as the array sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -57,12 +61,18 @@ pub struct Superblock {
     pub volume_bytes: u64,
     /// 0: never shut down uncleanly since the last flush of everything.
     pub states: Vec<MemberState>,
+    /// The device UUID of the member in each position as of this
+    /// generation (a replacement gets a new one); all zero where not
+    /// recorded (superblocks written before 2026-11-26). Tells the member
+    /// a position still has from an earlier occupant of it.
+    pub member_uuids: Vec<[u8; 16]>,
 }
 
 impl Superblock {
     pub fn encode(&self) -> Vec<u8> {
         let g = &self.geometry;
         assert_eq!(self.states.len(), g.devices as usize);
+        assert_eq!(self.member_uuids.len(), g.devices as usize);
         let mut b = vec![0u8; SUPERBLOCK_BYTES as usize];
         b[0..8].copy_from_slice(&MAGIC);
         let version: u32 = if g.meta_area_bytes == 0 { 1 } else { 2 };
@@ -86,6 +96,10 @@ impl Superblock {
             let at = HEADER_BYTES + i * STATE_ENTRY_BYTES;
             b[at] = tag;
             b[at + 8..at + 16].copy_from_slice(&cursor.to_le_bytes());
+        }
+        for (i, uuid) in self.member_uuids.iter().enumerate() {
+            let at = MEMBERS_AT + i * MEMBER_ENTRY_BYTES;
+            b[at..at + MEMBER_ENTRY_BYTES].copy_from_slice(uuid);
         }
         let crc = crc32c::crc32c(&b[..CHECKSUM_AT]);
         b[CHECKSUM_AT..].copy_from_slice(&crc.to_le_bytes());
@@ -158,6 +172,12 @@ impl Superblock {
                 None => return corrupt("unknown device state"),
             }
         }
+        let member_uuids = (0..geometry.devices as usize)
+            .map(|i| {
+                let at = MEMBERS_AT + i * MEMBER_ENTRY_BYTES;
+                b[at..at + MEMBER_ENTRY_BYTES].try_into().unwrap()
+            })
+            .collect();
         Ok(Superblock {
             array_uuid: b[16..32].try_into().unwrap(),
             device_uuid: b[32..48].try_into().unwrap(),
@@ -166,7 +186,14 @@ impl Superblock {
             geometry,
             volume_bytes,
             states,
+            member_uuids,
         })
+    }
+
+    /// The device UUID this superblock records for position `i`'s member;
+    /// None where it records none.
+    pub fn member_uuid(&self, i: usize) -> Option<[u8; 16]> {
+        self.member_uuids.get(i).copied().filter(|u| *u != [0; 16])
     }
 
     pub fn slot_offset(generation: u64) -> u64 {
@@ -205,6 +232,7 @@ mod tests {
                 MemberState::Active,
                 MemberState::Active,
             ],
+            member_uuids: (1..=6).map(|i| [i; 16]).collect(),
         }
     }
 
@@ -278,6 +306,21 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("exceeds 255"), "{err}");
+    }
+
+    /// A slot written before the member table existed holds zeros there:
+    /// it decodes with no member recorded, not as a corrupt slot.
+    #[test]
+    fn a_slot_without_a_member_table_records_no_member() {
+        let s = sample();
+        let old = decode_patched(s.encode(), |b| b[MEMBERS_AT..CHECKSUM_AT].fill(0)).unwrap();
+        assert_eq!(old.member_uuid(3), None);
+        assert_eq!(s.member_uuid(3), Some([4; 16]));
+        let unrecorded = Superblock {
+            member_uuids: vec![[0; 16]; 6],
+            ..s
+        };
+        assert_eq!(old, unrecorded);
     }
 
     #[test]
