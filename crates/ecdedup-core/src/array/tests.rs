@@ -201,6 +201,21 @@ impl Rig {
 
 /// Options of an array over in-memory devices `/nonexistent/memN`, its
 /// metadata in the folder, small intent regions (several per array).
+/// Formats an array of `opts` in `dir` over fresh memory devices, one per
+/// device `opts` names: its geometry and the devices.
+fn format_on_memory(dir: &Path, opts: &CreateOptions) -> (Geometry, Vec<MemDevice>) {
+    let geo = geometry_for(opts).unwrap();
+    let mems: Vec<MemDevice> = (0..opts.devices.len())
+        .map(|i| MemDevice::new(&format!("d{i}"), geo.device_bytes_min()))
+        .collect();
+    let devs = mems
+        .iter()
+        .map(|d| Arc::new(d.clone()) as Arc<dyn Device>)
+        .collect();
+    format(dir, opts, devs).unwrap();
+    (geo, mems)
+}
+
 fn options(n: u32, k: u32, m: u32, stripe_unit_bytes: u32, volume_bytes: u64) -> CreateOptions {
     CreateOptions {
         devices: (0..n)
