@@ -531,6 +531,9 @@ impl super::Array {
             uncovered_rows(0..g.blocks_per_unit());
             return false;
         };
+        if missing.is_empty() && units[..g.k()].iter().any(Option::is_none) {
+            return self.resync_unreadable_data(stripe, units);
+        }
         if missing.is_empty() {
             // Only parity is out: the data is all here, so the surviving
             // parity is recomputed from it (a later data failure decodes
@@ -685,6 +688,40 @@ impl super::Array {
                 self.write_unit_blocks(stripe, g.k() + j, row, p);
             }
         }
+    }
+
+    /// A dirty stripe with every data member in service and one of them
+    /// unreadable at the resync (a medium error): each row whose members
+    /// read are one codeword, spare members vouching, has the unreadable
+    /// blocks rewritten from it, as a read rewrites a block it decoded;
+    /// other rows are left to the checked decode of later reads. Returns
+    /// whether every row was. (Parity was recomputed from the data units
+    /// read, the unreadable one taken for present: a panic.)
+    fn resync_unreadable_data(&self, stripe: u64, units: &[Option<Vec<u8>>]) -> bool {
+        let g = &self.geo;
+        let block = g.block() as usize;
+        let present: Vec<bool> = units.iter().map(Option::is_some).collect();
+        let no_sums = vec![None; g.width()];
+        let mut all = true;
+        for row in 0..g.blocks_per_unit() {
+            let at = row as usize * block;
+            let read: Vec<Vec<u8>> = units
+                .iter()
+                .map(|u| {
+                    u.as_ref()
+                        .map_or(vec![0u8; block], |u| u[at..at + block].to_vec())
+                })
+                .collect();
+            match self.try_decode(&read, &present, &present, &no_sums) {
+                Some((shards, true)) => {
+                    for role in (0..g.k()).filter(|&r| !present[r]) {
+                        self.write_unit_blocks(stripe, role, row, &shards[role]);
+                    }
+                }
+                _ => all = false,
+            }
+        }
+        all
     }
 
     /// A row of a dirty stripe with exactly k members left: nothing spare

@@ -605,6 +605,29 @@ fn a_row_the_k_members_left_cannot_decode_stays_unreadable_at_the_next_open() {
     }
 }
 
+/// A medium error on a data unit of a dirty stripe while the resync
+/// reads it, every member in service: the resync recomputed parity from
+/// the data units read and met the unreadable one missing (a panic).
+/// Its block is decoded from the others, which are one codeword, and
+/// rewritten.
+#[test]
+fn a_medium_error_on_a_dirty_stripe_during_resync_is_decoded_and_rewritten() {
+    let mut rig = Rig::new(6, 4, 2, 4096, 4);
+    rig.write(0, &pattern(91, 4 * 4096));
+    let place = rig.a().geometry().place(0, 1);
+    let at = rig.a().geometry().device_offset(place.row, 0);
+    rig.array.take().unwrap().simulate_crash();
+    *rig.plans[place.device].bad_read_range.lock().unwrap() = Some((at, at + 4096));
+    rig.open();
+    rig.assert_matches_model();
+    assert_eq!(rig.failed(), 0);
+    assert!(rig.plans[place.device]
+        .bad_read_range
+        .lock()
+        .unwrap()
+        .is_none());
+}
+
 #[test]
 fn a_corrupt_intent_log_resyncs_every_stripe() {
     let mut rig = Rig::new(6, 4, 2, 4096, 8);
