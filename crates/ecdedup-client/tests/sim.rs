@@ -1810,6 +1810,16 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
         1603,
         "parix beside replicate with dedup: a block reads wrong to the live writer",
     ),
+    // Found by the 5,000-seed run of branch simrmw (2026-11-26 16:24 UTC);
+    // both fail the same on 86452f0 (main), not narrowed.
+    (
+        2461,
+        "rmw beside plog: blocks read wrong at the last takeover",
+    ),
+    (
+        4863,
+        "plog beside replicate: flushed blocks read wrong after a takeover",
+    ),
 ];
 
 fn strict() -> bool {
