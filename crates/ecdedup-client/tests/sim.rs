@@ -23,6 +23,9 @@
 //!   and in three quarters of these seeds the network also duplicates,
 //!   delays and reorders (below).
 //!
+//! `ECDEDUP_SIM_SEED=S` replays one seed and prints every fault and op;
+//! with `ECDEDUP_SIM_TRACE_FRAMES=1`, every frame a server handles too.
+//!
 //! Fault model, each drawn from the seed:
 //! - a request lost (the op fails as a timeout would, the server did
 //!   nothing), or its reply lost (the server did it, the op fails);
@@ -321,6 +324,13 @@ fn frame_text(h: &ecdedup_core::proto::Header) -> String {
     )
 }
 
+/// Whether a replay logs every frame a server handles and its status
+/// (`ECDEDUP_SIM_TRACE_FRAMES=1`; printed only for a seed replayed alone).
+fn trace_frames() -> bool {
+    static FRAMES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *FRAMES.get_or_init(|| std::env::var("ECDEDUP_SIM_TRACE_FRAMES").is_ok_and(|v| v == "1"))
+}
+
 fn timeout(what: &str) -> io::Error {
     io::Error::new(io::ErrorKind::TimedOut, format!("simulated: {what}"))
 }
@@ -438,6 +448,15 @@ impl NetState {
         }
         let (status, reply) = server.handle(&h, &payload);
         st.note_stale(&h, s, status);
+        if trace_frames() {
+            st.log(|| {
+                format!(
+                    "{} chunk {:#x} to server {s}: {status:?}",
+                    frame_text(&h),
+                    h.pg
+                )
+            });
+        }
         let dup = st.dup_chance[s];
         if dup > 0.0 && st.rng.gen_bool(dup) {
             // The copy's reply goes nowhere: the client has one already.
@@ -1736,10 +1755,6 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
         "parix: an unflushed block reads wrong after a takeover",
     ),
     (
-        3586,
-        "plog: a block unreadable after a takeover (0 of 6 units intact)",
-    ),
-    (
         3790,
         "parix: a block unreadable after a takeover (1 of 6 units intact)",
     ),
@@ -1785,10 +1800,6 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
         "plog beside plog: unflushed blocks read wrong after the last takeover",
     ),
     (
-        1116,
-        "rmw with dedup beside parix: a stripe's members all unreadable after a takeover",
-    ),
-    (
         1157,
         "plog beside plog with dedup: flushed blocks read wrong after a takeover",
     ),
@@ -1797,16 +1808,18 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
         "parix beside plog: a flushed block reads wrong after a takeover",
     ),
     (
-        1220,
-        "plog beside rmw: a flushed block reads wrong after a takeover",
-    ),
-    (
         1603,
         "parix beside replicate with dedup: a block reads wrong to the live writer",
     ),
+    // Found by the 5,000-seed run of branch simrmw (2026-11-26 16:24 UTC);
+    // both fail the same on 86452f0 (main), not narrowed.
     (
-        1653,
-        "rmw beside plog with dedup: unflushed blocks read wrong at the last takeover",
+        2461,
+        "rmw beside plog: blocks read wrong at the last takeover",
+    ),
+    (
+        4863,
+        "plog beside replicate: flushed blocks read wrong after a takeover",
     ),
 ];
 
@@ -2193,8 +2206,22 @@ const REGRESSION_SEEDS: &[u64] = &[127, 144, 551, 910, 1079, 1253, 1460, 1921, 4
 ///   whole open; `open_pg_array_replacing` now installs only a chunk that
 ///   reads blank, and refuses to format a PG with a chunk it cannot read;
 /// - 990: a replacement whose install lost a frame failed the whole open;
-///   it now leaves the shard failed (the next open installs it).
-const REGRESSION_SHARED_SEEDS: &[u64] = &[1, 65, 110, 990];
+///   it now leaves the shard failed (the next open installs it);
+/// - 1116 (rmw with dedup), 1220 and 3586 (plog): a member's copy of
+///   the intent map missed a mark (its frame lost), the member stayed in
+///   service until a flush that never came (the writer was taken over),
+///   and the next open read that copy first: the stripes written were
+///   not resynchronised, every member's checksum entry disagreed with its
+///   block ("0 of 6 units intact"; in 1220 a flushed block read wrong);
+///   the member is now failed before the stripe is written;
+/// - 1653 (rmw): every server lost power with a whole-stripe write in
+///   flight (parity kept, data dropped), two members were lost during
+///   the next open's resync, whose reads of the row failed as they may;
+///   at the open after, those members out and their tables gone, the row
+///   was decoded from exactly k members unchecked, and a rebuild wrote
+///   parity from that guess (the parity left is now marked unreadable
+///   there, and a resync keeps the mark).
+const REGRESSION_SHARED_SEEDS: &[u64] = &[1, 65, 110, 990, 1116, 1220, 1653, 3586];
 
 #[test]
 fn regression_seeds() {

@@ -531,6 +531,9 @@ impl super::Array {
             uncovered_rows(0..g.blocks_per_unit());
             return false;
         };
+        if missing.is_empty() && units[..g.k()].iter().any(Option::is_none) {
+            return self.resync_unreadable_data(stripe, units);
+        }
         if missing.is_empty() {
             // Only parity is out: the data is all here, so the surviving
             // parity is recomputed from it (a later data failure decodes
@@ -627,6 +630,8 @@ impl super::Array {
     /// combination that left a present data member out as "stale" and
     /// rewrote it from parity: a block already read back as the newer
     /// write went back to the older one (the cluster simulator, seed 910).
+    ///
+    /// With exactly k members left, see [`Array::mark_row_undecodable`].
     pub(super) fn note_missing_from_codeword(
         &self,
         stripe: u64,
@@ -637,7 +642,8 @@ impl super::Array {
         let block = g.block() as usize;
         let at = row as usize * block;
         let present: Vec<bool> = units.iter().map(Option::is_some).collect();
-        if present.iter().filter(|p| **p).count() <= g.k() {
+        let have = present.iter().filter(|p| **p).count();
+        if have < g.k() {
             return;
         }
         let read: Vec<Vec<u8>> = units
@@ -647,6 +653,10 @@ impl super::Array {
                 None => vec![0u8; block],
             })
             .collect();
+        if have == g.k() {
+            self.mark_row_undecodable(stripe, row, &read, &present);
+            return;
+        }
         let no_sums = vec![None; g.width()];
         if let Some((shards, true)) = self.try_decode(&read, &present, &present, &no_sums) {
             for role in (0..g.k()).filter(|&r| !present[r]) {
@@ -678,6 +688,81 @@ impl super::Array {
                 self.write_unit_blocks(stripe, g.k() + j, row, p);
             }
         }
+    }
+
+    /// A dirty stripe with every data member in service and one of them
+    /// unreadable at the resync (a medium error): each row whose members
+    /// read are one codeword, spare members vouching, has the unreadable
+    /// blocks rewritten from it, as a read rewrites a block it decoded;
+    /// other rows are left to the checked decode of later reads. Returns
+    /// whether every row was. (Parity was recomputed from the data units
+    /// read, the unreadable one taken for present: a panic.)
+    fn resync_unreadable_data(&self, stripe: u64, units: &[Option<Vec<u8>>]) -> bool {
+        let g = &self.geo;
+        let block = g.block() as usize;
+        let present: Vec<bool> = units.iter().map(Option::is_some).collect();
+        let no_sums = vec![None; g.width()];
+        let mut all = true;
+        for row in 0..g.blocks_per_unit() {
+            let at = row as usize * block;
+            let read: Vec<Vec<u8>> = units
+                .iter()
+                .map(|u| {
+                    u.as_ref()
+                        .map_or(vec![0u8; block], |u| u[at..at + block].to_vec())
+                })
+                .collect();
+            match self.try_decode(&read, &present, &present, &no_sums) {
+                Some((shards, true)) => {
+                    for role in (0..g.k()).filter(|&r| !present[r]) {
+                        self.write_unit_blocks(stripe, role, row, &shards[role]);
+                    }
+                }
+                _ => all = false,
+            }
+        }
+        all
+    }
+
+    /// A row of a dirty stripe with exactly k members left: nothing spare
+    /// checks it but the entries of its missing data members, which this
+    /// open knows where they went out of service during it. Where the
+    /// present members decode a missing one to a value its entry does not
+    /// vouch for, the row cannot be told (the members may disagree after
+    /// the stop, or the entry predates a write in flight): this open's
+    /// reads of it fail already ([`Array::decode_checked`]), and the
+    /// present parity's blocks of the row are marked unreadable (their
+    /// entry the complement of their checksum, as a rebuild marks a block
+    /// it could not decode), durably with the tables. Otherwise the next
+    /// open, with those members out and their tables gone with them,
+    /// decoded the row from exactly k members unchecked and served the
+    /// guess (cluster simulator seed 1653: a block neither its old nor its
+    /// new bytes after a rebuild wrote parity from that decode).
+    fn mark_row_undecodable(&self, stripe: u64, row: u64, read: &[Vec<u8>], present: &[bool]) {
+        let g = &self.geo;
+        let mut expected = vec![None; g.width()];
+        for role in (0..g.k()).filter(|&r| !present[r]) {
+            let place = g.place(stripe, role);
+            expected[role] =
+                self.expected_crc(place.device, stripe, g.checksum_index(place.row, row));
+        }
+        if expected.iter().all(Option::is_none)
+            || self.try_decode(read, present, present, &expected).is_some()
+        {
+            return;
+        }
+        for role in (g.k()..g.width()).filter(|&r| present[r]) {
+            let place = g.place(stripe, role);
+            let crc = crc32c::crc32c(&read[role]);
+            self.stores[place.device].set_checksum(g.checksum_index(place.row, row), !crc);
+        }
+        self.warn(format!(
+            "stripe {stripe} block row {row}: the {} members left do not decode its missing data \
+             to the checksums recorded for it (an unclean stop, then members lost before \
+             resync: docs/write-hole.md); its parity there is marked unreadable, and the \
+             missing blocks read as I/O errors until rewritten",
+            g.k()
+        ));
     }
 
     /// A whole-stripe discard while degraded: the missing data units will

@@ -544,6 +544,16 @@ impl Array {
                 if marked {
                     bump(&self.counters.array.intent_marks);
                 }
+                // A mirrored copy of the map that missed the mark (format
+                // 2) is its device's failure, on the superblocks before
+                // the stripe is written: left in service until the next
+                // flush, its copy, first in read order, was read at the
+                // next open without the mark, the stripe was not
+                // resynchronised, and every member's checksum entry of
+                // the write in flight disagreed with its block (cluster
+                // simulator seed 1116: a block unreadable, "0 of 6 units
+                // intact").
+                self.fail_broken_metadata_copies();
                 Ok(())
             }
             Err(e) => Err(Error::io(

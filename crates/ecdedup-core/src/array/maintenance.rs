@@ -162,7 +162,11 @@ impl Array {
                     bump(&self.counters.array.parity_mismatches);
                     self.write_unit_blocks(stripe, g.k() + j, 0, p);
                 } else {
+                    // One codeword now: a mark of the row as undecodable
+                    // (`mark_row_undecodable`) goes with the rest.
                     self.record_checksums(stripe, g.k() + j, p);
+                    let place = g.place(stripe, g.k() + j);
+                    self.stores[place.device].record_checksums(g.checksum_index(place.row, 0), p);
                 }
             }
             for (role, u) in units[..g.k()].iter().enumerate() {

@@ -35,12 +35,17 @@
 //!
 //! Failure analysis: every copy obeys the storage contract on its own (its
 //! writes and syncs come in the same order), so the copy read at open is
-//! one that a crash could have left on a single file system. The one gap:
-//! a copy dropped after a write error, on a device whose failure had not
-//! reached the superblocks when the power went, may be read at the next
-//! open while it missed the last marks; the stripes concerned are then
-//! not resynchronised, and their checksums (checked decoding) and scrub
-//! find any parity they left stale.
+//! one that a crash could have left on a single file system. A copy
+//! dropped after a write error is its device's failure, put on the
+//! superblocks at the next flush, and for the intent map before the
+//! write whose mark the copy missed goes out (`Array::intent_begin`):
+//! read at the next open while in service, that copy left the stripes
+//! concerned without a resync, their checksum entries older than their
+//! blocks (the cluster simulator, seed 1116). The gap left: a copy of the
+//! degraded-write log or the missed-write map dropped since the last
+//! flush may be read at the next open without its last records; a
+//! stripe whose record it lacks is resynchronised as one the log does
+//! not cover, every decode of it checked.
 
 use crate::media::area::AreaFs;
 use crate::media::storage::{StorageFile, StorageLock};

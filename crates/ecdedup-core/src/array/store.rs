@@ -232,20 +232,23 @@ impl ChunkStore {
     }
 
     /// Records the checksums of `bytes`, written from block `first` on.
-    fn record_checksums(&self, first: u64, bytes: &[u8]) {
+    pub(super) fn record_checksums(&self, first: u64, bytes: &[u8]) {
         for (index, block) in (first..).zip(bytes.chunks_exact(self.block_bytes)) {
             self.table.set(index, crc32c::crc32c(block));
         }
     }
 
     /// After a resync: entries that still match `bytes` (from block
-    /// `first` on) are kept, the others follow the content. Returns how
-    /// many did not match.
+    /// `first` on) are kept, and so are the marks of blocks made
+    /// unreadable (an entry the complement of the block's checksum:
+    /// `Array::mark_unreadable`), which a write replaces; the others
+    /// follow the content. Returns how many did not match.
     pub(super) fn resync_checksums(&self, first: u64, bytes: &[u8]) -> u64 {
         let mut changed = 0;
         for (index, block) in (first..).zip(bytes.chunks_exact(self.block_bytes)) {
             let crc = crc32c::crc32c(block);
-            if self.table.get(index) != Some(crc) {
+            let entry = self.table.get(index);
+            if entry != Some(crc) && entry != Some(!crc) {
                 changed += 1;
                 self.table.set(index, crc);
             }

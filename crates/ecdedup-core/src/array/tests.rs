@@ -201,6 +201,21 @@ impl Rig {
 
 /// Options of an array over in-memory devices `/nonexistent/memN`, its
 /// metadata in the folder, small intent regions (several per array).
+/// Formats an array of `opts` in `dir` over fresh memory devices, one per
+/// device `opts` names: its geometry and the devices.
+fn format_on_memory(dir: &Path, opts: &CreateOptions) -> (Geometry, Vec<MemDevice>) {
+    let geo = geometry_for(opts).unwrap();
+    let mems: Vec<MemDevice> = (0..opts.devices.len())
+        .map(|i| MemDevice::new(&format!("d{i}"), geo.device_bytes_min()))
+        .collect();
+    let devs = mems
+        .iter()
+        .map(|d| Arc::new(d.clone()) as Arc<dyn Device>)
+        .collect();
+    format(dir, opts, devs).unwrap();
+    (geo, mems)
+}
+
 fn options(n: u32, k: u32, m: u32, stripe_unit_bytes: u32, volume_bytes: u64) -> CreateOptions {
     CreateOptions {
         devices: (0..n)
@@ -538,6 +553,79 @@ fn without_resync_a_torn_stripe_would_be_detected_by_scrub() {
         report.parity_mismatches > 0 || report.checksum_mismatches > 0,
         "{report:?}"
     );
+}
+
+/// The double fault twice over (cluster simulator seed 1653): a write of
+/// a whole stripe in flight at a cut that kept only its parity, then the
+/// members of data role 1 and of the second parity lost during the next
+/// open's resync (after it read their table pages, at stripe 0). The k
+/// members left decode role 1 to neither its old nor its new bytes,
+/// which its entry refuses. At the open after, that member out from the
+/// start and its table gone with it, the same decode was served
+/// unchecked, and a resync there took the mark for a torn block.
+#[test]
+fn a_row_the_k_members_left_cannot_decode_stays_unreadable_at_the_next_open() {
+    let mut rig = Rig::new(6, 4, 2, 4096, 4);
+    let (unit, k, stripe) = (4096usize, 4usize, 1u64);
+    let old = pattern(81, 2 * k * unit);
+    let new = pattern(82, k * unit);
+    rig.write(0, &old);
+    rig.a().flush().unwrap();
+    rig.write((k * unit) as u64, &new);
+    // The cut: every data member of the stripe lost the new write.
+    let g = *rig.a().geometry();
+    for role in 0..k {
+        let place = g.place(stripe, role);
+        let at = g.device_offset(place.row, 0) as usize;
+        let was = &old[(k + role) * unit..(k + role + 1) * unit];
+        rig.mems[place.device].with_bytes(|b| b[at..at + unit].copy_from_slice(was));
+    }
+    rig.array.take().unwrap().simulate_crash();
+    for role in [1, 5] {
+        let place = g.place(stripe, role);
+        let at = g.device_offset(place.row, 0);
+        *rig.plans[place.device].lost_read_range.lock().unwrap() = Some((at, at + unit as u64));
+    }
+    let block = (k + 1) * unit;
+    let allowed = |got: &[u8]| got == &old[block..block + unit] || got == &new[unit..2 * unit];
+    for open in ["the open that lost them", "the open after"] {
+        rig.open();
+        assert_eq!(rig.failed(), 2, "{open}");
+        let mut got = vec![0u8; unit];
+        if rig.a().read(&mut got, block as u64).is_ok() {
+            assert!(
+                allowed(&got),
+                "{open}: the block reads neither its old nor its new bytes"
+            );
+        }
+        // A write to stripe 0 leaves the region dirty: the next open
+        // resynchronises the stripe again, and keeps its mark.
+        rig.write(0, &pattern(83, unit));
+        rig.array.take().unwrap().simulate_crash();
+    }
+}
+
+/// A medium error on a data unit of a dirty stripe while the resync
+/// reads it, every member in service: the resync recomputed parity from
+/// the data units read and met the unreadable one missing (a panic).
+/// Its block is decoded from the others, which are one codeword, and
+/// rewritten.
+#[test]
+fn a_medium_error_on_a_dirty_stripe_during_resync_is_decoded_and_rewritten() {
+    let mut rig = Rig::new(6, 4, 2, 4096, 4);
+    rig.write(0, &pattern(91, 4 * 4096));
+    let place = rig.a().geometry().place(0, 1);
+    let at = rig.a().geometry().device_offset(place.row, 0);
+    rig.array.take().unwrap().simulate_crash();
+    *rig.plans[place.device].bad_read_range.lock().unwrap() = Some((at, at + 4096));
+    rig.open();
+    rig.assert_matches_model();
+    assert_eq!(rig.failed(), 0);
+    assert!(rig.plans[place.device]
+        .bad_read_range
+        .lock()
+        .unwrap()
+        .is_none());
 }
 
 #[test]

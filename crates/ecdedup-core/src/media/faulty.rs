@@ -25,6 +25,9 @@ pub struct FaultPlan {
     pub bad_read_range: Mutex<Option<(u64, u64)>>,
     /// Writes overlapping this byte range fail with EIO.
     pub bad_write_range: Mutex<Option<(u64, u64)>>,
+    /// Reads overlapping this byte range fail as a lost link does (no
+    /// medium error: the array fails the device at once).
+    pub lost_read_range: Mutex<Option<(u64, u64)>>,
     /// While set, writes overlapping `hold_range` wait (a slow device, to
     /// stage races); `held` is set once a write waits there.
     pub hold: AtomicBool,
@@ -83,6 +86,9 @@ impl<D: Device> Device for FaultyDevice<D> {
         if overlaps(&self.plan.bad_read_range, offset, buf.len()) {
             // A medium error, as a disk reports an unreadable sector.
             return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        if overlaps(&self.plan.lost_read_range, offset, buf.len()) {
+            return Err(io::Error::other("injected: read lost"));
         }
         self.inner.read_at(buf, offset)
     }

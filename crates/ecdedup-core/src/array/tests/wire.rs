@@ -85,15 +85,7 @@ fn parix_over_links() -> (tempfile::TempDir, Array, Arc<Tally>) {
     opts.metadata = MetadataPlacement::Devices;
     opts.write_policy = WritePolicy::Parix;
     opts.journal_bytes_max = 4 << 20;
-    let geo = geometry_for(&opts).unwrap();
-    let mems: Vec<MemDevice> = (0..6)
-        .map(|i| MemDevice::new(&format!("d{i}"), geo.device_bytes_min()))
-        .collect();
-    let devs = mems
-        .iter()
-        .map(|d| Arc::new(d.clone()) as Arc<dyn Device>)
-        .collect();
-    format(dir.path(), &opts, devs).unwrap();
+    let (geo, mems) = format_on_memory(dir.path(), &opts);
     let tally = Arc::new(Tally::default());
     let devices = mems
         .iter()
