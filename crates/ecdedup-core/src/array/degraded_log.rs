@@ -519,12 +519,19 @@ impl super::Array {
     /// parity is recomputed from the surviving data and those values, so
     /// the missing units decode to them. Returns whether every row with a
     /// missing data unit was covered (the stripe is consistent).
-    pub(super) fn resync_from_degraded_log(&self, stripe: u64, units: &[Option<Vec<u8>>]) -> bool {
+    /// `changed`: per row, whether a member left changed since its entry
+    /// (a write in flight at the stop).
+    pub(super) fn resync_from_degraded_log(
+        &self,
+        stripe: u64,
+        units: &[Option<Vec<u8>>],
+        changed: &[bool],
+    ) -> bool {
         let g = &self.geo;
         let missing = self.missing_data_roles(stripe);
         let uncovered_rows = |rows: std::ops::Range<u64>| {
             for row in rows {
-                self.note_missing_from_codeword(stripe, row, units);
+                self.note_missing_from_codeword(stripe, row, units, changed[row as usize]);
             }
         };
         let Some(log) = &self.degraded_log else {
@@ -627,17 +634,32 @@ impl super::Array {
     /// combination that left a present data member out as "stale" and
     /// rewrote it from parity: a block already read back as the newer
     /// write went back to the older one (the cluster simulator, seed 910).
+    ///
+    /// With exactly k members left and one of them `changed` (a write in
+    /// flight at the stop reached it, or tore it), no spare member can
+    /// check a decode of the missing units: the members may be a mix of
+    /// old and new, which decodes to neither. Where a missing data
+    /// unit's entry was unknown (its member out at the open, its table
+    /// with it), such a decode was served unchecked (`unverified_decodes`)
+    /// as neither its old nor its new bytes; where it was known, only
+    /// until the next open, which knew it no more. Now the present parity
+    /// blocks of the row are marked unreadable unless the known entries
+    /// vouch for the decode ([`Array::mark_parity_unknown`]), so the
+    /// missing blocks read as I/O errors until rewritten (the cluster
+    /// simulator, shared-story seeds 322, 1603, 1169 and others).
     pub(super) fn note_missing_from_codeword(
         &self,
         stripe: u64,
         row: u64,
         units: &[Option<Vec<u8>>],
+        changed: bool,
     ) {
         let g = &self.geo;
         let block = g.block() as usize;
         let at = row as usize * block;
         let present: Vec<bool> = units.iter().map(Option::is_some).collect();
-        if present.iter().filter(|p| **p).count() <= g.k() {
+        let have = present.iter().filter(|p| **p).count();
+        if have < g.k() {
             return;
         }
         let read: Vec<Vec<u8>> = units
@@ -647,6 +669,12 @@ impl super::Array {
                 None => vec![0u8; block],
             })
             .collect();
+        if have == g.k() {
+            if changed {
+                self.mark_parity_unknown(stripe, row, &read, &present);
+            }
+            return;
+        }
         let no_sums = vec![None; g.width()];
         if let Some((shards, true)) = self.try_decode(&read, &present, &present, &no_sums) {
             for role in (0..g.k()).filter(|&r| !present[r]) {
@@ -678,6 +706,49 @@ impl super::Array {
                 self.write_unit_blocks(stripe, g.k() + j, row, p);
             }
         }
+    }
+
+    /// Block row `row` of a dirty stripe with exactly k members left, one
+    /// of them changed since the last flush: unless every missing data
+    /// unit's entry is known and the decode matches them (the missing
+    /// units held their flushed values, and the row is one codeword with
+    /// them), the present parity blocks' entries are made to disagree
+    /// with their content (as `mark_unreadable` does), so no decode of
+    /// the missing units is ever taken from a row that may mix old and
+    /// new: they read as I/O errors, durably (the next open no longer
+    /// knows a lost member's entries, and a rebuild would make the mix
+    /// one codeword), until a write of the row recomputes its parity.
+    /// `read`: the row's blocks, `present`: the members left.
+    fn mark_parity_unknown(&self, stripe: u64, row: u64, read: &[Vec<u8>], present: &[bool]) {
+        let g = &self.geo;
+        let mut expected = vec![None; g.width()];
+        let mut known = true;
+        for role in (0..g.k()).filter(|&r| !present[r]) {
+            let place = g.place(stripe, role);
+            expected[role] =
+                self.expected_crc(place.device, stripe, g.checksum_index(place.row, row));
+            known &= expected[role].is_some();
+        }
+        if known
+            && matches!(
+                self.try_decode(read, present, present, &expected),
+                Some((_, true))
+            )
+        {
+            return;
+        }
+        for role in g.k()..g.width() {
+            if present[role] {
+                let place = g.place(stripe, role);
+                let crc = crc32c::crc32c(&read[role]);
+                self.stores[place.device].set_checksum(g.checksum_index(place.row, row), !crc);
+            }
+        }
+        self.warn(format!(
+            "stripe {stripe} block row {row}: a write was in flight at the stop and only k \
+             members are left, none of which can vouch for the missing data units: they read \
+             as I/O errors until rewritten (docs/write-hole.md, \"The double fault\")"
+        ));
     }
 
     /// A whole-stripe discard while degraded: the missing data units will
