@@ -1320,12 +1320,12 @@ impl Run {
                 match h.vol.read(&mut got, (b * BLOCK) as u64) {
                     Ok(()) => self.check_live(v, b, &got, label),
                     // A block that may fail to read: the others, one by one.
-                    Err(_) if (b..b + n).any(|x| self.may_fail(v, h, x)) => {
+                    Err(_) if (b..b + n).any(|x| self.vols[v].model.may_fail[x]) => {
                         for x in b..b + n {
                             let mut one = vec![0u8; BLOCK];
                             match h.vol.read(&mut one, (x * BLOCK) as u64) {
                                 Ok(()) => self.check_live(v, x, &one, label),
-                                Err(_) if self.may_fail(v, h, x) => {
+                                Err(_) if self.vols[v].model.may_fail[x] => {
                                     self.double_fault_unreadable += 1
                                 }
                                 Err(e) => {
@@ -1346,26 +1346,6 @@ impl Run {
                 self.record_write(v, b, &data, fua, r, label);
             }
         }
-    }
-
-    /// Whether block `b` of volume `v` may fail to read through `h`: the
-    /// double fault marked it (`Model::may_fail`), or it shares a stripe
-    /// with a block so marked and its own member has failed since: a
-    /// stripe the double fault left undecodable stays so until rewritten,
-    /// whichever member goes next (docs/write-hole.md, "The double
-    /// fault"; seed 4870 with `ECDEDUP_SIM_INERT=defer`).
-    fn may_fail(&self, v: usize, h: &Holder, b: usize) -> bool {
-        let model = &self.vols[v].model;
-        let k = self.vols[v].pg.k();
-        if model.may_fail[b] {
-            return true;
-        }
-        if !model.touches_may_fail(b, 1, k) {
-            return false;
-        }
-        let array = h.vol.array();
-        let device = array.geometry().place((b / k) as u64, b % k).device;
-        array.member_states()[device] != MemberState::Active
     }
 
     fn record_write(
@@ -1467,7 +1447,6 @@ impl Run {
                 true => Ok(()),
                 false => h.vol.read(&mut got[at..at + BLOCK], at as u64),
             };
-            let may_fail = self.may_fail(v, h, b);
             let model = &self.vols[v].model;
             if trace().block == Some(b) {
                 self.trace_line(&format!(
@@ -1493,7 +1472,7 @@ impl Run {
                     ));
                     got[at..at + BLOCK].copy_from_slice(&current);
                 }
-                Err(_) if may_fail => {
+                Err(_) if model.may_fail[b] => {
                     self.double_fault_unreadable += 1;
                     unreadable.insert(b);
                 }
@@ -2263,8 +2242,7 @@ const REGRESSION_SEEDS: &[u64] = &[127, 144, 551, 910, 1079, 1253, 1460, 1921, 4
 ///   changed since the last flush (the block reads as an I/O error, as
 ///   the double fault allows, until rewritten); 1169 also needed it
 ///   where the lost member's entry was known at that open but not at
-///   the next, and 2885 (with `dup,late` inert) where more than k were
-///   left, not one codeword, with nothing vouching for the missing unit.
+///   the next.
 const REGRESSION_SHARED_SEEDS: &[u64] = &[
     1, 65, 110, 322, 453, 767, 789, 990, 1157, 1169, 1220, 1603, 1653, 2885, 3582, 3790, 4785, 4870,
 ];

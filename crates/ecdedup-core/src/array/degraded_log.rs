@@ -635,11 +635,6 @@ impl super::Array {
     /// rewrote it from parity: a block already read back as the newer
     /// write went back to the older one (the cluster simulator, seed 910).
     ///
-    /// When more than k are left, not one codeword, and no decode is
-    /// vouched for, the same: the row was left so, and reads of the
-    /// missing units failed only until one more member was lost (the
-    /// cluster simulator, seed 2885 with `ECDEDUP_SIM_INERT=dup,late`).
-    ///
     /// With exactly k members left and one of them `changed` (a write in
     /// flight at the stop reached it, or tore it), no spare member can
     /// check a decode of the missing units: the members may be a mix of
@@ -693,10 +688,6 @@ impl super::Array {
             return;
         }
         let Some(missing) = self.decode_missing_vouched(stripe, row, &read, &present) else {
-            // Not one codeword, and no decode vouched for: the missing
-            // units cannot be told, and a member lost later would leave
-            // exactly k to decode them from, unchecked.
-            self.mark_parity_unknown(stripe, row, &read, &present);
             return;
         };
         let mut data = read[..g.k()].to_vec();
@@ -718,8 +709,7 @@ impl super::Array {
     }
 
     /// Block row `row` of a dirty stripe with exactly k members left, one
-    /// of them changed since the last flush (or more left that are not
-    /// one codeword, and no decode vouched for): unless every missing data
+    /// of them changed since the last flush: unless every missing data
     /// unit's entry is known and the decode matches them (the missing
     /// units held their flushed values, and the row is one codeword with
     /// them), the present parity blocks' entries are made to disagree
@@ -755,8 +745,8 @@ impl super::Array {
             }
         }
         self.warn(format!(
-            "stripe {stripe} block row {row}: a write was in flight at the stop, and the \
-             members left cannot vouch for any value of the missing data units: they read \
+            "stripe {stripe} block row {row}: a write was in flight at the stop and only k \
+             members are left, none of which can vouch for the missing data units: they read \
              as I/O errors until rewritten (docs/write-hole.md, \"The double fault\")"
         ));
     }
