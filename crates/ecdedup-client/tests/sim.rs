@@ -1853,6 +1853,34 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
         1116,
         "rmw with dedup beside parix: a stripe's members all unreadable after a takeover",
     ),
+    // Found by the 5,000-seed run of branch simlog (2026-11-26 16:17 UTC):
+    // 2461, 3190, 3658 and 4012 fail the same with the binary of 86452f0;
+    // 3671 fails only with the resync's marking of rows changed since the
+    // last flush (fa0630d): the old writer rewrote parity 0 of stripe 9
+    // (a repair after a decode, frame 2053) after its last flush, with no
+    // write in flight, and the next open found two members out: the row,
+    // one codeword, was taken for a mix, and blocks 36 and 38 read as
+    // I/O errors the model does not allow (never wrong data).
+    (
+        2461,
+        "plog beside rmw: unflushed and flushed blocks read wrong at the last takeover",
+    ),
+    (
+        3190,
+        "parix with dedup parity beside rmw: a flushed block reads wrong after a takeover",
+    ),
+    (
+        3658,
+        "parix beside plog: blocks unreadable after a takeover (0 of 6 units intact)",
+    ),
+    (
+        3671,
+        "parix beside replicate: blocks of a consistent row marked unreadable by the resync",
+    ),
+    (
+        4012,
+        "plog beside rmw with dedup parity: unflushed blocks read wrong after a takeover",
+    ),
 ];
 
 fn strict() -> bool {
