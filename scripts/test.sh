@@ -315,27 +315,33 @@ clippy_t0=0
 start_clippy_beside() {
   [ -z "$clippy_pid" ] || return 0
   clippy_t0=$SECONDS
-  nice -n 10 "${CLIPPY[@]}" >"$clippy_log" 2>&1 &
+  # A subshell that records clippy's own end and CPU time. (Bash reaps a
+  # background child when it exits, so the tests' step's CPU figure
+  # counts clippy's too.)
+  (
+    rc=0
+    nice -n 10 "${CLIPPY[@]}" >"$clippy_log" 2>&1 || rc=$?
+    cpu_times="$clippy_log.times"
+    cpu_seconds
+    echo "$SECONDS $cpu" >"$clippy_log.end"
+    exit "$rc"
+  ) &
   clippy_pid=$!
 }
 # finish_clippy: waits for clippy beside the tests and records it as a
-# step (its wall time from its start; its CPU time counted here, when it
-# is waited for).
+# step (its wall and CPU time from its start to its own end).
 finish_clippy() {
-  local rc=0 c0 c1
-  cpu_seconds
-  c0=$cpu
+  local rc=0 c0=0 c1=0 t1=$SECONDS
   wait "$clippy_pid" || rc=$?
-  cpu_seconds
-  c1=$cpu
+  [ ! -s "$clippy_log.end" ] || read -r t1 c1 <"$clippy_log.end"
   echo
   echo "==> clippy (beside the tests)"
   echo "    \$ ${CLIPPY[*]}"
   cat "$clippy_log"
   if [ "$rc" -eq 0 ]; then
-    summary+=("ok      $(printf '%5d' $((SECONDS - clippy_t0))) s  $(printf '%5d' $((c1 - c0))) s CPU  clippy (beside the tests)")
+    summary+=("ok      $(printf '%5d' $((t1 - clippy_t0))) s  $(printf '%5d' $((c1 - c0))) s CPU  clippy (beside the tests)")
   else
-    summary+=("FAILED  $(printf '%5d' $((SECONDS - clippy_t0))) s  $(printf '%5d' $((c1 - c0))) s CPU  clippy (beside the tests) (exit $rc)")
+    summary+=("FAILED  $(printf '%5d' $((t1 - clippy_t0))) s  $(printf '%5d' $((c1 - c0))) s CPU  clippy (beside the tests) (exit $rc)")
     failed=1
   fi
 }

@@ -29,7 +29,11 @@
 //! array was opened, whose table went with it, or an entry whose table
 //! page was not resident when its member went out). Those decodes are counted
 //! (`unverified_decodes`) and served, as every RAID does; every block they
-//! are decoded from was itself checked against its checksum.
+//! are decoded from was itself checked against its checksum. Except after
+//! an unclean stop: a resync that finds such a row with a member changed
+//! since the last flush (a write was in flight, so the k members may mix
+//! old and new) marks the row's parity unreadable, and the decode is an
+//! I/O error instead (`resync_from_degraded_log`, docs/write-hole.md).
 
 use super::Array;
 use crate::counters::bump;

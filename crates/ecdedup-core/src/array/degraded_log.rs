@@ -519,12 +519,19 @@ impl super::Array {
     /// parity is recomputed from the surviving data and those values, so
     /// the missing units decode to them. Returns whether every row with a
     /// missing data unit was covered (the stripe is consistent).
-    pub(super) fn resync_from_degraded_log(&self, stripe: u64, units: &[Option<Vec<u8>>]) -> bool {
+    /// `changed`: per row, whether a member left changed since its entry
+    /// (a write in flight at the stop).
+    pub(super) fn resync_from_degraded_log(
+        &self,
+        stripe: u64,
+        units: &[Option<Vec<u8>>],
+        changed: &[bool],
+    ) -> bool {
         let g = &self.geo;
         let missing = self.missing_data_roles(stripe);
         let uncovered_rows = |rows: std::ops::Range<u64>| {
             for row in rows {
-                self.note_missing_from_codeword(stripe, row, units);
+                self.note_missing_from_codeword(stripe, row, units, changed[row as usize]);
             }
         };
         let Some(log) = &self.degraded_log else {
@@ -631,12 +638,22 @@ impl super::Array {
     /// rewrote it from parity: a block already read back as the newer
     /// write went back to the older one (the cluster simulator, seed 910).
     ///
-    /// With exactly k members left, see [`Array::mark_row_undecodable`].
+    /// With exactly k members left, see [`Array::mark_row_undecodable`]:
+    /// no spare member can check a decode of the missing units, and the
+    /// members may be a mix of old and new (a write in flight at the stop
+    /// reached some, or tore one: `changed`), which decodes to neither.
+    /// Where a missing data unit's entry was unknown (its member out at the
+    /// open, its table with it), such a decode was served unchecked
+    /// (`unverified_decodes`) as neither its old nor its new bytes; where it
+    /// was known, only until the next open, which knew it no more (the
+    /// cluster simulator, shared-story seeds 322, 1603, 1169, 1653 and
+    /// others).
     pub(super) fn note_missing_from_codeword(
         &self,
         stripe: u64,
         row: u64,
         units: &[Option<Vec<u8>>],
+        changed: bool,
     ) {
         let g = &self.geo;
         let block = g.block() as usize;
@@ -654,7 +671,7 @@ impl super::Array {
             })
             .collect();
         if have == g.k() {
-            self.mark_row_undecodable(stripe, row, &read, &present);
+            self.mark_row_undecodable(stripe, row, &read, &present, changed);
             return;
         }
         let no_sums = vec![None; g.width()];
@@ -725,30 +742,45 @@ impl super::Array {
     }
 
     /// A row of a dirty stripe with exactly k members left: nothing spare
-    /// checks it but the entries of its missing data members, which this
-    /// open knows where they went out of service during it. Where the
-    /// present members decode a missing one to a value its entry does not
-    /// vouch for, the row cannot be told (the members may disagree after
-    /// the stop, or the entry predates a write in flight): this open's
-    /// reads of it fail already ([`Array::decode_checked`]), and the
-    /// present parity's blocks of the row are marked unreadable (their
-    /// entry the complement of their checksum, as a rebuild marks a block
-    /// it could not decode), durably with the tables. Otherwise the next
-    /// open, with those members out and their tables gone with them,
-    /// decoded the row from exactly k members unchecked and served the
-    /// guess (cluster simulator seed 1653: a block neither its old nor its
-    /// new bytes after a rebuild wrote parity from that decode).
-    fn mark_row_undecodable(&self, stripe: u64, row: u64, read: &[Vec<u8>], present: &[bool]) {
+    /// checks it but the entries of its missing data members. The present
+    /// parity's blocks of the row are marked unreadable (their entry the
+    /// complement of their checksum, as a rebuild marks a block it could
+    /// not decode), durably with the tables, so the missing blocks read as
+    /// I/O errors until a write of the row recomputes its parity, when
+    /// either
+    /// - a missing member's known entry refuses the decode (the members
+    ///   disagree after the stop, or the entry predates a write in flight):
+    ///   this open's reads fail already ([`Array::decode_checked`]), but
+    ///   the next open, with those members out and their tables gone with
+    ///   them, decoded the row from exactly k members unchecked and served
+    ///   the guess (cluster simulator seed 1653: a block neither its old
+    ///   nor its new bytes after a rebuild wrote parity from that decode);
+    /// - or a member left `changed` since the last flush (a write in flight
+    ///   reached it, or tore it) and the known entries do not vouch for the
+    ///   decode: the row may mix old and new (seeds 322, 1603, 1169).
+    ///
+    /// `read`: the row's blocks, `present`: the members left.
+    fn mark_row_undecodable(
+        &self,
+        stripe: u64,
+        row: u64,
+        read: &[Vec<u8>],
+        present: &[bool],
+        changed: bool,
+    ) {
         let g = &self.geo;
         let mut expected = vec![None; g.width()];
+        let mut known_all = true;
         for role in (0..g.k()).filter(|&r| !present[r]) {
             let place = g.place(stripe, role);
             expected[role] =
                 self.expected_crc(place.device, stripe, g.checksum_index(place.row, row));
+            known_all &= expected[role].is_some();
         }
-        if expected.iter().all(Option::is_none)
-            || self.try_decode(read, present, present, &expected).is_some()
-        {
+        let decode = self.try_decode(read, present, present, &expected);
+        let refused = expected.iter().any(Option::is_some) && decode.is_none();
+        let vouched = known_all && matches!(decode, Some((_, true)));
+        if !refused && (!changed || vouched) {
             return;
         }
         for role in (g.k()..g.width()).filter(|&r| present[r]) {
@@ -757,11 +789,16 @@ impl super::Array {
             self.stores[place.device].set_checksum(g.checksum_index(place.row, row), !crc);
         }
         self.warn(format!(
-            "stripe {stripe} block row {row}: the {} members left do not decode its missing data \
-             to the checksums recorded for it (an unclean stop, then members lost before \
-             resync: docs/write-hole.md); its parity there is marked unreadable, and the \
-             missing blocks read as I/O errors until rewritten",
-            g.k()
+            "stripe {stripe} block row {row}: the {} members left cannot vouch for its missing \
+             data ({}; an unclean stop, then members lost before resync: docs/write-hole.md, \
+             \"The double fault\"); its parity there is marked unreadable, and the missing \
+             blocks read as I/O errors until rewritten",
+            g.k(),
+            if refused {
+                "they decode it to values its recorded checksums refuse"
+            } else {
+                "a write was in flight there at the stop"
+            }
         ));
     }
 
