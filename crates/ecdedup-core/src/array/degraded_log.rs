@@ -519,19 +519,12 @@ impl super::Array {
     /// parity is recomputed from the surviving data and those values, so
     /// the missing units decode to them. Returns whether every row with a
     /// missing data unit was covered (the stripe is consistent).
-    /// `changed`: per row, whether a member left changed since its entry
-    /// (a write in flight at the stop).
-    pub(super) fn resync_from_degraded_log(
-        &self,
-        stripe: u64,
-        units: &[Option<Vec<u8>>],
-        changed: &[bool],
-    ) -> bool {
+    pub(super) fn resync_from_degraded_log(&self, stripe: u64, units: &[Option<Vec<u8>>]) -> bool {
         let g = &self.geo;
         let missing = self.missing_data_roles(stripe);
         let uncovered_rows = |rows: std::ops::Range<u64>| {
             for row in rows {
-                self.note_missing_from_codeword(stripe, row, units, changed[row as usize]);
+                self.note_missing_from_codeword(stripe, row, units);
             }
         };
         let Some(log) = &self.degraded_log else {
@@ -641,7 +634,7 @@ impl super::Array {
     /// With exactly k members left, see [`Array::mark_row_undecodable`]:
     /// no spare member can check a decode of the missing units, and the
     /// members may be a mix of old and new (a write in flight at the stop
-    /// reached some, or tore one: `changed`), which decodes to neither.
+    /// reached some, or tore one), which decodes to neither.
     /// Where a missing data unit's entry was unknown (its member out at the
     /// open, its table with it), such a decode was served unchecked
     /// (`unverified_decodes`) as neither its old nor its new bytes; where it
@@ -653,7 +646,6 @@ impl super::Array {
         stripe: u64,
         row: u64,
         units: &[Option<Vec<u8>>],
-        changed: bool,
     ) {
         let g = &self.geo;
         let block = g.block() as usize;
@@ -671,7 +663,7 @@ impl super::Array {
             })
             .collect();
         if have == g.k() {
-            self.mark_row_undecodable(stripe, row, &read, &present, changed);
+            self.mark_row_undecodable(stripe, row, &read, &present);
             return;
         }
         let no_sums = vec![None; g.width()];
@@ -756,7 +748,7 @@ impl super::Array {
     ///   the guess (cluster simulator seed 1653: a block neither its old
     ///   nor its new bytes after a rebuild wrote parity from that decode);
     ///
-    /// A row where a member left `changed` since the last flush is not
+    /// A row where a member left changed since the last flush is not
     /// marked on that alone (branch simlog marked it unless the known
     /// entries vouched: seeds 322, 1603, 1169): after a kill -9 with m
     /// members out, a degraded write that completed on every member left
@@ -765,17 +757,9 @@ impl super::Array {
     /// open (docs/write-hole.md).
     ///
     /// `read`: the row's blocks, `present`: the members left.
-    fn mark_row_undecodable(
-        &self,
-        stripe: u64,
-        row: u64,
-        read: &[Vec<u8>],
-        present: &[bool],
-        changed: bool,
-    ) {
+    fn mark_row_undecodable(&self, stripe: u64, row: u64, read: &[Vec<u8>], present: &[bool]) {
         let g = &self.geo;
         let mut expected = vec![None; g.width()];
-        let _ = changed;
         for role in (0..g.k()).filter(|&r| !present[r]) {
             let place = g.place(stripe, role);
             expected[role] =

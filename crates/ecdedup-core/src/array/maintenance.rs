@@ -173,10 +173,6 @@ impl Array {
                 self.record_checksums(stripe, role, u.as_deref().unwrap());
             }
         } else {
-            // Before the entries follow the content: the rows where a
-            // member left changed since its entry was written (a write in
-            // flight at the stop).
-            let changed = self.rows_changed_since_entries(stripe, &units);
             for (role, u) in units.iter().enumerate() {
                 if let Some(u) = u {
                     self.record_checksums(stripe, role, u);
@@ -184,7 +180,7 @@ impl Array {
             }
             // A degraded stripe: the degraded-write log says what its
             // missing data units must decode to.
-            complete = self.resync_from_degraded_log(stripe, &units, &changed);
+            complete = self.resync_from_degraded_log(stripe, &units);
         }
         if drop_records {
             if let Err(e) = self.journal_invalidate(stripe, 0, g.blocks_per_unit()) {
@@ -204,28 +200,6 @@ impl Array {
                 "stripe {stripe}: replaying its journal while degraded: {e}"
             ));
         }
-    }
-
-    /// Per block row of a stripe read for a resync (`units`, as on the
-    /// devices): whether a member present holds a block that does not
-    /// match its checksum entry, which describes the block as of the last
-    /// flush (table pages are written at flushes, and a FUA write's with
-    /// its blocks): a write was in flight in that row at the stop.
-    fn rows_changed_since_entries(&self, stripe: u64, units: &[Option<Vec<u8>>]) -> Vec<bool> {
-        let g = &self.geo;
-        let block = g.block() as usize;
-        (0..g.blocks_per_unit())
-            .map(|row| {
-                let at = row as usize * block;
-                units.iter().enumerate().any(|(role, u)| {
-                    let place = g.place(stripe, role);
-                    u.as_ref().is_some_and(|u| {
-                        !self.stores[place.device]
-                            .block_matches(g.checksum_index(place.row, row), &u[at..at + block])
-                    })
-                })
-            })
-            .collect()
     }
 
     /// Records the checksums of a unit's content after a resync. Entries
