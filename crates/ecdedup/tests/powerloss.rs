@@ -151,6 +151,16 @@ impl Model {
         self.since_flush.clear();
     }
 
+    /// Whether `got` (the block at `at`) is the durable or the current
+    /// block whole: both are allowed byte for byte (every byte of `current`
+    /// is either durable or the last unflushed write over it), and two
+    /// slice compares spare the per-byte walk below for all but mixed
+    /// blocks (most of this file's CPU time before).
+    fn block_allowed_whole(&self, at: usize, got: &[u8]) -> bool {
+        let range = at..at + got.len();
+        got == &self.durable[range.clone()] || got == &self.current[range]
+    }
+
     fn allowed(&self, i: usize, got: u8) -> bool {
         got == self.durable[i]
             || self
@@ -267,6 +277,9 @@ fn check(vol: &Volume, model: &Model, what: &str, tally: &mut Tally) -> Vec<u8> 
                 .first_wrong
                 .get_or_insert_with(|| format!("{what}: block {b} fails to read: {e}"));
             got[at..at + BLOCK].copy_from_slice(&model.durable[at..at + BLOCK]);
+            continue;
+        }
+        if model.block_allowed_whole(at, &got[at..at + BLOCK]) {
             continue;
         }
         if let Some(i) = (at..at + BLOCK).find(|&i| !model.allowed(i, got[i])) {
