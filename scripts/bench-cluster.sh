@@ -22,6 +22,14 @@
 #
 # Usage: scripts/bench-cluster.sh  (ROUNDS=3 RUNTIME=10 REGION=256M IO=direct
 # BENCH_TMP=/var/tmp NO_BUILD=1 ECDEDUP_BIN=... KEEP=1 BENCH_DEADLINE=...)
+#
+# POOLS (default "rmw parix repl") may add `plog` (RS(4,2) plog) and
+# `rmw2` (a second rmw pool: the A/A control, its ratio to rmw printed).
+# SIM_RTT_US=N adds a SIMULATED round trip of N microseconds to every
+# request the volume clients send (ECDEDUP_SIMULATED_RTT_US, the
+# transport's `ClientConfig::simulated_rtt`: each reply is handed over N us
+# after it came, so requests in flight together wait once): a network of
+# N/2 us each way, since the kernel here has no netem. The tables say so.
 set -euo pipefail
 BENCH_NAME=bench-cluster
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -34,7 +42,11 @@ REGION=${REGION:-256M}
 IO=${IO:-direct}
 THREADS=${THREADS:-16}
 BENCH_TMP=${BENCH_TMP:-/var/tmp}
-POOLS=(rmw parix repl)
+read -r -a POOLS <<<"${POOLS:-rmw parix repl}"
+SIM_RTT_US=${SIM_RTT_US:-0}
+for p in "${POOLS[@]}"; do
+  case $p in rmw|plog|parix|repl|rmw2) ;; *) die "POOLS: unknown pool $p (rmw plog parix repl rmw2)" ;; esac
+done
 
 for tool in fio nbdkit nbdinfo python3 etcd; do
   command -v "$tool" >/dev/null || die "$tool is not installed (scripts/install-deps.sh)"
@@ -56,14 +68,23 @@ out=$("$BIN" --dir "$C" cluster up --servers 6 --no-serve --pool rmw --volume v 
   --policy rmw --pgs 4 --size 1G --io "$IO")
 ETCD=$(printf '%s\n' "$out" | sed -n 's/^etcd //p')
 [ -n "$ETCD" ] || die "cluster up printed no etcd endpoint: $out"
-"$BIN" pool --etcd "$ETCD" create parix --policy parix --pgs 4 >/dev/null
-"$BIN" pool --etcd "$ETCD" create repl --policy replicate --copies 3 --pgs 4 >/dev/null
-"$BIN" volume --etcd "$ETCD" create parix/v --size 1G >/dev/null
-"$BIN" volume --etcd "$ETCD" create repl/v --size 1G >/dev/null
+for p in "${POOLS[@]}"; do
+  case $p in
+    rmw) continue ;;  # made by cluster up
+    repl) "$BIN" pool --etcd "$ETCD" create repl --policy replicate --copies 3 --pgs 4 >/dev/null ;;
+    rmw2) "$BIN" pool --etcd "$ETCD" create rmw2 --policy rmw --pgs 4 >/dev/null ;;
+    *) "$BIN" pool --etcd "$ETCD" create "$p" --policy "$p" --pgs 4 >/dev/null ;;
+  esac
+  "$BIN" volume --etcd "$ETCD" create "$p/v" --size 1G >/dev/null
+done
+if [ "$SIM_RTT_US" != 0 ]; then
+  log "SIMULATED network: every request of the volume clients waits $SIM_RTT_US us more (ECDEDUP_SIMULATED_RTT_US)"
+fi
 
 for p in "${POOLS[@]}"; do
   KIND[$p]=cluster; DIR[$p]=$WORK/state-$p; SOCK[$p]=$WORK/$p.sock
-  "$BIN" --dir "${DIR[$p]}" serve --cluster "$ETCD" --volume "$p/v" --key "$C/cluster.key" \
+  ECDEDUP_SIMULATED_RTT_US=$SIM_RTT_US \
+    "$BIN" --dir "${DIR[$p]}" serve --cluster "$ETCD" --volume "$p/v" --key "$C/cluster.key" \
     --socket "${SOCK[$p]}" --threads "$THREADS" >"$WORK/$p.log" 2>&1 &
   PID[$p]=$!; _note_started "$p"
 done
@@ -108,7 +129,8 @@ for r in $(seq 1 "$ROUNDS"); do
     break
   fi
   round_t0=$SECONDS
-  order=("${POOLS[@]:$(( (r - 1) % 3 ))}" "${POOLS[@]:0:$(( (r - 1) % 3 ))}")
+  shift_by=$(( (r - 1) % ${#POOLS[@]} ))
+  order=("${POOLS[@]:$shift_by}" "${POOLS[@]:0:$shift_by}")
   for p in "${order[@]}"; do
     for qd in 1 32; do
       before=$(stats "$p")
@@ -137,27 +159,44 @@ EOF
   round_s=$((SECONDS - round_t0))
 done
 
-python3 - "$RESULTS" <<'EOF'
+if [ "$SIM_RTT_US" != 0 ]; then
+  echo "SIMULATED network: ${SIM_RTT_US} us added to every request's round trip (ECDEDUP_SIMULATED_RTT_US; $((SIM_RTT_US / 2)) us each way)"
+else
+  echo "loopback, no added delay"
+fi
+python3 - "$RESULTS" "${POOLS[*]}" <<'EOF'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
+pools = sys.argv[2].split()
 def med(xs):
     return f"{statistics.median(xs):,.1f} ({min(xs):,.1f}-{max(xs):,.1f})"
 print("| pool | QD1 IOPS | QD1 p50 us | QD32 IOPS | messages / write (QD32) | round trips / write (QD32) | wire bytes / write (QD32) |")
 print("| --- | --- | --- | --- | --- | --- | --- |")
-for p in ("rmw", "parix", "repl"):
+for p in pools:
     q1 = [x for x in rows if x["pool"] == p and x["qd"] == 1]
     q32 = [x for x in rows if x["pool"] == p and x["qd"] == 32]
     print(f"| {p} | {med([x['iops'] for x in q1])} | {med([x['p50_us'] for x in q1])} | "
           f"{med([x['iops'] for x in q32])} | {med([x['messages_per_write'] for x in q32])} | "
           f"{med([x['round_trips_per_write'] for x in q32])} | {med([x['wire_bytes_per_write'] for x in q32])} |")
+pairs = [(a, b) for a, b in (("parix", "rmw"), ("parix", "repl"), ("plog", "rmw"),
+                              ("parix", "plog"), ("rmw2", "rmw")) if a in pools and b in pools]
+def paired(a, b, qd, key):
+    ratios = []
+    for r in sorted({x["round"] for x in rows}):
+        xa = [x for x in rows if x["pool"] == a and x["qd"] == qd and x["round"] == r]
+        xb = [x for x in rows if x["pool"] == b and x["qd"] == qd and x["round"] == r]
+        if xa and xb:
+            ratios.append(xa[0][key] / xb[0][key])
+    return ratios
 for qd in (1, 32):
-    for other in ("rmw", "repl"):
-        ratios = []
-        for r in sorted({x["round"] for x in rows}):
-            a = [x for x in rows if x["pool"] == "parix" and x["qd"] == qd and x["round"] == r]
-            b = [x for x in rows if x["pool"] == other and x["qd"] == qd and x["round"] == r]
-            if a and b:
-                ratios.append(a[0]["iops"] / b[0]["iops"])
-        print(f"parix/{other} IOPS at QD{qd}: median {statistics.median(ratios):.2f} "
+    for a, b in pairs:
+        ratios = paired(a, b, qd, "iops")
+        note = " (A/A control)" if a == "rmw2" else ""
+        print(f"{a}/{b} IOPS at QD{qd}{note}: median {statistics.median(ratios):.2f} "
               f"(min {min(ratios):.2f}, max {max(ratios):.2f}) over {len(ratios)} rounds")
+for a, b in pairs:
+    ratios = paired(a, b, 1, "p50_us")
+    note = " (A/A control)" if a == "rmw2" else ""
+    print(f"{a}/{b} QD1 p50 latency{note}: median {statistics.median(ratios):.2f} "
+          f"(min {min(ratios):.2f}, max {max(ratios):.2f}) over {len(ratios)} rounds")
 EOF

@@ -39,6 +39,13 @@ pub struct ClientConfig {
     pub handshake_timeout: Duration,
     /// The longest a request waits for its reply.
     pub request_timeout: Duration,
+    /// A **simulated** network round trip added to every request: its
+    /// reply is handed to the caller this long after it came. Requests in
+    /// flight together wait out their delays together, so each round trip
+    /// of the caller costs it once, as a longer wire would. For benchmarks
+    /// on one host (the kernel here has no netem: issue 20);
+    /// `ECDEDUP_SIMULATED_RTT_US` sets it ([`simulated_rtt_from_env`]).
+    pub simulated_rtt: Option<Duration>,
 }
 
 impl Default for ClientConfig {
@@ -47,8 +54,57 @@ impl Default for ClientConfig {
             in_flight_max: 128,
             handshake_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(60),
+            simulated_rtt: simulated_rtt_from_env(),
         }
     }
+}
+
+/// The environment variable that sets [`ClientConfig::simulated_rtt`], in
+/// microseconds.
+pub const SIMULATED_RTT_ENV: &str = "ECDEDUP_SIMULATED_RTT_US";
+
+/// [`SIMULATED_RTT_ENV`] read and logged once per process (the line says
+/// the figures are of a simulated network); unset, 0 or not a number: none
+/// (a value that is not a number is logged as ignored).
+pub fn simulated_rtt_from_env() -> Option<Duration> {
+    static RTT: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
+    *RTT.get_or_init(|| {
+        let raw = std::env::var(SIMULATED_RTT_ENV).ok()?;
+        match parse_simulated_rtt(&raw) {
+            Ok(rtt) => {
+                if let Some(d) = rtt {
+                    log::line(
+                        "ecdedup-transport",
+                        "simulated-rtt",
+                        &[
+                            ("us", &d.as_micros()),
+                            ("note", &"every reply delayed: simulated network"),
+                        ],
+                    );
+                }
+                rtt
+            }
+            Err(reason) => {
+                log::line(
+                    "ecdedup-transport",
+                    "simulated-rtt-ignored",
+                    &[("value", &raw), ("reason", &reason)],
+                );
+                None
+            }
+        }
+    })
+}
+
+/// A simulated round trip in microseconds: `Ok(None)` for 0.
+pub fn parse_simulated_rtt(raw: &str) -> Result<Option<Duration>, String> {
+    let us: u64 = raw.trim().parse().map_err(|_| {
+        format!("{SIMULATED_RTT_ENV}={raw:?} is not a whole number of microseconds")
+    })?;
+    if us > 10_000_000 {
+        return Err(format!("{SIMULATED_RTT_ENV}={us} is over 10 s"));
+    }
+    Ok((us > 0).then(|| Duration::from_micros(us)))
 }
 
 /// A reply: its header (status, echoed fields) and payload.
@@ -73,6 +129,7 @@ struct Shared {
     slots: Semaphore,
     next_request_id: AtomicU64,
     request_timeout: Duration,
+    simulated_rtt: Option<Duration>,
 }
 
 impl Shared {
@@ -195,6 +252,7 @@ impl Client {
             slots: Semaphore::new(in_flight_max),
             next_request_id: AtomicU64::new(0),
             request_timeout: config.request_timeout,
+            simulated_rtt: config.simulated_rtt,
         });
         let (queue, queued) = mpsc::channel(in_flight_max);
         let task = tokio::spawn(run(stream, shared.clone(), queued)).abort_handle();
@@ -269,7 +327,12 @@ impl Client {
             return Err(shared.closed_now());
         }
         match tokio::time::timeout(shared.request_timeout, reply).await {
-            Ok(Ok(outcome)) => outcome,
+            Ok(Ok(outcome)) => {
+                if let Some(rtt) = shared.simulated_rtt {
+                    delay_line::wait(rtt).await;
+                }
+                outcome
+            }
             Ok(Err(_)) => Err(shared.closed_now()),
             Err(_) => Err(Error::Timeout {
                 peer: shared.peer.clone(),
@@ -358,5 +421,87 @@ impl Peers {
         let client = Client::connect(addr, &self.key, &self.config).await?;
         *slot = Some(client.clone());
         Ok(client)
+    }
+}
+
+/// The simulated round trip's timer: tokio's timer ticks in milliseconds,
+/// far coarser than the 100 to 400 us delays it models, so one thread
+/// keeps the deadlines in a heap and wakes each waiter when its deadline
+/// passes (`recv_timeout`, the kernel's high-resolution timer: tens of
+/// microseconds late at most on an idle host).
+mod delay_line {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
+    use std::sync::{Mutex, OnceLock};
+    use std::time::{Duration, Instant};
+    use tokio::sync::oneshot;
+
+    struct Due(Instant, u64, oneshot::Sender<()>);
+
+    impl PartialEq for Due {
+        fn eq(&self, other: &Due) -> bool {
+            (self.0, self.1) == (other.0, other.1)
+        }
+    }
+    impl Eq for Due {}
+    impl PartialOrd for Due {
+        fn partial_cmp(&self, other: &Due) -> Option<std::cmp::Ordering> {
+            Some(self.cmp(other))
+        }
+    }
+    impl Ord for Due {
+        fn cmp(&self, other: &Due) -> std::cmp::Ordering {
+            (self.0, self.1).cmp(&(other.0, other.1))
+        }
+    }
+
+    /// A deadline and who waits for it.
+    type Request = (Instant, oneshot::Sender<()>);
+
+    fn line() -> &'static Mutex<Sender<Request>> {
+        static LINE: OnceLock<Mutex<Sender<Request>>> = OnceLock::new();
+        LINE.get_or_init(|| {
+            let (tx, rx) = channel::<Request>();
+            std::thread::Builder::new()
+                .name("ecdedup-simulated-rtt".into())
+                .spawn(move || {
+                    let mut due: BinaryHeap<Reverse<Due>> = BinaryHeap::new();
+                    let mut seq = 0u64;
+                    loop {
+                        let now = Instant::now();
+                        while due.peek().is_some_and(|Reverse(d)| d.0 <= now) {
+                            let Reverse(Due(_, _, waiter)) = due.pop().unwrap();
+                            let _ = waiter.send(());
+                        }
+                        let next = match due.peek() {
+                            Some(Reverse(d)) => rx.recv_timeout(d.0 - now),
+                            None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                        };
+                        match next {
+                            Ok((at, waiter)) => {
+                                seq += 1;
+                                due.push(Reverse(Due(at, seq, waiter)));
+                            }
+                            Err(RecvTimeoutError::Timeout) => {}
+                            Err(RecvTimeoutError::Disconnected) => return,
+                        }
+                    }
+                })
+                .expect("spawning the simulated-rtt thread");
+            Mutex::new(tx)
+        })
+    }
+
+    /// Resolves `rtt` from now (at once if the timer thread is gone).
+    pub(super) async fn wait(rtt: Duration) {
+        let (tx, rx) = oneshot::channel();
+        let sent = line()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .send((Instant::now() + rtt, tx));
+        if sent.is_ok() {
+            let _ = rx.await;
+        }
     }
 }

@@ -410,3 +410,35 @@ async fn a_handler_that_panics_fails_its_request_alone() {
     // The connection and the server go on serving.
     round_trip(&client, 11).await;
 }
+
+/// A simulated round trip (`ClientConfig::simulated_rtt`, the delayed
+/// network of issue 20's benchmark) delays every reply by at least its
+/// length, and requests in flight together wait it out together: a lower
+/// bound only (a sleep never ends early), nothing about how fast.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_simulated_round_trip_delays_every_reply_by_at_least_its_length() {
+    let (server, _) = serve(key(1), ServerConfig::default()).await;
+    let rtt = std::time::Duration::from_millis(30);
+    let config = ClientConfig {
+        simulated_rtt: Some(rtt),
+        ..ClientConfig::default()
+    };
+    let client = Client::connect(server.local_addr(), &key(1), &config)
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    round_trip(&client, 5).await;
+    assert!(started.elapsed() >= rtt, "one call, one round trip");
+    assert_eq!(
+        ecdedup_transport::client::parse_simulated_rtt("250").unwrap(),
+        Some(std::time::Duration::from_micros(250))
+    );
+    assert_eq!(
+        ecdedup_transport::client::parse_simulated_rtt("0").unwrap(),
+        None
+    );
+    for bad in ["", "1ms", "-3", "99999999999"] {
+        let e = ecdedup_transport::client::parse_simulated_rtt(bad).unwrap_err();
+        assert!(e.contains("ECDEDUP_SIMULATED_RTT_US"), "{e}");
+    }
+}
