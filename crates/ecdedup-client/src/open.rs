@@ -703,9 +703,14 @@ fn open_probed(
                 "shard-resynced",
                 &[("array", &what), ("shard", &d), ("units", &units)],
             ),
+            // Paused below k other members in service: rebuilding from
+            // where it stopped, which the rebuild at open resumes.
             Err(e) => line(
                 COMPONENT,
-                "shard-stays-failed",
+                match array.member_states()[d] {
+                    array::MemberState::Failed => "shard-stays-failed",
+                    _ => "shard-resync-paused",
+                },
                 &[("array", &what), ("shard", &d), ("reason", &e)],
             ),
         }

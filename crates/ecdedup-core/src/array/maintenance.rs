@@ -456,14 +456,14 @@ impl Array {
                         // rebuild pauses here, its cursor recorded, and
                         // resumes at the next `rebuild` (a writer's next
                         // open, in a cluster).
-                        self.pause_rebuild_below_k(d, stripe, role)?;
+                        self.pause_below_k("rebuild", d, stripe, role)?;
                         // Pipelined recovery: the stripe's journals are
                         // replayed, and the fresh parity decodes at once.
                         self.replay_stripe(stripe)?;
                         let (unit, unreadable) = self.reconstruct_unit(stripe, role)?;
                         if !unreadable.is_empty() {
                             // A member lost while this stripe was read.
-                            self.pause_rebuild_below_k(d, stripe, role)?;
+                            self.pause_below_k("rebuild", d, stripe, role)?;
                         }
                         self.stores[d].set_cursor(stripe + 1);
                         if !self.write_unit_blocks(stripe, role, 0, &unit) {
@@ -519,23 +519,35 @@ impl Array {
         Ok(rebuilt)
     }
 
-    /// Stops a rebuild of device `d` at `stripe` (its cursor recorded,
-    /// data and checksums first) when fewer than k of the stripe's other
-    /// members are in service: `Unavailable`, and the next rebuild resumes
-    /// there. Ok when k or more are.
-    fn pause_rebuild_below_k(&self, d: usize, stripe: u64, role: usize) -> Result<()> {
+    /// How many of `stripe`'s members other than `role` hold it.
+    pub(super) fn others_in_service(&self, stripe: u64, role: usize) -> usize {
         let g = &self.geo;
-        let in_service = (0..g.width())
+        (0..g.width())
             .filter(|&r| r != role && self.holds(g.place(stripe, r).device, stripe))
-            .count();
+            .count()
+    }
+
+    /// Stops a rebuild or re-add (`what`) of device `d` at `stripe` (its
+    /// cursor recorded, data and checksums first) when fewer than k of the
+    /// stripe's other members are in service: `Unavailable`, and the next
+    /// rebuild resumes there. Ok when k or more are.
+    pub(super) fn pause_below_k(
+        &self,
+        what: &str,
+        d: usize,
+        stripe: u64,
+        role: usize,
+    ) -> Result<()> {
+        let g = &self.geo;
+        let in_service = self.others_in_service(stripe, role);
         if in_service >= g.k() {
             return Ok(());
         }
         self.flush()?;
         self.persist_superblocks()?;
         Err(Error::Unavailable(format!(
-            "rebuild of device {d} paused at stripe {stripe} of {}: only {in_service} of the \
-             other members are in service, {} needed to decode; it resumes there",
+            "{what} of device {d} paused at stripe {stripe} of {}: only {in_service} of the \
+             other members are in service, {} needed to decode; `rebuild` resumes there",
             g.stripes,
             g.k()
         )))

@@ -16,6 +16,18 @@
 //! missed. The map is removed
 //! once no member is failed.
 //!
+//! Fewer than k other members in service (a second server down during
+//! the re-add): nothing can be decoded, and a unit marked unreadable for
+//! that would stay so after the members return. Where the entries kept
+//! while the member was out vouch for its own unit (every block matches:
+//! it missed no write there) the unit is kept as it is; otherwise the
+//! re-add pauses at that stripe as a rebuild does (`Unavailable`, its
+//! cursor recorded, the member rebuilding, nothing marked), and the next
+//! `rebuild` resumes it there (in a cluster, the writer's next open),
+//! reconstructing every stripe from there on, missed or not. Those
+//! entries are known only for a member that failed since the array's
+//! open: after a restart, a re-add below k always pauses.
+//!
 //! Limits: offline (the array stopped), and only under the `rmw` write
 //! policy without dedup: a parity journal or a dedup map of the member
 //! would have to be reconciled with what it missed, which is not done;
@@ -201,11 +213,13 @@ impl Array {
 
     /// Moves the cursor of rebuilding member `d` over every stripe,
     /// reconstructing its unit where the stripe's region is in `missed`
-    /// (every stripe past its end).
+    /// (every stripe past its end). Where fewer than k other members hold
+    /// a missed stripe, see [`Array::resync_unit`]: the re-add may pause
+    /// there (`Unavailable`, the member left rebuilding at that stripe).
     fn resync_missed(&self, d: usize, missed: &[bool]) -> Result<u64> {
         let g = self.geo;
         let mut resynced = 0u64;
-        for stripe in 0..g.stripes {
+        for stripe in self.stores[d].cursor()..g.stripes {
             let _g = self.locks[Self::lock_index(stripe)].write().unwrap();
             let was_missed = missed
                 .get(self.intent.region_of(stripe))
@@ -214,7 +228,9 @@ impl Array {
             // Decoded before the cursor passes the stripe: until then the
             // member's stale unit takes no part in a decode.
             let unit = match g.role_on(stripe, d) {
-                Some(role) if was_missed => Some((role, self.reconstruct_unit(stripe, role)?)),
+                Some(role) if was_missed => {
+                    self.resync_unit(d, stripe, role)?.map(|unit| (role, unit))
+                }
                 _ => None,
             };
             self.stores[d].set_cursor(stripe + 1);
@@ -225,6 +241,68 @@ impl Array {
             }
         }
         Ok(resynced)
+    }
+
+    /// The unit of re-added member `d` (`role`) in missed `stripe`:
+    /// decoded from the others where k of them hold the stripe, with the
+    /// rows no combination of them decodes to their checksums (returned,
+    /// to be marked unreadable). Below k nothing can be decoded, and rows
+    /// marked for that would stay unreadable after the members return (the
+    /// fault suite's rebuild-interrupted: a second server down during a
+    /// re-add): None where the member's own unit matches, block by block,
+    /// the entries the array kept for it while it was out (it missed no
+    /// write there, and is kept as it is); else the re-add pauses here as
+    /// a rebuild does, marking nothing, and `rebuild` resumes it.
+    fn resync_unit(
+        &self,
+        d: usize,
+        stripe: u64,
+        role: usize,
+    ) -> Result<Option<(Vec<u8>, Vec<u64>)>> {
+        let k = self.geo.k();
+        if self.others_in_service(stripe, role) >= k {
+            let (unit, unreadable) = self.reconstruct_unit(stripe, role)?;
+            // Rows left undecoded with k members serving are truly lost;
+            // with fewer (one failed during the read), only unavailable.
+            if unreadable.is_empty() || self.others_in_service(stripe, role) >= k {
+                return Ok(Some((unit, unreadable)));
+            }
+        }
+        if self.own_unit_current(d, stripe, role) {
+            return Ok(None);
+        }
+        self.pause_below_k("re-add", d, stripe, role)?;
+        // k members serve again (none can return during a re-add).
+        self.reconstruct_unit(stripe, role).map(Some)
+    }
+
+    /// Whether every block of re-added member `d`'s own unit of `stripe`
+    /// reads and matches the entry the array kept for it while it was out
+    /// (unknown, so never, where the member was already out at the open).
+    /// Its own table's entries for them are set to match.
+    fn own_unit_current(&self, d: usize, stripe: u64, role: usize) -> bool {
+        let g = &self.geo;
+        let place = g.place(stripe, role);
+        let Some(dev) = self.stores[d].device() else {
+            return false;
+        };
+        let mut unit = vec![0u8; g.unit_bytes() as usize];
+        if dev
+            .read_at(&mut unit, g.device_offset(place.row, 0))
+            .is_err()
+        {
+            return false;
+        }
+        let first = g.checksum_index(place.row, 0);
+        let current = (first..)
+            .zip(unit.chunks_exact(g.block() as usize))
+            .all(|(index, block)| {
+                self.stores[d].expected_checksum(stripe, index) == Some(crc32c::crc32c(block))
+            });
+        if current {
+            self.stores[d].record_checksums(first, &unit);
+        }
+        current
     }
 
     /// Writes a reconstructed unit to the member being re-added.

@@ -388,6 +388,54 @@ fn a_re_add_that_fails_part_way_leaves_every_block_readable() {
     assert_eq!(rig.unreadable_blocks(), Vec::<u64>::new());
 }
 
+/// Issue 20, item 1 (the fault suite's rebuild-interrupted, last step):
+/// a re-add during which two more members fail, so fewer than k others
+/// hold the stripes it has not reached. It pauses there (the member left
+/// rebuilding at that stripe), marking nothing; the two come back (their
+/// own units, which the entries kept while they were out vouch for,
+/// taken as they are where the paused member leaves fewer than k others)
+/// and `rebuild` resumes the first where it stopped. Before, the re-add
+/// marked every unit it could not decode unreadable: I/O errors after
+/// every member was back.
+#[test]
+fn a_re_add_with_fewer_than_k_members_in_service_pauses_and_marks_nothing() {
+    let mut rig = Rig::filled_rs42();
+    let g = *rig.a().geometry();
+    rig.a().fail_device(0).unwrap();
+    let len = rig.model.len();
+    rig.write(0, &pattern(3, len));
+    // Devices 1 and 2 drop out when the re-add reads their units of
+    // stripe 4.
+    for d in [1, 2] {
+        let row = g.place(4, g.role_on(4, d).unwrap()).row;
+        let at = g.device_offset(row, 0);
+        *rig.plans[d].lost_read_range.lock().unwrap() = Some((at, at + g.unit_bytes()));
+    }
+    let back = |rig: &mut Rig, d: usize| {
+        *rig.plans[d].lost_read_range.lock().unwrap() = None;
+        let dev = Arc::new(FaultyDevice::new(
+            rig.mems[d].clone(),
+            Arc::clone(&rig.plans[d]),
+        ));
+        rig.array.as_mut().unwrap().re_add_device(d, dev)
+    };
+    let first = back(&mut rig, 0);
+    let states = rig.a().member_states();
+    back(&mut rig, 1).unwrap();
+    back(&mut rig, 2).unwrap();
+    if first.is_err() {
+        rig.a().rebuild(None).unwrap();
+    }
+    rig.assert_matches_model();
+    assert_eq!(rig.unreadable_blocks(), Vec::<u64>::new());
+    assert_eq!(rig.failed(), 0);
+    rig.assert_consistent();
+    let e = first.unwrap_err();
+    assert!(e.to_string().contains("paused at stripe 4"), "{e}");
+    assert_eq!(states[0], MemberState::Rebuilding { cursor: 4 });
+    assert_eq!(states[1..3], [MemberState::Failed, MemberState::Failed]);
+}
+
 /// The double fault with a member out at the open (docs/write-hole.md):
 /// a full-stripe write in flight at a power cut reached some members and
 /// not another, and the next open finds two members out, one of them
