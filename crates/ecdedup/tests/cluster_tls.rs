@@ -3,7 +3,8 @@
 //! certificate made with `openssl`, Debian's etcd started with
 //! `--client-cert-auth` on loopback, and the commands given
 //! `--etcd-ca/--etcd-cert/--etcd-key`: chunk servers register, a pool and
-//! a volume are made and listed. Without the client certificate, without
+//! a volume are made and listed, and `serve --cluster` serves the volume
+//! (its nbdkit plugin reaching etcd with the same files). Without the client certificate, without
 //! a CA, or with a file that is not PEM, a command fails in bounded time
 //! with an error that says why.
 
@@ -188,6 +189,34 @@ fn commands_and_chunk_servers_reach_etcd_over_tls_only_with_a_client_certificate
     volume(true, &["create", "p/v", "--size", "1G"]).ok();
     let listed = volume(true, &["ls", "p"]).ok();
     assert!(listed.stdout.contains("v\tid 1"), "{listed}");
+
+    // `serve --cluster` hands the TLS files to its nbdkit plugin, which
+    // takes the volume over and serves it.
+    let mut serve = strings(&[
+        "--cluster",
+        &endpoint,
+        "--cluster-name",
+        "tls",
+        "--volume",
+        "p/v",
+        "--key",
+        key.to_str().unwrap(),
+    ]);
+    serve.extend(tls_args(dir, true));
+    let serve: Vec<&str> = serve.iter().map(String::as_str).collect();
+    let server = Server::start(
+        &dir.join("serve"),
+        &dir.join("serve.sock"),
+        &dir.join("serve.log"),
+        &serve,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let size = run_ok(
+        Command::new("nbdinfo").arg("--size").arg(server.uri()),
+        CLI_TIMEOUT,
+    );
+    assert_eq!(size.stdout.trim(), (1u64 << 30).to_string(), "{size}");
+    server.stop();
 
     // Without the client certificate, etcd refuses the connection.
     let refused = volume(false, &["ls", "p"]);
