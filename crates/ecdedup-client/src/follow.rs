@@ -23,14 +23,25 @@
 //!
 //! A step that fails (the new server unreachable, a second failure) is
 //! logged (`event=pg-replacement-not-followed`) and the PG serves as it
-//! did: the next open installs the chunk. The watch costs nothing while
-//! no PG record changes; its queue is bounded (`WATCH_QUEUE_EVENTS`).
+//! did: the next open installs the chunk.
+//!
+//! A second watch of the same kind (same resume and reload rules) follows
+//! the servers' registrations: a server registered again on another
+//! address (restarted elsewhere) is reached there from the next request
+//! of every link to it (`link.rs`, [`Addresses`]; logged
+//! `event=server-address-followed`). Its boot id changed with the restart,
+//! so the first change sent to it fails its shard as before (writes it
+//! acknowledged may be lost); what it reaches at once is reads, and the
+//! next open's re-add. The watches cost nothing while no key changes but
+//! a server's space report (every 10 s); their queues are bounded
+//! (`WATCH_QUEUE_EVENTS`).
 
-use crate::link::{PgEpoch, Wire};
+use crate::link::{Addresses, PgEpoch, Wire};
 use crate::open::{chunk_name, open_chunks, wire_pg_epoch};
 use crate::rebuild::{self, Running};
-use ecdedup_cluster::keys::{decode, Key, PgRecord};
-use ecdedup_cluster::{Etcd, ServerId, WatchEvent, Watcher};
+use ecdedup_cluster::keys::{decode, Key, PgRecord, ServerInfo};
+use ecdedup_cluster::watch::Kv;
+use ecdedup_cluster::{Etcd, Keys, ServerId, WatchEvent, Watcher};
 use ecdedup_core::array::{Array, MemberState};
 use ecdedup_core::error::{Error, Result};
 use ecdedup_transport::log::line;
@@ -107,26 +118,54 @@ impl Drop for Follower {
     }
 }
 
+/// Which watch an event came from.
+enum Watched {
+    Pgs(Option<WatchEvent>),
+    Servers(Option<WatchEvent>),
+}
+
 fn run(mut follow: Follow, stop: &AtomicBool) {
-    let mut watcher = {
+    let (mut pgs, mut servers) = {
         let _runtime = follow.rt.enter();
-        Watcher::start(&follow.etcd, follow.etcd.keys().pgs(&follow.pool), None)
+        let keys = follow.etcd.keys();
+        (
+            Watcher::start(&follow.etcd, keys.pgs(&follow.pool), None),
+            Watcher::start(&follow.etcd, keys.servers(), None),
+        )
     };
     while !stop.load(SeqCst) {
-        let next = follow
-            .rt
-            .block_on(async { tokio::time::timeout(STOP_POLL, watcher.next()).await });
-        let kvs = match next {
+        let next = follow.rt.block_on(async {
+            let either = async {
+                tokio::select! {
+                    e = pgs.next() => Watched::Pgs(e),
+                    e = servers.next() => Watched::Servers(e),
+                }
+            };
+            tokio::time::timeout(STOP_POLL, either).await
+        });
+        let (watched, event) = match next {
             Err(_) => continue,
-            Ok(None) => {
-                line(COMPONENT, "pg-watch-stopped", &[("pool", &follow.pool)]);
+            Ok(Watched::Pgs(event)) => ("pgs", event),
+            Ok(Watched::Servers(event)) => ("servers", event),
+        };
+        let kvs = match event {
+            None => {
+                line(
+                    COMPONENT,
+                    "watch-stopped",
+                    &[("pool", &follow.pool), ("watch", &watched)],
+                );
                 return;
             }
-            Ok(Some(WatchEvent::Reset { kvs, .. })) => kvs,
-            Ok(Some(WatchEvent::Put(kv))) => vec![kv],
-            Ok(Some(WatchEvent::Delete { .. })) => continue,
+            Some(WatchEvent::Reset { kvs, .. }) => kvs,
+            Some(WatchEvent::Put(kv)) => vec![kv],
+            Some(WatchEvent::Delete { .. }) => continue,
         };
         for kv in kvs {
+            if watched == "servers" {
+                follow_server(&follow.wire.addresses, follow.etcd.keys(), &kv);
+                continue;
+            }
             let Some(Key::Pg { pool, pg }) = follow.etcd.keys().parse(&kv.key) else {
                 continue;
             };
@@ -143,6 +182,44 @@ fn run(mut follow: Follow, stop: &AtomicBool) {
             }
         }
     }
+}
+
+/// Follows one key under `server/`: a server's registration (`state`)
+/// naming another address than its links use moves them there. Returns
+/// the server and its old and new addresses when it moved.
+fn follow_server(
+    addresses: &Addresses,
+    keys: &Keys,
+    kv: &Kv,
+) -> Option<(ServerId, SocketAddr, SocketAddr)> {
+    let Some(Key::ServerState(id)) = keys.parse(&kv.key) else {
+        return None;
+    };
+    let info = decode::<ServerInfo>(&kv.key, &kv.value)
+        .map_err(|e| e.to_string())
+        .and_then(|info| {
+            info.address
+                .parse::<SocketAddr>()
+                .map_err(|e| format!("address {:?}: {e}", info.address))
+        });
+    let to = match info {
+        Ok(to) => to,
+        Err(reason) => {
+            line(
+                COMPONENT,
+                "server-record-unreadable",
+                &[("server", &id), ("reason", &reason)],
+            );
+            return None;
+        }
+    };
+    let from = addresses.update(id, to)?;
+    line(
+        COMPONENT,
+        "server-address-followed",
+        &[("server", &id), ("from", &from), ("to", &to)],
+    );
+    Some((id, from, to))
 }
 
 impl Follow {
@@ -243,5 +320,72 @@ impl Follow {
             self.rebuilds.lock().unwrap().push(running);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(keys: &Keys, id: u32, address: &str, revision: i64) -> Kv {
+        let info = ServerInfo {
+            address: address.into(),
+            host: "h".into(),
+            devices: vec![],
+        };
+        Kv {
+            key: keys.server_state(ServerId(id)),
+            value: serde_json::to_vec(&info).unwrap(),
+            create_revision: revision,
+            mod_revision: revision,
+            lease: 1,
+        }
+    }
+
+    #[test]
+    fn a_server_registered_again_elsewhere_moves_every_link_to_it() {
+        let keys = Keys::new("t").unwrap();
+        let book = Addresses::default();
+        let old: SocketAddr = "127.0.0.1:7001".parse().unwrap();
+        let new: SocketAddr = "127.0.0.1:7002".parse().unwrap();
+        // Two chunks of server 3 (two PGs) share its cell.
+        let (a, b) = (book.cell(ServerId(3), old), book.cell(ServerId(3), old));
+        // The same address again (a reload, a space report) moves nothing.
+        assert_eq!(
+            follow_server(&book, &keys, &state(&keys, 3, "127.0.0.1:7001", 5)),
+            None
+        );
+        assert_eq!(
+            follow_server(&book, &keys, &state(&keys, 3, "127.0.0.1:7002", 9)),
+            Some((ServerId(3), old, new))
+        );
+        assert_eq!(*a.lock().unwrap(), new);
+        assert_eq!(*b.lock().unwrap(), new);
+        assert_eq!(book.get(ServerId(3)), Some(new));
+    }
+
+    #[test]
+    fn keys_that_name_no_known_server_or_no_address_change_nothing() {
+        let keys = Keys::new("t").unwrap();
+        let book = Addresses::default();
+        let at: SocketAddr = "127.0.0.1:7001".parse().unwrap();
+        book.cell(ServerId(3), at);
+        // A server this client has no link to is not tracked.
+        assert_eq!(
+            follow_server(&book, &keys, &state(&keys, 4, "127.0.0.1:9", 2)),
+            None
+        );
+        assert_eq!(book.get(ServerId(4)), None);
+        // A space report, a value that is not JSON, an address that does
+        // not parse: logged or ignored, never followed, never a panic.
+        let mut space = state(&keys, 3, "127.0.0.1:9", 3);
+        space.key = keys.server_space(ServerId(3));
+        let mut garbage = state(&keys, 3, "127.0.0.1:9", 4);
+        garbage.value = b"{not json".to_vec();
+        let no_port = state(&keys, 3, "somewhere", 5);
+        for kv in [space, garbage, no_port] {
+            assert_eq!(follow_server(&book, &keys, &kv), None, "{}", kv.key);
+        }
+        assert_eq!(book.get(ServerId(3)), Some(at));
     }
 }

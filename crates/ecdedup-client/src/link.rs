@@ -14,6 +14,12 @@
 //! can have sent (this writer's own change of a PG's epoch drains its
 //! requests stamped with the old one first: [`PgEpoch::change`]).
 //!
+//! A link reaches its server at the address in the volume's
+//! [`Addresses`], one cell per server shared by the links of its chunks:
+//! when the server registers again on another address (restarted
+//! elsewhere), the follower (`follow.rs`) changes the cell and the next
+//! request goes there, over a new connection.
+//!
 //! The counters say what crossed the wire, in all and by [`Purpose`] (a
 //! data write, a journal append, a d(0) read, a replay's read...): a round
 //! trip is counted for the purpose of the first frame of its group.
@@ -24,6 +30,7 @@ use ecdedup_core::proto::frame::{encode_append, FLAG_FUA};
 use ecdedup_core::proto::{Header, Op, Status, PAYLOAD_BYTES_MAX};
 use ecdedup_transport::Peers;
 use std::cell::Cell;
+use std::collections::BTreeMap;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
@@ -202,6 +209,8 @@ pub struct Wire {
     pub(crate) timeout: Duration,
     fenced: AtomicBool,
     fence_reason: Mutex<Option<String>>,
+    /// Where each server is reached now.
+    pub addresses: Addresses,
     pub counters: WireCounters,
 }
 
@@ -221,6 +230,7 @@ impl Wire {
             timeout,
             fenced: AtomicBool::new(false),
             fence_reason: Mutex::new(None),
+            addresses: Addresses::default(),
             counters: WireCounters::default(),
         }
     }
@@ -463,11 +473,46 @@ fn write_frames(
     }
 }
 
+/// Where one server is reached now (shared by the links of its chunks).
+pub type ServerAddress = Arc<Mutex<SocketAddr>>;
+
+/// The address of every server a volume client has links to.
+#[derive(Default)]
+pub struct Addresses(Mutex<BTreeMap<ServerId, ServerAddress>>);
+
+impl Addresses {
+    /// Server `id`'s cell, set to `addr` (the caller read it from etcd as
+    /// it opens chunks there: at least as new as the cell's).
+    pub fn cell(&self, id: ServerId, addr: SocketAddr) -> ServerAddress {
+        let mut book = self.0.lock().unwrap();
+        let cell = book.entry(id).or_insert_with(|| Arc::new(Mutex::new(addr)));
+        *cell.lock().unwrap() = addr;
+        Arc::clone(cell)
+    }
+
+    /// Server `id` registered at `addr`: its links go there from now on.
+    /// Returns the address it had, if it changed; a server with no link
+    /// here is not tracked (its chunks get a cell when opened).
+    pub fn update(&self, id: ServerId, addr: SocketAddr) -> Option<SocketAddr> {
+        let book = self.0.lock().unwrap();
+        let mut at = book.get(&id)?.lock().unwrap();
+        let old = *at;
+        *at = addr;
+        (old != addr).then_some(old)
+    }
+
+    /// Where server `id` is reached now, if it has links here.
+    pub fn get(&self, id: ServerId) -> Option<SocketAddr> {
+        Some(*self.0.lock().unwrap().get(&id)?.lock().unwrap())
+    }
+}
+
 /// One chunk: shard `shard` of PG `pg` of the volume, on `server`.
 pub struct NetLink {
     wire: Arc<Wire>,
     server: ServerId,
-    addr: SocketAddr,
+    /// The server's address now ([`Addresses`]).
+    addr: ServerAddress,
     code: u32,
     /// The PG's epoch, shared by the links of its chunks.
     pg_epoch: Arc<PgEpoch>,
@@ -480,7 +525,7 @@ impl NetLink {
     pub fn new(
         wire: Arc<Wire>,
         server: ServerId,
-        addr: SocketAddr,
+        addr: ServerAddress,
         code: u32,
         pg_epoch: Arc<PgEpoch>,
         size: u64,
@@ -495,6 +540,12 @@ impl NetLink {
             size,
             boot_id,
         }
+    }
+}
+
+impl NetLink {
+    fn addr(&self) -> SocketAddr {
+        *self.addr.lock().unwrap()
     }
 }
 
@@ -577,17 +628,18 @@ impl ChunkLink for NetLink {
         let is_read = matches!(op, LinkOp::Read { .. });
         let purpose = Purpose::of(&op);
         let (pg_epoch, in_flight) = self.pg_epoch.begin();
+        let addr = self.addr();
         let rxs = link_frames(w.volume_id, w.epoch, pg_epoch, self.code, op)
             .into_iter()
             .map(|(h, payload)| {
-                w.send_frame(purpose, self.addr, h, payload, Some(Arc::clone(&in_flight)))
+                w.send_frame(purpose, addr, h, payload, Some(Arc::clone(&in_flight)))
             })
             .collect();
         Box::new(Frames {
             rxs,
             is_read,
             boot_id: self.boot_id,
-            what: format!("server {} ({})", self.server, self.addr),
+            what: format!("server {} ({addr})", self.server),
         })
     }
 
@@ -599,7 +651,9 @@ impl ChunkLink for NetLink {
         let (pg, shard) = ecdedup_core::proto::chunk_parts(self.code);
         format!(
             "server {} ({}) volume {} PG {pg} shard {shard}",
-            self.server, self.addr, self.wire.volume_id
+            self.server,
+            self.addr(),
+            self.wire.volume_id
         )
     }
 }

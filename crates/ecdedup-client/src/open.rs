@@ -517,7 +517,7 @@ pub(crate) fn open_chunks(
                 let link = NetLink::new(
                     Arc::clone(wire),
                     id,
-                    addr,
+                    wire.addresses.cell(id, addr),
                     code,
                     Arc::clone(pg_epoch),
                     chunk_bytes,

@@ -300,18 +300,7 @@ fn volumes_on_six_servers_write_read_take_over_and_run_degraded() {
     write_and_check(&v, &mut model_c, 5);
     c.kill_server(4);
     write_and_check(&v, &mut model_c, 6);
-    let failed = |v: &ClusterVolume| -> usize {
-        v.pg_arrays()
-            .iter()
-            .map(|a| {
-                a.status()
-                    .devices
-                    .iter()
-                    .filter(|d| d.state != ecdedup_core::array::MemberState::Active)
-                    .count()
-            })
-            .sum()
-    };
+    let failed = shards_not_active;
     assert!(failed(&v) > 0, "the killed server's shards are failed");
     v.close().unwrap();
     drop(v);
@@ -327,6 +316,51 @@ fn volumes_on_six_servers_write_read_take_over_and_run_degraded() {
     assert!(!resynced.is_empty(), "a re-add says what it resynchronised");
     check(&v, &model_c);
     write_and_check(&v, &mut model_c, 7);
+    v.close().unwrap();
+}
+
+/// Shards of the volume's PGs not in service (failed or rebuilding).
+fn shards_not_active(v: &ClusterVolume) -> usize {
+    v.pg_arrays()
+        .iter()
+        .map(|a| {
+            a.status()
+                .devices
+                .iter()
+                .filter(|d| d.state != ecdedup_core::array::MemberState::Active)
+                .count()
+        })
+        .sum()
+}
+
+#[test]
+fn a_server_restarted_on_another_address_is_read_there_without_a_reopen() {
+    let name = "moved";
+    let mut c = Cluster::start_with(name, 3, Duration::from_secs(600));
+    c.pool(name, "rmw", WritePolicy::Rmw, 2, 1, 1);
+    c.volume(name, "rmw", "v", 2 << 20);
+    let mut model = vec![0u8; 2 << 20];
+    let v = ecdedup_client::open(&c.options(name, "rmw", "v", "w")).unwrap();
+    write_and_check(&v, &mut model, 1);
+    // The server of the PG's first data shard stops and comes back on
+    // another port (its registration rewritten), while the writer idles.
+    let moved = pgs(&c, name, "rmw")[0].servers[0];
+    let before = v.wire().addresses.get(moved).expect("a link to the server");
+    c.kill_server(moved.0);
+    c.restart_server(name, moved.0);
+    wait_until("the writer follows the server's new address", || {
+        v.wire().addresses.get(moved) != Some(before)
+    });
+    // Its units are read from it at the new address: no shard failed, no
+    // read decoded.
+    check(&v, &model);
+    assert_eq!(shards_not_active(&v), 0, "every shard stays in service");
+    let decoded: u64 = v
+        .pg_arrays()
+        .iter()
+        .map(|a| a.stats().array.reconstructed_blocks)
+        .sum();
+    assert_eq!(decoded, 0, "no read went around the moved server");
     v.close().unwrap();
 }
 

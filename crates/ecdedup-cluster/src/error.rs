@@ -75,6 +75,10 @@ pub enum Error {
     /// The lease under which the caller acts is lost (see `lease.rs`).
     #[error("fenced: {0}")]
     Fenced(String),
+    /// A TLS file for etcd (CA, client certificate or key) that cannot
+    /// be read or does not hold what it is for.
+    #[error("etcd TLS: file {path} {reason}")]
+    TlsFile { path: String, reason: String },
     /// A local etcd (tests, `cluster up`) could not be started.
     #[error("local etcd: {0}")]
     LocalEtcd(String),

@@ -6,7 +6,8 @@
 //! epoch ([`writer`]). This crate is that layer and nothing else: the key
 //! layout ([`keys`]), guarded transactions over it, leases whose holders
 //! fence themselves ([`lease`]), a watch that survives broken streams,
-//! compaction and dead endpoints ([`watch`], [`session`]), and placement
+//! compaction and dead endpoints ([`watch`], [`session`]) over plain
+//! HTTP or TLS with client certificates ([`tls`]), and placement
 //! as pure functions ([`placement`]). The decisions that do not need etcd
 //! (placement, the lease clock, the watch cursor) are plain functions and
 //! state machines, tested without sockets or clocks.
@@ -30,6 +31,7 @@ pub mod placement;
 pub mod pool;
 pub mod server;
 pub mod session;
+pub mod tls;
 mod txn;
 pub mod volume;
 pub mod watch;
@@ -39,10 +41,11 @@ pub use coordinator::{Coordinator, CoordinatorConfig, CoordinatorEvent};
 pub use error::{Error, Result};
 pub use keys::{Keys, ServerId};
 pub use lease::{Fence, Lease};
-pub use local_etcd::LocalEtcd;
+pub use local_etcd::{LocalEtcd, ServerTls};
 pub use pool::{create_pool, get_pool, list_pools, pool_pgs, pool_pgs_at};
 pub use server::{list_servers, register_server, Registration};
 pub use session::{Etcd, EtcdConfig};
+pub use tls::EtcdTls;
 pub use volume::{
     create_volume, get_volume, list_volumes, remove_volume, remove_volume_at, resize_volume,
     resize_volume_at, volume_ids, VolumeIds,

@@ -7,6 +7,11 @@
 //! and writes its log to `etcd.log` there. [`LocalEtcd::start`] returns
 //! once `/health` answers; dropping the value stops the process by its
 //! PID (SIGTERM, then SIGKILL after [`STOP_GRACE`]) and waits for it.
+//!
+//! [`LocalEtcd::start_tls`] serves clients over TLS only, requiring a
+//! client certificate signed by the given CA (`--client-cert-auth`), as
+//! docs/cluster.md's deployment does; `/health` is then asked on a third,
+//! plain loopback port (`--listen-metrics-urls`).
 
 use crate::error::{Error, Result};
 use std::io::{Read, Write};
@@ -27,7 +32,20 @@ const START_ATTEMPTS: u32 = 3;
 pub struct LocalEtcd {
     child: Child,
     client_port: u16,
+    /// Where `/health` is asked (plain HTTP): the client port, or the
+    /// metrics port under TLS.
+    health_port: u16,
+    tls: bool,
     dir: PathBuf,
+}
+
+/// etcd's own TLS files for clients (PEM): its certificate and key, and
+/// the CA its clients' certificates must be signed by.
+#[derive(Clone, Debug)]
+pub struct ServerTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_ca: PathBuf,
 }
 
 /// The etcd binary to run.
@@ -69,12 +87,21 @@ fn free_port() -> Result<u16> {
 impl LocalEtcd {
     /// Starts etcd with its data and log in `dir` (created if needed).
     pub fn start(dir: &Path) -> Result<LocalEtcd> {
+        Self::start_with(dir, None)
+    }
+
+    /// Starts etcd serving clients over TLS with client certificates only.
+    pub fn start_tls(dir: &Path, tls: &ServerTls) -> Result<LocalEtcd> {
+        Self::start_with(dir, Some(tls))
+    }
+
+    fn start_with(dir: &Path, tls: Option<&ServerTls>) -> Result<LocalEtcd> {
         let binary = etcd_binary()?;
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::LocalEtcd(format!("{}: {e}", dir.display())))?;
         let mut last = String::new();
         for _ in 0..START_ATTEMPTS {
-            match Self::start_once(&binary, dir) {
+            match Self::start_once(&binary, dir, tls) {
                 Ok(etcd) => return Ok(etcd),
                 Err(e) => last = e.to_string(),
             }
@@ -82,9 +109,10 @@ impl LocalEtcd {
         Err(Error::LocalEtcd(last))
     }
 
-    fn start_once(binary: &Path, dir: &Path) -> Result<LocalEtcd> {
+    fn start_once(binary: &Path, dir: &Path, tls: Option<&ServerTls>) -> Result<LocalEtcd> {
         let (client_port, peer_port) = (free_port()?, free_port()?);
-        let client_url = format!("http://127.0.0.1:{client_port}");
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let client_url = format!("{scheme}://127.0.0.1:{client_port}");
         let peer_url = format!("http://127.0.0.1:{peer_port}");
         let log_path = dir.join("etcd.log");
         let log = std::fs::File::create(&log_path)
@@ -92,7 +120,23 @@ impl LocalEtcd {
         let log_err = log
             .try_clone()
             .map_err(|e| Error::LocalEtcd(format!("{}: {e}", log_path.display())))?;
-        let child = Command::new(binary)
+        let mut command = Command::new(binary);
+        let health_port = match tls {
+            None => client_port,
+            Some(tls) => {
+                let metrics_port = free_port()?;
+                command
+                    .arg(format!("--cert-file={}", tls.cert.display()))
+                    .arg(format!("--key-file={}", tls.key.display()))
+                    .arg(format!("--trusted-ca-file={}", tls.client_ca.display()))
+                    .arg("--client-cert-auth")
+                    .arg(format!(
+                        "--listen-metrics-urls=http://127.0.0.1:{metrics_port}"
+                    ));
+                metrics_port
+            }
+        };
+        let child = command
             .arg("--name=ecdedup")
             .arg(format!("--data-dir={}", dir.join("data").display()))
             .arg(format!("--listen-client-urls={client_url}"))
@@ -108,6 +152,8 @@ impl LocalEtcd {
         let mut etcd = LocalEtcd {
             child,
             client_port,
+            health_port,
+            tls: tls.is_some(),
             dir: dir.to_path_buf(),
         };
         let deadline = Instant::now() + START_TIMEOUT;
@@ -132,9 +178,11 @@ impl LocalEtcd {
         }
     }
 
-    /// `http://127.0.0.1:<port>`: the client endpoint.
+    /// `http://127.0.0.1:<port>` (`https://` under TLS): the client
+    /// endpoint.
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
     }
 
     /// The client port.
@@ -157,7 +205,7 @@ impl LocalEtcd {
 
     /// Whether `GET /health` answers `"health":"true"`.
     pub fn healthy(&self) -> bool {
-        let address = SocketAddr::from((Ipv4Addr::LOCALHOST, self.client_port));
+        let address = SocketAddr::from((Ipv4Addr::LOCALHOST, self.health_port));
         let Ok(mut stream) = TcpStream::connect_timeout(&address, Duration::from_secs(1)) else {
             return false;
         };

@@ -8,10 +8,15 @@
 //! endpoint again and then the others, in order. One-shot requests
 //! (pool, volume and writer operations) return the error instead: the
 //! caller decides to retry, after a `reconnect`.
+//!
+//! Over TLS ([`EtcdTls`]), the files are read and checked once, at
+//! [`Etcd::connect`], before any endpoint is tried; every connection after
+//! (a reconnect) uses what was loaded then.
 
 use crate::error::{Error, Result};
 use crate::keys::Keys;
-use etcd_client::{Client, ConnectOptions};
+use crate::tls::EtcdTls;
+use etcd_client::{Client, ConnectOptions, TlsOptions};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -23,8 +28,12 @@ const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How to reach a cluster.
 #[derive(Clone, Debug)]
 pub struct EtcdConfig {
-    /// `http://host:port` URLs of the etcd members; tried in this order.
+    /// `http://host:port` (or `https://` with [`EtcdConfig::tls`]) URLs of
+    /// the etcd members; tried in this order.
     pub endpoints: Vec<String>,
+    /// TLS to etcd: a CA, and a client certificate and key (default none:
+    /// plain HTTP).
+    pub tls: EtcdTls,
     /// The cluster's name: its keys live under `/ecdedup/<cluster>/`.
     pub cluster: String,
     /// Longest wait for a TCP connection to one endpoint.
@@ -34,14 +43,21 @@ pub struct EtcdConfig {
 }
 
 impl EtcdConfig {
-    /// The defaults: 2 s to connect, 10 s per request.
+    /// The defaults: plain HTTP, 2 s to connect, 10 s per request.
     pub fn new(endpoints: Vec<String>, cluster: &str) -> EtcdConfig {
         EtcdConfig {
             endpoints,
+            tls: EtcdTls::default(),
             cluster: cluster.to_string(),
             connect_timeout: Duration::from_secs(2),
             request_timeout: Duration::from_secs(10),
         }
+    }
+
+    /// The same, over TLS as `tls` says.
+    pub fn with_tls(mut self, tls: EtcdTls) -> EtcdConfig {
+        self.tls = tls;
+        self
     }
 }
 
@@ -49,6 +65,8 @@ impl EtcdConfig {
 #[derive(Clone)]
 pub struct Etcd {
     config: Arc<EtcdConfig>,
+    /// The TLS files as loaded at connect (None: plain HTTP).
+    tls: Option<TlsOptions>,
     keys: Keys,
     current: Arc<Mutex<(usize, Client)>>,
 }
@@ -69,9 +87,11 @@ impl Etcd {
         if config.endpoints.is_empty() {
             return Err(Error::invalid("etcd endpoints", "the list is empty"));
         }
-        let (index, client) = first_live(&config, 0).await?;
+        let tls = config.tls.load(&config.endpoints)?;
+        let (index, client) = first_live(&config, tls.as_ref(), 0).await?;
         Ok(Etcd {
             config: Arc::new(config),
+            tls,
             keys,
             current: Arc::new(Mutex::new((index, client))),
         })
@@ -97,7 +117,7 @@ impl Etcd {
     /// it current for every clone of this connection.
     pub async fn reconnect(&self) -> Result<()> {
         let start = self.lock().0;
-        let found = first_live(&self.config, start).await?;
+        let found = first_live(&self.config, self.tls.as_ref(), start).await?;
         *self.lock() = found;
         Ok(())
     }
@@ -111,19 +131,26 @@ impl Etcd {
 
 /// The first endpoint from `start` (wrapping around) that answers a status
 /// request, with its index.
-async fn first_live(config: &EtcdConfig, start: usize) -> Result<(usize, Client)> {
+async fn first_live(
+    config: &EtcdConfig,
+    tls: Option<&TlsOptions>,
+    start: usize,
+) -> Result<(usize, Client)> {
     let count = config.endpoints.len();
     let mut last = String::new();
     for step in 0..count {
         let index = (start + step) % count;
         let endpoint = &config.endpoints[index];
-        let options = ConnectOptions::new()
+        let mut options = ConnectOptions::new()
             .with_connect_timeout(config.connect_timeout)
             .with_timeout(config.request_timeout)
             // HTTP/2 pings: a watch or keep-alive stream on a silently dead
             // endpoint breaks instead of waiting forever.
             .with_keep_alive(KEEP_ALIVE_INTERVAL, KEEP_ALIVE_TIMEOUT)
             .with_keep_alive_while_idle(true);
+        if let Some(tls) = tls {
+            options = options.with_tls(tls.clone());
+        }
         let attempt = async {
             let mut client = Client::connect([endpoint.as_str()], Some(options)).await?;
             client.status().await?;
@@ -131,12 +158,34 @@ async fn first_live(config: &EtcdConfig, start: usize) -> Result<(usize, Client)
         };
         match tokio::time::timeout(config.connect_timeout + config.request_timeout, attempt).await {
             Ok(Ok(client)) => return Ok((index, client)),
-            Ok(Err(e)) => last = format!("{endpoint}: {e}"),
+            Ok(Err(e)) => last = format!("{endpoint}: {}", with_causes(&e)),
             Err(_) => last = format!("{endpoint}: no answer in time"),
         }
+    }
+    if tls.is_some() && config.tls.cert.is_none() {
+        last.push_str(
+            " (no client certificate was given: an etcd started with --client-cert-auth \
+             refuses the connection; --etcd-cert and --etcd-key)",
+        );
     }
     Err(Error::NoEndpoint {
         endpoints: config.endpoints.join(", "),
         last,
     })
+}
+
+/// An error and its causes, `: `-separated (a TLS refusal is only named
+/// deep in the chain: "transport error" alone says nothing).
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let more = c.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        cause = c.source();
+    }
+    text
 }

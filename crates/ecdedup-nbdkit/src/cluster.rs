@@ -2,7 +2,7 @@
 //! (docs/cluster.md), behind one set of calls.
 
 use ecdedup_client::{ClusterOptions, ClusterVolume};
-use ecdedup_cluster::EtcdConfig;
+use ecdedup_cluster::{EtcdConfig, EtcdTls};
 use ecdedup_core::volume::Volume;
 use ecdedup_core::Result;
 use std::path::{Path, PathBuf};
@@ -11,13 +11,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// The cluster parameters (`cluster=`, `volume=`, `key=`, `cluster_name=`,
-/// `lease_ttl=`, `take_over=`, `rebuild_rate=`).
+/// `etcd_ca=`, `etcd_cert=`, `etcd_key=`, `lease_ttl=`, `take_over=`,
+/// `rebuild_rate=`).
 #[derive(Clone, Debug)]
 pub struct Params {
     endpoints: Option<String>,
     volume: Option<String>,
     key: Option<String>,
     name: Option<String>,
+    etcd_ca: Option<String>,
+    etcd_cert: Option<String>,
+    etcd_key: Option<String>,
     lease_ttl: Option<String>,
     take_over: Option<String>,
     rebuild_rate: Option<String>,
@@ -34,6 +38,9 @@ impl Params {
             volume: None,
             key: None,
             name: None,
+            etcd_ca: None,
+            etcd_cert: None,
+            etcd_key: None,
             lease_ttl: None,
             take_over: None,
             rebuild_rate: None,
@@ -45,6 +52,9 @@ impl Params {
             "cluster" => &mut self.endpoints,
             "volume" => &mut self.volume,
             "key" => &mut self.key,
+            "etcd_ca" => &mut self.etcd_ca,
+            "etcd_cert" => &mut self.etcd_cert,
+            "etcd_key" => &mut self.etcd_key,
             "lease_ttl" => &mut self.lease_ttl,
             "take_over" => &mut self.take_over,
             "rebuild_rate" => &mut self.rebuild_rate,
@@ -197,7 +207,12 @@ pub fn open(params: &Params, state: &str) -> nbdkit::Result<Served> {
         etcd: EtcdConfig::new(
             endpoints.split(',').map(str::to_owned).collect(),
             params.name.as_deref().unwrap_or("default"),
-        ),
+        )
+        .with_tls(EtcdTls {
+            ca: params.etcd_ca.as_ref().map(PathBuf::from),
+            cert: params.etcd_cert.as_ref().map(PathBuf::from),
+            key: params.etcd_key.as_ref().map(PathBuf::from),
+        }),
         pool: pool.to_owned(),
         volume: name.to_owned(),
         key: PathBuf::from(key),

@@ -76,7 +76,7 @@ impl Server for Handle {
     }
 
     fn config_help() -> Option<&'static str> {
-        Some("dir=<ARRAY_FOLDER>  (required) the array to serve (cluster mode: the state folder)\nmetrics=<HOST:PORT>  Prometheus text on this address\ncluster=<ETCD,...> volume=<POOL/NAME> key=<FILE> [cluster_name=<NAME>] [lease_ttl=<SECONDS>] [take_over=1] [rebuild_rate=<BYTES_PER_S>]  serve a cluster volume")
+        Some("dir=<ARRAY_FOLDER>  (required) the array to serve (cluster mode: the state folder)\nmetrics=<HOST:PORT>  Prometheus text on this address\ncluster=<ETCD,...> volume=<POOL/NAME> key=<FILE> [cluster_name=<NAME>] [etcd_ca=<PEM> [etcd_cert=<PEM> etcd_key=<PEM>]] [lease_ttl=<SECONDS>] [take_over=1] [rebuild_rate=<BYTES_PER_S>]  serve a cluster volume")
     }
 
     fn config(key: &str, value: &str) -> Result<()> {
@@ -85,14 +85,17 @@ impl Server for Handle {
             "metrics" => *METRICS.lock().unwrap() = Some(value.to_owned()),
             "trace" => *TRACE.lock().unwrap() = Some(value.to_owned()),
             "fingerprint_backend" => *FINGERPRINT_BACKEND.lock().unwrap() = Some(value.to_owned()),
-            "cluster" | "volume" | "key" | "cluster_name" | "lease_ttl" | "take_over"
-            | "rebuild_rate" => CLUSTER.lock().unwrap().set(key, value),
+            "cluster" | "volume" | "key" | "cluster_name" | "etcd_ca" | "etcd_cert"
+            | "etcd_key" | "lease_ttl" | "take_over" | "rebuild_rate" => {
+                CLUSTER.lock().unwrap().set(key, value)
+            }
             _ => {
                 return Err(Error::new(
                     libc::EINVAL,
                     format!(
                         "unknown parameter {key:?} (dir=, metrics=, trace=, fingerprint_backend=, \
-                         cluster=, volume=, key=, cluster_name=, lease_ttl=)"
+                         cluster=, volume=, key=, cluster_name=, etcd_ca=, etcd_cert=, etcd_key=, \
+                         lease_ttl=, take_over=, rebuild_rate=)"
                     ),
                 ))
             }

@@ -149,6 +149,8 @@ enum Command {
         /// The cluster's name (its etcd keys live under /ecdedup/NAME/).
         #[arg(long, default_value = "default")]
         cluster_name: String,
+        #[command(flatten)]
+        etcd_tls: crate::cluster_cli::EtcdTlsArgs,
         /// The cluster volume, POOL/NAME.
         #[arg(long, requires = "cluster")]
         volume: Option<String>,
@@ -1106,6 +1108,7 @@ fn run(cli: Cli) -> Result<()> {
             fingerprint_backend,
             cluster,
             cluster_name,
+            etcd_tls,
             volume,
             key,
             lease_ttl,
@@ -1128,6 +1131,7 @@ fn run(cli: Cli) -> Result<()> {
                     ServeTarget::Cluster {
                         endpoints,
                         name: cluster_name,
+                        tls: etcd_tls.tls(),
                         volume,
                         key,
                         lease_ttl,
@@ -1550,11 +1554,14 @@ fn check_servable(dir: &Path) -> Result<()> {
 
 /// What `serve` serves: the array in --dir, or a cluster volume (--dir
 /// then holds the client's state).
+// One per process: the size of `Array` does not matter.
+#[allow(clippy::large_enum_variant)]
 enum ServeTarget {
     Array,
     Cluster {
         endpoints: String,
         name: String,
+        tls: ecdedup_cluster::EtcdTls,
         volume: String,
         key: PathBuf,
         lease_ttl: Option<u64>,
@@ -1614,6 +1621,7 @@ fn serve_nbdkit(
     if let ServeTarget::Cluster {
         endpoints,
         name,
+        tls,
         volume,
         key,
         lease_ttl,
@@ -1627,6 +1635,23 @@ fn serve_nbdkit(
             .arg(format!("cluster_name={name}"))
             .arg(format!("volume={volume}"))
             .arg(format!("key={}", key.display()));
+        // The plugin's etcd_ca=, etcd_cert=, etcd_key= (absolute: nbdkit
+        // may change directory).
+        for (param, path) in [
+            ("etcd_ca", tls.ca),
+            ("etcd_cert", tls.cert),
+            ("etcd_key", tls.key),
+        ] {
+            if let Some(path) = path {
+                let path = std::fs::canonicalize(&path).map_err(|e| {
+                    Error::io(
+                        format!("--{} {}", param.replace('_', "-"), path.display()),
+                        e,
+                    )
+                })?;
+                cmd.arg(format!("{param}={}", path.display()));
+            }
+        }
         if let Some(ttl) = lease_ttl {
             cmd.arg(format!("lease_ttl={ttl}"));
         }

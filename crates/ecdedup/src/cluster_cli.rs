@@ -10,17 +10,35 @@ use crate::error::{Error, Result};
 use crate::units::{format_size, parse_size};
 use clap::{Args, Subcommand};
 use ecdedup_cluster::keys::{DedupPolicy, FailureDomain, PoolSpec, WritePolicy};
-use ecdedup_cluster::{Etcd, EtcdConfig, ServerId};
+use ecdedup_cluster::{Etcd, EtcdConfig, EtcdTls, ServerId};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// Makes a peer that closed its socket an error value, not the end of
+/// this process. `main` lets SIGPIPE end a command (for a closed
+/// stdout), but the etcd client writes its sockets with writev (h2 over
+/// rustls), which raises SIGPIPE when etcd closes the connection, as it
+/// does when it refuses a client without a certificate: the command died
+/// silently. A command that talks to etcd or chunk servers ignores it
+/// instead (a closed stdout is then an error "Broken pipe").
+pub fn ignore_sigpipe() {
+    // SAFETY: signal(2) only changes this process's disposition of one
+    // signal; it is called before the command's runtime starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
+}
+
 fn cluster_error(e: ecdedup_cluster::Error) -> Error {
     Error::Other(e.to_string())
 }
 
+/// The runtime of a command that talks to etcd or chunk servers, with
+/// SIGPIPE ignored first ([`ignore_sigpipe`]).
 fn runtime() -> Result<tokio::runtime::Runtime> {
+    ignore_sigpipe();
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -28,19 +46,49 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
         .map_err(|e| Error::io("starting the tokio runtime", e))
 }
 
+/// How a command reaches etcd: the endpoints, the cluster's name and TLS
+/// (every command that talks to etcd flattens this one struct).
 #[derive(Args)]
 pub struct EtcdArgs {
-    /// etcd endpoints (comma-separated), tried in this order.
+    /// etcd endpoints (comma-separated), tried in this order
+    /// (https://... with --etcd-ca).
     #[arg(long, value_delimiter = ',', default_value = "http://127.0.0.1:2379")]
     pub etcd: Vec<String>,
     /// The cluster's name: its keys live under /ecdedup/<cluster>/.
     #[arg(long, default_value = "default")]
     pub cluster: String,
+    #[command(flatten)]
+    pub tls: EtcdTlsArgs,
+}
+
+/// TLS to etcd (docs/cluster.md, "Security").
+#[derive(Args, Clone, Default)]
+pub struct EtcdTlsArgs {
+    /// CA file (PEM) that etcd's server certificate is verified against;
+    /// needed by https:// endpoints.
+    #[arg(long)]
+    pub etcd_ca: Option<PathBuf>,
+    /// Client certificate (PEM) presented to etcd (--client-cert-auth).
+    #[arg(long, requires = "etcd_key")]
+    pub etcd_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(long, requires = "etcd_cert")]
+    pub etcd_key: Option<PathBuf>,
+}
+
+impl EtcdTlsArgs {
+    pub fn tls(&self) -> EtcdTls {
+        EtcdTls {
+            ca: self.etcd_ca.clone(),
+            cert: self.etcd_cert.clone(),
+            key: self.etcd_key.clone(),
+        }
+    }
 }
 
 impl EtcdArgs {
-    fn config(&self) -> EtcdConfig {
-        EtcdConfig::new(self.etcd.clone(), &self.cluster)
+    pub fn config(&self) -> EtcdConfig {
+        EtcdConfig::new(self.etcd.clone(), &self.cluster).with_tls(self.tls.tls())
     }
 }
 

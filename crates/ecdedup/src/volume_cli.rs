@@ -9,12 +9,8 @@ use clap::{Args, Subcommand};
 
 #[derive(Args)]
 pub struct VolumeArgs {
-    /// etcd endpoints (comma-separated), tried in this order.
-    #[arg(long, value_delimiter = ',', default_value = "http://127.0.0.1:2379")]
-    etcd: Vec<String>,
-    /// The cluster's name: its keys live under /ecdedup/<cluster>/.
-    #[arg(long, default_value = "default")]
-    cluster: String,
+    #[command(flatten)]
+    etcd: crate::cluster_cli::EtcdArgs,
     #[command(subcommand)]
     command: VolumeCommand,
 }
@@ -66,6 +62,7 @@ fn cluster_error(e: ecdedup_cluster::Error) -> Error {
 
 /// Runs one volume command; what it prints goes to `out`.
 pub fn run(args: VolumeArgs, out: &mut dyn std::io::Write) -> Result<()> {
+    crate::cluster_cli::ignore_sigpipe();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -93,8 +90,7 @@ fn check(command: &VolumeCommand) -> Result<()> {
 /// Runs one volume command against etcd; returns what it prints.
 async fn execute(args: VolumeArgs) -> Result<String> {
     check(&args.command)?;
-    let config = ecdedup_cluster::EtcdConfig::new(args.etcd, &args.cluster);
-    let etcd = ecdedup_cluster::Etcd::connect(config)
+    let etcd = ecdedup_cluster::Etcd::connect(args.etcd.config())
         .await
         .map_err(cluster_error)?;
     let text = match args.command {

@@ -29,6 +29,7 @@ mod archive_volumes;
 mod bad_input;
 mod bad_input_dedup;
 mod cluster;
+mod cluster_tls;
 mod config_file;
 mod copy;
 mod corruption;

@@ -1,0 +1,258 @@
+//! etcd over TLS with client certificates, as docs/cluster.md's
+//! multi-host deployment runs it: a CA, etcd's certificate and a client
+//! certificate made with `openssl`, Debian's etcd started with
+//! `--client-cert-auth` on loopback, and the commands given
+//! `--etcd-ca/--etcd-cert/--etcd-key`: chunk servers register, a pool and
+//! a volume are made and listed, and `serve --cluster` serves the volume
+//! (its nbdkit plugin reaching etcd with the same files). Without the client certificate, without
+//! a CA, or with a file that is not PEM, a command fails in bounded time
+//! with an error that says why.
+
+use crate::support;
+
+use ecdedup_cluster::{Etcd, EtcdConfig, EtcdTls, LocalEtcd, ServerTls};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+use support::*;
+
+/// A command refused by etcd or by its own checks ends well within this.
+const REFUSAL_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Runs `openssl` in `dir` with `args` (split at spaces: no value holds
+/// one).
+fn openssl(dir: &Path, args: &str) {
+    run_ok(
+        Command::new("openssl")
+            .current_dir(dir)
+            .args(args.split(' ')),
+        CLI_TIMEOUT,
+    );
+}
+
+/// openssl's arguments for a new P-256 key in `key`.
+fn new_key(key: &str) -> String {
+    format!("-newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout {key}")
+}
+
+/// A P-256 key and a certificate for `name` signed by the CA in `dir`
+/// (`ca.pem`, `ca.key`), with `san` as its subjectAltName.
+fn signed(dir: &Path, name: &str, san: &str) {
+    std::fs::write(
+        dir.join(format!("{name}.ext")),
+        format!("subjectAltName={san}\n"),
+    )
+    .unwrap();
+    let key = new_key(&format!("{name}.key"));
+    openssl(dir, &format!("req {key} -out {name}.csr -subj /CN={name}"));
+    openssl(
+        dir,
+        &format!(
+            "x509 -req -in {name}.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 \
+             -extfile {name}.ext -out {name}.pem"
+        ),
+    );
+}
+
+/// A CA, etcd's certificate (for 127.0.0.1) and a client certificate.
+fn certificates(dir: &Path) {
+    let key = new_key("ca.key");
+    openssl(
+        dir,
+        &format!("req -x509 {key} -out ca.pem -days 2 -subj /CN=ecdedup-test-CA"),
+    );
+    signed(dir, "etcd", "IP:127.0.0.1");
+    signed(dir, "client", "DNS:ecdedup-client");
+}
+
+fn tls_args(dir: &Path, with_cert: bool) -> Vec<String> {
+    let path = |f: &str| dir.join(f).display().to_string();
+    let mut args = vec!["--etcd-ca".into(), path("ca.pem")];
+    if with_cert {
+        args.extend(["--etcd-cert".into(), path("client.pem")]);
+        args.extend(["--etcd-key".into(), path("client.key")]);
+    }
+    args
+}
+
+fn ecdedup(args: &[String], timeout: Duration) -> Out {
+    let started = Instant::now();
+    let out = run(Command::new(ecdedup_bin()).args(args), timeout);
+    eprintln!("ecdedup {args:?}: {:?}", started.elapsed());
+    out
+}
+
+fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|a| a.to_string()).collect()
+}
+
+#[test]
+fn commands_and_chunk_servers_reach_etcd_over_tls_only_with_a_client_certificate() {
+    require_tool("etcd");
+    require_tool("openssl");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    certificates(dir);
+    let etcd = LocalEtcd::start_tls(
+        &dir.join("etcd"),
+        &ServerTls {
+            cert: dir.join("etcd.pem"),
+            key: dir.join("etcd.key"),
+            client_ca: dir.join("ca.pem"),
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let endpoint = etcd.endpoint();
+    assert!(endpoint.starts_with("https://"), "{endpoint}");
+    let etcd_args = |with_cert: bool| -> Vec<String> {
+        let mut a = strings(&["--etcd", &endpoint, "--cluster", "tls"]);
+        a.extend(tls_args(dir, with_cert));
+        a
+    };
+
+    // Two chunk servers register over TLS.
+    let key = dir.join("cluster.key");
+    ecdedup_transport::ClusterKey::generate()
+        .write_new(&key)
+        .unwrap();
+    let _servers: Vec<Background> = (1..=2)
+        .map(|id| {
+            let data = dir.join(format!("server{id}"));
+            std::fs::create_dir_all(&data).unwrap();
+            let mut args = strings(&["chunkd"]);
+            args.extend(etcd_args(true));
+            args.extend(strings(&[
+                "--id",
+                &id.to_string(),
+                "--listen",
+                "127.0.0.1:0",
+                "--host",
+                &format!("host{id}"),
+                "--key",
+                key.to_str().unwrap(),
+                "--data",
+                data.to_str().unwrap(),
+                "--io",
+                "buffered",
+            ]));
+            Background::spawn(Command::new(ecdedup_bin()).args(&args))
+        })
+        .collect();
+    let config = EtcdConfig::new(vec![endpoint.clone()], "tls").with_tls(EtcdTls {
+        ca: Some(dir.join("ca.pem")),
+        cert: Some(dir.join("client.pem")),
+        key: Some(dir.join("client.key")),
+    });
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let etcd = Etcd::connect(config).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let live = ecdedup_cluster::list_servers(&etcd).await.unwrap();
+            if live.len() == 2 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the chunk servers did not register over TLS within 120 s ({} did)",
+                live.len()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+
+    // A pool and a volume, made and listed with the client certificate.
+    let mut create_pool = strings(&["pool"]);
+    create_pool.extend(etcd_args(true));
+    create_pool.extend(strings(&[
+        "create",
+        "p",
+        "--policy",
+        "replicate",
+        "--copies",
+        "2",
+        "--pgs",
+        "1",
+        "--failure-domain",
+        "device",
+    ]));
+    ecdedup(&create_pool, CLI_TIMEOUT).ok();
+    let volume = |with_cert: bool, command: &[&str]| {
+        let mut a = strings(&["volume"]);
+        a.extend(etcd_args(with_cert));
+        a.extend(strings(command));
+        ecdedup(&a, REFUSAL_TIMEOUT)
+    };
+    volume(true, &["create", "p/v", "--size", "1G"]).ok();
+    let listed = volume(true, &["ls", "p"]).ok();
+    assert!(listed.stdout.contains("v\tid 1"), "{listed}");
+
+    // `serve --cluster` hands the TLS files to its nbdkit plugin, which
+    // takes the volume over and serves it.
+    let mut serve = strings(&[
+        "--cluster",
+        &endpoint,
+        "--cluster-name",
+        "tls",
+        "--volume",
+        "p/v",
+        "--key",
+        key.to_str().unwrap(),
+    ]);
+    serve.extend(tls_args(dir, true));
+    let serve: Vec<&str> = serve.iter().map(String::as_str).collect();
+    let server = Server::start(
+        &dir.join("serve"),
+        &dir.join("serve.sock"),
+        &dir.join("serve.log"),
+        &serve,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let size = run_ok(
+        Command::new("nbdinfo").arg("--size").arg(server.uri()),
+        CLI_TIMEOUT,
+    );
+    assert_eq!(size.stdout.trim(), (1u64 << 30).to_string(), "{size}");
+    server.stop();
+
+    // Without the client certificate, etcd refuses the connection.
+    let refused = volume(false, &["ls", "p"]);
+    assert!(!refused.success(), "{refused}");
+    assert!(
+        refused.stderr.contains("no client certificate was given"),
+        "{refused}"
+    );
+
+    // https:// without a CA, and a key file that is no PEM key, are
+    // refused before any connection, naming the option or the file.
+    let no_ca = ecdedup(
+        &strings(&["volume", "--etcd", &endpoint, "ls", "p"]),
+        REFUSAL_TIMEOUT,
+    );
+    assert!(
+        !no_ca.success() && no_ca.stderr.contains("--etcd-ca"),
+        "{no_ca}"
+    );
+    let mut bad_key = strings(&["volume", "--etcd", &endpoint]);
+    let ca: PathBuf = dir.join("ca.pem");
+    bad_key.extend(strings(&[
+        "--etcd-ca",
+        ca.to_str().unwrap(),
+        "--etcd-cert",
+        dir.join("client.pem").to_str().unwrap(),
+        "--etcd-key",
+        ca.to_str().unwrap(),
+        "ls",
+        "p",
+    ]));
+    let bad_key = ecdedup(&bad_key, REFUSAL_TIMEOUT);
+    assert!(
+        !bad_key.success()
+            && bad_key.stderr.contains(ca.to_str().unwrap())
+            && bad_key.stderr.contains("no PEM private key"),
+        "{bad_key}"
+    );
+}
