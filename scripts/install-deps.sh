@@ -22,6 +22,7 @@ PKGS=(
   libprotobuf-dev      # google/protobuf/*.proto, the well-known types etcd's protos import (protoc needs them)
   iproute2             # ip netns, veth, bridge: scripts/cluster-faults.sh
   nftables             # nft: scripts/cluster-faults.sh's partitions and packet loss
+  openssl              # tests/cluster_tls.rs makes a CA and certificates for etcd over TLS
 )
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
