@@ -397,9 +397,6 @@ fn a_re_add_that_fails_part_way_leaves_every_block_readable() {
 /// seeds 322, 1603 and others). It reads as an I/O error now, also after
 /// the next open, and reads right again once rewritten.
 #[test]
-#[ignore = "open: the resync rule this tests (branch simlog) was taken out, since it also \
-            marked rows a degraded write completed on before a kill -9 (fio_policies' kill -9 \
-            tests read I/O errors); docs/write-hole.md"]
 fn a_decode_from_k_members_that_mix_a_write_in_flight_is_an_error_not_wrong_data() {
     let mut rig = Rig::filled_rs42();
     let stripe = 1;
