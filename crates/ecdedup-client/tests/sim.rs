@@ -1793,7 +1793,7 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     // regression seeds (`REGRESSION_SHARED_SEEDS`).
     (
         2461,
-        "plog beside rmw: unflushed and flushed blocks read wrong at the last takeover; since branch torn's rule, rmw blocks fail to read after the takeover beyond the double fault (I/O errors, no wrong data)",
+        "plog beside rmw: unflushed and flushed blocks read wrong at the last takeover; on bbadc5c, with branch torn's rule and without it, rmw blocks fail to read after the takeover beyond the double fault (I/O errors, no wrong data)",
     ), // Found by the 40,000-seed run of the merge (dc3b9b9) on the lent
     // 16-core machine, 2026-11-26 16:55 UTC (docs/benchmarks.md): 22 of
     // 39,999 failed, 20 reading a block wrong (every policy pair, after a
@@ -2311,8 +2311,8 @@ const REGRESSION_SEEDS: &[u64] = &[127, 144, 551, 910, 1079, 1253, 1460, 1921, 3
 ///   fixed again by branch torn: the rule counts only members lost since
 ///   the stop (docs/write-hole.md).
 /// - 19649: found by the 40,000-seed run of the merge (a block read
-///   wrong after a takeover), passes on branch torn (12 of 12 replays;
-///   not narrowed).
+///   wrong after a takeover), passes on bbadc5c with branch torn's rule
+///   (12 of 12 replays) and without it (3 of 3): not narrowed.
 const REGRESSION_SHARED_SEEDS: &[u64] = &[
     1, 29, 65, 110, 119, 316, 322, 359, 453, 728, 767, 789, 970, 971, 990, 1116, 1157, 1169, 1220,
     1221, 1603, 1653, 1712, 2111, 2885, 3029, 3190, 3582, 3586, 3658, 3671, 3790, 3911, 4012, 4129,
