@@ -519,12 +519,19 @@ impl super::Array {
     /// parity is recomputed from the surviving data and those values, so
     /// the missing units decode to them. Returns whether every row with a
     /// missing data unit was covered (the stripe is consistent).
-    pub(super) fn resync_from_degraded_log(&self, stripe: u64, units: &[Option<Vec<u8>>]) -> bool {
+    /// `torn`: per row, whether a write in flight at the stop may have torn
+    /// it unlogged ([`Array::rows_torn_unlogged`]).
+    pub(super) fn resync_from_degraded_log(
+        &self,
+        stripe: u64,
+        units: &[Option<Vec<u8>>],
+        torn: &[bool],
+    ) -> bool {
         let g = &self.geo;
         let missing = self.missing_data_roles(stripe);
         let uncovered_rows = |rows: std::ops::Range<u64>| {
             for row in rows {
-                self.note_missing_from_codeword(stripe, row, units);
+                self.note_missing_from_codeword(stripe, row, units, torn[row as usize]);
             }
         };
         let Some(log) = &self.degraded_log else {
@@ -646,6 +653,7 @@ impl super::Array {
         stripe: u64,
         row: u64,
         units: &[Option<Vec<u8>>],
+        torn: bool,
     ) {
         let g = &self.geo;
         let block = g.block() as usize;
@@ -663,7 +671,7 @@ impl super::Array {
             })
             .collect();
         if have == g.k() {
-            self.mark_row_undecodable(stripe, row, &read, &present);
+            self.mark_row_undecodable(stripe, row, &read, &present, torn);
             return;
         }
         let no_sums = vec![None; g.width()];
@@ -747,27 +755,38 @@ impl super::Array {
     ///   them, decoded the row from exactly k members unchecked and served
     ///   the guess (cluster simulator seed 1653: a block neither its old
     ///   nor its new bytes after a rebuild wrote parity from that decode);
-    ///
-    /// A row where a member left changed since the last flush is not
-    /// marked on that alone (branch simlog marked it unless the known
-    /// entries vouched: seeds 322, 1603, 1169): after a kill -9 with m
-    /// members out, a degraded write that completed on every member left
-    /// changes the row the same way, and marking it made blocks the fio
-    /// policy tests wrote read as I/O errors. Telling the two apart is
-    /// open (docs/write-hole.md).
+    /// - or the row may be `torn` by a write in flight at the stop that
+    ///   nothing logged ([`Array::rows_torn_unlogged`]: a missing member
+    ///   was in service then, and a member left changed since the last
+    ///   flush) and the missing members' entries are not all known and
+    ///   vouching: the k members left may mix the write's old and new
+    ///   units, which decode to neither (cluster simulator seeds 322, 767,
+    ///   4863: a power cut of every server, two members not reached at the
+    ///   next open, their tables with them, and the guess served
+    ///   unchecked).
     ///
     /// `read`: the row's blocks, `present`: the members left.
-    fn mark_row_undecodable(&self, stripe: u64, row: u64, read: &[Vec<u8>], present: &[bool]) {
+    fn mark_row_undecodable(
+        &self,
+        stripe: u64,
+        row: u64,
+        read: &[Vec<u8>],
+        present: &[bool],
+        torn: bool,
+    ) {
         let g = &self.geo;
         let mut expected = vec![None; g.width()];
+        let mut known_all = true;
         for role in (0..g.k()).filter(|&r| !present[r]) {
             let place = g.place(stripe, role);
             expected[role] =
                 self.expected_crc(place.device, stripe, g.checksum_index(place.row, row));
+            known_all &= expected[role].is_some();
         }
-        if expected.iter().all(Option::is_none)
-            || self.try_decode(read, present, present, &expected).is_some()
-        {
+        let decode = self.try_decode(read, present, present, &expected);
+        let refused = expected.iter().any(Option::is_some) && decode.is_none();
+        let vouched = known_all && matches!(decode, Some((_, true)));
+        if !refused && (!torn || vouched) {
             return;
         }
         for role in (g.k()..g.width()).filter(|&r| present[r]) {
@@ -777,11 +796,15 @@ impl super::Array {
         }
         self.warn(format!(
             "stripe {stripe} block row {row}: the {} members left cannot vouch for its missing \
-             data (they decode it to values its recorded checksums refuse; an unclean stop, \
-             then members lost before resync: docs/write-hole.md, \"The double fault\"); its \
-             parity there is marked unreadable, and the missing blocks read as I/O errors until \
-             rewritten",
-            g.k()
+             data ({}; an unclean stop, then members lost before resync: docs/write-hole.md, \
+             \"The double fault\"); its parity there is marked unreadable, and the missing \
+             blocks read as I/O errors until rewritten",
+            g.k(),
+            if refused {
+                "they decode it to values its recorded checksums refuse"
+            } else {
+                "a write was in flight there at the stop, and nothing logged it"
+            }
         ));
     }
 

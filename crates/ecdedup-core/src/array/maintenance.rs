@@ -173,6 +173,9 @@ impl Array {
                 self.record_checksums(stripe, role, u.as_deref().unwrap());
             }
         } else {
+            // Before the entries follow the content: the rows a write in
+            // flight at the stop may have torn with no log of it.
+            let torn = self.rows_torn_unlogged(stripe, &units);
             for (role, u) in units.iter().enumerate() {
                 if let Some(u) = u {
                     self.record_checksums(stripe, role, u);
@@ -180,7 +183,7 @@ impl Array {
             }
             // A degraded stripe: the degraded-write log says what its
             // missing data units must decode to.
-            complete = self.resync_from_degraded_log(stripe, &units);
+            complete = self.resync_from_degraded_log(stripe, &units, &torn);
         }
         if drop_records {
             if let Err(e) = self.journal_invalidate(stripe, 0, g.blocks_per_unit()) {
@@ -200,6 +203,50 @@ impl Array {
                 "stripe {stripe}: replaying its journal while degraded: {e}"
             ));
         }
+    }
+
+    /// Per block row of a degraded stripe read for a resync (`units`, as
+    /// on the devices): whether a write in flight at the stop may have
+    /// reached some members left and not others, with nothing logged that
+    /// says what the missing data units held. That takes both
+    /// - a missing data member that was in service at the stop (not
+    ///   recorded failed before this open: lost at this open, as a server
+    ///   not reached after a power cut of every server), or no
+    ///   degraded-write log: a write to a stripe whose missing members
+    ///   were all out already was a degraded write, its values logged and
+    ///   synced before any device write, and the log's records end only
+    ///   once a checkpoint synced every device, so a row the log does not
+    ///   cover had no write in flight there; and
+    /// - a member left whose block does not match its checksum entry,
+    ///   which describes the block as of the last flush (table pages are
+    ///   written at flushes, and a FUA write's with its blocks): a write
+    ///   reached it since.
+    ///
+    /// Branch simlog took the second alone, and after a kill -9 with m
+    /// members out it marked rows a degraded write had completed on
+    /// (`fio_policies.rs`, the model proptest): those members were
+    /// recorded failed before the open, so they no longer count.
+    fn rows_torn_unlogged(&self, stripe: u64, units: &[Option<Vec<u8>>]) -> Vec<bool> {
+        let g = &self.geo;
+        let block = g.block() as usize;
+        let lost_in_service = self.degraded_log.is_none()
+            || (0..g.k()).any(|role| {
+                let d = g.place(stripe, role).device;
+                !self.holds(d, stripe) && !self.failed_before_open[d]
+            });
+        (0..g.blocks_per_unit())
+            .map(|row| {
+                let at = row as usize * block;
+                lost_in_service
+                    && units.iter().enumerate().any(|(role, u)| {
+                        let place = g.place(stripe, role);
+                        u.as_ref().is_some_and(|u| {
+                            !self.stores[place.device]
+                                .block_matches(g.checksum_index(place.row, row), &u[at..at + block])
+                        })
+                    })
+            })
+            .collect()
     }
 
     /// Records the checksums of a unit's content after a resync. Entries

@@ -456,6 +456,13 @@ pub struct Array {
     /// Values of missing data units logged before degraded writes (closes
     /// the degraded write hole); None where it could not be opened.
     degraded_log: Option<degraded_log::DegradedLog>,
+    /// Per position: the newest superblock already recorded the member as
+    /// failed when this open began, so every write that reached its
+    /// stripes while it was out was a degraded write, logged before it
+    /// touched a device. A member missing now but not so recorded was in
+    /// service at the stop, and a write in flight then was logged nowhere
+    /// (`rows_torn_unlogged`, docs/write-hole.md "The double fault").
+    failed_before_open: Vec<bool>,
     replay_wanted: std::sync::atomic::AtomicBool,
     /// Device failures latched in RAM, and how many of them the superblocks
     /// record durably: a flush returns only once they are equal, so no
@@ -1437,6 +1444,11 @@ impl Array {
             operation: Mutex::new(None),
             warnings: Mutex::new(warnings),
             degraded_log,
+            failed_before_open: newest
+                .states
+                .iter()
+                .map(|s| *s == MemberState::Failed)
+                .collect(),
             backend,
             backend_why,
             write_policy: cfg_write_policy,
