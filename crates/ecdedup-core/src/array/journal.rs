@@ -727,6 +727,43 @@ impl ParityJournal {
         self.file.read_at(buf, offset)
     }
 
+    /// Reads several blocks, each `(file offset, buffer)`: where the file
+    /// lies in a device's metadata area, as one batch of device reads (one
+    /// io_uring submission, or one round trip to a remote chunk, instead of
+    /// one per block: a replay reads every record of a stripe); a file of
+    /// its own, one `read_at` each. The first error is returned.
+    pub fn read_blocks(&self, reads: &mut [(u64, &mut [u8])]) -> std::io::Result<()> {
+        if self.faults.fail_reads.load(Relaxed) {
+            return Err(std::io::Error::from_raw_os_error(libc::EIO));
+        }
+        let mut placed = Vec::with_capacity(reads.len());
+        for (at, buf) in reads.iter() {
+            match self.file.place_read(*at, buf.len() as u64) {
+                Some(p) => placed.push(p?),
+                None => {
+                    for (at, buf) in reads.iter_mut() {
+                        self.file.read_at(buf, *at)?;
+                    }
+                    return Ok(());
+                }
+            }
+        }
+        let mut ios = Vec::new();
+        for ((_, buf), p) in reads.iter_mut().zip(&placed) {
+            let mut rest: &mut [u8] = buf;
+            for &(offset, n) in &p.runs {
+                let (head, tail) = std::mem::take(&mut rest).split_at_mut(n);
+                ios.push(DeviceIo {
+                    dev: p.dev.as_ref(),
+                    op: crate::media::Op::Read { buf: head, offset },
+                });
+                rest = tail;
+            }
+        }
+        let (results, _) = crate::media::submit(&mut ios);
+        results.into_iter().collect()
+    }
+
     pub fn bytes(&self) -> u64 {
         self.end
     }

@@ -45,6 +45,10 @@ pub const JOURNAL_BYTES_MIN: u64 = JOURNAL_RESERVE_BYTES + 2 * (32 + 4096);
 /// A journal is replayed when it passes `bound / REPLAY_AT_FRACTION_OF_BOUND`.
 pub const REPLAY_AT_FRACTION_OF_BOUND: u64 = 2;
 
+/// Journal blocks a replay reads in one batch (1 MiB of 4 KiB blocks):
+/// the bound on what a stripe's replay holds in RAM besides its rows.
+const REPLAY_READ_BATCH: usize = 256;
+
 /// After a replay, a journal still holding entries is compacted once it
 /// passes `bound / COMPACT_AT_FRACTION_OF_BOUND` and is more than half dead.
 pub const COMPACT_AT_FRACTION_OF_BOUND: u64 = 4;
@@ -591,15 +595,53 @@ impl Array {
         let mut a = vec![0u8; block];
         let mut b = vec![0u8; block];
         let mut scratch = vec![vec![0u8; block]; g.m()];
-        for ((role, row), entry) in &log {
-            let acc = rows.entry(*row).or_insert_with(|| vec![0u8; block]);
-            let read_block = |at: u64, buf: &mut [u8]| match store.journal_read_block(at, buf) {
-                Some(r) => r.map_err(journal_io),
+        // The journal blocks the loop below reads, in its order, fetched
+        // REPLAY_READ_BATCH at a time in one batch each (one round trip to
+        // a remote chunk, not one per block).
+        let wanted: Vec<u64> = log
+            .values()
+            .flat_map(|e| match (e.original, e.latest) {
+                (Some(o), Some(l)) => vec![o, l],
+                (None, None) => e.deltas.clone(),
+                _ => Vec::new(),
+            })
+            .collect();
+        let mut loaded: std::collections::HashMap<u64, Vec<u8>> = Default::default();
+        let mut fetched = 0usize;
+        let mut read_block = |at: u64, buf: &mut [u8]| -> Result<()> {
+            if !loaded.contains_key(&at) {
+                let window = &wanted[fetched..(fetched + REPLAY_READ_BATCH).min(wanted.len())];
+                fetched += window.len();
+                let mut bufs: Vec<Vec<u8>> = window.iter().map(|_| vec![0u8; block]).collect();
+                let mut reads: Vec<(u64, &mut [u8])> = window
+                    .iter()
+                    .zip(bufs.iter_mut())
+                    .map(|(&o, b)| (o, b.as_mut_slice()))
+                    .collect();
+                match store.journal_read_blocks(&mut reads) {
+                    Some(r) => r.map_err(journal_io)?,
+                    None => {
+                        return Err(Error::io(
+                            format!("the parity journal of device {p}"),
+                            std::io::Error::other("closed during replay"),
+                        ))
+                    }
+                }
+                loaded = window.iter().copied().zip(bufs).collect();
+            }
+            match loaded.get(&at) {
+                Some(b) => {
+                    buf.copy_from_slice(b);
+                    Ok(())
+                }
                 None => Err(Error::io(
                     format!("the parity journal of device {p}"),
-                    std::io::Error::other("closed during replay"),
+                    std::io::Error::other(format!("block at {at} read out of order in replay")),
                 )),
-            };
+            }
+        };
+        for ((role, row), entry) in &log {
+            let acc = rows.entry(*row).or_insert_with(|| vec![0u8; block]);
             match (entry.original, entry.latest) {
                 (Some(o), Some(l)) => {
                     read_block(o, &mut a)?;

@@ -478,13 +478,12 @@ impl ChunkStore {
         self.journal.lock().unwrap().as_ref()?.stripe_log(stripe)
     }
 
-    /// Reads a logged block at journal offset `at`; None without a journal.
-    pub(super) fn journal_read_block(
+    /// [`journal::ParityJournal::read_blocks`]; None without a journal.
+    pub(super) fn journal_read_blocks(
         &self,
-        at: u64,
-        buf: &mut [u8],
+        reads: &mut [(u64, &mut [u8])],
     ) -> Option<std::io::Result<()>> {
-        Some(self.journal.lock().unwrap().as_ref()?.read_block(at, buf))
+        Some(self.journal.lock().unwrap().as_ref()?.read_blocks(reads))
     }
 
     /// (bytes past the header, logged blocks, index RAM bytes).

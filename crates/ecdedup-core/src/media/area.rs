@@ -50,7 +50,7 @@
 //!   with the next commit ([`AreaFs::commit`], which `sync_dir` and file
 //!   syncs call), as a real folder's entries do with its fsync.
 
-use super::storage::{PlacedWrite, RingFile, StorageFile};
+use super::storage::{PlacedRead, PlacedWrite, RingFile, StorageFile};
 use super::Device;
 use std::collections::BTreeMap;
 use std::io;
@@ -782,22 +782,37 @@ struct AreaFile {
     node: Arc<Mutex<Node>>,
 }
 
-impl StorageFile for AreaFile {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+impl AreaFile {
+    /// Where `[offset, offset + len)` of the file lies on the device; an
+    /// error past the file's end.
+    fn read_runs(&self, offset: u64, len: u64) -> io::Result<Vec<(u64, usize)>> {
         let node = self.node.lock().unwrap();
-        let end = offset.checked_add(buf.len() as u64);
+        let end = offset.checked_add(len);
         if end.is_none_or(|end| end > node.len) {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
                 format!("read past the end of {}", self.describe()),
             ));
         }
+        Ok(self.fs.runs(&node, offset, len))
+    }
+}
+
+impl StorageFile for AreaFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         let mut done = 0usize;
-        for (at, n) in self.fs.runs(&node, offset, buf.len() as u64) {
+        for (at, n) in self.read_runs(offset, buf.len() as u64)? {
             self.fs.dev.read_at(&mut buf[done..done + n], at)?;
             done += n;
         }
         Ok(())
+    }
+
+    fn place_read(&self, offset: u64, len: u64) -> Option<io::Result<PlacedRead>> {
+        Some(self.read_runs(offset, len).map(|runs| PlacedRead {
+            dev: Arc::clone(&self.fs.dev),
+            runs,
+        }))
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {

@@ -92,6 +92,15 @@ pub trait StorageFile: Send + Sync {
     fn placed_written(&self, end: u64) {
         let _ = end;
     }
+    /// For a file inside a device's metadata area: where its bytes
+    /// `[offset, offset + len)` lie on the device, so that a batch can read
+    /// them beside other reads (one round trip to a remote chunk for many
+    /// blocks); an error past the file's end, as [`StorageFile::read_at`]
+    /// gives. None (the default): read through `read_at`.
+    fn place_read(&self, offset: u64, len: u64) -> Option<io::Result<PlacedRead>> {
+        let _ = (offset, len);
+        None
+    }
     /// Where this file lives, for messages.
     fn describe(&self) -> String;
 }
@@ -105,6 +114,13 @@ pub struct PlacedWrite {
     /// written after the runs (before them, a killed process's open would
     /// find zeroes at the end and cut them as a torn tail).
     pub hint: Option<(u64, [u8; 32])>,
+}
+
+/// Where a file's bytes lie on a device ([`StorageFile::place_read`]).
+pub struct PlacedRead {
+    pub dev: Arc<dyn super::Device>,
+    /// (device offset, bytes), in the order of the file's bytes.
+    pub runs: Vec<(u64, usize)>,
 }
 
 /// A real file's descriptors, for the io_uring engine: valid while the
