@@ -149,7 +149,7 @@ fn a_replay_reads_a_stripes_journal_records_in_one_round_trip_per_journal() {
         for b in 0..4u64 {
             let at = b * 8192;
             array
-                .write(&pattern(10 + round as u64 * 4 + b, 4096), at, false)
+                .write(&pattern(10 + round * 4 + b, 4096), at, false)
                 .unwrap();
         }
     }
@@ -182,7 +182,7 @@ fn a_replay_reads_a_stripes_journal_records_in_one_round_trip_per_journal() {
         for b in 0..4u64 {
             let mut back = vec![0u8; 4096];
             array.read(&mut back, b * 8192).unwrap();
-            assert_eq!(back, pattern(10 + round as u64 * 4 + b, 4096));
+            assert_eq!(back, pattern(10 + round * 4 + b, 4096));
         }
     }
 }
