@@ -143,17 +143,20 @@ fn run(mut follow: Follow, stop: &AtomicBool) {
             };
             tokio::time::timeout(STOP_POLL, either).await
         });
-        let (watched, event) = match next {
+        let (servers, event) = match next {
             Err(_) => continue,
-            Ok(Watched::Pgs(event)) => ("pgs", event),
-            Ok(Watched::Servers(event)) => ("servers", event),
+            Ok(Watched::Pgs(event)) => (false, event),
+            Ok(Watched::Servers(event)) => (true, event),
         };
         let kvs = match event {
             None => {
                 line(
                     COMPONENT,
                     "watch-stopped",
-                    &[("pool", &follow.pool), ("watch", &watched)],
+                    &[
+                        ("pool", &follow.pool),
+                        ("watch", &if servers { "servers" } else { "pgs" }),
+                    ],
                 );
                 return;
             }
@@ -162,7 +165,7 @@ fn run(mut follow: Follow, stop: &AtomicBool) {
             Some(WatchEvent::Delete { .. }) => continue,
         };
         for kv in kvs {
-            if watched == "servers" {
+            if servers {
                 follow_server(&follow.wire.addresses, follow.etcd.keys(), &kv);
                 continue;
             }

@@ -541,9 +541,7 @@ impl NetLink {
             boot_id,
         }
     }
-}
 
-impl NetLink {
     fn addr(&self) -> SocketAddr {
         *self.addr.lock().unwrap()
     }
