@@ -165,6 +165,8 @@ fn a_replay_reads_a_stripes_journal_records_in_one_round_trip_per_journal() {
         .iter()
         .filter(|p| **p == Purpose::ReplayRead)
         .count();
+    // The figures docs/cluster.md quotes (`-- --nocapture`).
+    eprintln!("replay: {by:?}; {read_round_trips} of {round_trips} round trips read");
     // 2 journals x 8 blocks read, one at a time 16 round trips (and one
     // per parity row read). Batched: one per journal, and the parity rows'.
     assert!(of(Purpose::ReplayRead) >= 16, "{by:?}");
