@@ -30,6 +30,11 @@
 # transport's `ClientConfig::simulated_rtt`: each reply is handed over N us
 # after it came, so requests in flight together wait once): a network of
 # N/2 us each way, since the kernel here has no netem. The tables say so.
+# DIST (default uniform) is fio's --random_distribution for the measured
+# runs, e.g. DIST=zipf:1.2 for a hot set: parix skips NEED_D0 only for a
+# block whose d(0) its parity journals still hold (written before in the
+# same run: an idle second replays the journals), so the share of writes
+# that needed d(0) is reported beside the round trips (`need_d0 / write`).
 set -euo pipefail
 BENCH_NAME=bench-cluster
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -44,6 +49,8 @@ THREADS=${THREADS:-16}
 BENCH_TMP=${BENCH_TMP:-/var/tmp}
 read -r -a POOLS <<<"${POOLS:-rmw parix repl}"
 SIM_RTT_US=${SIM_RTT_US:-0}
+DIST=${DIST:-uniform}
+case $DIST in uniform|zipf:*|pareto:*|normal:*|zoned:*) ;; *) die "DIST: $DIST is not a fio random_distribution" ;; esac
 for p in "${POOLS[@]}"; do
   case $p in rmw|plog|parix|repl|rmw2) ;; *) die "POOLS: unknown pool $p (rmw plog parix repl rmw2)" ;; esac
 done
@@ -96,7 +103,7 @@ for p in "${POOLS[@]}"; do
   done
 done
 
-stats() {  # the wire counters of pool $1 as JSON
+stats() {  # the wire counters and NEED_D0s of pool $1 as JSON
   python3 - "${DIR[$1]}/stats.sock" <<'EOF'
 import json, socket, sys
 s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
@@ -105,7 +112,10 @@ while True:
     b = s.recv(65536)
     if not b: break
     data += b
-print(json.dumps(json.loads(data)["wire"]))
+v = json.loads(data)
+w = v["wire"]
+w["need_d0"] = v["need_d0"]
+print(json.dumps(w))
 EOF
 }
 
@@ -135,7 +145,7 @@ for r in $(seq 1 "$ROUNDS"); do
     for qd in 1 32; do
       before=$(stats "$p")
       fio_run "$p" "r$r-qd$qd" --rw=randwrite --bs=4k --iodepth="$qd" --time_based \
-        --runtime="$RUNTIME" --randseed=$((r * 100 + qd))
+        --runtime="$RUNTIME" --randseed=$((r * 100 + qd)) --random_distribution="$DIST"
       after=$(stats "$p")
       python3 - "$p" "$r" "$qd" "$WORK/fio/$p-r$r-qd$qd.json" "$before" "$after" >>"$RESULTS" <<'EOF'
 import json, sys
@@ -144,13 +154,14 @@ text = open(path).read()
 job = json.loads(text[text.index("{"):])["jobs"][0]["write"]  # fio may print notes first
 b, a = json.loads(before), json.loads(after)
 n = job["total_ios"]
-d = {k: a[k] - b[k] for k in ("messages", "round_trips", "bytes_out", "bytes_in")}
+d = {k: a[k] - b[k] for k in ("messages", "round_trips", "bytes_out", "bytes_in", "need_d0")}
 print(json.dumps({
     "pool": p, "round": int(r), "qd": int(qd), "iops": job["iops"],
     "p50_us": job["clat_ns"]["percentile"]["50.000000"] / 1000,
     "writes": n,
     "messages_per_write": d["messages"] / n, "round_trips_per_write": d["round_trips"] / n,
     "wire_bytes_per_write": (d["bytes_out"] + d["bytes_in"]) / n,
+    "need_d0_per_write": d["need_d0"] / n,
 }))
 EOF
       log "round $r $p QD$qd: $(tail -1 "$RESULTS")"
@@ -164,20 +175,23 @@ if [ "$SIM_RTT_US" != 0 ]; then
 else
   echo "loopback, no added delay"
 fi
+echo "measured writes: random_distribution=$DIST over $REGION"
 python3 - "$RESULTS" "${POOLS[*]}" <<'EOF'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 pools = sys.argv[2].split()
 def med(xs):
     return f"{statistics.median(xs):,.1f} ({min(xs):,.1f}-{max(xs):,.1f})"
-print("| pool | QD1 IOPS | QD1 p50 us | QD32 IOPS | messages / write (QD32) | round trips / write (QD32) | wire bytes / write (QD32) |")
-print("| --- | --- | --- | --- | --- | --- | --- |")
+print("| pool | QD1 IOPS | QD1 p50 us | QD32 IOPS | messages / write (QD32) | round trips / write (QD32) | wire bytes / write (QD32) | need_d0 / write (QD1; QD32) |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- |")
 for p in pools:
     q1 = [x for x in rows if x["pool"] == p and x["qd"] == 1]
     q32 = [x for x in rows if x["pool"] == p and x["qd"] == 32]
     print(f"| {p} | {med([x['iops'] for x in q1])} | {med([x['p50_us'] for x in q1])} | "
           f"{med([x['iops'] for x in q32])} | {med([x['messages_per_write'] for x in q32])} | "
-          f"{med([x['round_trips_per_write'] for x in q32])} | {med([x['wire_bytes_per_write'] for x in q32])} |")
+          f"{med([x['round_trips_per_write'] for x in q32])} | {med([x['wire_bytes_per_write'] for x in q32])} | "
+          f"{statistics.median([x['need_d0_per_write'] for x in q1]):.2f}; "
+          f"{statistics.median([x['need_d0_per_write'] for x in q32]):.2f} |")
 pairs = [(a, b) for a, b in (("parix", "rmw"), ("parix", "repl"), ("plog", "rmw"),
                               ("parix", "plog"), ("rmw2", "rmw")) if a in pools and b in pools]
 def paired(a, b, qd, key):
