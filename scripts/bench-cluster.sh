@@ -15,6 +15,11 @@
 # successful speculation while the journal holds it). Then ROUNDS rounds;
 # per round every pool runs QD1 then QD32 for RUNTIME s, the pools'
 # order rotating each round so that drift spreads over all of them.
+# Before each measured run the script waits until every volume client has
+# been silent for QUIET_S s (2.5): a journaled pool's background replay
+# (after 1 s idle) would otherwise run under the next pool's measurement.
+# A run's counters are read when fio ends (the run) and again once quiet
+# (with the replay its writes caused: "with the run's replay").
 # Reported: per pool the median over rounds with min-max, and per round the
 # paired ratios parix/rmw and parix/replicate (median, min-max). The chunk
 # servers write their chunk files with IO (direct: O_DIRECT on the file
@@ -131,6 +136,35 @@ for p in "${POOLS[@]}"; do
   fio_run "$p" warm-rand --rw=randwrite --bs=4k --iodepth=32 --randseed=7
 done
 
+# Waits until no pool's volume client has sent a message for QUIET_S
+# seconds (at most 300 s): a journaled pool replays its journals after 1 s
+# idle (checked every 200 ms), and a replay left running would load the
+# chunk servers under the next pool's measured run.
+QUIET_S=${QUIET_S:-2.5}
+quiesce() {
+  python3 - "$QUIET_S" "${POOLS[@]/#/${WORK}/state-}" <<'EOF'
+import json, socket, sys, time
+quiet, dirs = float(sys.argv[1]), sys.argv[2:]
+def messages():
+    out = []
+    for d in dirs:
+        s = socket.socket(socket.AF_UNIX); s.connect(d + "/stats.sock")
+        data = b""
+        while True:
+            b = s.recv(65536)
+            if not b: break
+            data += b
+        out.append(json.loads(data)["wire"]["messages"])
+    return out
+last, since, t0 = messages(), time.monotonic(), time.monotonic()
+while time.monotonic() - since < quiet and time.monotonic() - t0 < 300:
+    time.sleep(0.5)
+    now = messages()
+    if now != last:
+        last, since = now, time.monotonic()
+EOF
+}
+
 RESULTS=$WORK/results.jsonl
 : >"$RESULTS"
 for r in $(seq 1 "$ROUNDS"); do
@@ -143,16 +177,20 @@ for r in $(seq 1 "$ROUNDS"); do
   order=("${POOLS[@]:$shift_by}" "${POOLS[@]:0:$shift_by}")
   for p in "${order[@]}"; do
     for qd in 1 32; do
+      quiesce
       before=$(stats "$p")
       fio_run "$p" "r$r-qd$qd" --rw=randwrite --bs=4k --iodepth="$qd" --time_based \
         --runtime="$RUNTIME" --randseed=$((r * 100 + qd)) --random_distribution="$DIST"
       after=$(stats "$p")
-      python3 - "$p" "$r" "$qd" "$WORK/fio/$p-r$r-qd$qd.json" "$before" "$after" >>"$RESULTS" <<'EOF'
+      quiesce  # the run's own replay, counted apart
+      replayed=$(stats "$p")
+      python3 - "$p" "$r" "$qd" "$WORK/fio/$p-r$r-qd$qd.json" "$before" "$after" "$replayed" \
+        >>"$RESULTS" <<'EOF'
 import json, sys
-p, r, qd, path, before, after = sys.argv[1:]
+p, r, qd, path, before, after, replayed = sys.argv[1:]
 text = open(path).read()
 job = json.loads(text[text.index("{"):])["jobs"][0]["write"]  # fio may print notes first
-b, a = json.loads(before), json.loads(after)
+b, a, q = json.loads(before), json.loads(after), json.loads(replayed)
 n = job["total_ios"]
 d = {k: a[k] - b[k] for k in ("messages", "round_trips", "bytes_out", "bytes_in", "need_d0")}
 print(json.dumps({
@@ -162,6 +200,8 @@ print(json.dumps({
     "messages_per_write": d["messages"] / n, "round_trips_per_write": d["round_trips"] / n,
     "wire_bytes_per_write": (d["bytes_out"] + d["bytes_in"]) / n,
     "need_d0_per_write": d["need_d0"] / n,
+    "messages_per_write_with_replay": (q["messages"] - b["messages"]) / n,
+    "round_trips_per_write_with_replay": (q["round_trips"] - b["round_trips"]) / n,
 }))
 EOF
       log "round $r $p QD$qd: $(tail -1 "$RESULTS")"
@@ -182,8 +222,8 @@ rows = [json.loads(l) for l in open(sys.argv[1])]
 pools = sys.argv[2].split()
 def med(xs):
     return f"{statistics.median(xs):,.1f} ({min(xs):,.1f}-{max(xs):,.1f})"
-print("| pool | QD1 IOPS | QD1 p50 us | QD32 IOPS | messages / write (QD32) | round trips / write (QD32) | wire bytes / write (QD32) | need_d0 / write (QD1; QD32) |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+print("| pool | QD1 IOPS | QD1 p50 us | QD32 IOPS | messages / write (QD32) | round trips / write (QD32) | wire bytes / write (QD32) | need_d0 / write (QD1; QD32) | messages; round trips / write with the run's replay (QD32) |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for p in pools:
     q1 = [x for x in rows if x["pool"] == p and x["qd"] == 1]
     q32 = [x for x in rows if x["pool"] == p and x["qd"] == 32]
@@ -191,7 +231,9 @@ for p in pools:
           f"{med([x['iops'] for x in q32])} | {med([x['messages_per_write'] for x in q32])} | "
           f"{med([x['round_trips_per_write'] for x in q32])} | {med([x['wire_bytes_per_write'] for x in q32])} | "
           f"{statistics.median([x['need_d0_per_write'] for x in q1]):.2f}; "
-          f"{statistics.median([x['need_d0_per_write'] for x in q32]):.2f} |")
+          f"{statistics.median([x['need_d0_per_write'] for x in q32]):.2f} | "
+          f"{statistics.median([x['messages_per_write_with_replay'] for x in q32]):.1f}; "
+          f"{statistics.median([x['round_trips_per_write_with_replay'] for x in q32]):.1f} |")
 pairs = [(a, b) for a, b in (("parix", "rmw"), ("parix", "repl"), ("plog", "rmw"),
                               ("parix", "plog"), ("rmw2", "rmw")) if a in pools and b in pools]
 def paired(a, b, qd, key):
