@@ -35,7 +35,7 @@
 # transport's `ClientConfig::simulated_rtt`: each reply is handed over N us
 # after it came, so requests in flight together wait once): a network of
 # N/2 us each way, since the kernel here has no netem. The tables say so.
-# DIST (default uniform) is fio's --random_distribution for the measured
+# DIST (default random: uniform) is fio's --random_distribution for the measured
 # runs, e.g. DIST=zipf:1.2 for a hot set: parix skips NEED_D0 only for a
 # block whose d(0) its parity journals still hold (written before in the
 # same run: an idle second replays the journals), so the share of writes
@@ -54,8 +54,8 @@ THREADS=${THREADS:-16}
 BENCH_TMP=${BENCH_TMP:-/var/tmp}
 read -r -a POOLS <<<"${POOLS:-rmw parix repl}"
 SIM_RTT_US=${SIM_RTT_US:-0}
-DIST=${DIST:-uniform}
-case $DIST in uniform|zipf:*|pareto:*|normal:*|zoned:*) ;; *) die "DIST: $DIST is not a fio random_distribution" ;; esac
+DIST=${DIST:-random}
+case $DIST in random|zipf:*|pareto:*|normal:*|zoned:*) ;; *) die "DIST: $DIST is not a fio random_distribution" ;; esac
 for p in "${POOLS[@]}"; do
   case $p in rmw|plog|parix|repl|rmw2) ;; *) die "POOLS: unknown pool $p (rmw plog parix repl rmw2)" ;; esac
 done
