@@ -68,8 +68,13 @@ bench_make_work cluster
 C=$WORK/c
 
 cluster_cleanup() {
-  local rc=$?
-  "$BIN" --dir "$C" cluster down >/dev/null 2>&1 || true
+  local rc=$? s
+  # No errexit here: under it the `(exit $rc)` below ended the trap before
+  # `cleanup`, and a failed run left its volume clients running.
+  set +e
+  # The volume clients first: they close their arrays on their chunk servers.
+  for s in "${STARTED[@]}"; do stop_server "$s"; done
+  "$BIN" --dir "$C" cluster down >/dev/null 2>&1
   (exit $rc)  # cleanup keeps the work folder of a failed run
   cleanup
 }
