@@ -106,8 +106,13 @@ impl Array {
                             unreachable!("a fold's request")
                         };
                         for (&row, answer) in rows.iter().zip(answers) {
-                            if !matches!(answer, RowAnswer::Folded { .. }) {
-                                rows_left.insert(row);
+                            match answer {
+                                RowAnswer::Folded { .. } => {
+                                    bump(&self.counters.array.parity_rows_folded_at_device)
+                                }
+                                _ => {
+                                    rows_left.insert(row);
+                                }
                             }
                         }
                     }
