@@ -364,6 +364,12 @@ impl Wire {
                 Err(io::Error::new(io::ErrorKind::PermissionDenied, msg))
             }
             Status::NoSpace => Err(io::Error::from_raw_os_error(libc::ENOSPC)),
+            // A fold the server refused before touching the chunk (a
+            // server without the op, or one that finds it malformed):
+            // nothing written, so the writer replays as before.
+            Status::Invalid if h.op == Op::Replay => {
+                Err(io::Error::new(io::ErrorKind::Unsupported, msg))
+            }
             _ => Err(io::Error::other(msg)),
         }
     }
