@@ -706,6 +706,56 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_fold_travels_as_one_replay_frame_and_its_answer_follows_the_boot_id() {
+        use ecdedup_core::media::fold::{Fold, Row, Term};
+        let fold = Fold {
+            block_bytes: 4096,
+            rows: vec![Row {
+                parity: 8192,
+                expected_crc32c: 1,
+                terms: vec![Term {
+                    coefficient: 3,
+                    at: 0,
+                    len: 4096,
+                    a: 65536,
+                    b: None,
+                }],
+            }],
+        };
+        let op = LinkOp::Fold {
+            fold: &fold,
+            fua: true,
+        };
+        let frames = link_frames(7, 5, 1, 0x301, op);
+        assert_eq!(frames.len(), 1);
+        let (h, payload) = &frames[0];
+        assert_eq!(
+            (h.op, h.offset, h.flags & FLAG_FUA),
+            (Op::Replay, 8192, FLAG_FUA)
+        );
+        assert_eq!(
+            ecdedup_core::proto::frame::decode_replay(payload).unwrap(),
+            fold
+        );
+        let what = || "server 1".to_string();
+        let kind = ReplyKind::of(&op);
+        let mut reply = 42u64.to_le_bytes().to_vec();
+        reply.extend_from_slice(b"rows");
+        assert_eq!(
+            check_boot(kind, 42, Ok(reply.clone()), &what).unwrap(),
+            b"rows"
+        );
+        // Another boot id: the server restarted, whatever it answered.
+        let e = check_boot(kind, 43, Ok(reply), &what).unwrap_err();
+        assert!(e.to_string().contains("restarted"), "{e}");
+        // A plain change's reply is the boot id alone.
+        let change = ReplyKind::of(&LinkOp::Sync);
+        let mut longer = 42u64.to_le_bytes().to_vec();
+        longer.push(0);
+        assert!(check_boot(change, 42, Ok(longer), &what).is_err());
+    }
+
+    #[test]
     fn a_pg_epoch_change_pushes_only_after_the_old_epochs_requests_are_answered() {
         let epoch = PgEpoch::new(1);
         let (stamp, in_flight) = epoch.begin();
