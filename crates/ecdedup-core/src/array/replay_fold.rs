@@ -14,14 +14,18 @@
 //! did not fold (its parity not the checksum expected, or unreadable), is
 //! replayed by the fold in RAM (`logging.rs`), unchanged.
 //!
+//! The parity journals of the stripe are held from the lookup of where
+//! their records lie until the device has read them: a compaction (a
+//! replay's reclaim on another thread) cannot move them in between.
+//!
 //! Crash safety is the in-RAM fold's: the parity is written in place, not
 //! synced (as `write_unit_blocks` writes it), under the stripe's intent
 //! mark held by the caller, and the invalidation record is logged after;
 //! a cut in between leaves the region dirty, and the next open
 //! resynchronises the stripe from its data before any replay.
 
-use super::journal::StripeLog;
-use super::store::{ChunkOp, ChunkReply, ChunkRequest};
+use super::journal::{ParityJournal, StripeLog};
+use super::store::{ChunkOp, ChunkReply, ChunkRequest, JournalGuard};
 use super::Array;
 use crate::counters::bump;
 use crate::error::{Error, Result};
@@ -69,9 +73,20 @@ impl Array {
         if !healthy {
             return out;
         }
+        // The journals held (in device order) from where their records
+        // are looked up until the folds that read them there are done: a
+        // compaction meanwhile (a replay's reclaim on another thread)
+        // would move the records and free the places named.
+        let mut order: Vec<usize> = parity.iter().map(|&(_, p)| p).collect();
+        order.sort_unstable();
+        order.dedup();
+        let held: BTreeMap<usize, JournalGuard> = order
+            .into_iter()
+            .map(|p| (p, self.stores[p].journal_held()))
+            .collect();
         let plans: Vec<Option<Planned>> = parity
             .iter()
-            .map(|&(j, p)| self.plan_fold(stripe, j, p))
+            .map(|&(j, p)| self.plan_fold(stripe, j, p, held[&p].as_ref()?))
             .collect();
         let mut reqs = Vec::new();
         let mut owner = Vec::new();
@@ -92,6 +107,7 @@ impl Array {
             return out;
         }
         self.submit(&mut reqs);
+        drop(held);
         let mut replies = reqs.into_iter().zip(owner);
         for (i, plan) in plans.into_iter().enumerate() {
             let Some(plan) = plan else { continue };
@@ -156,14 +172,20 @@ impl Array {
     /// device's coordinates; None where it cannot fold at the device
     /// (nothing logged, the journal not on the parity's device, a row
     /// whose checksum is unknown, a row past the fold's bounds).
-    fn plan_fold(&self, stripe: u64, j: usize, p: usize) -> Option<Planned> {
+    fn plan_fold(
+        &self,
+        stripe: u64,
+        j: usize,
+        p: usize,
+        journal: &ParityJournal,
+    ) -> Option<Planned> {
         let g = &self.geo;
         let block = g.block();
         let store = &self.stores[p];
-        let log = store.journal_stripe_log(stripe)?;
+        let log = journal.stripe_log(stripe)?;
         let offsets = super::journal::logged_blocks(&log);
         // An error (an unreadable journal) is the fold in RAM's to meet.
-        let runs = store.journal_place_blocks(&offsets, block)?.ok()?;
+        let runs = store.journal_place_blocks(journal, &offsets, block)?.ok()?;
         let mut runs = runs.into_iter();
         let place = g.place(stripe, g.k() + j);
         let mut rows: BTreeMap<u32, Vec<Term>> = BTreeMap::new();

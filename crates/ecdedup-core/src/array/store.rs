@@ -36,6 +36,9 @@ pub(super) const TAG_ACTIVE: u8 = 0;
 pub(super) const TAG_FAILED: u8 = 1;
 pub(super) const TAG_REBUILDING: u8 = 2;
 
+/// A store's parity journal, held ([`ChunkStore::journal_held`]).
+pub(super) type JournalGuard<'a> = std::sync::MutexGuard<'a, Option<ParityJournal>>;
+
 /// One device of the array and everything kept per device.
 pub(super) struct ChunkStore {
     /// The device in service at this position (None while failed); shared
@@ -486,24 +489,26 @@ impl ChunkStore {
         Some(self.journal.lock().unwrap().as_ref()?.read_blocks(reads))
     }
 
-    /// Where the journal's blocks at `offsets` (`len` bytes each) lie on
-    /// this store's own device, as runs (device offset, bytes): what a
-    /// fold at the device reads. None when they do not lie there (a
-    /// journal of format 1 in its own file; a dedup layer between the
-    /// array and the device, whose offsets are not the device's; no
-    /// device in service; no offsets) or without a journal.
+    /// The journal, held: while a fold at the device reads its records
+    /// where they lie, no compaction may move them (`journal_reclaim`
+    /// waits for the guard).
+    pub(super) fn journal_held(&self) -> JournalGuard<'_> {
+        self.journal.lock().unwrap()
+    }
+
+    /// Where the blocks at `offsets` (`len` bytes each) of `journal`
+    /// (this store's, held) lie on this store's own device, as runs
+    /// (device offset, bytes): what a fold at the device reads. None when
+    /// they do not lie there (a journal of format 1 in its own file; a
+    /// dedup layer between the array and the device, whose offsets are
+    /// not the device's; no device in service; no offsets).
     pub(super) fn journal_place_blocks(
         &self,
+        journal: &ParityJournal,
         offsets: &[u64],
         len: u64,
     ) -> Option<std::io::Result<Vec<journal::DeviceRuns>>> {
-        let placed = self
-            .journal
-            .lock()
-            .unwrap()
-            .as_ref()?
-            .place_blocks(offsets, len)?;
-        let (dev, runs) = match placed {
+        let (dev, runs) = match journal.place_blocks(offsets, len)? {
             Ok(placed) => placed,
             Err(e) => return Some(Err(e)),
         };
