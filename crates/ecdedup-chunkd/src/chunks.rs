@@ -28,9 +28,10 @@
 //! - open chunks are bounded by [`ChunkServerConfig::open_chunks_max`]
 //!   (the least recently used is closed; an open is cheap).
 
+use ecdedup_core::media::fold;
 use ecdedup_core::media::storage::{read_all, write_atomic};
 use ecdedup_core::media::{Device, DeviceOptions, FileDevice, IoMode, Storage};
-use ecdedup_core::proto::frame::decode_append;
+use ecdedup_core::proto::frame::{decode_append, decode_replay, encode_replay_answers, FLAG_FUA};
 use ecdedup_core::proto::{chunk_parts, Header, Op, Status};
 use std::collections::{BTreeSet, HashMap};
 use std::io;
@@ -60,6 +61,9 @@ pub struct ChunkCounters {
     pub bytes_read: AtomicU64,
     pub bytes_written: AtomicU64,
     pub syncs: AtomicU64,
+    /// Parity folds run (`Replay`), and their rows folded.
+    pub folds: AtomicU64,
+    pub rows_folded: AtomicU64,
     pub epoch_refusals: AtomicU64,
     /// Requests refused for an older PG epoch than stored.
     pub pg_epoch_refusals: AtomicU64,
@@ -445,13 +449,14 @@ impl ChunkServer {
             | Op::Read
             | Op::Write
             | Op::LogAppend
+            | Op::Replay
             | Op::Flush
             | Op::Discard
             | Op::SetEpoch => {}
             other => {
                 return Err(invalid(format!(
                     "{other:?} is not served by this chunk server (the volume client keeps \
-                     the parity journals' index and replays them itself)"
+                     the parity journals' index and answers NEED_D0 itself)"
                 )))
             }
         }
@@ -508,7 +513,7 @@ impl ChunkServer {
                     dev.write_at(buf, offset)
                         .map_err(|e| io_refusal(&what(), &e))?;
                 }
-                if h.flags & ecdedup_core::proto::frame::FLAG_FUA != 0 {
+                if h.flags & FLAG_FUA != 0 {
                     dev.sync().map_err(|e| io_refusal(&what(), &e))?;
                     self.counters.syncs.fetch_add(1, Ordering::Relaxed);
                 }
@@ -517,6 +522,33 @@ impl ChunkServer {
                     .bytes_written
                     .fetch_add(payload.len() as u64, Ordering::Relaxed);
                 Ok(self.boot_id.to_le_bytes().to_vec())
+            }
+            Op::Replay => {
+                // A replay's parity fold (`media::fold`): checked whole
+                // against the chunk before any byte is read; rows whose
+                // parity is not the checksum the writer expects are
+                // answered so and left as they are.
+                let dev = self.chunk(volume, code)?;
+                let fold = decode_replay(payload).map_err(invalid)?;
+                fold.check(dev.size()).map_err(invalid)?;
+                let fua = h.flags & FLAG_FUA != 0;
+                let answers = fold::run(dev.as_ref(), &fold, fua).map_err(|e| {
+                    io_refusal(&format!("folding parity on {}", dev.describe()), &e)
+                })?;
+                let folded = answers
+                    .iter()
+                    .filter(|a| matches!(a, fold::RowAnswer::Folded { .. }))
+                    .count();
+                self.counters.folds.fetch_add(1, Ordering::Relaxed);
+                self.counters
+                    .rows_folded
+                    .fetch_add(folded as u64, Ordering::Relaxed);
+                if fua {
+                    self.counters.syncs.fetch_add(1, Ordering::Relaxed);
+                }
+                let mut reply = self.boot_id.to_le_bytes().to_vec();
+                reply.extend_from_slice(&encode_replay_answers(&answers));
+                Ok(reply)
             }
             Op::Flush => {
                 let dev = self.chunk(volume, code)?;
@@ -833,6 +865,89 @@ mod tests {
         let (st, why) = call(&s, req(Op::LogAppend, 7, 5, 0, &[1, 2]), &[1, 2]);
         assert_eq!(st, Status::Invalid);
         assert!(String::from_utf8_lossy(&why).contains("cut short"));
+    }
+
+    #[test]
+    fn a_replay_folds_parity_at_the_chunk_and_a_malformed_or_stale_one_writes_nothing() {
+        use ecdedup_core::media::fold::{Fold, Row, RowAnswer, Term};
+        use ecdedup_core::proto::frame::{decode_replay_answers, encode_replay};
+        let dir = tempfile::tempdir().unwrap();
+        let s = server(dir.path());
+        let size = (1u64 << 20).to_le_bytes();
+        assert_eq!(call(&s, req(Op::Open, 7, 5, 0, &size), &size).0, Status::Ok);
+        // Parity at 0, d(0) and d(r) of a logged block at 8192 and 12288.
+        let parity = vec![0x0fu8; 4096];
+        let (d0, dr) = (vec![0x33u8; 4096], vec![0x35u8; 4096]);
+        for (at, bytes) in [(0u64, &parity), (8192, &d0), (12288, &dr)] {
+            assert_eq!(
+                call(&s, req(Op::Write, 7, 5, at, bytes), bytes).0,
+                Status::Ok
+            );
+        }
+        let fold = Fold {
+            block_bytes: 4096,
+            rows: vec![Row {
+                parity: 0,
+                expected_crc32c: crc32c::crc32c(&parity),
+                terms: vec![Term {
+                    coefficient: 2,
+                    at: 0,
+                    len: 4096,
+                    a: 8192,
+                    b: Some(12288),
+                }],
+            }],
+        };
+        let payload = encode_replay(&fold);
+        let replay = |payload: &[u8]| {
+            let mut h = req(Op::Replay, 7, 5, 0, payload);
+            h.flags = FLAG_FUA;
+            call(&s, h, payload)
+        };
+        let read_parity = || {
+            let mut h = req(Op::Read, 7, 5, 0, &[]);
+            h.length = 4096;
+            call(&s, h, &[]).1
+        };
+        // 0x0f ^ 2 * (0x33 ^ 0x35) = 0x0f ^ 2 * 0x06 = 0x0f ^ 0x0c.
+        let folded = vec![0x03u8; 4096];
+        let (st, reply) = replay(&payload);
+        assert_eq!(st, Status::Ok, "{}", String::from_utf8_lossy(&reply));
+        assert_eq!(reply[..8], s.boot_id().to_le_bytes(), "the boot id first");
+        let crc32c = crc32c::crc32c(&folded);
+        assert_eq!(
+            decode_replay_answers(&reply[8..], 1).unwrap(),
+            vec![RowAnswer::Folded { crc32c }]
+        );
+        assert_eq!(read_parity(), folded);
+        // The same fold again (a duplicated frame): a mismatch, nothing
+        // written.
+        let (st, reply) = replay(&payload);
+        assert_eq!(st, Status::Ok);
+        assert_eq!(
+            decode_replay_answers(&reply[8..], 1).unwrap(),
+            vec![RowAnswer::Mismatch { crc32c }]
+        );
+        assert_eq!(read_parity(), folded);
+        // Malformed payloads and ranges past the chunk: refused with the
+        // reason, nothing written.
+        let mut past_end = fold.clone();
+        past_end.rows[0].terms[0].b = Some(1 << 20);
+        past_end.rows[0].expected_crc32c = crc32c;
+        for (bad, why) in [
+            (payload[..payload.len() - 3].to_vec(), "cut short"),
+            (vec![0u8; 3], "cut short"),
+            (encode_replay(&past_end), "past the end"),
+            (payload[..8].to_vec(), "cut short"),
+        ] {
+            let (st, reason) = replay(&bad);
+            assert_eq!(st, Status::Invalid);
+            let reason = String::from_utf8_lossy(&reason).into_owned();
+            assert!(reason.contains(why), "{reason}");
+            assert_eq!(read_parity(), folded);
+        }
+        assert_eq!(s.counters.folds.load(Ordering::Relaxed), 2);
+        assert_eq!(s.counters.rows_folded.load(Ordering::Relaxed), 1);
     }
 
     #[test]

@@ -26,7 +26,7 @@
 
 use ecdedup_cluster::ServerId;
 use ecdedup_core::media::remote::{ChunkLink, LinkOp, PendingReply, Purpose, Ready};
-use ecdedup_core::proto::frame::{encode_append, FLAG_FUA};
+use ecdedup_core::proto::frame::{encode_append, encode_replay, FLAG_FUA};
 use ecdedup_core::proto::{Header, Op, Status, PAYLOAD_BYTES_MAX};
 use ecdedup_transport::Peers;
 use std::cell::Cell;
@@ -364,6 +364,12 @@ impl Wire {
                 Err(io::Error::new(io::ErrorKind::PermissionDenied, msg))
             }
             Status::NoSpace => Err(io::Error::from_raw_os_error(libc::ENOSPC)),
+            // A fold the server refused before touching the chunk (a
+            // server without the op, or one that finds it malformed):
+            // nothing written, so the writer replays as before.
+            Status::Invalid if h.op == Op::Replay => {
+                Err(io::Error::new(io::ErrorKind::Unsupported, msg))
+            }
             _ => Err(io::Error::other(msg)),
         }
     }
@@ -445,6 +451,16 @@ pub fn link_frames(
                     }
                 }
             }
+        }
+        LinkOp::Fold { fold, fua } => {
+            // Within a frame by the fold's own bounds (`proto::frame`).
+            let payload = encode_replay(fold);
+            let first = fold.rows.first().map_or(0, |r| r.parity);
+            let mut h = header(Op::Replay, first, payload.len() as u32);
+            if fua {
+                h.flags |= FLAG_FUA;
+            }
+            frames.push((h, payload))
         }
         LinkOp::Sync => frames.push((header(Op::Flush, 0, 0), Vec::new())),
         LinkOp::Discard { offset, len } => {
@@ -547,35 +563,64 @@ impl NetLink {
     }
 }
 
-/// Checks the reply of a change (write, flush, discard) against the boot
-/// id the chunk's server gave at open: another id means the server
+/// What the reply to an operation carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplyKind {
+    /// A read's bytes.
+    Data,
+    /// A change's acknowledgement (write, append, flush, discard): the
+    /// server's boot id.
+    Change,
+    /// A change's acknowledgement, then its answer (a `Replay`'s rows).
+    ChangeAndAnswer,
+}
+
+impl ReplyKind {
+    pub fn of(op: &LinkOp<'_>) -> ReplyKind {
+        match op {
+            LinkOp::Read { .. } => ReplyKind::Data,
+            LinkOp::Fold { .. } => ReplyKind::ChangeAndAnswer,
+            _ => ReplyKind::Change,
+        }
+    }
+}
+
+/// Checks the reply of a change (write, flush, discard, fold) against the
+/// boot id the chunk's server gave at open: another id means the server
 /// restarted in between, and writes it acknowledged before may be lost
 /// (a crash drops unsynced writes), so the shard is failed rather than
-/// trusted. A read's reply is data, passed on.
+/// trusted. A read's reply is data, passed on; a fold's answer, after
+/// the boot id, too.
 pub fn check_boot(
-    is_read: bool,
+    kind: ReplyKind,
     boot_id: u64,
     reply: io::Result<Vec<u8>>,
     what: &dyn Fn() -> String,
 ) -> io::Result<Vec<u8>> {
-    let payload = reply?;
-    if is_read {
-        return Ok(payload);
-    }
-    if payload.as_slice() != boot_id.to_le_bytes() {
+    let mut payload = reply?;
+    let boot = boot_id.to_le_bytes();
+    let (acknowledged, answer) = match kind {
+        ReplyKind::Data => return Ok(payload),
+        ReplyKind::Change => (payload.as_slice() == boot, 0),
+        ReplyKind::ChangeAndAnswer => (payload.starts_with(&boot), boot.len()),
+    };
+    if !acknowledged {
         return Err(io::Error::other(format!(
             "{} restarted since this writer opened the chunk (its boot id changed): writes \
              it acknowledged before may be lost",
             what()
         )));
     }
-    Ok(Vec::new())
+    Ok(match kind {
+        ReplyKind::ChangeAndAnswer => payload.split_off(answer),
+        _ => Vec::new(),
+    })
 }
 
 /// Replies of the frames of one operation, joined, each checked.
 struct Frames {
     rxs: Vec<mpsc::Receiver<io::Result<Vec<u8>>>>,
-    is_read: bool,
+    kind: ReplyKind,
     boot_id: u64,
     what: String,
 }
@@ -584,7 +629,7 @@ impl PendingReply for Frames {
     fn wait(self: Box<Self>) -> io::Result<Vec<u8>> {
         let what = &self.what;
         let replies = self.rxs.into_iter().map(Wire::wait);
-        join_replies(replies, self.is_read, self.boot_id, &|| what.clone())
+        join_replies(replies, self.kind, self.boot_id, &|| what.clone())
     }
 }
 
@@ -593,14 +638,14 @@ impl PendingReply for Frames {
 /// for every link: the network's and the cluster simulator's).
 pub fn join_replies(
     replies: impl IntoIterator<Item = io::Result<Vec<u8>>>,
-    is_read: bool,
+    kind: ReplyKind,
     boot_id: u64,
     what: &dyn Fn() -> String,
 ) -> io::Result<Vec<u8>> {
     let mut out = Vec::new();
     let mut first_error = None;
     for reply in replies {
-        match check_boot(is_read, boot_id, reply, what) {
+        match check_boot(kind, boot_id, reply, what) {
             Ok(bytes) if first_error.is_none() => out.extend_from_slice(&bytes),
             Ok(_) => {}
             Err(e) => {
@@ -623,7 +668,7 @@ impl ChunkLink for NetLink {
             ))));
         }
         let w = &self.wire;
-        let is_read = matches!(op, LinkOp::Read { .. });
+        let kind = ReplyKind::of(&op);
         let purpose = Purpose::of(&op);
         let (pg_epoch, in_flight) = self.pg_epoch.begin();
         let addr = self.addr();
@@ -635,7 +680,7 @@ impl ChunkLink for NetLink {
             .collect();
         Box::new(Frames {
             rxs,
-            is_read,
+            kind,
             boot_id: self.boot_id,
             what: format!("server {} ({addr})", self.server),
         })
@@ -659,6 +704,56 @@ impl ChunkLink for NetLink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fold_travels_as_one_replay_frame_and_its_answer_follows_the_boot_id() {
+        use ecdedup_core::media::fold::{Fold, Row, Term};
+        let fold = Fold {
+            block_bytes: 4096,
+            rows: vec![Row {
+                parity: 8192,
+                expected_crc32c: 1,
+                terms: vec![Term {
+                    coefficient: 3,
+                    at: 0,
+                    len: 4096,
+                    a: 65536,
+                    b: None,
+                }],
+            }],
+        };
+        let op = LinkOp::Fold {
+            fold: &fold,
+            fua: true,
+        };
+        let frames = link_frames(7, 5, 1, 0x301, op);
+        assert_eq!(frames.len(), 1);
+        let (h, payload) = &frames[0];
+        assert_eq!(
+            (h.op, h.offset, h.flags & FLAG_FUA),
+            (Op::Replay, 8192, FLAG_FUA)
+        );
+        assert_eq!(
+            ecdedup_core::proto::frame::decode_replay(payload).unwrap(),
+            fold
+        );
+        let what = || "server 1".to_string();
+        let kind = ReplyKind::of(&op);
+        let mut reply = 42u64.to_le_bytes().to_vec();
+        reply.extend_from_slice(b"rows");
+        assert_eq!(
+            check_boot(kind, 42, Ok(reply.clone()), &what).unwrap(),
+            b"rows"
+        );
+        // Another boot id: the server restarted, whatever it answered.
+        let e = check_boot(kind, 43, Ok(reply), &what).unwrap_err();
+        assert!(e.to_string().contains("restarted"), "{e}");
+        // A plain change's reply is the boot id alone.
+        let change = ReplyKind::of(&LinkOp::Sync);
+        let mut longer = 42u64.to_le_bytes().to_vec();
+        longer.push(0);
+        assert!(check_boot(change, 42, Ok(longer), &what).is_err());
+    }
 
     #[test]
     fn a_pg_epoch_change_pushes_only_after_the_old_epochs_requests_are_answered() {

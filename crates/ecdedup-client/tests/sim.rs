@@ -81,7 +81,7 @@
 //! names that too).
 //!
 use ecdedup_chunkd::{ChunkServer, ChunkServerConfig};
-use ecdedup_client::link::{check_boot, join_replies, link_frames, request_header};
+use ecdedup_client::link::{check_boot, join_replies, link_frames, request_header, ReplyKind};
 use ecdedup_client::open::{open_pg_array, open_pg_array_replacing};
 use ecdedup_cluster::coordinator::OutClock;
 use ecdedup_cluster::keys::{DedupPolicy, FailureDomain, PoolSpec, WritePolicy as PoolPolicy};
@@ -381,7 +381,8 @@ impl NetState {
     /// server `s` applied.
     fn note_stale(&mut self, h: &ecdedup_core::proto::Header, s: usize, status: Status) {
         let newest = self.newest_epoch.get(&h.volume_id).copied().unwrap_or(0);
-        if status == Status::Ok && matches!(h.op, Op::Write | Op::Discard) && h.epoch < newest {
+        let change = matches!(h.op, Op::Write | Op::Discard | Op::Replay);
+        if status == Status::Ok && change && h.epoch < newest {
             self.tally.stale_changes_landed += 1;
             self.log(|| {
                 format!(
@@ -640,7 +641,7 @@ impl ChunkLink for SimLink {
                 "this writer is fenced",
             ))));
         }
-        let is_read = matches!(op, LinkOp::Read { .. });
+        let kind = ReplyKind::of(&op);
         let frames = link_frames(
             self.writer.volume,
             self.writer.epoch,
@@ -668,7 +669,7 @@ impl ChunkLink for SimLink {
             return Box::new(SimPending {
                 net: Arc::clone(&self.net),
                 replies,
-                is_read,
+                kind,
                 boot_id: self.boot_id,
                 what: self.describe(),
             });
@@ -676,7 +677,7 @@ impl ChunkLink for SimLink {
         let mut out = Vec::new();
         for frame in frames {
             let reply = self.net.deliver(&self.writer, self.server, frame);
-            match check_boot(is_read, self.boot_id, reply, &|| self.describe()) {
+            match check_boot(kind, self.boot_id, reply, &|| self.describe()) {
                 Ok(bytes) => out.extend_from_slice(&bytes),
                 Err(e) => return Box::new(Ready(Err(e))),
             }
@@ -699,7 +700,7 @@ impl ChunkLink for SimLink {
 struct SimPending {
     net: Arc<Net>,
     replies: Vec<ReplySlot>,
-    is_read: bool,
+    kind: ReplyKind,
     boot_id: u64,
     what: String,
 }
@@ -713,7 +714,7 @@ impl PendingReply for SimPending {
             .replies
             .iter()
             .map(|slot| slot.lock().unwrap().take().expect("handled by the flush"));
-        join_replies(replies, self.is_read, self.boot_id, &|| self.what.clone())
+        join_replies(replies, self.kind, self.boot_id, &|| self.what.clone())
     }
 }
 

@@ -147,6 +147,7 @@ array_counters! {
     journal_fallbacks: "logged writes that fell back to read-modify-write (journal full, unreserved or failing)",
     records_replayed: "journaled blocks folded into parity by replay",
     stripes_replayed: "stripes whose parity journals were replayed",
+    parity_rows_folded_at_device: "parity blocks a replay folded at the device that holds them and their journal (read, folded and written there: one Replay message per parity chunk across the network)",
     journal_errors: "parity journal appends, reads or space reservations that failed (the stripe was resynchronised or kept pending)",
     journal_compactions: "parity journals rewritten to their live records after a replay",
     device_submissions: "batches of device I/O the array issued (reads, writes and syncs of one step of a request, submitted together)",

@@ -429,6 +429,18 @@ pub fn frame(data: &[u8]) {
     if let Ok(writes) = crate::proto::frame::decode_append(data) {
         assert_eq!(crate::proto::frame::encode_append(&writes), data);
     }
+    // A Replay's payload (a parity fold) and its reply's answers: the
+    // same, and a fold that parses runs on a small memory chunk (checked
+    // against it first) without a panic.
+    if let Ok(fold) = crate::proto::frame::decode_replay(data) {
+        assert_eq!(crate::proto::frame::encode_replay(&fold), data);
+        let chunk = crate::media::MemDevice::new("fuzz", 1 << 16);
+        let _ = crate::media::fold::run(&chunk, &fold, false);
+    }
+    let rows = data.len() / crate::proto::frame::REPLAY_ANSWER_BYTES;
+    if let Ok(answers) = crate::proto::frame::decode_replay_answers(data, rows) {
+        assert_eq!(crate::proto::frame::encode_replay_answers(&answers), data);
+    }
     let mut b = data.to_vec();
     if b.len() >= HEADER_BYTES {
         b[..4].copy_from_slice(&MAGIC);

@@ -430,10 +430,37 @@ mod seeds {
         // a journal's records, then its length hint.
         let append =
             ecdedup::proto::frame::encode_append(&[(8192, &[0x11; 40]), (8232, &[0x22; 8])]);
+        // A Replay's payload alone: a parix row (d(0), d(r)) and a plog
+        // row (a delta), as the writer folds one parity unit.
+        use ecdedup::media::fold::{Fold, Row, Term};
+        let term = |coefficient, a, b| Term {
+            coefficient,
+            at: 0,
+            len: 4096,
+            a,
+            b,
+        };
+        let fold = Fold {
+            block_bytes: 4096,
+            rows: vec![
+                Row {
+                    parity: 0,
+                    expected_crc32c: 0x1234_5678,
+                    terms: vec![term(0x8e, 8192, Some(12288))],
+                },
+                Row {
+                    parity: 4096,
+                    expected_crc32c: 0,
+                    terms: vec![term(1, 16384, None)],
+                },
+            ],
+        };
+        let replay = ecdedup::proto::frame::encode_replay(&fold);
         vec![
             ("write-and-reply", stream),
             ("read", read),
             ("log-append-payload", append),
+            ("replay-payload", replay),
         ]
     }
 }

@@ -370,7 +370,7 @@ impl Array {
 
     /// Runs a batch of requests to the chunk stores (every device's I/O in
     /// one submission) and counts what it cost.
-    fn submit(&self, reqs: &mut [ChunkRequest<'_>]) {
+    pub(super) fn submit(&self, reqs: &mut [ChunkRequest<'_>]) {
         let cost = self.stores.as_slice().submit(reqs);
         let a = &self.counters.array;
         a.add(&a.device_submissions, cost.submissions);

@@ -98,6 +98,26 @@ pub struct BlockLog {
 /// Everything logged for one stripe: (role, block) → log.
 pub type StripeLog = HashMap<(u16, u32), BlockLog>;
 
+/// Where a logged block lies on a device: (device offset, bytes) runs, in
+/// the block's order.
+pub type DeviceRuns = Vec<(u64, usize)>;
+
+/// Logged blocks placed: the device they lie on, and each one's runs.
+pub type PlacedBlocks = (Arc<dyn Device>, Vec<DeviceRuns>);
+
+/// The journal blocks of a stripe's log, in the log's order: d(0) and d(r)
+/// of each parix entry, the deltas of each plog one; a torn entry (one of
+/// d(0), d(r) without the other) has none. What a replay reads.
+pub fn logged_blocks(log: &StripeLog) -> Vec<u64> {
+    log.values()
+        .flat_map(|e| match (e.original, e.latest) {
+            (Some(o), Some(l)) => vec![o, l],
+            (None, None) => e.deltas.clone(),
+            _ => Vec::new(),
+        })
+        .collect()
+}
+
 /// Records that open could not use: their stripes' parity must be
 /// recomputed from data, since what they logged is gone.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -762,6 +782,32 @@ impl ParityJournal {
         }
         let (results, _) = crate::media::submit(&mut ios);
         results.into_iter().collect()
+    }
+
+    /// Where logged blocks lie on the device of the metadata area the
+    /// journal lives in (format 2): the device, and for each file offset
+    /// the runs (device offset, bytes) of its `len` bytes. None for a
+    /// journal in a file of its own (format 1), or for no offsets. Fails
+    /// as [`ParityJournal::read_blocks`] would (past the file's end, the
+    /// test hook).
+    pub fn place_blocks(&self, offsets: &[u64], len: u64) -> Option<std::io::Result<PlacedBlocks>> {
+        let first = self.file.place_read(*offsets.first()?, len)?;
+        if self.faults.fail_reads.load(Relaxed) {
+            return Some(Err(std::io::Error::from_raw_os_error(libc::EIO)));
+        }
+        let first = match first {
+            Ok(p) => p,
+            Err(e) => return Some(Err(e)),
+        };
+        let mut runs = Vec::with_capacity(offsets.len());
+        runs.push(first.runs);
+        for &at in &offsets[1..] {
+            match self.file.place_read(at, len)? {
+                Ok(p) => runs.push(p.runs),
+                Err(e) => return Some(Err(e)),
+            }
+        }
+        Some(Ok((first.dev, runs)))
     }
 
     pub fn bytes(&self) -> u64 {

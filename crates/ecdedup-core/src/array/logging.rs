@@ -24,12 +24,14 @@
 
 use super::io::UnitWrite;
 use super::journal::{self, Kind};
+use super::replay_fold::DeviceFold;
 use super::store::{ChunkOp, ChunkReply, ChunkRequest};
 use super::Array;
 use crate::counters::{bump, IoClass};
 use crate::error::{Error, Result};
 use crate::media::remote::{within, Scope};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 
 /// Quiet time after which logged writes are replayed.
@@ -412,7 +414,13 @@ impl Array {
         Ok(())
     }
 
-    fn invalidate_in(&self, p: usize, stripe: u64, first: u64, count: u64) -> Result<()> {
+    pub(super) fn invalidate_in(
+        &self,
+        p: usize,
+        stripe: u64,
+        first: u64,
+        count: u64,
+    ) -> Result<()> {
         match self.stores[p].journal_invalidate(stripe, first as u32, count as u32) {
             Ok(()) => Ok(()),
             Err(e) => {
@@ -477,8 +485,23 @@ impl Array {
                 first_error = Some(e);
             }
         } else {
-            for (j, p) in self.parity_devices(stripe) {
-                if let Err(e) = self.replay_parity(stripe, j, p) {
+            let parity = self.parity_devices(stripe);
+            // A clean stripe's journals are folded where they are first
+            // (`replay_fold.rs`); what that leaves, the fold in RAM does.
+            let at_devices: Vec<DeviceFold> = match dirty {
+                false => self.fold_at_devices(stripe, &parity),
+                true => parity.iter().map(|_| DeviceFold::NotTried).collect(),
+            };
+            for ((j, p), at_device) in parity.into_iter().zip(at_devices) {
+                let replayed = match at_device {
+                    DeviceFold::NotTried => self.replay_parity(stripe, j, p, None),
+                    DeviceFold::Done => Ok(()),
+                    DeviceFold::RowsLeft { rows, records } => {
+                        self.replay_parity(stripe, j, p, Some((&rows, records)))
+                    }
+                    DeviceFold::Failed(e) => Err(e),
+                };
+                if let Err(e) = replayed {
                     first_error.get_or_insert(e);
                 }
             }
@@ -497,10 +520,21 @@ impl Array {
     /// unit `j`. The entries leave the index only when the invalidation that
     /// follows the parity write is logged (or forgotten with the region
     /// pinned), so an error before that leaves them in place.
-    fn replay_parity(&self, stripe: u64, j: usize, p: usize) -> Result<()> {
-        let Some((folded, records)) = self.fold_parity_or_fail(stripe, j, p, false)? else {
+    /// With `left`, only its rows, which a fold at the device left
+    /// unwritten, and then the records of the whole unit (its count) are
+    /// dropped.
+    fn replay_parity(
+        &self,
+        stripe: u64,
+        j: usize,
+        p: usize,
+        left: Option<(&BTreeSet<u32>, usize)>,
+    ) -> Result<()> {
+        let only = left.map(|(rows, _)| rows);
+        let Some((folded, records)) = self.fold_parity_or_fail(stripe, j, p, false, only)? else {
             return Ok(());
         };
+        let records = left.map_or(records, |(_, all)| all);
         self.write_folded_parity(stripe, j, p, &folded, records)
     }
 
@@ -514,8 +548,9 @@ impl Array {
         j: usize,
         p: usize,
         dirty: bool,
+        only: Option<&BTreeSet<u32>>,
     ) -> Result<Option<(std::collections::BTreeMap<u32, Vec<u8>>, usize)>> {
-        match self.fold_parity(stripe, j, p, dirty) {
+        match self.fold_parity(stripe, j, p, dirty, only) {
             Err(Error::Io { source, .. })
                 if self.journal_on_device_failed(p, "parity journal read", &source) =>
             {
@@ -570,6 +605,7 @@ impl Array {
     /// The parity rows of unit `j` with what device `p`'s journal holds for
     /// the stripe folded in, in RAM (rows whose parity is unavailable are
     /// left out), and the count of records; None when nothing is logged.
+    /// With `only`, only those rows.
     #[allow(clippy::type_complexity)]
     fn fold_parity(
         &self,
@@ -577,13 +613,18 @@ impl Array {
         j: usize,
         p: usize,
         dirty: bool,
+        only: Option<&BTreeSet<u32>>,
     ) -> Result<Option<(std::collections::BTreeMap<u32, Vec<u8>>, usize)>> {
         let g = self.geo;
         let block = g.block() as usize;
         let store = &self.stores[p];
-        let Some(log) = store.journal_stripe_log(stripe) else {
+        let Some(mut log) = store.journal_stripe_log(stripe) else {
             return Ok(None);
         };
+        let records = log.len();
+        if let Some(only) = only {
+            log.retain(|(_, row), _| only.contains(row));
+        }
         if !self.holds(p, stripe) {
             // Out of service: its parity is rebuilt from data, if ever.
             store.journal_forget(stripe);
@@ -598,14 +639,7 @@ impl Array {
         // The journal blocks the loop below reads, in its order, fetched
         // REPLAY_READ_BATCH at a time in one batch each (one round trip to
         // a remote chunk, not one per block).
-        let wanted: Vec<u64> = log
-            .values()
-            .flat_map(|e| match (e.original, e.latest) {
-                (Some(o), Some(l)) => vec![o, l],
-                (None, None) => e.deltas.clone(),
-                _ => Vec::new(),
-            })
-            .collect();
+        let wanted = journal::logged_blocks(&log);
         let mut loaded: std::collections::HashMap<u64, Vec<u8>> = Default::default();
         let mut fetched = 0usize;
         let mut read_block = |at: u64, buf: &mut [u8]| -> Result<()> {
@@ -729,7 +763,7 @@ impl Array {
                 StoredParity::Unavailable => {}
             }
         }
-        Ok(Some((folded, log.len())))
+        Ok(Some((folded, records)))
     }
 
     /// A replay while a data unit of the stripe is out of service. Writing
@@ -746,7 +780,7 @@ impl Array {
         let mut folds = Vec::new();
         let mut rows = std::collections::BTreeSet::new();
         for (j, p) in self.parity_devices(stripe) {
-            if let Some((folded, records)) = self.fold_parity_or_fail(stripe, j, p, dirty)? {
+            if let Some((folded, records)) = self.fold_parity_or_fail(stripe, j, p, dirty, None)? {
                 rows.extend(folded.keys().copied());
                 folds.push((j, p, folded, records));
             }

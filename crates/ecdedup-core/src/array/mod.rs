@@ -37,6 +37,7 @@ mod logging;
 mod maintenance;
 pub mod meta;
 mod readd;
+mod replay_fold;
 mod store;
 pub mod superblock;
 #[cfg(test)]

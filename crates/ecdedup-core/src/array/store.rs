@@ -36,6 +36,9 @@ pub(super) const TAG_ACTIVE: u8 = 0;
 pub(super) const TAG_FAILED: u8 = 1;
 pub(super) const TAG_REBUILDING: u8 = 2;
 
+/// A store's parity journal, held ([`ChunkStore::journal_held`]).
+pub(super) type JournalGuard<'a> = std::sync::MutexGuard<'a, Option<ParityJournal>>;
+
 /// One device of the array and everything kept per device.
 pub(super) struct ChunkStore {
     /// The device in service at this position (None while failed); shared
@@ -486,6 +489,39 @@ impl ChunkStore {
         Some(self.journal.lock().unwrap().as_ref()?.read_blocks(reads))
     }
 
+    /// The journal, held: while a fold at the device reads its records
+    /// where they lie, no compaction may move them (`journal_reclaim`
+    /// waits for the guard).
+    pub(super) fn journal_held(&self) -> JournalGuard<'_> {
+        self.journal.lock().unwrap()
+    }
+
+    /// Where the blocks at `offsets` (`len` bytes each) of `journal`
+    /// (this store's, held) lie on this store's own device, as runs
+    /// (device offset, bytes): what a fold at the device reads. None when
+    /// they do not lie there (a journal of format 1 in its own file; a
+    /// dedup layer between the array and the device, whose offsets are
+    /// not the device's; no device in service; no offsets).
+    pub(super) fn journal_place_blocks(
+        &self,
+        journal: &ParityJournal,
+        offsets: &[u64],
+        len: u64,
+    ) -> Option<std::io::Result<Vec<journal::DeviceRuns>>> {
+        let (dev, runs) = match journal.place_blocks(offsets, len)? {
+            Ok(placed) => placed,
+            Err(e) => return Some(Err(e)),
+        };
+        let own = self.device()?;
+        // The same device object: compared by address (the vtables of two
+        // `Arc<dyn Device>` of one object may differ across codegen units).
+        let same = std::ptr::eq(
+            Arc::as_ptr(&own).cast::<u8>(),
+            Arc::as_ptr(&dev).cast::<u8>(),
+        );
+        same.then_some(Ok(runs))
+    }
+
     /// (bytes past the header, logged blocks, index RAM bytes).
     pub(super) fn journal_usage(&self) -> (u64, u64, u64) {
         match self.journal.lock().unwrap().as_ref() {
@@ -530,6 +566,39 @@ impl ChunkStore {
             Err(e) => Err(e),
         };
         Some((compacted, result))
+    }
+
+    /// A fold the device ran: the checksums of the rows it folded
+    /// recorded (as a write records them), and its I/O counted as the
+    /// fold at the writer counted it: each row's parity read, the
+    /// journal's blocks of each folded row read, each folded row written.
+    fn note_fold(
+        &self,
+        fold: &media::fold::Fold,
+        indexes: &[u64],
+        answers: &[media::fold::RowAnswer],
+    ) {
+        use media::fold::RowAnswer;
+        let block = fold.block_bytes as usize;
+        for ((row, &index), answer) in fold.rows.iter().zip(indexes).zip(answers) {
+            match *answer {
+                RowAnswer::Folded { crc32c } => {
+                    self.counters.read(IoClass::Parity, block);
+                    // One read per logged entry (d(0) and d(r) together,
+                    // or one delta), as the writer counted: an entry's
+                    // first term starts the block (the others continue
+                    // an entry split where the journal's extents meet).
+                    for t in row.terms.iter().filter(|t| t.at == 0) {
+                        self.counters
+                            .read(IoClass::Journal, block * (1 + usize::from(t.b.is_some())));
+                    }
+                    self.counters.write(IoClass::Parity, block);
+                    self.table.set(index, crc32c);
+                }
+                RowAnswer::Mismatch { .. } => self.counters.read(IoClass::Parity, block),
+                RowAnswer::Unreadable => {}
+            }
+        }
     }
 
     /// A fresh journal (a replacement's).
@@ -577,6 +646,17 @@ pub(super) enum ChunkOp<'a> {
     /// requests and indexed once written. `Unavailable` without a journal.
     /// Not durable until the journal is synced (a flush, a FUA write).
     LogAppend { records: Vec<u8> },
+    /// `Op::Replay`: a parity fold run at the device (`media::fold`),
+    /// its rows' checksums recorded at blocks `indexes` (one per row) for
+    /// the rows it folds; each row's answer in `answers`. The store
+    /// answers `Unavailable` unless it holds `stripe`.
+    Fold {
+        fold: media::fold::Fold,
+        indexes: Vec<u64>,
+        stripe: u64,
+        fua: bool,
+        answers: Vec<media::fold::RowAnswer>,
+    },
 }
 
 /// A store's answer to a request.
@@ -664,6 +744,13 @@ fn device_io<'s>(
                 fua: *fua,
             },
             ChunkOp::Sync => media::Op::Sync,
+            ChunkOp::Fold {
+                fold, fua, answers, ..
+            } => media::Op::Fold {
+                fold,
+                fua: *fua,
+                answers,
+            },
             ChunkOp::LogAppend { .. } => return None,
         };
         Some(DeviceIo { dev, op })
@@ -697,7 +784,7 @@ fn submit_local(stores: &[ChunkStore], reqs: &mut [ChunkRequest<'_>]) -> BatchCo
         req.reply = ChunkReply::Unavailable;
         let held = match &mut req.op {
             ChunkOp::Read { stripe, .. } => stripe.is_none_or(|s| store.holds(s)),
-            ChunkOp::Write { stripe, .. } => store.holds(*stripe),
+            ChunkOp::Write { stripe, .. } | ChunkOp::Fold { stripe, .. } => store.holds(*stripe),
             ChunkOp::Sync => true,
             ChunkOp::LogAppend { records } => {
                 // The journal's place for the records is taken now; its
@@ -789,6 +876,18 @@ fn submit_local(stores: &[ChunkStore], reqs: &mut [ChunkRequest<'_>]) -> BatchCo
             }
             (Ok(()), ChunkOp::Sync) => {
                 store.counters.sync();
+                ChunkReply::Done
+            }
+            (
+                Ok(()),
+                ChunkOp::Fold {
+                    fold,
+                    indexes,
+                    answers,
+                    ..
+                },
+            ) => {
+                store.note_fold(fold, indexes, answers);
                 ChunkReply::Done
             }
             (Ok(()), ChunkOp::LogAppend { .. }) => unreachable!("an append has no device"),

@@ -46,6 +46,7 @@ impl Rig {
             dedup,
             WritePolicy::Rmw,
             JOURNAL_BYTES_DEFAULT,
+            MetadataPlacement::Folder,
         )
     }
 
@@ -66,9 +67,11 @@ impl Rig {
             DedupConfig::default(),
             policy,
             JOURNAL_BYTES_DEFAULT,
+            MetadataPlacement::Folder,
         )
     }
 
+    /// A rig of `n` devices, the metadata where `placement` puts it.
     #[allow(clippy::too_many_arguments)]
     fn with(
         n: u32,
@@ -79,18 +82,20 @@ impl Rig {
         dedup: DedupConfig,
         write_policy: WritePolicy,
         journal_bytes_max: u64,
+        placement: crate::array::MetadataPlacement,
     ) -> Rig {
         let dir = tempfile::tempdir().unwrap();
         let volume_bytes = stripes * k as u64 * stripe_unit_bytes as u64;
-        let geo = Geometry::new(n, k, m, stripe_unit_bytes, volume_bytes).unwrap();
-        let mems: Vec<MemDevice> = (0..n)
-            .map(|i| MemDevice::new(&format!("d{i}"), geo.device_bytes_min()))
-            .collect();
         let plans: Vec<Arc<FaultPlan>> = (0..n).map(|_| FaultPlan::new()).collect();
         let mut opts = options(n, k, m, stripe_unit_bytes, volume_bytes);
         opts.dedup = dedup;
         opts.write_policy = write_policy;
         opts.journal_bytes_max = journal_bytes_max;
+        opts.metadata = placement;
+        let geo = geometry_for(&opts).unwrap();
+        let mems: Vec<MemDevice> = (0..n)
+            .map(|i| MemDevice::new(&format!("d{i}"), geo.device_bytes_min()))
+            .collect();
         let devs = mems
             .iter()
             .map(|d| Arc::new(d.clone()) as Arc<dyn Device>)
@@ -923,6 +928,7 @@ fn model_case(c: ModelCase, ops: Vec<Op>) -> Result<(), TestCaseError> {
         dedup,
         write_policy,
         journal,
+        MetadataPlacement::Folder,
     );
     if let Some(ms) = intent_quiet_ms {
         rig.set_intent_clear_quiet_ms(ms);
@@ -1355,6 +1361,7 @@ fn a_full_journal_falls_back_to_read_modify_write() {
         DedupConfig::default(),
         WritePolicy::Parix,
         (1 << 20) + 20_000,
+        MetadataPlacement::Folder,
     );
     for i in 0..10u64 {
         rig.write(i * 4096 * 3, &pattern(400 + i, 4096));

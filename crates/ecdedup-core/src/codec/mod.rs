@@ -143,6 +143,18 @@ impl Codec {
         );
         isal::encode_data(&self.encode_tables, data, parity);
     }
+    /// The generator's coefficient `a_{k+parity, data}`: what parity unit
+    /// `parity` gains per byte of data unit `data` (parix's replay folds
+    /// `a * (d(r) ^ d(0))` with it, where the parity lives: [`mul_xor`]).
+    pub fn coefficient(&self, parity: usize, data: usize) -> u8 {
+        assert!(
+            parity < self.m && data < self.k,
+            "coefficient: ({parity}, {data}) out of range for RS({},{})",
+            self.k,
+            self.m
+        );
+        self.matrix[(self.k + parity) * self.k + data]
+    }
     /// parity[j] ^= a_{k+j,data_index} * delta, where delta = old ^ new of data shard data_index.
     pub fn update(&self, data_index: usize, delta: &[u8], parity: &mut [&mut [u8]]) {
         assert!(
@@ -289,6 +301,27 @@ impl Codec {
     #[cfg(test)]
     fn decode_cache_len(&self) -> usize {
         self.lock_decode_cache().len()
+    }
+}
+
+/// `dst ^= coefficient * src` in GF(2^8), bytewise (ISA-L's
+/// multiply-and-add, `ec_encode_data_update` with one 1 x 1 table; a
+/// coefficient of 1 is a plain XOR). `src` and `dst` have the same length.
+/// No geometry is needed: the coefficient comes from the writer's codec
+/// ([`Codec::coefficient`]), so a chunk server folds parity knowing no code.
+pub fn mul_xor(coefficient: u8, src: &[u8], dst: &mut [u8]) {
+    assert_eq!(src.len(), dst.len(), "mul_xor: buffers differ in length");
+    match coefficient {
+        0 => {}
+        1 => {
+            for (d, s) in dst.iter_mut().zip(src) {
+                *d ^= s;
+            }
+        }
+        c => {
+            let tables = isal::init_tables(1, 1, &[c]);
+            isal::encode_data_update(&tables, 1, 0, src, &mut [dst]);
+        }
     }
 }
 

@@ -113,8 +113,8 @@ pub fn invert(matrix: &[u8], n: usize) -> Option<Vec<u8>> {
     Some(b)
 }
 
-/// `out ^= coefficient * src`, byte by byte.
-fn mul_add(coefficient: u8, src: &[u8], out: &mut [u8]) {
+/// `out ^= coefficient * src`, bytewise: the twin of [`super::mul_xor`].
+pub fn mul_add(coefficient: u8, src: &[u8], out: &mut [u8]) {
     assert_eq!(src.len(), out.len(), "mul_add: buffers differ in length");
     for (o, &s) in out.iter_mut().zip(src) {
         *o ^= mul(coefficient, s);

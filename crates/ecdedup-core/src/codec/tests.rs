@@ -88,6 +88,32 @@ proptest! {
     }
 
     #[test]
+    fn mul_xor_matches_the_scalar_multiply_and_add_and_the_coefficient_is_updates(
+        (k, m) in (1usize..=12, 1usize..=4),
+        coefficient in any::<u8>(),
+        seed in any::<u64>(),
+        len in shard_len(),
+    ) {
+        let src = random_shards(seed, 1, len).remove(0);
+        let mut fast = random_shards(!seed, 1, len).remove(0);
+        let mut slow = fast.clone();
+        super::mul_xor(coefficient, &src, &mut fast);
+        scalar::mul_add(coefficient, &src, &mut slow);
+        prop_assert_eq!(&fast, &slow);
+        // What `update` adds to parity j for data unit i is a_{k+j,i} times
+        // the delta: the coefficient a replay folds with.
+        let codec = Codec::new(k, m).unwrap();
+        let i = (seed as usize) % k;
+        let mut parity = vec![vec![0u8; len]; m];
+        codec.update(i, &src, &mut muts(&mut parity));
+        for (j, p) in parity.iter().enumerate() {
+            let mut want = vec![0u8; len];
+            super::mul_xor(codec.coefficient(j, i), &src, &mut want);
+            prop_assert_eq!(p, &want);
+        }
+    }
+
+    #[test]
     fn update_with_delta_matches_reencoding_after_changing_one_shard(
         (k, m) in (1usize..=12, 1usize..=4),
         index in any::<prop::sample::Index>(),

@@ -52,6 +52,15 @@ pub enum Op<'a> {
         writes: Vec<(u64, &'a [u8])>,
         hint: WriteHint,
     },
+    /// A replay's parity fold ([`super::fold`]): on the calling thread
+    /// ([`super::fold::run`]), or as one `Replay` message to a chunk across
+    /// the network; each row's answer lands in `answers`. `fua`: the
+    /// folded rows durable before the answer.
+    Fold {
+        fold: &'a super::fold::Fold,
+        fua: bool,
+        answers: &'a mut Vec<super::fold::RowAnswer>,
+    },
 }
 
 /// One operation on one device.
@@ -92,7 +101,8 @@ pub fn submit(ios: &mut [DeviceIo<'_>]) -> (Vec<io::Result<()>>, BatchCost) {
             continue;
         }
         let ring = io.dev.ring_file().filter(|_| ring_enabled());
-        match ring.filter(|_| !matches!(io.op, Op::Append { .. })) {
+        let own_thread = matches!(io.op, Op::Append { .. } | Op::Fold { .. });
+        match ring.filter(|_| !own_thread) {
             Some(file) => ring_ops.push((i, file)),
             None => {
                 let (r, calls) = run_looped(io);
@@ -138,11 +148,19 @@ pub fn submit(ios: &mut [DeviceIo<'_>]) -> (Vec<io::Result<()>>, BatchCost) {
     }
     for (i, pending) in remote {
         let reply = pending.wait();
+        let dev = ios[i].dev;
         results[i] = match &mut ios[i].op {
-            Op::Read { buf, .. } => {
-                let dev = ios[i].dev;
-                super::remote::fill_read(buf, reply, &|| dev.describe())
-            }
+            Op::Read { buf, .. } => super::remote::fill_read(buf, reply, &|| dev.describe()),
+            Op::Fold { fold, answers, .. } => reply.and_then(|bytes| {
+                **answers = crate::proto::frame::decode_replay_answers(&bytes, fold.rows.len())
+                    .map_err(|why| {
+                        io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            format!("{}: {why}", dev.describe()),
+                        )
+                    })?;
+                Ok(())
+            }),
             _ => reply.map(drop),
         };
     }
@@ -170,6 +188,7 @@ fn link_op<'a>(op: &'a Op<'_>) -> super::remote::LinkOp<'a> {
         },
         Op::Sync => LinkOp::Sync,
         Op::Append { writes, .. } => LinkOp::Append { writes },
+        Op::Fold { fold, fua, .. } => LinkOp::Fold { fold, fua: *fua },
     }
 }
 
@@ -199,6 +218,13 @@ fn run_looped(io: &mut DeviceIo<'_>) -> (io::Result<()>, u64) {
             }
             (Ok(()), writes.len() as u64)
         }
+        Op::Fold { fold, fua, answers } => match super::fold::run(io.dev, fold, *fua) {
+            Ok(a) => {
+                **answers = a;
+                (Ok(()), 1)
+            }
+            Err(e) => (Err(e), 1),
+        },
     }
 }
 
@@ -394,7 +420,9 @@ fn prepare(io: &mut DeviceIo<'_>, index: usize, file: RingFile) -> (io_uring::sq
                 .build();
             (entry, fd, bounce)
         }
-        Op::Append { .. } => unreachable!("an append runs on the calling thread"),
+        Op::Append { .. } | Op::Fold { .. } => {
+            unreachable!("an append or a fold runs on the calling thread")
+        }
         Op::Sync => (
             opcode::Fsync::new(types::Fd(file.fd))
                 .flags(types::FsyncFlags::DATASYNC)
@@ -468,7 +496,9 @@ fn complete(io: &mut DeviceIo<'_>, mut slot: Slot, res: i32, calls: &mut u64) ->
             Ok(())
         }
         Op::Sync => Ok(()),
-        Op::Append { .. } => unreachable!("an append runs on the calling thread"),
+        Op::Append { .. } | Op::Fold { .. } => {
+            unreachable!("an append or a fold runs on the calling thread")
+        }
     }
 }
 
@@ -641,7 +671,7 @@ mod tests {
                 let at = (i * 4096) as u64;
                 match &mut op {
                     Op::Read { offset, .. } | Op::Write { offset, .. } => *offset = at,
-                    Op::Sync | Op::Append { .. } => {}
+                    Op::Sync | Op::Append { .. } | Op::Fold { .. } => {}
                 }
                 DeviceIo { dev, op }
             })

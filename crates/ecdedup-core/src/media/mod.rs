@@ -17,6 +17,7 @@ pub mod area;
 pub mod batch;
 mod faulty;
 mod file;
+pub mod fold;
 mod mem;
 pub mod placement;
 pub mod powerloss;

@@ -46,6 +46,13 @@ pub enum LinkOp<'a> {
     /// journal's length hint) written in this order, answered together
     /// (`proto::frame::Op::LogAppend`, one message).
     Append { writes: &'a [(u64, &'a [u8])] },
+    /// A replay's parity fold, run at the chunk ([`super::fold`];
+    /// `proto::frame::Op::Replay`, one message): the reply's bytes are
+    /// the rows' answers (`proto::frame::encode_replay_answers`).
+    Fold {
+        fold: &'a super::fold::Fold,
+        fua: bool,
+    },
     /// Makes the chunk's completed writes durable.
     Sync,
     /// `[offset, offset+len)` reads as zeroes from now on.
@@ -73,6 +80,9 @@ pub enum Purpose {
     ReplayRead,
     /// A replay's write (folded parity, the invalidation that follows).
     ReplayWrite,
+    /// A replay's parity fold run at the chunk (`Replay`): the journal
+    /// records and the parity read, folded and written where they are.
+    ReplayFold,
     /// A page of a chunk's checksum table, read or written.
     ChecksumPage,
     /// Any other metadata: superblocks, the metadata area's files (intent
@@ -87,7 +97,7 @@ pub enum Purpose {
 
 impl Purpose {
     /// Every purpose, in counter order.
-    pub const ALL: [Purpose; 12] = [
+    pub const ALL: [Purpose; 13] = [
         Purpose::Read,
         Purpose::D0Read,
         Purpose::Write,
@@ -95,6 +105,7 @@ impl Purpose {
         Purpose::JournalHint,
         Purpose::ReplayRead,
         Purpose::ReplayWrite,
+        Purpose::ReplayFold,
         Purpose::ChecksumPage,
         Purpose::Metadata,
         Purpose::Flush,
@@ -111,6 +122,7 @@ impl Purpose {
             Purpose::JournalHint => "journal_hint",
             Purpose::ReplayRead => "replay_read",
             Purpose::ReplayWrite => "replay_write",
+            Purpose::ReplayFold => "replay_fold",
             Purpose::ChecksumPage => "checksum_page",
             Purpose::Metadata => "metadata",
             Purpose::Flush => "flush",
@@ -126,6 +138,7 @@ impl Purpose {
         match (op, scope) {
             (LinkOp::Sync, _) => Purpose::Flush,
             (LinkOp::Discard { .. }, _) => Purpose::Discard,
+            (LinkOp::Fold { .. }, _) => Purpose::ReplayFold,
             (LinkOp::Append { .. }, Some(Scope::Replay)) => Purpose::ReplayWrite,
             (LinkOp::Append { .. }, _) => Purpose::JournalAppend,
             (LinkOp::Read { .. }, Some(Scope::D0)) => Purpose::D0Read,

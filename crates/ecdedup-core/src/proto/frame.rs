@@ -10,6 +10,7 @@
 //! flipped bit on the wire or a peer that lost its framing is an error,
 //! never a request acted on.
 
+use crate::media::fold::{Fold, Row, RowAnswer, Term, FOLD_ROWS_MAX, FOLD_TERMS_MAX};
 use std::fmt;
 use std::io::Read;
 
@@ -73,7 +74,13 @@ wire_enum! {
         /// A parity server's answer to a parix append it cannot apply: it
         /// lacks d(0), which the data server then supplies.
         NeedD0 = 5,
-        /// Replay (or seal) a parity log into the parity it covers.
+        /// A replay's parity fold at the chunk that holds the parity and
+        /// its journal: the payload is a [`Fold`] ([`encode_replay`]: each
+        /// parity block's offset and expected CRC32C, and its terms
+        /// `c * (a ^ b)` over chunk ranges), which the chunk server runs
+        /// (`media::fold::run`); the reply is the boot id, then each row's
+        /// answer ([`encode_replay_answers`]); with [`FLAG_FUA`], the
+        /// folded rows durable before it.
         Replay = 6,
         /// Make every acknowledged write of the volume durable.
         Flush = 7,
@@ -233,6 +240,171 @@ pub fn decode_append(payload: &[u8]) -> Result<Vec<(u64, &[u8])>, String> {
         return Err("a LogAppend with no write".into());
     }
     Ok(writes)
+}
+
+/// Bytes before the rows of a `Replay` payload: u32 LE block bytes, u32 LE
+/// rows.
+pub const REPLAY_HEADER_BYTES: usize = 8;
+/// Bytes of a row's header in a `Replay` payload: u64 LE parity offset,
+/// u32 LE expected CRC32C, u32 LE terms.
+pub const REPLAY_ROW_BYTES: usize = 16;
+/// Bytes of a term in a `Replay` payload: u8 coefficient, u8 flags (bit 0:
+/// `b` present), u16 zero, u32 LE offset in the parity block, u32 LE
+/// length, u64 LE `a`, u64 LE `b` (0 when absent).
+pub const REPLAY_TERM_BYTES: usize = 28;
+/// Bytes of a row's answer in a `Replay` reply (after the boot id): u8
+/// kind (0 folded, 1 mismatch, 2 unreadable), u32 LE CRC32C (the new
+/// parity's; the stored one's for a mismatch; 0).
+pub const REPLAY_ANSWER_BYTES: usize = 5;
+
+// The largest fold fits a frame.
+const _: () = assert!(
+    REPLAY_HEADER_BYTES + FOLD_ROWS_MAX * REPLAY_ROW_BYTES + FOLD_TERMS_MAX * REPLAY_TERM_BYTES
+        <= PAYLOAD_BYTES_MAX as usize
+);
+
+/// The payload of a `Replay`: the fold's header, then each row's header
+/// followed by its terms.
+pub fn encode_replay(fold: &Fold) -> Vec<u8> {
+    let bytes =
+        REPLAY_HEADER_BYTES + fold.rows.len() * REPLAY_ROW_BYTES + fold.terms() * REPLAY_TERM_BYTES;
+    let mut out = Vec::with_capacity(bytes);
+    out.extend_from_slice(&fold.block_bytes.to_le_bytes());
+    out.extend_from_slice(&(fold.rows.len() as u32).to_le_bytes());
+    for row in &fold.rows {
+        out.extend_from_slice(&row.parity.to_le_bytes());
+        out.extend_from_slice(&row.expected_crc32c.to_le_bytes());
+        out.extend_from_slice(&(row.terms.len() as u32).to_le_bytes());
+        for t in &row.terms {
+            out.push(t.coefficient);
+            out.push(u8::from(t.b.is_some()));
+            out.extend_from_slice(&[0, 0]);
+            out.extend_from_slice(&t.at.to_le_bytes());
+            out.extend_from_slice(&t.len.to_le_bytes());
+            out.extend_from_slice(&t.a.to_le_bytes());
+            out.extend_from_slice(&t.b.unwrap_or(0).to_le_bytes());
+        }
+    }
+    out
+}
+
+/// Takes `n` bytes off the front of `rest`, or says what was cut short.
+fn take<'p>(rest: &mut &'p [u8], n: usize, what: &str) -> Result<&'p [u8], String> {
+    let Some((head, tail)) = rest.split_at_checked(n) else {
+        return Err(format!(
+            "a Replay {what} cut short ({} of {n} bytes)",
+            rest.len()
+        ));
+    };
+    *rest = tail;
+    Ok(head)
+}
+
+fn le_u32(b: &[u8]) -> u32 {
+    u32::from_le_bytes(b.try_into().expect("4 bytes"))
+}
+
+fn le_u64(b: &[u8]) -> u64 {
+    u64::from_le_bytes(b.try_into().expect("8 bytes"))
+}
+
+/// The fold of a `Replay` payload, or why it is malformed: cut short,
+/// bytes left over, a count past its bound (refused before anything is
+/// allocated for it), unknown flags, a nonzero reserved field, or a fold
+/// whose shape fails [`Fold::check_shape`]. The ranges are checked
+/// against the chunk by [`Fold::check`].
+pub fn decode_replay(payload: &[u8]) -> Result<Fold, String> {
+    let mut rest = payload;
+    let head = take(&mut rest, REPLAY_HEADER_BYTES, "header")?;
+    let block_bytes = le_u32(&head[..4]);
+    let rows = le_u32(&head[4..]) as usize;
+    if rows == 0 || rows > FOLD_ROWS_MAX {
+        return Err(format!("a Replay of {rows} rows (1 to {FOLD_ROWS_MAX})"));
+    }
+    let mut fold = Fold {
+        block_bytes,
+        rows: Vec::with_capacity(rows),
+    };
+    let mut terms_total = 0usize;
+    for _ in 0..rows {
+        let r = take(&mut rest, REPLAY_ROW_BYTES, "row")?;
+        let terms = le_u32(&r[12..]) as usize;
+        terms_total = terms_total.saturating_add(terms);
+        if terms_total > FOLD_TERMS_MAX {
+            return Err(format!("a Replay of more than {FOLD_TERMS_MAX} terms"));
+        }
+        let mut row = Row {
+            parity: le_u64(&r[..8]),
+            expected_crc32c: le_u32(&r[8..12]),
+            terms: Vec::with_capacity(terms),
+        };
+        for _ in 0..terms {
+            let t = take(&mut rest, REPLAY_TERM_BYTES, "term")?;
+            let (flags, b) = (t[1], le_u64(&t[20..]));
+            if flags > 1 || t[2..4] != [0, 0] || (flags == 0 && b != 0) {
+                return Err(format!(
+                    "a Replay term with flags {flags:#04x}, reserved {:02x?} and b {b}",
+                    &t[2..4]
+                ));
+            }
+            row.terms.push(Term {
+                coefficient: t[0],
+                at: le_u32(&t[4..8]),
+                len: le_u32(&t[8..12]),
+                a: le_u64(&t[12..20]),
+                b: (flags == 1).then_some(b),
+            });
+        }
+        fold.rows.push(row);
+    }
+    if !rest.is_empty() {
+        return Err(format!(
+            "a Replay with {} bytes after its last row",
+            rest.len()
+        ));
+    }
+    fold.check_shape()?;
+    Ok(fold)
+}
+
+/// The rows' answers of a `Replay` reply (after the boot id).
+pub fn encode_replay_answers(answers: &[RowAnswer]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(answers.len() * REPLAY_ANSWER_BYTES);
+    for a in answers {
+        let (kind, crc) = match *a {
+            RowAnswer::Folded { crc32c } => (0u8, crc32c),
+            RowAnswer::Mismatch { crc32c } => (1, crc32c),
+            RowAnswer::Unreadable => (2, 0),
+        };
+        out.push(kind);
+        out.extend_from_slice(&crc.to_le_bytes());
+    }
+    out
+}
+
+/// The answers of a `Replay` reply to a fold of `rows` rows, or why they
+/// are malformed.
+pub fn decode_replay_answers(bytes: &[u8], rows: usize) -> Result<Vec<RowAnswer>, String> {
+    if bytes.len() != rows.saturating_mul(REPLAY_ANSWER_BYTES) {
+        return Err(format!(
+            "a Replay reply of {} bytes to a fold of {rows} rows",
+            bytes.len()
+        ));
+    }
+    bytes
+        .chunks_exact(REPLAY_ANSWER_BYTES)
+        .map(|a| {
+            let crc32c = le_u32(&a[1..]);
+            match a[0] {
+                0 => Ok(RowAnswer::Folded { crc32c }),
+                1 => Ok(RowAnswer::Mismatch { crc32c }),
+                2 if crc32c == 0 => Ok(RowAnswer::Unreadable),
+                kind => Err(format!(
+                    "a Replay answer of kind {kind} and CRC {crc32c:#010x}"
+                )),
+            }
+        })
+        .collect()
 }
 
 /// The `pg` field of a chunk's frame: the placement group in the high 24
@@ -643,5 +815,80 @@ mod tests {
         assert!(why(&payload[..5]).contains("cut short"));
         assert!(why(&payload[..payload.len() - 1]).contains("bytes left"));
         assert!(why(&encode_append(&[(8, b"")])).contains("empty"));
+    }
+
+    fn a_fold() -> Fold {
+        let term = |coefficient, a, b| Term {
+            coefficient,
+            at: 0,
+            len: 4096,
+            a,
+            b,
+        };
+        Fold {
+            block_bytes: 4096,
+            rows: vec![
+                Row {
+                    parity: 1 << 20,
+                    expected_crc32c: 0xdead_beef,
+                    terms: vec![term(0x8e, 8192, Some(16384)), term(1, 65536, None)],
+                },
+                Row {
+                    parity: (1 << 20) + 4096,
+                    expected_crc32c: 7,
+                    terms: Vec::new(),
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn a_replay_payload_and_its_answers_round_trip_and_malformed_ones_are_refused() {
+        let fold = a_fold();
+        let payload = encode_replay(&fold);
+        assert_eq!(decode_replay(&payload).unwrap(), fold);
+        let why = |p: &[u8]| decode_replay(p).unwrap_err();
+        assert!(why(&[]).contains("header cut short"));
+        assert!(why(&payload[..payload.len() - 1]).contains("cut short"));
+        let mut longer = payload.clone();
+        longer.push(0);
+        assert!(why(&longer).contains("after its last row"));
+        // Counts past their bounds are refused before any allocation.
+        let mut many = payload.clone();
+        many[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(why(&many).contains("rows (1 to"));
+        let mut terms = payload.clone();
+        terms[REPLAY_HEADER_BYTES + 12..REPLAY_HEADER_BYTES + 16]
+            .copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(why(&terms).contains("more than"));
+        // A term: unknown flags, a b without its flag, a coefficient of 0,
+        // a range outside its parity block.
+        let term_at = REPLAY_HEADER_BYTES + REPLAY_ROW_BYTES;
+        let edit = |at: usize, bytes: &[u8]| {
+            let mut p = payload.clone();
+            p[term_at + at..term_at + at + bytes.len()].copy_from_slice(bytes);
+            why(&p)
+        };
+        assert!(edit(1, &[2]).contains("flags"));
+        assert!(edit(1, &[0]).contains("b 16384"));
+        assert!(edit(0, &[0]).contains("coefficient 0"));
+        assert!(edit(4, &1u32.to_le_bytes()).contains("in a parity block"));
+        assert!(edit(8, &0u32.to_le_bytes()).contains("a term of 0 bytes"));
+        // The answers.
+        let answers = vec![
+            RowAnswer::Folded { crc32c: 5 },
+            RowAnswer::Mismatch { crc32c: 6 },
+            RowAnswer::Unreadable,
+        ];
+        let bytes = encode_replay_answers(&answers);
+        assert_eq!(decode_replay_answers(&bytes, 3).unwrap(), answers);
+        assert!(decode_replay_answers(&bytes, 2)
+            .unwrap_err()
+            .contains("2 rows"));
+        let mut bad = bytes.clone();
+        bad[0] = 9;
+        assert!(decode_replay_answers(&bad, 3)
+            .unwrap_err()
+            .contains("kind 9"));
     }
 }

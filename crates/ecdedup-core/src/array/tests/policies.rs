@@ -13,6 +13,7 @@
 
 use super::*;
 use crate::array::journal::FAIL_PREALLOCATE_ON_THIS_THREAD;
+use crate::array::MetadataPlacement;
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 
 const POLICIES: [WritePolicy; 2] = [WritePolicy::Plog, WritePolicy::Parix];
@@ -21,6 +22,32 @@ impl Rig {
     /// A filled RS(4,2) volume of `stripes` stripes, 8 KiB units, whose
     /// parity is current (full-stripe writes log nothing).
     fn filled(policy: WritePolicy, stripes: u64, journal_bytes_max: u64) -> Rig {
+        Rig::filled_with(
+            policy,
+            stripes,
+            journal_bytes_max,
+            MetadataPlacement::Folder,
+        )
+    }
+
+    /// As [`Rig::filled`], the metadata on the devices (format 2): the
+    /// parity journals beside the parity, so a replay folds them at the
+    /// device (`array/replay_fold.rs`).
+    fn filled_on_devices(policy: WritePolicy, stripes: u64) -> Rig {
+        Rig::filled_with(
+            policy,
+            stripes,
+            JOURNAL_BYTES_DEFAULT,
+            MetadataPlacement::Devices,
+        )
+    }
+
+    fn filled_with(
+        policy: WritePolicy,
+        stripes: u64,
+        journal_bytes_max: u64,
+        placement: MetadataPlacement,
+    ) -> Rig {
         let mut rig = Rig::with(
             6,
             4,
@@ -30,6 +57,7 @@ impl Rig {
             DedupConfig::default(),
             policy,
             journal_bytes_max,
+            placement,
         );
         let vol = rig.model.len();
         rig.write(0, &pattern(1000, vol));
@@ -98,8 +126,11 @@ impl Rig {
 
 #[test]
 fn replay_over_a_corrupt_parity_block_recomputes_it_instead_of_folding_the_log_twice() {
-    for policy in POLICIES {
-        let mut rig = Rig::filled(policy, 4, JOURNAL_BYTES_DEFAULT);
+    for (policy, on_devices) in POLICIES.into_iter().flat_map(|p| [(p, false), (p, true)]) {
+        let mut rig = match on_devices {
+            false => Rig::filled(policy, 4, JOURNAL_BYTES_DEFAULT),
+            true => Rig::filled_on_devices(policy, 4),
+        };
         let at = rig.volume_offset(1, 0, 0);
         rig.write(at, &pattern(1, 4096));
         rig.write(at + 4096 + 300, &pattern(2, 2000));
@@ -108,6 +139,11 @@ fn replay_over_a_corrupt_parity_block_recomputes_it_instead_of_folding_the_log_t
         rig.corrupt_block(1, 5, 1);
         rig.a().replay_all(None).unwrap();
         assert!(!rig.pending(1));
+        // On the devices, the two good rows of the four are folded there;
+        // the two corrupt ones the device refuses (a checksum mismatch),
+        // and the writer recomputes them from the data.
+        let at_device = rig.a().stats().array.parity_rows_folded_at_device;
+        assert_eq!(at_device, if on_devices { 2 } else { 0 }, "{policy}");
         rig.assert_consistent();
         rig.assert_matches_model();
         rig.assert_degraded_reads_match(1, &[0, 1]);
@@ -453,6 +489,7 @@ fn replayed_parity_goes_through_the_dedup_layer_once_per_materialised_block() {
         dedup(Policy::Parity),
         WritePolicy::Parix,
         JOURNAL_BYTES_DEFAULT,
+        MetadataPlacement::Folder,
     );
     let vol = rig.model.len();
     rig.write(0, &pattern(95, vol));
@@ -487,8 +524,11 @@ fn replayed_parity_goes_through_the_dedup_layer_once_per_materialised_block() {
 
 #[test]
 fn a_parity_device_that_dies_during_replay_costs_only_its_own_log() {
-    for policy in POLICIES {
-        let mut rig = Rig::filled(policy, 4, JOURNAL_BYTES_DEFAULT);
+    for (policy, on_devices) in POLICIES.into_iter().flat_map(|p| [(p, false), (p, true)]) {
+        let mut rig = match on_devices {
+            false => Rig::filled(policy, 4, JOURNAL_BYTES_DEFAULT),
+            true => Rig::filled_on_devices(policy, 4),
+        };
         rig.write(rig.volume_offset(2, 1, 1), &pattern(110, 4096));
         let p = rig.parity_device(2, 0);
         rig.plans[p].dead.store(true, Relaxed);
@@ -503,8 +543,11 @@ fn a_parity_device_that_dies_during_replay_costs_only_its_own_log() {
 
 #[test]
 fn a_bad_parity_block_whose_data_cannot_be_read_is_left_for_readers_to_skip() {
-    for policy in POLICIES {
-        let mut rig = Rig::filled(policy, 4, JOURNAL_BYTES_DEFAULT);
+    for (policy, on_devices) in POLICIES.into_iter().flat_map(|p| [(p, false), (p, true)]) {
+        let mut rig = match on_devices {
+            false => Rig::filled(policy, 4, JOURNAL_BYTES_DEFAULT),
+            true => Rig::filled_on_devices(policy, 4),
+        };
         rig.write(rig.volume_offset(3, 0, 0), &pattern(120, 4096));
         rig.corrupt_block(3, 4, 0);
         // A data device dies: the bad parity block cannot be recomputed.

@@ -34,6 +34,9 @@ impl Tally {
 struct CountingLink {
     mem: MemDevice,
     tally: Arc<Tally>,
+    /// Whether the chunk runs a fold (`Replay`); without, it refuses one
+    /// as a chunk server that lacks the op does, and nothing is written.
+    folds: bool,
 }
 
 struct Answered(std::io::Result<Vec<u8>>, Arc<Tally>);
@@ -64,6 +67,12 @@ impl ChunkLink for CountingLink {
                 .iter()
                 .try_for_each(|(offset, buf)| mem.write_at(buf, *offset))
                 .map(|()| Vec::new()),
+            LinkOp::Fold { fold, fua } if self.folds => crate::media::fold::run(mem, fold, fua)
+                .map(|answers| crate::proto::frame::encode_replay_answers(&answers)),
+            LinkOp::Fold { .. } => Err(std::io::Error::new(
+                std::io::ErrorKind::Unsupported,
+                "Replay is not served by this chunk",
+            )),
             LinkOp::Sync => mem.sync().map(|()| Vec::new()),
             LinkOp::Discard { offset, len } => mem.discard(offset, len).map(|()| Vec::new()),
         };
@@ -82,6 +91,11 @@ impl ChunkLink for CountingLink {
 /// A parix RS(4,2) array of format 2 over counting links, its volume
 /// written once (full stripes: parity current, nothing logged).
 fn parix_over_links() -> (tempfile::TempDir, Array, Arc<Tally>) {
+    parix_over_links_folding(true)
+}
+
+/// As [`parix_over_links`], its chunks running folds or not.
+fn parix_over_links_folding(folds: bool) -> (tempfile::TempDir, Array, Arc<Tally>) {
     let dir = tempfile::tempdir().unwrap();
     let (k, m, unit) = (4u32, 2u32, 8192u32);
     let mut opts = options(6, k, m, unit, 8 * k as u64 * unit as u64);
@@ -96,6 +110,7 @@ fn parix_over_links() -> (tempfile::TempDir, Array, Arc<Tally>) {
             let link = CountingLink {
                 mem: mem.clone(),
                 tally: Arc::clone(&tally),
+                folds,
             };
             Some(Arc::new(RemoteDevice::new(Arc::new(link))) as Arc<dyn Device>)
         })
@@ -135,16 +150,12 @@ fn a_parix_overwrite_sends_the_data_and_one_append_per_parity_in_one_round_trip(
     assert_eq!(back, pattern(7, 4096));
 }
 
-/// A replay folds a stripe's records into each parity unit reading every
-/// journal block it needs in one batch per parity journal: one round trip
-/// to each parity chunk for the records, not one per block (docs/
-/// benchmarks.md, "Five pools, a simulated network distance": 75,389
-/// replay reads in as many round trips before).
-#[test]
-fn a_replay_reads_a_stripes_journal_records_in_one_round_trip_per_journal() {
-    let (_dir, array, tally) = parix_over_links();
-    // Four blocks of one stripe overwritten twice each: every journal holds
-    // d(0) and d(r) of each, 8 blocks per parity journal.
+/// A replay of one stripe: four blocks overwritten twice each, so every
+/// parity journal holds d(0) and d(r) of each (8 blocks per journal).
+/// Returns (messages by purpose, round trips, the purposes that began
+/// each round trip) of the replay, after checking what reads back.
+fn replay_one_stripe(folds: bool) -> (Vec<(Purpose, usize)>, u64, Vec<Purpose>) {
+    let (_dir, array, tally) = parix_over_links_folding(folds);
     for round in 0..2u64 {
         for b in 0..4u64 {
             let at = b * 8192;
@@ -157,34 +168,72 @@ fn a_replay_reads_a_stripes_journal_records_in_one_round_trip_per_journal() {
     tally.round_trip_purposes.lock().unwrap().clear();
     array.replay_all(None).unwrap();
     let (by, round_trips) = tally.take();
-    let of = |p| by.iter().find(|(q, _)| *q == p).map_or(0, |(_, n)| *n);
-    let read_round_trips = tally
-        .round_trip_purposes
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|p| **p == Purpose::ReplayRead)
-        .count();
-    // The figures docs/cluster.md quotes (`-- --nocapture`).
-    eprintln!("replay: {by:?}; {read_round_trips} of {round_trips} round trips read");
-    // 2 journals x 8 blocks read, one at a time 16 round trips (and one
-    // per parity row read). Batched: one per journal, and the parity rows'.
-    assert!(of(Purpose::ReplayRead) >= 16, "{by:?}");
-    assert!(
-        read_round_trips <= 4,
-        "{read_round_trips} of {round_trips} round trips read ({by:?}): the journal blocks \
-         were read one by one"
-    );
+    let began = std::mem::take(&mut *tally.round_trip_purposes.lock().unwrap());
     assert_eq!(
         array.stats().array.records_replayed,
         8,
         "4 blocks per journal"
     );
-    for round in 1..2u64 {
-        for b in 0..4u64 {
-            let mut back = vec![0u8; 4096];
-            array.read(&mut back, b * 8192).unwrap();
-            assert_eq!(back, pattern(10 + round * 4 + b, 4096));
-        }
+    assert!(array.journaled_stripes().is_empty());
+    for b in 0..4u64 {
+        let mut back = vec![0u8; 4096];
+        array.read(&mut back, b * 8192).unwrap();
+        assert_eq!(back, pattern(14 + b, 4096));
     }
+    // The parity folded is what a fresh encode of the data gives.
+    let report = array.scrub(false, None).unwrap();
+    assert_eq!(
+        (report.parity_mismatches, report.checksum_mismatches),
+        (0, 0),
+        "{report:?}"
+    );
+    (by, round_trips, began)
+}
+
+/// A replay folds each parity journal at the chunk that holds it: one
+/// `Replay` message per parity chunk, both in one round trip, where the
+/// writer read every journal block and parity row and wrote the parity
+/// back (docs/cluster.md, "Limits"; `-- --nocapture` prints both).
+#[test]
+fn a_replay_folds_each_parity_journal_at_its_chunk_in_one_message() {
+    let count =
+        |by: &[(Purpose, usize)], p| by.iter().find(|(q, _)| *q == p).map_or(0, |(_, n)| *n);
+    let (before, trips_before, began_before) = replay_one_stripe(false);
+    let (after, trips_after, began_after) = replay_one_stripe(true);
+    let of = |began: &[Purpose], p| began.iter().filter(|q| **q == p).count();
+    eprintln!(
+        "replay without the fold at the chunk: {before:?}; {} of {trips_before} round trips read",
+        of(&began_before, Purpose::ReplayRead)
+    );
+    eprintln!(
+        "replay with it: {after:?}; {} of {trips_after} round trips fold",
+        of(&began_after, Purpose::ReplayFold)
+    );
+    // Without: 16 journal blocks and 2 parity rows read, 2 rows written
+    // (a chunk that refuses the fold writes nothing, and the writer
+    // replays as before).
+    assert!(count(&before, Purpose::ReplayRead) >= 18, "{before:?}");
+    // Read in batches there: one per journal and the parity rows', not
+    // one round trip per block (75,389 replay reads in as many round
+    // trips before: docs/benchmarks.md, "Five pools, a simulated network
+    // distance").
+    assert!(
+        of(&began_before, Purpose::ReplayRead) <= 4,
+        "{began_before:?}: the journal blocks were read one by one"
+    );
+    assert_eq!(count(&before, Purpose::ReplayFold), 2, "{before:?}");
+    // With: one fold per parity chunk, in one round trip, and nothing of
+    // the journal or the parity read by the writer.
+    assert_eq!(count(&after, Purpose::ReplayFold), 2, "{after:?}");
+    assert_eq!(of(&began_after, Purpose::ReplayFold), 1, "{began_after:?}");
+    assert_eq!(count(&after, Purpose::ReplayRead), 0, "{after:?}");
+    assert_eq!(
+        count(&after, Purpose::ReplayWrite),
+        count(&before, Purpose::ReplayWrite) - 2,
+        "the folded rows are not written by the writer: {after:?} / {before:?}"
+    );
+    assert!(
+        trips_after < trips_before,
+        "{trips_after} of {trips_before}"
+    );
 }
