@@ -618,7 +618,21 @@ impl Array {
         let g = self.geo;
         let block = g.block() as usize;
         let store = &self.stores[p];
-        let Some(mut log) = store.journal_stripe_log(stripe) else {
+        // In a dirty stripe, what each logged data block holds on its
+        // device (see the loop below), read before the journal is held: a
+        // failed read fails its device, which syncs every journal.
+        let on_disk = if dirty {
+            self.logged_blocks_on_disk(stripe, p, only)
+        } else {
+            Default::default()
+        };
+        // The journal is held from the lookup of where the stripe's records
+        // lie until they are read: a compaction (`journal_reclaim`, at the
+        // end of a replay on another thread, which holds no stripe lock)
+        // moves records, and a read at an offset looked up before it would
+        // fold another record's bytes into parity.
+        let held = store.journal_held();
+        let Some(mut log) = held.as_ref().and_then(|j| j.stripe_log(stripe)) else {
             return Ok(None);
         };
         let records = log.len();
@@ -626,6 +640,7 @@ impl Array {
             log.retain(|(_, row), _| only.contains(row));
         }
         if !self.holds(p, stripe) {
+            drop(held);
             // Out of service: its parity is rebuilt from data, if ever.
             store.journal_forget(stripe);
             return Ok(None);
@@ -652,7 +667,7 @@ impl Array {
                     .zip(bufs.iter_mut())
                     .map(|(&o, b)| (o, b.as_mut_slice()))
                     .collect();
-                match store.journal_read_blocks(&mut reads) {
+                match held.as_ref().map(|j| j.read_blocks(&mut reads)) {
                     Some(r) => r.map_err(journal_io)?,
                     None => {
                         return Err(Error::io(
@@ -689,17 +704,8 @@ impl Array {
                     // leave the row inconsistent and a missing unit decoding
                     // wrong. (In a clean stripe the device holds d(r), or
                     // rot that parity must not learn.)
-                    let place = g.place(stripe, *role as usize);
-                    if dirty && self.holds(place.device, stripe) {
-                        let mut on_disk = vec![0u8; block];
-                        if self.dev_read(
-                            place.device,
-                            IoClass::Data,
-                            &mut on_disk,
-                            g.device_offset(place.row, *row as u64),
-                        ) {
-                            b.copy_from_slice(&on_disk);
-                        }
+                    if let Some(on_disk) = on_disk.get(&(*role, *row)) {
+                        b.copy_from_slice(on_disk);
                     }
                     let delta: Vec<u8> = a.iter().zip(&b).map(|(x, y)| x ^ y).collect();
                     for s in scratch.iter_mut() {
@@ -739,6 +745,7 @@ impl Array {
                 }
             }
         }
+        drop(held);
         let mut folded = std::collections::BTreeMap::new();
         for (row, delta) in rows {
             let stored = if dirty {
@@ -764,6 +771,46 @@ impl Array {
             }
         }
         Ok(Some((folded, records)))
+    }
+
+    /// The blocks of `stripe`'s data units that device `p`'s journal holds
+    /// d(0) and d(r) for (the rows in `only`, where given), as their
+    /// devices hold them now, keyed by (role, row); a unit out of service
+    /// or unreadable is left out (its d(r) stands for it).
+    #[allow(clippy::type_complexity)]
+    fn logged_blocks_on_disk(
+        &self,
+        stripe: u64,
+        p: usize,
+        only: Option<&BTreeSet<u32>>,
+    ) -> std::collections::HashMap<(u16, u32), Vec<u8>> {
+        let g = self.geo;
+        let mut out = std::collections::HashMap::new();
+        let Some(log) = self.stores[p].journal_stripe_log(stripe) else {
+            return out;
+        };
+        for ((role, row), entry) in &log {
+            if entry.original.is_none() || entry.latest.is_none() {
+                continue;
+            }
+            if only.is_some_and(|only| !only.contains(row)) {
+                continue;
+            }
+            let place = g.place(stripe, *role as usize);
+            if !self.holds(place.device, stripe) {
+                continue;
+            }
+            let mut block = vec![0u8; g.block() as usize];
+            if self.dev_read(
+                place.device,
+                IoClass::Data,
+                &mut block,
+                g.device_offset(place.row, *row as u64),
+            ) {
+                out.insert((*role, *row), block);
+            }
+        }
+        out
     }
 
     /// A replay while a data unit of the stripe is out of service. Writing

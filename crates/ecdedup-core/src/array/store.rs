@@ -481,14 +481,6 @@ impl ChunkStore {
         self.journal.lock().unwrap().as_ref()?.stripe_log(stripe)
     }
 
-    /// [`journal::ParityJournal::read_blocks`]; None without a journal.
-    pub(super) fn journal_read_blocks(
-        &self,
-        reads: &mut [(u64, &mut [u8])],
-    ) -> Option<std::io::Result<()>> {
-        Some(self.journal.lock().unwrap().as_ref()?.read_blocks(reads))
-    }
-
     /// The journal, held: while a fold at the device reads its records
     /// where they lie, no compaction may move them (`journal_reclaim`
     /// waits for the guard).
