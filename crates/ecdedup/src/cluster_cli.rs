@@ -338,6 +338,11 @@ struct UpArgs {
     /// re-placed and rebuilt elsewhere; `chunkd --out-after`).
     #[arg(long, default_value_t = 600)]
     out_after: u64,
+    /// Run etcd over TLS with client certificates: a CA, etcd's and a
+    /// client certificate are made in DIR/tls, and every command of this
+    /// cluster uses them (recorded in cluster.json).
+    #[arg(long)]
+    etcd_tls: bool,
 }
 
 // Parsed once per process: the size of `Up` does not matter.
@@ -377,6 +382,51 @@ struct UpState {
     /// `chunkd --out-after` of every server (older state files: 600).
     #[serde(default = "out_after_default")]
     out_after: u64,
+    /// `--etcd-tls`: the client's TLS files (older state files: none).
+    #[serde(default)]
+    etcd_tls: Option<TlsFiles>,
+}
+
+/// The PEM files a client of `cluster up --etcd-tls`'s etcd presents.
+#[derive(Serialize, Deserialize, Clone)]
+struct TlsFiles {
+    ca: PathBuf,
+    cert: PathBuf,
+    key: PathBuf,
+}
+
+impl UpState {
+    fn tls(&self) -> EtcdTls {
+        match &self.etcd_tls {
+            Some(t) => EtcdTls {
+                ca: Some(t.ca.clone()),
+                cert: Some(t.cert.clone()),
+                key: Some(t.key.clone()),
+            },
+            None => EtcdTls::default(),
+        }
+    }
+
+    /// How this cluster's commands reach its etcd.
+    fn etcd_config(&self) -> EtcdConfig {
+        EtcdConfig::new(vec![self.etcd.clone()], CLUSTER_NAME).with_tls(self.tls())
+    }
+
+    /// `--etcd-ca F --etcd-cert F --etcd-key F`, or nothing.
+    fn tls_args(&self) -> Vec<std::ffi::OsString> {
+        let mut args = Vec::new();
+        if let Some(t) = &self.etcd_tls {
+            for (option, path) in [
+                ("--etcd-ca", &t.ca),
+                ("--etcd-cert", &t.cert),
+                ("--etcd-key", &t.key),
+            ] {
+                args.push(option.into());
+                args.push(path.into());
+            }
+        }
+        args
+    }
 }
 
 fn out_after_default() -> u64 {
@@ -495,7 +545,8 @@ fn start_server(dir: &Path, state: &UpState, id: u32, port: u16) -> Result<u32> 
         .arg("--lease-ttl")
         .arg("5")
         .arg("--out-after")
-        .arg(state.out_after.to_string());
+        .arg(state.out_after.to_string())
+        .args(state.tls_args());
     for d in 0..state.devices_per_server.max(1) {
         cmd.arg("--data")
             .arg(dir.join(format!("server{id}")).join(format!("dev{d}")));
@@ -549,7 +600,8 @@ fn start_serve(dir: &Path, state: &UpState, threads: u32) -> Result<u32> {
         .arg("--socket")
         .arg(&state.socket)
         .arg("--threads")
-        .arg(threads.to_string());
+        .arg(threads.to_string())
+        .args(state.tls_args());
     spawn_logged(cmd, &dir.join("serve.log"))
 }
 
@@ -585,7 +637,7 @@ pub fn cluster(dir: &Path, args: ClusterArgs) -> Result<()> {
                 )));
             }
             let rt = runtime()?;
-            let etcd = EtcdConfig::new(vec![state.etcd.clone()], CLUSTER_NAME);
+            let etcd = state.etcd_config();
             let log = dir.join(format!("server{id}.log"));
             // A killed server's registration lives until its lease expires
             // (5 s): the id is refused until then.
@@ -639,6 +691,7 @@ fn up(dir: &Path, args: UpArgs) -> Result<()> {
         threads,
         no_serve,
         out_after,
+        etcd_tls,
     } = args;
     let threads = (!no_serve).then_some(threads);
     let spec = settings.spec()?;
@@ -671,7 +724,19 @@ fn up(dir: &Path, args: UpArgs) -> Result<()> {
             .write_new(&key)
             .map_err(|e| Error::Other(e.to_string()))?;
     }
-    let etcd = ecdedup_cluster::LocalEtcd::start(&dir.join("etcd")).map_err(cluster_error)?;
+    let (etcd, client_tls) = if etcd_tls {
+        let pki = crate::cluster_pki::make(&dir.join("tls"))?;
+        let etcd = ecdedup_cluster::LocalEtcd::start_tls(&dir.join("etcd"), &pki.server);
+        let c = pki.client;
+        let files =
+            c.ca.zip(c.cert)
+                .zip(c.key)
+                .map(|((ca, cert), key)| TlsFiles { ca, cert, key });
+        (etcd, files)
+    } else {
+        (ecdedup_cluster::LocalEtcd::start(&dir.join("etcd")), None)
+    };
+    let etcd = etcd.map_err(cluster_error)?;
     let mut state = UpState {
         etcd: etcd.endpoint(),
         etcd_pid: etcd.detach(),
@@ -684,6 +749,7 @@ fn up(dir: &Path, args: UpArgs) -> Result<()> {
         serve_pid: None,
         socket: dir.join("nbd.sock"),
         out_after,
+        etcd_tls: client_tls,
     };
     save_state(&dir, &state)?;
     for id in 0..servers {
@@ -693,7 +759,7 @@ fn up(dir: &Path, args: UpArgs) -> Result<()> {
         save_state(&dir, &state)?;
     }
     let rt = runtime()?;
-    let etcd_config = EtcdConfig::new(vec![state.etcd.clone()], CLUSTER_NAME);
+    let etcd_config = state.etcd_config();
     wait_for("the chunk servers", &dir.join("server0.log"), || {
         registered(&rt, &etcd_config).len() >= servers as usize
     })?;
@@ -746,13 +812,21 @@ fn up(dir: &Path, args: UpArgs) -> Result<()> {
         println!("nbd+unix:///?socket={}", state.socket.display());
     }
     println!("etcd {}", state.etcd);
+    if let Some(t) = &state.etcd_tls {
+        println!(
+            "etcd TLS: --etcd-ca {} --etcd-cert {} --etcd-key {}",
+            t.ca.display(),
+            t.cert.display(),
+            t.key.display()
+        );
+    }
     Ok(())
 }
 
 fn status(dir: &Path, json: bool) -> Result<()> {
     let state = load_state(dir)?;
     let rt = runtime()?;
-    let etcd_config = EtcdConfig::new(vec![state.etcd.clone()], CLUSTER_NAME);
+    let etcd_config = state.etcd_config();
     let report = rt.block_on(async {
         let etcd = Etcd::connect(etcd_config).await.map_err(cluster_error)?;
         let live = ecdedup_cluster::list_servers(&etcd).await.map_err(cluster_error)?;

@@ -17,6 +17,7 @@ pub use ecdedup_lab::eval;
 
 pub mod cli;
 pub mod cluster_cli;
+mod cluster_pki;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod volume_cli;

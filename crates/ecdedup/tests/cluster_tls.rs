@@ -6,7 +6,8 @@
 //! a volume are made and listed, and `serve --cluster` serves the volume
 //! (its nbdkit plugin reaching etcd with the same files). Without the client certificate, without
 //! a CA, or with a file that is not PEM, a command fails in bounded time
-//! with an error that says why.
+//! with an error that says why. `cluster up --etcd-tls` makes its own
+//! certificates (in process) and its commands need no TLS option.
 
 use crate::support;
 
@@ -84,6 +85,15 @@ fn ecdedup(args: &[String], timeout: Duration) -> Out {
 
 fn strings(args: &[&str]) -> Vec<String> {
     args.iter().map(|a| a.to_string()).collect()
+}
+
+/// `ecdedup ARGS` must fail, saying `why` on stderr.
+fn assert_refused(args: &[&str], why: &str) {
+    let out = ecdedup(&strings(args), REFUSAL_TIMEOUT);
+    assert!(
+        !out.success() && out.stderr.contains(why),
+        "not refused with {why:?}: {out}"
+    );
 }
 
 #[test]
@@ -228,14 +238,7 @@ fn commands_and_chunk_servers_reach_etcd_over_tls_only_with_a_client_certificate
 
     // https:// without a CA, and a key file that is no PEM key, are
     // refused before any connection, naming the option or the file.
-    let no_ca = ecdedup(
-        &strings(&["volume", "--etcd", &endpoint, "ls", "p"]),
-        REFUSAL_TIMEOUT,
-    );
-    assert!(
-        !no_ca.success() && no_ca.stderr.contains("--etcd-ca"),
-        "{no_ca}"
-    );
+    assert_refused(&["volume", "--etcd", &endpoint, "ls", "p"], "--etcd-ca");
     let mut bad_key = strings(&["volume", "--etcd", &endpoint]);
     let ca: PathBuf = dir.join("ca.pem");
     bad_key.extend(strings(&[
@@ -255,4 +258,110 @@ fn commands_and_chunk_servers_reach_etcd_over_tls_only_with_a_client_certificate
             && bad_key.stderr.contains("no PEM private key"),
         "{bad_key}"
     );
+}
+
+/// `cluster down` of a test's cluster in every path.
+struct Down(PathBuf);
+
+impl Drop for Down {
+    fn drop(&mut self) {
+        if self.0.join("cluster.json").exists() {
+            let _ = run(
+                Command::new(ecdedup_bin())
+                    .arg("--dir")
+                    .arg(&self.0)
+                    .args(["cluster", "down"]),
+                CLI_TIMEOUT,
+            );
+        }
+    }
+}
+
+/// `cluster up --etcd-tls`: etcd on https with `--client-cert-auth`, the
+/// certificates made in the cluster's folder (private keys 0600), the
+/// chunk servers and `cluster status` reaching etcd through the files
+/// the cluster recorded, with no TLS option given; a plain-HTTP client
+/// and an https client without the client certificate are refused.
+#[test]
+fn cluster_up_with_etcd_tls_serves_its_commands_and_refuses_plain_http() {
+    use std::os::unix::fs::PermissionsExt;
+    require_tool("etcd");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("c");
+    let _down = Down(dir.clone());
+    let cli = |args: &[&str]| {
+        ecdedup(
+            &[&["--dir", dir.to_str().unwrap()][..], args]
+                .concat()
+                .iter()
+                .map(|a| a.to_string())
+                .collect::<Vec<_>>(),
+            REFUSAL_TIMEOUT,
+        )
+    };
+    let up = cli(&[
+        "cluster",
+        "up",
+        "--etcd-tls",
+        "--servers",
+        "2",
+        "--policy",
+        "replicate",
+        "--copies",
+        "2",
+        "--pgs",
+        "1",
+        "--size",
+        "64M",
+        "--no-serve",
+    ])
+    .ok();
+    let endpoint = printed_etcd(&up);
+    assert!(endpoint.starts_with("https://127.0.0.1:"), "{up}");
+    for key in ["etcd.key", "client.key"] {
+        let mode = std::fs::metadata(dir.join("tls").join(key))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "tls/{key}");
+    }
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("cluster.json")).unwrap()).unwrap();
+    let etcd_cmdline =
+        std::fs::read(format!("/proc/{}/cmdline", state["etcd_pid"])).unwrap_or_default();
+    assert!(
+        String::from_utf8_lossy(&etcd_cmdline).contains("--client-cert-auth"),
+        "etcd runs without --client-cert-auth: {state}"
+    );
+
+    // No TLS option: `cluster status` takes the files from cluster.json.
+    let status = cli(&["cluster", "status", "--json"]).ok();
+    let status: serde_json::Value = serde_json::from_str(&status.stdout).unwrap();
+    let states: Vec<&str> = status["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(states, ["up", "up"], "{status}");
+    assert_eq!(status["pools"][0]["volumes"][0]["name"], "vol0", "{status}");
+
+    // Plain HTTP to etcd's port, and https without a client certificate:
+    // refused.
+    let plain = endpoint.replace("https://", "http://");
+    assert_refused(&["volume", "--etcd", &plain, "ls", "pool0"], "no endpoint");
+    let ca = dir.join("tls").join("ca.pem");
+    assert_refused(
+        &[
+            "volume",
+            "--etcd",
+            &endpoint,
+            "--etcd-ca",
+            ca.to_str().unwrap(),
+            "ls",
+            "pool0",
+        ],
+        "no client certificate was given",
+    );
+    cli(&["cluster", "down"]).ok();
 }

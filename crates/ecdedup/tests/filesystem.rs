@@ -11,11 +11,10 @@ use crate::support;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
-use support::fs::Stack;
-use support::{run, run_ok, Background, TestArray};
-
-const COPY_TIMEOUT: Duration = Duration::from_secs(600);
-const FSCK_TIMEOUT: Duration = Duration::from_secs(300);
+use support::fs::{
+    count_files, diff_trees, fsck_clean, mkfs, require_fs_tools, sync_fs, Stack, COPY_TIMEOUT,
+};
+use support::{run_ok, Background, TestArray};
 
 /// Copies a source tree that exists on every Debian build machine into
 /// `dst`: this workspace's `crates/` and part of /usr/include (a few
@@ -67,79 +66,6 @@ fn stage_tree(dst: &Path) -> usize {
         "only {n} files staged; is /usr/include (libc6-dev, linux-libc-dev) installed?"
     );
     n
-}
-
-fn count_files(dir: &Path) -> usize {
-    let mut n = 0;
-    for e in std::fs::read_dir(dir).unwrap().flatten() {
-        let t = e.file_type().unwrap();
-        if t.is_dir() {
-            n += count_files(&e.path());
-        } else {
-            n += 1;
-        }
-    }
-    n
-}
-
-fn diff_trees(a: &Path, b: &Path) {
-    let out = run(
-        Command::new("diff")
-            .arg("-r")
-            .arg("--no-dereference")
-            .arg(a)
-            .arg(b),
-        COPY_TIMEOUT,
-    );
-    assert!(out.success(), "trees differ: {out}");
-}
-
-fn mkfs(dev: &str) {
-    run_ok(
-        Command::new("mkfs.ext4")
-            .args([
-                "-q",
-                "-F",
-                "-b",
-                "4096",
-                "-E",
-                "lazy_itable_init=0,lazy_journal_init=0",
-            ])
-            .arg(dev),
-        FSCK_TIMEOUT,
-    );
-}
-
-fn fsck_clean(dev: &str) {
-    let out = run(Command::new("e2fsck").arg("-fn").arg(dev), FSCK_TIMEOUT);
-    assert!(out.success(), "e2fsck -fn found problems: {out}");
-}
-
-fn sync_fs(mnt: &Path) {
-    run_ok(Command::new("sync").arg("-f").arg(mnt), COPY_TIMEOUT);
-}
-
-fn require_fs_tools() {
-    for t in [
-        "nbdfuse",
-        "fusermount3",
-        "losetup",
-        "mkfs.ext4",
-        "e2fsck",
-        "mount",
-        "umount",
-        "diff",
-        "cp",
-        "tar",
-        "sync",
-    ] {
-        support::require_tool(t);
-    }
-    assert!(Path::new("/dev/fuse").exists(), "/dev/fuse is missing");
-    assert!(
-        Path::new("/dev/loop-control").exists(),
-        "loop devices are missing"
-    );
 }
 
 fn dir(a: &TestArray, name: &str) -> PathBuf {

@@ -12,6 +12,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 const STEP_TIMEOUT: Duration = Duration::from_secs(60);
+pub const COPY_TIMEOUT: Duration = Duration::from_secs(600);
+const FSCK_TIMEOUT: Duration = Duration::from_secs(300);
 
 fn is_mounted(target: &Path) -> bool {
     let Ok(target) = target.canonicalize() else {
@@ -284,4 +286,83 @@ impl Drop for Stack {
             f.teardown();
         }
     }
+}
+
+/// Files (not folders) under `dir`, recursively.
+pub fn count_files(dir: &Path) -> usize {
+    let mut n = 0;
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let t = e.file_type().unwrap();
+        if t.is_dir() {
+            n += count_files(&e.path());
+        } else {
+            n += 1;
+        }
+    }
+    n
+}
+
+/// `diff -r` of two trees; panics with the difference.
+pub fn diff_trees(a: &Path, b: &Path) {
+    let out = super::run(
+        Command::new("diff")
+            .arg("-r")
+            .arg("--no-dereference")
+            .arg(a)
+            .arg(b),
+        COPY_TIMEOUT,
+    );
+    assert!(out.success(), "trees differ: {out}");
+}
+
+/// ext4 on `dev`, its inode tables and journal written now.
+pub fn mkfs(dev: &str) {
+    super::run_ok(
+        Command::new("mkfs.ext4")
+            .args([
+                "-q",
+                "-F",
+                "-b",
+                "4096",
+                "-E",
+                "lazy_itable_init=0,lazy_journal_init=0",
+            ])
+            .arg(dev),
+        FSCK_TIMEOUT,
+    );
+}
+
+/// `e2fsck -fn`: panics unless the file system is clean.
+pub fn fsck_clean(dev: &str) {
+    let out = super::run(Command::new("e2fsck").arg("-fn").arg(dev), FSCK_TIMEOUT);
+    assert!(out.success(), "e2fsck -fn found problems: {out}");
+}
+
+/// `sync -f` of the file system mounted at `mnt`.
+pub fn sync_fs(mnt: &Path) {
+    super::run_ok(Command::new("sync").arg("-f").arg(mnt), COPY_TIMEOUT);
+}
+
+/// The tools, /dev/fuse and loop devices a file-system test needs.
+pub fn require_fs_tools() {
+    for t in [
+        "nbdfuse",
+        "fusermount3",
+        "losetup",
+        "mkfs.ext4",
+        "e2fsck",
+        "mount",
+        "umount",
+        "diff",
+        "cp",
+        "tar",
+        "sync",
+    ] {
+        super::require_tool(t);
+    }
+    assert!(Path::new("/dev/fuse").exists(), "/dev/fuse is missing");
+    assert!(
+        Path::new("/dev/loop-control").exists(),
+        "loop devices are missing"
+    );
 }

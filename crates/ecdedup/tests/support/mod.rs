@@ -540,6 +540,16 @@ pub fn counter(stats: &Value, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("no counter array.{name} in {stats}"))
 }
 
+/// The etcd endpoint `cluster up` printed (its line `etcd URL`).
+pub fn printed_etcd(up: &Out) -> String {
+    up.stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("etcd "))
+        .unwrap_or_else(|| panic!("cluster up prints etcd's endpoint: {up}"))
+        .trim()
+        .to_owned()
+}
+
 /// A running `ecdedup serve` (which execs nbdkit: same PID).
 pub struct Server {
     child: Option<Child>,
