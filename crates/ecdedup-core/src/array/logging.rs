@@ -786,6 +786,10 @@ impl Array {
     ) -> std::collections::HashMap<(u16, u32), Vec<u8>> {
         let g = self.geo;
         let mut out = std::collections::HashMap::new();
+        if !self.holds(p, stripe) {
+            // Nothing is folded into it (`fold_parity`): nothing to read.
+            return out;
+        }
         let Some(log) = self.stores[p].journal_stripe_log(stripe) else {
             return out;
         };
