@@ -9,6 +9,10 @@
 # not hide a test failure), except that the tests need a build. A summary
 # at the end lists each step; the exit status is non-zero if any failed.
 #
+# Beside the tests, the cluster fault suite's short version
+# (scripts/cluster-faults.sh --short: real processes in network
+# namespaces; SKIPPED, loudly, where no namespace can be made).
+#
 # Last, a short fuzzing run (scripts/fuzz.sh, FUZZ_SECONDS per target) when
 # a nightly toolchain and cargo-fuzz are installed; without them the step is
 # reported as SKIPPED (not ok). The committed fuzz seeds and crash inputs
@@ -149,7 +153,7 @@ run_step "format" cargo fmt --all -- --check
 # running alone at the end.
 test_log=$(mktemp)
 test_dir=$(mktemp -d)
-trap '[ -z "${clippy_pid:-}" ] || kill "$clippy_pid" 2>/dev/null; rm -rf "$test_log" "$test_dir" "$cpu_times"' EXIT
+trap '[ -z "${clippy_pid:-}" ] || kill "$clippy_pid" 2>/dev/null; [ -z "${faults_pid:-}" ] || { pkill -TERM -P "$faults_pid" 2>/dev/null; wait "$faults_pid" 2>/dev/null; }; rm -rf "$test_log" "$test_dir" "$cpu_times"' EXIT
 SLOW_FIRST="cluster fio_policies fio model ecdedup_core crash fio_dedup powerloss loopback operations archive_crash eval_codeplugin sim"
 SPLIT_BY_MODULE="crates/ecdedup/tests/it.rs"
 
@@ -220,8 +224,9 @@ run_tests() {
   awk 'NR == FNR { seen[$0] = 1; next } !($0 in seen)' "$order" "$list" >>"$order"
   echo "$(wc -l <"$binaries") test binaries, $(wc -l <"$order") jobs, $TEST_JOBS at a time, --test-threads=$TEST_THREADS"
   # The test binaries are listed (cargo's lock is free again): clippy
-  # may start beside them.
+  # may start beside them, and the fault suite's short version.
   start_clippy_beside
+  start_faults_beside
 
   local i=0 running=0 failed_bins=()
   local -A label_of=()
@@ -345,6 +350,65 @@ finish_clippy() {
     failed=1
   fi
 }
+# The cluster fault suite's short version (scripts/cluster-faults.sh
+# --short: real chunk servers, a 3-member etcd and the writer, each in a
+# network namespace of its own; a chunk server killed and restarted, the
+# etcd leader killed, a split-brain start; fio --verify throughout) also
+# runs beside the tests: it waits on its processes (about 40 s of wall
+# time and 11 CPU s quiet, 65 s at a load average of 8 to 10: 3 of 3
+# passed so, docs/benchmarks.md, "CI time and the long runs"). Where the
+# machine cannot make a network namespace or an nftables table (a
+# container without CAP_NET_ADMIN) it is SKIPPED, loudly.
+faults_pid=""
+faults_log="$test_dir/faults.log"
+faults_t0=0
+faults_skip=""
+start_faults_beside() {
+  [ -z "$faults_pid" ] && [ -z "$faults_skip" ] || return 0
+  local probe="ecdedup-ci-probe-$$"
+  if ! ip netns add "$probe" >/dev/null 2>&1; then
+    faults_skip="cannot create a network namespace (ip netns add): needs root and CAP_NET_ADMIN"
+    return 0
+  fi
+  if ! ip netns exec "$probe" nft add table inet ecdprobe >/dev/null 2>&1; then
+    ip netns del "$probe" 2>/dev/null
+    faults_skip="nft cannot add a table in a network namespace"
+    return 0
+  fi
+  ip netns del "$probe" 2>/dev/null
+  faults_t0=$SECONDS
+  (
+    rc=0
+    ECDEDUP_BIN="$PWD/target/debug/ecdedup" bash scripts/cluster-faults.sh --short >"$faults_log" 2>&1 || rc=$?
+    cpu_times="$faults_log.times"
+    cpu_seconds
+    echo "$SECONDS $cpu" >"$faults_log.end"
+    exit "$rc"
+  ) &
+  faults_pid=$!
+}
+# finish_faults: waits for the fault suite beside the tests and records it
+# as a step, or as SKIPPED with the reason.
+finish_faults() {
+  if [ -n "$faults_skip" ]; then
+    skip_step "cluster fault suite (--short)" "$faults_skip"
+    return 0
+  fi
+  [ -n "$faults_pid" ] || return 0
+  local rc=0 c1=0 t1=$SECONDS name="cluster fault suite, short (beside the tests)"
+  wait "$faults_pid" || rc=$?
+  [ ! -s "$faults_log.end" ] || read -r t1 c1 <"$faults_log.end"
+  echo
+  echo "==> $name"
+  echo "    \$ scripts/cluster-faults.sh --short"
+  cat "$faults_log"
+  if [ "$rc" -eq 0 ]; then
+    summary+=("ok      $(printf '%5d' $((t1 - faults_t0))) s  $(printf '%5d' "$c1") s CPU  $name")
+  else
+    summary+=("FAILED  $(printf '%5d' $((t1 - faults_t0))) s  $(printf '%5d' "$c1") s CPU  $name (exit $rc)")
+    failed=1
+  fi
+}
 built=0
 run_step "build" cargo build --workspace --lib --bins --tests --examples && built=1
 if [ "$built" -eq 1 ]; then
@@ -354,9 +418,11 @@ if [ "$built" -eq 1 ]; then
   else
     run_step "clippy" "${CLIPPY[@]}"
   fi
+  finish_faults
 else
   run_step "clippy" "${CLIPPY[@]}"
   skip_step tests "the build failed"
+  skip_step "cluster fault suite (--short)" "the build failed"
 fi
 
 # cargo-fuzz needs nightly; rustup must not download one here.
