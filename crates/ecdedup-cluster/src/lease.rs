@@ -13,14 +13,17 @@
 //! answer only makes the holder fence earlier, never later.
 //!
 //! [`Lease`] runs the clock in a tokio task that renews over etcd (failing
-//! over between endpoints) and raises the [`Fence`] signal once: when the
+//! over between endpoints: a renewal unanswered within an eighth of the
+//! TTL moves the keeper to another endpoint, so a member that stops
+//! answering with its connections open costs one such wait, not the
+//! whole window up to the fence) and raises the [`Fence`] signal once: when the
 //! deadline passes without a renewal, or when etcd answers that the lease
 //! is gone (revoked, or expired). A fenced holder stops acknowledging
 //! writes and exits non-zero (`chunkd`), or stops its export (the volume
 //! writer); the lease is never re-granted under it.
 
 use crate::error::{Error, Result};
-use crate::session::Etcd;
+use crate::session::{Etcd, Failover};
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -211,6 +214,17 @@ fn retry_delay(ttl_ms: u64) -> Duration {
     Duration::from_millis((ttl_ms / 10).clamp(100, 1000))
 }
 
+/// Longest wait for one renewal (or for one endpoint to connect and
+/// answer): an eighth of the TTL, between 250 ms and 2 s. The window from
+/// a renewal's due time (a third of the TTL) to the fence (three quarters)
+/// is five twelfths of the TTL, so an endpoint that accepts but no longer
+/// answers (a stopped or partitioned etcd member, or one whose cluster is
+/// electing a leader) costs one such wait, and the keeper still has about
+/// two more tries on the other endpoints before it must fence.
+fn attempt_timeout(ttl_ms: u64) -> Duration {
+    Duration::from_millis((ttl_ms / 8).clamp(250, 2000))
+}
+
 /// The keeper task: renews at the clock's times until fenced.
 async fn keep(
     etcd: Etcd,
@@ -222,20 +236,30 @@ async fn keep(
     let now_ms = || origin.elapsed().as_millis() as u64;
     let at = |ms: u64| origin + Duration::from_millis(ms);
     let mut stream = None;
+    // After a try that got no answer in time, the next reconnect leaves the
+    // silent endpoint for last.
+    let mut order = Failover::SameFirst;
     let fenced = loop {
         if let LeaseState::Fenced(reason) = clock.state_at(now_ms()) {
             break reason;
         }
         let fence_at = at(clock.fence_at_ms());
+        let attempt = attempt_timeout(clock.ttl_ms);
         if stream.is_none() {
             let open = async { etcd.client().lease_keep_alive(id).await };
-            match tokio::time::timeout_at(fence_at, open).await {
+            let deadline = fence_at.min(Instant::now() + attempt);
+            match tokio::time::timeout_at(deadline, open).await {
                 Ok(Ok(pair)) => stream = Some(pair),
                 Ok(Err(_)) => {
-                    let _ = tokio::time::timeout_at(fence_at, etcd.reconnect()).await;
-                    tokio::time::sleep(retry_delay(clock.ttl_ms)).await;
+                    let reconnect = etcd.reconnect_within(order, attempt);
+                    let _ = tokio::time::timeout_at(fence_at, reconnect).await;
+                    order = Failover::SameFirst;
+                    tokio::time::sleep(retry_delay(clock.ttl_ms).min(attempt)).await;
                 }
-                Err(_) => {}
+                Err(_) => {
+                    let reconnect = etcd.reconnect_within(Failover::OthersFirst, attempt);
+                    let _ = tokio::time::timeout_at(fence_at, reconnect).await;
+                }
             }
             continue;
         }
@@ -251,8 +275,10 @@ async fn keep(
             keeper.keep_alive().await?;
             responses.message().await
         };
-        match tokio::time::timeout_at(fence_at, renewal).await {
+        let deadline = fence_at.min(Instant::now() + attempt);
+        match tokio::time::timeout_at(deadline, renewal).await {
             Ok(Ok(Some(answer))) => {
+                order = Failover::SameFirst;
                 if let LeaseState::Fenced(reason) = clock.on_renewed(sent_ms, answer.ttl()) {
                     break reason;
                 }
@@ -260,10 +286,20 @@ async fn keep(
             Ok(Ok(None)) | Ok(Err(_)) => {
                 // The stream broke: find a live endpoint and open a new one.
                 stream = None;
-                let _ = tokio::time::timeout_at(fence_at, etcd.reconnect()).await;
-                tokio::time::sleep(retry_delay(clock.ttl_ms)).await;
+                let reconnect = etcd.reconnect_within(Failover::SameFirst, attempt);
+                let _ = tokio::time::timeout_at(fence_at, reconnect).await;
+                tokio::time::sleep(retry_delay(clock.ttl_ms).min(attempt)).await;
             }
-            Err(_) => {}
+            Err(_) => {
+                // No answer in time: the endpoint may have stopped answering
+                // while its connection stays open. Try another at once; a
+                // late answer on the dropped stream is lost, which only
+                // makes the holder fence earlier, never later.
+                stream = None;
+                order = Failover::OthersFirst;
+                let reconnect = etcd.reconnect_within(order, attempt);
+                let _ = tokio::time::timeout_at(fence_at, reconnect).await;
+            }
         }
     };
     let _ = tx.send(LeaseState::Fenced(fenced));

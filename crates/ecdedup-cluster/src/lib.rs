@@ -44,7 +44,7 @@ pub use lease::{Fence, Lease};
 pub use local_etcd::{LocalEtcd, ServerTls};
 pub use pool::{create_pool, get_pool, list_pools, pool_pgs, pool_pgs_at};
 pub use server::{list_servers, register_server, Registration};
-pub use session::{Etcd, EtcdConfig};
+pub use session::{Etcd, EtcdConfig, Failover};
 pub use tls::EtcdTls;
 pub use volume::{
     create_volume, get_volume, list_volumes, remove_volume, remove_volume_at, resize_volume,

@@ -88,7 +88,8 @@ impl Etcd {
             return Err(Error::invalid("etcd endpoints", "the list is empty"));
         }
         let tls = config.tls.load(&config.endpoints)?;
-        let (index, client) = first_live(&config, tls.as_ref(), 0).await?;
+        let per_endpoint = config.connect_timeout + config.request_timeout;
+        let (index, client) = first_live(&config, tls.as_ref(), 0, per_endpoint).await?;
         Ok(Etcd {
             config: Arc::new(config),
             tls,
@@ -116,8 +117,23 @@ impl Etcd {
     /// Finds a live endpoint again, starting with the one in use, and makes
     /// it current for every clone of this connection.
     pub async fn reconnect(&self) -> Result<()> {
-        let start = self.lock().0;
-        let found = first_live(&self.config, self.tls.as_ref(), start).await?;
+        let per_endpoint = self.config.connect_timeout + self.config.request_timeout;
+        self.reconnect_within(Failover::SameFirst, per_endpoint)
+            .await
+    }
+
+    /// As [`Etcd::reconnect`], for a caller with a deadline of its own (the
+    /// lease keeper): each endpoint gets at most `per_endpoint` to connect
+    /// and answer, and [`Failover::OthersFirst`] leaves the endpoint in use
+    /// for last: one that accepts connections but no longer answers (a
+    /// stopped or partitioned member) would otherwise take the whole wait.
+    pub async fn reconnect_within(&self, order: Failover, per_endpoint: Duration) -> Result<()> {
+        let current = self.lock().0;
+        let start = match order {
+            Failover::SameFirst => current,
+            Failover::OthersFirst => (current + 1) % self.config.endpoints.len(),
+        };
+        let found = first_live(&self.config, self.tls.as_ref(), start, per_endpoint).await?;
         *self.lock() = found;
         Ok(())
     }
@@ -129,12 +145,23 @@ impl Etcd {
     }
 }
 
+/// Which endpoint a reconnect tries first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Failover {
+    /// The endpoint in use, then the others in order (a broken stream on a
+    /// member that may well be alive).
+    SameFirst,
+    /// The others in order, the endpoint in use last (it stopped answering).
+    OthersFirst,
+}
+
 /// The first endpoint from `start` (wrapping around) that answers a status
-/// request, with its index.
+/// request within `per_endpoint`, with its index.
 async fn first_live(
     config: &EtcdConfig,
     tls: Option<&TlsOptions>,
     start: usize,
+    per_endpoint: Duration,
 ) -> Result<(usize, Client)> {
     let count = config.endpoints.len();
     let mut last = String::new();
@@ -156,7 +183,7 @@ async fn first_live(
             client.status().await?;
             Ok::<Client, etcd_client::Error>(client)
         };
-        match tokio::time::timeout(config.connect_timeout + config.request_timeout, attempt).await {
+        match tokio::time::timeout(per_endpoint, attempt).await {
             Ok(Ok(client)) => return Ok((index, client)),
             Ok(Err(e)) => last = format!("{endpoint}: {}", with_causes(&e)),
             Err(_) => last = format!("{endpoint}: no answer in time"),

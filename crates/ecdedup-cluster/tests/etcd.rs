@@ -84,6 +84,11 @@ struct Proxy {
     port: u16,
     accept: JoinHandle<()>,
     connections: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    /// Set: the proxy forwards nothing more and keeps every connection
+    /// open (a member stopped or cut off while its sockets stay up).
+    stalled: Arc<tokio::sync::watch::Sender<bool>>,
+    /// The connections kept open, silent, while stalled.
+    held: Arc<Mutex<Vec<TcpStream>>>,
 }
 
 impl Proxy {
@@ -91,13 +96,27 @@ impl Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let connections: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
+        let held: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
+        let stalled = Arc::new(tokio::sync::watch::Sender::new(false));
         let tracked = connections.clone();
+        let (keep, signal) = (held.clone(), stalled.clone());
         let accept = tokio::spawn(async move {
             while let Ok((mut inbound, _)) = listener.accept().await {
+                let (keep, mut stall) = (keep.clone(), signal.subscribe());
                 let handle = tokio::spawn(async move {
+                    if *stall.borrow() {
+                        keep.lock().unwrap().push(inbound);
+                        return;
+                    }
                     if let Ok(mut outbound) = TcpStream::connect(("127.0.0.1", upstream_port)).await
                     {
-                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                        let stopped = tokio::select! {
+                            _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => false,
+                            _ = stall.wait_for(|s| *s) => true,
+                        };
+                        if stopped {
+                            keep.lock().unwrap().extend([inbound, outbound]);
+                        }
                     }
                 });
                 tracked.lock().unwrap().push(handle);
@@ -107,6 +126,8 @@ impl Proxy {
             port,
             accept,
             connections,
+            stalled,
+            held,
         }
     }
 
@@ -121,10 +142,18 @@ impl Proxy {
         }
     }
 
+    /// Forwards nothing more, in either direction, on any connection, old
+    /// or new, and closes none: the peer sees an endpoint that accepts but
+    /// never answers.
+    fn stall(&self) {
+        self.stalled.send_replace(true);
+    }
+
     /// Closes every connection and refuses new ones.
     fn stop(&self) {
         self.accept.abort();
         self.cut();
+        self.held.lock().unwrap().clear();
     }
 }
 
@@ -213,6 +242,39 @@ async fn a_server_cut_off_from_etcd_fences_itself() {
     proxy.stop();
     let reason = within("the fence", fence.fenced()).await;
     assert!(reason.contains("not renewed in time"), "{reason}");
+}
+
+#[tokio::test]
+async fn a_lease_moves_to_another_endpoint_when_its_own_stops_answering() {
+    // The etcd leader killed in the fault suite fenced chunk servers on a
+    // 5 s lease: a renewal waited on a silent member until the fence.
+    let process = shared_etcd();
+    let proxy = Proxy::start(process.etcd.client_port()).await;
+    let endpoints = vec![proxy.endpoint(), process.etcd.endpoint()];
+    let etcd = connect(endpoints, "stalled").await;
+    assert_eq!(etcd.endpoint(), proxy.endpoint());
+    let ttl = Duration::from_secs(6);
+    let registration = register_server(&etcd, ServerId(11), &info("10.0.0.11:7000", "a"), ttl)
+        .await
+        .unwrap();
+    let fence = registration.fence();
+    proxy.stall();
+    // The keeper's next renewal (due 2 s after the last) gets no answer;
+    // it must move to the other endpoint before its fence (4.5 s after the
+    // last renewal was sent), not wait on the silent one until then.
+    within("the keeper's move to the live endpoint", async {
+        while etcd.endpoint() != process.etcd.endpoint() {
+            assert_eq!(fence.reason(), None, "fenced before it moved");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    // A whole TTL more, renewed on the live endpoint all along.
+    tokio::time::sleep(ttl).await;
+    assert_eq!(fence.reason(), None);
+    let servers = list_servers(&etcd).await.unwrap();
+    assert!(servers.contains_key(&ServerId(11)), "{servers:?}");
+    registration.close().await.unwrap();
 }
 
 /// Registers `count` servers spread over `hosts` hosts.
