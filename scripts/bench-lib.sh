@@ -55,8 +55,24 @@ bench_make_work() {
   trap 'exit 130' INT TERM
 }
 
-declare -A PID SOCK DIR KIND
+declare -A PID SOCK DIR KIND IMG
 STARTED=()
+# Loop devices attached by loop_attach (LOOP=1), detached at exit.
+LOOPS=()
+
+# loop_attach FILE: attaches a loop device with direct I/O over FILE
+# (`losetup --direct-io=on`: the loop driver reads and writes FILE with
+# O_DIRECT, so the page cache holds neither side) and sets LOOP_DEV to its
+# path (not printed: a command substitution's subshell would lose LOOPS). With
+# LOOP=1 the servers' devices and images are such loop devices, so that
+# O_DIRECT, discard and write-zeroes take the block-device paths (issue 21,
+# item 3); needs root.
+loop_attach() {
+  local dev
+  dev=$(losetup --find --show --direct-io=on "$1") || die "losetup of $1 failed (LOOP=1 needs root and loop devices)"
+  LOOPS+=("$dev")
+  LOOP_DEV=$dev
+}
 
 stop_server() {
   local s=$1 p=${PID[$1]:-}
@@ -71,6 +87,8 @@ stop_server() {
 cleanup() {
   local rc=$? s
   for s in "${STARTED[@]}"; do stop_server "$s"; done
+  for s in "${LOOPS[@]}"; do losetup -d "$s" 2>/dev/null || log "warning: could not detach $s"; done
+  rm -rf "$WORK/loop"
   if [ "${KEEP:-0}" = 1 ] || [ $rc -ne 0 ]; then
     # Keep results, drop the bulky volumes (device files, parity journals, images).
     rm -f "$WORK"/*/dev? "$WORK"/*/journal/*.jrnl "$WORK"/*.img 2>/dev/null || true
@@ -113,7 +131,15 @@ serve_ecdedup() {
 # bytes; PEER_CACHE (none, or unset for the page cache) is its cache= option.
 start_peer() {
   local s=$1 f=$WORK/$1.img
-  truncate -s "$SIZE" "$f"
+  if [ "${LOOP:-0}" = 1 ]; then
+    mkdir -p "$WORK/loop"
+    fallocate -l "$SIZE" "$WORK/loop/$s.img"
+    loop_attach "$WORK/loop/$s.img"
+    f=$LOOP_DEV
+  else
+    truncate -s "$SIZE" "$f"
+  fi
+  IMG[$s]=$f
   KIND[$s]=peer; DIR[$s]=""; SOCK[$s]=$WORK/$s.sock
   rm -f "${SOCK[$s]}"  # a stale socket would look ready
   local cache=()
@@ -128,7 +154,15 @@ start_peer() {
 start_raw() {
   local s=$1
   KIND[$s]=raw; DIR[$s]=""; SOCK[$s]=""
-  fallocate -l "$SIZE" "$WORK/$s.img"
+  if [ "${LOOP:-0}" = 1 ]; then
+    mkdir -p "$WORK/loop"
+    fallocate -l "$SIZE" "$WORK/loop/$s.img"
+    loop_attach "$WORK/loop/$s.img"
+    IMG[$s]=$LOOP_DEV
+  else
+    fallocate -l "$SIZE" "$WORK/$s.img"
+    IMG[$s]=$WORK/$s.img
+  fi
 }
 
 # drop_caches: when DROP_CACHES=1, writes back and drops the page cache
@@ -147,7 +181,7 @@ sync_files() {
   if [ "${KIND[$s]}" = peer ] || [ "${KIND[$s]}" = raw ]; then
     python3 -c 'import os, sys
 for p in sys.argv[1:]:
-    fd = os.open(p, os.O_RDONLY); os.fsync(fd); os.close(fd)' "$WORK/$s.img"
+    fd = os.open(p, os.O_RDONLY); os.fsync(fd); os.close(fd)' "${IMG[$s]:-$WORK/$s.img}"
   else
     python3 -c 'import glob, os, sys
 d = sys.argv[1]

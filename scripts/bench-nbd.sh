@@ -34,6 +34,10 @@
 #              (--direct=1 --ioengine=io_uring), the disk's limit in the same
 #              run; reported as ecdedup/raw
 #   DROP_CACHES=1  write back and drop the page cache before every run (root)
+#   LOOP=1     every side on loop devices with direct I/O over preallocated
+#              files (`losetup --direct-io=on`; root): ecdedup's 6 devices,
+#              the peer's file, the raw side's file; O_DIRECT, discard and
+#              write-zeroes then take the block-device paths
 #   ECDEDUP_IO_URING=0  the server's device I/O without io_uring (one
 #              pread/pwrite/fdatasync per operation), for before/after counts
 #   JOBS [randwrite-qd1 randwrite-qd32 randread-qd32 seqwrite-1m-qd8] the jobs to run;
@@ -78,9 +82,25 @@ bench_find_bin "$repo"
 bench_make_work ecdedup-bench-nbd
 
 start_ecdedup() {
-  local s=$1 d=$WORK/$1
-  log "creating ecdedup array $s: RS(4,2), 6 devices, 32K stripe unit, $SIZE"
-  "$BIN" --dir "$d" create --devices 6 -k 4 -m 2 --stripe-unit 32K --size "$SIZE" >&2
+  local s=$1 d=$WORK/$1 devices=() i bytes
+  if [ "${LOOP:-0}" = 1 ]; then
+    # The device size `create` gives its own files, learnt from a sparse
+    # probe array; then 6 preallocated files of that size, each behind a
+    # loop device with direct I/O.
+    "$BIN" --dir "$WORK/probe" create --devices 6 -k 4 -m 2 --stripe-unit 32K --size "$SIZE" --sparse >/dev/null
+    bytes=$(stat -c %s "$WORK/probe/dev0")
+    rm -rf "$WORK/probe"
+    mkdir -p "$WORK/loop"
+    for i in 0 1 2 3 4 5; do
+      fallocate -l "$bytes" "$WORK/loop/$s.dev$i"
+      loop_attach "$WORK/loop/$s.dev$i"
+      devices+=(--device "$LOOP_DEV")
+    done
+    log "creating ecdedup array $s: RS(4,2), 6 loop devices (${devices[*]}), 32K stripe unit, $SIZE"
+  else
+    log "creating ecdedup array $s: RS(4,2), 6 devices, 32K stripe unit, $SIZE"
+  fi
+  "$BIN" --dir "$d" create --devices 6 -k 4 -m 2 --stripe-unit 32K --size "$SIZE" "${devices[@]}" >&2
   serve_ecdedup "$s" "$d"
 }
 
@@ -102,7 +122,7 @@ job_opts() {
 # fio's target options for server S: NBD, or the raw file.
 target_opts() {
   if [ "${KIND[$1]}" = raw ]; then
-    echo "--ioengine=io_uring --direct=1 --filename=$WORK/$1.img"
+    echo "--ioengine=io_uring --direct=1 --filename=${IMG[$1]}"
   else
     echo "--ioengine=nbd --uri=$(uri "$1")"
   fi
