@@ -683,9 +683,10 @@ fn open_probed(
     }
     let mut array = Array::open_with_devices(dir, devices.clone(), None)?;
     // A server that is back: its shard rejoins, resynchronising only the
-    // regions written while it was out (rmw without dedup: `re-add`), or
-    // stays failed until it is replaced and rebuilt (the other policies
-    // keep a journal or maps on the shard that re-add does not reconcile).
+    // regions written while it was out and the stripes its own parity
+    // journal held (rmw, plog, parix without dedup: `re-add`), or stays
+    // failed until it is replaced and rebuilt (dedup keeps maps on the
+    // shard that re-add does not reconcile; replicate is refused too).
     let failed: Vec<usize> = array
         .status()
         .devices

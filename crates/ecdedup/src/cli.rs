@@ -197,7 +197,7 @@ enum Command {
     Rebuild,
     /// Bring back a failed device whose data is still there (its failure
     /// was transient), reconstructing only the regions written while it was
-    /// out. Runs on a stopped array with the rmw policy and no dedup.
+    /// out. Runs on a stopped array without dedup (rmw, plog or parix).
     ReAdd { position: usize },
     /// Open a stopped array with more than m devices marked failed whose
     /// data is still there (a transient fault took them out): the freshest

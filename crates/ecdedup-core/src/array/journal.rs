@@ -470,6 +470,92 @@ fn compact_path(path: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
+/// What a journal's bytes hold, as `open` indexes them.
+struct Scan {
+    index: HashMap<u64, StripeLog>,
+    records: u64,
+    lost: LostRecords,
+    /// Where the last good record ends (what follows is cut at open).
+    end: usize,
+}
+
+/// Whether `bytes` begin with a journal header: `Some(true)` for the
+/// current version (its records' headers carry a checksum), `Some(false)`
+/// for version 1, `None` for no header.
+fn header_kind(bytes: &[u8]) -> Option<bool> {
+    let head = bytes.get(..HEADER_BYTES as usize);
+    if head == Some(&header()[..]) {
+        Some(true)
+    } else if head == Some(&header_version(1)[..]) {
+        Some(false)
+    } else {
+        None
+    }
+}
+
+/// Parses a journal's records after its header, skipping what cannot be
+/// parsed (and saying so in `lost`).
+fn scan(bytes: &[u8], header_crc: bool) -> Scan {
+    let mut out = Scan {
+        index: HashMap::new(),
+        records: 0,
+        lost: LostRecords::default(),
+        end: HEADER_BYTES as usize,
+    };
+    let next_valid = |from: usize| {
+        let mut at = from.next_multiple_of(RECORD_HEADER_BYTES);
+        while at + RECORD_HEADER_BYTES <= bytes.len() {
+            if parse(&bytes[at..], header_crc).is_ok() {
+                return Some(at);
+            }
+            at += RECORD_HEADER_BYTES;
+        }
+        None
+    };
+    let mut at = HEADER_BYTES as usize;
+    while at < bytes.len() {
+        match parse(&bytes[at..], header_crc) {
+            Ok(p) => {
+                out.records += 1;
+                index_record(&mut out.index, &p, at as u64);
+                at += p.len;
+            }
+            Err(bad) => {
+                match bad {
+                    Bad::Payload { stripe, .. } => {
+                        out.lost.stripes.insert(stripe);
+                    }
+                    Bad::Header => out.lost.unknown_stripes = true,
+                }
+                let skip_to = match bad {
+                    Bad::Payload { len, .. } if at + len <= bytes.len() => Some(at + len),
+                    _ => next_valid(at + RECORD_HEADER_BYTES),
+                };
+                match skip_to {
+                    Some(next) => at = next,
+                    None => break,
+                }
+            }
+        }
+    }
+    out.end = at;
+    out
+}
+
+/// The stripes a journal's bytes hold records for (read from a device
+/// that left the array: a re-add counts them as missed). `None` where that
+/// cannot be known: no valid header, or a record unreadable down to its
+/// header. Records whose payload is bad still name their stripe.
+pub(super) fn stripes_in(bytes: &[u8]) -> Option<BTreeSet<u64>> {
+    let scan = scan(bytes, header_kind(bytes)?);
+    if scan.lost.unknown_stripes {
+        return None;
+    }
+    let mut stripes: BTreeSet<u64> = scan.index.into_keys().collect();
+    stripes.extend(scan.lost.stripes);
+    Some(stripes)
+}
+
 impl ParityJournal {
     /// Opens (creating if missing) a journal and rebuilds its index. What
     /// cannot be parsed is skipped or cut and reported in `take_lost`.
@@ -490,17 +576,12 @@ impl ParityJournal {
             crate::media::storage::write_atomic(storage.as_ref(), path, &header()).map_err(io)?;
         }
         let bytes = read_all(storage.as_ref(), path).map_err(io)?;
-        let head = bytes.get(..HEADER_BYTES as usize);
-        let header_crc = if head == Some(&header()[..]) {
-            true
-        } else if head == Some(&header_version(1)[..]) {
-            false
-        } else {
-            return Err(Error::Corrupt(format!(
+        let header_crc = header_kind(&bytes).ok_or_else(|| {
+            Error::Corrupt(format!(
                 "parity journal {} has no valid header",
                 path.display()
-            )));
-        };
+            ))
+        })?;
         let file = storage.open(path).map_err(io)?;
         let mut j = ParityJournal {
             storage,
@@ -517,42 +598,11 @@ impl ParityJournal {
             lost: LostRecords::default(),
             faults: FaultHooks::default(),
         };
-        let next_valid = |from: usize| {
-            let mut at = from.next_multiple_of(RECORD_HEADER_BYTES);
-            while at + RECORD_HEADER_BYTES <= bytes.len() {
-                if parse(&bytes[at..], header_crc).is_ok() {
-                    return Some(at);
-                }
-                at += RECORD_HEADER_BYTES;
-            }
-            None
-        };
-        let mut at = HEADER_BYTES as usize;
-        while at < bytes.len() {
-            match parse(&bytes[at..], header_crc) {
-                Ok(p) => {
-                    j.records += 1;
-                    index_record(&mut j.index, &p, at as u64);
-                    at += p.len;
-                }
-                Err(bad) => {
-                    match bad {
-                        Bad::Payload { stripe, .. } => {
-                            j.lost.stripes.insert(stripe);
-                        }
-                        Bad::Header => j.lost.unknown_stripes = true,
-                    }
-                    let skip_to = match bad {
-                        Bad::Payload { len, .. } if at + len <= bytes.len() => Some(at + len),
-                        _ => next_valid(at + RECORD_HEADER_BYTES),
-                    };
-                    match skip_to {
-                        Some(next) => at = next,
-                        None => break,
-                    }
-                }
-            }
-        }
+        let scan = scan(&bytes, header_crc);
+        let at = scan.end;
+        j.index = scan.index;
+        j.records = scan.records;
+        j.lost = scan.lost;
         j.end = at as u64;
         if at != bytes.len() {
             j.file

@@ -1960,6 +1960,24 @@ impl Array {
         meta.attach_new(d, Arc::new(area))
     }
 
+    /// Gives member `d` an empty parity journal (plog, parix; nothing
+    /// otherwise): a replacement, or a member re-added. A journal file left
+    /// in the folder (format 1) is removed first; in format 2 the member's
+    /// fresh metadata area holds none.
+    pub(super) fn install_empty_journal(&self, d: usize) -> Result<()> {
+        if !self.write_policy.journals() {
+            return Ok(());
+        }
+        let path = self.dir.join(JOURNAL_DIR).join(format!("dev{d}.jrnl"));
+        let _ = self.storage.remove(&path);
+        let (j, warning) = open_journal(&self.storage, &path, self.journal_bytes_max)?;
+        if let Some(w) = warning {
+            self.warn(w);
+        }
+        self.stores[d].install_journal(j);
+        Ok(())
+    }
+
     /// Installs an open device as the blank replacement of failed position `d`.
     pub fn install_replacement(&self, d: usize, dev: Arc<dyn Device>, path: &Path) -> Result<()> {
         self.check_position(d)?;
@@ -2018,15 +2036,7 @@ impl Array {
             None => dev,
         };
         self.stores[d].begin_replacement();
-        if self.write_policy.journals() {
-            let path = self.dir.join(JOURNAL_DIR).join(format!("dev{d}.jrnl"));
-            let _ = self.storage.remove(&path);
-            let (j, warning) = open_journal(&self.storage, &path, self.journal_bytes_max)?;
-            if let Some(w) = warning {
-                self.warn(w);
-            }
-            self.stores[d].install_journal(j);
-        }
+        self.install_empty_journal(d)?;
         cfg.device_uuids[d] = *uuid::Uuid::new_v4().as_bytes();
         cfg.file.devices[d] = given;
         cfg.file.store_in(self.storage.as_ref(), &self.dir)?;

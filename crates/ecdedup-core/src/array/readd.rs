@@ -28,15 +28,28 @@
 //! entries are known only for a member that failed since the array's
 //! open: after a restart, a re-add below k always pauses.
 //!
-//! Limits: offline (the array stopped), and only under the `rmw` write
-//! policy without dedup: a parity journal or a dedup map of the member
-//! would have to be reconciled with what it missed, which is not done;
-//! those arrays use `replace` + `rebuild`.
+//! Under `plog` and `parix` the member's own parity journal is read before
+//! anything is written to it: its records pending when it left are deltas
+//! for its parity units that no replay folded while it was out, so every
+//! stripe it holds records for counts as missed too (its parity unit
+//! reconstructed from the others, after their journals' records for the
+//! stripe are replayed), and the member starts with an empty journal. A
+//! journal that cannot be read whole (no header, a record unreadable down
+//! to its header) makes every stripe the member holds parity of count as
+//! missed.
+//!
+//! Limits: offline (the array stopped; in a cluster, at the writer's
+//! open), and not under dedup: a dedup map of the member would have to be
+//! reconciled with what it missed, which is not done; those arrays use
+//! `replace` + `rebuild`.
 
-use super::{read_superblock, Array, MemberState};
+use super::{journal, read_superblock, Array, MemberState, JOURNAL_DIR};
 use crate::dedup::Policy;
 use crate::error::{Error, Result};
+use crate::media::area::AreaFs;
+use crate::media::storage::read_all;
 use crate::media::{Device, FileDevice};
+use std::collections::BTreeSet;
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 
@@ -100,10 +113,10 @@ impl Array {
             return Err(Error::Config(format!("device {d} is not failed")));
         }
         let cfg = self.config.lock().unwrap().file.clone();
-        if self.write_policy != super::WritePolicy::Rmw || cfg.dedup.policy != Policy::None {
+        if self.write_policy == super::WritePolicy::Replicate || cfg.dedup.policy != Policy::None {
             return Err(Error::Config(format!(
-                "re-add works on arrays with the rmw policy and no dedup (this one: {}, dedup {}); \
-                 use `ecdedup replace {d}` and `rebuild`",
+                "re-add works on arrays with the rmw, plog or parix policy and no dedup (this \
+                 one: {}, dedup {}); use `ecdedup replace {d}` and `rebuild`",
                 self.write_policy, cfg.dedup.policy
             )));
         }
@@ -142,12 +155,20 @@ impl Array {
             Some(_) => self.intent.missed_regions().unwrap_or_default(),
             None => Vec::new(),
         };
+        // Its parity journal as it left it, read before anything is written
+        // to the member (None: every stripe it holds parity of).
+        let logged = if self.write_policy.journals() {
+            self.journal_stripes_left_on(d, &raw)
+        } else {
+            Some(BTreeSet::new())
+        };
         let (dev, wear) = cfg.ssd_sim.wrap(raw)?;
-        // Format 2: its area holds only copies of the mirrored files (rmw,
-        // no dedup: no journal, no maps), stale since it left: a fresh area
-        // with current copies before it serves.
+        // Format 2: its area holds copies of the mirrored files and its
+        // journal, stale since it left: a fresh area with current copies
+        // before it serves.
         self.fresh_metadata_area(d, &dev)
             .map_err(|e| dev_err(format!("cannot write its metadata area: {e}")))?;
+        self.install_empty_journal(d)?;
         // The member's own table, read from the device once it is in the
         // slot (below); the entries kept while it was out check the
         // stripes the cursor has not passed.
@@ -160,7 +181,7 @@ impl Array {
         self.config.lock().unwrap().device_uuids[d] = sb.device_uuid;
         self.stores[d].put_in_service(dev);
         self.persist_superblocks()?;
-        let resynced = self.resync_missed(d, &missed)?;
+        let resynced = self.resync_missed(d, &missed, logged.as_ref())?;
         self.stores[d].finish_rebuild();
         self.flush()?;
         self.persist_superblocks()?;
@@ -213,22 +234,37 @@ impl Array {
 
     /// Moves the cursor of rebuilding member `d` over every stripe,
     /// reconstructing its unit where the stripe's region is in `missed`
-    /// (every stripe past its end). Where fewer than k other members hold
-    /// a missed stripe, see [`Array::resync_unit`]: the re-add may pause
-    /// there (`Unavailable`, the member left rebuilding at that stripe).
-    fn resync_missed(&self, d: usize, missed: &[bool]) -> Result<u64> {
+    /// (every stripe past its end) or its journal held records for the
+    /// stripe when it left (`logged`; None: every stripe it holds parity
+    /// of). Where fewer than k other members hold a missed stripe, see
+    /// [`Array::resync_unit`]: the re-add may pause there (`Unavailable`,
+    /// the member left rebuilding at that stripe).
+    fn resync_missed(
+        &self,
+        d: usize,
+        missed: &[bool],
+        logged: Option<&BTreeSet<u64>>,
+    ) -> Result<u64> {
         let g = self.geo;
         let mut resynced = 0u64;
         for stripe in self.stores[d].cursor()..g.stripes {
             let _g = self.locks[Self::lock_index(stripe)].write().unwrap();
+            let role = g.role_on(stripe, d);
             let was_missed = missed
                 .get(self.intent.region_of(stripe))
                 .copied()
-                .unwrap_or(true);
+                .unwrap_or(true)
+                || match logged {
+                    Some(stripes) => stripes.contains(&stripe),
+                    None => role.is_some_and(|r| r >= g.k()),
+                };
             // Decoded before the cursor passes the stripe: until then the
             // member's stale unit takes no part in a decode.
-            let unit = match g.role_on(stripe, d) {
+            let unit = match role {
                 Some(role) if was_missed => {
+                    // The others' journals first (plog, parix): their
+                    // parity then decodes at once, as in a rebuild.
+                    self.replay_stripe(stripe)?;
                     self.resync_unit(d, stripe, role)?.map(|unit| (role, unit))
                 }
                 _ => None,
@@ -303,6 +339,55 @@ impl Array {
             self.stores[d].record_checksums(first, &unit);
         }
         current
+    }
+
+    /// The stripes member `d`'s parity journal held records for when it
+    /// left, read from `raw` (format 2: its metadata area) or the array
+    /// folder (format 1); None where the journal cannot be read whole.
+    fn journal_stripes_left_on(&self, d: usize, raw: &Arc<dyn Device>) -> Option<BTreeSet<u64>> {
+        let name = format!("{JOURNAL_DIR}/dev{d}.jrnl");
+        let read = if self.meta.is_some() {
+            AreaFs::open(
+                Arc::clone(raw),
+                self.geo.meta_area_offset(),
+                self.geo.meta_area_bytes,
+            )
+            .map(Arc::new)
+            .and_then(|area| {
+                if !area.exists(&name) {
+                    return Ok(None);
+                }
+                let file = area.open_file(&name)?;
+                let mut bytes = vec![0u8; file.len()? as usize];
+                file.read_at(&mut bytes, 0)?;
+                Ok(Some(bytes))
+            })
+        } else {
+            let path = self.dir.join(&name);
+            if self.storage.exists(&path) {
+                read_all(self.storage.as_ref(), &path).map(Some)
+            } else {
+                Ok(None)
+            }
+        };
+        let stripes = match read {
+            // Never created: it held nothing.
+            Ok(None) => Some(BTreeSet::new()),
+            Ok(Some(bytes)) => journal::stripes_in(&bytes),
+            Err(e) => {
+                self.warn(format!(
+                    "device {d}: its parity journal cannot be read ({e})"
+                ));
+                None
+            }
+        };
+        if stripes.is_none() {
+            self.warn(format!(
+                "device {d}: what its parity journal held when it left is unknown: every \
+                 stripe it holds parity of is reconstructed"
+            ));
+        }
+        stripes
     }
 
     /// Writes a reconstructed unit to the member being re-added.
