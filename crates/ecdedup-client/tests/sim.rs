@@ -1800,6 +1800,12 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     // 39,999 failed, 20 reading a block wrong (every policy pair, after a
     // takeover), 2 with blocks unreadable beyond the double fault; not
     // narrowed. None is in CI's range (seeds 0 to 1,999).
+    // Found by a 3,000-seed run (2,000 to 4,999) on 2026-11-27; fails the
+    // same with the engine before re-add was allowed under parix: open.
+    (
+        2346,
+        "parix beside rmw with dedup: five blocks read wrong after the takeovers (3,000-seed run of 2026-11-27)",
+    ),
     (
         5984,
         "a block reads wrong after a takeover (40,000-seed run after the merges)",
