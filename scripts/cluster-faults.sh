@@ -5,7 +5,8 @@
 # own, and so do the three etcd members, the volume's writer (`ecdedup
 # serve --cluster`) and a second writer host; the namespaces meet on one
 # bridge that lives in a namespace of its own (10.77.0.0/24 inside it:
-# nothing of the host's network is touched). The pool is RS(4,2), rmw,
+# nothing of the host's network is touched). The pool is RS(4,2), rmw
+# (POOL_POLICY),
 # placement by host, on 6 servers: every PG spans all six, so one server
 # down leaves every PG degraded and two leave them at m.
 #
@@ -44,7 +45,8 @@
 #             loss, two-lost, etcd-leader, split-brain, power-loss,
 #             takeover, rebuild-interrupted), `trials` (both series) or
 #             `writer-trials` (series 2 only).
-#   env: ECDEDUP_BIN (default target/release/ecdedup if built, else
+#   env: POOL_POLICY (the pool's write policy: rmw, the default, plog or
+#   parix), ECDEDUP_BIN (default target/release/ecdedup if built, else
 #   target/debug), WORK_ROOT (/var/tmp), KEEP=1 keeps the work folder,
 #   SERVER_TTL (chunk servers' lease, s; 5 as `cluster up`), RATE (fio
 #   IOPS cap, 150), WRITER_LEASE_TTL (passed as `serve --lease-ttl` when
@@ -68,7 +70,7 @@ while [ $# -gt 0 ]; do
     --short) SHORT=1 ;;
     --trials) TRIALS=$2; shift ;;
     --only) ONLY=$2; shift ;;
-    -h|--help) sed -n '2,54p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,61p' "$0"; exit 0 ;;
     *) echo "cluster-faults: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -417,7 +419,7 @@ mkdir -p "$PL_MNT"
 for i in 0 1 2; do start_etcd "$i"; done
 wait_until 120 etcd_healthy || die "etcd did not become healthy: $(tail -5 "$WORK/etcd0.log")"
 for i in $(seq 0 $((SERVERS - 1))); do start_server "$i" || die "server $i: $(tail -5 "$WORK/server$i.log")"; done
-nsx cl "$BIN" pool --etcd "$ETCD_EPS" create pool0 --policy rmw -k 4 -m 2 --pgs 4 \
+nsx cl "$BIN" pool --etcd "$ETCD_EPS" create pool0 --policy "${POOL_POLICY:-rmw}" -k 4 -m 2 --pgs 4 \
   --stripe-unit 32K >"$WORK/pool.log" 2>&1 || die "pool create: $(cat "$WORK/pool.log")"
 nsx cl "$BIN" volume --etcd "$ETCD_EPS" create pool0/vol0 --size 1G >>"$WORK/pool.log" 2>&1 ||
   die "volume create: $(cat "$WORK/pool.log")"
