@@ -31,8 +31,10 @@
 //! of every link to it (`link.rs`, [`Addresses`]; logged
 //! `event=server-address-followed`). Its boot id changed with the restart,
 //! so the first change sent to it fails its shard as before (writes it
-//! acknowledged may be lost); what it reaches at once is reads, and the
-//! next open's re-add. The watches cost nothing while no key changes but
+//! acknowledged may be lost); what it reaches at once is reads. A server
+//! registered again (on any address) whose shards the writer has failed
+//! gets them re-added while the volume serves ([`Follow::re_add_returned`],
+//! `rebuild::start_re_add`): only what they missed is reconstructed. The watches cost nothing while no key changes but
 //! a server's space report (every 10 s); their queues are bounded
 //! (`WATCH_QUEUE_EVENTS`).
 
@@ -167,6 +169,9 @@ fn run(mut follow: Follow, stop: &AtomicBool) {
         for kv in kvs {
             if servers {
                 follow_server(&follow.wire.addresses, follow.etcd.keys(), &kv);
+                if let Some(Key::ServerState(id)) = follow.etcd.keys().parse(&kv.key) {
+                    follow.re_add_returned(id, &kv);
+                }
                 continue;
             }
             let Some(Key::Pg { pool, pg }) = follow.etcd.keys().parse(&kv.key) else {
@@ -250,6 +255,77 @@ impl Follow {
             );
         }
         self.records[pg as usize] = record;
+    }
+
+    /// A server registered (again): every shard it holds in a PG of this
+    /// volume that the writer has failed is opened on it at the PG's
+    /// current epoch and re-added while the volume serves
+    /// ([`rebuild::start_re_add`]). A chunk that cannot be opened, or a PG
+    /// busy with a rebuild, leaves the shard failed for the next open
+    /// (logged).
+    fn re_add_returned(&self, id: ServerId, kv: &Kv) {
+        let Ok(addr) = decode::<ServerInfo>(&kv.key, &kv.value)
+            .map_err(|e| e.to_string())
+            .and_then(|info| {
+                info.address
+                    .parse::<SocketAddr>()
+                    .map_err(|e| e.to_string())
+            })
+        else {
+            return;
+        };
+        for (pg, record) in self.records.iter().enumerate() {
+            let array = &self.arrays[pg];
+            let states = array.member_states();
+            let shards: Vec<usize> = (0..record.servers.len())
+                .filter(|&s| record.servers[s] == id && states.get(s) == Some(&MemberState::Failed))
+                .collect();
+            if shards.is_empty() {
+                continue;
+            }
+            let pg = pg as u32;
+            let opened = wire_pg_epoch(pg, record.epoch).and_then(|at| {
+                open_chunks(
+                    &self.wire,
+                    pg,
+                    &record.servers,
+                    &shards,
+                    at,
+                    &self.pg_epochs[pg as usize],
+                    self.chunk_bytes,
+                    &|server| (server == id).then_some(addr),
+                )
+            });
+            let opened = match opened {
+                Ok(opened) => opened,
+                Err(e) => {
+                    line(
+                        COMPONENT,
+                        "shard-re-add-not-started",
+                        &[("volume_id", &self.volume_id), ("pg", &pg), ("reason", &e)],
+                    );
+                    continue;
+                }
+            };
+            for (shard, dev) in opened {
+                match dev {
+                    Ok(dev) => {
+                        let running = rebuild::start_re_add(pg, array, shard, dev, &self.rebuild);
+                        self.rebuilds.lock().unwrap().push(running);
+                    }
+                    Err(e) => line(
+                        COMPONENT,
+                        "shard-re-add-not-started",
+                        &[
+                            ("volume_id", &self.volume_id),
+                            ("pg", &pg),
+                            ("shard", &shard),
+                            ("reason", &e),
+                        ],
+                    ),
+                }
+            }
+        }
     }
 
     /// Steps 1 to 3 of the module's comment for the `moved` shards of PG

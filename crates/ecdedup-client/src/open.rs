@@ -681,7 +681,7 @@ fn open_probed(
         cfg.devices = options.devices.clone();
         cfg.store(dir)?;
     }
-    let mut array = Array::open_with_devices(dir, devices.clone(), None)?;
+    let array = Array::open_with_devices(dir, devices.clone(), None)?;
     // A server that is back: its shard rejoins, resynchronising only the
     // regions written while it was out and the stripes its own parity
     // journal held (rmw, plog, parix without dedup: `re-add`), or stays

@@ -117,6 +117,72 @@ pub fn start_pg(pg: u32, array: &Arc<Array>, ctx: &Context) -> Option<Running> {
     Some(Running { starts, thread })
 }
 
+/// Re-adds shard `shard` of PG `pg`, its server back with the chunk `dev`
+/// it kept, in a thread of its own while the volume serves
+/// (`Array::re_add_device`: only the regions written while it was out,
+/// and under plog and parix the stripes its journal held). Logged
+/// `shard-resynced` (`while_serving=true`) when done; a re-add that stops
+/// (the array closing, fewer than k other members in service, a second
+/// failure) leaves the shard rebuilding or failed, for the next open.
+pub fn start_re_add(
+    pg: u32,
+    array: &Arc<Array>,
+    shard: usize,
+    dev: Arc<dyn ecdedup_core::media::Device>,
+    ctx: &Context,
+) -> Running {
+    line(
+        COMPONENT,
+        "shard-re-add-start",
+        &[
+            ("volume_id", &ctx.volume_id),
+            ("pg", &pg),
+            ("shard", &shard),
+            ("while_serving", &true),
+        ],
+    );
+    let array = Arc::clone(array);
+    let volume_id = ctx.volume_id;
+    let thread = std::thread::Builder::new()
+        .name(format!("ecdedup-re-add-pg{pg}"))
+        .spawn(move || {
+            let result = array.re_add_device(shard, dev);
+            match &result {
+                Ok(units) => line(
+                    COMPONENT,
+                    "shard-resynced",
+                    &[
+                        ("volume_id", &volume_id),
+                        ("pg", &pg),
+                        ("shard", &shard),
+                        ("units", units),
+                        ("while_serving", &true),
+                    ],
+                ),
+                Err(e) => line(
+                    COMPONENT,
+                    match array.member_states()[shard] {
+                        MemberState::Failed => "shard-stays-failed",
+                        _ => "shard-resync-paused",
+                    },
+                    &[
+                        ("volume_id", &volume_id),
+                        ("pg", &pg),
+                        ("shard", &shard),
+                        ("reason", e),
+                        ("while_serving", &true),
+                    ],
+                ),
+            }
+            result
+        })
+        .expect("spawning a re-add thread");
+    Running {
+        starts: vec![(pg, shard, 0)],
+        thread,
+    }
+}
+
 /// Writes PG `pg`'s rebuild progress to etcd (a failure is logged: the
 /// record is for operators, the durable cursor is in the chunks).
 fn report(ctx: &Context, pg: u32, done: u64, total: u64, finished: bool) {

@@ -364,6 +364,40 @@ fn a_server_restarted_on_another_address_is_read_there_without_a_reopen() {
     v.close().unwrap();
 }
 
+#[test]
+fn a_server_back_while_the_writer_serves_is_re_added_without_a_reopen() {
+    // A parix pool: the returning shard's own parity journal is reconciled
+    // too (until 2026-11-27 such a shard stayed failed, and any shard
+    // rejoined only at the next open).
+    let name = "readd-online";
+    let mut c = Cluster::start_with(name, 3, Duration::from_secs(600));
+    c.pool(name, "px", WritePolicy::Parix, 2, 1, 1);
+    c.volume(name, "px", "v", 2 << 20);
+    let mut model = vec![0u8; 2 << 20];
+    let v = ecdedup_client::open(&c.options(name, "px", "v", "w")).unwrap();
+    write_and_check(&v, &mut model, 1);
+    let servers = pgs(&c, name, "px")[0].servers.clone();
+    let back = servers[1];
+    c.kill_server(back.0);
+    write_and_check(&v, &mut model, 2);
+    assert!(
+        shards_not_active(&v) > 0,
+        "the killed server's shard failed"
+    );
+    c.restart_server(name, back.0);
+    wait_until(
+        "the returned server's shard is re-added while the writer serves",
+        || shards_not_active(&v) == 0,
+    );
+    check(&v, &model);
+    // Its shard serves decodes: another server of the PG (m = 1) goes.
+    let other = servers[0];
+    c.kill_server(other.0);
+    check(&v, &model);
+    write_and_check(&v, &mut model, 3);
+    v.close().unwrap();
+}
+
 /// The PG records of `pool`.
 fn pgs(c: &Cluster, name: &str, pool: &str) -> Vec<ecdedup_cluster::keys::PgRecord> {
     let etcd = c.etcd_config(name);

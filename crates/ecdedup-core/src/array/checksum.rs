@@ -268,6 +268,13 @@ impl ChecksumTable {
     /// discards the whole device), so every page is forgotten unwritten,
     /// and so is a latched error (it was the old device's).
     pub fn reset_zeroed(&self) {
+        self.forget_resident();
+    }
+
+    /// Forgets every resident page, dirty or not, and a latched error:
+    /// entries are read from the device in the slot again on demand (a
+    /// member re-added with what its own table area holds).
+    pub fn forget_resident(&self) {
         for shard in &self.shards {
             *shard.lock().unwrap() = Shard::default();
         }

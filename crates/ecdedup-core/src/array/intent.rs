@@ -393,6 +393,16 @@ impl IntentLog {
         (stripe / self.stripes_per_region) as usize
     }
 
+    /// Whether region `region` counts as missed now: marked in the missed
+    /// map, past its end, or no map with a known start is kept (then
+    /// nothing is known about what a member missed, so everything is).
+    pub fn region_missed(&self, region: usize) -> bool {
+        match self.missed.lock().unwrap().as_ref() {
+            Some(m) if m.since_generation != 0 => m.regions.get(region).copied().unwrap_or(true),
+            _ => true,
+        }
+    }
+
     /// The regions of the missed map, if one is kept.
     pub fn missed_regions(&self) -> Option<Vec<bool>> {
         self.missed

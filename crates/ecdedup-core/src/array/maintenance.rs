@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::time::{Duration, Instant};
 
 /// How often a rebuild records its cursor in the superblocks.
-const REBUILD_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(2);
+pub(super) const REBUILD_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(2);
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ScrubReport {

@@ -38,11 +38,13 @@
 //! to its header) makes every stripe the member holds parity of count as
 //! missed.
 //!
-//! Limits: offline (the array stopped; in a cluster, at the writer's
-//! open), and not under dedup: a dedup map of the member would have to be
+//! It also runs while the array serves (`re_add_device`, which a cluster
+//! writer calls when a server returns): see there. Limits: the `re-add`
+//! command runs on a stopped array; not under dedup: a dedup map of the member would have to be
 //! reconciled with what it missed, which is not done; those arrays use
 //! `replace` + `rebuild`.
 
+use super::maintenance::REBUILD_CHECKPOINT_INTERVAL;
 use super::{journal, read_superblock, Array, MemberState, JOURNAL_DIR};
 use crate::dedup::Policy;
 use crate::error::{Error, Result};
@@ -52,6 +54,7 @@ use crate::media::{Device, FileDevice};
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
+use std::time::Instant;
 
 /// The missed map, in the array folder.
 pub const MISSED_FILE: &str = "missed.map";
@@ -125,7 +128,24 @@ impl Array {
 
     /// [`Array::re_add`] with the member's device already open (a chunk
     /// across the network, for the volume client).
-    pub fn re_add_device(&mut self, d: usize, raw: Arc<dyn Device>) -> Result<u64> {
+    ///
+    /// It may run while the array serves (a cluster writer re-adding a
+    /// returning server's shard): the member is *rebuilding* meanwhile, so
+    /// writes to stripes its cursor has not passed leave it out and mark
+    /// their regions in the missed map, which each stripe is checked
+    /// against under its lock when the cursor reaches it. It runs as the
+    /// array's one operation (`Busy` while a rebuild or another re-add
+    /// runs), and stops at the next stripe when the array closes, its
+    /// cursor recorded: the member stays rebuilding and the next `rebuild`
+    /// (a writer's next open) finishes it in full.
+    pub fn re_add_device(&self, d: usize, raw: Arc<dyn Device>) -> Result<u64> {
+        self.begin_operation("re-add", self.geo.stripes)?;
+        let r = self.re_add_device_inner(d, raw);
+        self.end_operation(&r);
+        r
+    }
+
+    fn re_add_device_inner(&self, d: usize, raw: Arc<dyn Device>) -> Result<u64> {
         let cfg = self.re_add_allowed(d)?;
         let path = cfg.devices[d].clone();
         let dev_err = |reason: String| Error::Device {
@@ -149,12 +169,6 @@ impl Array {
                 self.geo.device_bytes_min()
             )));
         }
-        // No map, or one whose start is unknown: nothing is known about
-        // what it missed, so everything is.
-        let missed = match self.intent.missed_since_generation() {
-            Some(_) => self.intent.missed_regions().unwrap_or_default(),
-            None => Vec::new(),
-        };
         // Its parity journal as it left it, read before anything is written
         // to the member (None: every stripe it holds parity of).
         let logged = if self.write_policy.journals() {
@@ -172,16 +186,14 @@ impl Array {
         // The member's own table, read from the device once it is in the
         // slot (below); the entries kept while it was out check the
         // stripes the cursor has not passed.
-        let cache_bytes = cfg.checksum_cache_bytes_max / self.stores.len() as u64;
-        let blocks = self.geo.blocks_per_device();
-        self.stores[d].begin_re_add(blocks, cache_bytes);
+        self.stores[d].begin_re_add();
         if self.ssd_sim_on {
             self.stores[d].set_wear(wear);
         }
         self.config.lock().unwrap().device_uuids[d] = sb.device_uuid;
         self.stores[d].put_in_service(dev);
         self.persist_superblocks()?;
-        let resynced = self.resync_missed(d, &missed, logged.as_ref())?;
+        let resynced = self.resync_missed(d, logged.as_ref())?;
         self.stores[d].finish_rebuild();
         self.flush()?;
         self.persist_superblocks()?;
@@ -239,21 +251,32 @@ impl Array {
     /// of). Where fewer than k other members hold a missed stripe, see
     /// [`Array::resync_unit`]: the re-add may pause there (`Unavailable`,
     /// the member left rebuilding at that stripe).
-    fn resync_missed(
-        &self,
-        d: usize,
-        missed: &[bool],
-        logged: Option<&BTreeSet<u64>>,
-    ) -> Result<u64> {
+    fn resync_missed(&self, d: usize, logged: Option<&BTreeSet<u64>>) -> Result<u64> {
         let g = self.geo;
         let mut resynced = 0u64;
+        let mut last_checkpoint = Instant::now();
         for stripe in self.stores[d].cursor()..g.stripes {
-            let _g = self.locks[Self::lock_index(stripe)].write().unwrap();
+            if self.stopping.load(SeqCst) {
+                // The array is closing: the cursor is recorded (data and
+                // checksums first); the next `rebuild` resumes here.
+                self.flush()?;
+                self.persist_superblocks()?;
+                return Err(Error::Unavailable(format!(
+                    "re-add of device {d} stopped at stripe {stripe} of {}: the array is \
+                     closing; the device is left rebuilding from there",
+                    g.stripes
+                )));
+            }
+            let guard = self.locks[Self::lock_index(stripe)].write().unwrap();
+            if !self.stores[d].is_rebuilding() {
+                return Err(Error::Unavailable(format!(
+                    "device {d} failed while it was re-added"
+                )));
+            }
             let role = g.role_on(stripe, d);
-            let was_missed = missed
-                .get(self.intent.region_of(stripe))
-                .copied()
-                .unwrap_or(true)
+            // Checked now, under the stripe's lock: a write while the
+            // re-add runs marks its region before it writes.
+            let was_missed = self.intent.region_missed(self.intent.region_of(stripe))
                 || match logged {
                     Some(stripes) => stripes.contains(&stripe),
                     None => role.is_some_and(|r| r >= g.k()),
@@ -274,6 +297,14 @@ impl Array {
                 self.put_missed_unit(d, stripe, role, &unit)?;
                 self.mark_unreadable(stripe, role, &unit, &unreadable);
                 resynced += 1;
+            }
+            drop(guard);
+            self.progress_operation(stripe + 1);
+            if last_checkpoint.elapsed() > REBUILD_CHECKPOINT_INTERVAL {
+                // Checksums and data first, then the cursor that vouches for them.
+                self.flush()?;
+                self.persist_superblocks()?;
+                last_checkpoint = Instant::now();
             }
         }
         Ok(resynced)

@@ -23,7 +23,6 @@
 
 use super::checksum::{ChecksumTable, DeviceSlot};
 use super::journal::{self, JournalWrite, ParityJournal, StripeLog};
-use super::layout;
 use super::superblock::MemberState;
 use crate::counters::{DeviceCounters, IoClass};
 use crate::dedup::DedupDevice;
@@ -301,9 +300,9 @@ impl ChunkStore {
     }
 
     /// A failed member coming back with the data it still holds
-    /// (`re-add`): a fresh table over the store's slot, paged within
-    /// `cache_bytes`, read from the device on demand once the device is in
-    /// the slot: it says what the member held when it left. Where the
+    /// (`re-add`): its table forgets what is resident and reads its pages
+    /// from the device on demand once the device is in the slot: it says
+    /// what the member held when it left. Where the
     /// entries were kept current while it was out (`sums_known`), that
     /// table becomes the prior one, which checks each decode of the
     /// member's units in the stripes the re-add has not reached, and in
@@ -312,18 +311,15 @@ impl ChunkStore {
     /// flight at an unclean stop, which the resync recorded from the
     /// members left), and a decode checked against them was an I/O error
     /// on a block the members agree on (cluster simulator seed 4364).
-    pub(super) fn begin_re_add(&mut self, blocks: u64, cache_bytes: u64) {
+    pub(super) fn begin_re_add(&self) {
+        let mut prior = self.prior_table.lock().unwrap();
         if self.sums_known.swap(false, SeqCst) {
-            *self.prior_table.get_mut().unwrap() = Some(self.table.duplicate());
+            *prior = Some(self.table.duplicate());
         }
-        self.table = ChecksumTable::open(
-            Arc::clone(&self.dev),
-            Arc::clone(&self.counters),
-            blocks,
-            layout::CHECKSUM_OFFSET,
-            self.block_bytes,
-            cache_bytes,
-        );
+        // The table reads its pages from the device in the slot (every
+        // store's table is opened so, with the same bound): forgetting
+        // what is resident makes it the member's own table.
+        self.table.forget_resident();
     }
 
     pub(super) fn table_ram_bytes(&self) -> u64 {
