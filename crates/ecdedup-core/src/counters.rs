@@ -94,7 +94,9 @@ macro_rules! array_counters {
         #[derive(Default)]
         pub struct ArrayCounters { $(pub $name: AtomicU64,)* }
 
+        /// A counter that an older server did not have reads as 0.
         #[derive(Clone, Debug, Default, Serialize, serde::Deserialize, PartialEq, Eq)]
+        #[serde(default)]
         pub struct ArrayStats { $(pub $name: u64,)* }
 
         impl ArrayCounters {
@@ -152,6 +154,7 @@ array_counters! {
     journal_compactions: "parity journals rewritten to their live records after a replay",
     device_submissions: "batches of device I/O the array issued (reads, writes and syncs of one step of a request, submitted together)",
     device_syscalls: "system calls those batches made: io_uring_enter calls, or one per pread, pwrite and fdatasync where io_uring is unavailable or the device is not a plain file",
+    device_ring_entries: "io_uring entries those batches submitted: one per device read, write or sync, except that adjacent reads (or writes) of one device share one vectored entry; none where a batch loops",
     fua_syncs: "FUA requests made durable by syncing only the devices and journals they touched",
 }
 

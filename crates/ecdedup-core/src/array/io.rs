@@ -375,6 +375,7 @@ impl Array {
         let a = &self.counters.array;
         a.add(&a.device_submissions, cost.submissions);
         a.add(&a.device_syscalls, cost.syscalls);
+        a.add(&a.device_ring_entries, cost.ring_entries);
     }
 
     /// Reads units of a stripe (role, blocks) in one batch: as

@@ -123,6 +123,68 @@ fn a_read_across_stripes_is_one_batch_and_decodes_a_bad_block() {
     assert!(rig.a().stats().array.checksum_mismatches > s.checksum_mismatches);
 }
 
+/// On device files, a request's units that lie side by side on a device
+/// go to it as one ring entry: a write of 3 whole stripes is 6 entries
+/// (one per device), not 18, and reading them back is one entry per run
+/// of data units on each device (issue 21: a 1 MiB write was 48 entries,
+/// a 1 MiB read 32).
+#[test]
+fn a_requests_units_side_by_side_on_a_device_are_one_ring_entry() {
+    if !crate::media::batch::ring_enabled() {
+        eprintln!("io_uring unavailable: no ring entries to count");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let unit = 4096u32;
+    let mut opts = options(6, 4, 2, unit, 8 * 4 * unit as u64);
+    opts.devices = (0..6).map(|i| dir.path().join(format!("dev{i}"))).collect();
+    opts.sparse = false;
+    opts.io = crate::media::IoMode::Direct;
+    let array_dir = dir.path().join("array");
+    if create(&array_dir, &opts).is_err() {
+        // tmpfs refuses O_DIRECT: buffered device files merge the same way.
+        opts.io = crate::media::IoMode::Buffered;
+        create(&array_dir, &opts).unwrap();
+    }
+    let a = Array::open(&array_dir, None).unwrap();
+    let g = *a.geometry();
+    let sd = 4 * unit as usize;
+    let data = pattern(11, 3 * sd);
+    a.write(&data, sd as u64, false).unwrap();
+    let before = a.stats().array;
+    a.write(&data, sd as u64, false).unwrap();
+    let s = a.stats().array;
+    assert_eq!(s.full_stripe_writes - before.full_stripe_writes, 3);
+    assert_eq!(s.device_submissions - before.device_submissions, 1);
+    assert_eq!(
+        s.device_ring_entries - before.device_ring_entries,
+        6,
+        "one entry per device"
+    );
+    // The data units of stripes 1..4 on each device, in runs of adjacent rows.
+    let runs: u64 = (0..6)
+        .map(|d| {
+            let rows: Vec<u64> = (1..4)
+                .filter(|&s| g.role_on(s, d).is_some_and(|r| r < g.k()))
+                .map(|s| g.place(s, g.role_on(s, d).unwrap()).row)
+                .collect();
+            rows.iter()
+                .enumerate()
+                .filter(|&(i, r)| i == 0 || rows[i - 1] + 1 != *r)
+                .count() as u64
+        })
+        .sum();
+    let before = a.stats().array;
+    let mut back = vec![0u8; 3 * sd];
+    a.read(&mut back, sd as u64).unwrap();
+    assert_eq!(back, data);
+    let s = a.stats().array;
+    assert_eq!(s.device_submissions - before.device_submissions, 1);
+    assert_eq!(s.device_ring_entries - before.device_ring_entries, runs);
+    assert!(runs < 12, "12 data units in {runs} runs");
+    a.close().unwrap();
+}
+
 /// PARIX's appends go to the parity journals in the data write's batch,
 /// not as writes of their own before it (issue 21's profile: a
 /// synchronous `pwrite` per journal outside the batch).
