@@ -1798,6 +1798,18 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     // each the same way at every replay since the parity journal's replay reads its
     // records in one order (branch seeds; before, a `HashMap`'s order,
     // drawn per process, moved the frames of 26547 and others).
+    // Found by the 4,000-seed run 22,000 to 25,999 of branch seeds
+    // (2026-11-27 02:03 UTC, docs/benchmarks.md); each fails the same, 3
+    // of 3 replays, with the test binary of main before branch seeds:
+    // not narrowed.
+    (
+        22012,
+        "rmw beside plog: blocks 33 and 35 of volume 8, flushed, read wrong after the last takeover",
+    ),
+    (
+        25205,
+        "plog beside plog: blocks of volume 8 read wrong (flushed and unflushed) and one fails beyond the double fault after the takeovers",
+    ),
     // Found by a 3,000-seed run (2,000 to 4,999) on 2026-11-27; fails the
     // same with the engine before re-add was allowed under parix: open.
     (
