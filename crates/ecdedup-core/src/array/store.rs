@@ -263,24 +263,30 @@ impl ChunkStore {
     /// or its entries were kept current; the table from before a
     /// replacement otherwise.
     pub(super) fn expected_checksum(&self, stripe: u64, index: u64) -> Option<u32> {
-        if self.holds(stripe) || self.sums_known.load(SeqCst) {
+        if self.holds(stripe) {
             return self.table.get(index);
         }
-        self.prior_table
-            .lock()
-            .unwrap()
-            .as_ref()
-            .and_then(|t| t.get(index))
+        // Under the prior table's lock, which `begin_re_add` holds while
+        // it moves the entries there: never the table half switched.
+        let prior = self.prior_table.lock().unwrap();
+        if self.sums_known.load(SeqCst) {
+            return self.table.get(index);
+        }
+        prior.as_ref().and_then(|t| t.get(index))
     }
 
     /// A write or discard this device did not take: records what block
     /// `index` holds logically, so a later decode of it can be checked.
+    /// Under the prior table's lock, as [`ChunkStore::expected_checksum`]:
+    /// a re-add beginning meanwhile (it may, beside live I/O) finds the
+    /// entry in the table it copies, or the entry lands in the copy.
     pub(super) fn note_logical_checksum(&self, index: u64, crc: u32) {
+        let prior = self.prior_table.lock().unwrap();
         if self.sums_known.load(SeqCst) {
             // Out of service since this open: the table's pages are pinned
             // in RAM (a failed device's pages are never flushed).
             self.table.set(index, crc);
-        } else if let Some(t) = self.prior_table.lock().unwrap().as_ref() {
+        } else if let Some(t) = prior.as_ref() {
             t.set(index, crc);
         }
     }
