@@ -1812,6 +1812,15 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     ),
     // Found by a 3,000-seed run (2,000 to 4,999) on 2026-11-27; fails the
     // same with the engine before re-add was allowed under parix: open.
+    // Found by a second 3,000-seed run (2,000 to 4,999) on 2026-11-27 at
+    // 760180b; fails the same with the re-add while serving reverted (the
+    // simulator opens PGs, it runs no follower); passed in the run before
+    // the seeds branch ordered the journal's stripe log, which changes
+    // every seed's frames: not narrowed, open.
+    (
+        4182,
+        "parix beside replicate with dedup: a block unreadable after a takeover (no combination of the 4 intact members decodes to the recorded checksums)",
+    ),
     (
         2346,
         "parix beside rmw with dedup: five blocks read wrong after the takeovers (3,000-seed run of 2026-11-27)",
