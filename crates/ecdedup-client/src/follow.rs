@@ -32,8 +32,9 @@
 //! `event=server-address-followed`). Its boot id changed with the restart,
 //! so the first change sent to it fails its shard as before (writes it
 //! acknowledged may be lost); what it reaches at once is reads. A server
-//! registered again (on any address) whose shards the writer has failed
-//! gets them re-added while the volume serves ([`Follow::re_add_returned`],
+//! registered (again, on any address) whose shards the writer has failed,
+//! before or after the registration, gets them re-added while the volume
+//! serves, once per registration ([`Follow::re_add_returned`],
 //! `rebuild::start_re_add`): only what they missed is reconstructed. The watches cost nothing while no key changes but
 //! a server's space report (every 10 s); their queues are bounded
 //! (`WATCH_QUEUE_EVENTS`).
@@ -47,6 +48,7 @@ use ecdedup_cluster::{Etcd, Keys, ServerId, WatchEvent, Watcher};
 use ecdedup_core::array::{Array, MemberState};
 use ecdedup_core::error::{Error, Result};
 use ecdedup_transport::log::line;
+use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
@@ -135,7 +137,12 @@ fn run(mut follow: Follow, stop: &AtomicBool) {
             Watcher::start(&follow.etcd, keys.servers(), None),
         )
     };
+    // Each server's registration as last seen, and the shards a re-add was
+    // started for, per registration (its key's revision): one try each.
+    let mut registered: BTreeMap<ServerId, Kv> = BTreeMap::new();
+    let mut tried: HashSet<(usize, usize, i64)> = HashSet::new();
     while !stop.load(SeqCst) {
+        follow.re_add_returned(&registered, &mut tried);
         let next = follow.rt.block_on(async {
             let either = async {
                 tokio::select! {
@@ -162,15 +169,25 @@ fn run(mut follow: Follow, stop: &AtomicBool) {
                 );
                 return;
             }
-            Some(WatchEvent::Reset { kvs, .. }) => kvs,
+            Some(WatchEvent::Reset { kvs, .. }) => {
+                if servers {
+                    registered.clear();
+                }
+                kvs
+            }
             Some(WatchEvent::Put(kv)) => vec![kv],
-            Some(WatchEvent::Delete { .. }) => continue,
+            Some(WatchEvent::Delete { key, .. }) => {
+                if let Some(Key::ServerState(id)) = follow.etcd.keys().parse(&key) {
+                    registered.remove(&id);
+                }
+                continue;
+            }
         };
         for kv in kvs {
             if servers {
                 follow_server(&follow.wire.addresses, follow.etcd.keys(), &kv);
                 if let Some(Key::ServerState(id)) = follow.etcd.keys().parse(&kv.key) {
-                    follow.re_add_returned(id, &kv);
+                    registered.insert(id, kv);
                 }
                 continue;
             }
@@ -257,73 +274,93 @@ impl Follow {
         self.records[pg as usize] = record;
     }
 
-    /// A server registered (again): every shard it holds in a PG of this
-    /// volume that the writer has failed is opened on it at the PG's
-    /// current epoch and re-added while the volume serves
-    /// ([`rebuild::start_re_add`]). A chunk that cannot be opened, or a PG
-    /// busy with a rebuild, leaves the shard failed for the next open
-    /// (logged).
-    fn re_add_returned(&self, id: ServerId, kv: &Kv) {
-        let Ok(addr) = decode::<ServerInfo>(&kv.key, &kv.value)
+    /// Servers registered (`registered`: each one's state key as last
+    /// seen): every shard a server holds in a PG of this volume that the
+    /// writer has failed is opened on it at the PG's current epoch and
+    /// re-added while the volume serves ([`rebuild::start_re_add`]), once
+    /// per registration (`tried`: PG, shard, the key's revision). So a
+    /// shard failed before its server came back is re-added when the
+    /// registration is seen, and one that fails after (its first change
+    /// met the restarted server's new boot id) at the next look, within
+    /// [`STOP_POLL`]; a shard that fails again under the same registration
+    /// waits for the next open. A chunk that cannot be opened, or a PG busy
+    /// with a rebuild, leaves the shard failed for the next open (logged).
+    fn re_add_returned(
+        &self,
+        registered: &BTreeMap<ServerId, Kv>,
+        tried: &mut HashSet<(usize, usize, i64)>,
+    ) {
+        for (pg, record) in self.records.iter().enumerate() {
+            let states = self.arrays[pg].member_states();
+            for (&id, kv) in registered {
+                let shards: Vec<usize> = (0..record.servers.len())
+                    .filter(|&s| {
+                        record.servers[s] == id
+                            && states.get(s) == Some(&MemberState::Failed)
+                            && tried.insert((pg, s, kv.mod_revision))
+                    })
+                    .collect();
+                if !shards.is_empty() {
+                    self.re_add_on(pg as u32, id, kv, &shards);
+                }
+            }
+        }
+    }
+
+    /// Opens `shards` of PG `pg` on server `id` (registered as `kv` says)
+    /// and starts their re-adds.
+    fn re_add_on(&self, pg: u32, id: ServerId, kv: &Kv, shards: &[usize]) {
+        let addr = decode::<ServerInfo>(&kv.key, &kv.value)
             .map_err(|e| e.to_string())
             .and_then(|info| {
                 info.address
                     .parse::<SocketAddr>()
                     .map_err(|e| e.to_string())
-            })
-        else {
+            });
+        let Ok(addr) = addr else {
             return;
         };
-        for (pg, record) in self.records.iter().enumerate() {
-            let array = &self.arrays[pg];
-            let states = array.member_states();
-            let shards: Vec<usize> = (0..record.servers.len())
-                .filter(|&s| record.servers[s] == id && states.get(s) == Some(&MemberState::Failed))
-                .collect();
-            if shards.is_empty() {
-                continue;
+        let record = &self.records[pg as usize];
+        let array = &self.arrays[pg as usize];
+        let opened = wire_pg_epoch(pg, record.epoch).and_then(|at| {
+            open_chunks(
+                &self.wire,
+                pg,
+                &record.servers,
+                shards,
+                at,
+                &self.pg_epochs[pg as usize],
+                self.chunk_bytes,
+                &|server| (server == id).then_some(addr),
+            )
+        });
+        let opened = match opened {
+            Ok(opened) => opened,
+            Err(e) => {
+                line(
+                    COMPONENT,
+                    "shard-re-add-not-started",
+                    &[("volume_id", &self.volume_id), ("pg", &pg), ("reason", &e)],
+                );
+                return;
             }
-            let pg = pg as u32;
-            let opened = wire_pg_epoch(pg, record.epoch).and_then(|at| {
-                open_chunks(
-                    &self.wire,
-                    pg,
-                    &record.servers,
-                    &shards,
-                    at,
-                    &self.pg_epochs[pg as usize],
-                    self.chunk_bytes,
-                    &|server| (server == id).then_some(addr),
-                )
-            });
-            let opened = match opened {
-                Ok(opened) => opened,
-                Err(e) => {
-                    line(
-                        COMPONENT,
-                        "shard-re-add-not-started",
-                        &[("volume_id", &self.volume_id), ("pg", &pg), ("reason", &e)],
-                    );
-                    continue;
+        };
+        for (shard, dev) in opened {
+            match dev {
+                Ok(dev) => {
+                    let running = rebuild::start_re_add(pg, array, shard, dev, &self.rebuild);
+                    self.rebuilds.lock().unwrap().push(running);
                 }
-            };
-            for (shard, dev) in opened {
-                match dev {
-                    Ok(dev) => {
-                        let running = rebuild::start_re_add(pg, array, shard, dev, &self.rebuild);
-                        self.rebuilds.lock().unwrap().push(running);
-                    }
-                    Err(e) => line(
-                        COMPONENT,
-                        "shard-re-add-not-started",
-                        &[
-                            ("volume_id", &self.volume_id),
-                            ("pg", &pg),
-                            ("shard", &shard),
-                            ("reason", &e),
-                        ],
-                    ),
-                }
+                Err(e) => line(
+                    COMPONENT,
+                    "shard-re-add-not-started",
+                    &[
+                        ("volume_id", &self.volume_id),
+                        ("pg", &pg),
+                        ("shard", &shard),
+                        ("reason", &e),
+                    ],
+                ),
             }
         }
     }

@@ -398,6 +398,37 @@ fn a_server_back_while_the_writer_serves_is_re_added_without_a_reopen() {
     v.close().unwrap();
 }
 
+#[test]
+fn a_shard_failed_after_its_server_came_back_is_re_added_without_a_reopen() {
+    // The server dies and returns while the writer idles: its shard is
+    // still in service at the registration, and fails only at the next
+    // change (the restarted server's boot id differs).
+    // rmw: no background replay reaches the server meanwhile.
+    let name = "readd-late";
+    let mut c = Cluster::start_with(name, 3, Duration::from_secs(600));
+    c.pool(name, "rmw", WritePolicy::Rmw, 2, 1, 1);
+    c.volume(name, "rmw", "v", 2 << 20);
+    let mut model = vec![0u8; 2 << 20];
+    let v = ecdedup_client::open(&c.options(name, "rmw", "v", "w")).unwrap();
+    write_and_check(&v, &mut model, 1);
+    let back = pgs(&c, name, "rmw")[0].servers[1];
+    let before = v.wire().addresses.get(back).expect("a link to the server");
+    c.kill_server(back.0);
+    c.restart_server(name, back.0);
+    wait_until("the writer follows the server's new address", || {
+        v.wire().addresses.get(back) != Some(before)
+    });
+    assert_eq!(shards_not_active(&v), 0, "no request reached it yet");
+    write_and_check(&v, &mut model, 2);
+    wait_until(
+        "the shard failed by the restart is re-added while serving",
+        || shards_not_active(&v) == 0,
+    );
+    check(&v, &model);
+    write_and_check(&v, &mut model, 3);
+    v.close().unwrap();
+}
+
 /// The PG records of `pool`.
 fn pgs(c: &Cluster, name: &str, pool: &str) -> Vec<ecdedup_cluster::keys::PgRecord> {
     let etcd = c.etcd_config(name);
