@@ -153,7 +153,10 @@ run_step "format" cargo fmt --all -- --check
 # running alone at the end.
 test_log=$(mktemp)
 test_dir=$(mktemp -d)
-trap '[ -z "${clippy_pid:-}" ] || kill "$clippy_pid" 2>/dev/null; [ -z "${faults_pid:-}" ] || { pkill -TERM -P "$faults_pid" 2>/dev/null; wait "$faults_pid" 2>/dev/null; }; rm -rf "$test_log" "$test_dir" "$cpu_times"' EXIT
+# Steps run beside the tests (start_beside, below): stopped with their
+# children (the fault suite's trap then stops what it started) on any exit.
+declare -A beside_pid=()
+trap 'for p in "${beside_pid[@]}"; do pkill -TERM -P "$p" 2>/dev/null; wait "$p" 2>/dev/null; done; rm -rf "$test_log" "$test_dir" "$cpu_times"' EXIT
 SLOW_FIRST="cluster fio_policies fio model ecdedup_core crash fio_dedup powerloss loopback operations archive_crash eval_codeplugin sim"
 SPLIT_BY_MODULE="crates/ecdedup/tests/it.rs"
 
@@ -314,41 +317,46 @@ per_file_times() {
 # and clippy take the same lock on target/), its output is printed whole
 # when it ends, and the tests wait only on their own processes.
 CLIPPY=(cargo clippy --workspace --all-targets -- -D warnings)
-clippy_pid=""
-clippy_log="$test_dir/clippy.log"
-clippy_t0=0
-start_clippy_beside() {
-  [ -z "$clippy_pid" ] || return 0
-  clippy_t0=$SECONDS
-  # A subshell that records clippy's own end and CPU time. (Bash reaps a
-  # background child when it exits, so the tests' step's CPU figure
-  # counts clippy's too.)
+# start_beside KEY COMMAND...: runs COMMAND in the background, its output
+# in $test_dir/KEY.log, in a subshell that records the command's own end
+# and CPU time (bash reaps a background child when it exits, so the
+# tests' step's CPU figure counts it too). finish_beside KEY NAME waits
+# for it and records it as a step of its own, printing its output whole.
+declare -A beside_t0=() beside_cmd=()
+start_beside() {
+  local key=$1 log="$test_dir/$1.log"
+  shift
+  [ -z "${beside_pid[$key]:-}" ] || return 0
+  beside_t0[$key]=$SECONDS
+  beside_cmd[$key]="$*"
   (
     rc=0
-    nice -n 10 "${CLIPPY[@]}" >"$clippy_log" 2>&1 || rc=$?
-    cpu_times="$clippy_log.times"
+    "$@" >"$log" 2>&1 || rc=$?
+    cpu_times="$log.times"
     cpu_seconds
-    echo "$SECONDS $cpu" >"$clippy_log.end"
+    echo "$SECONDS $cpu" >"$log.end"
     exit "$rc"
   ) &
-  clippy_pid=$!
+  beside_pid[$key]=$!
 }
-# finish_clippy: waits for clippy beside the tests and records it as a
-# step (its wall and CPU time from its start to its own end).
-finish_clippy() {
-  local rc=0 c0=0 c1=0 t1=$SECONDS
-  wait "$clippy_pid" || rc=$?
-  [ ! -s "$clippy_log.end" ] || read -r t1 c1 <"$clippy_log.end"
+finish_beside() {
+  local key=$1 name=$2 log="$test_dir/$1.log" rc=0 c1=0 t1=$SECONDS line
+  wait "${beside_pid[$key]}" || rc=$?
+  [ ! -s "$log.end" ] || read -r t1 c1 <"$log.end"
   echo
-  echo "==> clippy (beside the tests)"
-  echo "    \$ ${CLIPPY[*]}"
-  cat "$clippy_log"
+  echo "==> $name"
+  echo "    \$ ${beside_cmd[$key]}"
+  cat "$log"
+  line="$(printf '%5d' $((t1 - beside_t0[$key]))) s  $(printf '%5d' "$c1") s CPU  $name"
   if [ "$rc" -eq 0 ]; then
-    summary+=("ok      $(printf '%5d' $((t1 - clippy_t0))) s  $(printf '%5d' $((c1 - c0))) s CPU  clippy (beside the tests)")
+    summary+=("ok      $line")
   else
-    summary+=("FAILED  $(printf '%5d' $((t1 - clippy_t0))) s  $(printf '%5d' $((c1 - c0))) s CPU  clippy (beside the tests) (exit $rc)")
+    summary+=("FAILED  $line (exit $rc)")
     failed=1
   fi
+}
+start_clippy_beside() {
+  start_beside clippy nice -n 10 "${CLIPPY[@]}"
 }
 # The cluster fault suite's short version (scripts/cluster-faults.sh
 # --short: real chunk servers, a 3-member etcd and the writer, each in a
@@ -359,12 +367,9 @@ finish_clippy() {
 # passed so, docs/benchmarks.md, "CI time and the long runs"). Where the
 # machine cannot make a network namespace or an nftables table (a
 # container without CAP_NET_ADMIN) it is SKIPPED, loudly.
-faults_pid=""
-faults_log="$test_dir/faults.log"
-faults_t0=0
 faults_skip=""
 start_faults_beside() {
-  [ -z "$faults_pid" ] && [ -z "$faults_skip" ] || return 0
+  [ -z "${beside_pid[faults]:-}" ] && [ -z "$faults_skip" ] || return 0
   local probe="ecdedup-ci-probe-$$"
   if ! ip netns add "$probe" >/dev/null 2>&1; then
     faults_skip="cannot create a network namespace (ip netns add): needs root and CAP_NET_ADMIN"
@@ -376,49 +381,22 @@ start_faults_beside() {
     return 0
   fi
   ip netns del "$probe" 2>/dev/null
-  faults_t0=$SECONDS
-  (
-    rc=0
-    ECDEDUP_BIN="$PWD/target/debug/ecdedup" bash scripts/cluster-faults.sh --short >"$faults_log" 2>&1 || rc=$?
-    cpu_times="$faults_log.times"
-    cpu_seconds
-    echo "$SECONDS $cpu" >"$faults_log.end"
-    exit "$rc"
-  ) &
-  faults_pid=$!
-}
-# finish_faults: waits for the fault suite beside the tests and records it
-# as a step, or as SKIPPED with the reason.
-finish_faults() {
-  if [ -n "$faults_skip" ]; then
-    skip_step "cluster fault suite (--short)" "$faults_skip"
-    return 0
-  fi
-  [ -n "$faults_pid" ] || return 0
-  local rc=0 c1=0 t1=$SECONDS name="cluster fault suite, short (beside the tests)"
-  wait "$faults_pid" || rc=$?
-  [ ! -s "$faults_log.end" ] || read -r t1 c1 <"$faults_log.end"
-  echo
-  echo "==> $name"
-  echo "    \$ scripts/cluster-faults.sh --short"
-  cat "$faults_log"
-  if [ "$rc" -eq 0 ]; then
-    summary+=("ok      $(printf '%5d' $((t1 - faults_t0))) s  $(printf '%5d' "$c1") s CPU  $name")
-  else
-    summary+=("FAILED  $(printf '%5d' $((t1 - faults_t0))) s  $(printf '%5d' "$c1") s CPU  $name (exit $rc)")
-    failed=1
-  fi
+  start_beside faults env ECDEDUP_BIN="$PWD/target/debug/ecdedup" bash scripts/cluster-faults.sh --short
 }
 built=0
 run_step "build" cargo build --workspace --lib --bins --tests --examples && built=1
 if [ "$built" -eq 1 ]; then
   run_step "tests" run_tests
-  if [ -n "$clippy_pid" ]; then
-    finish_clippy
+  if [ -n "${beside_pid[clippy]:-}" ]; then
+    finish_beside clippy "clippy (beside the tests)"
   else
     run_step "clippy" "${CLIPPY[@]}"
   fi
-  finish_faults
+  if [ -n "$faults_skip" ]; then
+    skip_step "cluster fault suite (--short)" "$faults_skip"
+  elif [ -n "${beside_pid[faults]:-}" ]; then
+    finish_beside faults "cluster fault suite, short (beside the tests)"
+  fi
 else
   run_step "clippy" "${CLIPPY[@]}"
   skip_step tests "the build failed"

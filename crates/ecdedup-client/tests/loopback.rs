@@ -333,15 +333,23 @@ fn shards_not_active(v: &ClusterVolume) -> usize {
         .sum()
 }
 
+/// Three servers, a pool `pool` of RS(2,1) in one PG with `policy`, a 2
+/// MiB volume `v` opened by writer `w` and written once: the cluster, the
+/// volume and what it holds.
+fn one_pg_volume(name: &str, pool: &str, policy: WritePolicy) -> (Cluster, ClusterVolume, Vec<u8>) {
+    let c = Cluster::start_with(name, 3, Duration::from_secs(600));
+    c.pool(name, pool, policy, 2, 1, 1);
+    c.volume(name, pool, "v", 2 << 20);
+    let mut model = vec![0u8; 2 << 20];
+    let v = ecdedup_client::open(&c.options(name, pool, "v", "w")).unwrap();
+    write_and_check(&v, &mut model, 1);
+    (c, v, model)
+}
+
 #[test]
 fn a_server_restarted_on_another_address_is_read_there_without_a_reopen() {
     let name = "moved";
-    let mut c = Cluster::start_with(name, 3, Duration::from_secs(600));
-    c.pool(name, "rmw", WritePolicy::Rmw, 2, 1, 1);
-    c.volume(name, "rmw", "v", 2 << 20);
-    let mut model = vec![0u8; 2 << 20];
-    let v = ecdedup_client::open(&c.options(name, "rmw", "v", "w")).unwrap();
-    write_and_check(&v, &mut model, 1);
+    let (mut c, v, model) = one_pg_volume(name, "rmw", WritePolicy::Rmw);
     // The server of the PG's first data shard stops and comes back on
     // another port (its registration rewritten), while the writer idles.
     let moved = pgs(&c, name, "rmw")[0].servers[0];
@@ -370,12 +378,7 @@ fn a_server_back_while_the_writer_serves_is_re_added_without_a_reopen() {
     // too (until 2026-11-27 such a shard stayed failed, and any shard
     // rejoined only at the next open).
     let name = "readd-online";
-    let mut c = Cluster::start_with(name, 3, Duration::from_secs(600));
-    c.pool(name, "px", WritePolicy::Parix, 2, 1, 1);
-    c.volume(name, "px", "v", 2 << 20);
-    let mut model = vec![0u8; 2 << 20];
-    let v = ecdedup_client::open(&c.options(name, "px", "v", "w")).unwrap();
-    write_and_check(&v, &mut model, 1);
+    let (mut c, v, mut model) = one_pg_volume(name, "px", WritePolicy::Parix);
     let servers = pgs(&c, name, "px")[0].servers.clone();
     let back = servers[1];
     c.kill_server(back.0);
@@ -405,12 +408,7 @@ fn a_shard_failed_after_its_server_came_back_is_re_added_without_a_reopen() {
     // change (the restarted server's boot id differs).
     // rmw: no background replay reaches the server meanwhile.
     let name = "readd-late";
-    let mut c = Cluster::start_with(name, 3, Duration::from_secs(600));
-    c.pool(name, "rmw", WritePolicy::Rmw, 2, 1, 1);
-    c.volume(name, "rmw", "v", 2 << 20);
-    let mut model = vec![0u8; 2 << 20];
-    let v = ecdedup_client::open(&c.options(name, "rmw", "v", "w")).unwrap();
-    write_and_check(&v, &mut model, 1);
+    let (mut c, v, mut model) = one_pg_volume(name, "rmw", WritePolicy::Rmw);
     let back = pgs(&c, name, "rmw")[0].servers[1];
     let before = v.wire().addresses.get(back).expect("a link to the server");
     c.kill_server(back.0);

@@ -236,9 +236,6 @@ async fn keep(
     let now_ms = || origin.elapsed().as_millis() as u64;
     let at = |ms: u64| origin + Duration::from_millis(ms);
     let mut stream = None;
-    // After a try that got no answer in time, the next reconnect leaves the
-    // silent endpoint for last.
-    let mut order = Failover::SameFirst;
     let fenced = loop {
         if let LeaseState::Fenced(reason) = clock.state_at(now_ms()) {
             break reason;
@@ -251,11 +248,11 @@ async fn keep(
             match tokio::time::timeout_at(deadline, open).await {
                 Ok(Ok(pair)) => stream = Some(pair),
                 Ok(Err(_)) => {
-                    let reconnect = etcd.reconnect_within(order, attempt);
+                    let reconnect = etcd.reconnect_within(Failover::SameFirst, attempt);
                     let _ = tokio::time::timeout_at(fence_at, reconnect).await;
-                    order = Failover::SameFirst;
                     tokio::time::sleep(retry_delay(clock.ttl_ms).min(attempt)).await;
                 }
+                // No answer in time: leave that endpoint for last.
                 Err(_) => {
                     let reconnect = etcd.reconnect_within(Failover::OthersFirst, attempt);
                     let _ = tokio::time::timeout_at(fence_at, reconnect).await;
@@ -278,7 +275,6 @@ async fn keep(
         let deadline = fence_at.min(Instant::now() + attempt);
         match tokio::time::timeout_at(deadline, renewal).await {
             Ok(Ok(Some(answer))) => {
-                order = Failover::SameFirst;
                 if let LeaseState::Fenced(reason) = clock.on_renewed(sent_ms, answer.ttl()) {
                     break reason;
                 }
@@ -296,8 +292,7 @@ async fn keep(
                 // late answer on the dropped stream is lost, which only
                 // makes the holder fence earlier, never later.
                 stream = None;
-                order = Failover::OthersFirst;
-                let reconnect = etcd.reconnect_within(order, attempt);
+                let reconnect = etcd.reconnect_within(Failover::OthersFirst, attempt);
                 let _ = tokio::time::timeout_at(fence_at, reconnect).await;
             }
         }

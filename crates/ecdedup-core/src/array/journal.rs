@@ -588,27 +588,23 @@ impl ParityJournal {
             ))
         })?;
         let file = storage.open(path).map_err(io)?;
-        let mut j = ParityJournal {
+        let scan = scan(&bytes, header_crc);
+        let at = scan.end;
+        let j = ParityJournal {
             storage,
             file,
             latched: None,
             path: path.to_owned(),
-            end: HEADER_BYTES,
+            end: at as u64,
             in_flight: 0,
             id: NEXT_JOURNAL_ID.fetch_add(1, Relaxed),
-            index: HashMap::new(),
-            records: 0,
+            index: scan.index,
+            records: scan.records,
             header_crc,
             reserved: false,
-            lost: LostRecords::default(),
+            lost: scan.lost,
             faults: FaultHooks::default(),
         };
-        let scan = scan(&bytes, header_crc);
-        let at = scan.end;
-        j.index = scan.index;
-        j.records = scan.records;
-        j.lost = scan.lost;
-        j.end = at as u64;
         if at != bytes.len() {
             j.file
                 .set_len(j.end)

@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::time::{Duration, Instant};
 
 /// How often a rebuild records its cursor in the superblocks.
-pub(super) const REBUILD_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(2);
+const REBUILD_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(2);
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ScrubReport {
@@ -478,17 +478,7 @@ impl Array {
             let start = self.stores[d].cursor();
             let mut last_checkpoint = Instant::now();
             for stripe in start..g.stripes {
-                if self.stopping.load(SeqCst) {
-                    // The array is closing: the cursor is recorded (data
-                    // and checksums first) and the next open resumes here.
-                    self.flush()?;
-                    self.persist_superblocks()?;
-                    return Err(Error::Unavailable(format!(
-                        "rebuild of device {d} stopped at stripe {stripe} of {}: the array is \
-                         closing; it resumes there",
-                        g.stripes
-                    )));
-                }
+                self.stop_if_closing("rebuild", d, stripe)?;
                 {
                     let _g = self.locks[Self::lock_index(stripe)].write().unwrap();
                     if !self.stores[d].is_rebuilding() {
@@ -543,12 +533,7 @@ impl Array {
                         p("rebuild", done, g.stripes * targets.len() as u64);
                     }
                 }
-                if last_checkpoint.elapsed() > REBUILD_CHECKPOINT_INTERVAL {
-                    // Checksums and data first, then the cursor that vouches for them.
-                    self.flush()?;
-                    self.persist_superblocks()?;
-                    last_checkpoint = Instant::now();
-                }
+                self.checkpoint_cursor(&mut last_checkpoint)?;
             }
             self.stores[d].finish_rebuild();
             self.flush()?;
@@ -607,6 +592,34 @@ impl Array {
     /// and block row: 80 per stripe of 64 KiB units, 3 MiB/s); where one
     /// of them fails to read, row by row as a single decode does, so a
     /// medium error costs only its rows. Caller holds the stripe lock.
+    /// A rebuild or re-add of member `d` at `stripe` while the array
+    /// closes: the cursor is recorded (data and checksums first) and
+    /// `Unavailable` returned; the next `rebuild` (a writer's next open)
+    /// resumes there.
+    pub(super) fn stop_if_closing(&self, op: &str, d: usize, stripe: u64) -> Result<()> {
+        if !self.stopping.load(SeqCst) {
+            return Ok(());
+        }
+        self.flush()?;
+        self.persist_superblocks()?;
+        Err(Error::Unavailable(format!(
+            "{op} of device {d} stopped at stripe {stripe} of {}: the array is closing; it \
+             resumes there",
+            self.geo.stripes
+        )))
+    }
+
+    /// Records a moving cursor every [`REBUILD_CHECKPOINT_INTERVAL`]
+    /// (checksums and data first, then the cursor that vouches for them).
+    pub(super) fn checkpoint_cursor(&self, last: &mut Instant) -> Result<()> {
+        if last.elapsed() > REBUILD_CHECKPOINT_INTERVAL {
+            self.flush()?;
+            self.persist_superblocks()?;
+            *last = Instant::now();
+        }
+        Ok(())
+    }
+
     pub(super) fn reconstruct_unit(&self, stripe: u64, role: usize) -> Result<(Vec<u8>, Vec<u64>)> {
         let g = &self.geo;
         let block = g.block() as usize;

@@ -44,7 +44,6 @@
 //! reconciled with what it missed, which is not done; those arrays use
 //! `replace` + `rebuild`.
 
-use super::maintenance::REBUILD_CHECKPOINT_INTERVAL;
 use super::{journal, read_superblock, Array, MemberState, JOURNAL_DIR};
 use crate::dedup::Policy;
 use crate::error::{Error, Result};
@@ -256,17 +255,7 @@ impl Array {
         let mut resynced = 0u64;
         let mut last_checkpoint = Instant::now();
         for stripe in self.stores[d].cursor()..g.stripes {
-            if self.stopping.load(SeqCst) {
-                // The array is closing: the cursor is recorded (data and
-                // checksums first); the next `rebuild` resumes here.
-                self.flush()?;
-                self.persist_superblocks()?;
-                return Err(Error::Unavailable(format!(
-                    "re-add of device {d} stopped at stripe {stripe} of {}: the array is \
-                     closing; the device is left rebuilding from there",
-                    g.stripes
-                )));
-            }
+            self.stop_if_closing("re-add", d, stripe)?;
             let guard = self.locks[Self::lock_index(stripe)].write().unwrap();
             if !self.stores[d].is_rebuilding() {
                 return Err(Error::Unavailable(format!(
@@ -300,12 +289,7 @@ impl Array {
             }
             drop(guard);
             self.progress_operation(stripe + 1);
-            if last_checkpoint.elapsed() > REBUILD_CHECKPOINT_INTERVAL {
-                // Checksums and data first, then the cursor that vouches for them.
-                self.flush()?;
-                self.persist_superblocks()?;
-                last_checkpoint = Instant::now();
-            }
+            self.checkpoint_cursor(&mut last_checkpoint)?;
         }
         Ok(resynced)
     }
@@ -401,20 +385,15 @@ impl Array {
                 Ok(None)
             }
         };
-        let stripes = match read {
+        let (stripes, why) = match read {
             // Never created: it held nothing.
-            Ok(None) => Some(BTreeSet::new()),
-            Ok(Some(bytes)) => journal::stripes_in(&bytes),
-            Err(e) => {
-                self.warn(format!(
-                    "device {d}: its parity journal cannot be read ({e})"
-                ));
-                None
-            }
+            Ok(None) => (Some(BTreeSet::new()), String::new()),
+            Ok(Some(bytes)) => (journal::stripes_in(&bytes), String::new()),
+            Err(e) => (None, format!(" (it cannot be read: {e})")),
         };
         if stripes.is_none() {
             self.warn(format!(
-                "device {d}: what its parity journal held when it left is unknown: every \
+                "device {d}: what its parity journal held when it left is unknown{why}: every \
                  stripe it holds parity of is reconstructed"
             ));
         }

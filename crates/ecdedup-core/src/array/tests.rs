@@ -823,10 +823,15 @@ fn a_journaled_member_re_added_reconstructs_what_it_missed_and_its_journal_held(
         rig.assert_matches_model();
         rig.a().replay_all(None).unwrap();
         rig.assert_consistent();
-        // Logged again, then its parity serves decodes: two data members out.
+        // Logged again, in its new journal too, then its parity serves
+        // decodes: two data members out.
         for s in 0..12u64 {
             rig.write(s * stripe_bytes + 8192, &pattern(500 + s, 4096));
         }
+        assert!(
+            !rig.a().stores[d].journal_stripes().is_empty(),
+            "{policy}: device {d}'s new journal takes the appends"
+        );
         rig.a().fail_device(0).unwrap();
         rig.a().fail_device(1).unwrap();
         rig.assert_matches_model();
