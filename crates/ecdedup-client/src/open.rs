@@ -682,11 +682,11 @@ fn open_probed(
         cfg.store(dir)?;
     }
     let array = Array::open_with_devices(dir, devices.clone(), None)?;
-    // A server that is back: its shard rejoins, resynchronising only the
-    // regions written while it was out and the stripes its own parity
-    // journal held (rmw, plog, parix without dedup: `re-add`), or stays
-    // failed until it is replaced and rebuilt (dedup keeps maps on the
-    // shard that re-add does not reconcile; replicate is refused too).
+    // A server that is back: its shard rejoins (`re-add`), resynchronising
+    // only the regions written while it was out and the stripes its own
+    // parity journal held, through its dedup maps if the pool has dedup;
+    // or it stays failed (an image older than the missed map, a second
+    // failure) until it is replaced and rebuilt.
     let failed: Vec<usize> = array
         .status()
         .devices

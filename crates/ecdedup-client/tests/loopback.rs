@@ -93,24 +93,26 @@ impl Cluster {
     }
 
     fn pool(&self, name: &str, pool: &str, policy: WritePolicy, k: u32, m: u32, pgs: u32) {
-        self.pool_of_unit(name, pool, policy, (k, m, pgs), 16 << 10);
+        self.pool_with(name, pool, policy, (k, m, pgs), 16 << 10, DedupPolicy::None);
     }
 
-    /// A pool of RS(k, m) over `pgs` PGs with `unit_bytes` stripe units.
-    fn pool_of_unit(
+    /// A pool of RS(k, m) over `pgs` PGs with `unit_bytes` stripe units
+    /// and dedup `dedup`.
+    fn pool_with(
         &self,
         name: &str,
         pool: &str,
         policy: WritePolicy,
         (k, m, pgs): (u32, u32, u32),
         unit_bytes: u32,
+        dedup: DedupPolicy,
     ) {
         let spec = PoolSpec {
             k,
             m,
             stripe_unit_bytes: unit_bytes,
             policy,
-            dedup: DedupPolicy::None,
+            dedup,
             pg_count: pgs,
             failure_domain: FailureDomain::Host,
             min_size: None,
@@ -402,6 +404,58 @@ fn a_server_back_while_the_writer_serves_is_re_added_without_a_reopen() {
 }
 
 #[test]
+fn a_server_back_is_re_added_under_dedup_and_replicate_too() {
+    // Both stayed failed until the server was out and the shard rebuilt
+    // whole elsewhere (until 2026-11-27): re-add refused dedup (the
+    // shard's maps were not reopened) and replicate.
+    let name = "readd-dedup";
+    let mut c = Cluster::start_with(name, 3, Duration::from_secs(600));
+    c.pool_with(
+        name,
+        "dd",
+        WritePolicy::Rmw,
+        (2, 1, 1),
+        16 << 10,
+        DedupPolicy::All,
+    );
+    let copies = WritePolicy::Replicate { copies: 3 };
+    c.pool(name, "r3", copies, 1, 2, 1);
+    let mut vols = Vec::new();
+    for pool in ["dd", "r3"] {
+        c.volume(name, pool, "v", 2 << 20);
+        let v = ecdedup_client::open(&c.options(name, pool, "v", &format!("w-{pool}"))).unwrap();
+        let mut model = vec![0u8; 2 << 20];
+        write_and_check(&v, &mut model, 1);
+        vols.push((v, model));
+    }
+    // One server of both PGs (each spans all three) goes and returns.
+    let back = pgs(&c, name, "dd")[0].servers[1];
+    c.kill_server(back.0);
+    for (v, model) in &mut vols {
+        write_and_check(v, model, 2);
+        assert!(shards_not_active(v) > 0, "the killed server's shard failed");
+    }
+    c.restart_server(name, back.0);
+    for (v, model) in &mut vols {
+        wait_until(
+            "the returned server's shard is re-added while the writer serves",
+            || shards_not_active(v) == 0,
+        );
+        check(v, model);
+    }
+    // Its shards serve decodes: another server (m = 1 for dd) goes.
+    let other = pgs(&c, name, "dd")[0].servers[0];
+    c.kill_server(other.0);
+    for (v, model) in &mut vols {
+        check(v, model);
+        write_and_check(v, model, 3);
+    }
+    for (v, _) in vols {
+        v.close().unwrap();
+    }
+}
+
+#[test]
 fn a_shard_failed_after_its_server_came_back_is_re_added_without_a_reopen() {
     // The server dies and returns while the writer idles: its shard is
     // still in service at the registration, and fails only at the next
@@ -653,7 +707,14 @@ fn rebuild_throughput_of_one_out_server() {
     const VOLUME_BYTES: usize = 128 << 20;
     let name = "rebuild-rate";
     let mut c = Cluster::start_with(name, 7, Duration::from_secs(1));
-    c.pool_of_unit(name, "rs42", WritePolicy::Parix, (4, 2, 1), 64 << 10);
+    c.pool_with(
+        name,
+        "rs42",
+        WritePolicy::Parix,
+        (4, 2, 1),
+        64 << 10,
+        DedupPolicy::None,
+    );
     c.volume(name, "rs42", "a", VOLUME_BYTES as u64);
     let mut options = c.options(name, "rs42", "a", "w1");
     options.capacity_bytes_min = VOLUME_BYTES as u64;

@@ -1949,10 +1949,21 @@ impl Array {
         d: usize,
         dev: &Arc<dyn Device>,
     ) -> std::io::Result<()> {
+        self.attach_metadata_area(d, dev, AreaFs::format)
+    }
+
+    /// As [`Array::fresh_metadata_area`], with the area `make` gives
+    /// (`AreaFs::format`, or `AreaFs::open` to keep what else it holds).
+    pub(super) fn attach_metadata_area(
+        &self,
+        d: usize,
+        dev: &Arc<dyn Device>,
+        make: fn(Arc<dyn Device>, u64, u64) -> std::io::Result<AreaFs>,
+    ) -> std::io::Result<()> {
         let Some(meta) = &self.meta else {
             return Ok(());
         };
-        let area = AreaFs::format(
+        let area = make(
             Arc::clone(dev),
             self.geo.meta_area_offset(),
             self.geo.meta_area_bytes,

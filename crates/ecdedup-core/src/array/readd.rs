@@ -38,14 +38,19 @@
 //! to its header) makes every stripe the member holds parity of count as
 //! missed.
 //!
+//! Under dedup the member's data is reachable only through its dedup maps
+//! (in its metadata area, or the array folder under format 1): they are
+//! opened as an open after a crash opens them, and its reconstructed
+//! units are written through them like any write; a member whose maps
+//! cannot be opened is re-added blank and every stripe reconstructed on it
+//! (a rebuild in place, with a warning). `replicate` is RS(1,2) and needs
+//! nothing of its own.
+//!
 //! It also runs while the array serves (`re_add_device`, which a cluster
-//! writer calls when a server returns): see there. Limits: the `re-add`
-//! command runs on a stopped array; not under dedup: a dedup map of the member would have to be
-//! reconciled with what it missed, which is not done; those arrays use
-//! `replace` + `rebuild`.
+//! writer calls when a server returns): see there. Limit: the `re-add`
+//! command runs on a stopped array.
 
 use super::{journal, read_superblock, Array, MemberState, JOURNAL_DIR};
-use crate::dedup::Policy;
 use crate::error::{Error, Result};
 use crate::media::area::AreaFs;
 use crate::media::storage::read_all;
@@ -107,22 +112,13 @@ impl Array {
         self.re_add_device(d, Arc::new(raw))
     }
 
-    /// Whether failed member `d` may be re-added (the array's policy and
-    /// dedup allow it); returns the settings.
+    /// Whether failed member `d` may be re-added; returns the settings.
     fn re_add_allowed(&self, d: usize) -> Result<super::ConfigFile> {
         self.check_position(d)?;
         if !self.stores[d].is_failed() {
             return Err(Error::Config(format!("device {d} is not failed")));
         }
-        let cfg = self.config.lock().unwrap().file.clone();
-        if self.write_policy == super::WritePolicy::Replicate || cfg.dedup.policy != Policy::None {
-            return Err(Error::Config(format!(
-                "re-add works on arrays with the rmw, plog or parix policy and no dedup (this \
-                 one: {}, dedup {}); use `ecdedup replace {d}` and `rebuild`",
-                self.write_policy, cfg.dedup.policy
-            )));
-        }
-        Ok(cfg)
+        Ok(self.config.lock().unwrap().file.clone())
     }
 
     /// [`Array::re_add`] with the member's device already open (a chunk
@@ -177,10 +173,9 @@ impl Array {
         };
         let (dev, wear) = cfg.ssd_sim.wrap(raw)?;
         // Format 2: its area holds copies of the mirrored files and its
-        // journal, stale since it left: a fresh area with current copies
-        // before it serves.
-        self.fresh_metadata_area(d, &dev)
-            .map_err(|e| dev_err(format!("cannot write its metadata area: {e}")))?;
+        // journal, stale since it left: current copies before it serves
+        // (a fresh area, unless its dedup maps are kept in it).
+        let (dev, everything) = self.re_add_metadata(d, dev).map_err(dev_err)?;
         self.install_empty_journal(d)?;
         // The member's own table, read from the device once it is in the
         // slot (below); the entries kept while it was out check the
@@ -192,7 +187,11 @@ impl Array {
         self.config.lock().unwrap().device_uuids[d] = sb.device_uuid;
         self.stores[d].put_in_service(dev);
         self.persist_superblocks()?;
-        let resynced = self.resync_missed(d, logged.as_ref())?;
+        let logged = match everything {
+            true => None,
+            false => logged,
+        };
+        let resynced = self.resync_missed(d, logged.as_ref(), everything)?;
         self.stores[d].finish_rebuild();
         self.flush()?;
         self.persist_superblocks()?;
@@ -250,7 +249,12 @@ impl Array {
     /// of). Where fewer than k other members hold a missed stripe, see
     /// [`Array::resync_unit`]: the re-add may pause there (`Unavailable`,
     /// the member left rebuilding at that stripe).
-    fn resync_missed(&self, d: usize, logged: Option<&BTreeSet<u64>>) -> Result<u64> {
+    fn resync_missed(
+        &self,
+        d: usize,
+        logged: Option<&BTreeSet<u64>>,
+        everything: bool,
+    ) -> Result<u64> {
         let g = self.geo;
         let mut resynced = 0u64;
         let mut last_checkpoint = Instant::now();
@@ -265,7 +269,8 @@ impl Array {
             let role = g.role_on(stripe, d);
             // Checked now, under the stripe's lock: a write while the
             // re-add runs marks its region before it writes.
-            let was_missed = self.intent.region_missed(self.intent.region_of(stripe))
+            let was_missed = everything
+                || self.intent.region_missed(self.intent.region_of(stripe))
                 || match logged {
                     Some(stripes) => stripes.contains(&stripe),
                     None => role.is_some_and(|r| r >= g.k()),
@@ -354,6 +359,75 @@ impl Array {
             self.stores[d].record_checksums(first, &unit);
         }
         current
+    }
+
+    /// Member `d`'s metadata and dedup layer for its return over `dev`;
+    /// returns the device the member serves through (its dedup layer, if
+    /// any) and whether every stripe must be reconstructed.
+    ///
+    /// Without dedup, a format 2 member gets a fresh metadata area with
+    /// current copies of the mirrored files (all it held there is stale,
+    /// its journal read before). With dedup, the data on the member is
+    /// reachable only through its dedup maps (in its area, or in the array
+    /// folder under format 1): they are opened as an open after a crash
+    /// opens them, the area kept with only its mirrored copies rewritten.
+    /// Where they cannot be opened (an area or map that does not read
+    /// back), the member starts blank, as a replacement does, and every
+    /// stripe is reconstructed on it: a rebuild in place, with a warning.
+    fn re_add_metadata(
+        &self,
+        d: usize,
+        dev: Arc<dyn Device>,
+    ) -> std::result::Result<(Arc<dyn Device>, bool), String> {
+        let Some(backend) = &self.backend else {
+            self.fresh_metadata_area(d, &dev)
+                .map_err(|e| format!("cannot write its metadata area: {e}"))?;
+            return Ok((dev, false));
+        };
+        let cfg = self.config.lock().unwrap().file.dedup.clone();
+        // Format 2: its own area, opened as it left it, its copies of the
+        // mirrored files rewritten (its dedup maps stay).
+        let kept = self
+            .attach_metadata_area(d, &dev, AreaFs::open)
+            .map_err(|e| format!("its metadata area: {e}"))
+            .and_then(|()| {
+                super::wrap_dedup(
+                    &self.storage,
+                    &self.dir,
+                    &cfg,
+                    &self.geo,
+                    Arc::clone(&dev),
+                    Arc::clone(backend),
+                    d,
+                    false,
+                )
+                .map_err(|e| format!("its dedup maps: {e}"))
+            });
+        let (layer, everything) = match kept {
+            Ok(layer) => (layer, false),
+            Err(why) => {
+                self.warn(format!(
+                    "device {d}: {why}; it is re-added blank and every stripe is reconstructed \
+                     on it"
+                ));
+                self.fresh_metadata_area(d, &dev)
+                    .map_err(|e| format!("cannot write its metadata area: {e}"))?;
+                let layer = super::wrap_dedup(
+                    &self.storage,
+                    &self.dir,
+                    &cfg,
+                    &self.geo,
+                    dev,
+                    Arc::clone(backend),
+                    d,
+                    true,
+                )
+                .map_err(|e| format!("cannot start its dedup maps: {e}"))?;
+                (layer, true)
+            }
+        };
+        self.stores[d].set_dedup(Some(Arc::clone(&layer)));
+        Ok((layer, everything))
     }
 
     /// The stripes member `d`'s parity journal held records for when it

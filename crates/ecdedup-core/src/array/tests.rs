@@ -187,6 +187,22 @@ impl Rig {
         self.a().rebuild(None).unwrap();
     }
 
+    /// Writes the whole volume and makes it durable with every region
+    /// clean, then device `d`'s server goes away (nothing reaches the
+    /// device from now on) and `d` fails.
+    fn fill_then_lose_server(&mut self, d: usize) {
+        self.set_intent_clear_quiet_ms(0);
+        let vol = self.model.len();
+        self.write(0, &pattern(1, vol));
+        self.a().flush().unwrap();
+        self.a().replay_all(None).unwrap();
+        // Twice: the second marks the regions clean (none written since).
+        self.a().flush().unwrap();
+        self.a().flush().unwrap();
+        self.plans[d].dead.store(true, Ordering::SeqCst);
+        self.a().fail_device(d).unwrap();
+    }
+
     /// Sets the quiet time before a flush marks regions clean (array.json).
     fn set_intent_clear_quiet_ms(&mut self, ms: u64) {
         self.array = None;
@@ -838,6 +854,123 @@ fn a_journaled_member_re_added_reconstructs_what_it_missed_and_its_journal_held(
     }
 }
 
+/// A member of a `replicate` array or of an array with dedup is re-added
+/// (both refused before: `replace` and a full `rebuild` were the only way
+/// back): only what it missed is reconstructed, written through its dedup
+/// maps (opened from its metadata area, or from the folder under format
+/// 1), and every block then reads back through it with two other members
+/// out. A member whose dedup maps cannot be read back (its metadata area
+/// wiped while it was out) is re-added blank, every stripe reconstructed.
+#[test]
+fn a_replicated_or_deduplicating_member_is_re_added_with_only_what_it_missed() {
+    let dedup = |policy| DedupConfig {
+        policy,
+        ..DedupConfig::default()
+    };
+    let cases = [
+        (
+            WritePolicy::Replicate,
+            Policy::None,
+            MetadataPlacement::Devices,
+            false,
+        ),
+        (
+            WritePolicy::Rmw,
+            Policy::All,
+            MetadataPlacement::Devices,
+            false,
+        ),
+        (
+            WritePolicy::Parix,
+            Policy::Parity,
+            MetadataPlacement::Devices,
+            false,
+        ),
+        (
+            WritePolicy::Rmw,
+            Policy::All,
+            MetadataPlacement::Folder,
+            false,
+        ),
+        (
+            WritePolicy::Plog,
+            Policy::All,
+            MetadataPlacement::Devices,
+            true,
+        ),
+    ];
+    for (policy, dedup_policy, placement, wipe_area) in cases {
+        let what = format!("{policy}, dedup {dedup_policy}, {placement:?}, wiped {wipe_area}");
+        let (k, m) = match policy {
+            WritePolicy::Replicate => (1, 2),
+            _ => (4, 2),
+        };
+        let stripes = 16u64;
+        let unit = 4096u32;
+        let mut rig = Rig::with(
+            k + m,
+            k,
+            m,
+            unit,
+            stripes,
+            dedup(dedup_policy),
+            policy,
+            JOURNAL_BYTES_DEFAULT,
+            placement,
+        );
+        let d = 1;
+        rig.fill_then_lose_server(d);
+        // One block written three times over (dedup finds it) and another,
+        // in the first region only, while it is out.
+        let same = pattern(2, 4096);
+        for at in [0u64, 8192, 12288] {
+            rig.write(at, &same);
+        }
+        rig.write(4096, &pattern(3, 4096));
+        rig.a().flush().unwrap();
+        rig.restart();
+        assert_eq!(rig.a().member_states()[d], MemberState::Failed, "{what}");
+        if wipe_area {
+            let g = rig.a().geo;
+            let (at, len) = (g.meta_area_offset() as usize, g.meta_area_bytes as usize);
+            rig.mems[d].with_bytes(|b| b[at..at + len].fill(0));
+        }
+        rig.plans[d].dead.store(false, Ordering::SeqCst);
+        let dev = rig.devices()[d].clone().unwrap();
+        let units = rig
+            .array
+            .as_mut()
+            .unwrap()
+            .re_add_device(d, dev)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        match wipe_area {
+            false => assert!(units > 0 && units < stripes, "{what}: {units} units"),
+            true => {
+                assert_eq!(units, stripes, "{what}");
+                assert!(
+                    rig.a()
+                        .warnings()
+                        .iter()
+                        .any(|w| w.contains("re-added blank")),
+                    "{what}: {:?}",
+                    rig.a().warnings()
+                );
+            }
+        }
+        assert_eq!(rig.failed(), 0, "{what}");
+        rig.assert_matches_model();
+        rig.a().replay_all(None).unwrap();
+        rig.assert_consistent();
+        // Every block through the re-added member, also after a restart
+        // (its dedup maps read back from where they are kept).
+        rig.restart();
+        for other in (0..(k + m) as usize).filter(|&i| i != d).take(m as usize) {
+            rig.a().fail_device(other).unwrap();
+        }
+        rig.assert_matches_model();
+    }
+}
+
 /// A re-add while the array serves (a cluster writer taking a returning
 /// server back): a write to a stripe the re-add has not reached, made
 /// while it runs, leaves the member out and marks its region missed; the
@@ -848,17 +981,8 @@ fn a_journaled_member_re_added_reconstructs_what_it_missed_and_its_journal_held(
 fn a_re_add_while_the_array_serves_resyncs_what_is_written_meanwhile() {
     for policy in [WritePolicy::Rmw, WritePolicy::Parix] {
         let mut rig = Rig::with_policy(6, 4, 2, 4096, 16, policy);
-        rig.set_intent_clear_quiet_ms(0);
-        let vol = rig.model.len();
-        rig.write(0, &pattern(1, vol));
-        rig.a().flush().unwrap();
-        rig.a().replay_all(None).unwrap();
-        // Twice: the second marks the regions clean (none written since).
-        rig.a().flush().unwrap();
-        rig.a().flush().unwrap();
         let d = 2;
-        rig.plans[d].dead.store(true, Ordering::SeqCst);
-        rig.a().fail_device(d).unwrap();
+        rig.fill_then_lose_server(d);
         let stripe_bytes = 4 * 4096u64;
         // Stripe 1 (region 0) written while it is out.
         rig.write(stripe_bytes, &pattern(2, 4096));
