@@ -41,7 +41,7 @@ pub use coordinator::{Coordinator, CoordinatorConfig, CoordinatorEvent};
 pub use error::{Error, Result};
 pub use keys::{Keys, ServerId};
 pub use lease::{Fence, Lease};
-pub use local_etcd::{LocalEtcd, ServerTls};
+pub use local_etcd::{LocalEtcd, PeerTls, ServerTls, PEER_COMMON_NAME};
 pub use pool::{create_pool, get_pool, list_pools, pool_pgs, pool_pgs_at};
 pub use server::{list_servers, register_server, Registration};
 pub use session::{Etcd, EtcdConfig, Failover};

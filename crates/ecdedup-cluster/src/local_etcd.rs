@@ -11,7 +11,8 @@
 //! [`LocalEtcd::start_tls`] serves clients over TLS only, requiring a
 //! client certificate signed by the given CA (`--client-cert-auth`), as
 //! docs/cluster.md's deployment does; `/health` is then asked on a third,
-//! plain loopback port (`--listen-metrics-urls`).
+//! plain loopback port (`--listen-metrics-urls`); with [`ServerTls::peer`]
+//! its peer port takes TLS with peer certificates only as well.
 
 use crate::error::{Error, Result};
 use std::io::{Read, Write};
@@ -32,6 +33,7 @@ const START_ATTEMPTS: u32 = 3;
 pub struct LocalEtcd {
     child: Child,
     client_port: u16,
+    peer_port: u16,
     /// Where `/health` is asked (plain HTTP): the client port, or the
     /// metrics port under TLS.
     health_port: u16,
@@ -46,7 +48,24 @@ pub struct ServerTls {
     pub cert: PathBuf,
     pub key: PathBuf,
     pub client_ca: PathBuf,
+    /// TLS on the peer port too (None: plain HTTP on loopback).
+    pub peer: Option<PeerTls>,
 }
+
+/// etcd's TLS on its peer (Raft) port: a certificate and key used both to
+/// serve and to dial peers (server and client auth), signed by the same CA
+/// as the clients' (`ServerTls::client_ca`); a peer is accepted only with
+/// such a certificate whose common name is [`PEER_COMMON_NAME`]
+/// (`--peer-cert-allowed-cn`), so a client's certificate of the same CA
+/// cannot join as a member.
+#[derive(Clone, Debug)]
+pub struct PeerTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// The common name every etcd member's peer certificate carries.
+pub const PEER_COMMON_NAME: &str = "ecdedup-etcd-peer";
 
 /// The etcd binary to run.
 pub fn etcd_binary() -> Result<PathBuf> {
@@ -113,7 +132,9 @@ impl LocalEtcd {
         let (client_port, peer_port) = (free_port()?, free_port()?);
         let scheme = if tls.is_some() { "https" } else { "http" };
         let client_url = format!("{scheme}://127.0.0.1:{client_port}");
-        let peer_url = format!("http://127.0.0.1:{peer_port}");
+        let peer_tls = tls.and_then(|t| t.peer.as_ref().map(|p| (p, &t.client_ca)));
+        let peer_scheme = if peer_tls.is_some() { "https" } else { "http" };
+        let peer_url = format!("{peer_scheme}://127.0.0.1:{peer_port}");
         let log_path = dir.join("etcd.log");
         let log = std::fs::File::create(&log_path)
             .map_err(|e| Error::LocalEtcd(format!("{}: {e}", log_path.display())))?;
@@ -121,6 +142,14 @@ impl LocalEtcd {
             .try_clone()
             .map_err(|e| Error::LocalEtcd(format!("{}: {e}", log_path.display())))?;
         let mut command = Command::new(binary);
+        if let Some((peer, ca)) = peer_tls {
+            command
+                .arg(format!("--peer-cert-file={}", peer.cert.display()))
+                .arg(format!("--peer-key-file={}", peer.key.display()))
+                .arg(format!("--peer-trusted-ca-file={}", ca.display()))
+                .arg("--peer-client-cert-auth")
+                .arg(format!("--peer-cert-allowed-cn={PEER_COMMON_NAME}"));
+        }
         let health_port = match tls {
             None => client_port,
             Some(tls) => {
@@ -152,6 +181,7 @@ impl LocalEtcd {
         let mut etcd = LocalEtcd {
             child,
             client_port,
+            peer_port,
             health_port,
             tls: tls.is_some(),
             dir: dir.to_path_buf(),
@@ -188,6 +218,11 @@ impl LocalEtcd {
     /// The client port.
     pub fn client_port(&self) -> u16 {
         self.client_port
+    }
+
+    /// The peer (Raft) port.
+    pub fn peer_port(&self) -> u16 {
+        self.peer_port
     }
 
     /// Lets etcd run on after this handle goes (`ecdedup cluster up`,

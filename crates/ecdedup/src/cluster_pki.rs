@@ -1,16 +1,18 @@
 //! `cluster up --etcd-tls`: the certificates of a cluster on one machine,
 //! made in process with `rcgen` (README, dependencies): a CA, etcd's
-//! server certificate (SAN 127.0.0.1, ::1 and localhost, server auth) and
-//! one client certificate (client auth) that every process `cluster up`
-//! starts presents to etcd. All three keys are P-256; the certificates
+//! server certificate (SAN 127.0.0.1, ::1 and localhost, server auth),
+//! its peer certificate (the same names, server and client auth, common
+//! name [`PEER_COMMON_NAME`]: its peer port takes TLS and only that name)
+//! and one client certificate (client auth) that every process `cluster
+//! up` starts presents to etcd. All four keys are P-256; the certificates
 //! are valid for ten years from January 1st of the year made.
 //!
 //! The CA's private key is never written: nothing can sign another
 //! certificate for this cluster later (a new `cluster up` makes new
-//! ones). The two private keys written are created mode 0600.
+//! ones). The three private keys written are created mode 0600.
 
 use crate::error::{Error, Result};
-use ecdedup_cluster::{EtcdTls, ServerTls};
+use ecdedup_cluster::{EtcdTls, PeerTls, ServerTls, PEER_COMMON_NAME};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose,
@@ -64,21 +66,21 @@ fn write_file(path: &Path, text: &str, secret: bool) -> Result<()> {
         .map_err(|e| Error::io(format!("writing {}", path.display()), e))
 }
 
-/// A leaf certificate for `names` signed by `issuer`, with `usage`;
-/// writes `NAME.pem` and `NAME.key` in `dir`.
+/// A leaf certificate for `names` signed by `issuer`, with `usage`, its
+/// common name `common`; writes `NAME.pem` and `NAME.key` in `dir`.
 fn leaf(
     dir: &Path,
-    name: &str,
+    (name, common): (&str, &str),
     names: &[&str],
-    usage: ExtendedKeyUsagePurpose,
+    usage: &[ExtendedKeyUsagePurpose],
     issuer: &Issuer<'_, KeyPair>,
 ) -> Result<(PathBuf, PathBuf)> {
     let mut params =
         CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
             .map_err(|e| pki_error(name, e))?;
-    params.distinguished_name.push(DnType::CommonName, name);
+    params.distinguished_name.push(DnType::CommonName, common);
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    params.extended_key_usages = vec![usage];
+    params.extended_key_usages = usage.to_vec();
     params.use_authority_key_identifier_extension = true;
     set_validity(&mut params);
     let key = KeyPair::generate().map_err(|e| pki_error(name, e))?;
@@ -94,9 +96,9 @@ fn leaf(
     Ok((pem, key_path))
 }
 
-/// Makes a new CA, etcd's certificate and a client certificate in `dir`
-/// (`ca.pem`, `etcd.pem`, `etcd.key`, `client.pem`, `client.key`),
-/// replacing any there.
+/// Makes a new CA, etcd's certificates and a client certificate in `dir`
+/// (`ca.pem`, `etcd.pem`, `etcd.key`, `etcd-peer.pem`, `etcd-peer.key`,
+/// `client.pem`, `client.key`), replacing any there.
 pub fn make(dir: &Path) -> Result<LocalPki> {
     std::fs::create_dir_all(dir)
         .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
@@ -115,23 +117,38 @@ pub fn make(dir: &Path) -> Result<LocalPki> {
     let ca_path = dir.join("ca.pem");
     write_file(&ca_path, &ca.pem(), false)?;
     let issuer = Issuer::new(params, ca_key);
+    let etcd_names = ["127.0.0.1", "::1", "localhost"];
     let (cert, key) = leaf(
         dir,
-        "etcd",
-        &["127.0.0.1", "::1", "localhost"],
-        ExtendedKeyUsagePurpose::ServerAuth,
+        ("etcd", "etcd"),
+        &etcd_names,
+        &[ExtendedKeyUsagePurpose::ServerAuth],
+        &issuer,
+    )?;
+    let (peer_cert, peer_key) = leaf(
+        dir,
+        ("etcd-peer", PEER_COMMON_NAME),
+        &etcd_names,
+        &[
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ],
         &issuer,
     )?;
     let server = ServerTls {
         cert,
         key,
         client_ca: ca_path.clone(),
+        peer: Some(PeerTls {
+            cert: peer_cert,
+            key: peer_key,
+        }),
     };
     let (cert, key) = leaf(
         dir,
-        "client",
+        ("client", "client"),
         &["ecdedup-client"],
-        ExtendedKeyUsagePurpose::ClientAuth,
+        &[ExtendedKeyUsagePurpose::ClientAuth],
         &issuer,
     )?;
     Ok(LocalPki {

@@ -109,6 +109,7 @@ fn commands_and_chunk_servers_reach_etcd_over_tls_only_with_a_client_certificate
             cert: dir.join("etcd.pem"),
             key: dir.join("etcd.key"),
             client_ca: dir.join("ca.pem"),
+            peer: None,
         },
     )
     .unwrap_or_else(|e| panic!("{e}"));
@@ -281,11 +282,13 @@ impl Drop for Down {
 /// certificates made in the cluster's folder (private keys 0600), the
 /// chunk servers and `cluster status` reaching etcd through the files
 /// the cluster recorded, with no TLS option given; a plain-HTTP client
-/// and an https client without the client certificate are refused.
+/// and an https client without the client certificate are refused; the
+/// peer port takes TLS with the peer certificate only.
 #[test]
 fn cluster_up_with_etcd_tls_serves_its_commands_and_refuses_plain_http() {
     use std::os::unix::fs::PermissionsExt;
     require_tool("etcd");
+    require_tool("openssl");
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("c");
     let _down = Down(dir.clone());
@@ -318,7 +321,7 @@ fn cluster_up_with_etcd_tls_serves_its_commands_and_refuses_plain_http() {
     .ok();
     let endpoint = printed_etcd(&up);
     assert!(endpoint.starts_with("https://127.0.0.1:"), "{up}");
-    for key in ["etcd.key", "client.key"] {
+    for key in ["etcd.key", "etcd-peer.key", "client.key"] {
         let mode = std::fs::metadata(dir.join("tls").join(key))
             .unwrap()
             .permissions()
@@ -329,9 +332,41 @@ fn cluster_up_with_etcd_tls_serves_its_commands_and_refuses_plain_http() {
         serde_json::from_slice(&std::fs::read(dir.join("cluster.json")).unwrap()).unwrap();
     let etcd_cmdline =
         std::fs::read(format!("/proc/{}/cmdline", state["etcd_pid"])).unwrap_or_default();
+    let etcd_cmdline = String::from_utf8_lossy(&etcd_cmdline).replace('\0', " ");
     assert!(
-        String::from_utf8_lossy(&etcd_cmdline).contains("--client-cert-auth"),
+        etcd_cmdline.contains("--client-cert-auth"),
         "etcd runs without --client-cert-auth: {state}"
+    );
+    // Its peer port takes TLS, and only the peer certificate's name: the
+    // clients' certificate, of the same CA, cannot talk Raft to it.
+    let peer_port = etcd_cmdline
+        .split_whitespace()
+        .find_map(|a| a.strip_prefix("--listen-peer-urls=https://127.0.0.1:"))
+        .unwrap_or_else(|| panic!("etcd's peer port is not https: {etcd_cmdline}"));
+    let tls_dir = dir.join("tls");
+    let version_over_tls = |cert: &str| {
+        let out = Command::new("timeout")
+            .arg("60")
+            .arg("sh")
+            .arg("-c")
+            .arg(format!(
+                "printf 'GET /version HTTP/1.0\\r\\n\\r\\n' | openssl s_client -quiet \
+                 -ign_eof -connect 127.0.0.1:{peer_port} -CAfile ca.pem -cert {cert}.pem \
+                 -key {cert}.key"
+            ))
+            .current_dir(&tls_dir)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(
+        version_over_tls("etcd-peer").contains("etcdserver"),
+        "a member's peer certificate is refused on the peer port"
+    );
+    let as_client = version_over_tls("client");
+    assert!(
+        !as_client.contains("etcdserver"),
+        "the peer port answered a client's certificate: {as_client}"
     );
 
     // No TLS option: `cluster status` takes the files from cluster.json.

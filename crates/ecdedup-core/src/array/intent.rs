@@ -22,6 +22,7 @@
 
 use crate::error::{Error, Result};
 use crate::media::storage::{read_all, OsStorage, Storage, StorageFile};
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -315,6 +316,38 @@ impl IntentLog {
         if !m.regions[r] {
             m.file.write_at(&[1], HEADER_BYTES + r as u64)?;
             m.file.sync()?;
+            m.regions[r] = true;
+        }
+        Ok(())
+    }
+
+    /// Records the regions of `stripes` (None: every region) in the
+    /// missed map, durably with one sync, if one is kept: what a re-add
+    /// must reconstruct that nothing else records once it rewrites its
+    /// member (the stripes the member's own parity journal held), so that
+    /// a re-add that fails part way and is tried again still does.
+    pub fn mark_missed_stripes(&self, stripes: Option<&BTreeSet<u64>>) -> std::io::Result<()> {
+        let inner = self.inner.lock().unwrap();
+        let mut missed = self.missed.lock().unwrap();
+        let Some(m) = missed.as_mut() else {
+            return Ok(());
+        };
+        let regions: BTreeSet<usize> = match stripes {
+            Some(stripes) => stripes
+                .iter()
+                .map(|&s| (s / self.stripes_per_region) as usize)
+                .filter(|&r| r < inner.regions.len())
+                .collect(),
+            None => (0..inner.regions.len()).collect(),
+        };
+        let new: Vec<usize> = regions.into_iter().filter(|&r| !m.regions[r]).collect();
+        for &r in &new {
+            m.file.write_at(&[1], HEADER_BYTES + r as u64)?;
+        }
+        if !new.is_empty() {
+            m.file.sync()?;
+        }
+        for r in new {
             m.regions[r] = true;
         }
         Ok(())

@@ -826,6 +826,9 @@ impl Array {
         {
             return self.check_available();
         }
+        // A member may have failed during the journal's attempt (at its
+        // reads), which then left the write to the degraded path.
+        let degraded = degraded || self.degraded(stripe);
         if self.journal_pending(stripe) {
             let whole = within == 0 && bytes.len() as u64 == g.stripe_data_bytes();
             if whole && !degraded {

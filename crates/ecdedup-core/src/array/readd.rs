@@ -171,11 +171,18 @@ impl Array {
         } else {
             Some(BTreeSet::new())
         };
+        // Its journal is gone once its area is rewritten (below): those
+        // stripes go into the missed map first, durably, so that a re-add
+        // that fails after that and is tried again still reconstructs
+        // them (the cluster simulator's seed 4863: a re-add that lost its
+        // server while writing the area, tried again at the next open,
+        // found an empty journal and kept stale parity).
+        self.mark_missed(d, logged.as_ref())?;
         let (dev, wear) = cfg.ssd_sim.wrap(raw)?;
         // Format 2: its area holds copies of the mirrored files and its
         // journal, stale since it left: current copies before it serves
         // (a fresh area, unless its dedup maps are kept in it).
-        let (dev, everything) = self.re_add_metadata(d, dev).map_err(dev_err)?;
+        let dev = self.re_add_metadata(d, dev)?;
         self.install_empty_journal(d)?;
         // The member's own table, read from the device once it is in the
         // slot (below); the entries kept while it was out check the
@@ -187,11 +194,7 @@ impl Array {
         self.config.lock().unwrap().device_uuids[d] = sb.device_uuid;
         self.stores[d].put_in_service(dev);
         self.persist_superblocks()?;
-        let logged = match everything {
-            true => None,
-            false => logged,
-        };
-        let resynced = self.resync_missed(d, logged.as_ref(), everything)?;
+        let resynced = self.resync_missed(d)?;
         self.stores[d].finish_rebuild();
         self.flush()?;
         self.persist_superblocks()?;
@@ -243,18 +246,12 @@ impl Array {
     }
 
     /// Moves the cursor of rebuilding member `d` over every stripe,
-    /// reconstructing its unit where the stripe's region is in `missed`
-    /// (every stripe past its end) or its journal held records for the
-    /// stripe when it left (`logged`; None: every stripe it holds parity
-    /// of). Where fewer than k other members hold a missed stripe, see
+    /// reconstructing its unit where the stripe's region is in the missed
+    /// map (every stripe past its end; the regions its journal held
+    /// records for are in it too). Where fewer than k other members hold a missed stripe, see
     /// [`Array::resync_unit`]: the re-add may pause there (`Unavailable`,
     /// the member left rebuilding at that stripe).
-    fn resync_missed(
-        &self,
-        d: usize,
-        logged: Option<&BTreeSet<u64>>,
-        everything: bool,
-    ) -> Result<u64> {
+    fn resync_missed(&self, d: usize) -> Result<u64> {
         let g = self.geo;
         let mut resynced = 0u64;
         let mut last_checkpoint = Instant::now();
@@ -269,12 +266,7 @@ impl Array {
             let role = g.role_on(stripe, d);
             // Checked now, under the stripe's lock: a write while the
             // re-add runs marks its region before it writes.
-            let was_missed = everything
-                || self.intent.region_missed(self.intent.region_of(stripe))
-                || match logged {
-                    Some(stripes) => stripes.contains(&stripe),
-                    None => role.is_some_and(|r| r >= g.k()),
-                };
+            let was_missed = self.intent.region_missed(self.intent.region_of(stripe));
             // Decoded before the cursor passes the stripe: until then the
             // member's stale unit takes no part in a decode.
             let unit = match role {
@@ -361,9 +353,22 @@ impl Array {
         current
     }
 
+    /// Records the regions of `stripes` (None: every region) in the
+    /// missed map, durably, before member `d` is rewritten.
+    fn mark_missed(&self, d: usize, stripes: Option<&BTreeSet<u64>>) -> Result<()> {
+        self.intent.mark_missed_stripes(stripes).map_err(|e| {
+            Error::io(
+                format!(
+                    "recording what device {d} must have reconstructed in the missed-write map"
+                ),
+                e,
+            )
+        })
+    }
+
     /// Member `d`'s metadata and dedup layer for its return over `dev`;
     /// returns the device the member serves through (its dedup layer, if
-    /// any) and whether every stripe must be reconstructed.
+    /// any).
     ///
     /// Without dedup, a format 2 member gets a fresh metadata area with
     /// current copies of the mirrored files (all it held there is stale,
@@ -373,61 +378,56 @@ impl Array {
     /// opens them, the area kept with only its mirrored copies rewritten.
     /// Where they cannot be opened (an area or map that does not read
     /// back), the member starts blank, as a replacement does, and every
-    /// stripe is reconstructed on it: a rebuild in place, with a warning.
-    fn re_add_metadata(
-        &self,
-        d: usize,
-        dev: Arc<dyn Device>,
-    ) -> std::result::Result<(Arc<dyn Device>, bool), String> {
+    /// region is marked missed first: a rebuild in place, with a warning.
+    fn re_add_metadata(&self, d: usize, dev: Arc<dyn Device>) -> Result<Arc<dyn Device>> {
+        let path = self.config.lock().unwrap().file.devices[d].clone();
+        let dev_err = |reason: String| Error::Device {
+            path: path.clone(),
+            reason,
+        };
+        let fresh_area = |dev: &Arc<dyn Device>| {
+            self.fresh_metadata_area(d, dev)
+                .map_err(|e| dev_err(format!("cannot write its metadata area: {e}")))
+        };
         let Some(backend) = &self.backend else {
-            self.fresh_metadata_area(d, &dev)
-                .map_err(|e| format!("cannot write its metadata area: {e}"))?;
-            return Ok((dev, false));
+            fresh_area(&dev)?;
+            return Ok(dev);
         };
         let cfg = self.config.lock().unwrap().file.dedup.clone();
+        let layer = |dev: Arc<dyn Device>, fresh: bool| {
+            super::wrap_dedup(
+                &self.storage,
+                &self.dir,
+                &cfg,
+                &self.geo,
+                dev,
+                Arc::clone(backend),
+                d,
+                fresh,
+            )
+        };
         // Format 2: its own area, opened as it left it, its copies of the
         // mirrored files rewritten (its dedup maps stay).
         let kept = self
             .attach_metadata_area(d, &dev, AreaFs::open)
             .map_err(|e| format!("its metadata area: {e}"))
             .and_then(|()| {
-                super::wrap_dedup(
-                    &self.storage,
-                    &self.dir,
-                    &cfg,
-                    &self.geo,
-                    Arc::clone(&dev),
-                    Arc::clone(backend),
-                    d,
-                    false,
-                )
-                .map_err(|e| format!("its dedup maps: {e}"))
+                layer(Arc::clone(&dev), false).map_err(|e| format!("its dedup maps: {e}"))
             });
-        let (layer, everything) = match kept {
-            Ok(layer) => (layer, false),
+        let layer = match kept {
+            Ok(layer) => layer,
             Err(why) => {
                 self.warn(format!(
                     "device {d}: {why}; it is re-added blank and every stripe is reconstructed \
                      on it"
                 ));
-                self.fresh_metadata_area(d, &dev)
-                    .map_err(|e| format!("cannot write its metadata area: {e}"))?;
-                let layer = super::wrap_dedup(
-                    &self.storage,
-                    &self.dir,
-                    &cfg,
-                    &self.geo,
-                    dev,
-                    Arc::clone(backend),
-                    d,
-                    true,
-                )
-                .map_err(|e| format!("cannot start its dedup maps: {e}"))?;
-                (layer, true)
+                self.mark_missed(d, None)?;
+                fresh_area(&dev)?;
+                layer(dev, true)?
             }
         };
         self.stores[d].set_dedup(Some(Arc::clone(&layer)));
-        Ok((layer, everything))
+        Ok(layer)
     }
 
     /// The stripes member `d`'s parity journal held records for when it

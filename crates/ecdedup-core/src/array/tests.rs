@@ -827,6 +827,15 @@ fn a_journaled_member_re_added_reconstructs_what_it_missed_and_its_journal_held(
         assert_eq!(rig.a().member_states()[d], MemberState::Failed);
         rig.plans[d].dead.store(false, Ordering::SeqCst);
         let dev = rig.devices()[d].clone().unwrap();
+        // A first re-add fails once the member's journal is replaced (its
+        // superblock cannot be written); the second must still know what
+        // that journal held (it found an empty journal and kept stale
+        // parity: the cluster simulator's seed 4863).
+        let superblocks = (0, 2 * crate::array::layout::SUPERBLOCK_BYTES);
+        *rig.plans[d].bad_write_range.lock().unwrap() = Some(superblocks);
+        assert!(rig.a().re_add_device(d, Arc::clone(&dev)).is_err());
+        *rig.plans[d].bad_write_range.lock().unwrap() = None;
+        assert_eq!(rig.a().member_states()[d], MemberState::Failed, "{policy}");
         let units = rig
             .array
             .as_mut()
@@ -850,6 +859,53 @@ fn a_journaled_member_re_added_reconstructs_what_it_missed_and_its_journal_held(
         );
         rig.a().fail_device(0).unwrap();
         rig.a().fail_device(1).unwrap();
+        rig.assert_matches_model();
+    }
+}
+
+/// A data member that fails at the read a plog or parix write makes of
+/// its current blocks (a lost link) leaves that write to the degraded path:
+/// the missing unit's new value goes to the degraded-write log, synced
+/// before any device write, not only into journal records a cut may drop
+/// while it keeps the other data member's new block (the cluster
+/// simulator's seed 4863 read a block wrong after such a cut). Fails
+/// without the change: the write was journaled (no degraded write, the
+/// stripe's records in the parity journals).
+#[test]
+fn a_member_lost_at_a_journaled_writes_read_leaves_the_write_to_the_degraded_path() {
+    for policy in [WritePolicy::Plog, WritePolicy::Parix] {
+        let mut rig = Rig::with_policy(6, 4, 2, 4096, 8, policy);
+        let vol = rig.model.len();
+        rig.write(0, &pattern(1, vol));
+        rig.a().flush().unwrap();
+        rig.a().replay_all(None).unwrap();
+        let g = rig.a().geo;
+        let stripe = 3u64;
+        let place = g.place(stripe, 1);
+        let at = g.device_offset(place.row, 0);
+        *rig.plans[place.device].lost_read_range.lock().unwrap() = Some((at, at + 4096));
+        let degraded_before = rig.a().stats().array.degraded_writes;
+        // Blocks of roles 1 and 2 (one each): both partial.
+        let stripe_bytes = 4 * 4096u64;
+        let offset = stripe * stripe_bytes + 4096 + 2048;
+        rig.write(offset, &pattern(2, 4096));
+        assert_eq!(
+            rig.a().member_states()[place.device],
+            MemberState::Failed,
+            "{policy}"
+        );
+        assert!(
+            rig.a().stats().array.degraded_writes > degraded_before,
+            "{policy}: the write took the degraded path"
+        );
+        for d in 0..6 {
+            assert!(
+                !rig.a().stores[d].journal_stripes().contains(&stripe),
+                "{policy}: device {d}'s journal holds records of stripe {stripe}"
+            );
+        }
+        rig.assert_matches_model();
+        rig.a().fail_device((place.device + 1) % 6).unwrap();
         rig.assert_matches_model();
     }
 }
