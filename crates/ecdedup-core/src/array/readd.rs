@@ -30,13 +30,14 @@
 //!
 //! Under `plog` and `parix` the member's own parity journal is read before
 //! anything is written to it: its records pending when it left are deltas
-//! for its parity units that no replay folded while it was out, so every
-//! stripe it holds records for counts as missed too (its parity unit
-//! reconstructed from the others, after their journals' records for the
-//! stripe are replayed), and the member starts with an empty journal. A
-//! journal that cannot be read whole (no header, a record unreadable down
-//! to its header) makes every stripe the member holds parity of count as
-//! missed.
+//! for its parity units that no replay folded while it was out, so the
+//! regions of every stripe it holds records for are set in the missed map
+//! (durably, before the member's area and journal are rewritten: a re-add
+//! that fails after that and is tried again still knows them); their
+//! units are reconstructed from the others, after their journals'
+//! records for the stripe are replayed, and the member starts with an
+//! empty journal. A journal that cannot be read whole (no header, a
+//! record unreadable down to its header) sets every region.
 //!
 //! Under dedup the member's data is reachable only through its dedup maps
 //! (in its metadata area, or the array folder under format 1): they are
