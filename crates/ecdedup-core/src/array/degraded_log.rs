@@ -637,6 +637,18 @@ impl super::Array {
     /// combination that left a present data member out as "stale" and
     /// rewrote it from parity: a block already read back as the newer
     /// write went back to the older one (the cluster simulator, seed 910).
+    /// Where none is taken and the row may be `torn` (as
+    /// [`Array::mark_row_undecodable`] takes it), the present parity is
+    /// marked unreadable: the reads of the missing units failed already,
+    /// but one more member lost left exactly k, whose decode nothing
+    /// checks, and a re-add of that member wrote parity from the guess,
+    /// which then vouched for it as a spare (the cluster simulator, seed
+    /// 2346: a block read back as neither its old nor its new bytes).
+    /// Not where no data member is missing (parity is then recomputed
+    /// from the data), nor where the row is not torn: after a kill -9
+    /// with members failed before the stop (the model proptest) or a
+    /// parity journal's failed append, such a row may yet decode right
+    /// once the member that disagrees is gone.
     ///
     /// With exactly k members left, see [`Array::mark_row_undecodable`]:
     /// no spare member can check a decode of the missing units, and the
@@ -687,6 +699,16 @@ impl super::Array {
             return;
         }
         let Some(missing) = self.decode_missing_vouched(stripe, row, &read, &present) else {
+            if torn && (0..g.k()).any(|role| !present[role]) {
+                self.mark_parity_unreadable(
+                    stripe,
+                    row,
+                    &read,
+                    &present,
+                    "a write was in flight there at the stop, nothing logged it, and the \
+                     members left are not one codeword",
+                );
+            }
             return;
         };
         let mut data = read[..g.k()].to_vec();
@@ -794,22 +816,40 @@ impl super::Array {
         if !refused && (!torn || vouched) {
             return;
         }
+        let why = if refused {
+            "they decode it to values its recorded checksums refuse"
+        } else {
+            "a write was in flight there at the stop, and nothing logged it"
+        };
+        self.mark_parity_unreadable(stripe, row, read, present, why);
+    }
+
+    /// Marks the present parity's blocks of a row unreadable (their entry
+    /// the complement of their checksum, as a rebuild marks a block it
+    /// could not decode; written with the tables), so fewer than k members
+    /// of the row are intact and its missing data blocks read as I/O
+    /// errors until a write of the row recomputes its parity; `why` the
+    /// members left cannot vouch for them.
+    fn mark_parity_unreadable(
+        &self,
+        stripe: u64,
+        row: u64,
+        read: &[Vec<u8>],
+        present: &[bool],
+        why: &str,
+    ) {
+        let g = &self.geo;
         for role in (g.k()..g.width()).filter(|&r| present[r]) {
             let place = g.place(stripe, role);
             let crc = crc32c::crc32c(&read[role]);
             self.stores[place.device].set_checksum(g.checksum_index(place.row, row), !crc);
         }
+        let left = present.iter().filter(|p| **p).count();
         self.warn(format!(
-            "stripe {stripe} block row {row}: the {} members left cannot vouch for its missing \
-             data ({}; an unclean stop, then members lost before resync: docs/write-hole.md, \
-             \"The double fault\"); its parity there is marked unreadable, and the missing \
-             blocks read as I/O errors until rewritten",
-            g.k(),
-            if refused {
-                "they decode it to values its recorded checksums refuse"
-            } else {
-                "a write was in flight there at the stop, and nothing logged it"
-            }
+            "stripe {stripe} block row {row}: the {left} members left cannot vouch for its \
+             missing data ({why}; an unclean stop, then members lost before resync: \
+             docs/write-hole.md, \"The double fault\"); its parity there is marked unreadable, \
+             and the missing blocks read as I/O errors until rewritten"
         ));
     }
 
