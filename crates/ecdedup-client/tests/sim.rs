@@ -910,6 +910,13 @@ struct Model {
     /// writer's resync, in a stripe that had writes in flight at the stop
     /// (the double fault `docs/write-hole.md` describes; `mark_double_fault`).
     may_fail: Vec<bool>,
+    /// Blocks of a stripe the double fault struck (`mark_double_fault`):
+    /// its members may disagree and a data member is lost, so the resync
+    /// can recompute no parity for it (docs/write-hole.md, "The double
+    /// fault") and it has no redundancy left until rewritten: a block of
+    /// it whose member is lost later may fail to read too
+    /// (`Run::may_fail`).
+    redundancy_lost: Vec<bool>,
     /// Every content written to each block, in order, with how its write
     /// ended: only to say, when a block reads wrong, which one it read.
     history: Vec<Vec<(Vec<u8>, &'static str)>>,
@@ -924,6 +931,7 @@ impl Model {
             maybe: vec![Vec::new(); n],
             unsure: vec![false; n],
             may_fail: vec![false; n],
+            redundancy_lost: vec![false; n],
             history: vec![Vec::new(); n],
         }
     }
@@ -950,6 +958,7 @@ impl Model {
             let b = first + i;
             if outcome != Outcome::Failed {
                 self.may_fail[b] = false;
+                self.redundancy_lost[b] = false;
             }
             self.history[b].push((
                 block.to_vec(),
@@ -1341,12 +1350,12 @@ impl Run {
                 match h.vol.read(&mut got, (b * BLOCK) as u64) {
                     Ok(()) => self.check_live(v, b, &got, label),
                     // A block that may fail to read: the others, one by one.
-                    Err(_) if (b..b + n).any(|x| self.vols[v].model.may_fail[x]) => {
+                    Err(_) if (b..b + n).any(|x| self.may_fail(v, h, x)) => {
                         for x in b..b + n {
                             let mut one = vec![0u8; BLOCK];
                             match h.vol.read(&mut one, (x * BLOCK) as u64) {
                                 Ok(()) => self.check_live(v, x, &one, label),
-                                Err(_) if self.vols[v].model.may_fail[x] => {
+                                Err(_) if self.may_fail(v, h, x) => {
                                     self.double_fault_unreadable += 1
                                 }
                                 Err(e) => {
@@ -1468,6 +1477,7 @@ impl Run {
                 true => Ok(()),
                 false => h.vol.read(&mut got[at..at + BLOCK], at as u64),
             };
+            let may_fail = r.is_err() && self.may_fail(v, h, b);
             let model = &self.vols[v].model;
             if trace().block == Some(b) {
                 self.trace_line(&format!(
@@ -1494,7 +1504,7 @@ impl Run {
                     ));
                     got[at..at + BLOCK].copy_from_slice(&current);
                 }
-                Err(_) if model.may_fail[b] => {
+                Err(_) if may_fail => {
                     self.double_fault_unreadable += 1;
                     unreadable.insert(b);
                 }
@@ -1653,10 +1663,45 @@ impl Run {
         // role b % k of stripe b / k.
         let stripes: BTreeSet<u64> = in_flight.iter().map(|&b| (b / k) as u64).collect();
         for stripe in stripes {
+            let struck = exactly_k || (0..k).any(|role| states[g.place(stripe, role).device]);
             for role in 0..k {
+                let b = stripe as usize * k + role;
                 if exactly_k || states[g.place(stripe, role).device] {
-                    self.vols[v].model.may_fail[stripe as usize * k + role] = true;
+                    self.vols[v].model.may_fail[b] = true;
                 }
+                self.vols[v].model.redundancy_lost[b] |= struck;
+            }
+        }
+    }
+
+    /// Whether block `b` of volume `v` may fail to read through `h`: the
+    /// double fault left it unknowable (`Model::may_fail`), or its stripe
+    /// has had no redundancy since the double fault struck it
+    /// (`Model::redundancy_lost`) and its member is out of service now;
+    /// then it may fail from now on, also once that member is back
+    /// (re-added or rebuilt from members that could not decode it).
+    fn may_fail(&mut self, v: usize, h: &Holder, b: usize) -> bool {
+        let out = out_of_service(&h.vol.array().member_states());
+        self.latch_lost_redundancy(v, h, b..b + 1, &out);
+        self.vols[v].model.may_fail[b]
+    }
+
+    /// Blocks of `blocks` whose stripe lost its redundancy to the double
+    /// fault and whose member is `out` (by member; the geometry from `h`)
+    /// may fail from now on.
+    fn latch_lost_redundancy(
+        &mut self,
+        v: usize,
+        h: &Holder,
+        blocks: std::ops::Range<usize>,
+        out: &[bool],
+    ) {
+        let g = h.vol.array().geometry();
+        let k = g.k();
+        let model = &mut self.vols[v].model;
+        for b in blocks {
+            if model.redundancy_lost[b] && out[g.place((b / k) as u64, b % k).device] {
+                model.may_fail[b] = true;
             }
         }
     }
@@ -1698,6 +1743,16 @@ impl Run {
             .zip(&self.vols[v].pg.servers)
             .map(|(state, s)| *state != MemberState::Active || troubled.contains(&(id, *s)))
             .collect();
+        // A member lost since the double fault struck its stripe, by the
+        // old writer or at this open (it may be re-added at the open, its
+        // blocks there reconstructed from members that cannot decode them).
+        let out: Vec<bool> = out_of_service(&new.vol.array().member_states())
+            .iter()
+            .zip(&failed_before)
+            .map(|(now, before)| *now || *before)
+            .collect();
+        let all = 0..VOLUME_BYTES as usize / BLOCK;
+        self.latch_lost_redundancy(v, &new, all, &out);
         self.mark_double_fault(v, &new, &in_flight, failed_at_least, &failed_before);
         self.fenced_writer_tries(old);
         self.read_back(v, &new, "after the takeover");
@@ -1730,6 +1785,11 @@ impl Run {
             .filter(|s| **s != MemberState::Active)
             .count() as u64
     }
+}
+
+/// Per member: whether it is out of service (failed, or rebuilding).
+fn out_of_service(states: &[MemberState]) -> Vec<bool> {
+    states.iter().map(|s| *s != MemberState::Active).collect()
 }
 
 /// The faults of one seed: the servers they may touch (at most m of the
@@ -1831,17 +1891,6 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     (
         25205,
         "plog beside plog: blocks of volume 8 read wrong (flushed and unflushed) and one fails beyond the double fault after the takeovers",
-    ),
-    // Found by a 3,000-seed run (2,000 to 4,999) on 2026-11-27; fails the
-    // same with the engine before re-add was allowed under parix: open.
-    // Found by a second 3,000-seed run (2,000 to 4,999) on 2026-11-27 at
-    // 760180b; fails the same with the re-add while serving reverted (the
-    // simulator opens PGs, it runs no follower); passed in the run before
-    // the seeds branch ordered the journal's stripe log, which changes
-    // every seed's frames: not narrowed, open.
-    (
-        4182,
-        "parix beside replicate with dedup: a block unreadable after a takeover (no combination of the 4 intact members decodes to the recorded checksums)",
     ),
     (
         5984,
@@ -2043,6 +2092,10 @@ fn run_story(run: &mut Run) -> u64 {
             st.land_late(p);
         }
     });
+    for (v, h) in holders.iter().enumerate() {
+        let out = out_of_service(&h.vol.array().member_states());
+        run.latch_lost_redundancy(v, h, 0..VOLUME_BYTES as usize / BLOCK, &out);
+    }
     drop(holders);
     for v in 0..count {
         if let Some(last) = run.take_over(v, "final") {
@@ -2327,6 +2380,18 @@ const REGRESSION_SEEDS: &[u64] = &[127, 144, 551, 910, 1079, 1253, 1460, 1921, 3
 ///   marks such a row's parity unreadable, as it did with exactly k left
 ///   (`note_missing_from_codeword`; the unit test
 ///   `a_member_lost_after_a_torn_row_with_more_than_k_left_is_an_error_not_wrong_data`).
+/// - 4182 (parix beside replicate with dedup; the parix volume, without
+///   dedup, failed a read): the oracle was wrong. Every server lost power
+///   with a write of stripe 9 in flight, role 0's member was lost at the
+///   next open (the double fault: role 0 unknowable), and role 2 had
+///   dropped the write, so parity could not be recomputed: the stripe
+///   had no redundancy left. Role 3's member was then lost while
+///   serving, and block 39 (acknowledged, not flushed, held only there)
+///   could not be decoded from the four left (two data units and two
+///   parity units of different writes): an I/O error, which the model
+///   allowed only for blocks of members lost by the end of the open. A
+///   block of a stripe the double fault struck may now also fail once
+///   its own member is lost (`Model::redundancy_lost`).
 /// - 2461 (plog beside rmw: blocks unreadable beyond the double fault),
 ///   19649, 21354, 24526, 26390, 29321, 31025, 33121, 37805, 37817 (the
 ///   40,000-seed run's: wrong data, or 21354 and 37817 unreadable beyond
@@ -2344,8 +2409,8 @@ const REGRESSION_SEEDS: &[u64] = &[127, 144, 551, 910, 1079, 1253, 1460, 1921, 3
 const REGRESSION_SHARED_SEEDS: &[u64] = &[
     1, 29, 65, 110, 119, 316, 322, 359, 453, 728, 767, 789, 970, 971, 990, 1116, 1157, 1169, 1220,
     1221, 1603, 1653, 1712, 2111, 2346, 2461, 2885, 3029, 3190, 3582, 3586, 3658, 3671, 3790, 3911,
-    4012, 4129, 4415, 4785, 4863, 4870, 4876, 4890, 9183, 19649, 21354, 24526, 26390, 26547, 29321,
-    31025, 33121, 37805, 37817,
+    4012, 4129, 4182, 4415, 4785, 4863, 4870, 4876, 4890, 9183, 19649, 21354, 24526, 26390, 26547,
+    29321, 31025, 33121, 37805, 37817,
 ];
 
 #[test]
