@@ -65,6 +65,8 @@ struct Missed {
     regions: Vec<bool>,
     /// The superblock generation it covers writes since (0: unknown).
     since_generation: u64,
+    /// Positions rebuilding by a re-add (bit d).
+    re_adding: u64,
 }
 
 pub struct IntentLog {
@@ -87,12 +89,27 @@ pub struct Recovery {
 /// Header bytes 48..56: in the missed map, the superblock generation whose
 /// writes it covers from (0 in the intent map, and unknown).
 const SINCE_GENERATION_AT: usize = 48;
+/// Header bytes 56..64: in the missed map, the positions (bit d, d < 64)
+/// rebuilding by a re-add: a re-add cut short resumes as a re-add (0 in
+/// the intent map, and in maps written before it was recorded).
+const RE_ADDING_AT: usize = 56;
 
 fn header(
     array_uuid: &[u8; 16],
     stripes_per_region: u64,
     regions: u64,
     since_generation: u64,
+) -> Vec<u8> {
+    missed_header(array_uuid, stripes_per_region, regions, since_generation, 0)
+}
+
+/// [`header`] with the missed map's positions being re-added.
+fn missed_header(
+    array_uuid: &[u8; 16],
+    stripes_per_region: u64,
+    regions: u64,
+    since_generation: u64,
+    re_adding: u64,
 ) -> Vec<u8> {
     let mut h = vec![0u8; HEADER_BYTES as usize];
     h[0..8].copy_from_slice(&MAGIC);
@@ -102,6 +119,7 @@ fn header(
     h[40..48].copy_from_slice(&regions.to_le_bytes());
     h[SINCE_GENERATION_AT..SINCE_GENERATION_AT + 8]
         .copy_from_slice(&since_generation.to_le_bytes());
+    h[RE_ADDING_AT..RE_ADDING_AT + 8].copy_from_slice(&re_adding.to_le_bytes());
     let crc = crc32c::crc32c(&h[..4092]);
     h[4092..].copy_from_slice(&crc.to_le_bytes());
     h
@@ -129,6 +147,12 @@ pub fn parse_map(bytes: &[u8], array_uuid: &[u8; 16], stripes: u64) -> Result<(u
         return corrupt("region count does not match the array");
     }
     Ok((spr, bytes[HEADER_BYTES as usize..].to_vec()))
+}
+
+/// The positions a missed map parsed by [`parse_map`] records as being
+/// re-added.
+fn re_adding_of(bytes: &[u8]) -> u64 {
+    u64::from_le_bytes(bytes[RE_ADDING_AT..RE_ADDING_AT + 8].try_into().unwrap())
 }
 
 /// The generation a missed map parsed by [`parse_map`] covers writes
@@ -380,9 +404,9 @@ impl IntentLog {
             .ok()
             .and_then(|bytes| {
                 let (spr, map) = parse_map(&bytes, array_uuid, stripes).ok()?;
-                Some((spr, map, since_generation_of(&bytes)))
+                Some((spr, map, since_generation_of(&bytes), re_adding_of(&bytes)))
             })
-            .filter(|(spr, _, _)| *spr == self.stripes_per_region);
+            .filter(|(spr, _, _, _)| *spr == self.stripes_per_region);
         // Regions a write may be in as the member leaves (or was in at a
         // crash before this open) are missed too.
         let now: Vec<bool> = inner
@@ -391,23 +415,25 @@ impl IntentLog {
             .map(|r| !history_known || r.dirty || r.in_flight > 0)
             .collect();
         let regions: Vec<bool> = match &kept {
-            Some((_, map, _)) => map.iter().zip(&now).map(|(&b, &n)| b != 0 || n).collect(),
+            Some((_, map, _, _)) => map.iter().zip(&now).map(|(&b, &n)| b != 0 || n).collect(),
             None => now,
         };
         let since_generation = match &kept {
-            Some((_, _, since)) => *since,
+            Some((_, _, since, _)) => *since,
             None if history_known => since_generation,
             None => 0,
         };
+        let re_adding = kept.as_ref().map_or(0, |(_, _, _, r)| *r);
         let unchanged = kept
             .as_ref()
-            .is_some_and(|(_, map, _)| map.iter().zip(&regions).all(|(&b, &r)| (b != 0) == r));
+            .is_some_and(|(_, map, _, _)| map.iter().zip(&regions).all(|(&b, &r)| (b != 0) == r));
         if !unchanged {
-            let mut bytes = header(
+            let mut bytes = missed_header(
                 array_uuid,
                 self.stripes_per_region,
                 regions.len() as u64,
                 since_generation,
+                re_adding,
             );
             bytes.extend(regions.iter().map(|&d| d as u8));
             crate::media::storage::write_atomic(storage, path, &bytes).map_err(io)?;
@@ -417,8 +443,54 @@ impl IntentLog {
             file,
             regions,
             since_generation,
+            re_adding,
         });
         Ok(())
+    }
+
+    /// Records (durably) whether position `d` is rebuilding by a re-add,
+    /// in the missed map's header, if one is kept (positions past 63 are
+    /// never recorded: their re-adds cut short resume as full rebuilds).
+    pub fn set_re_adding(&self, d: usize, on: bool) -> std::io::Result<()> {
+        if d >= 64 {
+            return Ok(());
+        }
+        let bit = 1u64 << d;
+        let inner = self.inner.lock().unwrap();
+        let mut missed = self.missed.lock().unwrap();
+        let Some(m) = missed.as_mut() else {
+            return Ok(());
+        };
+        let mask = if on {
+            m.re_adding | bit
+        } else {
+            m.re_adding & !bit
+        };
+        if mask != m.re_adding {
+            let h = missed_header(
+                &self.array_uuid,
+                self.stripes_per_region,
+                inner.regions.len() as u64,
+                m.since_generation,
+                mask,
+            );
+            m.file.write_at(&h, 0)?;
+            m.file.sync()?;
+            m.re_adding = mask;
+        }
+        Ok(())
+    }
+
+    /// Whether position `d` is recorded rebuilding by a re-add, in a kept
+    /// missed map with a known start (what it missed is then known).
+    pub fn re_adding(&self, d: usize) -> bool {
+        d < 64
+            && self
+                .missed
+                .lock()
+                .unwrap()
+                .as_ref()
+                .is_some_and(|m| m.since_generation != 0 && m.re_adding & (1 << d) != 0)
     }
 
     /// The region that holds `stripe`.

@@ -475,6 +475,12 @@ impl Array {
         let mut rebuilt = 0u64;
         let mut unreadable_blocks = 0u64;
         for (t, &d) in targets.iter().enumerate() {
+            if self.stores[d].is_re_adding() {
+                // A re-add that paused (fewer than k members serving a
+                // stripe it missed): it goes on as a re-add.
+                rebuilt += self.finish_re_add(d)?;
+                continue;
+            }
             let start = self.stores[d].cursor();
             let mut last_checkpoint = Instant::now();
             for stripe in start..g.stripes {

@@ -2046,6 +2046,12 @@ impl Array {
             }
             None => dev,
         };
+        // A blank device is rebuilt whole: no re-add of the position's
+        // last member goes on.
+        self.intent
+            .set_re_adding(d, false)
+            .map_err(|e| Error::io("recording a replacement in the missed-write map", e))?;
+        self.stores[d].set_re_adding(false);
         self.stores[d].begin_replacement();
         self.install_empty_journal(d)?;
         cfg.device_uuids[d] = *uuid::Uuid::new_v4().as_bytes();

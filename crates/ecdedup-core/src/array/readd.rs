@@ -82,15 +82,24 @@ impl Array {
         }
     }
 
-    /// At open: keeps the missed map while a member is failed (a missing
-    /// map means the member left before anything was tracked: every region
-    /// counts as missed), and removes one that no failed member needs any
-    /// more (its members were replaced and rebuilt).
+    /// At open: keeps the missed map while a member is failed or
+    /// rebuilding (a missing map means the member left before anything was
+    /// tracked: every region counts as missed), and removes one that no
+    /// such member needs any more (its members were replaced and rebuilt).
     pub(super) fn resume_missed_tracking(&self) {
         let path = self.dir.join(MISSED_FILE);
-        if self.unavailable_count() > 0 {
+        // A rebuilding member may be a re-add cut short, which the map's
+        // regions (and its record of the re-add) let go on as a re-add.
+        let rebuilding = self.stores.iter().any(|s| s.is_rebuilding());
+        if self.unavailable_count() > 0 || rebuilding {
             let known = self.storage.exists(&path);
             self.track_missed_writes(known);
+            // A re-add cut short by the last stop goes on as a re-add.
+            for (d, store) in self.stores.iter().enumerate() {
+                if store.is_rebuilding() && self.intent.re_adding(d) {
+                    store.set_re_adding(true);
+                }
+            }
         } else if let Err(e) = self
             .intent
             .stop_tracking_missed_in(self.storage.as_ref(), &path)
@@ -150,7 +159,13 @@ impl Array {
         };
         let sb = read_superblock(raw.as_ref())?;
         super::inspect::check_member(&cfg, d, &sb)?;
-        if sb.states.get(d) != Some(&MemberState::Active) {
+        // Its own superblock lists it active, or rebuilding by a re-add
+        // that it failed during (the missed map records that re-add, and
+        // covers what it missed since it first left).
+        let own = sb.states.get(d);
+        let re_added_before =
+            matches!(own, Some(MemberState::Rebuilding { .. })) && self.intent.re_adding(d);
+        if own != Some(&MemberState::Active) && !re_added_before {
             return Err(dev_err(
                 "its own superblock does not list it active (it was being rebuilt): \
                  `rebuild` it instead"
@@ -193,12 +208,41 @@ impl Array {
             self.stores[d].set_wear(wear);
         }
         self.config.lock().unwrap().device_uuids[d] = sb.device_uuid;
+        // Rebuilding by a re-add, also for the next open: a re-add cut
+        // short (a close, a writer killed, a pause below k) resumes as a
+        // re-add there, not as a full rebuild.
+        self.intent.set_re_adding(d, true).map_err(|e| {
+            Error::io(
+                format!("recording the re-add of device {d} in the missed-write map"),
+                e,
+            )
+        })?;
+        self.stores[d].set_re_adding(true);
         self.stores[d].put_in_service(dev);
         self.persist_superblocks()?;
+        self.finish_re_add(d)
+    }
+
+    /// Walks re-added member `d` (rebuilding, `re_adding`) from its cursor
+    /// over every stripe, reconstructing what it missed, then puts it in
+    /// service; returns how many units were reconstructed. Run by a re-add,
+    /// and by `rebuild` for a re-add that paused.
+    pub(super) fn finish_re_add(&self, d: usize) -> Result<u64> {
         let resynced = self.resync_missed(d)?;
         self.stores[d].finish_rebuild();
         self.flush()?;
         self.persist_superblocks()?;
+        if self.stores[d].is_failed() {
+            return Err(Error::Unavailable(format!(
+                "device {d} failed as its re-add finished"
+            )));
+        }
+        if let Err(e) = self.intent.set_re_adding(d, false) {
+            self.warn(format!(
+                "device {d} re-added, but the missed-write map still says it is being re-added: \
+                 {e}"
+            ));
+        }
         if self.unavailable_count() == 0 {
             self.intent
                 .stop_tracking_missed_in(self.storage.as_ref(), &self.dir.join(MISSED_FILE))?;

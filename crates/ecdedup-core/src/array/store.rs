@@ -72,6 +72,11 @@ pub(super) struct ChunkStore {
     ssd_wear: RwLock<Option<Arc<crate::ssd::WearDevice>>>,
     /// The device's I/O counters (shared with the array's `Counters`).
     counters: Arc<DeviceCounters>,
+    /// Rebuilding as a re-add (only the stripes it missed reconstructed):
+    /// the superblocks record it failed until the re-add finishes, so a
+    /// re-add cut short is tried again as a re-add, not finished as a
+    /// full rebuild.
+    re_adding: AtomicBool,
 }
 
 impl ChunkStore {
@@ -104,6 +109,7 @@ impl ChunkStore {
             journal: Mutex::new(journal),
             ssd_wear: RwLock::new(None),
             counters,
+            re_adding: AtomicBool::new(false),
         }
     }
 
@@ -154,7 +160,20 @@ impl ChunkStore {
     /// Marks the store failed; returns whether it was in service (false:
     /// another thread failed it first).
     pub(super) fn fail(&self) -> bool {
+        self.re_adding.store(false, SeqCst);
         self.tag.swap(TAG_FAILED, SeqCst) != TAG_FAILED
+    }
+
+    /// Marks the store as rebuilding by a re-add (`put_in_service` then
+    /// makes it rebuilding), or not.
+    pub(super) fn set_re_adding(&self, on: bool) {
+        self.re_adding.store(on, SeqCst);
+    }
+
+    /// Whether it is rebuilding by a re-add: the superblocks record it
+    /// failed meanwhile.
+    pub(super) fn is_re_adding(&self) -> bool {
+        self.re_adding.load(SeqCst) && self.tag.load(SeqCst) == TAG_REBUILDING
     }
 
     /// Lets go of the device and its dedup layer (after `fail`).
@@ -174,6 +193,7 @@ impl ChunkStore {
     /// A rebuild or a re-add done: active, with every entry of its table
     /// its own.
     pub(super) fn finish_rebuild(&self) {
+        self.re_adding.store(false, SeqCst);
         self.tag.store(TAG_ACTIVE, SeqCst);
         *self.prior_table.lock().unwrap() = None;
         self.sums_known.store(true, SeqCst);

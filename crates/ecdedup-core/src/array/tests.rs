@@ -792,6 +792,66 @@ fn a_member_only_down_for_several_generations_is_re_added_not_rebuilt_whole() {
     rig.assert_consistent();
 }
 
+/// A re-add cut short (the array closed under it; in a cluster, the writer
+/// killed) goes on as a re-add at the next open's `rebuild`,
+/// reconstructing past its cursor only what it missed. It was rebuilt
+/// whole from the cursor on (the fault suite's writer trials: 524,288
+/// stripes a PG, and a second server down meanwhile left its PGs below
+/// min_size).
+#[test]
+fn a_re_add_cut_short_is_re_added_again_not_rebuilt_whole() {
+    let mut rig = Rig::new(6, 4, 2, 4096, 16);
+    let d = 2;
+    rig.fill_then_lose_server(d);
+    let stripe_bytes = 4 * 4096u64;
+    // Regions 1 and 6 (stripes 2, 3, 12, 13) written while it is out.
+    rig.write(2 * stripe_bytes, &pattern(2, 4096));
+    rig.write(12 * stripe_bytes, &pattern(3, 4096));
+    rig.a().flush().unwrap();
+    rig.plans[d].dead.store(false, Ordering::SeqCst);
+    // The re-add waits in its write of stripe 12's unit; the array closes.
+    let g = rig.a().geo;
+    let place = g.place(12, g.role_on(12, d).unwrap());
+    let at = g.device_offset(place.row, 0);
+    *rig.plans[d].hold_range.lock().unwrap() = Some((at, at + g.unit_bytes()));
+    rig.plans[d].hold.store(true, Ordering::SeqCst);
+    let dev = rig.devices()[d].clone().unwrap();
+    std::thread::scope(|s| {
+        let a = rig.array.as_ref().unwrap();
+        let plan = &rig.plans[d];
+        let re_add = s.spawn(move || a.re_add_device(d, dev));
+        while !plan.held.load(Ordering::SeqCst) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let close = s.spawn(move || a.close());
+        while !a.stopping.load(Ordering::SeqCst) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        plan.hold.store(false, Ordering::SeqCst);
+        assert!(
+            re_add.join().unwrap().is_err(),
+            "the re-add stops at the close"
+        );
+        close.join().unwrap().unwrap();
+    });
+    rig.restart();
+    assert_eq!(
+        rig.a().member_states()[d],
+        MemberState::Rebuilding { cursor: 13 }
+    );
+    let units = rig.a().rebuild(None).unwrap();
+    assert_eq!(
+        units, 1,
+        "only stripe 13 of those past its cursor it missed"
+    );
+    assert_eq!(rig.failed(), 0);
+    rig.assert_matches_model();
+    rig.assert_consistent();
+    rig.a().fail_device(0).unwrap();
+    rig.a().fail_device(1).unwrap();
+    rig.assert_matches_model();
+}
+
 /// A plog or parix member whose server went away with records in its
 /// parity journal is re-added (refused before, under any policy but rmw):
 /// every stripe it missed is reconstructed (the others' journals replayed
@@ -828,11 +888,10 @@ fn a_journaled_member_re_added_reconstructs_what_it_missed_and_its_journal_held(
         rig.plans[d].dead.store(false, Ordering::SeqCst);
         let dev = rig.devices()[d].clone().unwrap();
         // A first re-add fails once the member's journal is replaced (its
-        // superblock cannot be written); the second must still know what
-        // that journal held (it found an empty journal and kept stale
-        // parity: the cluster simulator's seed 4863).
-        let superblocks = (0, 2 * crate::array::layout::SUPERBLOCK_BYTES);
-        *rig.plans[d].bad_write_range.lock().unwrap() = Some(superblocks);
+        // data cannot be written); the second must still know what that
+        // journal held (the journal's stripes are in the missed map).
+        let data = (rig.a().geo.data_offset(), u64::MAX);
+        *rig.plans[d].bad_write_range.lock().unwrap() = Some(data);
         assert!(rig.a().re_add_device(d, Arc::clone(&dev)).is_err());
         *rig.plans[d].bad_write_range.lock().unwrap() = None;
         assert_eq!(rig.a().member_states()[d], MemberState::Failed, "{policy}");
