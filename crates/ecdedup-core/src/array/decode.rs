@@ -33,7 +33,10 @@
 //! an unclean stop: a resync that finds such a row with a member changed
 //! since the last flush (a write was in flight, so the k members may mix
 //! old and new) marks the row's parity unreadable, and the decode is an
-//! I/O error instead (`resync_from_degraded_log`, docs/write-hole.md).
+//! I/O error instead (`resync_from_degraded_log`, docs/write-hole.md); so
+//! does one that finds more than k members left that are not one
+//! codeword with nothing vouching for the missing units, before a second
+//! loss leaves exactly k of them (`mark_row_unknowable`).
 
 use super::Array;
 use crate::counters::bump;

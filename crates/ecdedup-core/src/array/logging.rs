@@ -398,7 +398,7 @@ impl Array {
         self.intent
             .pin(stripe)
             .map_err(|e| Error::io("marking the write-intent log", e))?;
-        self.resync_stripe(stripe);
+        self.resync_stripe(stripe, false);
         Ok(true)
     }
 
@@ -1029,7 +1029,7 @@ impl Array {
                     self.warn(format!(
                         "replaying stripe {s}: {e}; its parity is recomputed from its data instead"
                     ));
-                    self.resync_stripe(s);
+                    self.resync_stripe(s, false);
                 } else {
                     self.warn(format!("replaying stripe {s}: {e}; it stays pending"));
                     first_error.get_or_insert(e);
