@@ -910,6 +910,13 @@ struct Model {
     /// writer's resync, in a stripe that had writes in flight at the stop
     /// (the double fault `docs/write-hole.md` describes; `mark_double_fault`).
     may_fail: Vec<bool>,
+    /// Blocks of the stripes that double fault left torn (`may_fail`'s
+    /// stripes, every member's blocks): their members may disagree, and
+    /// the member lost before the resync took the spare that could tell
+    /// which is right, so the block of a member lost later (after that
+    /// open) may read as an I/O error too (never wrong data), until
+    /// rewritten (`Run::may_fail_now`).
+    spent: Vec<bool>,
     /// Every content written to each block, in order, with how its write
     /// ended: only to say, when a block reads wrong, which one it read.
     history: Vec<Vec<(Vec<u8>, &'static str)>>,
@@ -924,6 +931,7 @@ impl Model {
             maybe: vec![Vec::new(); n],
             unsure: vec![false; n],
             may_fail: vec![false; n],
+            spent: vec![false; n],
             history: vec![Vec::new(); n],
         }
     }
@@ -950,6 +958,7 @@ impl Model {
             let b = first + i;
             if outcome != Outcome::Failed {
                 self.may_fail[b] = false;
+                self.spent[b] = false;
             }
             self.history[b].push((
                 block.to_vec(),
@@ -1341,12 +1350,12 @@ impl Run {
                 match h.vol.read(&mut got, (b * BLOCK) as u64) {
                     Ok(()) => self.check_live(v, b, &got, label),
                     // A block that may fail to read: the others, one by one.
-                    Err(_) if (b..b + n).any(|x| self.vols[v].model.may_fail[x]) => {
+                    Err(_) if (b..b + n).any(|x| self.may_fail_now(v, h, x)) => {
                         for x in b..b + n {
                             let mut one = vec![0u8; BLOCK];
                             match h.vol.read(&mut one, (x * BLOCK) as u64) {
                                 Ok(()) => self.check_live(v, x, &one, label),
-                                Err(_) if self.vols[v].model.may_fail[x] => {
+                                Err(_) if self.may_fail_now(v, h, x) => {
                                     self.double_fault_unreadable += 1
                                 }
                                 Err(e) => {
@@ -1493,7 +1502,7 @@ impl Run {
                     ));
                     got[at..at + BLOCK].copy_from_slice(&current);
                 }
-                Err(_) if model.may_fail[b] => {
+                Err(_) if self.may_fail_now(v, h, b) => {
                     self.double_fault_unreadable += 1;
                     unreadable.insert(b);
                 }
@@ -1632,11 +1641,30 @@ impl Run {
         let stripes: BTreeSet<u64> = in_flight.iter().map(|&b| (b / k) as u64).collect();
         for stripe in stripes {
             for role in 0..k {
+                self.vols[v].model.spent[stripe as usize * k + role] = true;
                 if exactly_k || states[g.place(stripe, role).device] {
                     self.vols[v].model.may_fail[stripe as usize * k + role] = true;
                 }
             }
         }
+    }
+
+    /// Whether a read of block `b` of volume `v` (writer `h`) may fail:
+    /// the double fault left it unknowable (`Model::may_fail`), or left
+    /// its stripe torn and its member has been lost since
+    /// (`Model::spent`).
+    fn may_fail_now(&self, v: usize, h: &Holder, b: usize) -> bool {
+        let model = &self.vols[v].model;
+        if model.may_fail[b] {
+            return true;
+        }
+        if !model.spent[b] {
+            return false;
+        }
+        let array = h.vol.array();
+        let k = array.geometry().k();
+        let place = array.geometry().place((b / k) as u64, b % k);
+        array.member_states()[place.device] != MemberState::Active
     }
 
     /// What a takeover of volume `v` needs from before it: the blocks with
@@ -1793,23 +1821,13 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     // takeover), 2 with blocks unreadable beyond the double fault; not
     // narrowed. None is in CI's range (seeds 0 to 1,999). Of those, 9
     // pass on main 6f083ac (2026-11-27), as does 2461 (found by branch
-    // simlog's 5,000-seed run): they run as regression seeds
-    // (`REGRESSION_SHARED_SEEDS`). The 13 below and 2346 still fail,
-    // each the same way at every replay since the parity journal's replay reads its
-    // records in one order (branch seeds; before, a `HashMap`'s order,
-    // drawn per process, moved the frames of 26547 and others).
-    // Found by the 4,000-seed run 22,000 to 25,999 of branch seeds
-    // (2026-11-27 02:03 UTC, docs/benchmarks.md); each fails the same, 3
-    // of 3 replays, with the test binary of main before branch seeds:
-    // not narrowed.
-    (
-        22012,
-        "rmw beside plog: blocks 33 and 35 of volume 8, flushed, read wrong after the last takeover",
-    ),
-    (
-        25205,
-        "plog beside plog: blocks of volume 8 read wrong (flushed and unflushed) and one fails beyond the double fault after the takeovers",
-    ),
+    // simlog's 5,000-seed run), and 11 more with branch wd's rows not one
+    // codeword marked at the resync (docs/write-hole.md, "The double
+    // fault"): they run as regression seeds (`REGRESSION_SHARED_SEEDS`).
+    // 25676 and 28455 (the last two) still fail, each the same way at
+    // every replay. 4182 and 2346 pass on branch wd, 3 of 3 replays (2346
+    // with the rows marked, 4182 with the oracle's `Model::spent`), and
+    // stay listed for branch dd, which works on them.
     // Found by a 3,000-seed run (2,000 to 4,999) on 2026-11-27; fails the
     // same with the engine before re-add was allowed under parix: open.
     // Found by a second 3,000-seed run (2,000 to 4,999) on 2026-11-27 at
@@ -1826,56 +1844,12 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
         "parix beside rmw with dedup: five blocks read wrong after the takeovers (3,000-seed run of 2026-11-27)",
     ),
     (
-        5984,
-        "a block reads wrong after a takeover (40,000-seed run after the merges)",
-    ),
-    (
-        7860,
-        "a block reads wrong after a takeover (40,000-seed run after the merges)",
-    ),
-    (
-        9183,
-        "a block reads wrong after a takeover (40,000-seed run after the merges)",
-    ),
-    (
-        15984,
-        "a block reads wrong after a takeover (40,000-seed run after the merges)",
-    ),
-    (
-        24068,
-        "a block reads wrong after a takeover (40,000-seed run after the merges)",
-    ),
-    (
-        24556,
-        "a block reads wrong after a takeover (40,000-seed run after the merges)",
-    ),
-    (
         25676,
-        "a block reads wrong after a takeover (40,000-seed run after the merges)",
-    ),
-    (
-        26547,
-        "a block reads wrong after a takeover (40,000-seed run after the merges); passed some replays and failed others until the journal replay read in one order (branch seeds): now fails at every replay",
-    ),
-    (
-        26664,
-        "a block reads wrong after a takeover (40,000-seed run after the merges)",
-    ),
-    (
-        27176,
-        "a block reads wrong after a takeover (40,000-seed run after the merges)",
+        "a block reads wrong after a takeover (40,000-seed run after the merges); on branch wd (2026-11-27): rmw beside rmw, block 101 fails to read after the last takeover, beyond the double fault",
     ),
     (
         28455,
-        "a block reads wrong after a takeover (40,000-seed run after the merges)",
-    ),
-    (
-        33718,
-        "a block reads wrong after a takeover (40,000-seed run after the merges)",
-    ),
-    (
-        35354,
-        "a block reads wrong after a takeover (40,000-seed run after the merges)",
+        "a block reads wrong after a takeover (40,000-seed run after the merges); on branch wd (2026-11-27): replicate beside plog with dedup, block 68 (never written) reads wrong after the takeover",
     ),
 ];
 
@@ -2310,11 +2284,28 @@ const REGRESSION_SEEDS: &[u64] = &[127, 144, 551, 910, 1079, 1253, 1460, 1921, 3
 ///   the double fault): failed on earlier commits, not narrowed one by
 ///   one, pass on main 6f083ac (4 of 4 replays, 2026-11-27) and with the
 ///   journal replay in one order (3 of 3, each replay the same).
+/// - 22012 (rmw beside plog; the trace: every server lost power with a
+///   write of block 32 in flight, the next writer found the member of
+///   block 33 out, and its degraded replay folded the write's record
+///   into one parity and not the other, whose record the cut lost: five
+///   members left, not one codeword, nothing vouching; a second member
+///   lost during that open; the open after, both out before it, decoded
+///   blocks 33 and 35, never written, from the four left, the two
+///   parities among them, as neither zeroes nor any write), 25205 (plog
+///   beside plog, the same with full-stripe writes, flushed blocks too),
+///   and 5984, 7860, 9183, 15984, 24068, 24556, 26547, 26664, 27176,
+///   33718, 35354 (the 40,000-seed run's; each prints the resync's
+///   warning of such a row, not narrowed one by one): the resync at an
+///   open now marks such a row's parity unreadable (branch wd; each
+///   fails on main adefb1a, 3 of 3 replays, and passes with the mark, 3
+///   of 3). 25205 also needs the oracle's `Model::spent`: a block of
+///   such a stripe whose member is lost after that open may fail to read.
 const REGRESSION_SHARED_SEEDS: &[u64] = &[
     1, 29, 65, 110, 119, 316, 322, 359, 453, 728, 767, 789, 970, 971, 990, 1116, 1157, 1169, 1220,
     1221, 1603, 1653, 1712, 2111, 2461, 2885, 3029, 3190, 3582, 3586, 3658, 3671, 3790, 3911, 4012,
-    4129, 4415, 4785, 4863, 4870, 4876, 4890, 19649, 21354, 24526, 26390, 29321, 31025, 33121,
-    37805, 37817,
+    4129, 4415, 4785, 4863, 4870, 4876, 4890, 5984, 7860, 9183, 15984, 19649, 21354, 22012, 24068,
+    24526, 24556, 25205, 26390, 26547, 26664, 27176, 29321, 31025, 33121, 33718, 35354, 37805,
+    37817,
 ];
 
 #[test]
