@@ -1858,20 +1858,17 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
         "parix beside rmw with dedup: five blocks read wrong after the takeovers (3,000-seed run of 2026-11-27)",
     ),
     // Found by branch wd's 6,000-seed run (40,000 to 45,999) on
-    // 2026-11-27 at 4d61537; each fails the same on main adefb1a (I/O
-    // errors, no wrong data). 43529: no power loss of every server; the
-    // takeover's open found two members of stripe 6 out, and a parity
-    // member left differed from its entry (the parix journal folded
-    // after the last flush), so the row was marked as torn by a write in
-    // flight (`rows_torn_unlogged`'s known over-reach, docs/write-hole.md)
-    // and a flushed block fails to read. 45698: not narrowed.
+    // 2026-11-27 at 4d61537; fails the same on main adefb1a (I/O errors,
+    // no wrong data): no power loss of every server; the takeover's open
+    // found two members of stripe 6 out, and a parity member left
+    // differed from its entry (the parix journal folded after the last
+    // flush), so the row was marked as torn by a write in flight
+    // (`rows_torn_unlogged`'s known over-reach, docs/write-hole.md) and a
+    // flushed block fails to read. (45698, found by the same run, is a
+    // regression seed.)
     (
         43529,
         "parix beside plog with dedup: flushed blocks 25 and 27 of volume 8 fail to read after the takeover (two members out, the row marked as torn though no write was in flight)",
-    ),
-    (
-        45698,
-        "parix beside parix with dedup: a write of the first writer fails (stripe 9: no combination of the 5 intact members decodes to the recorded checksums)",
     ),
     (
         28455,
@@ -2333,12 +2330,24 @@ const REGRESSION_SEEDS: &[u64] = &[127, 144, 551, 910, 1079, 1253, 1460, 1921, 3
 ///   flight at the power loss to durable, and the last takeover's read
 ///   of it failed as it may): it fails on main adefb1a (3 of 3, block 101
 ///   unreadable after the takeover) and passes on branch wd (3 of 3).
+/// - 45698 (parix beside parix with dedup; found by branch wd's
+///   6,000-seed run): an append to one parity journal of stripe 9 was
+///   lost, the write went in place, and the resync that followed lost a
+///   data member as it read it (a reply lost), its table page not
+///   resident: the other parity folded its journal, the first lacked the
+///   write, and the five members left were not one codeword, no decode
+///   vouched for, so the stripe's next write failed (no combination of
+///   the five decoded to the recorded checksums). The parity whose
+///   append failed is now marked unreadable in the written rows where
+///   the stripe's parity cannot be recomputed (`logging.rs`,
+///   `resync_after_failed_append`); fails on main adefb1a (3 of 3),
+///   passes on branch wd (3 of 3).
 const REGRESSION_SHARED_SEEDS: &[u64] = &[
     1, 29, 65, 110, 119, 316, 322, 359, 453, 728, 767, 789, 970, 971, 990, 1116, 1157, 1169, 1220,
     1221, 1603, 1653, 1712, 2111, 2461, 2885, 3029, 3190, 3582, 3586, 3658, 3671, 3790, 3911, 4012,
     4129, 4415, 4785, 4863, 4870, 4876, 4890, 5984, 7860, 9183, 15984, 19649, 21354, 22012, 24068,
     24526, 24556, 25205, 25676, 26390, 26547, 26664, 27176, 29321, 31025, 33121, 33718, 35354,
-    37805, 37817,
+    37805, 37817, 45698,
 ];
 
 #[test]
