@@ -376,6 +376,30 @@ impl Array {
         Some((shards, vouched))
     }
 
+    /// Block row `row` of a stripe's units as read (None: not held), when
+    /// the members read are one codeword and a spare member vouches for
+    /// it: every member's block of the row, the missing ones decoded.
+    pub(super) fn one_codeword_row(
+        &self,
+        units: &[Option<Vec<u8>>],
+        row: u64,
+    ) -> Option<Vec<Vec<u8>>> {
+        let block = self.geo.block() as usize;
+        let at = row as usize * block;
+        let present: Vec<bool> = units.iter().map(Option::is_some).collect();
+        let read: Vec<Vec<u8>> = units
+            .iter()
+            .map(|u| {
+                u.as_ref()
+                    .map_or(vec![0u8; block], |u| u[at..at + block].to_vec())
+            })
+            .collect();
+        match self.try_decode(&read, &present, &present, &vec![None; units.len()]) {
+            Some((shards, true)) => Some(shards),
+            _ => None,
+        }
+    }
+
     /// A row read whole, every block with a matching checksum, that is not
     /// one codeword (a scrub found its parity disagreeing with its data):
     /// which members disagree with the others, and the row they leave.

@@ -722,21 +722,11 @@ impl super::Array {
     /// read, the unreadable one taken for present: a panic.)
     fn resync_unreadable_data(&self, stripe: u64, units: &[Option<Vec<u8>>]) -> bool {
         let g = &self.geo;
-        let block = g.block() as usize;
         let present: Vec<bool> = units.iter().map(Option::is_some).collect();
-        let no_sums = vec![None; g.width()];
         let mut all = true;
         for row in 0..g.blocks_per_unit() {
-            let at = row as usize * block;
-            let read: Vec<Vec<u8>> = units
-                .iter()
-                .map(|u| {
-                    u.as_ref()
-                        .map_or(vec![0u8; block], |u| u[at..at + block].to_vec())
-                })
-                .collect();
-            match self.try_decode(&read, &present, &present, &no_sums) {
-                Some((shards, true)) => {
+            match self.one_codeword_row(units, row) {
+                Some(shards) => {
                     for role in (0..g.k()).filter(|&r| !present[r]) {
                         self.write_unit_blocks(stripe, role, row, &shards[role]);
                     }

@@ -424,8 +424,10 @@ impl Array {
 
     /// Marks device `p`'s parity blocks of `rows` of `stripe` unreadable
     /// (their entry the complement of their checksum) as they are on the
-    /// device; a write of the row replaces the mark. Nothing where `p`
-    /// does not hold the stripe or a read fails (the device fails then).
+    /// device, in the rows whose members are not one codeword with it (a
+    /// resync that could vouch for the missing units rewrote parity from
+    /// them: nothing stale is left there); a write of the row replaces
+    /// the mark. Nothing where `p` does not hold the stripe.
     fn mark_parity_rows_unreadable(
         &self,
         stripe: u64,
@@ -436,20 +438,20 @@ impl Array {
         let Some(role) = g.role_on(stripe, p).filter(|&r| r >= g.k()) else {
             return;
         };
+        let roles: Vec<usize> = (0..g.width()).collect();
+        let units = self.read_units_raw(stripe, &roles);
+        let Some(unit) = &units[role] else {
+            return;
+        };
         let place = g.place(stripe, role);
+        let block = g.block() as usize;
         for &row in rows {
-            let mut block = vec![0u8; g.block() as usize];
-            if !self.holds(p, stripe)
-                || !self.dev_read(
-                    p,
-                    IoClass::Parity,
-                    &mut block,
-                    g.device_offset(place.row, row),
-                )
-            {
-                return;
+            if self.one_codeword_row(&units, row).is_some() {
+                continue;
             }
-            self.stores[p].set_checksum(g.checksum_index(place.row, row), !crc32c::crc32c(&block));
+            let at = row as usize * block;
+            let crc = crc32c::crc32c(&unit[at..at + block]);
+            self.stores[p].set_checksum(g.checksum_index(place.row, row), !crc);
         }
     }
 
