@@ -1870,6 +1870,12 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
         43529,
         "parix beside plog with dedup: flushed blocks 25 and 27 of volume 8 fail to read after the takeover (two members out, the row marked as torn though no write was in flight)",
     ),
+    // Found by branch wd's 4,000-seed run (50,000 to 53,999) at f918124,
+    // 2026-11-27; fails the same on main adefb1a: not narrowed.
+    (
+        52865,
+        "plog beside plog with dedup: block 36 of volume 8, never written, reads wrong after the takeover",
+    ),
     (
         28455,
         "a block reads wrong after a takeover (40,000-seed run after the merges); on branch wd (2026-11-27): replicate beside plog with dedup, block 68 (never written) reads wrong after the takeover",
