@@ -910,13 +910,14 @@ struct Model {
     /// writer's resync, in a stripe that had writes in flight at the stop
     /// (the double fault `docs/write-hole.md` describes; `mark_double_fault`).
     may_fail: Vec<bool>,
-    /// Blocks of a stripe the double fault struck (`mark_double_fault`):
-    /// its members may disagree and a data member is lost, so the resync
-    /// can recompute no parity for it (docs/write-hole.md, "The double
-    /// fault") and it has no redundancy left until rewritten: a block of
-    /// it whose member is lost later may fail to read too
-    /// (`Run::may_fail`).
-    redundancy_lost: Vec<bool>,
+    /// Blocks of the stripes that double fault left torn (`may_fail`'s
+    /// stripes, every member's blocks): their members may disagree, and
+    /// the member lost before the resync took the spare that could tell
+    /// which is right, so the block of a member lost later (after that
+    /// open) may read as an I/O error too (never wrong data), until
+    /// rewritten (`Run::may_fail_now`); once such a read failed, the
+    /// block counts as `may_fail` (`Run::read_may_fail`).
+    spent: Vec<bool>,
     /// Every content written to each block, in order, with how its write
     /// ended: only to say, when a block reads wrong, which one it read.
     history: Vec<Vec<(Vec<u8>, &'static str)>>,
@@ -931,7 +932,7 @@ impl Model {
             maybe: vec![Vec::new(); n],
             unsure: vec![false; n],
             may_fail: vec![false; n],
-            redundancy_lost: vec![false; n],
+            spent: vec![false; n],
             history: vec![Vec::new(); n],
         }
     }
@@ -958,7 +959,7 @@ impl Model {
             let b = first + i;
             if outcome != Outcome::Failed {
                 self.may_fail[b] = false;
-                self.redundancy_lost[b] = false;
+                self.spent[b] = false;
             }
             self.history[b].push((
                 block.to_vec(),
@@ -1350,12 +1351,13 @@ impl Run {
                 match h.vol.read(&mut got, (b * BLOCK) as u64) {
                     Ok(()) => self.check_live(v, b, &got, label),
                     // A block that may fail to read: the others, one by one.
-                    Err(_) if (b..b + n).any(|x| self.may_fail(v, h, x)) => {
+                    Err(_) if (b..b + n).any(|x| self.may_fail_now(v, h, x)) => {
+                        // (Each block's own read below says which.)
                         for x in b..b + n {
                             let mut one = vec![0u8; BLOCK];
                             match h.vol.read(&mut one, (x * BLOCK) as u64) {
                                 Ok(()) => self.check_live(v, x, &one, label),
-                                Err(_) if self.may_fail(v, h, x) => {
+                                Err(_) if self.read_may_fail(v, h, x) => {
                                     self.double_fault_unreadable += 1
                                 }
                                 Err(e) => {
@@ -1453,7 +1455,7 @@ impl Run {
                 model.allowed(b, block)
             };
             if !ok {
-                let which = format!("{}{}", model.which(b, block), self.elsewhere(v, b, block));
+                let which = model.which(b, block);
                 self.fail(format!("{label}: block {b} reads wrong ({which})"));
             }
         }
@@ -1477,7 +1479,7 @@ impl Run {
                 true => Ok(()),
                 false => h.vol.read(&mut got[at..at + BLOCK], at as u64),
             };
-            let may_fail = r.is_err() && self.may_fail(v, h, b);
+            let may_fail = r.is_err() && self.read_may_fail(v, h, b);
             let model = &self.vols[v].model;
             if trace().block == Some(b) {
                 self.trace_line(&format!(
@@ -1492,7 +1494,6 @@ impl Run {
                     let acked = !model.unsure[b] && model.maybe[b].is_empty();
                     let current = model.current[b].clone();
                     let which = model.which(b, &got[at..at + BLOCK]);
-                    let which = format!("{which}{}", self.elsewhere(v, b, &got[at..at + BLOCK]));
                     self.fail(format!(
                         "{label}: block {b} reads neither what was written nor what was \
                          durable ({}; {which})",
@@ -1520,27 +1521,6 @@ impl Run {
             Err(e) => self.fail(format!(
                 "{label}: the flush after the read-back failed: {e}"
             )),
-        }
-    }
-
-    /// Which writes of other blocks, of either volume, a block read wrong
-    /// holds whole (a read served from the wrong place), for a failure's
-    /// message; empty if none.
-    fn elsewhere(&self, v: usize, b: usize, got: &[u8]) -> String {
-        let mut found = Vec::new();
-        for (w, vol) in self.vols.iter().enumerate() {
-            for (x, history) in vol.model.history.iter().enumerate() {
-                for (i, (content, how)) in history.iter().enumerate() {
-                    if (w, x) != (v, b) && content.as_slice() == got && got.iter().any(|&y| y != 0)
-                    {
-                        found.push(format!("volume {} block {x} write #{i} ({how})", vol.id));
-                    }
-                }
-            }
-        }
-        match found.is_empty() {
-            true => String::new(),
-            false => format!("; it holds {}", found.join(", ")),
         }
     }
 
@@ -1663,47 +1643,43 @@ impl Run {
         // role b % k of stripe b / k.
         let stripes: BTreeSet<u64> = in_flight.iter().map(|&b| (b / k) as u64).collect();
         for stripe in stripes {
-            let struck = exactly_k || (0..k).any(|role| states[g.place(stripe, role).device]);
             for role in 0..k {
-                let b = stripe as usize * k + role;
+                self.vols[v].model.spent[stripe as usize * k + role] = true;
                 if exactly_k || states[g.place(stripe, role).device] {
-                    self.vols[v].model.may_fail[b] = true;
+                    self.vols[v].model.may_fail[stripe as usize * k + role] = true;
                 }
-                self.vols[v].model.redundancy_lost[b] |= struck;
             }
         }
     }
 
-    /// Whether block `b` of volume `v` may fail to read through `h`: the
-    /// double fault left it unknowable (`Model::may_fail`), or its stripe
-    /// has had no redundancy since the double fault struck it
-    /// (`Model::redundancy_lost`) and its member is out of service now;
-    /// then it may fail from now on, also once that member is back
-    /// (re-added or rebuilt from members that could not decode it).
-    fn may_fail(&mut self, v: usize, h: &Holder, b: usize) -> bool {
-        let out = out_of_service(&h.vol.array().member_states());
-        self.latch_lost_redundancy(v, h, b..b + 1, &out);
-        self.vols[v].model.may_fail[b]
+    /// Whether a read of block `b` of volume `v` (writer `h`) may fail:
+    /// the double fault left it unknowable (`Model::may_fail`), or left
+    /// its stripe torn and its member has been lost since
+    /// (`Model::spent`).
+    fn may_fail_now(&self, v: usize, h: &Holder, b: usize) -> bool {
+        let model = &self.vols[v].model;
+        if model.may_fail[b] {
+            return true;
+        }
+        if !model.spent[b] {
+            return false;
+        }
+        let array = h.vol.array();
+        let k = array.geometry().k();
+        let place = array.geometry().place((b / k) as u64, b % k);
+        array.member_states()[place.device] != MemberState::Active
     }
 
-    /// Blocks of `blocks` whose stripe lost its redundancy to the double
-    /// fault and whose member is `out` (by member; the geometry from `h`)
-    /// may fail from now on.
-    fn latch_lost_redundancy(
-        &mut self,
-        v: usize,
-        h: &Holder,
-        blocks: std::ops::Range<usize>,
-        out: &[bool],
-    ) {
-        let g = h.vol.array().geometry();
-        let k = g.k();
-        let model = &mut self.vols[v].model;
-        for b in blocks {
-            if model.redundancy_lost[b] && out[g.place((b / k) as u64, b % k).device] {
-                model.may_fail[b] = true;
-            }
+    /// [`Run::may_fail_now`] for a read of block `b` that failed: a block
+    /// of a torn stripe whose member was lost is unknowable from now on,
+    /// as the double fault's own (`Model::may_fail`, which a flush does
+    /// not promote), until rewritten.
+    fn read_may_fail(&mut self, v: usize, h: &Holder, b: usize) -> bool {
+        let may = self.may_fail_now(v, h, b);
+        if may {
+            self.vols[v].model.may_fail[b] = true;
         }
+        may
     }
 
     /// What a takeover of volume `v` needs from before it: the blocks with
@@ -1743,16 +1719,6 @@ impl Run {
             .zip(&self.vols[v].pg.servers)
             .map(|(state, s)| *state != MemberState::Active || troubled.contains(&(id, *s)))
             .collect();
-        // A member lost since the double fault struck its stripe, by the
-        // old writer or at this open (it may be re-added at the open, its
-        // blocks there reconstructed from members that cannot decode them).
-        let out: Vec<bool> = out_of_service(&new.vol.array().member_states())
-            .iter()
-            .zip(&failed_before)
-            .map(|(now, before)| *now || *before)
-            .collect();
-        let all = 0..VOLUME_BYTES as usize / BLOCK;
-        self.latch_lost_redundancy(v, &new, all, &out);
         self.mark_double_fault(v, &new, &in_flight, failed_at_least, &failed_before);
         self.fenced_writer_tries(old);
         self.read_back(v, &new, "after the takeover");
@@ -1785,11 +1751,6 @@ impl Run {
             .filter(|s| **s != MemberState::Active)
             .count() as u64
     }
-}
-
-/// Per member: whether it is out of service (failed, or rebuilding).
-fn out_of_service(states: &[MemberState]) -> Vec<bool> {
-    states.iter().map(|s| *s != MemberState::Active).collect()
 }
 
 /// The faults of one seed: the servers they may touch (at most m of the
@@ -1875,36 +1836,34 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     // takeover), 2 with blocks unreadable beyond the double fault; not
     // narrowed. None is in CI's range (seeds 0 to 1,999). Of those, 9
     // pass on main 6f083ac (2026-11-27), as does 2461 (found by branch
-    // simlog's 5,000-seed run): they run as regression seeds
-    // (`REGRESSION_SHARED_SEEDS`). 13 still failed,
-    // each the same way at every replay since the parity journal's replay reads its
-    // records in one order (branch seeds; before, a `HashMap`'s order,
-    // drawn per process, moved the frames of 26547 and others).
-    // Found by the 4,000-seed run 22,000 to 25,999 of branch seeds
-    // (2026-11-27 02:03 UTC, docs/benchmarks.md); each fails the same, 3
-    // of 3 replays, with the test binary of main before branch seeds:
-    // not narrowed.
-    // Branch dd's mark of torn rows with more than k members left
-    // (2026-11-27) makes 9 of the 11 left of them pass (9183 and 26547
-    // pass since dedup and replicate shards are re-added), and 22012
-    // and 5984 (listed for branch wd) too; 25205 still reads one durable block wrong
-    // (block 32 of volume 8; six failures before), and 28455 fails as
-    // before (block 68 of volume 8, plog with dedup, never written).
+    // simlog's 5,000-seed run), and 12 more with branch wd's rows not one
+    // codeword marked at the resync (docs/write-hole.md, "The double
+    // fault") and its oracle's `Model::spent`: they run as regression seeds (`REGRESSION_SHARED_SEEDS`).
+    // 28455 still fails, the same way at every replay. 4182 and 2346
+    // pass since branches wd and dd (both narrowed them) and are
+    // regression seeds.
+    // Found by branch wd's 6,000-seed run (40,000 to 45,999) on
+    // 2026-11-27 at 4d61537; fails the same on main adefb1a (I/O errors,
+    // no wrong data): no power loss of every server; the takeover's open
+    // found two members of stripe 6 out, and a parity member left
+    // differed from its entry (the parix journal folded after the last
+    // flush), so the row was marked as torn by a write in flight
+    // (`rows_torn_unlogged`'s known over-reach, docs/write-hole.md) and a
+    // flushed block fails to read. (45698, found by the same run, is a
+    // regression seed.)
     (
-        22012,
-        "rmw beside plog: blocks 33 and 35 of volume 8, flushed, read wrong after the last takeover",
+        43529,
+        "parix beside plog with dedup: flushed blocks 25 and 27 of volume 8 fail to read after the takeover (two members out, the row marked as torn though no write was in flight)",
     ),
+    // Found by branch wd's 4,000-seed run (50,000 to 53,999) at f918124,
+    // 2026-11-27; fails the same on main adefb1a: not narrowed.
     (
-        25205,
-        "plog beside plog: blocks of volume 8 read wrong (flushed and unflushed) and one fails beyond the double fault after the takeovers",
-    ),
-    (
-        5984,
-        "a block reads wrong after a takeover (40,000-seed run after the merges)",
+        52865,
+        "plog beside plog with dedup: block 36 of volume 8, never written, reads wrong after the takeover",
     ),
     (
         28455,
-        "a block reads wrong after a takeover (40,000-seed run after the merges)",
+        "a block reads wrong after a takeover (40,000-seed run after the merges); on branch wd (2026-11-27): replicate beside plog with dedup, block 68 (never written) reads wrong after the takeover",
     ),
 ];
 
@@ -2062,10 +2021,6 @@ fn run_story(run: &mut Run) -> u64 {
             st.land_late(p);
         }
     });
-    for (v, h) in holders.iter().enumerate() {
-        let out = out_of_service(&h.vol.array().member_states());
-        run.latch_lost_redundancy(v, h, 0..VOLUME_BYTES as usize / BLOCK, &out);
-    }
     drop(holders);
     for v in 0..count {
         if let Some(last) = run.take_over(v, "final") {
@@ -2337,59 +2292,66 @@ const REGRESSION_SEEDS: &[u64] = &[127, 144, 551, 910, 1079, 1253, 1460, 1921, 3
 ///   (it also marked rows after a kill -9 with members already out), and
 ///   fixed again by branch torn: the rule counts only members lost since
 ///   the stop (docs/write-hole.md).
-/// - 2346 (parix beside rmw with dedup; the parix volume, without dedup,
-///   read wrong): every server lost power with a write in flight in
-///   stripe 16, role 0's member was lost at the next open, and the five
-///   left were not one codeword (role 2 had dropped the write). Nothing
-///   vouched for a decode of role 0, so its reads failed, as the double
-///   fault allows; then parity 1's member was lost too (a frame) and
-///   re-added at that open: from the exactly k left it decoded role 0
-///   unchecked and wrote parity 1 from the guess, which then vouched for
-///   it as a spare member, and block 64 read back as neither its old nor
-///   its new bytes (so did blocks of stripes 8 and 15). The resync now
-///   marks such a row's parity unreadable, as it did with exactly k left
-///   (`note_missing_from_codeword`; the unit test
-///   `a_member_lost_after_a_torn_row_with_more_than_k_left_is_an_error_not_wrong_data`).
-/// - 4182 (parix beside replicate with dedup; the parix volume, without
-///   dedup, failed a read): the oracle was wrong. Every server lost power
-///   with a write of stripe 9 in flight, role 0's member was lost at the
-///   next open (the double fault: role 0 unknowable), and role 2 had
-///   dropped the write, so parity could not be recomputed: the stripe
-///   had no redundancy left. Role 3's member was then lost while
-///   serving, and block 39 (acknowledged, not flushed, held only there)
-///   could not be decoded from the four left (two data units and two
-///   parity units of different writes): an I/O error, which the model
-///   allowed only for blocks of members lost by the end of the open. A
-///   block of a stripe the double fault struck may now also fail once
-///   its own member is lost (`Model::redundancy_lost`).
-/// - 7860, 15984, 24068, 24556, 25676, 26664, 27176, 33718, 35354 (the
-///   40,000-seed run's; rmw, plog, parix, replicate beside them): read a
-///   block wrong after a takeover, each at every replay; each meets
-///   2346's row (a torn row, more than k members left, not one codeword,
-///   a data member unknown: its parity now marked), and each fails
-///   without that mark (on main 69605bd with the model of 4182's fix, 3
-///   of 3 replays) and passes with it (3 of 3); 25676 needs both. Not
-///   traced one by one.
 /// - 2461 (plog beside rmw: blocks unreadable beyond the double fault),
 ///   19649, 21354, 24526, 26390, 29321, 31025, 33121, 37805, 37817 (the
 ///   40,000-seed run's: wrong data, or 21354 and 37817 unreadable beyond
 ///   the double fault): failed on earlier commits, not narrowed one by
 ///   one, pass on main 6f083ac (4 of 4 replays, 2026-11-27) and with the
 ///   journal replay in one order (3 of 3, each replay the same).
-/// - 9183, 26547 (the 40,000-seed run's, wrong data after a takeover):
-///   pass since dedup and replicate shards are re-added (2026-11-27, 3 of
-///   3 replays; their schedules changed with it), not narrowed.
+/// - 22012 (rmw beside plog; the trace: every server lost power with a
+///   write of block 32 in flight, the next writer found the member of
+///   block 33 out, and its degraded replay folded the write's record
+///   into one parity and not the other, whose record the cut lost: five
+///   members left, not one codeword, nothing vouching; a second member
+///   lost during that open; the open after, both out before it, decoded
+///   blocks 33 and 35, never written, from the four left, the two
+///   parities among them, as neither zeroes nor any write), 25205 (plog
+///   beside plog, the same with full-stripe writes, flushed blocks too),
+///   and 5984, 7860, 9183, 15984, 24068, 24556, 26547, 26664, 27176,
+///   33718, 35354 (the 40,000-seed run's; each prints the resync's
+///   warning of such a row, not narrowed one by one): the resync at an
+///   open now marks such a row's parity unreadable (branch wd; each
+///   fails on main adefb1a, 3 of 3 replays, and passes with the mark, 3
+///   of 3). 25205 also needs the oracle's `Model::spent`: a block of
+///   such a stripe whose member is lost after that open may fail to read
+///   (its block 96: the other member lost during the takeover's
+///   read-back). 25676 (rmw beside rmw, the same story with a full-stripe
+///   write) needs it too, and a block whose read failed so to stay
+///   unknowable until rewritten (a flush promoted block 101's write in
+///   flight at the power loss to durable, and the last takeover's read
+///   of it failed as it may): it fails on main adefb1a (3 of 3, block 101
+///   unreadable after the takeover) and passes on branch wd (3 of 3).
+/// - 45698 (parix beside parix with dedup; found by branch wd's
+///   6,000-seed run): an append to one parity journal of stripe 9 was
+///   lost, the write went in place, and the resync that followed lost a
+///   data member as it read it (a reply lost), its table page not
+///   resident: the other parity folded its journal, the first lacked the
+///   write, and the five members left were not one codeword, no decode
+///   vouched for, so the stripe's next write failed (no combination of
+///   the five decoded to the recorded checksums). The parity whose
+///   append failed is now marked unreadable in the written rows where
+///   the stripe's parity cannot be recomputed (`logging.rs`,
+///   `resync_after_failed_append`); fails on main adefb1a (3 of 3),
+///   passes on branch wd (3 of 3).
+/// - 2346 (parix beside rmw; branch dd): a row torn by a power cut, more
+///   than k members left, the missing data member's reads failing as
+///   allowed; a parity member lost while serving left exactly k, whose
+///   unchecked decode a re-add of that member wrote into parity: the
+///   resync's mark of such rows (above) makes it an I/O error. 4182
+///   (parix beside replicate; branch dd): the oracle was wrong, a block of
+///   a stripe the double fault struck whose own member is lost later may
+///   fail to read (`Model::spent`).
 /// - 4863 again: failed once replicate shards were re-added (its schedule
-///   changed) with a second cause, now fixed: a plog write whose data
-///   member failed at the read of its current blocks was journaled, the
-///   missing unit's value only in journal records a cut then dropped
+///   changed) with a second cause, fixed: a plog write whose data member
+///   failed at the read of its current blocks was journaled, the missing
+///   unit's value only in journal records a cut then dropped
 ///   (`journal_write` now leaves it to the degraded path).
 const REGRESSION_SHARED_SEEDS: &[u64] = &[
     1, 29, 65, 110, 119, 316, 322, 359, 453, 728, 767, 789, 970, 971, 990, 1116, 1157, 1169, 1220,
-    1221, 1603, 1653, 1712, 2111, 2346, 2461, 2885, 3029, 3190, 3582, 3586, 3658, 3671, 3790, 3911,
-    4012, 4129, 4182, 4415, 4785, 4863, 4870, 4876, 4890, 7860, 9183, 15984, 19649, 21354, 24068,
-    24526, 24556, 25676, 26390, 26547, 26664, 27176, 29321, 31025, 33121, 33718, 35354, 37805,
-    37817,
+    1221, 1603, 1653, 1712, 2111, 2461, 2885, 3029, 3190, 3582, 3586, 3658, 3671, 3790, 3911, 4012,
+    4129, 4182, 4415, 4785, 4863, 4870, 4876, 4890, 5984, 7860, 9183, 15984, 19649, 21354, 22012,
+    24068, 24526, 24556, 25205, 25676, 26390, 26547, 26664, 27176, 29321, 31025, 33121, 33718,
+    35354, 37805, 37817, 45698, 2346,
 ];
 
 #[test]

@@ -33,7 +33,10 @@
 //! an unclean stop: a resync that finds such a row with a member changed
 //! since the last flush (a write was in flight, so the k members may mix
 //! old and new) marks the row's parity unreadable, and the decode is an
-//! I/O error instead (`resync_from_degraded_log`, docs/write-hole.md).
+//! I/O error instead (`resync_from_degraded_log`, docs/write-hole.md); so
+//! does one that finds more than k members left that are not one
+//! codeword with nothing vouching for the missing units, before a second
+//! loss leaves exactly k of them (`mark_row_unknowable`).
 
 use super::Array;
 use crate::counters::bump;
@@ -371,6 +374,30 @@ impl Array {
             bump(&self.counters.array.unverified_decodes);
         }
         Some((shards, vouched))
+    }
+
+    /// Block row `row` of a stripe's units as read (None: not held), when
+    /// the members read are one codeword and a spare member vouches for
+    /// it: every member's block of the row, the missing ones decoded.
+    pub(super) fn one_codeword_row(
+        &self,
+        units: &[Option<Vec<u8>>],
+        row: u64,
+    ) -> Option<Vec<Vec<u8>>> {
+        let block = self.geo.block() as usize;
+        let at = row as usize * block;
+        let present: Vec<bool> = units.iter().map(Option::is_some).collect();
+        let read: Vec<Vec<u8>> = units
+            .iter()
+            .map(|u| {
+                u.as_ref()
+                    .map_or(vec![0u8; block], |u| u[at..at + block].to_vec())
+            })
+            .collect();
+        match self.try_decode(&read, &present, &present, &vec![None; units.len()]) {
+            Some((shards, true)) => Some(shards),
+            _ => None,
+        }
     }
 
     /// A row read whole, every block with a matching checksum, that is not

@@ -520,18 +520,20 @@ impl super::Array {
     /// the missing units decode to them. Returns whether every row with a
     /// missing data unit was covered (the stripe is consistent).
     /// `torn`: per row, whether a write in flight at the stop may have torn
-    /// it unlogged ([`Array::rows_torn_unlogged`]).
+    /// it unlogged ([`Array::rows_torn_unlogged`]); `at_open`: the resync
+    /// of an open ([`Array::resync_stripe`]).
     pub(super) fn resync_from_degraded_log(
         &self,
         stripe: u64,
         units: &[Option<Vec<u8>>],
         torn: &[bool],
+        at_open: bool,
     ) -> bool {
         let g = &self.geo;
         let missing = self.missing_data_roles(stripe);
         let uncovered_rows = |rows: std::ops::Range<u64>| {
             for row in rows {
-                self.note_missing_from_codeword(stripe, row, units, torn[row as usize]);
+                self.note_missing_from_codeword(stripe, row, units, torn[row as usize], at_open);
             }
         };
         let Some(log) = &self.degraded_log else {
@@ -637,18 +639,6 @@ impl super::Array {
     /// combination that left a present data member out as "stale" and
     /// rewrote it from parity: a block already read back as the newer
     /// write went back to the older one (the cluster simulator, seed 910).
-    /// Where none is taken and the row may be `torn` (as
-    /// [`Array::mark_row_undecodable`] takes it), the present parity is
-    /// marked unreadable: the reads of the missing units failed already,
-    /// but one more member lost left exactly k, whose decode nothing
-    /// checks, and a re-add of that member wrote parity from the guess,
-    /// which then vouched for it as a spare (the cluster simulator, seed
-    /// 2346: a block read back as neither its old nor its new bytes).
-    /// Not where no data member is missing (parity is then recomputed
-    /// from the data), nor where the row is not torn: after a kill -9
-    /// with members failed before the stop (the model proptest) or a
-    /// parity journal's failed append, such a row may yet decode right
-    /// once the member that disagrees is gone.
     ///
     /// With exactly k members left, see [`Array::mark_row_undecodable`]:
     /// no spare member can check a decode of the missing units, and the
@@ -666,6 +656,7 @@ impl super::Array {
         row: u64,
         units: &[Option<Vec<u8>>],
         torn: bool,
+        at_open: bool,
     ) {
         let g = &self.geo;
         let block = g.block() as usize;
@@ -699,15 +690,8 @@ impl super::Array {
             return;
         }
         let Some(missing) = self.decode_missing_vouched(stripe, row, &read, &present) else {
-            if torn && (0..g.k()).any(|role| !present[role]) {
-                self.mark_parity_unreadable(
-                    stripe,
-                    row,
-                    &read,
-                    &present,
-                    "a write was in flight there at the stop, nothing logged it, and the \
-                     members left are not one codeword",
-                );
+            if at_open {
+                self.mark_row_unknowable(stripe, row, &read, &present);
             }
             return;
         };
@@ -738,21 +722,11 @@ impl super::Array {
     /// read, the unreadable one taken for present: a panic.)
     fn resync_unreadable_data(&self, stripe: u64, units: &[Option<Vec<u8>>]) -> bool {
         let g = &self.geo;
-        let block = g.block() as usize;
         let present: Vec<bool> = units.iter().map(Option::is_some).collect();
-        let no_sums = vec![None; g.width()];
         let mut all = true;
         for row in 0..g.blocks_per_unit() {
-            let at = row as usize * block;
-            let read: Vec<Vec<u8>> = units
-                .iter()
-                .map(|u| {
-                    u.as_ref()
-                        .map_or(vec![0u8; block], |u| u[at..at + block].to_vec())
-                })
-                .collect();
-            match self.try_decode(&read, &present, &present, &no_sums) {
-                Some((shards, true)) => {
+            match self.one_codeword_row(units, row) {
+                Some(shards) => {
                     for role in (0..g.k()).filter(|&r| !present[r]) {
                         self.write_unit_blocks(stripe, role, row, &shards[role]);
                     }
@@ -816,27 +790,82 @@ impl super::Array {
         if !refused && (!torn || vouched) {
             return;
         }
-        let why = if refused {
-            "they decode it to values its recorded checksums refuse"
-        } else {
-            "a write was in flight there at the stop, and nothing logged it"
-        };
-        self.mark_parity_unreadable(stripe, row, read, present, why);
+        self.mark_present_parity_unreadable(stripe, row, read, present);
+        self.warn(format!(
+            "stripe {stripe} block row {row}: the {} members left cannot vouch for its missing \
+             data ({}; an unclean stop, then members lost before resync: docs/write-hole.md, \
+             \"The double fault\"); its parity there is marked unreadable, and the missing \
+             blocks read as I/O errors until rewritten",
+            g.k(),
+            if refused {
+                "they decode it to values its recorded checksums refuse"
+            } else {
+                "a write was in flight there at the stop, and nothing logged it"
+            }
+        ));
     }
 
-    /// Marks the present parity's blocks of a row unreadable (their entry
+    /// A row of a dirty stripe with more than k members left that are not
+    /// one codeword, and no decode of its missing data units that their
+    /// known entries vouch for (`decode_missing_vouched`): the members left
+    /// disagree after the stop (a write in flight reached some of them, a
+    /// journal record one parity member folded and the other lost), and
+    /// which of them is stale cannot be told, so the missing units cannot
+    /// be known. This open's reads of them fail already (no combination is
+    /// vouched for), but only while a spare member is left: once a second
+    /// member is lost (a frame, a server), or at the next open with the
+    /// missing members out before it and their tables gone with them,
+    /// exactly k members remain, one of them perhaps the stale one, and
+    /// their decode was served unchecked as neither the old nor the new
+    /// bytes (the cluster simulator, shared-story seed 22012: plog, a
+    /// power cut of every server with a write in flight, one member not
+    /// reached at the next open, whose degraded replay folded the record
+    /// of one parity member and not the other's, lost at the cut; a second
+    /// member lost during that open; the open after decoded the first
+    /// member's never-written block from the two parities that disagree).
+    /// So the present parity of the row is marked unreadable, as
+    /// [`Array::mark_row_undecodable`] does with exactly k left: the
+    /// missing blocks read as I/O errors at every later open too, until a
+    /// write of the row recomputes its parity. Nothing readable is lost:
+    /// every present member reads as it is, and a decode from k of these
+    /// members that leaves out a present member gives that member a value
+    /// other than its own (they are not one codeword), so it was refused
+    /// wherever its entry was known and wrong wherever not. With k = 1
+    /// (replication) each member is a whole copy, an old or a new write
+    /// of the block, and a decode from it is never a mix: nothing marked.
+    ///
+    /// Only at the resync of an open (`at_open` of
+    /// [`Array::resync_stripe`]): a stripe resynchronised while serving,
+    /// after a journal append failed with a data member out, is not one
+    /// codeword because the parity whose append failed lacks the write
+    /// (the other parity folded it), and a decode without that parity is
+    /// right: marked, a block the k members left decoded right read as an
+    /// I/O error (the cluster simulator, seed 678, parix).
+    fn mark_row_unknowable(&self, stripe: u64, row: u64, read: &[Vec<u8>], present: &[bool]) {
+        let g = &self.geo;
+        if g.k() < 2 {
+            return;
+        }
+        self.mark_present_parity_unreadable(stripe, row, read, present);
+        self.warn(format!(
+            "stripe {stripe} block row {row}: the {} members left are not one codeword and \
+             nothing vouches for a decode of its missing data (an unclean stop, then a member \
+             lost before resync: docs/write-hole.md, \"The double fault\"); its parity there is \
+             marked unreadable, and the missing blocks read as I/O errors until rewritten",
+            present.iter().filter(|p| **p).count()
+        ));
+    }
+
+    /// Marks the present parity blocks of `row` unreadable (their entry
     /// the complement of their checksum, as a rebuild marks a block it
-    /// could not decode; written with the tables), so fewer than k members
-    /// of the row are intact and its missing data blocks read as I/O
-    /// errors until a write of the row recomputes its parity; `why` the
-    /// members left cannot vouch for them.
-    fn mark_parity_unreadable(
+    /// could not decode), written with the tables at the next flush; a
+    /// resync keeps the marks, a write of the row replaces them.
+    fn mark_present_parity_unreadable(
         &self,
         stripe: u64,
         row: u64,
         read: &[Vec<u8>],
         present: &[bool],
-        why: &str,
     ) {
         let g = &self.geo;
         for role in (g.k()..g.width()).filter(|&r| present[r]) {
@@ -844,13 +873,6 @@ impl super::Array {
             let crc = crc32c::crc32c(&read[role]);
             self.stores[place.device].set_checksum(g.checksum_index(place.row, row), !crc);
         }
-        let left = present.iter().filter(|p| **p).count();
-        self.warn(format!(
-            "stripe {stripe} block row {row}: the {left} members left cannot vouch for its \
-             missing data ({why}; an unclean stop, then members lost before resync: \
-             docs/write-hole.md, \"The double fault\"); its parity there is marked unreadable, \
-             and the missing blocks read as I/O errors until rewritten"
-        ));
     }
 
     /// A whole-stripe discard while degraded: the missing data units will

@@ -393,7 +393,11 @@ impl Array {
             ));
             bump(&self.counters.array.journal_errors);
             bump(&self.counters.array.journal_fallbacks);
-            return self.resync_after_failed_append(stripe);
+            let rows: std::collections::BTreeSet<u64> = news
+                .iter()
+                .flat_map(|(_, blocks, _)| blocks.clone())
+                .collect();
+            return self.resync_after_failed_append(stripe, p, &rows);
         }
         bump(&self.counters.array.journal_writes);
         self.counters
@@ -402,17 +406,66 @@ impl Array {
         Ok(true)
     }
 
-    /// After a failed append (the new data written in place beside it):
-    /// the stripe's region stays dirty until the next open (which resyncs
-    /// it before any replay), and parity is recomputed from the data,
-    /// which drops (logs an invalidation of, or forgets) everything the
-    /// journals hold for it.
-    fn resync_after_failed_append(&self, stripe: u64) -> Result<bool> {
+    /// After a failed append to device `p`'s journal (the new data
+    /// written in place beside it, in block `rows` of its units): the
+    /// stripe's region stays dirty until the next open (which resyncs it
+    /// before any replay), and parity is recomputed from the data, which
+    /// drops (logs an invalidation of, or forgets) everything the
+    /// journals hold for it. Where it cannot be (a data member out, or
+    /// lost during that resync), the other journals' records are folded
+    /// into their parity and `p`'s parity lacks the write: its blocks of
+    /// those rows are marked unreadable, so a decode leaves them out
+    /// rather than mixing them with the rest (the cluster simulator:
+    /// seed 45698, parix, a data member lost during this resync, and the
+    /// next write of the stripe failed, no combination of the five
+    /// members vouched for; left in, the stale parity would have decoded
+    /// the missing unit wrong once the other parity was lost).
+    fn resync_after_failed_append(
+        &self,
+        stripe: u64,
+        p: usize,
+        rows: &std::collections::BTreeSet<u64>,
+    ) -> Result<bool> {
         self.intent
             .pin(stripe)
             .map_err(|e| Error::io("marking the write-intent log", e))?;
-        self.resync_stripe(stripe);
+        if !self.resync_stripe(stripe, false) {
+            self.mark_parity_rows_unreadable(stripe, p, rows);
+        }
         Ok(true)
+    }
+
+    /// Marks device `p`'s parity blocks of `rows` of `stripe` unreadable
+    /// (their entry the complement of their checksum) as they are on the
+    /// device, in the rows whose members are not one codeword with it (a
+    /// resync that could vouch for the missing units rewrote parity from
+    /// them: nothing stale is left there); a write of the row replaces
+    /// the mark. Nothing where `p` does not hold the stripe.
+    fn mark_parity_rows_unreadable(
+        &self,
+        stripe: u64,
+        p: usize,
+        rows: &std::collections::BTreeSet<u64>,
+    ) {
+        let g = &self.geo;
+        let Some(role) = g.role_on(stripe, p).filter(|&r| r >= g.k()) else {
+            return;
+        };
+        let roles: Vec<usize> = (0..g.width()).collect();
+        let units = self.read_units_raw(stripe, &roles);
+        let Some(unit) = &units[role] else {
+            return;
+        };
+        let place = g.place(stripe, role);
+        let block = g.block() as usize;
+        for &row in rows {
+            if self.one_codeword_row(&units, row).is_some() {
+                continue;
+            }
+            let at = row as usize * block;
+            let crc = crc32c::crc32c(&unit[at..at + block]);
+            self.stores[p].set_checksum(g.checksum_index(place.row, row), !crc);
+        }
     }
 
     /// Logs that parity rows `[first, first+count)` of a stripe are about to
@@ -1042,7 +1095,7 @@ impl Array {
                     self.warn(format!(
                         "replaying stripe {s}: {e}; its parity is recomputed from its data instead"
                     ));
-                    self.resync_stripe(s);
+                    self.resync_stripe(s, false);
                 } else {
                     self.warn(format!("replaying stripe {s}: {e}; it stays pending"));
                     first_error.get_or_insert(e);

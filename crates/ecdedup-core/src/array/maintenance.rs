@@ -83,7 +83,7 @@ impl Array {
         for &(start, end) in ranges {
             for stripe in start..end {
                 let _g = self.locks[Self::lock_index(stripe)].write().unwrap();
-                if !self.resync_stripe(stripe) {
+                if !self.resync_stripe(stripe, true) {
                     degraded += 1;
                 }
                 done += 1;
@@ -118,8 +118,12 @@ impl Array {
         Ok(())
     }
 
-    /// Returns false when the stripe is degraded and could only be re-checksummed.
-    pub(super) fn resync_stripe(&self, stripe: u64) -> bool {
+    /// Returns false when the stripe is degraded and could only be
+    /// re-checksummed. `at_open`: the resync of an open, before serving
+    /// (the stripe dirty at an unclean stop); else a stripe resynchronised
+    /// while the array serves (after a failed journal append, a failed
+    /// replay or a space error), whose writes this open saw.
+    pub(super) fn resync_stripe(&self, stripe: u64, at_open: bool) -> bool {
         let g = &self.geo;
         let logged = || {
             self.degraded_log
@@ -183,7 +187,7 @@ impl Array {
             }
             // A degraded stripe: the degraded-write log says what its
             // missing data units must decode to.
-            complete = self.resync_from_degraded_log(stripe, &units, &torn);
+            complete = self.resync_from_degraded_log(stripe, &units, &torn, at_open);
         }
         if drop_records {
             if let Err(e) = self.journal_invalidate(stripe, 0, g.blocks_per_unit()) {

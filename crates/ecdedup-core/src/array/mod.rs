@@ -1815,7 +1815,7 @@ impl Array {
         for stripe in pending {
             let before = self.space_errors.load(SeqCst);
             let _g = self.locks[Self::lock_index(stripe)].write().unwrap();
-            self.resync_stripe(stripe);
+            self.resync_stripe(stripe, false);
             if self.space_errors.load(SeqCst) != before {
                 return Err(Error::NoSpace(
                     "the file system under the array is full; free space, then write again".into(),
