@@ -9,8 +9,15 @@
 //! and its checksum table; each stripe of a missed region gets its unit on
 //! the member reconstructed from the others, every other stripe is taken
 //! as it is. The member is rebuilding meanwhile (its cursor vouches for the
-//! stripes before it, as in `rebuild`), so a crash halfway leaves a
-//! rebuilding member that `rebuild` finishes in full. Each decode of its
+//! stripes before it, as in `rebuild`), and the missed map's header
+//! records that it is a re-add (cleared when it finishes, and by a
+//! replacement of the position), so a re-add cut short (a crash, a close,
+//! a pause below k) goes on as a re-add at the next `rebuild`, past its
+//! cursor reconstructing only what it missed (before 2026-11-27 it was
+//! rebuilt whole from there: 524,288 stripes a PG in the fault suite's
+//! writer trials). A member that failed during its re-add may be re-added
+//! again (its own superblock says rebuilding; the map vouches for what it
+//! missed since it first left). Each decode of its
 //! units past the cursor is checked against the entries the array kept
 //! for it while it was out, not its own table's, which predate what it
 //! missed. The map is removed
@@ -23,8 +30,8 @@
 //! it missed no write there) the unit is kept as it is; otherwise the
 //! re-add pauses at that stripe as a rebuild does (`Unavailable`, its
 //! cursor recorded, the member rebuilding, nothing marked), and the next
-//! `rebuild` resumes it there (in a cluster, the writer's next open),
-//! reconstructing every stripe from there on, missed or not. Those
+//! `rebuild` resumes it there as a re-add (in a cluster, the writer's next
+//! open). Those
 //! entries are known only for a member that failed since the array's
 //! open: after a restart, a re-add below k always pauses.
 //!
@@ -142,7 +149,7 @@ impl Array {
     /// array's one operation (`Busy` while a rebuild or another re-add
     /// runs), and stops at the next stripe when the array closes, its
     /// cursor recorded: the member stays rebuilding and the next `rebuild`
-    /// (a writer's next open) finishes it in full.
+    /// (a writer's next open) goes on with the re-add from there.
     pub fn re_add_device(&self, d: usize, raw: Arc<dyn Device>) -> Result<u64> {
         self.begin_operation("re-add", self.geo.stripes)?;
         let r = self.re_add_device_inner(d, raw);
