@@ -196,10 +196,8 @@ impl Array {
         };
         // Its journal is gone once its area is rewritten (below): those
         // stripes go into the missed map first, durably, so that a re-add
-        // that fails after that and is tried again still reconstructs
-        // them (the cluster simulator's seed 4863: a re-add that lost its
-        // server while writing the area, tried again at the next open,
-        // found an empty journal and kept stale parity).
+        // that fails after that and is tried again (finding an empty
+        // journal) still reconstructs them.
         self.mark_missed(d, logged.as_ref())?;
         let (dev, wear) = cfg.ssd_sim.wrap(raw)?;
         // Format 2: its area holds copies of the mirrored files and its
