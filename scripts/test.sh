@@ -25,7 +25,7 @@
 #            crash test (CI: 12), 40 power-loss schedules per
 #            configuration (CI: 8 with dedup), and 100,000 seeds of the
 #            cluster simulator (CI: 2,000, plus its regression seeds;
-#            about 45 minutes on 2 cores),
+#            about 22 minutes on a quiet 2-core machine),
 #            400 double-fault power-loss schedules per policy (CI: 24);
 #            docs/benchmarks.md says
 #            what the long runs found
