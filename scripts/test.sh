@@ -335,13 +335,26 @@ start_beside() {
     cpu_times="$log.times"
     cpu_seconds
     echo "$SECONDS $cpu" >"$log.end"
+    echo "$rc" >"$log.rc"
     exit "$rc"
   ) &
   beside_pid[$key]=$!
 }
 finish_beside() {
   local key=$1 name=$2 log="$test_dir/$1.log" rc=0 c1=0 t1=$SECONDS line
-  wait "${beside_pid[$key]}" || rc=$?
+  local pid=${beside_pid[$key]}
+  # The exit status comes from the file the subshell writes: the tests'
+  # `wait -n` may reap this job first, and bash then forgets it ("wait:
+  # pid N is not a child of this shell", exit 127, with every scenario
+  # passed: a clean clone's CI, 2026-11-27).
+  wait "$pid" 2>/dev/null
+  while kill -0 "$pid" 2>/dev/null; do sleep 1; done
+  if [ -s "$log.rc" ]; then
+    read -r rc <"$log.rc"
+  else
+    rc=1
+    echo "(no exit status recorded: the step was killed)" >>"$log"
+  fi
   [ ! -s "$log.end" ] || read -r t1 c1 <"$log.end"
   echo
   echo "==> $name"
