@@ -690,7 +690,7 @@ impl Array {
     }
 
     /// Whether a device of the stripe is out of service.
-    fn degraded(&self, stripe: u64) -> bool {
+    pub(super) fn degraded(&self, stripe: u64) -> bool {
         let g = &self.geo;
         (0..g.width()).any(|r| !self.holds(g.place(stripe, r).device, stripe))
     }

@@ -328,16 +328,17 @@ impl Array {
             }
             news.push((w.role, blocks, new));
         }
-        // A stripe with a data member out goes in place: its missing units'
-        // new values are then in the degraded-write log, synced before any
-        // device write, the rule the resync relies on
-        // (`rows_torn_unlogged`). Logged here, they lived only in journal
-        // records not yet synced, which a cut could drop while it kept a
-        // data member's new block: the row no longer one codeword, nothing
-        // left to tell it, and a later decode from k members served a mix
-        // (the cluster simulator's seed 4863, plog: the member failed at
-        // the read of its current blocks above). Nothing is written yet.
-        if self.degraded_log.is_some() && !self.missing_data_roles(stripe).is_empty() {
+        // A degraded stripe is never journaled (the caller's rule), also
+        // when a data member failed at the read of its current blocks
+        // above: the write goes the degraded way, its missing units' new
+        // values in the degraded-write log, synced before any device
+        // write, as the resync relies on (`rows_torn_unlogged`). Logged
+        // here, they lived only in journal records not yet synced, which a
+        // cut could drop while it kept a data member's new block: the row
+        // no longer one codeword, nothing left to tell it, and a later
+        // decode from k members served a mix (the cluster simulator's seed
+        // 4863, plog). Nothing is written yet.
+        if self.degraded(stripe) {
             bump(&self.counters.array.journal_fallbacks);
             return Ok(false);
         }
