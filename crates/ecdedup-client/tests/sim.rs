@@ -1839,7 +1839,9 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     // simlog's 5,000-seed run), and 12 more with branch wd's rows not one
     // codeword marked at the resync (docs/write-hole.md, "The double
     // fault") and its oracle's `Model::spent`: they run as regression seeds (`REGRESSION_SHARED_SEEDS`).
-    // 28455 still fails, the same way at every replay. 4182 and 2346
+    // 28455 failed the same way at every replay until the failed journal
+    // appends of format 2 failed their devices (now a regression seed, as
+    // 52865, found by branch wd's 4,000-seed run). 4182 and 2346
     // pass since branches wd and dd (both narrowed them) and are
     // regression seeds.
     // Found by branch wd's 6,000-seed run (40,000 to 45,999) on
@@ -1855,16 +1857,6 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
         43529,
         "parix beside plog with dedup: flushed blocks 25 and 27 of volume 8 fail to read after the takeover (two members out, the row marked as torn though no write was in flight)",
     ),
-    // Found by branch wd's 4,000-seed run (50,000 to 53,999) at f918124,
-    // 2026-11-27; fails the same on main adefb1a: not narrowed.
-    (
-        52865,
-        "plog beside plog with dedup: block 36 of volume 8, never written, reads wrong after the takeover",
-    ),
-    (
-        28455,
-        "a block reads wrong after a takeover (40,000-seed run after the merges); on branch wd (2026-11-27): replicate beside plog with dedup, block 68 (never written) reads wrong after the takeover",
-    ),
     // Found by the 100,000-seed run of 2026-11-27 (seeds 0 to 99,999 at
     // 638e465, 1,307 s on this 2-core machine, docs/benchmarks.md): 14 of
     // 99,997 failed, none narrowed. Replayed with the test binary of
@@ -1878,13 +1870,9 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     (90621, "a block reads wrong after a takeover"),
     (15464, "rmw beside parix: blocks 84, 85 of volume 8 fail to read beyond the double fault (2 of 6 units intact)"),
     (26548, "rmw with dedup beside rmw: blocks of volume 7 fail to read beyond the double fault after the last takeover (new since adefb1a)"),
-    (33331, "replicate beside parix: block 40 of volume 8 fails to read beyond the double fault (new since adefb1a)"),
     (63148, "rmw with dedup beside plog: blocks 0, 1 of volume 8 fail to read beyond the double fault (new since adefb1a)"),
-    (74821, "plog beside parix: block 102 of volume 8 fails to read beyond the double fault (new since adefb1a)"),
     (78732, "rmw beside parix: every member of volume 7's PG failed after the takeover (the model allows no such loss)"),
-    (80585, "blocks fail to read beyond the double fault (new since adefb1a)"),
     (89458, "blocks fail to read beyond the double fault"),
-    (92254, "blocks fail to read beyond the double fault"),
     (93270, "blocks fail to read beyond the double fault"),
 ];
 
@@ -2367,12 +2355,21 @@ const REGRESSION_SEEDS: &[u64] = &[127, 144, 551, 910, 1079, 1253, 1460, 1921, 3
 ///   failed at the read of its current blocks was journaled, the missing
 ///   unit's value only in journal records a cut then dropped
 ///   (`journal_write` now leaves it to the degraded path).
+/// - 33331 (parix): the read of a parity member's journal timed out at a
+///   takeover's open; the journal was put aside and the member kept, its
+///   parity lacking the records, and a degraded stripe's two parities
+///   disagreed (an I/O error on a block never written). Format 2 now
+///   fails the member. 80585, 74821, 92254: an invalidation mark the
+///   writer gave up on left the member in service with the records it
+///   was to cancel, folded at the next open over parity that held them.
+///   28455, 52865 (plog with dedup, blocks read wrong): pass since a
+///   failed append fails its device too (format 2).
 const REGRESSION_SHARED_SEEDS: &[u64] = &[
     1, 29, 65, 110, 119, 316, 322, 359, 453, 728, 767, 789, 970, 971, 990, 1116, 1157, 1169, 1220,
     1221, 1603, 1653, 1712, 2111, 2461, 2885, 3029, 3190, 3582, 3586, 3658, 3671, 3790, 3911, 4012,
     4129, 4182, 4415, 4785, 4863, 4870, 4876, 4890, 5984, 7860, 9183, 15984, 19649, 21354, 22012,
     24068, 24526, 24556, 25205, 25676, 26390, 26547, 26664, 27176, 29321, 31025, 33121, 33718,
-    35354, 37805, 37817, 45698, 2346,
+    35354, 37805, 37817, 45698, 2346, 33331, 80585, 74821, 92254, 28455, 52865,
 ];
 
 #[test]

@@ -394,6 +394,19 @@ impl Array {
             ));
             bump(&self.counters.array.journal_errors);
             bump(&self.counters.array.journal_fallbacks);
+            // Format 2: the journal is on the device, and an append that
+            // failed is a device write error, which fails the device as
+            // any other does (not a full journal: that is a space error).
+            // What the journal holds after it is not known: the append may
+            // land later (a request the writer gave up on, still queued at
+            // its server), over the place the journal's end went back to,
+            // and a server that restarted may have dropped records it
+            // acknowledged before. Kept in service, the device's journal
+            // was folded by a later open (the cluster simulator, seeds
+            // 28455 and 52865: plog with dedup, an append without a reply
+            // and one that met a restarted server; after the takeover a
+            // block never written read as bytes never written to it).
+            self.journal_on_device_failed(p, "parity journal append", &e);
             let rows: std::collections::BTreeSet<u64> = news
                 .iter()
                 .flat_map(|(_, blocks, _)| blocks.clone())
@@ -496,6 +509,14 @@ impl Array {
                     "appending an invalidation to the parity journal of device {p}: {e}; \
                      stripe {stripe} will be resynchronised at the next open"
                 ));
+                // Format 2: a device write error, as any other fails its
+                // device. Kept in service, the journal held the records the
+                // mark was to cancel, and a later open that found a data
+                // member out folded them into parity recomputed without
+                // them (the cluster simulator, seeds 80585, 74821, 92254:
+                // an invalidation the writer gave up on, which landed late
+                // or never).
+                self.journal_on_device_failed(p, "parity journal invalidation", &e);
                 self.intent
                     .pin(stripe)
                     .map_err(|e| Error::io("marking the write-intent log", e))

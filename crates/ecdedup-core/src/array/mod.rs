@@ -1326,6 +1326,9 @@ impl Array {
         let cfg_write_policy = cfg.write_policy;
         let cfg_journal_bytes_max = cfg.journal_bytes_max;
         let mut journal_unreadable = false;
+        // Members whose journal could not be read (format 2): failed once
+        // the array is assembled.
+        let mut journals_failed: Vec<(usize, String)> = Vec::new();
         // Stripes whose journal records were lost (a record failed its
         // checksum): resynchronised before any replay.
         let mut journal_lost: Vec<(u64, u64)> = Vec::new();
@@ -1341,6 +1344,22 @@ impl Array {
             let path = dir.join(JOURNAL_DIR).join(format!("dev{i}.jrnl"));
             let opened = match open_journal(&storage, &path, cfg_journal_bytes_max) {
                 Ok(opened) => Some(opened),
+                // Format 2: the journal is on the member's own device, and
+                // an I/O error reading it is that device failing, as at any
+                // other read. Its parity of the stripes the journal held
+                // records for lacks them, and the members left could not
+                // tell it: taken for present, a degraded stripe's decode
+                // met two parities that disagree (the cluster simulator,
+                // seed 33331, parix: the read of a journal timed out at a
+                // takeover's open). Where failing it would leave fewer than
+                // k members, the journal is put aside instead (below).
+                Err(e @ Error::Io { .. })
+                    if meta.is_some() && unusable + journals_failed.len() < geo.m() =>
+                {
+                    journals_failed.push((i, e.to_string()));
+                    journals.push(None);
+                    continue;
+                }
                 Err(e) => {
                     warnings.push(format!("{e}: its logged writes are lost, so every stripe is resynchronised from its data"));
                     journal_unreadable = true;
@@ -1468,6 +1487,9 @@ impl Array {
             ssd_sim_on: false,
             _lock: lock,
         };
+        for (i, why) in journals_failed {
+            array.latch_failure(i, "metadata area", &std::io::Error::other(why));
+        }
         // Always a new generation, whether anything changed or not: the
         // generation is the event counter of `re-add` (md's), so a device
         // image copied before this open is older than any failure after it.

@@ -630,6 +630,20 @@ impl AreaFs {
         self.commit_locked(&mut inner)
     }
 
+    /// Device runs of the first `len` bytes of file `name`: (device
+    /// offset, bytes). For tests that fail the reads of one file.
+    #[cfg(test)]
+    pub(crate) fn file_runs(&self, name: &str, len: u64) -> Vec<(u64, usize)> {
+        let inner = self.inner.lock().unwrap();
+        let node = inner
+            .names
+            .get(name)
+            .expect("the file exists")
+            .lock()
+            .unwrap();
+        self.runs(&node, 0, len)
+    }
+
     /// Device runs of `[pos, pos + len)` of a file: (device offset, bytes).
     fn runs(&self, node: &Node, mut pos: u64, len: u64) -> Vec<(u64, usize)> {
         let mut out = Vec::new();

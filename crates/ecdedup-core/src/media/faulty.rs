@@ -4,7 +4,9 @@
 //! disk), drop writes after a budget of writes (a crash: later writes never
 //! reach the media, as after a power cut where nothing after the cut
 //! persisted), or fail reads or writes of one offset range (a bad sector;
-//! an unreadable one is remapped by the next write over it).
+//! an unreadable one is remapped by the next write over it), or report
+//! the writes of a range failed and keep them for the test to land later
+//! (a request its writer gave up on that its server still handles).
 //! Silent
 //! corruption is injected by writing the inner device directly.
 
@@ -25,6 +27,12 @@ pub struct FaultPlan {
     pub bad_read_range: Mutex<Option<(u64, u64)>>,
     /// Writes overlapping this byte range fail with EIO.
     pub bad_write_range: Mutex<Option<(u64, u64)>>,
+    /// Writes overlapping this byte range fail as a request without a
+    /// reply does, and are kept in `late_writes` instead of written: the
+    /// test lands them later (a request its writer gave up on, still
+    /// queued at a server), by writing them to the inner device.
+    pub late_write_range: Mutex<Option<(u64, u64)>>,
+    pub late_writes: Mutex<Vec<(u64, Vec<u8>)>>,
     /// Reads overlapping this byte range fail as a lost link does (no
     /// medium error: the array fails the device at once).
     pub lost_read_range: Mutex<Option<(u64, u64)>>,
@@ -97,6 +105,17 @@ impl<D: Device> Device for FaultyDevice<D> {
         self.check_dead()?;
         if overlaps(&self.plan.bad_write_range, offset, buf.len()) {
             return Err(io::Error::other("injected: bad sector (write)"));
+        }
+        if overlaps(&self.plan.late_write_range, offset, buf.len()) {
+            self.plan
+                .late_writes
+                .lock()
+                .unwrap()
+                .push((offset, buf.to_vec()));
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "injected: no reply (the write may land later)",
+            ));
         }
         if overlaps(&self.plan.hold_range, offset, buf.len()) {
             while self.plan.hold.load(Ordering::SeqCst) {
