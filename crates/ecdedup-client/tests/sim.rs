@@ -1874,6 +1874,10 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     (78732, "rmw beside parix: every member of volume 7's PG failed after the takeover (the model allows no such loss)"),
     (89458, "blocks fail to read beyond the double fault"),
     (93270, "blocks fail to read beyond the double fault"),
+    // Found by a 10,000-seed run (100,000 to 109,999) at e35e3ce,
+    // 2026-11-27; both fail the same with the test binary of cce0370.
+    (105701, "plog with dedup parity beside rmw: blocks 13, 14 of volume 7 fail to read beyond the double fault (2 of 6 units intact)"),
+    (109578, "parix beside parix with dedup parity: block 8 of volume 7 reads neither written nor durable after the takeover"),
 ];
 
 fn strict() -> bool {
