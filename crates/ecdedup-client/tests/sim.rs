@@ -1864,7 +1864,6 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     // the others fail there the same; 26548, 33331, 63148, 74821 and 80585
     // (I/O errors only) pass there: new since, by the rows now marked
     // unreadable at an open's resync or by changed schedules, not told.
-    (68227, "replicate beside parix: block 107 of volume 8, durable, reads zeroes after the takeover"),
     (73757, "plog beside parix with dedup: blocks 58 and 59 of volume 7 read neither written nor durable after the takeover"),
     (78975, "replicate beside parix with dedup parity: blocks of volume 8 read neither written nor durable after the takeover"),
     (90621, "a block reads wrong after a takeover"),
@@ -2368,12 +2367,24 @@ const REGRESSION_SEEDS: &[u64] = &[127, 144, 551, 910, 1079, 1253, 1460, 1921, 3
 ///   was to cancel, folded at the next open over parity that held them.
 ///   28455, 52865 (plog with dedup, blocks read wrong): pass since a
 ///   failed append fails its device too (format 2).
+/// - 68227 (replicate beside parix; branch pxw): a replay folded stripe
+///   26's records (block 107, written with FUA) into both parities at
+///   the device and logged their invalidations, and a write of the
+///   stripe's other blocks followed; the power loss of every server kept
+///   parity holding block 107's write and dropped the invalidations; the
+///   block's server was down at the next open, whose degraded replay
+///   folded the same records again, cancelling them (GF addition is
+///   XOR), and the block decoded to zeroes, its d(0). A dirty stripe's
+///   degraded replay now takes a missing unit's latest d(r) as its value
+///   and recomputes parity from the data (`missing_values_logged` in
+///   `logging.rs`). Fails on main cce0370, passes with the change, 3 of
+///   3 replays.
 const REGRESSION_SHARED_SEEDS: &[u64] = &[
     1, 29, 65, 110, 119, 316, 322, 359, 453, 728, 767, 789, 970, 971, 990, 1116, 1157, 1169, 1220,
     1221, 1603, 1653, 1712, 2111, 2461, 2885, 3029, 3190, 3582, 3586, 3658, 3671, 3790, 3911, 4012,
     4129, 4182, 4415, 4785, 4863, 4870, 4876, 4890, 5984, 7860, 9183, 15984, 19649, 21354, 22012,
     24068, 24526, 24556, 25205, 25676, 26390, 26547, 26664, 27176, 29321, 31025, 33121, 33718,
-    35354, 37805, 37817, 45698, 2346, 33331, 80585, 74821, 92254, 28455, 52865,
+    35354, 37805, 37817, 45698, 2346, 33331, 80585, 74821, 92254, 28455, 52865, 68227,
 ];
 
 #[test]

@@ -913,6 +913,15 @@ impl Array {
     /// the missing data units' values are decoded from it and logged in the
     /// degraded-write log (synced), and only then is parity written: a cut
     /// at any point leaves the log to say what the missing units hold.
+    ///
+    /// In a dirty stripe the fold cannot be trusted for a missing unit that
+    /// the journals log by value (parix): a replay before the stop may have
+    /// written its folded parity and lost its invalidation to the cut, and
+    /// folding the same records again cancels them out of that parity (GF
+    /// addition is XOR), so the unit decoded to its d(0). There the unit's
+    /// latest d(r) is its value (its write was acknowledged, or in flight
+    /// at the stop), and the row's parity is recomputed from the data (see
+    /// `missing_values_logged`).
     fn replay_degraded(&self, stripe: u64, missing: &[usize], dirty: bool) -> Result<()> {
         let g = self.geo;
         let block = g.block() as usize;
@@ -924,6 +933,13 @@ impl Array {
                 folds.push((j, p, folded, records));
             }
         }
+        let logged_values = match dirty {
+            true => self.missing_values_logged(stripe, missing),
+            false => Default::default(),
+        };
+        // Rows whose parity is recomputed from the data and the logged
+        // values of their missing units, instead of folded.
+        let mut recomputed: std::collections::BTreeMap<u32, Vec<Vec<u8>>> = Default::default();
         let mut logged_rows = Vec::with_capacity(rows.len());
         let mut unknown_rows = 0u64;
         for &row in &rows {
@@ -945,6 +961,25 @@ impl Array {
                 ) {
                     present[role] = true;
                 }
+            }
+            let values: Option<Vec<&Vec<u8>>> = missing
+                .iter()
+                .map(|&role| logged_values.get(&(role as u16, row as u32)))
+                .collect();
+            let others_read = (0..g.k()).all(|role| missing.contains(&role) || present[role]);
+            if let (Some(values), true) = (values, others_read) {
+                for (&role, value) in missing.iter().zip(values) {
+                    shards[role].copy_from_slice(value);
+                }
+                shards.truncate(g.k());
+                let data: Vec<&[u8]> = shards.iter().map(|v| v.as_slice()).collect();
+                let mut parity = vec![vec![0u8; block]; g.m()];
+                let mut refs: Vec<&mut [u8]> =
+                    parity.iter_mut().map(|v| v.as_mut_slice()).collect();
+                self.codec.encode(&data, &mut refs);
+                recomputed.insert(row as u32, parity);
+                logged_rows.push((row, shards));
+                continue;
             }
             for j in 0..g.m() {
                 let folded = folds
@@ -1022,10 +1057,78 @@ impl Array {
         // the records invalidated: a checkpoint (which syncs the journals
         // and then drops the log) waits for that.
         let _logged = self.log_missing_rows(stripe, &logged_rows)?;
-        for (j, p, folded, records) in folds {
+        // A parity whose journal holds nothing for the stripe (its records
+        // folded and invalidated before the stop, or lost to the cut) gets
+        // the recomputed rows too.
+        for (j, p) in self.parity_devices(stripe) {
+            if folds.iter().any(|(fj, _, _, _)| *fj == j) || !self.holds(p, stripe) {
+                continue;
+            }
+            for (row, parity) in &recomputed {
+                self.write_unit_blocks(stripe, g.k() + j, *row as u64, &parity[j]);
+            }
+        }
+        for (j, p, mut folded, records) in folds {
+            for (row, parity) in &recomputed {
+                folded.insert(*row, parity[j].clone());
+            }
             self.write_folded_parity(stripe, j, p, &folded, records)?;
         }
         Ok(())
+    }
+
+    /// Per (role, row) of the missing data units `missing` of a dirty
+    /// stripe, the latest d(r) a parity journal holds for it (parix; plog
+    /// logs deltas, which say nothing of the value). That is the unit's
+    /// value: its write was acknowledged, or in flight at the stop (it may
+    /// read new), and a later write of the block that logged no d(r)
+    /// invalidated the records first, synced with the write where it was
+    /// flushed or FUA. Where two journals disagree (a cut kept a later
+    /// append in one only) either is a write since the last flush; the
+    /// first parity's is taken. A record without its d(0) (torn) is left
+    /// out, as the fold leaves it out.
+    fn missing_values_logged(
+        &self,
+        stripe: u64,
+        missing: &[usize],
+    ) -> std::collections::BTreeMap<(u16, u32), Vec<u8>> {
+        let block = self.geo.block() as usize;
+        let mut values = std::collections::BTreeMap::new();
+        for (_, p) in self.parity_devices(stripe) {
+            if !self.holds(p, stripe) {
+                continue;
+            }
+            let held = self.stores[p].journal_held();
+            let Some(log) = held.as_ref().and_then(|j| j.stripe_log(stripe)) else {
+                continue;
+            };
+            let wanted: Vec<((u16, u32), u64)> = log
+                .iter()
+                .filter(|((role, _), _)| missing.contains(&(*role as usize)))
+                .filter(|(key, _)| !values.contains_key(*key))
+                .filter_map(|(key, e)| e.original.and(e.latest).map(|at| (*key, at)))
+                .collect();
+            if wanted.is_empty() {
+                continue;
+            }
+            let mut bufs: Vec<Vec<u8>> = wanted.iter().map(|_| vec![0u8; block]).collect();
+            let mut reads: Vec<(u64, &mut [u8])> = wanted
+                .iter()
+                .zip(bufs.iter_mut())
+                .map(|((_, at), b)| (*at, b.as_mut_slice()))
+                .collect();
+            // Unreadable now (the fold above read it): left to the fold.
+            if held
+                .as_ref()
+                .is_none_or(|j| j.read_blocks(&mut reads).is_err())
+            {
+                continue;
+            }
+            drop(held);
+            self.counters.devices[p].read(IoClass::Journal, wanted.len() * block);
+            values.extend(wanted.into_iter().map(|(key, _)| key).zip(bufs));
+        }
+        values
     }
 
     /// A parity block as it is on the device, unverified (in a dirty
