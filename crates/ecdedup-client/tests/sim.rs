@@ -1865,7 +1865,6 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     // (I/O errors only) pass there: new since, by the rows now marked
     // unreadable at an open's resync or by changed schedules, not told.
     (73757, "plog beside parix with dedup: blocks 58 and 59 of volume 7 read neither written nor durable after the takeover"),
-    (78975, "replicate beside parix with dedup parity: blocks of volume 8 read neither written nor durable after the takeover"),
     (90621, "a block reads wrong after a takeover"),
     (15464, "rmw beside parix: blocks 84, 85 of volume 8 fail to read beyond the double fault (2 of 6 units intact)"),
     (26548, "rmw with dedup beside rmw: blocks of volume 7 fail to read beyond the double fault after the last takeover (new since adefb1a)"),
@@ -2377,14 +2376,21 @@ const REGRESSION_SEEDS: &[u64] = &[127, 144, 551, 910, 1079, 1253, 1460, 1921, 3
 ///   XOR), and the block decoded to zeroes, its d(0). A dirty stripe's
 ///   degraded replay now takes a missing unit's latest d(r) as its value
 ///   and recomputes parity from the data (`missing_values_logged` in
-///   `logging.rs`). Fails on main cce0370, passes with the change, 3 of
-///   3 replays.
+///   `logging.rs`). 78975 (replicate beside parix with dedup parity): a
+///   write of three whole stripes checked them healthy, then two members
+///   failed at its intent marks, and it went on as a whole-stripe write,
+///   logging nothing for the missing units; after the power loss of
+///   every server (the write not flushed) blocks 69, 72, 75, 78 (the
+///   missing members') decoded from the k left as neither old nor new.
+///   `write_whole_stripes` now checks again after the marks and leaves a
+///   stripe degraded by then to the degraded path.
+///   Each failed on main cce0370 and passes with its fix, 3 of 3 replays.
 const REGRESSION_SHARED_SEEDS: &[u64] = &[
     1, 29, 65, 110, 119, 316, 322, 359, 453, 728, 767, 789, 970, 971, 990, 1116, 1157, 1169, 1220,
     1221, 1603, 1653, 1712, 2111, 2461, 2885, 3029, 3190, 3582, 3586, 3658, 3671, 3790, 3911, 4012,
     4129, 4182, 4415, 4785, 4863, 4870, 4876, 4890, 5984, 7860, 9183, 15984, 19649, 21354, 22012,
     24068, 24526, 24556, 25205, 25676, 26390, 26547, 26664, 27176, 29321, 31025, 33121, 33718,
-    35354, 37805, 37817, 45698, 2346, 33331, 80585, 74821, 92254, 28455, 52865, 68227,
+    35354, 37805, 37817, 45698, 2346, 33331, 80585, 74821, 92254, 28455, 52865, 68227, 78975,
 ];
 
 #[test]

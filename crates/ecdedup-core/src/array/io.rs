@@ -622,7 +622,8 @@ impl Array {
     /// one request: their locks taken in lock order, their intents marked,
     /// parity encoded, and every unit written in one batch. A group with a
     /// degraded stripe or pending journal records goes stripe by stripe
-    /// through `one` instead.
+    /// through `one` instead, as does one a member failed out of while its
+    /// intents were marked.
     fn write_whole_stripes(
         &self,
         group: &[Piece],
@@ -648,6 +649,20 @@ impl Array {
                         for &(stripe, ..) in group {
                             self.intent_begin(stripe)?;
                             begun.push(stripe);
+                        }
+                        // A member can fail at the intent marks (its copy
+                        // of intent.map, a sync): the group is degraded
+                        // now, and written whole from here its missing
+                        // units would live only in parity with no record
+                        // of their values, so a cut before the next flush
+                        // that kept some units and dropped others decoded
+                        // them wrong (the cluster simulator's seed 78975).
+                        // Its stripes take the degraded path instead,
+                        // which logs those values before any device write.
+                        if group.iter().any(|&(s, ..)| self.degraded(s)) {
+                            return Ok(false);
+                        }
+                        for &(stripe, ..) in group {
                             self.forget_degraded_records(stripe)?;
                         }
                         // Parity into pooled aligned buffers: the encode
@@ -675,7 +690,7 @@ impl Array {
                             bump(&self.counters.array.full_stripe_writes);
                         }
                         self.write_units(&units, false);
-                        self.check_available()
+                        self.check_available().map(|()| true)
                     })();
                     for stripe in begun {
                         self.intent.end(stripe);
@@ -684,8 +699,9 @@ impl Array {
                 })
         };
         match plain {
-            Some(r) => r,
-            None => group.iter().try_for_each(one),
+            Some(Ok(true)) => Ok(()),
+            Some(Err(e)) => Err(e),
+            Some(Ok(false)) | None => group.iter().try_for_each(one),
         }
     }
 

@@ -972,6 +972,66 @@ fn a_member_lost_at_a_journaled_writes_read_leaves_the_write_to_the_degraded_pat
     }
 }
 
+/// A write of whole stripes whose member fails at the intent mark (its copy
+/// of intent.map, on the device under format 2) takes the degraded path,
+/// which logs the missing units' values before any device write. Written
+/// whole from there, those values lived only in parity, and a cut that
+/// kept some of the write's units and dropped others left the missing unit
+/// to decode from members that disagree (the cluster simulator's seed
+/// 78975: blocks of the two members lost there read back as neither their
+/// old nor their new bytes). Fails without the change: no degraded write,
+/// and after the cut the missing block reads as an I/O error.
+#[test]
+fn a_member_lost_at_a_whole_stripe_writes_intent_mark_leaves_the_write_to_the_degraded_path() {
+    let mut rig = Rig::with(
+        6,
+        4,
+        2,
+        4096,
+        8,
+        DedupConfig::default(),
+        WritePolicy::Rmw,
+        JOURNAL_BYTES_DEFAULT,
+        MetadataPlacement::Devices,
+    );
+    rig.set_intent_clear_quiet_ms(0);
+    let vol = rig.model.len();
+    rig.write(0, &pattern(1, vol));
+    // Every region clean: the next write marks its region on every device.
+    rig.a().flush().unwrap();
+    let g = rig.a().geo;
+    let sd = g.stripe_data_bytes();
+    let stripe = 2u64;
+    let lost = g.place(stripe, 1).device;
+    rig.plans[lost].dead.store(true, Ordering::SeqCst);
+    let degraded_before = rig.a().stats().array.degraded_writes;
+    let old = rig.model[(stripe * sd) as usize..][..4096].to_vec();
+    rig.write(stripe * sd, &pattern(2, 2 * sd as usize));
+    assert_eq!(rig.a().member_states()[lost], MemberState::Failed);
+    assert!(
+        rig.a().stats().array.degraded_writes > degraded_before,
+        "the whole stripes took the degraded path"
+    );
+    // A cut keeps the write on every member left but role 0's of the
+    // stripe, whose old block is back on its device.
+    let kept = g.place(stripe, 0);
+    let at = g.device_offset(kept.row, 0) as usize;
+    rig.array.take().unwrap().simulate_crash();
+    rig.mems[kept.device].with_bytes(|b| b[at..at + 4096].copy_from_slice(&old));
+    let mut devs = rig.devices();
+    devs[lost] = None;
+    let array = Array::open_with_devices(rig.dir.path(), devs, None).unwrap();
+    let read_at = (stripe * sd + 4096) as usize;
+    let mut got = vec![0u8; 4096];
+    array
+        .read(&mut got, read_at as u64)
+        .expect("the lost member's block reads (its value was logged)");
+    assert!(
+        got[..] == rig.model[read_at..read_at + 4096],
+        "the lost member's block reads its new bytes"
+    );
+}
+
 /// A member of a `replicate` array or of an array with dedup is re-added
 /// (both refused before: `replace` and a full `rebuild` were the only way
 /// back): only what it missed is reconstructed, written through its dedup
