@@ -1873,9 +1873,9 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     (89458, "blocks fail to read beyond the double fault"),
     (93270, "blocks fail to read beyond the double fault"),
     // Found by a 10,000-seed run (100,000 to 109,999) at e35e3ce,
-    // 2026-11-27; both fail the same with the test binary of cce0370.
+    // 2026-11-27; fails the same with the test binary of cce0370. (109578,
+    // found with it, is a regression seed since branch pxw.)
     (105701, "plog with dedup parity beside rmw: blocks 13, 14 of volume 7 fail to read beyond the double fault (2 of 6 units intact)"),
-    (109578, "parix beside parix with dedup parity: block 8 of volume 7 reads neither written nor durable after the takeover"),
 ];
 
 fn strict() -> bool {
@@ -2385,12 +2385,22 @@ const REGRESSION_SEEDS: &[u64] = &[127, 144, 551, 910, 1079, 1253, 1460, 1921, 3
 ///   `write_whole_stripes` now checks again after the marks and leaves a
 ///   stripe degraded by then to the degraded path.
 ///   Each failed on main cce0370 and passes with its fix, 3 of 3 replays.
+///   109578 (parix beside parix with dedup parity; found by the
+///   10,000-seed run of e35e3ce): block 8's write #0 logged its d(r) in
+///   stripe 2's journals, a whole-stripe write (#1) logged their
+///   invalidations and wrote every member, the power loss of every server
+///   (neither flushed) dropped the invalidations and kept parity holding
+///   #1, and the next open, block 8's member out, folded #0's records
+///   into that parity: block 8 read as neither write. It fails on main
+///   cb8fe88 (3 of 3) and passes with the first fix (the d(r) taken as
+///   the missing value; not with the second alone), 3 of 3.
 const REGRESSION_SHARED_SEEDS: &[u64] = &[
     1, 29, 65, 110, 119, 316, 322, 359, 453, 728, 767, 789, 970, 971, 990, 1116, 1157, 1169, 1220,
     1221, 1603, 1653, 1712, 2111, 2461, 2885, 3029, 3190, 3582, 3586, 3658, 3671, 3790, 3911, 4012,
     4129, 4182, 4415, 4785, 4863, 4870, 4876, 4890, 5984, 7860, 9183, 15984, 19649, 21354, 22012,
     24068, 24526, 24556, 25205, 25676, 26390, 26547, 26664, 27176, 29321, 31025, 33121, 33718,
     35354, 37805, 37817, 45698, 2346, 33331, 80585, 74821, 92254, 28455, 52865, 68227, 78975,
+    109578,
 ];
 
 #[test]
