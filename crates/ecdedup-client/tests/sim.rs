@@ -1876,6 +1876,10 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     // 2026-11-27; fails the same with the test binary of cce0370. (109578,
     // found with it, is a regression seed since branch pxw.)
     (105701, "plog with dedup parity beside rmw: blocks 13, 14 of volume 7 fail to read beyond the double fault (2 of 6 units intact)"),
+    // Found by branch pxw's 6,000-seed run (110,000 to 115,999) at
+    // abcc7a6, 2026-11-27; fails the same on main cb8fe88 (2 of 2): not
+    // narrowed.
+    (111761, "plog beside rmw: blocks 108, 111 of volume 7 fail to read beyond the double fault after the takeover (2 of 6 units intact)"),
 ];
 
 fn strict() -> bool {
