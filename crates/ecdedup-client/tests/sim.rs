@@ -1877,8 +1877,14 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     // found with it, is a regression seed since branch pxw.)
     (105701, "plog with dedup parity beside rmw: blocks 13, 14 of volume 7 fail to read beyond the double fault (2 of 6 units intact)"),
     // Found by branch pxw's 6,000-seed run (110,000 to 115,999) at
-    // abcc7a6, 2026-11-27; fails the same on main cb8fe88 (2 of 2): not
-    // narrowed.
+    // abcc7a6, 2026-11-27; fails the same on main cb8fe88 (2 of 2). Not
+    // narrowed; first look: block 108 (stripe 27, never written) was
+    // not written near the power loss of every server, but a degraded
+    // read of blocks 104+9 (device 0 out) replayed stripe 27 and wrote
+    // its parity after the last flush (frames 2250, 2252); the next open
+    // lost device 3 too and marked the row as torn by a write in flight
+    // ("a write was in flight there at the stop, and nothing logged it"):
+    // perhaps `rows_torn_unlogged`'s over-reach, as 43529.
     (111761, "plog beside rmw: blocks 108, 111 of volume 7 fail to read beyond the double fault after the takeover (2 of 6 units intact)"),
 ];
 
