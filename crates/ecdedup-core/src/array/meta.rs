@@ -15,8 +15,9 @@
 //!
 //! Mirrors: every write and sync goes to every copy whose device is in
 //! service; a read comes from the first copy in the preference order
-//! (members in service by position, then members being rebuilt). A copy
-//! whose write fails is dropped from the mirror and its device reported,
+//! (members in service by position, then members being rebuilt) that
+//! answers it. A copy whose write or read fails is dropped from the
+//! mirror and its device reported,
 //! with what failed ([`MetaStorage::take_broken`]), for the array to fail
 //! and say so, as any device I/O error does; the call fails only when no
 //! copy took it. A full space
@@ -557,31 +558,58 @@ impl MirrorFile {
         Ok(())
     }
 
-    fn primary(&self) -> io::Result<Arc<dyn StorageFile>> {
+    /// Runs `op` on the folder copy where there is one (its error is the
+    /// call's), else on the first area copy in read order that takes it:
+    /// a copy that fails is dropped and its device reported, as a failed
+    /// write's is, and the next copy is tried. Before, the first copy's
+    /// error was the call's: a degraded-write log whose first copy did not
+    /// answer was left unopened, its records neither used nor ended by
+    /// the flushes that made them needless, and the next open replayed
+    /// them over newer writes (the cluster simulator, seed 90621: wrong
+    /// data).
+    fn read_first(&self, mut op: impl FnMut(&dyn StorageFile) -> io::Result<()>) -> io::Result<()> {
         if let Some(b) = &self.base {
-            return Ok(Arc::clone(b));
+            return op(b.as_ref());
         }
-        let copies = self.copies.lock().unwrap();
-        copies
-            .files
-            .iter()
-            .find(|(d, _)| self.meta.area(*d).is_some())
-            .map(|(_, f)| Arc::clone(f))
-            .ok_or_else(|| {
-                io::Error::other(format!("{}: no device in service holds a copy", self.name))
-            })
+        let mut guard = self.copies.lock().unwrap();
+        self.follow_attached(&mut guard);
+        let mut first_err = None;
+        for (d, f) in guard.files.clone() {
+            if self.meta.area(d).is_none() {
+                continue;
+            }
+            match op(f.as_ref()) {
+                Ok(()) => return Ok(()),
+                // A full space is the host's fault, not the device's.
+                Err(e) if is_space_error(&e) => return Err(e),
+                Err(e) => {
+                    self.meta
+                        .mark_broken(d, format!("reading its copy of {}", self.name), &e);
+                    guard.files.retain(|(c, _)| *c != d);
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        Err(first_err.unwrap_or_else(|| {
+            io::Error::other(format!("{}: no device in service holds a copy", self.name))
+        }))
     }
 }
 
 impl StorageFile for MirrorFile {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.primary()?.read_at(buf, offset)
+        self.read_first(|f| f.read_at(buf, offset))
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         self.each(|f| f.write_at(buf, offset))
     }
     fn len(&self) -> io::Result<u64> {
-        self.primary()?.len()
+        let mut len = 0;
+        self.read_first(|f| {
+            len = f.len()?;
+            Ok(())
+        })?;
+        Ok(len)
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.each(|f| f.set_len(len))
@@ -772,10 +800,19 @@ mod tests {
     use crate::media::{Device, MemDevice, OsStorage};
 
     fn meta(n: usize) -> (tempfile::TempDir, MetaStorage, Vec<Arc<dyn Device>>) {
+        meta_over(
+            (0..n)
+                .map(|i| Arc::new(MemDevice::new(&format!("d{i}"), 8 << 20)) as Arc<dyn Device>)
+                .collect(),
+        )
+    }
+
+    /// A metadata storage over `devs`, each with a fresh area.
+    fn meta_over(
+        devs: Vec<Arc<dyn Device>>,
+    ) -> (tempfile::TempDir, MetaStorage, Vec<Arc<dyn Device>>) {
         let dir = tempfile::tempdir().unwrap();
-        let devs: Vec<Arc<dyn Device>> = (0..n)
-            .map(|i| Arc::new(MemDevice::new(&format!("d{i}"), 8 << 20)) as Arc<dyn Device>)
-            .collect();
+        let n = devs.len();
         let areas = devs
             .iter()
             .map(|d| {
@@ -843,6 +880,44 @@ mod tests {
         assert_eq!(
             crate::media::storage::read_all(&m, &path).unwrap(),
             b"Marks"
+        );
+    }
+
+    #[test]
+    fn a_mirrored_file_whose_first_copy_cannot_be_read_is_read_from_the_next() {
+        use crate::media::{FaultPlan, FaultyDevice};
+        use std::sync::atomic::Ordering::SeqCst;
+        let plan = FaultPlan::new();
+        let first: Arc<dyn Device> = Arc::new(FaultyDevice::new(
+            MemDevice::new("d0", 8 << 20),
+            Arc::clone(&plan),
+        ));
+        let others =
+            (1..3).map(|i| Arc::new(MemDevice::new(&format!("d{i}"), 8 << 20)) as Arc<dyn Device>);
+        let (dir, m, _) = meta_over(std::iter::once(first).chain(others).collect());
+        let path = dir.path().join("degraded.log");
+        crate::media::storage::write_atomic(&m, &path, b"records").unwrap();
+        // Device 0's server stops answering: its copy comes first in read
+        // order, and the file reads whole from device 1 all the same.
+        let f = m.open(&path).unwrap();
+        plan.dead.store(true, SeqCst);
+        assert_eq!(
+            crate::media::storage::read_file(f.as_ref()).unwrap(),
+            b"records"
+        );
+        let broken = m.take_broken();
+        assert_eq!(broken.len(), 1, "{broken:?}");
+        assert_eq!(broken[0].0, 0);
+        assert!(
+            broken[0].1.contains("reading its copy of degraded.log"),
+            "{broken:?}"
+        );
+        // Its copy is out of the mirror: writes go on to the others.
+        f.write_at(b"R", 0).unwrap();
+        f.sync().unwrap();
+        assert_eq!(
+            crate::media::storage::read_all(&m, &path).unwrap(),
+            b"Records"
         );
     }
 
