@@ -2390,10 +2390,12 @@ const REGRESSION_SEEDS: &[u64] = &[127, 144, 551, 910, 1079, 1253, 1460, 1921, 3
 ///   was to cancel, folded at the next open over parity that held them.
 ///   28455, 52865 (plog with dedup, blocks read wrong): pass since a
 ///   failed append fails its device too (format 2); each had such an
-///   append before its failure, but whether the rule removed their cause
-///   or changed their schedules is not told (28455's narrowed class, a
-///   plog delta that a cut kept folded against data it dropped, is still
-///   open: 73757).
+///   append before its failure, and the rule changed their stories, not
+///   their cause (branch pld: with only that device failure taken out
+///   both read wrong again): a plog delta whose data write a cut dropped,
+///   folded by an open with two members out, is still open (73757;
+///   docs/write-hole.md; the ignored core test
+///   `a_plog_delta_whose_data_write_a_cut_dropped_...`).
 /// - 68227 (replicate beside parix; branch pxw): a replay folded stripe
 ///   26's records (block 107, written with FUA) into both parities at
 ///   the device and logged their invalidations, and a write of the

@@ -899,3 +899,63 @@ fn a_replay_whose_invalidation_a_cut_dropped_is_not_folded_again_into_a_missing_
         Err(e) => panic!("the flushed block fails to read ({e}), though its d(r) is logged"),
     }
 }
+
+/// A plog write in flight at a cut that keeps its parity-journal records
+/// and drops its data write (the data member's writes after it lost),
+/// then two members lost before the next open's resync: the member of
+/// another data unit of the row and parity 1. The replay at that open
+/// (`replay_degraded`) folds parity 0's delta against data that never
+/// took the write, warns that the row cannot be told, and writes the
+/// folded parity with a fresh entry; the resync then sees no member
+/// that differs from its entry, and the lost data unit decodes from the
+/// k members left unchecked, as bytes never written to it. The
+/// mechanism of the cluster simulator's seeds 28455 and 52865 on
+/// cce0370 (plog with dedup: a block never written read as other
+/// bytes), which pass since e35e3ce only because a failed append now
+/// fails its device, so their later writes go the degraded path.
+///
+/// Known open (docs/write-hole.md, "A plog delta folded against a data
+/// write the cut dropped"): fails on main cb8fe88, the never-written block
+/// read as other bytes. Marking the folded parity of the rows nothing
+/// vouched for makes it pass but fails 142 of the simulator's 2,000 CI
+/// seeds with I/O errors (records folded after a flush look the same);
+/// telling them apart needs to know which records were appended after
+/// the last flush. Run with `--ignored`.
+#[test]
+#[ignore = "known open: a plog delta folded against a data write the cut dropped reads wrong (docs/write-hole.md)"]
+fn a_plog_delta_whose_data_write_a_cut_dropped_is_not_decoded_through_after_a_double_fault() {
+    let mut rig = Rig::filled_on_devices(WritePolicy::Plog, 16);
+    let g = rig.geo();
+    let stripe = 1;
+    let d0 = g.place(stripe, 0).device;
+    let lost = [g.place(stripe, 1).device, rig.parity_device(stripe, 1)];
+    let written = rig.volume_offset(stripe, 0, 0);
+    let read_at = rig.volume_offset(stripe, 1, 0);
+    let old_written = rig.model[written as usize..written as usize + 4096].to_vec();
+    let old = rig.model[read_at as usize..read_at as usize + 4096].to_vec();
+    let new = pattern(77, 4096);
+    rig.plans[d0].writes_before_crash.store(0, SeqCst);
+    rig.write(written, &new);
+    rig.array.take().unwrap().simulate_crash();
+    rig.plans[d0].writes_before_crash.store(-1, SeqCst);
+    let mut devs = rig.devices();
+    for d in lost {
+        devs[d] = None;
+    }
+    let array = Array::open_with_devices(rig.dir.path(), devs, None).unwrap();
+    let mut got = vec![0u8; 4096];
+    if array.read(&mut got, written).is_ok() {
+        assert!(
+            got == old_written || got == new,
+            "the written block reads neither its old nor its new bytes: {:?}",
+            array.warnings()
+        );
+    }
+    if array.read(&mut got, read_at).is_ok() {
+        assert!(
+            got == old,
+            "a block never written reads other bytes: {:?}",
+            array.warnings()
+        );
+    }
+}
