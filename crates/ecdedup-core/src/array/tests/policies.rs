@@ -915,7 +915,7 @@ fn a_replay_whose_invalidation_a_cut_dropped_is_not_folded_again_into_a_missing_
 /// fails its device, so their later writes go the degraded path.
 ///
 /// Known open (docs/write-hole.md, "A plog delta folded against a data
-/// write the cut dropped"): fails on main cb8fe88, the never-written block
+/// write the cut dropped"): fails on main cb8fe88 and 22f4057, the never-written block
 /// read as other bytes. Marking the folded parity of the rows nothing
 /// vouched for makes it pass but fails 142 of the simulator's 2,000 CI
 /// seeds with I/O errors (records folded after a flush look the same);
