@@ -403,10 +403,7 @@ impl Array {
             // and a server that restarted may have dropped records it
             // acknowledged before. Kept in service, the device's journal
             // was folded by a later open (the unit test
-            // `an_append_without_a_reply_that_lands_later_never_reaches_parity`;
-            // the cluster simulator's seeds 28455 and 52865, plog with
-            // dedup, each with such an append before it read a block
-            // wrong, pass with this rule).
+            // `an_append_without_a_reply_that_lands_later_never_reaches_parity`).
             self.journal_on_device_failed(p, "parity journal append", &e);
             let rows: std::collections::BTreeSet<u64> = news
                 .iter()
