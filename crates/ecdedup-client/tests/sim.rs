@@ -2427,6 +2427,8 @@ const REGRESSION_SEEDS: &[u64] = &[127, 144, 551, 910, 1079, 1253, 1460, 1921, 3
 ///   marks the parity of such a row that nothing vouches for unreadable
 ///   (branch fm, `replay_degraded` in `array/logging.rs`), while rows
 ///   whose records were flushed (blocks 55, 68, 79) fold as before.
+///   With that rule turned off it fails as before (blocks 58 and 59 read
+///   neither written nor durable); with it, it passes, strict.
 const REGRESSION_SHARED_SEEDS: &[u64] = &[
     1, 29, 65, 110, 119, 316, 322, 359, 453, 728, 767, 789, 970, 971, 990, 1116, 1157, 1169, 1220,
     1221, 1603, 1653, 1712, 2111, 2461, 2885, 3029, 3190, 3582, 3586, 3658, 3671, 3790, 3911, 4012,

@@ -1010,6 +1010,17 @@ mod tests {
         let got = read(&fs, "log");
         assert_eq!(&got[..14], b"synced and not");
         assert_eq!(got.len(), 14 + 200_000);
+        // What the hints added was written after the file's last sync: its
+        // synced length says where it starts (the parity journal takes
+        // records there as not flushed) until the file's own sync, whatever
+        // another file's commit records meanwhile.
+        let f = fs.open_file("log").unwrap();
+        assert_eq!(f.synced_len(), Some(6));
+        fs.open_file("other").unwrap().sync().unwrap();
+        fs.create_file("third", false).unwrap().sync().unwrap();
+        assert_eq!(f.synced_len(), Some(6));
+        f.sync().unwrap();
+        assert_eq!(f.synced_len(), Some(14 + 200_000));
     }
 
     /// Appends written in a batch beside other device I/O: placed while
