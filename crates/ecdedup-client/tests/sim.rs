@@ -1864,22 +1864,6 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     // the others fail there the same; 26548, 33331, 63148, 74821 and 80585
     // (I/O errors only) pass there: new since, by the rows now marked
     // unreadable at an open's resync or by changed schedules, not told.
-    // 73757, narrowed (branch plw, 2026-11-27): the class narrowed for
-    // 28455 (docs/write-hole.md, "Still open"; 28455 itself passes since a
-    // failed journal append fails its device, which changed its schedule): every server lost power
-    // with plog writes of stripe 14 in flight (blocks 56 to 59, not
-    // flushed); the next open found the members of roles 2 and 3 out, and
-    // its degraded replay folded the parity journals' delta records into
-    // both parities against data the cut had left old, warned that the
-    // rows cannot be told, and wrote the folded parity with fresh entries;
-    // the resync then saw no member changed since the last flush, left
-    // the row unmarked, and blocks 58 and 59 decoded from the four left
-    // unchecked. Marking the parity of every such row unreadable there
-    // (tried) turns it into I/O errors but also fails blocks 55, 68 and 79
-    // of stripes 13, 17 and 19, whose records were flushed ones and whose
-    // decode is right: what tells them apart, whether a record was
-    // appended after the last flush, the plog journal does not record.
-    (73757, "plog beside parix with dedup: blocks 58 and 59 of volume 7 read neither written nor durable after the takeover (a plog delta kept by the cut folded against data it dropped; see above)"),
     (15464, "rmw beside parix: blocks 84, 85 of volume 8 fail to read beyond the double fault (2 of 6 units intact)"),
     (26548, "rmw with dedup beside rmw: blocks of volume 7 fail to read beyond the double fault after the last takeover (new since adefb1a)"),
     (63148, "rmw with dedup beside plog: blocks 0, 1 of volume 8 fail to read beyond the double fault (new since adefb1a)"),
@@ -2398,9 +2382,8 @@ const REGRESSION_SEEDS: &[u64] = &[127, 144, 551, 910, 1079, 1253, 1460, 1921, 3
 ///   append before its failure, and the rule changed their stories, not
 ///   their cause (branch pld: with only that device failure taken out
 ///   both read wrong again): a plog delta whose data write a cut dropped,
-///   folded by an open with two members out, is still open (73757;
-///   docs/write-hole.md; the ignored core test
-///   `a_plog_delta_whose_data_write_a_cut_dropped_...`).
+///   folded by an open with two members out, closed since in format 2 by
+///   the mark of rows whose fold took a record not flushed (73757, below).
 /// - 68227 (replicate beside parix; branch pxw): a replay folded stripe
 ///   26's records (block 107, written with FUA) into both parities at
 ///   the device and logged their invalidations, and a write of the
@@ -2438,13 +2421,27 @@ const REGRESSION_SEEDS: &[u64] = &[127, 144, 551, 910, 1079, 1253, 1460, 1921, 3
 ///   writer. A mirrored file's read now goes on to the next copy, the
 ///   failing one dropped (`array/meta.rs`). Fails on main 2ec3a63 (block
 ///   54 read as its older write), passes with it (4 of 4 replays).
+/// - 73757 (plog beside parix with dedup; found by the 100,000-seed run,
+///   narrowed by branch plw): every server lost power with plog writes
+///   of stripe 14 in flight; the cut kept their delta records in the
+///   parity journals and dropped the data writes; the next open found
+///   the members of roles 2 and 3 out, and its degraded replay folded
+///   the deltas into parity against data that never took them, so
+///   blocks 58 and 59 decoded from the four left, unchecked, as neither
+///   their old nor their new bytes. A record past its journal's synced
+///   length (format 2) was appended after the last flush: the replay now
+///   marks the parity of such a row that nothing vouches for unreadable
+///   (branch fm, `replay_degraded` in `array/logging.rs`), while rows
+///   whose records were flushed (blocks 55, 68, 79) fold as before.
+///   With that rule turned off it fails as before (blocks 58 and 59 read
+///   neither written nor durable); with it, it passes, strict.
 const REGRESSION_SHARED_SEEDS: &[u64] = &[
     1, 29, 65, 110, 119, 316, 322, 359, 453, 728, 767, 789, 970, 971, 990, 1116, 1157, 1169, 1220,
     1221, 1603, 1653, 1712, 2111, 2461, 2885, 3029, 3190, 3582, 3586, 3658, 3671, 3790, 3911, 4012,
     4129, 4182, 4415, 4785, 4863, 4870, 4876, 4890, 5984, 7860, 9183, 15984, 19649, 21354, 22012,
     24068, 24526, 24556, 25205, 25676, 26390, 26547, 26664, 27176, 29321, 31025, 33121, 33718,
     35354, 37805, 37817, 45698, 2346, 33331, 80585, 74821, 92254, 28455, 52865, 68227, 78975,
-    109578, 90621,
+    109578, 90621, 73757,
 ];
 
 #[test]

@@ -860,7 +860,7 @@ impl super::Array {
     /// the complement of their checksum, as a rebuild marks a block it
     /// could not decode), written with the tables at the next flush; a
     /// resync keeps the marks, a write of the row replaces them.
-    fn mark_present_parity_unreadable(
+    pub(super) fn mark_present_parity_unreadable(
         &self,
         stripe: u64,
         row: u64,

@@ -179,6 +179,13 @@ pub struct ParityJournal {
     /// Tells this journal's appends from those of a journal it replaced.
     id: u64,
     index: HashMap<u64, StripeLog>,
+    /// Per stripe, the block rows that a record found at open and still
+    /// indexed lies past the file's synced length for: appended after the
+    /// journal's last sync before the stop (so after the array's last
+    /// flush, which syncs every journal), found only through the length
+    /// hints of a metadata area. Empty where the storage cannot tell
+    /// ([`StorageFile::synced_len`]: a journal in a file of its own).
+    unsynced_at_open: HashMap<u64, BTreeSet<u32>>,
     records: u64,
     /// Whether the header checksum of records is written and checked.
     header_crc: bool,
@@ -459,6 +466,29 @@ fn index_record(index: &mut HashMap<u64, StripeLog>, p: &Parsed, offset: u64) {
     }
 }
 
+/// Per stripe, the block rows with a logged block whose bytes end past
+/// `synced` (the file's synced length at open).
+fn unsynced_rows(index: &HashMap<u64, StripeLog>, synced: u64) -> HashMap<u64, BTreeSet<u32>> {
+    let past = |at: &u64| at + BLOCK as u64 > synced;
+    index
+        .iter()
+        .filter_map(|(&stripe, log)| {
+            let rows: BTreeSet<u32> = log
+                .iter()
+                .filter(|(_, e)| {
+                    e.original
+                        .iter()
+                        .chain(&e.latest)
+                        .chain(&e.deltas)
+                        .any(past)
+                })
+                .map(|(&(_, row), _)| row)
+                .collect();
+            (!rows.is_empty()).then_some((stripe, rows))
+        })
+        .collect()
+}
+
 fn forget_in(index: &mut HashMap<u64, StripeLog>, stripe: u64, first_block: u32, count: u32) {
     if let Some(log) = index.get_mut(&stripe) {
         let range = first_block..first_block.saturating_add(count);
@@ -589,6 +619,10 @@ impl ParityJournal {
         })?;
         let file = storage.open(path).map_err(io)?;
         let scan = scan(&bytes, header_crc);
+        let unsynced_at_open = file
+            .synced_len()
+            .map(|synced| unsynced_rows(&scan.index, synced))
+            .unwrap_or_default();
         let at = scan.end;
         let j = ParityJournal {
             storage,
@@ -599,6 +633,7 @@ impl ParityJournal {
             in_flight: 0,
             id: NEXT_JOURNAL_ID.fetch_add(1, Relaxed),
             index: scan.index,
+            unsynced_at_open,
             records: scan.records,
             header_crc,
             reserved: false,
@@ -707,6 +742,9 @@ impl ParityJournal {
                 .unwrap_or_else(|_| panic!("records we encoded parse"));
             self.records += 1;
             index_record(&mut self.index, &p, w.offset + at as u64);
+            if p.kind == Kind::Invalidate {
+                self.forget_unsynced(p.stripe, p.first_block, p.count);
+            }
             at += p.len;
         }
         Ok(())
@@ -788,6 +826,35 @@ impl ParityJournal {
     /// restart resynchronises the stripe before replaying.
     pub fn forget(&mut self, stripe: u64, first_block: u32, count: u32) {
         forget_in(&mut self.index, stripe, first_block, count);
+        self.forget_unsynced(stripe, first_block, count);
+    }
+
+    /// The block rows of `stripe` that a record appended after the
+    /// journal's last sync before this open is still indexed for (see
+    /// `unsynced_at_open`): a write not flushed at the stop, whose
+    /// in-place data write the power cut may have dropped while keeping
+    /// the record.
+    pub fn unsynced_rows(&self, stripe: u64) -> BTreeSet<u32> {
+        let (Some(rows), Some(log)) = (self.unsynced_at_open.get(&stripe), self.index.get(&stripe))
+        else {
+            return BTreeSet::new();
+        };
+        log.keys()
+            .map(|&(_, row)| row)
+            .filter(|row| rows.contains(row))
+            .collect()
+    }
+
+    /// An invalidation (or a forget) ends what was logged before it: the
+    /// rows' later records are this process's.
+    fn forget_unsynced(&mut self, stripe: u64, first_block: u32, count: u32) {
+        if let Some(rows) = self.unsynced_at_open.get_mut(&stripe) {
+            let range = first_block..first_block.saturating_add(count);
+            rows.retain(|row| !range.contains(row));
+            if rows.is_empty() {
+                self.unsynced_at_open.remove(&stripe);
+            }
+        }
     }
 
     /// Reads one logged block.

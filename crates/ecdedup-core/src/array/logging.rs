@@ -923,6 +923,16 @@ impl Array {
     fn replay_degraded(&self, stripe: u64, missing: &[usize], dirty: bool) -> Result<()> {
         let g = self.geo;
         let block = g.block() as usize;
+        // Rows with a record appended after the last flush (format 2: past
+        // its journal's synced length), read before the fold ends them.
+        let unsynced: BTreeSet<u32> = match dirty {
+            true => self
+                .parity_devices(stripe)
+                .into_iter()
+                .flat_map(|(_, p)| self.stores[p].journal_unsynced_rows(stripe))
+                .collect(),
+            false => BTreeSet::new(),
+        };
         let mut folds = Vec::new();
         let mut rows = std::collections::BTreeSet::new();
         for (j, p) in self.parity_devices(stripe) {
@@ -940,6 +950,10 @@ impl Array {
         let mut recomputed: std::collections::BTreeMap<u32, Vec<Vec<u8>>> = Default::default();
         let mut logged_rows = Vec::with_capacity(rows.len());
         let mut unknown_rows = 0u64;
+        // Unknown rows whose fold took a record not flushed: their present
+        // parity is marked unreadable once written (below), with the
+        // members as read and folded.
+        let mut unknowable: Vec<(u64, Vec<Vec<u8>>, Vec<bool>)> = Vec::new();
         for &row in &rows {
             let row = row as u64;
             let mut shards: Vec<Vec<u8>> = vec![vec![0u8; block]; g.width()];
@@ -1037,6 +1051,19 @@ impl Array {
                     shards.truncate(g.k());
                     logged_rows.push((row, shards));
                 }
+                // A record appended after the last flush may be one whose
+                // in-place data write the cut dropped (plog's delta, or a
+                // parity journal that kept a d(r) the other lost): folded
+                // against data that never took it, the row's parity would
+                // decode the missing units as neither their old nor their
+                // new bytes, and nothing checks that decode (cluster
+                // simulator, seed 73757). A row whose records were all
+                // flushed folds right (their data writes were durable
+                // first) and is left to decode.
+                _ if dirty && unsynced.contains(&(row as u32)) => {
+                    unknown_rows += 1;
+                    unknowable.push((row, shards, present));
+                }
                 _ => {
                     unknown_rows += 1;
                 }
@@ -1071,6 +1098,20 @@ impl Array {
                 folded.insert(*row, parity[j].clone());
             }
             self.write_folded_parity(stripe, j, p, &folded, records)?;
+        }
+        // After the parity writes, which set fresh entries.
+        for (row, shards, present) in &unknowable {
+            self.mark_present_parity_unreadable(stripe, *row, shards, present);
+        }
+        if !unknowable.is_empty() {
+            bump(&self.counters.array.degraded_replay_unflushed_rows);
+            self.warn(format!(
+                "stripe {stripe}: {} of those block rows folded a parity journal record \
+                 appended after the last flush, whose data write the stop may have dropped: \
+                 their parity is marked unreadable, and the missing blocks read as I/O \
+                 errors until rewritten",
+                unknowable.len()
+            ));
         }
         Ok(())
     }

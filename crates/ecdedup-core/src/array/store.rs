@@ -27,6 +27,7 @@ use super::superblock::MemberState;
 use crate::counters::{DeviceCounters, IoClass};
 use crate::dedup::DedupDevice;
 use crate::media::{self, BatchCost, Device, DeviceIo, WriteHint};
+use std::collections::BTreeSet;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, RwLock};
@@ -386,6 +387,18 @@ impl ChunkStore {
             .unwrap()
             .as_ref()
             .is_some_and(|j| j.has_stripe(stripe))
+    }
+
+    /// The block rows of `stripe` with a record appended after the
+    /// journal's last sync before the stop (`ParityJournal::unsynced_rows`;
+    /// none where that is not known).
+    pub(super) fn journal_unsynced_rows(&self, stripe: u64) -> BTreeSet<u32> {
+        self.journal
+            .lock()
+            .unwrap()
+            .as_ref()
+            .map(|j| j.unsynced_rows(stripe))
+            .unwrap_or_default()
     }
 
     /// Whether the journal is open with its space reserved.

@@ -89,6 +89,12 @@ struct Node {
     len: u64,
     /// Bytes that a sync made durable: what a commit records.
     durable_len: u64,
+    /// Bytes that a sync of this file made durable, or at open its length
+    /// in the committed directory before any length hint lengthened it:
+    /// bytes past it were written after the file's last sync
+    /// ([`StorageFile::synced_len`]). Unlike `durable_len`, a commit for
+    /// another file never raises it.
+    synced_len: u64,
     extents: Vec<Extent>,
     /// Unlinked: its extents are freed once no handle holds it.
     removed: bool,
@@ -219,6 +225,7 @@ impl AreaFs {
                 let node = Node {
                     len,
                     durable_len: len,
+                    synced_len: len,
                     extents,
                     removed: false,
                     hint: None,
@@ -355,6 +362,7 @@ impl AreaFs {
                 let node = Arc::new(Mutex::new(Node {
                     len: 0,
                     durable_len: 0,
+                    synced_len: 0,
                     extents: Vec::new(),
                     removed: false,
                     hint: None,
@@ -487,6 +495,7 @@ impl AreaFs {
             self.dev.sync()?;
             n.len = len;
             n.durable_len = n.durable_len.min(len);
+            n.synced_len = n.synced_len.min(len);
         }
         Ok(())
     }
@@ -867,6 +876,7 @@ impl StorageFile for AreaFile {
             node.durable_len = node.len;
             inner.dirty = true;
         }
+        node.synced_len = node.len;
         drop(node);
         if inner.dirty {
             self.fs.commit_locked(&mut inner)?;
@@ -921,6 +931,10 @@ impl StorageFile for AreaFile {
     fn placed_written(&self, end: u64) {
         let mut n = self.node.lock().unwrap();
         n.len = n.len.max(end);
+    }
+
+    fn synced_len(&self) -> Option<u64> {
+        Some(self.node.lock().unwrap().synced_len)
     }
 
     fn describe(&self) -> String {
@@ -996,6 +1010,17 @@ mod tests {
         let got = read(&fs, "log");
         assert_eq!(&got[..14], b"synced and not");
         assert_eq!(got.len(), 14 + 200_000);
+        // What the hints added was written after the file's last sync: its
+        // synced length says where it starts (the parity journal takes
+        // records there as not flushed) until the file's own sync, whatever
+        // another file's commit records meanwhile.
+        let f = fs.open_file("log").unwrap();
+        assert_eq!(f.synced_len(), Some(6));
+        fs.open_file("other").unwrap().sync().unwrap();
+        fs.create_file("third", false).unwrap().sync().unwrap();
+        assert_eq!(f.synced_len(), Some(6));
+        f.sync().unwrap();
+        assert_eq!(f.synced_len(), Some(14 + 200_000));
     }
 
     /// Appends written in a batch beside other device I/O: placed while

@@ -92,6 +92,16 @@ pub trait StorageFile: Send + Sync {
     fn placed_written(&self, end: u64) {
         let _ = end;
     }
+    /// How many of the file's first bytes were durable before anything
+    /// written since its last [`StorageFile::sync`]: bytes past it were
+    /// written after that sync and found only because they reached the
+    /// media anyway (a metadata area's length hints, [`super::area`]).
+    /// Counted from the file's open in this process's storage (a sync
+    /// since raises it). None (the default): not known, as for a file of
+    /// its own, whose length says nothing of its last sync.
+    fn synced_len(&self) -> Option<u64> {
+        None
+    }
     /// For a file inside a device's metadata area: where its bytes
     /// `[offset, offset + len)` lie on the device, so that a batch can read
     /// them beside other reads (one round trip to a remote chunk for many

@@ -914,15 +914,11 @@ fn a_replay_whose_invalidation_a_cut_dropped_is_not_folded_again_into_a_missing_
 /// bytes), which pass since e35e3ce only because a failed append now
 /// fails its device, so their later writes go the degraded path.
 ///
-/// Known open (docs/write-hole.md, "A plog delta folded against a data
-/// write the cut dropped"): fails on main cb8fe88 and 22f4057, the never-written block
-/// read as other bytes. Marking the folded parity of the rows nothing
-/// vouched for makes it pass but fails 142 of the simulator's 2,000 CI
-/// seeds with I/O errors (records folded after a flush look the same);
-/// telling them apart needs to know which records were appended after
-/// the last flush. Run with `--ignored`.
+/// It failed on main cb8fe88 and 22f4057 (the never-written block read
+/// as other bytes; branch pld) and passes since a row whose fold took a
+/// record appended after the last flush is marked unreadable (format 2,
+/// branch fm: the journal's synced length tells those records apart).
 #[test]
-#[ignore = "known open: a plog delta folded against a data write the cut dropped reads wrong (docs/write-hole.md)"]
 fn a_plog_delta_whose_data_write_a_cut_dropped_is_not_decoded_through_after_a_double_fault() {
     let mut rig = Rig::filled_on_devices(WritePolicy::Plog, 16);
     let g = rig.geo();
@@ -957,5 +953,68 @@ fn a_plog_delta_whose_data_write_a_cut_dropped_is_not_decoded_through_after_a_do
             "a block never written reads other bytes: {:?}",
             array.warnings()
         );
+    }
+}
+
+/// The cluster simulator, seed 73757 (plog): every server lost power with
+/// a plog write in flight; the cut kept its delta record in the parity
+/// journals and dropped the in-place data write; the next open found two
+/// other data members out, and its degraded replay folded the delta into
+/// parity against data that never took it: the missing blocks decoded
+/// from the four left, unchecked, as neither their old nor their new
+/// bytes. In format 2 a record past its journal's synced length was
+/// appended after the last flush: such a row's parity is marked
+/// unreadable (its missing blocks read as I/O errors), while a row whose
+/// records were flushed folds as before and reads right.
+#[test]
+fn a_record_not_flushed_whose_data_write_a_cut_dropped_never_decodes_a_missing_unit_wrong() {
+    for policy in POLICIES {
+        let mut rig = Rig::filled_on_devices(policy, 16);
+        let g = rig.geo();
+        let stripe = 1;
+        let offset = |role: u64, b: u64| {
+            (stripe * g.stripe_data_bytes() + role * g.unit_bytes() + b * g.block()) as usize
+        };
+        // Row 0: a flushed partial write (its record stays in the journals).
+        rig.write(rig.volume_offset(stripe, 0, 0), &pattern(70, 4096));
+        rig.a().flush().unwrap();
+        assert!(rig.pending(stripe), "{policy:?}: the write is journaled");
+        // Row 1: a partial write never flushed, whose in-place data write
+        // the cut drops while its records stay.
+        let place = g.place(stripe, 1);
+        let on_device = g.device_offset(place.row, 1) as usize;
+        let old = rig.mems[place.device].with_bytes(|b| b[on_device..on_device + 4096].to_vec());
+        let at = rig.volume_offset(stripe, 1, 1);
+        rig.a().write(&pattern(71, 4096), at, false).unwrap();
+        rig.mems[place.device].with_bytes(|b| b[on_device..on_device + 4096].copy_from_slice(&old));
+        // The members of roles 2 and 3 are lost at the next open.
+        let mut devs = rig.devices();
+        for role in [2, 3] {
+            devs[g.place(stripe, role as usize).device] = None;
+        }
+        rig.array.take().unwrap().simulate_crash();
+        let array = Array::open_with_devices(rig.dir.path(), devs, None).unwrap();
+        for role in [2, 3] {
+            let at = offset(role, 0);
+            let mut got = vec![0u8; 4096];
+            array.read(&mut got, at as u64).unwrap_or_else(|e| {
+                panic!(
+                    "{policy:?}: role {role} of the flushed row fails to read: {e}: {:?}",
+                    array.warnings()
+                )
+            });
+            assert!(
+                got[..] == rig.model[at..at + 4096],
+                "{policy:?}: role {role} of the flushed row reads wrong"
+            );
+            let at = offset(role, 1);
+            if array.read(&mut got, at as u64).is_ok() {
+                assert!(
+                    got[..] == rig.model[at..at + 4096],
+                    "{policy:?}: role {role} of the row not flushed reads neither its bytes \
+                     nor an error (decoded through parity that folded a dropped write)"
+                );
+            }
+        }
     }
 }
