@@ -2384,6 +2384,9 @@ const REGRESSION_SEEDS: &[u64] = &[127, 144, 551, 910, 1079, 1253, 1460, 1921, 3
 ///   both read wrong again): a plog delta whose data write a cut dropped,
 ///   folded by an open with two members out, closed since in format 2 by
 ///   the mark of rows whose fold took a record not flushed (73757, below).
+///   With the failed-append rule taken out after that mark (2026-11-27,
+///   eae14f0): 28455 passes, 52865 still reads block 36 wrong (not
+///   narrowed; the rule keeps it off).
 /// - 68227 (replicate beside parix; branch pxw): a replay folded stripe
 ///   26's records (block 107, written with FUA) into both parities at
 ///   the device and logged their invalidations, and a write of the
