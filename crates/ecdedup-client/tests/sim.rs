@@ -1889,6 +1889,13 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     // append met a restarted server; the failed device is the device 0
     // out at the degraded read).
     (111761, "plog beside rmw: blocks 108, 111 of volume 7 fail to read beyond the double fault after the takeover (2 of 6 units intact)"),
+    // Found by a 10,000-seed run (120,000 to 129,999) at 4e03d9e,
+    // 2026-11-27 (I/O errors only, no wrong data): 122517 and 126294 fail
+    // there; 123693 fails only with the mark of torn rows before a
+    // degraded replay's fold (the same run with it: 3 of 10,000).
+    (122517, "plog beside replicate with dedup: blocks 97, 99 of volume 7 fail to read beyond the double fault (2 of 6 units intact)"),
+    (126294, "parix beside plog: blocks 66, 67 of volume 8 fail to read beyond the double fault (2 of 6 units intact)"),
+    (123693, "plog with dedup beside rmw with dedup: blocks 70, 73 of volume 7 fail to read beyond the double fault after the last takeover"),
 ];
 
 fn strict() -> bool {

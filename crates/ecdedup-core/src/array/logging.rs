@@ -941,6 +941,14 @@ impl Array {
                 folds.push((j, p, folded, records));
             }
         }
+        // Before any fold writes parity with fresh entries: the rows a
+        // write in flight at the stop may have torn (a member changed
+        // since the last flush; `rows_torn_unlogged`), which the resync
+        // could no longer see once the folded parity matches its entry.
+        let torn_before = match dirty {
+            true => self.rows_torn_unlogged(stripe, &self.read_stripe_raw(stripe)),
+            false => Vec::new(),
+        };
         let logged_values = match dirty {
             true => self.missing_values_logged(stripe, missing),
             false => Default::default(),
@@ -1060,7 +1068,10 @@ impl Array {
                 // simulator, seed 73757). A row whose records were all
                 // flushed folds right (their data writes were durable
                 // first) and is left to decode.
-                _ if dirty && unsynced.contains(&(row as u32)) => {
+                _ if dirty
+                    && (unsynced.contains(&(row as u32))
+                        || torn_before.get(row as usize).copied().unwrap_or(false)) =>
+                {
                     unknown_rows += 1;
                     unknowable.push((row, shards, present));
                 }

@@ -52,7 +52,7 @@ pub struct ScrubReport {
 impl Array {
     /// Reads every unit of a stripe whole, unverified, in one batch. None
     /// for a unit whose device does not hold the stripe or failed to read.
-    fn read_stripe_raw(&self, stripe: u64) -> Vec<Option<Vec<u8>>> {
+    pub(super) fn read_stripe_raw(&self, stripe: u64) -> Vec<Option<Vec<u8>>> {
         let roles: Vec<usize> = (0..self.geo.width()).collect();
         self.read_units_raw(stripe, &roles)
     }
@@ -230,7 +230,7 @@ impl Array {
     /// members out it marked rows a degraded write had completed on
     /// (`fio_policies.rs`, the model proptest): those members were
     /// recorded failed before the open, so they no longer count.
-    fn rows_torn_unlogged(&self, stripe: u64, units: &[Option<Vec<u8>>]) -> Vec<bool> {
+    pub(super) fn rows_torn_unlogged(&self, stripe: u64, units: &[Option<Vec<u8>>]) -> Vec<bool> {
         let g = &self.geo;
         let block = g.block() as usize;
         let lost_in_service = self.degraded_log.is_none()

@@ -1018,3 +1018,86 @@ fn a_record_not_flushed_whose_data_write_a_cut_dropped_never_decodes_a_missing_u
         }
     }
 }
+
+/// A whole-stripe write in flight at a cut that kept its data and parity
+/// writes and dropped the invalidation marks it appended first (the
+/// cluster simulator's seed 1591 on branch `flush-rt`, parix): the
+/// journals still held an older, flushed partial write's records, the
+/// next open lost two data members (one with no logged d(r)), and its
+/// degraded replay folded those records into parity that the whole
+/// write had replaced, then wrote it with fresh entries, so the resync
+/// saw no member changed since the last flush and the missing units
+/// decoded unchecked. The members changed since the last flush are told
+/// before the fold (`rows_torn_unlogged`), and such a row that nothing
+/// vouches for reads as an I/O error, never as other bytes.
+#[test]
+fn a_whole_stripe_write_whose_invalidation_a_cut_dropped_never_decodes_through_a_second_fold() {
+    for policy in POLICIES {
+        let mut rig = Rig::filled_on_devices(policy, 16);
+        let g = rig.geo();
+        let stripe = 1;
+        rig.write(rig.volume_offset(stripe, 2, 0), &pattern(80, 4096));
+        rig.a().flush().unwrap();
+        assert!(rig.pending(stripe), "{policy:?}: the write is journaled");
+        // The parity journals as they are, to put back after the whole
+        // write: the cut drops its invalidation marks, keeps the rest.
+        let parity: Vec<usize> = (0..g.m()).map(|j| rig.parity_device(stripe, j)).collect();
+        let saved: Vec<(usize, u64, Vec<u8>)> = parity
+            .iter()
+            .map(|&p| {
+                let (from, to) = rig.journal_range_on_device(p, 1 << 20);
+                let bytes = rig.mems[p].with_bytes(|b| b[from as usize..to as usize].to_vec());
+                (p, from, bytes)
+            })
+            .collect();
+        // The data units of roles 0 and 1 (the members left) as they
+        // are: the cut drops their writes too, so only the parity
+        // members changed since the last flush.
+        let kept: Vec<(usize, usize, Vec<u8>)> = [0usize, 1]
+            .iter()
+            .map(|&role| {
+                let place = g.place(stripe, role);
+                let at = g.device_offset(place.row, 0) as usize;
+                let len = g.unit_bytes() as usize;
+                let bytes = rig.mems[place.device].with_bytes(|b| b[at..at + len].to_vec());
+                (place.device, at, bytes)
+            })
+            .collect();
+        let sd = g.stripe_data_bytes();
+        rig.a()
+            .write(&pattern(81, sd as usize), stripe * sd, false)
+            .unwrap();
+        for (d, at, bytes) in &kept {
+            rig.mems[*d].with_bytes(|b| b[*at..*at + bytes.len()].copy_from_slice(bytes));
+        }
+        for (p, from, bytes) in &saved {
+            rig.mems[*p].with_bytes(|b| {
+                b[*from as usize..*from as usize + bytes.len()].copy_from_slice(bytes)
+            });
+        }
+        let new = pattern(81, sd as usize);
+        let mut devs = rig.devices();
+        for role in [2, 3] {
+            devs[g.place(stripe, role).device] = None;
+        }
+        let offsets: Vec<u64> = [2u64, 3]
+            .iter()
+            .map(|&role| rig.volume_offset(stripe, role as usize, 0))
+            .collect();
+        rig.array.take().unwrap().simulate_crash();
+        let array = Array::open_with_devices(rig.dir.path(), devs, None).unwrap();
+        for (i, &at) in offsets.iter().enumerate() {
+            let mut got = vec![0u8; 4096];
+            if array.read(&mut got, at).is_ok() {
+                let within = (at - stripe * sd) as usize;
+                assert!(
+                    got[..] == rig.model[at as usize..at as usize + 4096]
+                        || got[..] == new[within..within + 4096],
+                    "{policy:?}: role {} reads neither its old nor its new bytes: {:?}",
+                    i + 2,
+                    array.warnings()
+                );
+            }
+        }
+    }
+}
