@@ -945,7 +945,10 @@ impl Array {
         // write in flight at the stop may have torn (a member changed
         // since the last flush; `rows_torn_unlogged`), which the resync
         // could no longer see once the folded parity matches its entry.
-        let torn_before = match dirty {
+        // Only at the open's resync: while serving, the missing members'
+        // entries are resident and every decode is checked against them.
+        let at_open = !self.serving.load(std::sync::atomic::Ordering::SeqCst);
+        let torn_before = match dirty && at_open {
             true => self.rows_torn_unlogged(stripe, &self.read_stripe_raw(stripe)),
             false => Vec::new(),
         };

@@ -492,6 +492,9 @@ pub struct Array {
     background_replay: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Set by `simulate_crash`: drop without flushing, as kill -9 would.
     crashed: std::sync::atomic::AtomicBool,
+    /// Set once the open's resync and replay are done: a resync before
+    /// it is the open's, after an unclean stop.
+    serving: std::sync::atomic::AtomicBool,
     /// Whether the stores carry a simulated-SSD wear layer (`stats.ssd`
     /// is empty when not).
     ssd_sim_on: bool,
@@ -1484,6 +1487,7 @@ impl Array {
             stopping: std::sync::atomic::AtomicBool::new(false),
             background_replay: Mutex::new(None),
             crashed: std::sync::atomic::AtomicBool::new(false),
+            serving: std::sync::atomic::AtomicBool::new(false),
             ssd_sim_on: false,
             _lock: lock,
         };
@@ -1510,6 +1514,7 @@ impl Array {
             array.resync(&dirty, progress.as_ref())?;
         }
         array.replay_all(progress.as_ref())?;
+        array.serving.store(true, SeqCst);
         Ok(array)
     }
 
