@@ -112,6 +112,16 @@ impl Rig {
         rig
     }
 
+    /// Device `d`'s writes of its unit of `stripe` wait (`FaultPlan`'s
+    /// hold) until the plan's `hold` is cleared.
+    fn hold_unit_writes(&self, d: usize, stripe: u64) {
+        let g = self.a().geo;
+        let place = g.place(stripe, g.role_on(stripe, d).unwrap());
+        let at = g.device_offset(place.row, 0);
+        *self.plans[d].hold_range.lock().unwrap() = Some((at, at + g.unit_bytes()));
+        self.plans[d].hold.store(true, Ordering::SeqCst);
+    }
+
     fn devices(&self) -> Vec<Option<Arc<dyn Device>>> {
         self.mems
             .iter()
@@ -810,11 +820,7 @@ fn a_re_add_cut_short_is_re_added_again_not_rebuilt_whole() {
     rig.a().flush().unwrap();
     rig.plans[d].dead.store(false, Ordering::SeqCst);
     // The re-add waits in its write of stripe 12's unit; the array closes.
-    let g = rig.a().geo;
-    let place = g.place(12, g.role_on(12, d).unwrap());
-    let at = g.device_offset(place.row, 0);
-    *rig.plans[d].hold_range.lock().unwrap() = Some((at, at + g.unit_bytes()));
-    rig.plans[d].hold.store(true, Ordering::SeqCst);
+    rig.hold_unit_writes(d, 12);
     let dev = rig.devices()[d].clone().unwrap();
     std::thread::scope(|s| {
         let a = rig.array.as_ref().unwrap();
@@ -1167,11 +1173,7 @@ fn a_re_add_while_the_array_serves_resyncs_what_is_written_meanwhile() {
         rig.a().flush().unwrap();
         rig.plans[d].dead.store(false, Ordering::SeqCst);
         // The re-add waits in its write of stripe 1's unit.
-        let g = rig.a().geo;
-        let place = g.place(1, g.role_on(1, d).unwrap());
-        let at = g.device_offset(place.row, 0);
-        *rig.plans[d].hold_range.lock().unwrap() = Some((at, at + g.unit_bytes()));
-        rig.plans[d].hold.store(true, Ordering::SeqCst);
+        rig.hold_unit_writes(d, 1);
         let dev = rig.devices()[d].clone().unwrap();
         let late = pattern(3, 4096);
         let late_at = 10 * stripe_bytes + 4096;

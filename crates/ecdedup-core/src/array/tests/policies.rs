@@ -724,6 +724,14 @@ fn a_failed_append_with_a_data_member_lost_at_its_resync_leaves_the_stale_parity
 }
 
 impl Rig {
+    /// A 4 KiB write of block 0 of data role `role` of `stripe`, flushed,
+    /// which the parity journals hold records for (a partial write).
+    fn write_journaled(&mut self, stripe: u64, role: usize, seed: u64) {
+        self.write(self.volume_offset(stripe, role, 0), &pattern(seed, 4096));
+        self.a().flush().unwrap();
+        assert!(self.pending(stripe), "the write is journaled");
+    }
+
     /// The device byte range of device `p`'s parity journal (format 2),
     /// its first `bytes` bytes.
     fn journal_range_on_device(&self, p: usize, bytes: u64) -> (u64, u64) {
@@ -780,12 +788,10 @@ impl Rig {
 /// does, and its parity is left out.
 #[test]
 fn a_parity_journal_that_cannot_be_read_at_open_fails_its_device() {
-    for policy in [WritePolicy::Parix, WritePolicy::Plog] {
+    for policy in POLICIES {
         let mut rig = Rig::filled_on_devices(policy, 16);
         let stripe = 1;
-        rig.write(rig.volume_offset(stripe, 2, 0), &pattern(61, 4096));
-        rig.a().flush().unwrap();
-        assert!(rig.pending(stripe), "{policy:?}: the write is journaled");
+        rig.write_journaled(stripe, 2, 61);
         // At the next open the read of the first parity's journal fails
         // as a lost link does.
         let p = rig.parity_device(stripe, 0);
@@ -806,13 +812,11 @@ fn a_parity_journal_that_cannot_be_read_at_open_fails_its_device() {
 /// which fails it.
 #[test]
 fn an_invalidation_that_cannot_be_appended_on_the_device_fails_the_device() {
-    for policy in [WritePolicy::Parix, WritePolicy::Plog] {
+    for policy in POLICIES {
         let mut rig = Rig::filled_on_devices(policy, 16);
         let g = rig.geo();
         let stripe = 1;
-        rig.write(rig.volume_offset(stripe, 1, 0), &pattern(62, 4096));
-        rig.a().flush().unwrap();
-        assert!(rig.pending(stripe), "{policy:?}: the write is journaled");
+        rig.write_journaled(stripe, 1, 62);
         let p = rig.parity_device(stripe, 0);
         let journal = rig.journal_range_on_device(p, 1 << 20);
         *rig.plans[p].bad_write_range.lock().unwrap() = Some(journal);
@@ -837,7 +841,7 @@ fn an_invalidation_that_cannot_be_appended_on_the_device_fails_the_device() {
 /// requests; seeds 28455 and 52865 (plog with dedup) pass with this rule.
 #[test]
 fn an_append_without_a_reply_that_lands_later_never_reaches_parity() {
-    for policy in [WritePolicy::Parix, WritePolicy::Plog] {
+    for policy in POLICIES {
         let mut rig = Rig::filled_on_devices(policy, 16);
         let stripe = 1;
         let p = rig.parity_device(stripe, 0);
@@ -976,9 +980,7 @@ fn a_record_not_flushed_whose_data_write_a_cut_dropped_never_decodes_a_missing_u
             (stripe * g.stripe_data_bytes() + role * g.unit_bytes() + b * g.block()) as usize
         };
         // Row 0: a flushed partial write (its record stays in the journals).
-        rig.write(rig.volume_offset(stripe, 0, 0), &pattern(70, 4096));
-        rig.a().flush().unwrap();
-        assert!(rig.pending(stripe), "{policy:?}: the write is journaled");
+        rig.write_journaled(stripe, 0, 70);
         // Row 1: a partial write never flushed, whose in-place data write
         // the cut drops while its records stay.
         let place = g.place(stripe, 1);
@@ -1036,9 +1038,7 @@ fn a_whole_stripe_write_whose_invalidation_a_cut_dropped_never_decodes_through_a
         let mut rig = Rig::filled_on_devices(policy, 16);
         let g = rig.geo();
         let stripe = 1;
-        rig.write(rig.volume_offset(stripe, 2, 0), &pattern(80, 4096));
-        rig.a().flush().unwrap();
-        assert!(rig.pending(stripe), "{policy:?}: the write is journaled");
+        rig.write_journaled(stripe, 2, 80);
         // The parity journals as they are, to put back after the whole
         // write: the cut drops its invalidation marks, keeps the rest.
         let parity: Vec<usize> = (0..g.m()).map(|j| rig.parity_device(stripe, j)).collect();
