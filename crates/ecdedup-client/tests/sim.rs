@@ -790,6 +790,7 @@ impl Pg {
             pg_count: 1,
             failure_domain: FailureDomain::Device,
             min_size: None,
+            journal_bytes: None,
         }
     }
 
