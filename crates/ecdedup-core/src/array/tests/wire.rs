@@ -96,24 +96,37 @@ fn parix_over_links() -> (tempfile::TempDir, Array, Arc<Tally>) {
 
 /// As [`parix_over_links`], its chunks running folds or not.
 fn parix_over_links_folding(folds: bool) -> (tempfile::TempDir, Array, Arc<Tally>) {
+    over_links(WritePolicy::Parix, 8, folds)
+}
+
+/// A chunk across a counting link over `mem`.
+fn linked(mem: &MemDevice, tally: &Arc<Tally>, folds: bool) -> Arc<dyn Device> {
+    let link = CountingLink {
+        mem: mem.clone(),
+        tally: Arc::clone(tally),
+        folds,
+    };
+    Arc::new(RemoteDevice::new(Arc::new(link)))
+}
+
+/// An RS(4,2) array of format 2 under `policy`, `stripes` stripes of 8 KiB
+/// units, over counting links, its volume written once and flushed.
+fn over_links(
+    policy: WritePolicy,
+    stripes: u64,
+    folds: bool,
+) -> (tempfile::TempDir, Array, Arc<Tally>) {
     let dir = tempfile::tempdir().unwrap();
     let (k, m, unit) = (4u32, 2u32, 8192u32);
-    let mut opts = options(6, k, m, unit, 8 * k as u64 * unit as u64);
+    let mut opts = options(6, k, m, unit, stripes * k as u64 * unit as u64);
     opts.metadata = MetadataPlacement::Devices;
-    opts.write_policy = WritePolicy::Parix;
+    opts.write_policy = policy;
     opts.journal_bytes_max = 4 << 20;
     let (geo, mems) = format_on_memory(dir.path(), &opts);
     let tally = Arc::new(Tally::default());
     let devices = mems
         .iter()
-        .map(|mem| {
-            let link = CountingLink {
-                mem: mem.clone(),
-                tally: Arc::clone(&tally),
-                folds,
-            };
-            Some(Arc::new(RemoteDevice::new(Arc::new(link))) as Arc<dyn Device>)
-        })
+        .map(|mem| Some(linked(mem, &tally, folds)))
         .collect();
     let array = Array::open_with_devices(dir.path(), devices, None).unwrap();
     let volume = geo.stripes * geo.stripe_data_bytes();
@@ -236,4 +249,49 @@ fn a_replay_folds_each_parity_journal_at_its_chunk_in_one_message() {
         trips_after < trips_before,
         "{trips_after} of {trips_before}"
     );
+}
+
+/// A rebuild across the network reads the members of a window of stripes
+/// in one round trip and writes the rebuilt units in another, where it
+/// took two round trips a stripe, one stripe after another (26.7 MiB/s of
+/// shard on loopback: docs/benchmarks.md, "Rebuild of an out server").
+#[test]
+fn a_rebuild_reads_and_writes_a_window_of_stripes_per_round_trip() {
+    let stripes = 40u64;
+    let (_dir, array, tally) = over_links(WritePolicy::Rmw, stripes, true);
+    let geo = array.geometry();
+    let before = pattern(5, (stripes * geo.stripe_data_bytes()) as usize);
+    array.fail_device(2).unwrap();
+    let fresh = MemDevice::new("r2", geo.device_bytes_min());
+    array
+        .install_replacement(
+            2,
+            linked(&fresh, &tally, true),
+            Path::new("/nonexistent/r2"),
+        )
+        .unwrap();
+    tally.take();
+    tally.round_trip_purposes.lock().unwrap().clear();
+    assert_eq!(array.rebuild(None).unwrap(), stripes);
+    let (by, _) = tally.take();
+    let began = std::mem::take(&mut *tally.round_trip_purposes.lock().unwrap());
+    let of = |p| began.iter().filter(|q| **q == p).count();
+    let count = |p| by.iter().find(|(q, _)| *q == p).map_or(0, |(_, n)| *n);
+    // 40 stripes in windows of 16: 3 round trips of reads (5 members a
+    // stripe, 200 reads) and 3 of writes (40 units); one stripe after
+    // another took 40 and 40.
+    assert_eq!(count(Purpose::Read), 5 * stripes as usize, "{by:?}");
+    assert_eq!(of(Purpose::Read), 3, "{began:?}");
+    assert_eq!(count(Purpose::Write), stripes as usize, "{by:?}");
+    assert_eq!(of(Purpose::Write), 3, "{began:?}");
+    assert!(array
+        .member_states()
+        .iter()
+        .all(|s| *s == MemberState::Active));
+    // What the rebuilt member holds is what was written: read it with
+    // another member out, so its units are read, not decoded around.
+    array.fail_device(3).unwrap();
+    let mut back = vec![0u8; before.len()];
+    array.read(&mut back, 0).unwrap();
+    assert!(back == before, "a rebuilt unit reads wrong");
 }
