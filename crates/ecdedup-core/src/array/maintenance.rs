@@ -261,12 +261,14 @@ impl Array {
     /// it as of the last flush (table pages are written at flushes; a
     /// member's failure writes none). Nothing writes a stripe's parity
     /// while its journals hold records for it except what supersedes
-    /// them: a fold, a resync from the data, a whole-stripe write; each
-    /// writes parity first and drops the records after (an invalidation
-    /// mark, durable at the next journal sync). So such a parity may
-    /// already hold the records: a cut that kept its write and dropped the
-    /// mark, after a data member's failure had synced the records and
-    /// recorded the member out (the cluster simulator's seed 52865, plog:
+    /// them: a fold, a resync from the data, a whole-stripe write; none
+    /// makes the records' end (an invalidation mark, durable at the next
+    /// journal sync) durable with its parity write: a fold and a resync
+    /// append the marks after writing parity, a whole-stripe write before,
+    /// unsynced either way. So such a parity may already hold the
+    /// records: a cut that kept its write and dropped the mark, after a
+    /// data member's failure had synced the records and recorded the
+    /// member out (the cluster simulator's seed 52865, plog:
     /// a resync after a failed append recomputed parity from the data, and
     /// the failure of the other parity's device, whose superblock write
     /// then lost a data member, came before the mark). Folded again, the

@@ -1115,10 +1115,12 @@ fn a_whole_stripe_write_whose_invalidation_a_cut_dropped_never_decodes_through_a
 /// The cluster simulator's seed 52865 (plog with dedup on both volumes,
 /// with the failed-append rule of e35e3ce taken out), on one machine: a
 /// stripe's parity written with its journals' records already in it (a
-/// resync from the data there, a whole-stripe write here), then a data
-/// member's failure recorded (which syncs every journal and device)
-/// before the marks that end those records reached the journals; a cut
-/// kept the parity and dropped the marks. The next open, that member out
+/// resync from the data there, a whole-stripe write here), a data
+/// member's failure recorded (which syncs every journal and device), and
+/// the marks that end those records lost (in 52865 appended after the
+/// failure's sync and dropped by the cut; here the journals are put
+/// back as they were before them).
+/// The next open, that member out
 /// since before it, replayed the stripe degraded and folded the records
 /// again into parity that held them, which took it back to what it held
 /// before them, and the member's block decoded from the four left,
