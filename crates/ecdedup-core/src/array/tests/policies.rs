@@ -1119,9 +1119,8 @@ fn a_whole_stripe_write_whose_invalidation_a_cut_dropped_never_decodes_through_a
 /// member's failure recorded (which syncs every journal and device), and
 /// the marks that end those records lost (in 52865 appended after the
 /// failure's sync and dropped by the cut; here the journals are put
-/// back as they were before them).
-/// The next open, that member out
-/// since before it, replayed the stripe degraded and folded the records
+/// back as they were before them). The next open, that member out since
+/// before it, replayed the stripe degraded and folded the records
 /// again into parity that held them, which took it back to what it held
 /// before them, and the member's block decoded from the four left,
 /// unchecked, as neither its old nor its new bytes. A parity that changed
