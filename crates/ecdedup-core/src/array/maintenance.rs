@@ -257,6 +257,54 @@ impl Array {
             .collect()
     }
 
+    /// Per block row of a dirty stripe read for a degraded replay
+    /// (`units`, as on the devices, before the fold writes anything):
+    /// whether a parity member whose journal records the replay is about
+    /// to fold into that row (`folded_rows`: per parity j, its rows) holds
+    /// a block that no longer matches its checksum entry, which describes
+    /// it as of the last flush (table pages are written at flushes; a
+    /// member's failure writes none). Nothing writes a stripe's parity
+    /// while its journals hold records for it except what supersedes
+    /// them: a fold, a resync from the data, a whole-stripe write; none
+    /// makes the records' end (an invalidation mark, durable at the next
+    /// journal sync) durable with its parity write: a fold and a resync
+    /// append the marks after writing parity, a whole-stripe write before,
+    /// unsynced either way. So such a parity may already hold the
+    /// records: a cut that kept its write and dropped the mark, after a
+    /// data member's failure had synced the records and recorded the
+    /// member out (the cluster simulator's seed 52865, plog:
+    /// a resync after a failed append recomputed parity from the data, and
+    /// the failure of the other parity's device, whose superblock write
+    /// then lost a data member, came before the mark). Folded again, the
+    /// records take the parity back to what it held before them, and the
+    /// missing unit decodes from it as neither its old nor its new bytes.
+    /// Unlike [`Array::rows_torn_unlogged`], it holds also where every
+    /// missing member was out before this open: the failure made the
+    /// records durable, not their end.
+    pub(super) fn rows_parity_changed_under_records(
+        &self,
+        stripe: u64,
+        units: &[Option<Vec<u8>>],
+        folded_rows: &[(usize, Vec<u32>)],
+    ) -> Vec<bool> {
+        let g = &self.geo;
+        let block = g.block() as usize;
+        let mut changed = vec![false; g.blocks_per_unit() as usize];
+        for (j, rows) in folded_rows {
+            let role = g.k() + j;
+            let Some(unit) = &units[role] else { continue };
+            let place = g.place(stripe, role);
+            for &row in rows {
+                let at = row as usize * block;
+                let index = g.checksum_index(place.row, row as u64);
+                if !self.stores[place.device].block_matches(index, &unit[at..at + block]) {
+                    changed[row as usize] = true;
+                }
+            }
+        }
+        changed
+    }
+
     /// Records the checksums of a unit's content after a resync. Entries
     /// that still match are kept; a block that no longer matches (a write
     /// in flight at the stop, or bit rot: the two cannot be told apart
