@@ -1110,11 +1110,16 @@ impl Array {
         // device synced in a second batch: the pages must be written
         // before the sync that covers them, and a chunk may handle the
         // frames of one batch in any order.
+        // A device's failure is handled (its superblocks written, its
+        // journals synced) only once no table's shards are held: the
+        // pages' batch holds every chosen table's shards from their
+        // encoding to their finish.
+        let mut failed = Vec::new();
         let mut held = Vec::with_capacity(self.stores.len());
         for d in (0..self.stores.len()).filter(|&d| chosen[d]) {
             match self.stores[d].dirty_checksum_pages() {
                 Some((dev, Ok(pages))) => held.push((d, dev, pages)),
-                Some((_, Err(e))) => flush_failed(d, e),
+                Some((_, Err(e))) => failed.push((d, e)),
                 None => {}
             }
         }
@@ -1154,8 +1159,12 @@ impl Array {
         for ((d, _, pages), outcome) in held.into_iter().zip(outcomes) {
             match self.stores[d].finish_checksum_pages(pages, outcome) {
                 Ok(()) => reqs.push(ChunkRequest::new(d, ChunkOp::Sync)),
-                Err(e) => flush_failed(d, e),
+                Err(e) => failed.push((d, e)),
             }
+        }
+        failed.sort_by_key(|(d, _)| *d);
+        for (d, e) in failed {
+            flush_failed(d, e);
         }
         self.submit(&mut reqs);
         for req in reqs {
