@@ -30,9 +30,11 @@
 #   cluster     scripts/bench-cluster.sh: 6 chunk servers + etcd on
 #               loopback, 4 KiB overwrites QD1 and QD32 on rmw, parix and
 #               replicate pools: IOPS, p50, messages, round trips and wire
-#               bytes per write, paired parix/rmw and parix/repl ratios
-#               (issues 19/20; REGION 256M as in docs/benchmarks.md).
-#               CL_ROUNDS [5] CL_RUNTIME [3] s CL_REGION [256M]
+#               bytes per write, paired parix/rmw and parix/repl ratios,
+#               each pool's first overwrite after a replay measured apart
+#               (issues 19/20). CL_ROUNDS [5] CL_RUNTIME [3] s
+#               CL_REGION [32M] CL_JOURNAL_MAX [256M] (each parity journal
+#               must hold the region's d(0)s and the runs' records)
 #   nbd-core    scripts/bench-nbd.sh, issue 21's A/B: ecdedup RS(4,2) rmw
 #               (E) against `nbdkit file cache=none` (P), a second one as
 #               the A/A control (C) and fio io_uring O_DIRECT on one file (R,
@@ -288,7 +290,7 @@ reap() {
 # machine (estimates), the variable that sets its rounds, its environment
 # and its script.
 P=${PAIRS:-5}; R=${RUNTIME:-3}; RAMP=${RAMP:-1}; SIZE=${SIZE:-1G}
-CR=${CL_ROUNDS:-5}; CT=${CL_RUNTIME:-3}; CREG=${CL_REGION:-256M}
+CR=${CL_ROUNDS:-5}; CT=${CL_RUNTIME:-3}; CREG=${CL_REGION:-32M}; CJMAX=${CL_JOURNAL_MAX:-256M}
 # Each parity journal must hold a warm pass and a run without a replay.
 avail_gib=$(df -Pk "$WORK_ROOT" | awk 'NR == 2 {print int($4 / 1048576)}')
 JMAX=${JOURNAL_MAX:-$([ "${avail_gib:-0}" -ge 24 ] && echo 2048M || echo 1024M)}
@@ -303,9 +305,9 @@ def() { # def NAME OPTIONAL FIXED_S PER_ROUND_S ROUNDS_VAR ROUNDS_MAX SCRIPT ENV
   for a in "$@"; do [[ "$a" == *" "* ]] && a="${a%%=*}=\"${a#*=}\""; shown+=("$a"); done
   SHOWN[$n]="${shown[*]}"
 }
-# 3 pools x QD1 and QD32 per round; 3 warm passes of CL_REGION.
-def cluster 0 60 $((6 * CT + 3)) ROUNDS "$CR" bench-cluster.sh \
-  RUNTIME="$CT" REGION="$CREG" IO=direct
+# 3 pools x (a warm pass of CL_REGION, QD1, QD32, two settles) per round.
+def cluster 0 60 $((6 * CT + 24)) ROUNDS "$CR" bench-cluster.sh \
+  RUNTIME="$CT" REGION="$CREG" JOURNAL_MAX="$CJMAX" IO=direct
 # 2 jobs x 4 sides (E P C R) per round; 4 volumes preconditioned.
 def nbd-core 0 20 $((8 * (R + RAMP) + 4)) PAIRS "$P" bench-nbd.sh \
   JOBS="seqwrite-1m-qd8 randwrite-qd32" RAW=1 PEER_CACHE=none DROP_CACHES=$DROP RUNTIME="$R" RAMP="$RAMP" SIZE="$SIZE"

@@ -40,8 +40,6 @@ use std::time::Duration;
 /// sparse: the room costs nothing until written), so that `volume resize`
 /// can grow it up to this without moving data.
 pub const CAPACITY_BYTES_MIN: u64 = 256 << 30;
-/// Bound of each chunk's parity journal (plog, parix).
-pub const CHUNK_JOURNAL_BYTES: u64 = 32 << 20;
 /// The rebuild of a re-placed shard writes at most this many bytes a
 /// second to its new server, by default (per PG being rebuilt).
 pub const REBUILD_BYTES_PER_S_DEFAULT: u64 = 64 << 20;
@@ -124,7 +122,7 @@ fn create_options(spec: &PoolSpec, names: Vec<PathBuf>, pg_bytes: u64) -> Result
             ..DedupConfig::default()
         },
         write_policy,
-        journal_bytes_max: CHUNK_JOURNAL_BYTES,
+        journal_bytes_max: spec.journal_bytes(),
         io: Default::default(),
         sparse: true,
         force: false,
@@ -727,4 +725,39 @@ fn devices_size(devices: &[Option<Arc<dyn Device>>]) -> u64 {
         .map(|d| d.size())
         .next()
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ecdedup_cluster::keys::{FailureDomain, JOURNAL_BYTES_DEFAULT};
+
+    #[test]
+    fn a_pgs_shards_are_formatted_with_the_pools_journal_bound() {
+        let spec = PoolSpec {
+            k: 4,
+            m: 2,
+            stripe_unit_bytes: 65536,
+            policy: PoolPolicy::Parix,
+            dedup: DedupPolicy::None,
+            pg_count: 4,
+            failure_domain: FailureDomain::Host,
+            min_size: None,
+            journal_bytes: None,
+        };
+        let names = |n| (0..n).map(|i| PathBuf::from(format!("c{i}"))).collect();
+        let default = create_options(&spec, names(6), 1 << 30).unwrap();
+        assert_eq!(default.journal_bytes_max, JOURNAL_BYTES_DEFAULT);
+        assert_eq!(default.write_policy, WritePolicy::Parix);
+        let set = PoolSpec {
+            journal_bytes: Some(256 << 20),
+            ..spec
+        };
+        assert_eq!(
+            create_options(&set, names(6), 1 << 30)
+                .unwrap()
+                .journal_bytes_max,
+            256 << 20
+        );
+    }
 }

@@ -116,6 +116,7 @@ impl Cluster {
             pg_count: pgs,
             failure_domain: FailureDomain::Host,
             min_size: None,
+            journal_bytes: None,
         };
         let etcd = self.etcd_config(name);
         self.rt.block_on(async {

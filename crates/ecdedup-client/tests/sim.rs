@@ -790,6 +790,7 @@ impl Pg {
             pg_count: 1,
             failure_domain: FailureDomain::Device,
             min_size: None,
+            journal_bytes: None,
         }
     }
 
@@ -2392,8 +2393,17 @@ const REGRESSION_SEEDS: &[u64] = &[127, 144, 551, 910, 1079, 1253, 1460, 1921, 3
 ///   folded by an open with two members out, closed since in format 2 by
 ///   the mark of rows whose fold took a record not flushed (73757, below).
 ///   With the failed-append rule taken out after that mark (2026-11-27,
-///   eae14f0): 28455 passes, 52865 still reads block 36 wrong (not
-///   narrowed; the rule keeps it off).
+///   eae14f0): 28455 passes, 52865 still read block 36 wrong, a cause
+///   of its own (branch s52): the resync after the failed append wrote
+///   stripe 9's parity 0 with the write in it, the failure of parity 1's
+///   device (its write failed too) synced parity 0's record and, at its
+///   superblock write, lost role 0's member, recorded out; the mark
+///   ending the record came after, and the power loss dropped it, so the
+///   next open folded the record again into parity that held it. A
+///   parity changed since the last flush under records its fold takes is
+///   now marked where nothing vouches for the decode
+///   (`rows_parity_changed_under_records`); with the rule taken out
+///   52865 passes, strict, 3 of 3 replays (block 36 can only fail).
 /// - 68227 (replicate beside parix; branch pxw): a replay folded stripe
 ///   26's records (block 107, written with FUA) into both parities at
 ///   the device and logged their invalidations, and a write of the

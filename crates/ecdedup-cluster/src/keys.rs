@@ -331,6 +331,12 @@ pub struct PoolSpec {
     /// written before the field existed) is [`PoolSpec::min_size_default`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_size: Option<u32>,
+    /// Bound of each shard's parity journal in bytes under plog and parix
+    /// (`pool create --journal-max`); `None` (and a record written before
+    /// the field existed) is [`JOURNAL_BYTES_DEFAULT`]. Read when a PG's
+    /// shards are formatted: a PG formatted before keeps its bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub journal_bytes: Option<u64>,
 }
 
 /// Most shards in a stripe (k + m), as the engine's codec allows.
@@ -341,6 +347,14 @@ pub const PG_COUNT_MAX: u32 = 1 << 16;
 pub const STRIPE_UNIT_BYTES_MAX: u32 = 4 << 20;
 /// Sizes (stripe units, volumes) are multiples of this.
 pub const BLOCK_BYTES: u32 = 4096;
+/// Each shard's parity journal bound unless the pool sets one: a journal
+/// past half of it is replayed, which empties it of every d(0) that
+/// parix's speculation needs (docs/cluster.md).
+pub const JOURNAL_BYTES_DEFAULT: u64 = 32 << 20;
+/// The smallest journal bound a pool takes.
+pub const JOURNAL_BYTES_MIN: u64 = 1 << 20;
+/// The largest: the bound is reserved on each parity shard's device.
+pub const JOURNAL_BYTES_MAX: u64 = 64 << 30;
 
 impl PoolSpec {
     /// Servers per PG: k + m.
@@ -362,6 +376,11 @@ impl PoolSpec {
     /// writes (reads go on while k remain).
     pub fn min_size(&self) -> u32 {
         self.min_size.unwrap_or_else(|| self.min_size_default())
+    }
+
+    /// The bound of each shard's parity journal (plog, parix).
+    pub fn journal_bytes(&self) -> u64 {
+        self.journal_bytes.unwrap_or(JOURNAL_BYTES_DEFAULT)
     }
 
     /// Checks the settings: the bounds above, `replicate(n)` stored as
@@ -400,6 +419,16 @@ impl PoolSpec {
                     "min_size {min} must be from k = {} to k + m = {}",
                     self.k,
                     self.width()
+                ));
+            }
+        }
+        if let Some(bytes) = self.journal_bytes {
+            if !(JOURNAL_BYTES_MIN..=JOURNAL_BYTES_MAX).contains(&bytes)
+                || !bytes.is_multiple_of(u64::from(BLOCK_BYTES))
+            {
+                return bad(format!(
+                    "journal bound {bytes} bytes must be a multiple of {BLOCK_BYTES} from \
+                     {JOURNAL_BYTES_MIN} to {JOURNAL_BYTES_MAX}"
                 ));
             }
         }
@@ -595,8 +624,15 @@ mod tests {
             pg_count: 64,
             failure_domain: FailureDomain::Host,
             min_size: None,
+            journal_bytes: None,
         };
         good.check().unwrap();
+        PoolSpec {
+            journal_bytes: Some(1 << 30),
+            ..good.clone()
+        }
+        .check()
+        .unwrap();
         let replicate = PoolSpec {
             k: 1,
             m: 2,
@@ -642,6 +678,18 @@ mod tests {
                 min_size: Some(7),
                 ..good.clone()
             },
+            PoolSpec {
+                journal_bytes: Some(4096),
+                ..good.clone()
+            },
+            PoolSpec {
+                journal_bytes: Some((1 << 30) + 1),
+                ..good.clone()
+            },
+            PoolSpec {
+                journal_bytes: Some(128 << 30),
+                ..good.clone()
+            },
         ] {
             let err = bad.check().unwrap_err();
             assert!(matches!(err, Error::Invalid { .. }), "{bad:?}: {err}");
@@ -660,6 +708,7 @@ mod tests {
                 pg_count: 8,
                 failure_domain: FailureDomain::Device,
                 min_size: Some(3),
+                journal_bytes: Some(256 << 20),
             },
             ready: true,
         };
@@ -677,6 +726,7 @@ mod tests {
         let pool: PoolRecord = decode("k", old).unwrap();
         assert_eq!(pool.spec.min_size, None);
         assert_eq!(pool.spec.min_size(), 5);
+        assert_eq!(pool.spec.journal_bytes(), JOURNAL_BYTES_DEFAULT);
         let rs21 = PoolSpec {
             k: 2,
             m: 1,
@@ -690,9 +740,11 @@ mod tests {
         set.check().unwrap();
         assert_eq!(set.min_size(), 4);
         // The default is not written out: older readers see what they know.
-        assert!(!String::from_utf8(encode(&pool))
-            .unwrap()
-            .contains("min_size"));
+        let text = String::from_utf8(encode(&pool)).unwrap();
+        assert!(
+            !text.contains("min_size") && !text.contains("journal_bytes"),
+            "{text}"
+        );
         let err = decode::<VolumeRecord>("/ecdedup/c/volume/p/v", b"{").unwrap_err();
         assert!(err.to_string().contains("/ecdedup/c/volume/p/v"), "{err}");
     }

@@ -174,6 +174,7 @@ mod tests {
             pg_count,
             failure_domain,
             min_size: None,
+            journal_bytes: None,
         }
     }
 

@@ -298,6 +298,7 @@ fn spec(k: u32, m: u32, pg_count: u32, failure_domain: FailureDomain) -> PoolSpe
         pg_count,
         failure_domain,
         min_size: None,
+        journal_bytes: None,
     }
 }
 

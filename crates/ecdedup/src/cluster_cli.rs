@@ -197,6 +197,11 @@ pub struct PoolSettings {
     /// m >= 2, else k].
     #[arg(long)]
     min_size: Option<u32>,
+    /// Bound of each shard's parity journal under plog and parix (a
+    /// journal past half of it is replayed; parix's one-round-trip
+    /// overwrite needs the block's d(0) still in the journal) [default: 32M].
+    #[arg(long)]
+    journal_max: Option<String>,
 }
 
 impl PoolSettings {
@@ -237,6 +242,7 @@ impl PoolSettings {
             pg_count: self.pgs,
             failure_domain,
             min_size: self.min_size,
+            journal_bytes: self.journal_max.as_deref().map(parse_size).transpose()?,
         };
         spec.check().map_err(cluster_error)?;
         Ok(spec)
@@ -900,6 +906,7 @@ fn status(dir: &Path, json: bool) -> Result<()> {
                 "m": record.spec.m,
                 "policy": format!("{:?}", record.spec.policy),
                 "min_size": record.spec.min_size(),
+                "journal_bytes": record.spec.journal_bytes(),
                 "pgs": pg_rows,
                 "volumes": vols,
             }));
@@ -950,12 +957,13 @@ fn status(dir: &Path, json: bool) -> Result<()> {
     }
     for p in report["pools"].as_array().into_iter().flatten() {
         println!(
-            "pool {} RS({},{}) {} min_size {}",
+            "pool {} RS({},{}) {} min_size {} journal {}",
             p["name"].as_str().unwrap_or(""),
             p["k"],
             p["m"],
             p["policy"].as_str().unwrap_or(""),
-            p["min_size"]
+            p["min_size"],
+            format_size(p["journal_bytes"].as_u64().unwrap_or(0))
         );
         for pg in p["pgs"].as_array().into_iter().flatten() {
             println!(

@@ -224,6 +224,7 @@ mod tests {
                 pg_count: 4,
                 failure_domain: FailureDomain::Device,
                 min_size: None,
+                journal_bytes: None,
             };
             ecdedup_cluster::create_pool(&cluster, "p", &spec)
                 .await

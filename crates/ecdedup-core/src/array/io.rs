@@ -315,10 +315,17 @@ impl Array {
     /// round trip for the lot where the members are across the network,
     /// not one per unit.
     pub(super) fn read_units_raw(&self, stripe: u64, roles: &[usize]) -> Vec<Option<Vec<u8>>> {
+        let wants: Vec<(u64, usize)> = roles.iter().map(|&role| (stripe, role)).collect();
+        self.read_stripe_units_raw(&wants)
+    }
+
+    /// As [`Self::read_units_raw`] for units of several stripes
+    /// (stripe, role), all in one batch.
+    pub(super) fn read_stripe_units_raw(&self, wants: &[(u64, usize)]) -> Vec<Option<Vec<u8>>> {
         let g = &self.geo;
-        let held: Vec<bool> = roles
+        let held: Vec<bool> = wants
             .iter()
-            .map(|&role| self.holds(g.place(stripe, role).device, stripe))
+            .map(|&(stripe, role)| self.holds(g.place(stripe, role).device, stripe))
             .collect();
         let mut bufs: Vec<Vec<u8>> = held
             .iter()
@@ -332,10 +339,10 @@ impl Array {
             .collect();
         let reqs: Vec<ChunkRequest> = bufs
             .iter_mut()
-            .zip(roles)
+            .zip(wants)
             .zip(&held)
             .filter(|(_, &h)| h)
-            .map(|((buf, &role), _)| {
+            .map(|((buf, &(stripe, role)), _)| {
                 let place = g.place(stripe, role);
                 let op = ChunkOp::Read {
                     buf: &mut buf[..],

@@ -954,13 +954,26 @@ impl Array {
         // Before any fold writes parity with fresh entries: the rows a
         // write in flight at the stop may have torn (a member changed
         // since the last flush; `rows_torn_unlogged`), which the resync
-        // could no longer see once the folded parity matches its entry.
-        // Only at the open's resync: while serving, the missing members'
-        // entries are resident and every decode is checked against them.
+        // could no longer see once the folded parity matches its entry;
+        // and the rows whose parity changed since then under the records
+        // folded into it, which it may hold already
+        // (`rows_parity_changed_under_records`, seed 52865). Only at the
+        // open's resync: while serving, the missing members' entries are
+        // resident and every decode is checked against them.
         let at_open = !self.serving.load(std::sync::atomic::Ordering::SeqCst);
-        let torn_before = match dirty && at_open {
-            true => self.rows_torn_unlogged(stripe, &self.read_stripe_raw(stripe)),
-            false => Vec::new(),
+        let (torn_before, refolded) = match dirty && at_open {
+            true => {
+                let units = self.read_stripe_raw(stripe);
+                let folded_rows: Vec<(usize, Vec<u32>)> = folds
+                    .iter()
+                    .map(|(j, _, f, _)| (*j, f.keys().copied().collect()))
+                    .collect();
+                (
+                    self.rows_torn_unlogged(stripe, &units),
+                    self.rows_parity_changed_under_records(stripe, &units, &folded_rows),
+                )
+            }
+            false => (Vec::new(), Vec::new()),
         };
         let logged_values = match dirty {
             true => self.missing_values_logged(stripe, missing),
@@ -1080,10 +1093,13 @@ impl Array {
                 // new bytes, and nothing checks that decode (cluster
                 // simulator, seed 73757). A row whose records were all
                 // flushed folds right (their data writes were durable
-                // first) and is left to decode.
+                // first) and is left to decode, unless a member changed
+                // since the last flush: a write in flight (torn), or a
+                // parity that may hold the records already (refolded).
                 _ if dirty
                     && (unsynced.contains(&(row as u32))
-                        || torn_before.get(row as usize).copied().unwrap_or(false)) =>
+                        || torn_before.get(row as usize).copied().unwrap_or(false)
+                        || refolded.get(row as usize).copied().unwrap_or(false)) =>
                 {
                     unknown_rows += 1;
                     unknowable.push((row, shards, present));
@@ -1131,9 +1147,10 @@ impl Array {
             bump(&self.counters.array.degraded_replay_unflushed_rows);
             self.warn(format!(
                 "stripe {stripe}: {} of those block rows folded a parity journal record \
-                 appended after the last flush, whose data write the stop may have dropped: \
-                 their parity is marked unreadable, and the missing blocks read as I/O \
-                 errors until rewritten",
+                 appended after the last flush, whose data write the stop may have dropped, \
+                 or have a member changed since then (a write in flight, or a parity that \
+                 may hold the folded records already): their parity is marked unreadable, \
+                 and the missing blocks read as I/O errors until rewritten",
                 unknowable.len()
             ));
         }

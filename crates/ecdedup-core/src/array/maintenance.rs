@@ -12,6 +12,10 @@ use std::time::{Duration, Instant};
 
 /// How often a rebuild records its cursor in the superblocks.
 const REBUILD_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(2);
+/// Most stripes a rebuild reconstructs together (`Array::rebuild_window`).
+const REBUILD_WINDOW_STRIPES: u64 = 16;
+/// About the most bytes of member units a rebuild window reads at once.
+const REBUILD_WINDOW_BYTES: u64 = 16 << 20;
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ScrubReport {
@@ -253,6 +257,54 @@ impl Array {
             .collect()
     }
 
+    /// Per block row of a dirty stripe read for a degraded replay
+    /// (`units`, as on the devices, before the fold writes anything):
+    /// whether a parity member whose journal records the replay is about
+    /// to fold into that row (`folded_rows`: per parity j, its rows) holds
+    /// a block that no longer matches its checksum entry, which describes
+    /// it as of the last flush (table pages are written at flushes; a
+    /// member's failure writes none). Nothing writes a stripe's parity
+    /// while its journals hold records for it except what supersedes
+    /// them: a fold, a resync from the data, a whole-stripe write; none
+    /// makes the records' end (an invalidation mark, durable at the next
+    /// journal sync) durable with its parity write: a fold and a resync
+    /// append the marks after writing parity, a whole-stripe write before,
+    /// unsynced either way. So such a parity may already hold the
+    /// records: a cut that kept its write and dropped the mark, after a
+    /// data member's failure had synced the records and recorded the
+    /// member out (the cluster simulator's seed 52865, plog:
+    /// a resync after a failed append recomputed parity from the data, and
+    /// the failure of the other parity's device, whose superblock write
+    /// then lost a data member, came before the mark). Folded again, the
+    /// records take the parity back to what it held before them, and the
+    /// missing unit decodes from it as neither its old nor its new bytes.
+    /// Unlike [`Array::rows_torn_unlogged`], it holds also where every
+    /// missing member was out before this open: the failure made the
+    /// records durable, not their end.
+    pub(super) fn rows_parity_changed_under_records(
+        &self,
+        stripe: u64,
+        units: &[Option<Vec<u8>>],
+        folded_rows: &[(usize, Vec<u32>)],
+    ) -> Vec<bool> {
+        let g = &self.geo;
+        let block = g.block() as usize;
+        let mut changed = vec![false; g.blocks_per_unit() as usize];
+        for (j, rows) in folded_rows {
+            let role = g.k() + j;
+            let Some(unit) = &units[role] else { continue };
+            let place = g.place(stripe, role);
+            for &row in rows {
+                let at = row as usize * block;
+                let index = g.checksum_index(place.row, row as u64);
+                if !self.stores[place.device].block_matches(index, &unit[at..at + block]) {
+                    changed[row as usize] = true;
+                }
+            }
+        }
+        changed
+    }
+
     /// Records the checksums of a unit's content after a resync. Entries
     /// that still match are kept; a block that no longer matches (a write
     /// in flight at the stop, or bit rot: the two cannot be told apart
@@ -487,63 +539,23 @@ impl Array {
             }
             let start = self.stores[d].cursor();
             let mut last_checkpoint = Instant::now();
-            for stripe in start..g.stripes {
+            let window = self.rebuild_window();
+            let mut stripe = start;
+            while stripe < g.stripes {
                 self.stop_if_closing("rebuild", d, stripe)?;
-                {
-                    let _g = self.locks[Self::lock_index(stripe)].write().unwrap();
-                    if !self.stores[d].is_rebuilding() {
-                        return Err(Error::Unavailable(format!(
-                            "device {d} failed during its rebuild"
-                        )));
-                    }
-                    if let Some(role) = g.role_on(stripe, d) {
-                        // Fewer than k other members in service: nothing
-                        // can be decoded now, and rows marked unreadable
-                        // would stay so after the members return. The
-                        // rebuild pauses here, its cursor recorded, and
-                        // resumes at the next `rebuild` (a writer's next
-                        // open, in a cluster).
-                        self.pause_below_k("rebuild", d, stripe, role)?;
-                        // Pipelined recovery: the stripe's journals are
-                        // replayed, and the fresh parity decodes at once.
-                        self.replay_stripe(stripe)?;
-                        let (unit, unreadable) = self.reconstruct_unit(stripe, role)?;
-                        if !unreadable.is_empty() {
-                            // A member lost while this stripe was read.
-                            self.pause_below_k("rebuild", d, stripe, role)?;
-                        }
-                        self.stores[d].set_cursor(stripe + 1);
-                        if !self.write_unit_blocks(stripe, role, 0, &unit) {
-                            if self.stores[d].is_rebuilding() {
-                                // A full file system: the device keeps what
-                                // it holds and this stripe is not yet its.
-                                self.stores[d].set_cursor(stripe);
-                                return Err(Error::NoSpace(format!(
-                                    "rebuild of device {d} stopped at stripe {stripe}: the \
-                                     file system under it is full; free space and run \
-                                     `rebuild` again (it resumes there)"
-                                )));
-                            }
-                            return Err(Error::Unavailable(format!(
-                                "device {d} failed during its rebuild"
-                            )));
-                        }
-                        self.mark_unreadable(stripe, role, &unit, &unreadable);
-                        unreadable_blocks += unreadable.len() as u64;
-                        rebuilt += 1;
-                        bump(&self.counters.array.rebuilt_stripes);
-                    } else {
-                        self.stores[d].set_cursor(stripe + 1);
-                    }
-                }
-                let done = t as u64 * g.stripes + stripe + 1;
+                let end = (stripe + window).min(g.stripes);
+                let (done_here, unreadable_here) = self.rebuild_window_of(d, stripe..end)?;
+                rebuilt += done_here;
+                unreadable_blocks += unreadable_here;
+                let done = t as u64 * g.stripes + end;
                 self.progress_operation(done);
                 if let Some(p) = &progress {
-                    if stripe % 16 == 0 || stripe + 1 == g.stripes {
+                    if stripe / 16 != end / 16 || end == g.stripes {
                         p("rebuild", done, g.stripes * targets.len() as u64);
                     }
                 }
                 self.checkpoint_cursor(&mut last_checkpoint)?;
+                stripe = end;
             }
             self.stores[d].finish_rebuild();
             self.flush()?;
@@ -559,6 +571,96 @@ impl Array {
             }
         }
         Ok(rebuilt)
+    }
+
+    /// Stripes a rebuild reconstructs together: their members read in one
+    /// batch and their units written in another (two round trips to remote
+    /// chunks for the lot, where one stripe after another took two each),
+    /// at most [`REBUILD_WINDOW_STRIPES`] and about
+    /// [`REBUILD_WINDOW_BYTES`] of units read.
+    fn rebuild_window(&self) -> u64 {
+        let stripe_bytes = self.geo.unit_bytes() * self.geo.width() as u64;
+        (REBUILD_WINDOW_BYTES / stripe_bytes.max(1)).clamp(1, REBUILD_WINDOW_STRIPES)
+    }
+
+    /// Rebuilds device `d`'s units of `stripes` (the cursor at their
+    /// start), every stripe's lock held throughout (taken in lock order):
+    /// the journals of each replayed, the units decoded from one batch of
+    /// reads, the cursor moved past them, then the units written in one
+    /// batch. The superblocks record the cursor at the window's start
+    /// until every unit is written. Returns the units rebuilt and the
+    /// blocks that could not be decoded (marked unreadable). An error
+    /// leaves the cursor at the first stripe not rebuilt.
+    fn rebuild_window_of(&self, d: usize, stripes: std::ops::Range<u64>) -> Result<(u64, u64)> {
+        let g = self.geo;
+        let mut order: Vec<usize> = stripes.clone().map(Self::lock_index).collect();
+        order.sort_unstable();
+        order.dedup();
+        let _guards: Vec<_> = order
+            .iter()
+            .map(|&i| self.locks[i].write().unwrap())
+            .collect();
+        if !self.stores[d].is_rebuilding() {
+            return Err(Error::Unavailable(format!(
+                "device {d} failed during its rebuild"
+            )));
+        }
+        let work: Vec<(u64, usize)> = stripes
+            .clone()
+            .filter_map(|s| g.role_on(s, d).map(|role| (s, role)))
+            .collect();
+        for &(stripe, role) in &work {
+            // Fewer than k other members in service: nothing can be
+            // decoded now, and rows marked unreadable would stay so after
+            // the members return. The rebuild pauses here, its cursor
+            // recorded, and resumes at the next `rebuild` (a writer's next
+            // open, in a cluster).
+            self.pause_below_k("rebuild", d, stripe, role)?;
+            // Pipelined recovery: the stripe's journals are replayed, and
+            // the fresh parity decodes at once.
+            self.replay_stripe(stripe)?;
+        }
+        let units = self.reconstruct_units(&work)?;
+        for (&(stripe, role), (_, unreadable)) in work.iter().zip(&units) {
+            if !unreadable.is_empty() {
+                // A member lost while this stripe was read.
+                self.pause_below_k("rebuild", d, stripe, role)?;
+            }
+        }
+        self.stores[d].advance_cursor_unrecorded(stripes.start, stripes.end);
+        let writes: Vec<(u64, usize, u64, &[u8])> = work
+            .iter()
+            .zip(&units)
+            .map(|(&(stripe, role), (unit, _))| (stripe, role, 0, &unit[..]))
+            .collect();
+        let written = self.write_units(&writes, false);
+        let failed = written.iter().position(|ok| !ok);
+        let took = failed.unwrap_or(work.len());
+        if let Some(i) = failed {
+            self.stores[d].set_cursor(work[i].0);
+        }
+        self.stores[d].record_cursor();
+        let mut unreadable_blocks = 0;
+        for (&(stripe, role), (unit, unreadable)) in work.iter().zip(&units).take(took) {
+            self.mark_unreadable(stripe, role, unit, unreadable);
+            unreadable_blocks += unreadable.len() as u64;
+            bump(&self.counters.array.rebuilt_stripes);
+        }
+        if let Some(i) = failed {
+            let stripe = work[i].0;
+            if self.stores[d].is_rebuilding() {
+                // A full file system: the device keeps what it holds and
+                // this stripe is not yet its.
+                return Err(Error::NoSpace(format!(
+                    "rebuild of device {d} stopped at stripe {stripe}: the file system under \
+                     it is full; free space and run `rebuild` again (it resumes there)"
+                )));
+            }
+            return Err(Error::Unavailable(format!(
+                "device {d} failed during its rebuild"
+            )));
+        }
+        Ok((work.len() as u64, unreadable_blocks))
     }
 
     /// How many of `stripe`'s members other than `role` hold it.
@@ -631,12 +733,47 @@ impl Array {
     }
 
     pub(super) fn reconstruct_unit(&self, stripe: u64, role: usize) -> Result<(Vec<u8>, Vec<u64>)> {
-        let g = &self.geo;
-        let block = g.block() as usize;
-        if self.journal_pending(stripe) {
+        let mut one = self.reconstruct_units(&[(stripe, role)])?;
+        Ok(one.pop().expect("one unit asked, one decoded"))
+    }
+
+    /// As [`Self::reconstruct_unit`] for units of several stripes (stripe,
+    /// role), their members read in one batch (one round trip to remote
+    /// chunks for the lot). Caller holds every stripe's lock.
+    pub(super) fn reconstruct_units(
+        &self,
+        wants: &[(u64, usize)],
+    ) -> Result<Vec<(Vec<u8>, Vec<u64>)>> {
+        let width = self.geo.width();
+        if let Some(&(stripe, _)) = wants.iter().find(|&&(s, _)| self.journal_pending(s)) {
             return Err(Error::NeedsReplay(stripe));
         }
-        let units = self.read_stripe_raw(stripe);
+        let reads: Vec<(u64, usize)> = wants
+            .iter()
+            .flat_map(|&(stripe, _)| (0..width).map(move |r| (stripe, r)))
+            .collect();
+        let mut units = self.read_stripe_units_raw(&reads).into_iter();
+        wants
+            .iter()
+            .map(|&(stripe, role)| {
+                let members: Vec<Option<Vec<u8>>> = units.by_ref().take(width).collect();
+                self.decode_unit_from(stripe, role, members)
+            })
+            .collect()
+    }
+
+    /// Decodes unit `role` of `stripe` from its members' units as read
+    /// raw (None: not held or not read), row by row, each row checked;
+    /// where a member is missing that holds the stripe, rows are read
+    /// again one by one. Returns the unit and the rows not decoded.
+    fn decode_unit_from(
+        &self,
+        stripe: u64,
+        role: usize,
+        units: Vec<Option<Vec<u8>>>,
+    ) -> Result<(Vec<u8>, Vec<u64>)> {
+        let g = &self.geo;
+        let block = g.block() as usize;
         let whole = units
             .iter()
             .enumerate()

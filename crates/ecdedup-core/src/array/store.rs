@@ -48,6 +48,10 @@ pub(super) struct ChunkStore {
     tag: AtomicU8,
     /// While rebuilding: the stripes below it hold current content.
     cursor: AtomicU64,
+    /// The most the superblocks may record of `cursor` (u64::MAX: all of
+    /// it): a rebuild that moves the cursor past stripes whose units it
+    /// is still writing caps it at the first of them until they are done.
+    cursor_record_cap: AtomicU64,
     table: ChecksumTable,
     /// Bytes of a checksummed block.
     block_bytes: usize,
@@ -101,6 +105,7 @@ impl ChunkStore {
             dev: slot,
             tag: AtomicU8::new(tag),
             cursor: AtomicU64::new(cursor),
+            cursor_record_cap: AtomicU64::new(u64::MAX),
             table,
             block_bytes,
             sums_known: AtomicBool::new(state == MemberState::Active),
@@ -122,7 +127,10 @@ impl ChunkStore {
             TAG_ACTIVE => MemberState::Active,
             TAG_FAILED => MemberState::Failed,
             _ => MemberState::Rebuilding {
-                cursor: self.cursor.load(SeqCst),
+                cursor: self
+                    .cursor
+                    .load(SeqCst)
+                    .min(self.cursor_record_cap.load(SeqCst)),
             },
         }
     }
@@ -158,6 +166,21 @@ impl ChunkStore {
         self.cursor.store(stripe, SeqCst);
     }
 
+    /// Moves the cursor to `to` for the writes of stripes `from..to`
+    /// (a stripe past the cursor is not written to the device), while the
+    /// superblocks go on recording `from` until [`Self::record_cursor`]:
+    /// a superblock written meanwhile (another device's failure) must not
+    /// vouch for units not yet written.
+    pub(super) fn advance_cursor_unrecorded(&self, from: u64, to: u64) {
+        self.cursor_record_cap.store(from, SeqCst);
+        self.cursor.store(to, SeqCst);
+    }
+
+    /// The units below the cursor are written: the superblocks may record it.
+    pub(super) fn record_cursor(&self) {
+        self.cursor_record_cap.store(u64::MAX, SeqCst);
+    }
+
     /// Marks the store failed; returns whether it was in service (false:
     /// another thread failed it first).
     pub(super) fn fail(&self) -> bool {
@@ -187,6 +210,7 @@ impl ChunkStore {
     /// from stripe 0.
     pub(super) fn put_in_service(&self, dev: Arc<dyn Device>) {
         self.cursor.store(0, SeqCst);
+        self.record_cursor();
         *self.dev.write().unwrap() = Some(dev);
         self.tag.store(TAG_REBUILDING, SeqCst);
     }

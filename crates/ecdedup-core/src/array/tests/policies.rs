@@ -742,6 +742,28 @@ impl Rig {
         (first, last + len as u64)
     }
 
+    /// The first MiB of each parity journal of `stripe` as it lies on its
+    /// device (format 2): (device, offset, bytes), for [`Rig::put_back`].
+    fn parity_journals_on_devices(&self, stripe: u64) -> Vec<(usize, u64, Vec<u8>)> {
+        (0..self.geo().m())
+            .map(|j| {
+                let p = self.parity_device(stripe, j);
+                let (from, to) = self.journal_range_on_device(p, 1 << 20);
+                let bytes = self.mems[p].with_bytes(|b| b[from as usize..to as usize].to_vec());
+                (p, from, bytes)
+            })
+            .collect()
+    }
+
+    /// Writes device byte ranges back as they were saved (a cut that
+    /// dropped what was written there since).
+    fn put_back(&self, saved: &[(usize, u64, Vec<u8>)]) {
+        for (d, from, bytes) in saved {
+            let from = *from as usize;
+            self.mems[*d].with_bytes(|b| b[from..from + bytes.len()].copy_from_slice(bytes));
+        }
+    }
+
     /// Stops without a close (the journals keep their records), opens
     /// again with the member of `stripe`'s data role 0 gone, and checks
     /// that the stripe's first block row reads back in every data role
@@ -1112,15 +1134,7 @@ fn a_whole_stripe_write_whose_invalidation_a_cut_dropped_never_decodes_through_a
         rig.write_journaled(stripe, 2, 80);
         // The parity journals as they are, to put back after the whole
         // write: the cut drops its invalidation marks, keeps the rest.
-        let parity: Vec<usize> = (0..g.m()).map(|j| rig.parity_device(stripe, j)).collect();
-        let saved: Vec<(usize, u64, Vec<u8>)> = parity
-            .iter()
-            .map(|&p| {
-                let (from, to) = rig.journal_range_on_device(p, 1 << 20);
-                let bytes = rig.mems[p].with_bytes(|b| b[from as usize..to as usize].to_vec());
-                (p, from, bytes)
-            })
-            .collect();
+        let saved = rig.parity_journals_on_devices(stripe);
         // The data units of roles 0 and 1 (the members left) as they
         // are: the cut drops their writes too, so only the parity
         // members changed since the last flush.
@@ -1141,11 +1155,7 @@ fn a_whole_stripe_write_whose_invalidation_a_cut_dropped_never_decodes_through_a
         for (d, at, bytes) in &kept {
             rig.mems[*d].with_bytes(|b| b[*at..*at + bytes.len()].copy_from_slice(bytes));
         }
-        for (p, from, bytes) in &saved {
-            rig.mems[*p].with_bytes(|b| {
-                b[*from as usize..*from as usize + bytes.len()].copy_from_slice(bytes)
-            });
-        }
+        rig.put_back(&saved);
         let new = pattern(81, sd as usize);
         let mut devs = rig.devices();
         for role in [2, 3] {
@@ -1170,5 +1180,75 @@ fn a_whole_stripe_write_whose_invalidation_a_cut_dropped_never_decodes_through_a
                 );
             }
         }
+    }
+}
+
+/// The cluster simulator's seed 52865 (plog with dedup on both volumes,
+/// with the failed-append rule of e35e3ce taken out), on one machine: a
+/// stripe's parity written with its journals' records already in it (a
+/// resync from the data there, a whole-stripe write here), a data
+/// member's failure recorded (which syncs every journal and device), and
+/// the marks that end those records lost (in 52865 appended after the
+/// failure's sync and dropped by the cut; here the journals are put
+/// back as they were before them). The next open, that member out since
+/// before it, replayed the stripe degraded and folded the records
+/// again into parity that held them, which took it back to what it held
+/// before them, and the member's block decoded from the four left,
+/// unchecked, as neither its old nor its new bytes. A parity that changed
+/// since the last flush and whose journal holds records for its row may
+/// already hold them: such a row that nothing vouches for is marked
+/// unreadable, so the block reads as an I/O error until rewritten.
+#[test]
+fn a_parity_that_holds_its_records_already_is_not_folded_again_for_a_member_out_before_the_open() {
+    for policy in POLICIES {
+        let mut rig = Rig::filled_on_devices(policy, 16);
+        let g = rig.geo();
+        let stripe = 1;
+        rig.write_journaled(stripe, 2, 90);
+        // The parity journals as they are, to put back: the cut drops the
+        // marks that end these records.
+        let saved = rig.parity_journals_on_devices(stripe);
+        let sd = g.stripe_data_bytes();
+        let at = rig.volume_offset(stripe, 0, 0);
+        let old = rig.model[at as usize..at as usize + 4096].to_vec();
+        rig.write(stripe * sd, &pattern(91, sd as usize));
+        // Parity 1's member, then role 0's, fail: recorded out in the
+        // superblocks, which syncs every journal and device.
+        let lost = [rig.parity_device(stripe, 1), g.place(stripe, 0).device];
+        for d in lost {
+            rig.a().fail_device(d).unwrap();
+        }
+        rig.put_back(&saved);
+        let others: Vec<u64> = (1..g.k())
+            .map(|role| rig.volume_offset(stripe, role, 0))
+            .collect();
+        let mut devs = rig.devices();
+        for d in lost {
+            devs[d] = None;
+        }
+        rig.array.take().unwrap().simulate_crash();
+        let array = Array::open_with_devices(rig.dir.path(), devs, None).unwrap();
+        let mut got = vec![0u8; 4096];
+        if array.read(&mut got, at).is_ok() {
+            assert!(
+                got[..] == rig.model[at as usize..at as usize + 4096] || got == old,
+                "{policy:?}: role 0 reads neither its old nor its new bytes (the records \
+                 folded again into parity that held them): {:?}",
+                array.warnings()
+            );
+        }
+        // The other blocks of the stripe read as written.
+        for (role, &at) in (1..).zip(&others) {
+            array.read(&mut got, at).unwrap();
+            assert!(
+                got[..] == rig.model[at as usize..at as usize + 4096],
+                "{policy:?}: role {role} reads wrong"
+            );
+        }
+        // Rewritten, the block reads back.
+        let again = pattern(92, 4096);
+        array.write(&again, at, false).unwrap();
+        array.read(&mut got, at).unwrap();
+        assert!(got == again, "{policy:?}: role 0 rewritten reads wrong");
     }
 }

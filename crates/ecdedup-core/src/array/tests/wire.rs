@@ -96,15 +96,25 @@ fn parix_over_links() -> (tempfile::TempDir, Array, Arc<Tally>) {
 
 /// As [`parix_over_links`], its chunks running folds or not.
 fn parix_over_links_folding(folds: bool) -> (tempfile::TempDir, Array, Arc<Tally>) {
-    over_links(WritePolicy::Parix, folds, 8)
+    over_links(WritePolicy::Parix, 8, folds)
 }
 
-/// As [`parix_over_links_folding`], under write policy `policy`, with
-/// `stripes` stripes.
+/// A chunk across a counting link over `mem`.
+fn linked(mem: &MemDevice, tally: &Arc<Tally>, folds: bool) -> Arc<dyn Device> {
+    let link = CountingLink {
+        mem: mem.clone(),
+        tally: Arc::clone(tally),
+        folds,
+    };
+    Arc::new(RemoteDevice::new(Arc::new(link)))
+}
+
+/// An RS(4,2) array of format 2 under `policy`, `stripes` stripes of 8 KiB
+/// units, over counting links, its volume written once and flushed.
 fn over_links(
     policy: WritePolicy,
-    folds: bool,
     stripes: u64,
+    folds: bool,
 ) -> (tempfile::TempDir, Array, Arc<Tally>) {
     let dir = tempfile::tempdir().unwrap();
     let (k, m, unit) = (4u32, 2u32, 8192u32);
@@ -116,14 +126,7 @@ fn over_links(
     let tally = Arc::new(Tally::default());
     let devices = mems
         .iter()
-        .map(|mem| {
-            let link = CountingLink {
-                mem: mem.clone(),
-                tally: Arc::clone(&tally),
-                folds,
-            };
-            Some(Arc::new(RemoteDevice::new(Arc::new(link))) as Arc<dyn Device>)
-        })
+        .map(|mem| Some(linked(mem, &tally, folds)))
         .collect();
     let array = Array::open_with_devices(dir.path(), devices, None).unwrap();
     let volume = geo.stripes * geo.stripe_data_bytes();
@@ -257,7 +260,7 @@ fn flush_after(
     stripes: u64,
     writes: &[(u64, u64)],
 ) -> (Vec<(Purpose, usize)>, u64, Vec<Purpose>) {
-    let (_dir, array, tally) = over_links(policy, true, stripes);
+    let (_dir, array, tally) = over_links(policy, stripes, true);
     for &(at, seed) in writes {
         array.write(&pattern(seed, 4096), at, false).unwrap();
     }
@@ -283,8 +286,9 @@ fn flush_after(
 /// journal made durable by its chunk's sync, so that only the metadata
 /// area's directory commit of each journal that grew follows (a write
 /// and a sync). On main before this (2afe4b7) the rmw flush below took
-/// 12 round trips (a page at a time) and the parix one 14 (each journal
-/// synced on its own before the chunks). `-- --nocapture` prints both.
+/// 13 round trips (its 12 pages one at a time, then the syncs) and the
+/// parix one 14 (each journal synced on its own before the chunks).
+/// `-- --nocapture` prints both.
 #[test]
 fn a_flush_takes_a_round_trip_for_the_pages_one_for_the_syncs_and_two_per_grown_journal() {
     let count = |began: &[Purpose], p| began.iter().filter(|q| **q == p).count();
@@ -324,4 +328,49 @@ fn a_flush_takes_a_round_trip_for_the_pages_one_for_the_syncs_and_two_per_grown_
     // The chunks' syncs in one, then each of the 2 grown journals'
     // directory commit: a write and a sync.
     assert!(count(&began, Purpose::Flush) <= 3, "{began:?}");
+}
+
+/// A rebuild across the network reads the members of a window of stripes
+/// in one round trip and writes the rebuilt units in another, where it
+/// took two round trips a stripe, one stripe after another (26.7 MiB/s of
+/// shard on loopback: docs/benchmarks.md, "Rebuild of an out server").
+#[test]
+fn a_rebuild_reads_and_writes_a_window_of_stripes_per_round_trip() {
+    let stripes = 40u64;
+    let (_dir, array, tally) = over_links(WritePolicy::Rmw, stripes, true);
+    let geo = array.geometry();
+    let before = pattern(5, (stripes * geo.stripe_data_bytes()) as usize);
+    array.fail_device(2).unwrap();
+    let fresh = MemDevice::new("r2", geo.device_bytes_min());
+    array
+        .install_replacement(
+            2,
+            linked(&fresh, &tally, true),
+            Path::new("/nonexistent/r2"),
+        )
+        .unwrap();
+    tally.take();
+    tally.round_trip_purposes.lock().unwrap().clear();
+    assert_eq!(array.rebuild(None).unwrap(), stripes);
+    let (by, _) = tally.take();
+    let began = std::mem::take(&mut *tally.round_trip_purposes.lock().unwrap());
+    let of = |p| began.iter().filter(|q| **q == p).count();
+    let count = |p| by.iter().find(|(q, _)| *q == p).map_or(0, |(_, n)| *n);
+    // 40 stripes in windows of 16: 3 round trips of reads (5 members a
+    // stripe, 200 reads) and 3 of writes (40 units); one stripe after
+    // another took 40 and 40.
+    assert_eq!(count(Purpose::Read), 5 * stripes as usize, "{by:?}");
+    assert_eq!(of(Purpose::Read), 3, "{began:?}");
+    assert_eq!(count(Purpose::Write), stripes as usize, "{by:?}");
+    assert_eq!(of(Purpose::Write), 3, "{began:?}");
+    assert!(array
+        .member_states()
+        .iter()
+        .all(|s| *s == MemberState::Active));
+    // What the rebuilt member holds is what was written: read it with
+    // another member out, so its units are read, not decoded around.
+    array.fail_device(3).unwrap();
+    let mut back = vec![0u8; before.len()];
+    array.read(&mut back, 0).unwrap();
+    assert!(back == before, "a rebuilt unit reads wrong");
 }
