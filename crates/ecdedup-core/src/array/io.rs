@@ -1060,8 +1060,9 @@ impl Array {
     /// which the devices' sync (one batch, one round trip to remote
     /// chunks) makes durable, and then only finishes each journal's sync
     /// (its metadata area's directory, where it changed): one sync per
-    /// device, not two, and not one round trip per journal (a flush of a
-    /// parix volume on six chunks took 12 round trips before).
+    /// device, not two, and not one round trip per journal (a parix flush
+    /// on six chunks after writes to one stripe: 14 round trips before, 6
+    /// now; `array::tests::wire::a_flush_takes_...`).
     pub(super) fn sync_journals_and_devices(
         &self,
         journals: &[bool],
