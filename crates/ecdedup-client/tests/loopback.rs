@@ -829,3 +829,64 @@ fn a_shard_placed_back_on_a_server_that_kept_its_old_chunk_is_rebuilt_not_read()
     check(&v, &model);
     v.close().unwrap();
 }
+
+/// A flush's latency on loopback (docs/benchmarks.md, "A flush in fewer
+/// round trips"): six servers, an RS(4,2) pool of one PG per policy
+/// (parix, rmw; 64 KiB units), a 16 MiB volume each written whole; then
+/// `FLUSH_ROUNDS` rounds (80 by default) of six random 4 KiB overwrites
+/// and a flush, the flush timed alone. Prints, per policy, the median and
+/// 90th percentile of a flush's time and the round trips of the flushes
+/// (the volume client's counter read around each). Run by hand:
+/// `cargo test -p ecdedup-client --test loopback -- --ignored flush_latency --nocapture`.
+#[test]
+#[ignore = "a measurement (about half a minute), not a check"]
+fn flush_latency_after_overwrites() {
+    const VOLUME_BYTES: usize = 16 << 20;
+    let rounds: usize = std::env::var("FLUSH_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(80);
+    let name = "flush-rt";
+    let c = Cluster::start_with(name, 6, Duration::from_secs(600));
+    for (pool, policy) in [("parix", WritePolicy::Parix), ("rmw", WritePolicy::Rmw)] {
+        c.pool_with(name, pool, policy, (4, 2, 1), 64 << 10, DedupPolicy::None);
+        c.volume(name, pool, "v", VOLUME_BYTES as u64);
+        let v = ecdedup_client::open(&c.options(name, pool, "v", pool)).unwrap();
+        let mut model = pattern(41, VOLUME_BYTES);
+        for (i, piece) in model.chunks(1 << 20).enumerate() {
+            v.write(piece, (i << 20) as u64, false).unwrap();
+        }
+        v.flush().unwrap();
+        let round_trips =
+            |v: &ClusterVolume| v.stats_json()["wire"]["round_trips"].as_u64().unwrap();
+        let mut took = Vec::with_capacity(rounds);
+        let mut trips = 0;
+        let mut s = 7u64;
+        for round in 0..rounds {
+            for i in 0..6 {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let off = ((s >> 11) % (VOLUME_BYTES as u64 / 4096)) * 4096;
+                let data = pattern((round * 6 + i) as u64, 4096);
+                v.write(&data, off, false).unwrap();
+                model[off as usize..off as usize + 4096].copy_from_slice(&data);
+            }
+            let before = round_trips(&v);
+            let began = std::time::Instant::now();
+            v.flush().unwrap();
+            took.push(began.elapsed().as_secs_f64() * 1e6);
+            trips += round_trips(&v) - before;
+        }
+        took.sort_by(f64::total_cmp);
+        println!(
+            "{pool}: flush p50 {:.0} us, p90 {:.0} us over {rounds} flushes; {:.1} round trips \
+             a flush",
+            took[rounds / 2],
+            took[rounds * 9 / 10],
+            trips as f64 / rounds as f64
+        );
+        check(&v, &model);
+        v.close().unwrap();
+    }
+}

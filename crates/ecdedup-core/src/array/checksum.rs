@@ -150,6 +150,42 @@ struct Shard {
     clock: VecDeque<u64>,
 }
 
+/// A table's dirty pages, encoded for a batched write
+/// ([`ChecksumTable::dirty_pages`]), its shards held meanwhile.
+pub struct DirtyPages<'t> {
+    table: &'t ChecksumTable,
+    shards: Vec<std::sync::MutexGuard<'t, Shard>>,
+    /// (shard, page number, device offset, bytes).
+    pages: Vec<(usize, u64, u64, Vec<u8>)>,
+}
+
+impl DirtyPages<'_> {
+    /// The writes to make: (device offset, bytes).
+    pub fn writes(&self) -> impl Iterator<Item = (u64, &[u8])> {
+        self.pages.iter().map(|(_, _, at, b)| (*at, b.as_slice()))
+    }
+
+    /// The pages' writes ended with `outcome` (the first error among
+    /// them): on success the pages are clean; an error other than a full
+    /// file system is latched, as [`ChecksumTable::flush`] latches it, and
+    /// the pages stay dirty.
+    pub fn finish(mut self, outcome: io::Result<()>, counters: &DeviceCounters) -> io::Result<()> {
+        if let Err(e) = outcome {
+            if !super::Array::is_space_error(&e) {
+                self.table.latch(&e);
+            }
+            return Err(e);
+        }
+        for (i, number, _, bytes) in &self.pages {
+            counters.write(IoClass::Metadata, bytes.len());
+            if let Some(page) = self.shards[*i].pages.get_mut(number) {
+                page.dirty = false;
+            }
+        }
+        Ok(())
+    }
+}
+
 pub struct ChecksumTable {
     base: Base,
     shards: Vec<Mutex<Shard>>,
@@ -362,6 +398,51 @@ impl ChecksumTable {
             }
         }
         Ok(())
+    }
+
+    /// The first half of a flush whose page writes go to the device in a
+    /// batch with other devices' ([`Array::sync_devices`]: one round trip
+    /// to remote chunks, not one per page): every dirty page encoded (a
+    /// partial one merged under the device's copy first, read here), the
+    /// table's shards held until [`DirtyPages::finish`], so that no page
+    /// changes or is evicted while its bytes are on their way.
+    pub fn dirty_pages(
+        &self,
+        dev: &dyn Device,
+        counters: &DeviceCounters,
+    ) -> io::Result<DirtyPages<'_>> {
+        self.check_latched()?;
+        let mut held = DirtyPages {
+            table: self,
+            shards: self.shards.iter().map(|s| s.lock().unwrap()).collect(),
+            pages: Vec::new(),
+        };
+        for (i, shard) in held.shards.iter_mut().enumerate() {
+            let mut numbers: Vec<u64> = shard
+                .pages
+                .iter()
+                .filter(|(_, p)| p.dirty)
+                .map(|(&n, _)| n)
+                .collect();
+            numbers.sort_unstable();
+            for number in numbers {
+                let page = shard.pages.get_mut(&number).expect("listed above");
+                let mut buf = vec![0u8; PAGE_BYTES];
+                let at = self.page_offset(number);
+                if page.known.is_some() {
+                    let read = within(Scope::Checksums, || dev.read_at(&mut buf, at));
+                    if let Err(e) = read {
+                        self.latch(&e);
+                        return Err(e);
+                    }
+                    counters.read(IoClass::Metadata, buf.len());
+                    page.merge_under(&buf, self.zero_crc);
+                }
+                page.encode(self.zero_crc, &mut buf);
+                held.pages.push((i, number, at, buf));
+            }
+        }
+        Ok(held)
     }
 
     fn check_latched(&self) -> io::Result<()> {

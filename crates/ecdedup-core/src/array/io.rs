@@ -18,6 +18,8 @@ use super::store::{ChunkOp, ChunkReply, ChunkRequest, ChunkTransport};
 use super::{Array, IntentLog};
 use crate::counters::{bump, IoClass};
 use crate::error::{Error, Result};
+use crate::media;
+use crate::media::remote::{within, Scope};
 use crate::media::storage::ScratchBuf;
 use std::ops::Range;
 
@@ -1013,9 +1015,8 @@ impl Array {
     /// superblocks. What a flush and a checkpoint of the degraded-write
     /// log need; it takes no stripe lock.
     pub(super) fn make_everything_durable(&self) -> Result<()> {
-        self.sync_journals()?;
         let every = vec![true; self.stores.len()];
-        let space = self.sync_devices(&every);
+        let space = self.sync_journals_and_devices(&every, &every)?;
         self.fail_broken_metadata_copies();
         self.check_available()?;
         self.failures_made_durable()?;
@@ -1045,12 +1046,52 @@ impl Array {
                 journals[d] = true;
             }
         }
-        self.sync_journals_of(&journals)?;
-        let space = self.sync_devices(&devices);
+        let space = self.sync_journals_and_devices(&journals, &devices)?;
         bump(&self.counters.array.fua_syncs);
         self.check_available()?;
         self.failures_made_durable()?;
         Self::flush_space_result(space)
+    }
+
+    /// Makes the parity journals of devices `journals` and the devices
+    /// `devices` (a superset) durable; the first space error of a device,
+    /// as [`Array::sync_devices`]. Format 1 syncs each journal (a file of
+    /// the folder) first. Format 2 keeps each journal on its own device,
+    /// which the devices' sync (one batch, one round trip to remote
+    /// chunks) makes durable, and then only finishes each journal's sync
+    /// (its metadata area's directory, where it changed): one sync per
+    /// device, not two, and not one round trip per journal (a parix flush
+    /// on six chunks after writes to one stripe: 14 round trips before, 6
+    /// now; `array::tests::wire::a_flush_takes_...`).
+    pub(super) fn sync_journals_and_devices(
+        &self,
+        journals: &[bool],
+        devices: &[bool],
+    ) -> Result<Option<std::io::Error>> {
+        if self.meta.is_none() || !self.write_policy.journals() {
+            self.sync_journals_of(journals)?;
+            return Ok(self.sync_devices(devices).0);
+        }
+        // What each device's sync will make durable of its journal, taken
+        // before the sync is issued: an append that finishes after this
+        // may reach the device after its sync, and is the next flush's.
+        let points: Vec<_> = (0..self.stores.len())
+            .map(|d| {
+                journals[d]
+                    .then(|| self.stores[d].journal_sync_point())
+                    .flatten()
+            })
+            .collect();
+        let (space, synced) = self.sync_devices(devices);
+        let chosen: Vec<bool> = journals
+            .iter()
+            .zip(&synced)
+            .map(|(j, s)| *j && *s)
+            .collect();
+        self.sync_journals_with(&chosen, |d, store| {
+            store.journal_sync_after_device_sync(points[d].clone())
+        })?;
+        Ok(space)
     }
 
     /// Makes the chosen devices durable: their dirty checksum pages written
@@ -1059,7 +1100,9 @@ impl Array {
     /// step is latched, except for a full file system
     /// ([`Array::note_flush_space_error`]): the device stays in service and
     /// the first such error is returned, for the flush to fail with ENOSPC.
-    fn sync_devices(&self, chosen: &[bool]) -> Option<std::io::Error> {
+    /// Also returns, per device, whether it was synced.
+    fn sync_devices(&self, chosen: &[bool]) -> (Option<std::io::Error>, Vec<bool>) {
+        let mut synced = vec![false; self.stores.len()];
         let mut space = None;
         let mut flush_failed = |d: usize, e: std::io::Error| {
             if Self::is_space_error(&e) {
@@ -1069,23 +1112,77 @@ impl Array {
                 self.latch_failure(d, "flush", &e);
             }
         };
-        // Checksum pages first (each table writes its dirty pages through
-        // its bounded cache), then every device synced in one batch.
-        let mut reqs: Vec<ChunkRequest> = Vec::with_capacity(self.stores.len());
+        // Checksum pages first, every device's dirty pages in one batch
+        // (one round trip to remote chunks: written one by one, a flush
+        // after random writes cost a round trip per page), then every
+        // device synced in a second batch: the pages must be written
+        // before the sync that covers them, and a chunk may handle the
+        // frames of one batch in any order.
+        // A device's failure is handled (its superblocks written, its
+        // journals synced) only once no table's shards are held: the
+        // pages' batch holds every chosen table's shards from their
+        // encoding to their finish.
+        let mut failed = Vec::new();
+        let mut held = Vec::with_capacity(self.stores.len());
         for d in (0..self.stores.len()).filter(|&d| chosen[d]) {
-            match self.stores[d].flush_checksums() {
-                Some(Ok(())) => reqs.push(ChunkRequest::new(d, ChunkOp::Sync)),
-                Some(Err(e)) => flush_failed(d, e),
+            match self.stores[d].dirty_checksum_pages() {
+                Some((dev, Ok(pages))) => held.push((d, dev, pages)),
+                Some((_, Err(e))) => failed.push((d, e)),
                 None => {}
             }
         }
-        self.submit(&mut reqs);
-        for req in reqs {
-            if let ChunkReply::Failed(e) = req.reply {
-                flush_failed(req.store, e);
+        let mut outcomes: Vec<std::io::Result<()>> = held.iter().map(|_| Ok(())).collect();
+        {
+            let mut ios = Vec::new();
+            let mut owner = Vec::new();
+            for (i, (_, dev, pages)) in held.iter().enumerate() {
+                for (offset, buf) in pages.writes() {
+                    ios.push(media::DeviceIo {
+                        dev: dev.as_ref(),
+                        // The hint `Device::write_at` gives.
+                        op: media::batch::Op::Write {
+                            buf,
+                            offset,
+                            hint: media::WriteHint::new(IoClass::Data),
+                            fua: false,
+                        },
+                    });
+                    owner.push(i);
+                }
+            }
+            if !ios.is_empty() {
+                let (results, cost) = within(Scope::Checksums, || media::submit(&mut ios));
+                let a = &self.counters.array;
+                a.add(&a.device_submissions, cost.submissions);
+                a.add(&a.device_syscalls, cost.syscalls);
+                a.add(&a.device_ring_entries, cost.ring_entries);
+                for (r, i) in results.into_iter().zip(owner) {
+                    if let (Ok(()), Err(e)) = (&outcomes[i], r) {
+                        outcomes[i] = Err(e);
+                    }
+                }
             }
         }
-        space
+        let mut reqs: Vec<ChunkRequest> = Vec::with_capacity(self.stores.len());
+        for ((d, _, pages), outcome) in held.into_iter().zip(outcomes) {
+            match self.stores[d].finish_checksum_pages(pages, outcome) {
+                Ok(()) => reqs.push(ChunkRequest::new(d, ChunkOp::Sync)),
+                Err(e) => failed.push((d, e)),
+            }
+        }
+        failed.sort_by_key(|(d, _)| *d);
+        for (d, e) in failed {
+            flush_failed(d, e);
+        }
+        self.submit(&mut reqs);
+        for req in reqs {
+            match req.reply {
+                ChunkReply::Failed(e) => flush_failed(req.store, e),
+                ChunkReply::Done => synced[req.store] = true,
+                _ => {}
+            }
+        }
+        (space, synced)
     }
 
     /// Stripes per intent region (for tests and tools).

@@ -195,6 +195,22 @@ pub struct ParityJournal {
     faults: FaultHooks,
 }
 
+/// What a device's sync makes durable of a journal on it
+/// ([`ParityJournal::sync_point`]).
+#[derive(Clone)]
+pub struct JournalSyncPoint {
+    /// The journal's file when the point was taken.
+    file: Arc<dyn StorageFile>,
+    point: crate::media::storage::SyncPoint,
+}
+
+/// Whether two handles are the same open file (compared by address: the
+/// vtables of two `Arc<dyn _>` of one object may differ across codegen
+/// units).
+fn same_file(a: &Arc<dyn StorageFile>, b: &Arc<dyn StorageFile>) -> bool {
+    std::ptr::eq(Arc::as_ptr(a).cast::<u8>(), Arc::as_ptr(b).cast::<u8>())
+}
+
 /// An append begun and not yet finished: its records and where they go.
 pub struct JournalWrite {
     /// The journal it was begun on ([`ParityJournal`]'s `id`).
@@ -948,13 +964,55 @@ impl ParityJournal {
     /// Makes every appended record durable. A failure is latched: see
     /// [`ParityJournal::is_latched`].
     pub fn sync(&mut self) -> std::io::Result<()> {
+        self.sync_with(|f| f.sync())
+    }
+
+    /// What a sync of the device the journal lies on, issued from now on,
+    /// makes durable of it (format 2: a flush syncs every device in one
+    /// batch, [`StorageFile::sync_point`]): the records appended and
+    /// finished so far. None for a journal in a file of its own, or a
+    /// latched one.
+    pub fn sync_point(&self) -> Option<JournalSyncPoint> {
+        if self.latched.is_some() {
+            return None;
+        }
+        Some(JournalSyncPoint {
+            point: self.file.sync_point()?,
+            file: Arc::clone(&self.file),
+        })
+    }
+
+    /// [`ParityJournal::sync`] where the caller took `point` of this
+    /// journal ([`ParityJournal::sync_point`]) and then synced the device
+    /// it lies on: what is left of the sync (the metadata area's
+    /// directory, where the journal's length in it changed). The records
+    /// counted durable are those of the point, not those finished since
+    /// (they may have reached the device after its sync). Without a point,
+    /// or with one of a file a compaction has since replaced: the whole
+    /// sync.
+    pub fn sync_after_device_sync(
+        &mut self,
+        point: Option<JournalSyncPoint>,
+    ) -> std::io::Result<()> {
+        match point {
+            Some(p) if same_file(&p.file, &self.file) => {
+                self.sync_with(|f| f.sync_after_device_sync(p.point))
+            }
+            _ => self.sync(),
+        }
+    }
+
+    fn sync_with(
+        &mut self,
+        sync: impl FnOnce(&dyn StorageFile) -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
         if let Some(why) = &self.latched {
             return Err(std::io::Error::other(why.clone()));
         }
         let synced = if self.faults.fail_syncs.load(Relaxed) {
             Err(std::io::Error::from_raw_os_error(libc::EIO))
         } else {
-            self.file.sync()
+            sync(self.file.as_ref())
         };
         if let Err(e) = &synced {
             self.latched = Some(format!(

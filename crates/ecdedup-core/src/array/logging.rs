@@ -119,26 +119,36 @@ impl Array {
             .collect()
     }
 
-    /// Makes every parity journal durable (the first step of a flush). A
+    /// Makes the parity journals of the chosen devices durable, each by
+    /// its own sync ([`Array::sync_journals_with`]): format 1's, whose
+    /// files are not on the devices.
+    pub(super) fn sync_journals_of(&self, chosen: &[bool]) -> Result<()> {
+        self.sync_journals_with(chosen, |_, store| store.journal_sync(true))
+    }
+
+    /// The journals of the chosen devices, each synced by `sync` (the
+    /// first step of a flush: [`Array::sync_journals_and_devices`]). A
     /// journal whose sync fails is latched: every stripe it holds records
     /// for is pinned dirty in the intent log (durably, so the next open
     /// resyncs it from its data, which the flush's device syncs make
     /// durable), the journal takes no more appends (partial writes to its
-    /// stripes go in place), and this flush fails. Later flushes skip the
-    /// latched journal and succeed: nothing they acknowledge depends on it.
-    pub(super) fn sync_journals(&self) -> Result<()> {
-        self.sync_journals_of(&vec![true; self.stores.len()])
-    }
-
-    /// [`Array::sync_journals`] for the journals of the chosen devices (a
-    /// FUA write's stripes).
-    pub(super) fn sync_journals_of(&self, chosen: &[bool]) -> Result<()> {
+    /// stripes go in place), and (format 2) its device is failed, or else
+    /// this flush fails. Later flushes skip the latched journal and
+    /// succeed: nothing they acknowledge depends on it.
+    pub(super) fn sync_journals_with(
+        &self,
+        chosen: &[bool],
+        sync: impl Fn(
+            usize,
+            &super::store::ChunkStore,
+        ) -> std::result::Result<(), (std::io::Error, Vec<u64>)>,
+    ) -> Result<()> {
         let mut first_error = None;
         for (d, store) in self.stores.iter().enumerate() {
             if !chosen[d] {
                 continue;
             }
-            if let Err((e, stripes)) = store.journal_sync(true) {
+            if let Err((e, stripes)) = sync(d, store) {
                 self.warn(format!(
                     "parity journal of device {d} failed to sync ({e}): its {} stripes \
                      stay dirty until a resync, and its partial writes go in place",

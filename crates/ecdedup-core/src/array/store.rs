@@ -21,8 +21,8 @@
 //!   stripe's lock is free (the client writes a block and its entry under
 //!   the stripe lock).
 
-use super::checksum::{ChecksumTable, DeviceSlot};
-use super::journal::{self, JournalWrite, ParityJournal, StripeLog};
+use super::checksum::{ChecksumTable, DeviceSlot, DirtyPages};
+use super::journal::{self, JournalSyncPoint, JournalWrite, ParityJournal, StripeLog};
 use super::superblock::MemberState;
 use crate::counters::{DeviceCounters, IoClass};
 use crate::dedup::DedupDevice;
@@ -377,12 +377,25 @@ impl ChunkStore {
         self.table.ram_bytes()
     }
 
-    /// The first half of `Op::Flush`: the dirty checksum pages written to
-    /// the device (the second is a `ChunkOp::Sync`). None when no device
-    /// is in service.
-    pub(super) fn flush_checksums(&self) -> Option<std::io::Result<()>> {
+    /// The device in service and its table's dirty pages, encoded for a
+    /// write in a batch with other devices' and finished by the caller
+    /// ([`ChecksumTable::dirty_pages`]); None without a device.
+    #[allow(clippy::type_complexity)]
+    pub(super) fn dirty_checksum_pages(
+        &self,
+    ) -> Option<(Arc<dyn Device>, std::io::Result<DirtyPages<'_>>)> {
         let dev = self.device()?;
-        Some(self.table.flush(dev.as_ref(), &self.counters))
+        let pages = self.table.dirty_pages(dev.as_ref(), &self.counters);
+        Some((dev, pages))
+    }
+
+    /// Ends a batched write of [`ChunkStore::dirty_checksum_pages`].
+    pub(super) fn finish_checksum_pages(
+        &self,
+        pages: DirtyPages<'_>,
+        outcome: std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        pages.finish(outcome, &self.counters)
     }
 
     /// Discards (zeroes) `bytes` at device offset `offset`, blocks from
@@ -510,6 +523,31 @@ impl ChunkStore {
     /// On an error the journal is latched, and the stripes it holds records
     /// for are returned with the error.
     pub(super) fn journal_sync(&self, wait: bool) -> Result<(), (std::io::Error, Vec<u64>)> {
+        self.journal_sync_with(wait, ParityJournal::sync)
+    }
+
+    /// What a sync of this store's device, issued from now on, makes
+    /// durable of its journal (format 2: [`ParityJournal::sync_point`]);
+    /// None without a journal, or for one that needs its own sync.
+    pub(super) fn journal_sync_point(&self) -> Option<JournalSyncPoint> {
+        self.journal.lock().unwrap().as_ref()?.sync_point()
+    }
+
+    /// [`ChunkStore::journal_sync`] (waiting) where the caller took
+    /// `point` ([`ChunkStore::journal_sync_point`]) and then synced this
+    /// store's device, which holds the journal (format 2).
+    pub(super) fn journal_sync_after_device_sync(
+        &self,
+        point: Option<JournalSyncPoint>,
+    ) -> Result<(), (std::io::Error, Vec<u64>)> {
+        self.journal_sync_with(true, |j| j.sync_after_device_sync(point))
+    }
+
+    fn journal_sync_with(
+        &self,
+        wait: bool,
+        sync: impl FnOnce(&mut ParityJournal) -> std::io::Result<()>,
+    ) -> Result<(), (std::io::Error, Vec<u64>)> {
         let mut guard = if wait {
             self.journal.lock().unwrap()
         } else {
@@ -524,7 +562,7 @@ impl ChunkStore {
         if j.is_latched() {
             return Ok(());
         }
-        j.sync().map_err(|e| (e, j.stripes()))
+        sync(j).map_err(|e| (e, j.stripes()))
     }
 
     /// Stripes the journal holds records for.

@@ -35,8 +35,12 @@
 //! - A file's length in a committed directory never exceeds what was made
 //!   durable by a [`StorageFile::sync`] of it (or zeroed and synced), so a
 //!   power cut never shows bytes a file never had (stale bytes of a reused
-//!   extent): a file's sync flushes the device first, then commits its
-//!   length.
+//!   extent): a file's sync flushes the device first, then commits the
+//!   length the file had before that flush began; a flush of the array
+//!   syncs the devices itself, in one batch, and then commits for each
+//!   parity journal the length of its [`SyncPoint`], taken before that
+//!   batch was issued ([`StorageFile::sync_after_device_sync`]), never
+//!   the length the file reached meanwhile.
 //! - An extent is reused only when neither the committed directory nor the
 //!   in-memory one (nor a removed file still open) refers to it, so a crash
 //!   before a commit that freed it finds its old content intact.
@@ -50,7 +54,7 @@
 //!   with the next commit ([`AreaFs::commit`], which `sync_dir` and file
 //!   syncs call), as a real folder's entries do with its fsync.
 
-use super::storage::{PlacedRead, PlacedWrite, RingFile, StorageFile};
+use super::storage::{PlacedRead, PlacedWrite, RingFile, StorageFile, SyncPoint};
 use super::Device;
 use std::collections::BTreeMap;
 use std::io;
@@ -96,6 +100,9 @@ struct Node {
     /// another file never raises it.
     synced_len: u64,
     extents: Vec<Extent>,
+    /// Truncations so far: a [`SyncPoint`] of an earlier count speaks of
+    /// bytes the file no longer holds.
+    truncations: u64,
     /// Unlinked: its extents are freed once no handle holds it.
     removed: bool,
     /// Its index and sequence in the committed directory (None: not in
@@ -227,6 +234,7 @@ impl AreaFs {
                     durable_len: len,
                     synced_len: len,
                     extents,
+                    truncations: 0,
                     removed: false,
                     hint: None,
                     committed_capacity: capacity,
@@ -364,6 +372,7 @@ impl AreaFs {
                     durable_len: 0,
                     synced_len: 0,
                     extents: Vec::new(),
+                    truncations: 0,
                     removed: false,
                     hint: None,
                     committed_capacity: 0,
@@ -496,6 +505,7 @@ impl AreaFs {
             n.len = len;
             n.durable_len = n.durable_len.min(len);
             n.synced_len = n.synced_len.min(len);
+            n.truncations += 1;
         }
         Ok(())
     }
@@ -821,6 +831,36 @@ impl AreaFile {
     }
 }
 
+impl AreaFile {
+    /// The end of a sync whose device sync began once the file was `len`
+    /// bytes long (every write below it completed): the file's durable
+    /// length (what the next commit records) and its synced length go up
+    /// to `len`, never past it (a write that completed after the device's
+    /// sync began may not be on the media), and the directory is
+    /// committed where it changed.
+    fn synced_up_to(
+        &self,
+        mut inner: std::sync::MutexGuard<'_, Inner>,
+        len: u64,
+    ) -> io::Result<()> {
+        let mut node = self.node.lock().unwrap();
+        debug_assert!(
+            len <= node.len,
+            "a file's length falls only by a truncation"
+        );
+        if node.durable_len < len && !node.removed {
+            node.durable_len = len;
+            inner.dirty = true;
+        }
+        node.synced_len = node.synced_len.max(len);
+        drop(node);
+        if inner.dirty {
+            self.fs.commit_locked(&mut inner)?;
+        }
+        Ok(())
+    }
+}
+
 impl StorageFile for AreaFile {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         let mut done = 0usize;
@@ -867,21 +907,37 @@ impl StorageFile for AreaFile {
     fn sync(&self) -> io::Result<()> {
         let mut inner = self.fs.inner.lock().unwrap();
         AreaFs::check(&inner)?;
+        // The length before the device's sync (under `inner` the file is
+        // not cut): a write that completes during it may not be covered.
+        let len = self.node.lock().unwrap().len;
         self.fs
             .dev
             .sync()
             .map_err(|e| self.fs.latch(&mut inner, e))?;
-        let mut node = self.node.lock().unwrap();
-        if node.durable_len != node.len && !node.removed {
-            node.durable_len = node.len;
-            inner.dirty = true;
+        self.synced_up_to(inner, len)
+    }
+
+    fn sync_point(&self) -> Option<SyncPoint> {
+        let node = self.node.lock().unwrap();
+        Some(SyncPoint {
+            len: node.len,
+            truncations: node.truncations,
+        })
+    }
+
+    /// The device synced by the caller after `point` was taken: the
+    /// file's durable and synced lengths go up to the point's length, as
+    /// [`StorageFile::sync`] takes them to the length at its start. A point
+    /// taken before a truncation of the file says nothing of its bytes
+    /// now: a whole sync instead.
+    fn sync_after_device_sync(&self, point: SyncPoint) -> io::Result<()> {
+        let inner = self.fs.inner.lock().unwrap();
+        AreaFs::check(&inner)?;
+        if self.node.lock().unwrap().truncations != point.truncations {
+            drop(inner);
+            return self.sync();
         }
-        node.synced_len = node.len;
-        drop(node);
-        if inner.dirty {
-            self.fs.commit_locked(&mut inner)?;
-        }
-        Ok(())
+        self.synced_up_to(inner, point.len)
     }
 
     fn reserve(&self, len: u64) -> io::Result<()> {
@@ -1021,6 +1077,41 @@ mod tests {
         assert_eq!(f.synced_len(), Some(6));
         f.sync().unwrap();
         assert_eq!(f.synced_len(), Some(14 + 200_000));
+    }
+
+    /// A sync finished by the caller's device sync (a flush's batch)
+    /// counts durable what the file held when its point was taken, never
+    /// what was appended between the point and the bookkeeping, in the
+    /// directory (what an open takes as synced) as in memory; a point
+    /// from before a truncation is worth nothing, and a whole sync
+    /// happens instead.
+    #[test]
+    fn a_sync_after_the_devices_sync_counts_what_the_file_held_at_its_point() {
+        let dev: Arc<dyn Device> = Arc::new(MemDevice::new("m", 8 << 20));
+        let fs = Arc::new(AreaFs::format(Arc::clone(&dev), 0, AREA).unwrap());
+        let f = fs.create_file("j", false).unwrap();
+        f.write_at(&[1u8; 100], 0).unwrap();
+        f.sync().unwrap();
+        f.write_at(&[2u8; 50], 100).unwrap();
+        let point = f.sync_point().unwrap();
+        dev.sync().unwrap();
+        // Finished after the device's sync was issued.
+        f.write_at(&[3u8; 70], 150).unwrap();
+        f.sync_after_device_sync(point).unwrap();
+        assert_eq!(f.synced_len(), Some(150));
+        let committed = |dev: &Arc<dyn Device>| {
+            let fs = Arc::new(AreaFs::open_read_only(Arc::clone(dev), 0, AREA).unwrap());
+            fs.open_file("j").unwrap().synced_len().unwrap()
+        };
+        assert_eq!(committed(&dev), 150);
+        f.sync().unwrap();
+        assert_eq!((f.synced_len(), committed(&dev)), (Some(220), 220));
+        // Cut and grown again past the point's length: its bytes are new.
+        let point = f.sync_point().unwrap();
+        f.set_len(10).unwrap();
+        f.write_at(&[4u8; 300], 10).unwrap();
+        f.sync_after_device_sync(point).unwrap();
+        assert_eq!((f.synced_len(), committed(&dev)), (Some(310), 310));
     }
 
     /// Appends written in a batch beside other device I/O: placed while

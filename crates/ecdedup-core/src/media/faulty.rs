@@ -6,9 +6,10 @@
 //! persisted), or fail reads or writes of one offset range (a bad sector;
 //! an unreadable one is remapped by the next write over it), or report
 //! the writes of a range failed and keep them for the test to land later
-//! (a request its writer gave up on that its server still handles).
-//! Silent
-//! corruption is injected by writing the inner device directly.
+//! (a request its writer gave up on that its server still handles), or
+//! hold writes of a range, or syncs, until the test lets them go (a slow
+//! device, to stage races). Silent corruption is injected by writing the
+//! inner device directly.
 
 use super::Device;
 use std::io;
@@ -41,6 +42,9 @@ pub struct FaultPlan {
     pub hold: AtomicBool,
     pub hold_range: Mutex<Option<(u64, u64)>>,
     pub held: AtomicBool,
+    /// With `hold`, syncs wait too (a flush's device sync in flight while
+    /// other requests complete, to stage races); `held` is set as well.
+    pub hold_syncs: AtomicBool,
 }
 
 /// Whether `[offset, offset+len)` overlaps `range` (`[start, end)`).
@@ -135,6 +139,12 @@ impl<D: Device> Device for FaultyDevice<D> {
 
     fn sync(&self) -> io::Result<()> {
         self.check_dead()?;
+        if self.plan.hold_syncs.load(Ordering::SeqCst) {
+            while self.plan.hold.load(Ordering::SeqCst) {
+                self.plan.held.store(true, Ordering::SeqCst);
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
         self.inner.sync()
     }
 

@@ -44,6 +44,24 @@ pub trait StorageFile: Send + Sync {
     fn set_len(&self, len: u64) -> io::Result<()>;
     /// Makes every completed write (and the length) durable: `fdatasync`.
     fn sync(&self) -> io::Result<()>;
+    /// For a file inside a device's metadata area, whose device a flush
+    /// syncs with the others in one batch: what a sync of that device
+    /// issued from now on makes durable of this file, for
+    /// [`StorageFile::sync_after_device_sync`] once it has. Taken before
+    /// the device's sync is issued, never after: a write that completes
+    /// between the two may not be on the media. None (the default): a file
+    /// of its own, which only its own `sync` makes durable.
+    fn sync_point(&self) -> Option<SyncPoint> {
+        None
+    }
+    /// [`StorageFile::sync`] where the caller took `point`
+    /// ([`StorageFile::sync_point`]) and then synced the device the file
+    /// lies on: what is left of the sync. The file counts durable what it
+    /// held at the point, not what it holds now. Default: the whole sync.
+    fn sync_after_device_sync(&self, point: SyncPoint) -> io::Result<()> {
+        let _ = point;
+        self.sync()
+    }
     /// Reserves space for `len` bytes without changing the length
     /// (`fallocate(KEEP_SIZE)`), so later writes below it cannot hit a full
     /// file system.
@@ -113,6 +131,18 @@ pub trait StorageFile: Send + Sync {
     }
     /// Where this file lives, for messages.
     fn describe(&self) -> String;
+}
+
+/// What a sync of the device under a file makes durable of the file
+/// ([`StorageFile::sync_point`]): its bytes below `len`, every write there
+/// completed when the point was taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SyncPoint {
+    /// The file's length at the point.
+    pub len: u64,
+    /// The file's truncations by then: after another one, the point says
+    /// nothing of what the file holds.
+    pub truncations: u64,
 }
 
 /// Where a file's bytes lie on a device ([`StorageFile::place_write`]).

@@ -799,6 +799,77 @@ impl Rig {
     }
 }
 
+/// A flush of format 2 makes each parity journal durable by its device's
+/// sync, in one batch with the other devices', and records the journal's
+/// new length (its synced length, what a degraded replay takes as
+/// flushed) only afterwards. An append that finishes while the devices
+/// sync may reach its device after that device's sync: it is the next
+/// flush's, and this flush records the length the journal had before the
+/// syncs were issued, never the length at its bookkeeping.
+#[test]
+fn an_append_that_finishes_while_a_flush_syncs_the_devices_is_the_next_flushs() {
+    for policy in POLICIES {
+        let mut rig = Rig::filled_on_devices(policy, 16);
+        let g = rig.geo();
+        let stripe = 1;
+        // Logged once and flushed: parix's journals hold d(0), and the
+        // stripe's intent region is dirty, so the write below touches no
+        // device but its own three.
+        rig.write_journaled(stripe, 2, 90);
+        let p = rig.parity_device(stripe, 0);
+        let own: Vec<usize> = [g.place(stripe, 2).device, p, rig.parity_device(stripe, 1)].into();
+        let slow = (0..g.width()).find(|d| !own.contains(d)).unwrap();
+        let name = format!("{JOURNAL_DIR}/dev{p}.jrnl");
+        // The journal's length as the device's directory records it:
+        // what an open takes as synced.
+        let committed = |rig: &Rig| {
+            let dev: Arc<dyn Device> = Arc::new(rig.mems[p].clone());
+            let area = Arc::new(
+                AreaFs::open_read_only(dev, g.meta_area_offset(), g.meta_area_bytes).unwrap(),
+            );
+            area.open_file(&name).unwrap().synced_len().unwrap()
+        };
+        let before = rig.a().stores[p].journal_bytes();
+        assert_eq!(committed(&rig), before, "{policy:?}: flushed");
+        // A write elsewhere, so that the flush has something to sync.
+        rig.write(rig.volume_offset(5, 0, 0), &pattern(91, 4096));
+        let before = rig.a().stores[p].journal_bytes();
+        let plan = Arc::clone(&rig.plans[slow]);
+        plan.hold_syncs.store(true, SeqCst);
+        plan.hold.store(true, SeqCst);
+        let at = rig.volume_offset(stripe, 2, 0);
+        let late = pattern(92, 4096);
+        std::thread::scope(|s| {
+            let a = rig.array.as_ref().unwrap();
+            let flush = s.spawn(move || a.flush());
+            while !plan.held.load(SeqCst) {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            // The flush has taken the journals' lengths and waits in the
+            // devices' sync: this write's appends finish meanwhile.
+            a.write(&late, at, false).unwrap();
+            assert!(a.stores[p].journal_bytes() > before, "{policy:?}: appended");
+            plan.hold.store(false, SeqCst);
+            flush.join().unwrap().unwrap();
+        });
+        plan.hold_syncs.store(false, SeqCst);
+        rig.model[at as usize..at as usize + 4096].copy_from_slice(&late);
+        assert_eq!(
+            committed(&rig),
+            before,
+            "{policy:?}: the append made during the devices' sync is recorded as flushed"
+        );
+        rig.a().flush().unwrap();
+        assert_eq!(
+            committed(&rig),
+            rig.a().stores[p].journal_bytes(),
+            "{policy:?}: the next flush records it"
+        );
+        rig.assert_matches_model();
+        rig.assert_degraded_reads_match(stripe, &[2]);
+    }
+}
+
 /// The cluster simulator, seed 33331 (parix): at a takeover's open the
 /// read of one parity member's journal timed out. The journal was put
 /// aside and every stripe resynchronised from its data, the member kept

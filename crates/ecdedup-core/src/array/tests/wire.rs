@@ -251,6 +251,85 @@ fn a_replay_folds_each_parity_journal_at_its_chunk_in_one_message() {
     );
 }
 
+/// The round trips of one flush after `writes` (volume offset, seed) of
+/// 4 KiB each, on an array of `policy` and `stripes` stripes over
+/// counting links: (messages by purpose, round trips, the purposes that
+/// began each round trip).
+fn flush_after(
+    policy: WritePolicy,
+    stripes: u64,
+    writes: &[(u64, u64)],
+) -> (Vec<(Purpose, usize)>, u64, Vec<Purpose>) {
+    let (_dir, array, tally) = over_links(policy, stripes, true);
+    for &(at, seed) in writes {
+        array.write(&pattern(seed, 4096), at, false).unwrap();
+    }
+    tally.take();
+    tally.round_trip_purposes.lock().unwrap().clear();
+    array.flush().unwrap();
+    let (by, trips) = tally.take();
+    let began = std::mem::take(&mut *tally.round_trip_purposes.lock().unwrap());
+    // The last write of each block is what reads back.
+    for (i, &(at, seed)) in writes.iter().enumerate() {
+        if writes[i + 1..].iter().all(|(a, _)| *a != at) {
+            let mut back = vec![0u8; 4096];
+            array.read(&mut back, at).unwrap();
+            assert_eq!(back, pattern(seed, 4096), "{policy:?} at {at}");
+        }
+    }
+    (by, trips, began)
+}
+
+/// A flush costs a fixed number of round trips, not one per dirty
+/// checksum page nor per parity journal: every chunk's dirty pages in
+/// one batch, every chunk's sync in the next, and (format 2) each parity
+/// journal made durable by its chunk's sync, so that only the metadata
+/// area's directory commit of each journal that grew follows (a write
+/// and a sync). On main before this (2afe4b7) the rmw flush below took
+/// 13 round trips (its 12 pages one at a time, then the syncs) and the
+/// parix one 14 (each journal synced on its own before the chunks).
+/// `-- --nocapture` prints both.
+#[test]
+fn a_flush_takes_a_round_trip_for_the_pages_one_for_the_syncs_and_two_per_grown_journal() {
+    let count = |began: &[Purpose], p| began.iter().filter(|q| **q == p).count();
+    // rmw: blocks of stripes in each of the 3 checksum pages of a chunk
+    // (512 stripes of 2 blocks a page), every chunk holding data and
+    // parity of some.
+    let stripe_bytes = 4 * 8192u64;
+    let mut writes = Vec::new();
+    for (i, stripe) in [0u64, 513, 1030, 1535].into_iter().enumerate() {
+        for role in [i as u64 % 4, (i as u64 + 2) % 4] {
+            writes.push((
+                stripe * stripe_bytes + role * 8192,
+                30 + writes.len() as u64,
+            ));
+        }
+    }
+    let (by, trips, began) = flush_after(WritePolicy::Rmw, 1536, &writes);
+    eprintln!("rmw flush: {by:?}; {trips} round trips: {began:?}");
+    assert!(
+        by.iter()
+            .any(|(p, n)| *p == Purpose::ChecksumPage && *n > 6),
+        "several pages per chunk to write: {by:?}"
+    );
+    assert_eq!(trips, 2, "pages, then syncs: {began:?}");
+    assert_eq!(count(&began, Purpose::ChecksumPage), 1, "{began:?}");
+    // parix: three blocks of stripe 0, each overwritten twice (so both
+    // parity journals hold d(0) and d(r)), on six chunks.
+    let mut writes = Vec::new();
+    for i in 0..3u64 {
+        writes.push((8192 * (i + 1), 6 + i));
+        writes.push((8192 * (i + 1), 9 + i));
+    }
+    let (by, trips, began) = flush_after(WritePolicy::Parix, 8, &writes);
+    eprintln!("parix flush: {by:?}; {trips} round trips: {began:?}");
+    assert!(trips <= 6, "{trips} round trips: {began:?}");
+    assert_eq!(count(&began, Purpose::ChecksumPage), 1, "{began:?}");
+    // The chunks' syncs in one, then each of the 2 grown journals'
+    // directory commit: a write and a sync.
+    assert!(count(&began, Purpose::Flush) <= 3, "{began:?}");
+}
+
 /// A rebuild across the network reads the members of a window of stripes
 /// in one round trip and writes the rebuilt units in another, where it
 /// took two round trips a stripe, one stripe after another (26.7 MiB/s of
