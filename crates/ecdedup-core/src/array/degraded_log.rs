@@ -570,9 +570,11 @@ impl super::Array {
                 .iter()
                 .map(|u| u.as_ref().map(|u| u[at..at + block].to_vec()))
                 .collect();
-            for &role in &missing {
-                if let Ok(Some(v)) = log.value(stripe, role, row) {
-                    known[role] = Some(v);
+            for (role, unit) in known.iter_mut().enumerate().take(g.k()) {
+                if unit.is_none() {
+                    if let Ok(Some(v)) = log.value(stripe, role, row) {
+                        *unit = Some(v);
+                    }
                 }
             }
             let data: Vec<Vec<u8>> = if known[..g.k()].iter().all(Option::is_some) {
