@@ -1845,19 +1845,6 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     // 52865, found by branch wd's 4,000-seed run). 4182 and 2346
     // pass since branches wd and dd (both narrowed them) and are
     // regression seeds.
-    // Found by branch wd's 6,000-seed run (40,000 to 45,999) on
-    // 2026-11-27 at 4d61537; fails the same on main adefb1a (I/O errors,
-    // no wrong data): no power loss of every server; the takeover's open
-    // found two members of stripe 6 out, and a parity member left
-    // differed from its entry (the parix journal folded after the last
-    // flush), so the row was marked as torn by a write in flight
-    // (`rows_torn_unlogged`'s known over-reach, docs/write-hole.md) and a
-    // flushed block fails to read. (45698, found by the same run, is a
-    // regression seed.)
-    (
-        43529,
-        "parix beside plog with dedup: flushed blocks 25 and 27 of volume 8 fail to read after the takeover (two members out, the row marked as torn though no write was in flight)",
-    ),
     // Found by the 100,000-seed run of 2026-11-27 (seeds 0 to 99,999 at
     // 638e465, 1,307 s on this 2-core machine, docs/benchmarks.md): 14 of
     // 99,997 failed, none narrowed. Replayed with the test binary of
@@ -1875,21 +1862,6 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     // 2026-11-27; fails the same with the test binary of cce0370. (109578,
     // found with it, is a regression seed since branch pxw.)
     (105701, "plog with dedup parity beside rmw: blocks 13, 14 of volume 7 fail to read beyond the double fault (2 of 6 units intact)"),
-    // Found by branch pxw's 6,000-seed run (110,000 to 115,999) at
-    // abcc7a6, 2026-11-27; fails the same on main cb8fe88 (2 of 2). Not
-    // narrowed; first look: block 108 (stripe 27, never written) was
-    // not written near the power loss of every server, but a degraded
-    // read of blocks 104+9 (device 0 out) replayed stripe 27 and wrote
-    // its parity after the last flush (frames 2250, 2252); the next open
-    // lost device 3 too and marked the row as torn by a write in flight
-    // ("a write was in flight there at the stop, and nothing logged it"):
-    // perhaps `rows_torn_unlogged`'s over-reach, as 43529.
-    // Branch pld's 10,000-seed run (110,000 to 119,999 at cb8fe88) found
-    // only it; it passes with the device failure after a failed
-    // parity-journal append (e35e3ce) taken out: new with it (that
-    // append met a restarted server; the failed device is the device 0
-    // out at the degraded read).
-    (111761, "plog beside rmw: blocks 108, 111 of volume 7 fail to read beyond the double fault after the takeover (2 of 6 units intact)"),
     // Found by a 10,000-seed run (120,000 to 129,999) at 4e03d9e,
     // 2026-11-27 (I/O errors only, no wrong data): 122517 and 126294 fail
     // there; 123693 fails only with the mark of torn rows before a
@@ -2455,13 +2427,28 @@ const REGRESSION_SEEDS: &[u64] = &[127, 144, 551, 910, 1079, 1253, 1460, 1921, 3
 ///   whose records were flushed (blocks 55, 68, 79) fold as before.
 ///   With that rule turned off it fails as before (blocks 58 and 59 read
 ///   neither written nor durable); with it, it passes, strict.
+/// - 43529 (parix beside plog with dedup; found by branch wd's
+///   6,000-seed run) and 111761 (plog beside rmw; found by branch pxw's):
+///   I/O errors, no wrong data. A data member was out (recorded failed)
+///   and a replay while serving (a degraded read's) folded a stripe's
+///   journals into both parities, the missing unit's value logged first
+///   in the degraded-write log; no flush came after, so the parity
+///   blocks no longer matched their entries. The takeover's open lost a
+///   second data member (in service at the stop), and the resync took
+///   the row of exactly k members left for one a write in flight had
+///   torn (`rows_torn_unlogged`) and marked it unreadable: flushed
+///   blocks (43529: 25 and 27 of volume 8) read as I/O errors. The
+///   logged value is a member known beyond the k left: where they are
+///   one codeword it vouches for the decode of the other missing unit
+///   (`resync_from_degraded_log`, `decode_vouched_by_spare`; branch
+///   eio). Each fails on main b028291 and passes with it, 3 of 3.
 const REGRESSION_SHARED_SEEDS: &[u64] = &[
     1, 29, 65, 110, 119, 316, 322, 359, 453, 728, 767, 789, 970, 971, 990, 1116, 1157, 1169, 1220,
     1221, 1603, 1653, 1712, 2111, 2461, 2885, 3029, 3190, 3582, 3586, 3658, 3671, 3790, 3911, 4012,
     4129, 4182, 4415, 4785, 4863, 4870, 4876, 4890, 5984, 7860, 9183, 15984, 19649, 21354, 22012,
     24068, 24526, 24556, 25205, 25676, 26390, 26547, 26664, 27176, 29321, 31025, 33121, 33718,
     35354, 37805, 37817, 45698, 2346, 33331, 80585, 74821, 92254, 28455, 52865, 68227, 78975,
-    109578, 90621, 73757,
+    109578, 90621, 73757, 43529, 111761,
 ];
 
 #[test]

@@ -386,15 +386,32 @@ impl Array {
     ) -> Option<Vec<Vec<u8>>> {
         let block = self.geo.block() as usize;
         let at = row as usize * block;
-        let present: Vec<bool> = units.iter().map(Option::is_some).collect();
-        let read: Vec<Vec<u8>> = units
+        let known: Vec<Option<Vec<u8>>> = units
             .iter()
-            .map(|u| {
-                u.as_ref()
-                    .map_or(vec![0u8; block], |u| u[at..at + block].to_vec())
-            })
+            .map(|u| u.as_ref().map(|u| u[at..at + block].to_vec()))
             .collect();
-        match self.try_decode(&read, &present, &present, &vec![None; units.len()]) {
+        self.decode_vouched_by_spare(&known)
+    }
+
+    /// A block row's members as known (`known`: each member's block, None
+    /// where unknown), when more than k are known and they are one
+    /// codeword, which a spare member vouches for: every member's block,
+    /// the unknown ones decoded. A member known need not be on a device:
+    /// the degraded-write log's value of a missing unit counts.
+    pub(super) fn decode_vouched_by_spare(
+        &self,
+        known: &[Option<Vec<u8>>],
+    ) -> Option<Vec<Vec<u8>>> {
+        let block = self.geo.block() as usize;
+        let present: Vec<bool> = known.iter().map(Option::is_some).collect();
+        if present.iter().filter(|p| **p).count() <= self.geo.k() {
+            return None;
+        }
+        let read: Vec<Vec<u8>> = known
+            .iter()
+            .map(|u| u.clone().unwrap_or_else(|| vec![0u8; block]))
+            .collect();
+        match self.try_decode(&read, &present, &present, &vec![None; known.len()]) {
             Some((shards, true)) => Some(shards),
             _ => None,
         }

@@ -566,25 +566,29 @@ impl super::Array {
         let mut covered_all = true;
         for row in 0..g.blocks_per_unit() {
             let at = row as usize * block;
-            let mut data: Vec<Vec<u8>> = Vec::with_capacity(g.k());
-            let mut whole = true;
-            for (role, unit) in units.iter().enumerate().take(g.k()) {
-                match unit {
-                    Some(u) => data.push(u[at..at + block].to_vec()),
-                    None => match log.value(stripe, role, row) {
-                        Ok(Some(v)) => data.push(v),
-                        _ => {
-                            whole = false;
-                            break;
-                        }
-                    },
+            let mut known: Vec<Option<Vec<u8>>> = units
+                .iter()
+                .map(|u| u.as_ref().map(|u| u[at..at + block].to_vec()))
+                .collect();
+            for (role, unit) in known.iter_mut().enumerate().take(g.k()) {
+                if unit.is_none() {
+                    if let Ok(Some(v)) = log.value(stripe, role, row) {
+                        *unit = Some(v);
+                    }
                 }
             }
-            if !whole {
+            let data: Vec<Vec<u8>> = if known[..g.k()].iter().all(Option::is_some) {
+                known.into_iter().take(g.k()).flatten().collect()
+            } else if let Some(shards) = self.decode_vouched_by_spare(&known) {
+                // The log holds some missing units' values, not all: with
+                // them more than k members are known, and where they are
+                // one codeword the decode of the others is vouched for.
+                shards.into_iter().take(g.k()).collect()
+            } else {
                 covered_all = false;
                 uncovered_rows(row..row + 1);
                 continue;
-            }
+            };
             // The missing units hold what the log says: their entries,
             // which may predate it (table pages are written at flushes),
             // follow, so their decode checks against the logged value.
