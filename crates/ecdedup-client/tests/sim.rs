@@ -2442,13 +2442,25 @@ const REGRESSION_SEEDS: &[u64] = &[127, 144, 551, 910, 1079, 1253, 1460, 1921, 3
 ///   one codeword it vouches for the decode of the other missing unit
 ///   (`resync_from_degraded_log`, `decode_vouched_by_spare`; branch
 ///   eio). Each fails on main b028291 and passes with it, 3 of 3.
+/// - 177513 (plog with dedup on both volumes; found by a 5,000-seed run
+///   at f6556fc, 2026-11-27): blocks 80 and 82 of volume 8 read as
+///   neither written nor durable after a takeover (WRONG data, no
+///   rebuild in the story); it fails the same on 2afe4b7 (the session's
+///   start) and passes since branch frt's shorter flush changed its
+///   story (9,759 frames, 8,675 before). Cause not narrowed: it guards
+///   a class, not a fix. 179428 (rmw beside parix with dedup, same run):
+///   an I/O error beyond the double fault, the same on 2afe4b7, passing
+///   since frt likewise. 183058 (parix beside rmw; a 5,000-seed run at
+///   03bf7d4, frt merged): blocks 72 and 75 of volume 7 unreadable
+///   beyond the double fault (I/O errors); passes on 2afe4b7 and since
+///   branch eio's merge (a changed story or eio's spare check: not told).
 const REGRESSION_SHARED_SEEDS: &[u64] = &[
     1, 29, 65, 110, 119, 316, 322, 359, 453, 728, 767, 789, 970, 971, 990, 1116, 1157, 1169, 1220,
     1221, 1603, 1653, 1712, 2111, 2461, 2885, 3029, 3190, 3582, 3586, 3658, 3671, 3790, 3911, 4012,
     4129, 4182, 4415, 4785, 4863, 4870, 4876, 4890, 5984, 7860, 9183, 15984, 19649, 21354, 22012,
     24068, 24526, 24556, 25205, 25676, 26390, 26547, 26664, 27176, 29321, 31025, 33121, 33718,
     35354, 37805, 37817, 45698, 2346, 33331, 80585, 74821, 92254, 28455, 52865, 68227, 78975,
-    109578, 90621, 73757, 43529, 111761,
+    109578, 90621, 73757, 43529, 111761, 177513, 179428, 183058,
 ];
 
 #[test]
