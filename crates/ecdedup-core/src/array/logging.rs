@@ -1115,7 +1115,10 @@ impl Array {
                 "stripe {stripe}: {unknown_rows} block rows of the missing units {missing:?} \
                  cannot be told after the stop: the members left disagree and nothing \
                  vouches for a decode (an unclean stop, then a device lost before resync: \
-                 docs/write-hole.md); those blocks read as I/O errors until rewritten"
+                 docs/write-hole.md); those marked below read as I/O errors until \
+                 rewritten, the others are decoded at a read, checked where a spare \
+                 member or a known entry can check them, unchecked where neither can \
+                 (docs/write-hole.md, \"Rows a degraded replay cannot tell\")"
             ));
         }
         // One append for every row, held until the parity is written and
