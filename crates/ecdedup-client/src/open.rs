@@ -46,6 +46,13 @@ pub const REBUILD_BYTES_PER_S_DEFAULT: u64 = 64 << 20;
 
 const COMPONENT: &str = "volume-client";
 
+// Every journal bound `pool create` takes is one the engine formats: a
+// pool refused at its first serve would have been accepted at creation.
+const _: () = assert!(
+    ecdedup_cluster::keys::JOURNAL_BYTES_MIN >= array::JOURNAL_BYTES_MIN,
+    "a pool's smallest journal bound is below the engine's"
+);
+
 #[derive(Clone, Debug)]
 pub struct ClusterOptions {
     pub etcd: EtcdConfig,

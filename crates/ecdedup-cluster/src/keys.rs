@@ -351,8 +351,11 @@ pub const BLOCK_BYTES: u32 = 4096;
 /// past half of it is replayed, which empties it of every d(0) that
 /// parix's speculation needs (docs/cluster.md).
 pub const JOURNAL_BYTES_DEFAULT: u64 = 32 << 20;
-/// The smallest journal bound a pool takes.
-pub const JOURNAL_BYTES_MIN: u64 = 1 << 20;
+/// The smallest journal bound a pool takes: at least the engine's
+/// smallest (`ecdedup_core::array::JOURNAL_BYTES_MIN`, checked when the
+/// volume client is compiled), so that a pool refused at its first serve is
+/// refused at `pool create` instead.
+pub const JOURNAL_BYTES_MIN: u64 = 2 << 20;
 /// The largest: the bound is reserved on each parity shard's device.
 pub const JOURNAL_BYTES_MAX: u64 = 64 << 30;
 

@@ -428,17 +428,9 @@ impl ChecksumTable {
             for number in numbers {
                 let page = shard.pages.get_mut(&number).expect("listed above");
                 let mut buf = vec![0u8; PAGE_BYTES];
-                let at = self.page_offset(number);
-                if page.known.is_some() {
-                    let read = within(Scope::Checksums, || dev.read_at(&mut buf, at));
-                    if let Err(e) = read {
-                        self.latch(&e);
-                        return Err(e);
-                    }
-                    counters.read(IoClass::Metadata, buf.len());
-                    page.merge_under(&buf, self.zero_crc);
-                }
-                page.encode(self.zero_crc, &mut buf);
+                let at = self
+                    .encode_page(dev, counters, number, page, &mut buf)
+                    .inspect_err(|e| self.latch(e))?;
                 held.pages.push((i, number, at, buf));
             }
         }
@@ -512,6 +504,24 @@ impl ChecksumTable {
         page: &mut Page,
         buf: &mut [u8],
     ) -> io::Result<()> {
+        let at = self.encode_page(dev, counters, page_number, page, buf)?;
+        within(Scope::Checksums, || dev.write_at(buf, at))?;
+        counters.write(IoClass::Metadata, buf.len());
+        page.dirty = false;
+        Ok(())
+    }
+
+    /// Encodes `page` into `buf` as it is to be written, a partial page
+    /// merged under the device's copy first (read here); returns its
+    /// device offset.
+    fn encode_page(
+        &self,
+        dev: &dyn Device,
+        counters: &DeviceCounters,
+        page_number: u64,
+        page: &mut Page,
+        buf: &mut [u8],
+    ) -> io::Result<u64> {
         let at = self.page_offset(page_number);
         if page.known.is_some() {
             within(Scope::Checksums, || dev.read_at(buf, at))?;
@@ -519,10 +529,7 @@ impl ChecksumTable {
             page.merge_under(buf, self.zero_crc);
         }
         page.encode(self.zero_crc, buf);
-        within(Scope::Checksums, || dev.write_at(buf, at))?;
-        counters.write(IoClass::Metadata, buf.len());
-        page.dirty = false;
-        Ok(())
+        Ok(at)
     }
 
     /// Adds a page to its shard, first evicting pages past the bound when

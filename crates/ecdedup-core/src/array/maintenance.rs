@@ -236,7 +236,6 @@ impl Array {
     /// recorded failed before the open, so they no longer count.
     pub(super) fn rows_torn_unlogged(&self, stripe: u64, units: &[Option<Vec<u8>>]) -> Vec<bool> {
         let g = &self.geo;
-        let block = g.block() as usize;
         let lost_in_service = self.degraded_log.is_none()
             || (0..g.k()).any(|role| {
                 let d = g.place(stripe, role).device;
@@ -244,14 +243,10 @@ impl Array {
             });
         (0..g.blocks_per_unit())
             .map(|row| {
-                let at = row as usize * block;
                 lost_in_service
                     && units.iter().enumerate().any(|(role, u)| {
-                        let place = g.place(stripe, role);
-                        u.as_ref().is_some_and(|u| {
-                            !self.stores[place.device]
-                                .block_matches(g.checksum_index(place.row, row), &u[at..at + block])
-                        })
+                        u.as_ref()
+                            .is_some_and(|u| !self.unit_block_matches(stripe, role, u, row))
                     })
             })
             .collect()
@@ -288,21 +283,28 @@ impl Array {
         folded_rows: &[(usize, Vec<u32>)],
     ) -> Vec<bool> {
         let g = &self.geo;
-        let block = g.block() as usize;
         let mut changed = vec![false; g.blocks_per_unit() as usize];
         for (j, rows) in folded_rows {
             let role = g.k() + j;
             let Some(unit) = &units[role] else { continue };
-            let place = g.place(stripe, role);
             for &row in rows {
-                let at = row as usize * block;
-                let index = g.checksum_index(place.row, row as u64);
-                if !self.stores[place.device].block_matches(index, &unit[at..at + block]) {
+                if !self.unit_block_matches(stripe, role, unit, row as u64) {
                     changed[row as usize] = true;
                 }
             }
         }
         changed
+    }
+
+    /// Whether block row `row` of `unit` (member `role` of `stripe`, as
+    /// read) matches its checksum entry.
+    fn unit_block_matches(&self, stripe: u64, role: usize, unit: &[u8], row: u64) -> bool {
+        let g = &self.geo;
+        let block = g.block() as usize;
+        let place = g.place(stripe, role);
+        let at = row as usize * block;
+        self.stores[place.device]
+            .block_matches(g.checksum_index(place.row, row), &unit[at..at + block])
     }
 
     /// Records the checksums of a unit's content after a resync. Entries

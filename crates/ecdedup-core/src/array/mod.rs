@@ -46,7 +46,7 @@ mod tests;
 pub use assemble::{assemble_from_devices, config_from_devices, force_assemble, replaced_members};
 pub use inspect::inspect;
 pub use layout::Geometry;
-pub use logging::WritePolicy;
+pub use logging::{WritePolicy, JOURNAL_BYTES_MIN};
 pub use maintenance::ScrubReport;
 pub use superblock::MemberState;
 
