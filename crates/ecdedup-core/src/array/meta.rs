@@ -434,12 +434,20 @@ impl MetaStorage {
 
     /// Applies `op` to every copy; Ok when at least one took it (the
     /// others are dropped and their devices reported).
-    fn each_area(&self, what: &str, op: impl Fn(&AreaFs) -> io::Result<()>) -> io::Result<()> {
+    /// Runs `op` on every area in service, side by side (as
+    /// [`MirrorFile::each`]'s copies).
+    fn each_area(
+        &self,
+        what: &str,
+        op: impl Fn(&AreaFs) -> io::Result<()> + Sync,
+    ) -> io::Result<()> {
         let _writes = self.shared.copy_writes.read().unwrap();
         let mut ok = false;
         let mut first_err = None;
-        for (d, area) in self.copies() {
-            match op(&area) {
+        let copies = self.copies();
+        let results = side_by_side(&copies, |area| op(area));
+        for ((d, _), result) in copies.into_iter().zip(results) {
+            match result {
                 Ok(()) => ok = true,
                 Err(e) if is_space_error(&e) => return Err(e),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => first_err = first_err.or(Some(e)),
@@ -518,8 +526,16 @@ impl MirrorFile {
 
 impl MirrorFile {
     /// Runs `op` on the folder copy (whose error is the call's) and on
-    /// every area copy (a failing one is dropped).
-    fn each(&self, op: impl Fn(&dyn StorageFile) -> io::Result<()>) -> io::Result<()> {
+    /// every area copy (a failing one is dropped). The area copies are
+    /// written side by side, a thread each: on a cluster each is a chunk
+    /// across the network, and one after another an intent mark or a
+    /// degraded-write record took a round trip (or a device sync) per
+    /// copy where one for all does. A cut during the call may leave any
+    /// subset of the copies with the new bytes, as one between two
+    /// sequential copies left a prefix: the caller has not been answered,
+    /// and the copies are compared at the next open
+    /// ([`MetaStorage::check_copies`]).
+    fn each(&self, op: impl Fn(&dyn StorageFile) -> io::Result<()> + Sync) -> io::Result<()> {
         if let Some(b) = &self.base {
             op(b.as_ref())?;
         }
@@ -527,12 +543,11 @@ impl MirrorFile {
         let mut guard = self.copies.lock().unwrap();
         self.follow_attached(&mut guard);
         let copies = &mut guard.files;
+        copies.retain(|(d, _)| self.meta.area(*d).is_some());
+        let mut results = side_by_side(copies, |f| op(f.as_ref())).into_iter();
         let mut first_err = None;
-        copies.retain(|(d, f)| {
-            if self.meta.area(*d).is_none() {
-                return false;
-            }
-            match op(f.as_ref()) {
+        copies.retain(|(d, _)| {
+            match results.next().expect("one result per copy") {
                 Ok(()) => true,
                 // A full space is the host's fault, not the device's.
                 Err(e) if is_space_error(&e) => {
@@ -594,6 +609,23 @@ impl MirrorFile {
             io::Error::other(format!("{}: no device in service holds a copy", self.name))
         }))
     }
+}
+
+/// `op` on each of `copies`, a scoped thread each where there are
+/// several; the results in `copies`' order. A panic in `op` is raised
+/// again here.
+fn side_by_side<T: Sync, R: Send>(copies: &[(usize, T)], op: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    if copies.len() < 2 {
+        return copies.iter().map(|(_, c)| op(c)).collect();
+    }
+    let op = &op;
+    std::thread::scope(|s| {
+        let running: Vec<_> = copies.iter().map(|(_, c)| s.spawn(move || op(c))).collect();
+        running
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    })
 }
 
 impl StorageFile for MirrorFile {
@@ -946,6 +978,86 @@ mod tests {
         assert_eq!(
             crate::media::storage::read_all(&m, &path).unwrap(),
             b"Warks"
+        );
+    }
+
+    /// A device whose sync, once the group is armed, waits (up to a
+    /// minute) until every device of its group is inside a sync at once:
+    /// met only when the copies of a mirrored file are synced side by side.
+    struct Rendezvous {
+        mem: MemDevice,
+        group: Arc<Group>,
+        size: usize,
+    }
+
+    /// (devices inside a sync, met, armed), and its wake-up.
+    type Group = (std::sync::Mutex<(usize, bool, bool)>, std::sync::Condvar);
+
+    impl Device for Rendezvous {
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+            self.mem.read_at(buf, offset)
+        }
+        fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+            self.mem.write_at(buf, offset)
+        }
+        fn sync(&self) -> io::Result<()> {
+            let (lock, cv) = &*self.group;
+            let mut g = lock.lock().unwrap();
+            if !g.2 {
+                return self.mem.sync();
+            }
+            g.0 += 1;
+            if g.0 == self.size {
+                g.1 = true;
+                cv.notify_all();
+            }
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+            while !g.1 && std::time::Instant::now() < deadline {
+                g = cv
+                    .wait_timeout(g, std::time::Duration::from_secs(1))
+                    .unwrap()
+                    .0;
+            }
+            g.0 -= 1;
+            self.mem.sync()
+        }
+        fn size(&self) -> u64 {
+            self.mem.size()
+        }
+        fn describe(&self) -> String {
+            self.mem.describe()
+        }
+    }
+
+    /// The copies of a mirrored file are synced side by side, not one
+    /// after another (a round trip each to remote chunks).
+    #[test]
+    fn a_mirrored_files_copies_are_synced_side_by_side() {
+        let group = Arc::new((
+            std::sync::Mutex::new((0, false, false)),
+            std::sync::Condvar::new(),
+        ));
+        let devs = (0..3)
+            .map(|i| {
+                Arc::new(Rendezvous {
+                    mem: MemDevice::new(&format!("d{i}"), 8 << 20),
+                    group: Arc::clone(&group),
+                    size: 3,
+                }) as Arc<dyn Device>
+            })
+            .collect();
+        let (dir, m, _) = meta_over(devs);
+        let f = m.create(&dir.path().join("degraded.log"), true).unwrap();
+        f.write_at(b"record", 0).unwrap();
+        group.0.lock().unwrap().2 = true;
+        f.sync().unwrap();
+        assert!(
+            group.0.lock().unwrap().1,
+            "the three copies' syncs never overlapped"
+        );
+        assert_eq!(
+            crate::media::storage::read_all(&m, &dir.path().join("degraded.log")).unwrap(),
+            b"record"
         );
     }
 }

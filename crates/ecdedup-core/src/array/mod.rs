@@ -485,6 +485,10 @@ pub struct Array {
     last_write_ms: AtomicU64,
     started: std::time::Instant,
     stopping: std::sync::atomic::AtomicBool,
+    /// Set by a close that succeeded: the drop then flushes nothing more.
+    /// (A cluster writer's wire is fenced after its close, so a flush at
+    /// the drop failed every device, in memory and in warnings.)
+    closed: std::sync::atomic::AtomicBool,
     /// The background replay's thread, joined by [`Array::close`] before
     /// its last flush: a fold still running after it would write parity
     /// whose checksum entries no flush persists, with the intent log
@@ -1485,6 +1489,7 @@ impl Array {
             last_write_ms: AtomicU64::new(0),
             started: std::time::Instant::now(),
             stopping: std::sync::atomic::AtomicBool::new(false),
+            closed: std::sync::atomic::AtomicBool::new(false),
             background_replay: Mutex::new(None),
             crashed: std::sync::atomic::AtomicBool::new(false),
             serving: std::sync::atomic::AtomicBool::new(false),
@@ -2157,6 +2162,8 @@ impl Array {
     }
 
     fn note_write(&self) {
+        // A write after a close (a misuse) is flushed at the drop again.
+        self.closed.store(false, SeqCst);
         self.last_write_ms
             .store(self.started.elapsed().as_millis() as u64, SeqCst);
     }
@@ -2176,7 +2183,9 @@ impl Array {
         self.flush()?;
         self.intent
             .clear_all()
-            .map_err(|e| Error::io("clearing the intent log", e))
+            .map_err(|e| Error::io("clearing the intent log", e))?;
+        self.closed.store(true, SeqCst);
+        Ok(())
     }
 }
 
@@ -2190,7 +2199,7 @@ impl Array {
 
 impl Drop for Array {
     fn drop(&mut self) {
-        if !self.crashed.load(SeqCst) {
+        if !self.crashed.load(SeqCst) && !self.closed.load(SeqCst) {
             let _ = self.flush();
         }
     }

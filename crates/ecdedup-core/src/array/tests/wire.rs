@@ -374,3 +374,47 @@ fn a_rebuild_reads_and_writes_a_window_of_stripes_per_round_trip() {
     array.read(&mut back, 0).unwrap();
     assert!(back == before, "a rebuilt unit reads wrong");
 }
+
+/// A clean close leaves nothing for the drop to send: the volume client
+/// fences its wire after the close, and a flush at the drop then failed
+/// every device (in memory) and warned that each had.
+#[test]
+fn a_closed_array_sends_nothing_when_dropped() {
+    let (_dir, array, tally) = parix_over_links();
+    array.write(&pattern(6, 4096), 8192, false).unwrap();
+    array.close().unwrap();
+    tally.take();
+    drop(array);
+    assert_eq!(tally.take(), (vec![], 0), "nothing sent after the close");
+}
+
+/// An array dropped without a close still flushes what it took.
+#[test]
+fn an_array_dropped_without_a_close_flushes() {
+    let (_dir, array, tally) = parix_over_links();
+    array.write(&pattern(6, 4096), 8192, false).unwrap();
+    tally.take();
+    drop(array);
+    let (by, _) = tally.take();
+    assert!(by.iter().any(|(p, _)| *p == Purpose::Flush), "{by:?}");
+}
+
+/// A degraded write's missing block is decoded from one batch of its
+/// members' blocks: two round trips of reads (the write's own, then the
+/// row's), where each member's block was a round trip of its own (six).
+#[test]
+fn a_degraded_write_decodes_the_missing_block_from_one_batch_of_reads() {
+    let (_dir, array, tally) = over_links(WritePolicy::Rmw, 8, true);
+    array.fail_device(1).unwrap();
+    tally.take();
+    tally.round_trip_purposes.lock().unwrap().clear();
+    // Block 0 of stripe 0: its rmw reads the missing unit's block too.
+    array.write(&pattern(9, 4096), 0, false).unwrap();
+    let (_, _) = tally.take();
+    let purposes = std::mem::take(&mut *tally.round_trip_purposes.lock().unwrap());
+    let reads = purposes.iter().filter(|p| **p == Purpose::Read).count();
+    assert_eq!(reads, 2, "{purposes:?}");
+    let mut back = vec![0u8; 4096];
+    array.read(&mut back, 0).unwrap();
+    assert_eq!(back, pattern(9, 4096));
+}
