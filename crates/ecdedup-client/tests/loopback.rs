@@ -25,6 +25,7 @@ struct Cluster {
     servers: Vec<Option<JoinHandle<Result<i32, String>>>>,
     key: PathBuf,
     out_after: Duration,
+    io: IoMode,
 }
 
 impl Cluster {
@@ -34,6 +35,11 @@ impl Cluster {
 
     /// `count` servers whose coordinator outs a server down `out_after`.
     fn start_with(name: &str, count: u32, out_after: Duration) -> Cluster {
+        Cluster::start_with_io(name, count, out_after, IoMode::Buffered)
+    }
+
+    /// As `start_with`, the servers' devices opened with `io`.
+    fn start_with_io(name: &str, count: u32, out_after: Duration, io: IoMode) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().to_owned();
         let etcd = LocalEtcd::start(&root.join("etcd")).unwrap_or_else(|e| panic!("{e}"));
@@ -52,6 +58,7 @@ impl Cluster {
             servers: Vec::new(),
             key,
             out_after,
+            io,
         };
         for id in 0..count {
             let h = c.start_server(name, id);
@@ -84,7 +91,7 @@ impl Cluster {
             host: format!("host{id}"),
             key: self.key.clone(),
             dirs: vec![self.root.join(format!("server{id}"))],
-            io: IoMode::Buffered,
+            io: self.io,
             lease_ttl: Duration::from_secs(5),
             space_every: Duration::from_secs(10),
             out_after: self.out_after,
@@ -696,34 +703,50 @@ fn a_server_out_is_replaced_rebuilt_elsewhere_and_never_read_again() {
     v.close().unwrap();
 }
 
-/// Rebuild throughput, for docs/benchmarks.md ("Rebuild of an out
-/// server"): one server out of seven, its shard of the one PG (RS(4,2)
-/// parix, 64 KiB units, a 128 MiB volume formatted for 128 MiB and
-/// written whole: 32 MiB of shard) rebuilt by a writer with the throttle
-/// off, the volume idle. Prints MiB of shard per second. Run by hand:
+/// Rebuild throughput and a writer's latency during it, for
+/// docs/benchmarks.md ("Rebuild of an out server"): one server out of
+/// seven, its shard of the one PG (RS(4,2) parix, 64 KiB units, a volume
+/// formatted for its size and written whole: a quarter of it is the
+/// shard) rebuilt by the next writer while that writer's own thread
+/// overwrites random 4 KiB blocks one at a time (QD1, through the client
+/// API, no NBD). The same overwrites are timed for as long again with
+/// the cluster healthy before the kill and after the rebuild. Prints MiB
+/// of shard per second and the three latency distributions. Settings:
+/// `ECDEDUP_REBUILD_VOLUME_MIB` (128), `ECDEDUP_REBUILD_RATE` (the
+/// throttle in bytes/s, 0 = off: the default), `ECDEDUP_REBUILD_IO`
+/// (`buffered`, or `direct` for the servers' devices). Run by hand:
 /// `cargo test -p ecdedup-client --test loopback -- --ignored rebuild_throughput --nocapture`.
 #[test]
 #[ignore = "a measurement (about a minute), not a check"]
 fn rebuild_throughput_of_one_out_server() {
-    const VOLUME_BYTES: usize = 128 << 20;
+    let env = |k: &str, d: &str| std::env::var(k).unwrap_or_else(|_| d.into());
+    let volume_bytes: usize = env("ECDEDUP_REBUILD_VOLUME_MIB", "128")
+        .parse::<usize>()
+        .unwrap()
+        << 20;
+    let rate: u64 = env("ECDEDUP_REBUILD_RATE", "0").parse().unwrap();
+    let io: IoMode = env("ECDEDUP_REBUILD_IO", "buffered").parse().unwrap();
+    let policy = match env("ECDEDUP_REBUILD_POLICY", "parix").as_str() {
+        "rmw" => WritePolicy::Rmw,
+        "plog" => WritePolicy::Plog,
+        _ => WritePolicy::Parix,
+    };
     let name = "rebuild-rate";
-    let mut c = Cluster::start_with(name, 7, Duration::from_secs(1));
-    c.pool_with(
-        name,
-        "rs42",
-        WritePolicy::Parix,
-        (4, 2, 1),
-        64 << 10,
-        DedupPolicy::None,
-    );
-    c.volume(name, "rs42", "a", VOLUME_BYTES as u64);
+    let mut c = Cluster::start_with_io(name, 7, Duration::from_secs(1), io);
+    c.pool_with(name, "rs42", policy, (4, 2, 1), 64 << 10, DedupPolicy::None);
+    c.volume(name, "rs42", "a", volume_bytes as u64);
     let mut options = c.options(name, "rs42", "a", "w1");
-    options.capacity_bytes_min = VOLUME_BYTES as u64;
-    let model = pattern(31, VOLUME_BYTES);
+    options.capacity_bytes_min = volume_bytes as u64;
+    options.rebuild_bytes_per_s = rate;
+    let mut model = pattern(31, volume_bytes);
     let v = ecdedup_client::open(&options).unwrap();
     for (i, piece) in model.chunks(1 << 20).enumerate() {
         v.write(piece, (i << 20) as u64, false).unwrap();
     }
+    v.flush().unwrap();
+    let mut rng = 0x5EED_u64;
+    let healthy_for = Duration::from_secs(5);
+    let healthy = overwrite_qd1(&v, &mut model, &mut rng, &|t| t >= healthy_for);
     v.flush().unwrap();
     v.close().unwrap();
     drop(v);
@@ -736,16 +759,31 @@ fn rebuild_throughput_of_one_out_server() {
     let began = std::time::Instant::now();
     let v = ecdedup_client::open(&options).unwrap();
     let opened = began.elapsed();
-    for r in v.wait_rebuilds() {
-        r.unwrap();
-    }
-    let took = began.elapsed() - opened;
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let before = v.stats_json();
+    let (took, during) = std::thread::scope(|s| {
+        let (model, rng, done) = (&mut model, &mut rng, &done);
+        let writer = std::thread::Builder::new()
+            .name("qd1-writer".into())
+            .spawn_scoped(s, || {
+                overwrite_qd1(&v, model, rng, &|_| {
+                    done.load(std::sync::atomic::Ordering::Acquire)
+                })
+            })
+            .unwrap();
+        for r in v.wait_rebuilds() {
+            r.unwrap();
+        }
+        let took = began.elapsed() - opened;
+        done.store(true, std::sync::atomic::Ordering::Release);
+        (took, writer.join().unwrap())
+    });
     let status = v.pg_arrays()[0].status();
     let shard_mib =
         (status.stripes * u64::from(status.stripe_unit_bytes)) as f64 / (1 << 20) as f64;
     println!(
         "rebuild: {shard_mib:.0} MiB of shard ({} stripes of {} KiB) in {:.2} s: {:.1} MiB/s \
-         (open took {:.1} s)",
+         (open took {:.1} s; throttle {rate} B/s; devices {io:?}; {policy:?})",
         status.stripes,
         status.stripe_unit_bytes >> 10,
         took.as_secs_f64(),
@@ -757,8 +795,71 @@ fn rebuild_throughput_of_one_out_server() {
         "wire during the open and rebuild: {} messages, {} round trips; by purpose {}",
         wire["messages"], wire["round_trips"], wire["by_purpose"]
     );
+    if std::env::var_os("ECDEDUP_REBUILD_COUNTERS").is_some() {
+        let after = v.stats_json();
+        let (a, b) = (&after["pgs"][0]["array"], &before["pgs"][0]["array"]);
+        for (k, x) in a.as_object().unwrap() {
+            if let (Some(x), Some(y)) = (x.as_u64(), b[k].as_u64()) {
+                if x != y {
+                    println!("counter during the rebuild: {k} +{}", x - y);
+                }
+            }
+        }
+    }
+    let after_for = took.max(Duration::from_secs(5));
+    let after = overwrite_qd1(&v, &mut model, &mut rng, &|t| t >= after_for);
+    for (phase, lat) in [
+        ("healthy", healthy),
+        ("during the rebuild", during),
+        ("after it", after),
+    ] {
+        println!("4 KiB QD1 overwrites, {phase}: {}", latency_summary(lat));
+    }
     check(&v, &model);
     v.close().unwrap();
+}
+
+/// Overwrites random 4 KiB blocks of `model`'s volume one at a time until
+/// `stop` (given the time since the start) says so; returns each write's
+/// latency.
+fn overwrite_qd1(
+    v: &ClusterVolume,
+    model: &mut [u8],
+    rng: &mut u64,
+    stop: &dyn Fn(Duration) -> bool,
+) -> Vec<Duration> {
+    let blocks = (model.len() / 4096) as u64;
+    let began = std::time::Instant::now();
+    let mut lat = Vec::new();
+    while !stop(began.elapsed()) {
+        *rng ^= *rng << 13;
+        *rng ^= *rng >> 7;
+        *rng ^= *rng << 17;
+        let off = (*rng % blocks) as usize * 4096;
+        let data = pattern(*rng, 4096);
+        let t = std::time::Instant::now();
+        v.write(&data, off as u64, false).unwrap();
+        lat.push(t.elapsed());
+        model[off..off + 4096].copy_from_slice(&data);
+    }
+    lat
+}
+
+/// "N writes, p50 .. µs, p90 .., p99 .., max ..".
+fn latency_summary(mut lat: Vec<Duration>) -> String {
+    if lat.is_empty() {
+        return "no writes".into();
+    }
+    lat.sort();
+    let us = |q: f64| lat[((lat.len() - 1) as f64 * q) as usize].as_micros();
+    format!(
+        "{} writes, p50 {} us, p90 {} us, p99 {} us, max {} us",
+        lat.len(),
+        us(0.5),
+        us(0.9),
+        us(0.99),
+        us(1.0)
+    )
 }
 
 /// A shard moved back onto a server that still holds its old chunk: the
