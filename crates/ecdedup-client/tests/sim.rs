@@ -2455,16 +2455,24 @@ const REGRESSION_SEEDS: &[u64] = &[127, 144, 551, 910, 1079, 1253, 1460, 1921, 3
 ///   neither written nor durable after a takeover (WRONG data, no
 ///   rebuild in the story); it fails the same on 2afe4b7 (the session's
 ///   start) and passes since branch frt's shorter flush changed its
-///   story (9,759 frames, 8,675 before). Cause not closed: with the
-///   test binary of 2afe4b7 and `ECDEDUP_SIM_TRACE_BLOCK=80`, the
-///   takeover's open (frame ~3,730, devices of volume 8 out after every
-///   server's power loss at frame 2,722) replayed stripe 20 degraded with
-///   its units 0 and 2 (blocks 80 and 82) missing and warned that 1 row
-///   "cannot be told ... those blocks read as I/O errors until
-///   rewritten"; the row took `replay_degraded`'s last arm (neither
-///   logged nor marked), and later reads returned both blocks Ok as
-///   neither written nor durable bytes: that arm's warning promises more
-///   than it does. It guards a class, not a fix. 179428 (rmw beside parix with dedup, same run):
+///   story (9,759 frames, 8,675 before). Narrowed on 2afe4b7 (branch
+///   uv): a whole-stripe write of stripe 20 (frame 2,000) appended the
+///   marks ending its flushed delta records, unsynced; a FUA write of
+///   stripes 24 and 25 (frame 2,703) synced every device with its dirty
+///   checksum pages but only those stripes' parity journals, not parity
+///   1's (device 1), whose dedup layer's sync committed its metadata
+///   area and rewrote the journal's length hint unsynced; the power loss
+///   (frame 2,722) dropped the hint, and so the mark, and kept parity 1
+///   and its entry. The takeover's open (units 0 and 2 lost there) saw
+///   flushed records, no member changed since its entry and parity 1
+///   matching its own: `replay_degraded`'s last arm (neither logged nor
+///   marked) folded the record again into parity 1, and blocks 80 and 82
+///   decoded unchecked as bytes never written. A FUA write now syncs the
+///   journal of every device it syncs (`Array::make_durable`; unit test
+///   `a_whole_stripe_writes_mark_survives_a_cut_after_a_fua_write_synced_its_parity`,
+///   which fails without it). With that change this seed's story changes
+///   again on 2afe4b7 and it passes (1 replay): it guards the class, it
+///   does not show the fix. 179428 (rmw beside parix with dedup, same run):
 ///   an I/O error beyond the double fault, the same on 2afe4b7, passing
 ///   since frt likewise. 183058 (parix beside rmw; a 5,000-seed run at
 ///   03bf7d4, frt merged): blocks 72 and 75 of volume 7 unreadable

@@ -1016,7 +1016,7 @@ impl Array {
     /// log need; it takes no stripe lock.
     pub(super) fn make_everything_durable(&self) -> Result<()> {
         let every = vec![true; self.stores.len()];
-        let space = self.sync_journals_and_devices(&every, &every)?;
+        let space = self.sync_journals_and_devices(&every)?;
         self.fail_broken_metadata_copies();
         self.check_available()?;
         self.failures_made_durable()?;
@@ -1024,38 +1024,52 @@ impl Array {
     }
 
     /// FUA: makes durable what a request wrote to these stripe pieces
-    /// (stripe, offset in its data, length) and nothing more: the devices
-    /// of the data units it touched and of the stripes' parity, with their
-    /// checksum pages, and the stripes' parity journals. The intent mark of
+    /// (stripe, offset in its data, length): the devices of the data units
+    /// it touched and of the stripes' parity, with their checksum pages,
+    /// and the parity journal of every device synced. The intent mark of
     /// each stripe was synced before its write, and the degraded-write log
     /// syncs its own records, so after a power cut the stripes are resynced
     /// from data that is durable here.
+    ///
+    /// Every synced device's journal, not only the journals of these
+    /// stripes' parity: a device's sync makes durable all it was written
+    /// since, the parity blocks of other stripes with their checksum
+    /// entries (every dirty page of the device is written), and a parity
+    /// written over records its journal holds (a whole-stripe write, a
+    /// fold, a resync) is ended by an invalidation mark in that journal.
+    /// Past the journal's last sync only a length hint covers the mark,
+    /// and a commit of the metadata area's directory (a dedup log's sync
+    /// within the device's) writes that hint again, unsynced: a cut then
+    /// lost the mark and kept the parity and its entry, the next open
+    /// found the flushed records again with nothing changed since its
+    /// entries, so no rule marked the row, and a degraded replay folded
+    /// them into parity that held the write that ended them (the cluster
+    /// simulator's seed 177513 on 2afe4b7: blocks 80 and 82 of stripe 20
+    /// decoded as neither their old nor their new bytes).
     fn make_durable(&self, pieces: &[(u64, u64, u64)]) -> Result<()> {
         let g = &self.geo;
         let unit = g.unit_bytes();
         let mut devices = vec![false; self.stores.len()];
-        let mut journals = vec![false; self.stores.len()];
         for &(stripe, within, n) in pieces {
             let roles = (within / unit) as usize..(within + n).div_ceil(unit) as usize;
             for role in roles {
                 devices[g.place(stripe, role).device] = true;
             }
             for role in g.k()..g.width() {
-                let d = g.place(stripe, role).device;
-                devices[d] = true;
-                journals[d] = true;
+                devices[g.place(stripe, role).device] = true;
             }
         }
-        let space = self.sync_journals_and_devices(&journals, &devices)?;
+        let space = self.sync_journals_and_devices(&devices)?;
         bump(&self.counters.array.fua_syncs);
         self.check_available()?;
         self.failures_made_durable()?;
         Self::flush_space_result(space)
     }
 
-    /// Makes the parity journals of devices `journals` and the devices
-    /// `devices` (a superset) durable; the first space error of a device,
-    /// as [`Array::sync_devices`]. Format 1 syncs each journal (a file of
+    /// Makes the devices `devices` durable, each with its parity journal
+    /// (never a device without its journal: [`Array::make_durable`], seed
+    /// 177513); the first space error of a device, as
+    /// [`Array::sync_devices`]. Format 1 syncs each journal (a file of
     /// the folder) first. Format 2 keeps each journal on its own device,
     /// which the devices' sync (one batch, one round trip to remote
     /// chunks) makes durable, and then only finishes each journal's sync
@@ -1065,11 +1079,10 @@ impl Array {
     /// now; `array::tests::wire::a_flush_takes_...`).
     pub(super) fn sync_journals_and_devices(
         &self,
-        journals: &[bool],
         devices: &[bool],
     ) -> Result<Option<std::io::Error>> {
         if self.meta.is_none() || !self.write_policy.journals() {
-            self.sync_journals_of(journals)?;
+            self.sync_journals_of(devices)?;
             return Ok(self.sync_devices(devices).0);
         }
         // What each device's sync will make durable of its journal, taken
@@ -1077,17 +1090,13 @@ impl Array {
         // may reach the device after its sync, and is the next flush's.
         let points: Vec<_> = (0..self.stores.len())
             .map(|d| {
-                journals[d]
+                devices[d]
                     .then(|| self.stores[d].journal_sync_point())
                     .flatten()
             })
             .collect();
         let (space, synced) = self.sync_devices(devices);
-        let chosen: Vec<bool> = journals
-            .iter()
-            .zip(&synced)
-            .map(|(j, s)| *j && *s)
-            .collect();
+        let chosen: Vec<bool> = devices.iter().zip(&synced).map(|(j, s)| *j && *s).collect();
         self.sync_journals_with(&chosen, |d, store| {
             store.journal_sync_after_device_sync(points[d].clone())
         })?;

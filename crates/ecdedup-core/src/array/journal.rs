@@ -608,6 +608,15 @@ pub(super) fn stripes_in(bytes: &[u8]) -> Option<BTreeSet<u64>> {
 }
 
 impl ParityJournal {
+    /// Bytes appended past the journal's last sync (tests; 0 where the
+    /// storage cannot tell: a journal in a file of its own).
+    #[cfg(test)]
+    pub(super) fn bytes_past_sync(&self) -> u64 {
+        self.file
+            .synced_len()
+            .map_or(0, |synced| self.end.saturating_sub(synced))
+    }
+
     /// Opens (creating if missing) a journal and rebuilds its index. What
     /// cannot be parsed is skipped or cut and reported in `take_lost`.
     pub fn open(path: &Path) -> Result<ParityJournal> {

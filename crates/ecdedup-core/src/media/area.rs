@@ -289,6 +289,13 @@ impl AreaFs {
         })
     }
 
+    /// Where the area starts on its device (tests: a cut staged on the
+    /// directory slots and the length hints).
+    #[cfg(test)]
+    pub fn device_offset(&self) -> u64 {
+        self.offset
+    }
+
     pub fn area_bytes(&self) -> u64 {
         self.bytes
     }

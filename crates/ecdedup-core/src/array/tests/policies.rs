@@ -48,13 +48,30 @@ impl Rig {
         journal_bytes_max: u64,
         placement: MetadataPlacement,
     ) -> Rig {
+        Rig::filled_with_dedup(
+            policy,
+            stripes,
+            journal_bytes_max,
+            placement,
+            DedupConfig::default(),
+        )
+    }
+
+    /// As [`Rig::filled_with`], each device under a dedup layer of `dedup`.
+    fn filled_with_dedup(
+        policy: WritePolicy,
+        stripes: u64,
+        journal_bytes_max: u64,
+        placement: MetadataPlacement,
+        dedup: DedupConfig,
+    ) -> Rig {
         let mut rig = Rig::with(
             6,
             4,
             2,
             8192,
             stripes,
-            DedupConfig::default(),
+            dedup,
             policy,
             journal_bytes_max,
             placement,
@@ -726,6 +743,22 @@ fn a_failed_append_with_a_data_member_lost_at_its_resync_leaves_the_stale_parity
 impl Rig {
     /// A 4 KiB write of block 0 of data role `role` of `stripe`, flushed,
     /// which the parity journals hold records for (a partial write).
+    /// Writes a whole stripe other than `stripe` whose parity is not on
+    /// device `p` (which then holds one of its data units) with FUA, the
+    /// bytes of `seed`; returns that stripe.
+    fn fua_write_without_parity_on(&mut self, stripe: u64, p: usize, seed: u64) -> u64 {
+        let g = self.geo();
+        let other = (0..g.stripes)
+            .find(|&s| s != stripe && (0..g.m()).all(|j| self.parity_device(s, j) != p))
+            .expect("a stripe without parity on that device");
+        let sd = g.stripe_data_bytes();
+        let bytes = pattern(seed, sd as usize);
+        self.a().write(&bytes, other * sd, true).unwrap();
+        let at = (other * sd) as usize;
+        self.model[at..at + bytes.len()].copy_from_slice(&bytes);
+        other
+    }
+
     fn write_journaled(&mut self, stripe: u64, role: usize, seed: u64) {
         self.write(self.volume_offset(stripe, role, 0), &pattern(seed, 4096));
         self.a().flush().unwrap();
@@ -1302,5 +1335,140 @@ fn a_fold_after_the_last_flush_with_a_logged_missing_unit_leaves_the_row_readabl
             "{policy:?}: the replay folded the records"
         );
         rig.assert_reopened_without_reads_right(stripe, &[out, lost], &format!("{policy:?}"));
+    }
+}
+
+/// The cluster simulator's seed 177513 (plog with dedup on both volumes,
+/// on 2afe4b7): a flushed partial write left delta records for stripe
+/// 20 in both parity journals; a whole-stripe write ended them with an
+/// invalidation mark in each journal (not synced) and wrote every
+/// member; a FUA write of other stripes then synced every device (each
+/// device's sync writes all its dirty checksum pages) but only those
+/// stripes' parity journals, one of which was parity 0's and not parity
+/// 1's. The power loss of every server lost parity 1's mark, and kept
+/// its parity and that parity's entry (below, end to end). A FUA write
+/// now syncs the journal of every device it syncs: nothing it makes
+/// durable there outlives the marks appended before it.
+#[test]
+fn a_fua_write_syncs_the_journal_of_every_device_it_syncs() {
+    for policy in POLICIES {
+        let mut rig = Rig::filled_on_devices(policy, 16);
+        let g = rig.geo();
+        let stripe = 1;
+        rig.write_journaled(stripe, 0, 94);
+        // A whole-stripe write: its marks end the records, unsynced.
+        let sd = g.stripe_data_bytes();
+        rig.write(stripe * sd, &pattern(95, sd as usize));
+        assert!(
+            !rig.pending(stripe),
+            "{policy:?}: the marks end the records"
+        );
+        let p1 = rig.parity_device(stripe, 1);
+        rig.fua_write_without_parity_on(stripe, p1, 96);
+        for d in 0..rig.mems.len() {
+            let past = rig.a().stores[d]
+                .journal_held()
+                .as_ref()
+                .map_or(0, |j| j.bytes_past_sync());
+            assert_eq!(
+                past, 0,
+                "{policy:?}: device {d} was synced by the FUA write, and its journal \
+                 holds {past} bytes past its last sync (parity 1 of stripe {stripe} is \
+                 device {p1})"
+            );
+        }
+    }
+}
+
+/// Seed 177513's path end to end on one machine (format 2, dedup of
+/// parity, as both of its volumes): a flushed partial write's records,
+/// a whole-stripe write whose marks end them (not synced), and a FUA
+/// write of a stripe without parity on parity 1's device, which holds
+/// one of its data units. That device's sync goes through its dedup
+/// layer, whose log's sync commits the metadata area's directory: the
+/// journal's committed length stays at its last sync, and the length
+/// hint that covers the mark is written again for the new directory,
+/// unsynced. A cut that drops that hint (staged here: the area's hints
+/// zeroed) leaves the journal, at the next open, without the mark,
+/// while the parity and its checksum entry (the FUA wrote every dirty
+/// page of the device) hold the whole-stripe write. With data roles 0
+/// and 2 lost at that open, the degraded replay folded the records
+/// again, no rule marking the row (flushed records, every member left
+/// matching its entry), and both blocks decoded from the four left,
+/// unchecked, as neither their old nor their new bytes. A FUA write now
+/// syncs the journal of every device it syncs, so the mark outlives the
+/// cut.
+#[test]
+fn a_whole_stripe_writes_mark_survives_a_cut_after_a_fua_write_synced_its_parity() {
+    for policy in POLICIES {
+        let dedup = DedupConfig {
+            policy: crate::dedup::Policy::Parity,
+            ..DedupConfig::default()
+        };
+        let mut rig = Rig::filled_with_dedup(
+            policy,
+            16,
+            JOURNAL_BYTES_DEFAULT,
+            MetadataPlacement::Devices,
+            dedup,
+        );
+        let g = rig.geo();
+        let stripe = 1;
+        let sd = g.stripe_data_bytes();
+        rig.write_journaled(stripe, 0, 97);
+        let missing = [0usize, 2];
+        let before: Vec<Vec<u8>> = missing
+            .iter()
+            .map(|&role| {
+                let at = rig.volume_offset(stripe, role, 0) as usize;
+                rig.model[at..at + 4096].to_vec()
+            })
+            .collect();
+        rig.write(stripe * sd, &pattern(98, sd as usize));
+        let p1 = rig.parity_device(stripe, 1);
+        let area = rig.a().meta.as_ref().unwrap().area(p1).unwrap();
+        let base = area.device_offset() as usize;
+        // The sequence of the area's directory on the device (the higher
+        // of its two slots).
+        let seq = |rig: &Rig| {
+            rig.mems[p1].with_bytes(|b| {
+                [0usize, 64 << 10]
+                    .map(|slot| {
+                        let at = base + slot + 16;
+                        u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
+                    })
+                    .into_iter()
+                    .max()
+                    .unwrap()
+            })
+        };
+        let seq_before = seq(&rig);
+        rig.fua_write_without_parity_on(stripe, p1, 99);
+        assert!(
+            seq(&rig) > seq_before,
+            "{policy:?}: the FUA write's sync of device {p1} committed its metadata area"
+        );
+        // The cut: every length hint written since that commit's sync
+        // dropped (it wrote the directory, synced, then the hints).
+        rig.mems[p1].with_bytes(|b| b[base + (128 << 10)..base + (192 << 10)].fill(0));
+        let mut devs = rig.devices();
+        for &role in &missing {
+            devs[g.place(stripe, role).device] = None;
+        }
+        rig.array.take().unwrap().simulate_crash();
+        let array = Array::open_with_devices(rig.dir.path(), devs, None).unwrap();
+        for (&role, old) in missing.iter().zip(&before) {
+            let at = (stripe * sd + role as u64 * g.unit_bytes()) as usize;
+            let mut got = vec![0u8; 4096];
+            if array.read(&mut got, at as u64).is_ok() {
+                assert!(
+                    got[..] == rig.model[at..at + 4096] || got == *old,
+                    "{policy:?}: role {role} reads neither its old nor its new bytes (records \
+                     ended by a mark the cut dropped, folded into parity that held the \
+                     write): {:?}",
+                    array.warnings()
+                );
+            }
+        }
     }
 }
