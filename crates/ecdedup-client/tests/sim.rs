@@ -692,6 +692,11 @@ impl ChunkLink for SimLink {
     fn describe(&self) -> String {
         format!("sim server {} chunk {:#x}", self.server, self.code)
     }
+    /// Frames go out in the order the seed gives them: one thread at a
+    /// time (a mirrored metadata file's copies in turn, not side by side).
+    fn side_by_side(&self) -> bool {
+        false
+    }
 }
 
 /// The replies of one op's frames, queued: the first wait handles every

@@ -445,7 +445,8 @@ impl MetaStorage {
         let mut ok = false;
         let mut first_err = None;
         let copies = self.copies();
-        let results = side_by_side(&copies, |area| op(area));
+        let parallel = copies.iter().all(|(_, a)| a.side_by_side());
+        let results = side_by_side(&copies, parallel, |area| op(area));
         for ((d, _), result) in copies.into_iter().zip(results) {
             match result {
                 Ok(()) => ok = true,
@@ -527,8 +528,9 @@ impl MirrorFile {
 impl MirrorFile {
     /// Runs `op` on the folder copy (whose error is the call's) and on
     /// every area copy (a failing one is dropped). The area copies are
-    /// written side by side, a thread each: on a cluster each is a chunk
-    /// across the network, and one after another an intent mark or a
+    /// written side by side, a thread each, where their devices take it
+    /// ([`AreaFs::side_by_side`]: on a cluster each is a chunk across the
+    /// network), and one after another an intent mark or a
     /// degraded-write record took a round trip (or a device sync) per
     /// copy where one for all does. A cut during the call may leave any
     /// subset of the copies with the new bytes, as one between two
@@ -544,7 +546,10 @@ impl MirrorFile {
         self.follow_attached(&mut guard);
         let copies = &mut guard.files;
         copies.retain(|(d, _)| self.meta.area(*d).is_some());
-        let mut results = side_by_side(copies, |f| op(f.as_ref())).into_iter();
+        let parallel = copies
+            .iter()
+            .all(|(d, _)| self.meta.area(*d).is_some_and(|a| a.side_by_side()));
+        let mut results = side_by_side(copies, parallel, |f| op(f.as_ref())).into_iter();
         let mut first_err = None;
         copies.retain(|(d, _)| {
             match results.next().expect("one result per copy") {
@@ -612,10 +617,15 @@ impl MirrorFile {
 }
 
 /// `op` on each of `copies`, a scoped thread each where there are
-/// several; the results in `copies`' order. A panic in `op` is raised
-/// again here.
-fn side_by_side<T: Sync, R: Send>(copies: &[(usize, T)], op: impl Fn(&T) -> R + Sync) -> Vec<R> {
-    if copies.len() < 2 {
+/// several and `parallel` (their devices take it:
+/// [`AreaFs::side_by_side`]), else in turn; the results in `copies`'
+/// order. A panic in `op` is raised again here.
+fn side_by_side<T: Sync, R: Send>(
+    copies: &[(usize, T)],
+    parallel: bool,
+    op: impl Fn(&T) -> R + Sync,
+) -> Vec<R> {
+    if copies.len() < 2 || !parallel {
         return copies.iter().map(|(_, c)| op(c)).collect();
     }
     let op = &op;
@@ -1026,6 +1036,9 @@ mod tests {
         }
         fn describe(&self) -> String {
             self.mem.describe()
+        }
+        fn side_by_side(&self) -> bool {
+            true
         }
     }
 

@@ -296,6 +296,12 @@ impl AreaFs {
         self.offset
     }
 
+    /// Whether this area's device takes operations side by side with its
+    /// peers' ([`Device::side_by_side`]).
+    pub fn side_by_side(&self) -> bool {
+        self.dev.side_by_side()
+    }
+
     pub fn area_bytes(&self) -> u64 {
         self.bytes
     }

@@ -139,6 +139,14 @@ pub trait Device: Send + Sync {
     fn link(&self) -> Option<&dyn remote::ChunkLink> {
         None
     }
+    /// Whether one caller's operations on this device and on its peers
+    /// may run side by side, a thread each (the copies of a mirrored
+    /// metadata file: `array/meta.rs`): a chunk across the network, whose
+    /// link says so. Local devices keep them in turn, so a power-loss
+    /// simulation's cut points stay where its seed put them.
+    fn side_by_side(&self) -> bool {
+        self.link().is_some_and(|l| l.side_by_side())
+    }
 }
 
 /// Writes zeroes over a range, 1 MiB at a time.

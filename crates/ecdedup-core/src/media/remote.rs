@@ -217,6 +217,12 @@ pub trait ChunkLink: Send + Sync {
     fn size(&self) -> u64;
     /// Where the chunk lives, for messages.
     fn describe(&self) -> String;
+    /// Whether sends from several threads at once are welcome (the
+    /// network's links); a deterministic harness's link says no, so its
+    /// frames keep the order its seed gives them.
+    fn side_by_side(&self) -> bool {
+        true
+    }
 }
 
 /// The [`Device`] over a [`ChunkLink`].

@@ -86,6 +86,11 @@ impl ChunkLink for CountingLink {
     fn describe(&self) -> String {
         format!("link to {}", self.mem.describe())
     }
+
+    /// The round-trip tally counts one sender's waits: one thread at a time.
+    fn side_by_side(&self) -> bool {
+        false
+    }
 }
 
 /// A parix RS(4,2) array of format 2 over counting links, its volume
