@@ -403,23 +403,3 @@ fn an_array_dropped_without_a_close_flushes() {
     let (by, _) = tally.take();
     assert!(by.iter().any(|(p, _)| *p == Purpose::Flush), "{by:?}");
 }
-
-/// A degraded write's missing block is decoded from one batch of its
-/// members' blocks: two round trips of reads (the write's own, then the
-/// row's), where each member's block was a round trip of its own (six).
-#[test]
-fn a_degraded_write_decodes_the_missing_block_from_one_batch_of_reads() {
-    let (_dir, array, tally) = over_links(WritePolicy::Rmw, 8, true);
-    array.fail_device(1).unwrap();
-    tally.take();
-    tally.round_trip_purposes.lock().unwrap().clear();
-    // Block 0 of stripe 0: its rmw reads the missing unit's block too.
-    array.write(&pattern(9, 4096), 0, false).unwrap();
-    let (_, _) = tally.take();
-    let purposes = std::mem::take(&mut *tally.round_trip_purposes.lock().unwrap());
-    let reads = purposes.iter().filter(|p| **p == Purpose::Read).count();
-    assert_eq!(reads, 2, "{purposes:?}");
-    let mut back = vec![0u8; 4096];
-    array.read(&mut back, 0).unwrap();
-    assert_eq!(back, pattern(9, 4096));
-}
