@@ -1888,6 +1888,13 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     // Found by branch uv's 5,000-seed run (200,000 to 204,999), 2026-11-27:
     // fails the same on main 2591d37 and on uv (I/O errors only).
     (204287, "replicate beside rmw with dedup of parity: block 77 of volume 8 fails to read beyond the double fault (2 of 6 units intact)"),
+    // Found by the 20,000-seed run of 2026-11-27 (215,000 to 234,999 at
+    // 2298969): fails the same on 2591d37 (I/O errors only). The same run
+    // found 232517 (plog with dedup beside parix) reading blocks of volume
+    // 7 WRONG with the batched row decode of a7f60a3; it passes with that
+    // batch taken out (547d27d) and on 2591d37: not narrowed
+    // (docs/benchmarks.md, "A writer during the rebuild").
+    (230181, "plog with dedup of parity beside replicate: every copy of blocks 61-71 of volume 8 fails to read after the takeover (0 of 3 units intact)"),
 ];
 
 fn strict() -> bool {
