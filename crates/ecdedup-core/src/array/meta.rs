@@ -535,7 +535,7 @@ impl MirrorFile {
     /// copy where one for all does. A cut during the call may leave any
     /// subset of the copies with the new bytes, as one between two
     /// sequential copies left a prefix: the caller has not been answered,
-    /// and the copies are compared at the next open
+    /// and `status` and `scrub` compare the copies
     /// ([`MetaStorage::check_copies`]).
     fn each(&self, op: impl Fn(&dyn StorageFile) -> io::Result<()> + Sync) -> io::Result<()> {
         if let Some(b) = &self.base {
@@ -545,10 +545,14 @@ impl MirrorFile {
         let mut guard = self.copies.lock().unwrap();
         self.follow_attached(&mut guard);
         let copies = &mut guard.files;
-        copies.retain(|(d, _)| self.meta.area(*d).is_some());
-        let parallel = copies
-            .iter()
-            .all(|(d, _)| self.meta.area(*d).is_some_and(|a| a.side_by_side()));
+        let mut parallel = true;
+        copies.retain(|(d, _)| match self.meta.area(*d) {
+            Some(area) => {
+                parallel &= area.side_by_side();
+                true
+            }
+            None => false,
+        });
         let mut results = side_by_side(copies, parallel, |f| op(f.as_ref())).into_iter();
         let mut first_err = None;
         copies.retain(|(d, _)| {

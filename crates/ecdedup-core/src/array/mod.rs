@@ -2162,8 +2162,11 @@ impl Array {
     }
 
     fn note_write(&self) {
-        // A write after a close (a misuse) is flushed at the drop again.
-        self.closed.store(false, SeqCst);
+        // A write after a close (a misuse) is flushed at the drop again;
+        // a load, not a store, on every other write.
+        if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
+            self.closed.store(false, SeqCst);
+        }
         self.last_write_ms
             .store(self.started.elapsed().as_millis() as u64, SeqCst);
     }

@@ -403,3 +403,44 @@ fn an_array_dropped_without_a_close_flushes() {
     let (by, _) = tally.take();
     assert!(by.iter().any(|(p, _)| *p == Purpose::Flush), "{by:?}");
 }
+
+/// What a degraded write costs across the network, counted one sender at
+/// a time (docs/cluster.md, "Limits"): RS(4,2) with one member out, a 4
+/// KiB write into the missing unit's stripe reads the row one member at a
+/// time, logs the missing unit's value in the degraded-write log on each
+/// of the 5 copies (a write and a length hint, then a sync and a
+/// directory commit with its sync), then writes: 32 round trips. The
+/// network's links take the log's copies side by side
+/// (`Device::side_by_side`); these counting links keep them in turn.
+/// `-- --nocapture` prints the round trips by purpose.
+#[test]
+fn a_degraded_write_logs_the_missing_value_on_every_copy_before_it_writes() {
+    let (_dir, array, tally) = over_links(WritePolicy::Rmw, 8, true);
+    array.fail_device(1).unwrap();
+    tally.take();
+    tally.round_trip_purposes.lock().unwrap().clear();
+    // Block 0 of stripe 0: its rmw reads the missing unit's block too.
+    array.write(&pattern(9, 4096), 0, false).unwrap();
+    let (by, trips) = tally.take();
+    let began = std::mem::take(&mut *tally.round_trip_purposes.lock().unwrap());
+    eprintln!("degraded write: {by:?}; {trips} round trips: {began:?}");
+    let count = |p| began.iter().filter(|q| **q == p).count();
+    assert_eq!(
+        (
+            count(Purpose::Read),
+            count(Purpose::Metadata),
+            count(Purpose::Flush)
+        ),
+        (6, 15, 10),
+        "{began:?}"
+    );
+    assert_eq!(trips, 32, "{began:?}");
+    assert_eq!(
+        began.last(),
+        Some(&Purpose::Write),
+        "the write last: {began:?}"
+    );
+    let mut back = vec![0u8; 4096];
+    array.read(&mut back, 0).unwrap();
+    assert_eq!(back, pattern(9, 4096));
+}
