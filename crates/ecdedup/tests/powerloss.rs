@@ -34,6 +34,7 @@ use ecdedup::fingerprint::gpu::BackendChoice;
 use ecdedup::media::{PowerLossStorage, Storage};
 use ecdedup::volume::Volume;
 use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -917,7 +918,51 @@ const DOUBLE_FAULT_SCHEDULES: u64 = 24;
 /// simulator found it first, seed 1921.)
 #[test]
 fn power_loss_then_a_device_lost_before_resync_never_reads_wrong() {
-    let (mut wrong, mut unreadable_allowed, mut cuts) = (0u64, 0u64, 0u64);
+    double_fault(77_000_000, 1, None, placement);
+}
+
+/// As [`power_loss_then_a_device_lost_before_resync_never_reads_wrong`],
+/// with FUA writes among the writes and two devices lost at the reopen
+/// (m = 2: exactly k members left, nothing spare to check a decode). A
+/// FUA write makes durable the devices it wrote with their checksum
+/// pages, which carry the entries of every write since the last flush:
+/// until 2026-11-27 it synced only the devices of its own stripes, so the
+/// other writes in flight there became durable on some members of their
+/// stripes (data and entries) and not on others; after the cut no member
+/// left differed from its entry, no rule saw the row as torn, and the two
+/// missing units decoded from a mix of old and new members (the cluster
+/// simulator, seed 232517 with a batched row decode). Format 2 (the
+/// metadata on the devices) only: format 1 reads wrong there still, below.
+#[test]
+fn power_loss_after_fua_writes_then_two_devices_lost_never_reads_wrong() {
+    double_fault(78_000_000, 2, Some(4), |_| MetadataPlacement::Devices);
+}
+
+/// The same schedules with the metadata in the array folder (format 1,
+/// arrays made before 2026-11-24): plog and parix read wrong blocks there
+/// (121 blocks in its 96 cuts, 2026-11-27; rmw and replicate none): the
+/// parity journals are files of the folder, which a device's loss does
+/// not take with it, and a degraded replay with exactly k members left
+/// folds records the members left do not match. Not narrowed; ignored so
+/// that CI counts it, run with `--ignored` (docs/write-hole.md, "Two
+/// members lost at the reopen").
+#[test]
+#[ignore = "format 1 reads wrong with two devices lost after a cut (plog, parix): not fixed"]
+fn format_1_power_loss_then_two_devices_lost_reads_wrong_under_logging_policies() {
+    double_fault(78_500_000, 2, Some(4), |_| MetadataPlacement::Folder);
+}
+
+/// Runs the double-fault schedules: writes (one in `fua_one_in` with FUA),
+/// flushes, a cut, then `lost` devices whose writes fail from the reopen
+/// on; every block then reads back as the model allows, or fails only on
+/// a lost device in a stripe written since the last flush.
+fn double_fault(
+    base_seed: u64,
+    lost: usize,
+    fua_one_in: Option<u32>,
+    placement: fn(u64) -> MetadataPlacement,
+) {
+    let (mut wrong, mut unreadable, mut unreadable_allowed, mut cuts) = (0u64, 0u64, 0u64, 0u64);
     let mut first_wrong = None;
     let policies = [
         WritePolicy::Rmw,
@@ -931,7 +976,7 @@ fn power_loss_then_a_device_lost_before_resync_never_reads_wrong() {
             .and_then(|s| s.parse().ok())
             .unwrap_or(DOUBLE_FAULT_SCHEDULES);
         for s in 0..schedules {
-            let seed = 77_000_000 + p as u64 * 1_000 + s;
+            let seed = base_seed + p as u64 * 1_000 + s;
             if std::env::var("ECDEDUP_DOUBLE_FAULT_SEED").is_ok_and(|v| v != seed.to_string()) {
                 continue;
             }
@@ -942,28 +987,37 @@ fn power_loss_then_a_device_lost_before_resync_never_reads_wrong() {
             create(&storage, cfg, placement(seed));
             let mut rng = StdRng::seed_from_u64(seed);
             let mut model = Model::new();
+            // Blocks written since the last flush, FUA or not.
+            let mut touched = std::collections::BTreeSet::new();
             let array = Arc::new(open(&storage, &what));
             let vol = Volume::new(Arc::clone(&array));
             for _ in 0..rng.gen_range(10..60) {
                 if rng.gen_range(0..12) == 0 {
                     vol.flush().unwrap_or_else(|e| panic!("{what}: flush: {e}"));
                     model.flush();
+                    touched.clear();
                     continue;
                 }
                 let len = rng.gen_range(1..=24) * BLOCK;
                 let off = rng.gen_range(0..=(VOLUME_BYTES as usize - len) / BLOCK) * BLOCK;
                 let data = write_bytes(&mut rng, off, len);
-                vol.write(&data, off as u64, false)
+                let fua = fua_one_in.is_some_and(|n| rng.gen_range(0..n) == 0);
+                vol.write(&data, off as u64, fua)
                     .unwrap_or_else(|e| panic!("{what}: write: {e}"));
-                model.write(off, &data, false);
+                model.write(off, &data, fua);
+                touched.extend(off / BLOCK..(off + len) / BLOCK);
             }
             power_goes(vol, array);
             sim.crash(rng.gen());
             cuts += 1;
-            // The lost device: its writes fail from the reopen on (its
-            // superblock's first), so it leaves before the resync.
-            let lost = rng.gen_range(0..6);
-            sim.fail_writes(&format!("dev{lost}"));
+            // The lost devices: their writes fail from the reopen on (their
+            // superblocks' first), so they leave before the resync.
+            let mut devices: Vec<usize> = (0..6).collect();
+            devices.shuffle(&mut rng);
+            let gone = &devices[..lost];
+            for d in gone {
+                sim.fail_writes(&format!("dev{d}"));
+            }
             let array = Arc::new(open(&storage, &format!("{what} reopen")));
             let vol = Volume::new(Arc::clone(&array));
             let g = *array.geometry();
@@ -973,12 +1027,8 @@ fn power_loss_then_a_device_lost_before_resync_never_reads_wrong() {
                 let stripe = (b / per_stripe) as u64;
                 (stripe, g.place(stripe, (b % per_stripe) / bpu).device)
             };
-            let dirty_stripes: std::collections::BTreeSet<u64> = model
-                .since_flush
-                .iter()
-                .flat_map(|(o, bytes)| o / BLOCK..(o + bytes.len()).div_ceil(BLOCK))
-                .map(|b| block_device(b).0)
-                .collect();
+            let dirty_stripes: std::collections::BTreeSet<u64> =
+                touched.iter().map(|&b| block_device(b).0).collect();
             let mut got = vec![0u8; BLOCK];
             for b in 0..VOLUME_BYTES as usize / BLOCK {
                 let at = b * BLOCK;
@@ -988,7 +1038,7 @@ fn power_loss_then_a_device_lost_before_resync_never_reads_wrong() {
                             wrong += 1;
                             first_wrong.get_or_insert_with(|| {
                                 format!(
-                                    "{what}, device {lost} lost: block {b} reads wrong at byte {}",
+                                    "{what}, devices {gone:?} lost: block {b} reads wrong at byte {}",
                                     at + i
                                 )
                             });
@@ -997,15 +1047,15 @@ fn power_loss_then_a_device_lost_before_resync_never_reads_wrong() {
                     Err(_)
                         if {
                             let (stripe, device) = block_device(b);
-                            device == lost && dirty_stripes.contains(&stripe)
+                            gone.contains(&device) && dirty_stripes.contains(&stripe)
                         } =>
                     {
                         unreadable_allowed += 1
                     }
                     Err(e) => {
-                        wrong += 1;
+                        unreadable += 1;
                         first_wrong.get_or_insert_with(|| {
-                            format!("{what}, device {lost} lost: block {b} fails to read: {e}")
+                            format!("{what}, devices {gone:?} lost: block {b} fails to read: {e}")
                         });
                     }
                 }
@@ -1013,8 +1063,8 @@ fn power_loss_then_a_device_lost_before_resync_never_reads_wrong() {
         }
     }
     println!(
-        "double fault: cuts={cuts} blocks_wrong_or_unreadable={wrong} \
-         unreadable_as_allowed={unreadable_allowed}"
+        "double fault ({lost} lost, FUA one in {fua_one_in:?}): cuts={cuts} blocks_wrong={wrong} \
+         unreadable={unreadable} unreadable_as_allowed={unreadable_allowed}"
     );
-    assert_eq!(wrong, 0, "{}", first_wrong.unwrap_or_default());
+    assert_eq!(wrong + unreadable, 0, "{}", first_wrong.unwrap_or_default());
 }

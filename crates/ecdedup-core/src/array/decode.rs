@@ -281,13 +281,16 @@ impl Array {
     /// decoded value matching it. None when no such decode exists, or
     /// when two decodes at that depth disagree (a guess either way).
     /// What the left-out members hold is not judged here: the caller
-    /// decides which side is the truth.
+    /// decides which side is the truth. `logged`: as for
+    /// `mark_row_undecodable`, a missing member's logged value's checksum
+    /// where its entry is unknown.
     pub(super) fn decode_missing_vouched(
         &self,
         stripe: u64,
         b: u64,
         read: &[Vec<u8>],
         present: &[bool],
+        logged: &[Option<u32>],
     ) -> Option<Vec<(usize, Vec<u8>)>> {
         let g = &self.geo;
         let k = g.k();
@@ -295,8 +298,11 @@ impl Array {
         let mut expected = vec![None; g.width()];
         for &role in &missing {
             let place = g.place(stripe, role);
-            expected[role] =
-                Some(self.expected_crc(place.device, stripe, g.checksum_index(place.row, b))?);
+            let index = g.checksum_index(place.row, b);
+            expected[role] = Some(
+                self.expected_crc(place.device, stripe, index)
+                    .or(logged[role])?,
+            );
         }
         if missing.is_empty() {
             return None;

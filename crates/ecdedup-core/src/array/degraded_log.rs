@@ -531,9 +531,11 @@ impl super::Array {
     ) -> bool {
         let g = &self.geo;
         let missing = self.missing_data_roles(stripe);
+        let unlogged = vec![None; g.width()];
         let uncovered_rows = |rows: std::ops::Range<u64>| {
             for row in rows {
-                self.note_missing_from_codeword(stripe, row, units, torn[row as usize], at_open);
+                let torn = torn[row as usize];
+                self.note_missing_from_codeword(stripe, row, units, torn, at_open, &unlogged);
             }
         };
         let Some(log) = &self.degraded_log else {
@@ -586,7 +588,30 @@ impl super::Array {
                 shards.into_iter().take(g.k()).collect()
             } else {
                 covered_all = false;
-                uncovered_rows(row..row + 1);
+                // The log holds some missing units' values, not all (a
+                // member lost at this open was in service at the stop), and
+                // with them the members known are not one codeword: a
+                // write in flight at the stop may have reached some members
+                // and not others. The logged values are still what their
+                // units hold, so the decode of the row from the members
+                // left is checked against them: one that gives a logged
+                // unit another value is refused, and the row is marked
+                // (`mark_row_undecodable`). Unchecked (a device out before
+                // this open keeps no entries to note them in), the members
+                // left, data holding a write whose parity the cut dropped,
+                // decoded both missing units as neither their old nor
+                // their new bytes (the cluster simulator, seed 232517 with
+                // a batched row decode: plog, one member out and logged, a
+                // second lost at the open).
+                let logged: Vec<Option<u32>> = (0..g.width())
+                    .map(|role| {
+                        (role < g.k() && units[role].is_none())
+                            .then(|| known[role].as_deref().map(crc32c::crc32c))
+                            .flatten()
+                    })
+                    .collect();
+                let torn = torn[row as usize];
+                self.note_missing_from_codeword(stripe, row, units, torn, at_open, &logged);
                 continue;
             };
             // The missing units hold what the log says: their entries,
@@ -653,7 +678,9 @@ impl super::Array {
     /// (`unverified_decodes`) as neither its old nor its new bytes; where it
     /// was known, only until the next open, which knew it no more (the
     /// cluster simulator, shared-story seeds 322, 1603, 1169, 1653 and
-    /// others).
+    /// others). `logged`: the checksums of the missing units' values the
+    /// degraded-write log holds, as [`Array::mark_row_undecodable`] takes
+    /// them.
     pub(super) fn note_missing_from_codeword(
         &self,
         stripe: u64,
@@ -661,6 +688,7 @@ impl super::Array {
         units: &[Option<Vec<u8>>],
         torn: bool,
         at_open: bool,
+        logged: &[Option<u32>],
     ) {
         let g = &self.geo;
         let block = g.block() as usize;
@@ -678,7 +706,7 @@ impl super::Array {
             })
             .collect();
         if have == g.k() {
-            self.mark_row_undecodable(stripe, row, &read, &present, torn);
+            self.mark_row_undecodable(stripe, row, &read, &present, torn, logged);
             return;
         }
         let no_sums = vec![None; g.width()];
@@ -693,7 +721,8 @@ impl super::Array {
             }
             return;
         }
-        let Some(missing) = self.decode_missing_vouched(stripe, row, &read, &present) else {
+        let Some(missing) = self.decode_missing_vouched(stripe, row, &read, &present, logged)
+        else {
             if at_open {
                 self.mark_row_unknowable(stripe, row, &read, &present);
             }
@@ -765,7 +794,10 @@ impl super::Array {
     ///   next open, their tables with them, and the guess served
     ///   unchecked).
     ///
-    /// `read`: the row's blocks, `present`: the members left.
+    /// `read`: the row's blocks, `present`: the members left, `logged`:
+    /// per role, the checksum of the value the degraded-write log holds
+    /// for a missing data unit (None elsewhere), taken where the unit's
+    /// entry is unknown.
     fn mark_row_undecodable(
         &self,
         stripe: u64,
@@ -773,14 +805,16 @@ impl super::Array {
         read: &[Vec<u8>],
         present: &[bool],
         torn: bool,
+        logged: &[Option<u32>],
     ) {
         let g = &self.geo;
         let mut expected = vec![None; g.width()];
         let mut known_all = true;
         for role in (0..g.k()).filter(|&r| !present[r]) {
             let place = g.place(stripe, role);
-            expected[role] =
-                self.expected_crc(place.device, stripe, g.checksum_index(place.row, row));
+            expected[role] = self
+                .expected_crc(place.device, stripe, g.checksum_index(place.row, row))
+                .or(logged[role]);
             known_all &= expected[role].is_some();
         }
         let any_known = expected.iter().any(Option::is_some);

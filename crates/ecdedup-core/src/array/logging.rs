@@ -127,28 +127,39 @@ impl Array {
     }
 
     /// The journals of the chosen devices, each synced by `sync` (the
-    /// first step of a flush: [`Array::sync_journals_and_devices`]). A
-    /// journal whose sync fails is latched: every stripe it holds records
-    /// for is pinned dirty in the intent log (durably, so the next open
-    /// resyncs it from its data, which the flush's device syncs make
-    /// durable), the journal takes no more appends (partial writes to its
-    /// stripes go in place), and (format 2) its device is failed, or else
-    /// this flush fails. Later flushes skip the latched journal and
-    /// succeed: nothing they acknowledge depends on it.
+    /// first step of a flush: [`Array::sync_journals_and_devices`]), side
+    /// by side where every chosen device takes it (`Device::side_by_side`:
+    /// chunks across the network, where each journal's sync is a round
+    /// trip or two of its own), else in turn. A journal whose sync fails
+    /// is latched: every stripe it holds records for is pinned dirty in
+    /// the intent log (durably, so the next open resyncs it from its data,
+    /// which the flush's device syncs make durable), the journal takes no
+    /// more appends (partial writes to its stripes go in place), and
+    /// (format 2) its device is failed, or else this flush fails. Later
+    /// flushes skip the latched journal and succeed: nothing they
+    /// acknowledge depends on it.
     pub(super) fn sync_journals_with(
         &self,
         chosen: &[bool],
         sync: impl Fn(
-            usize,
-            &super::store::ChunkStore,
-        ) -> std::result::Result<(), (std::io::Error, Vec<u64>)>,
+                usize,
+                &super::store::ChunkStore,
+            ) -> std::result::Result<(), (std::io::Error, Vec<u64>)>
+            + Sync,
     ) -> Result<()> {
+        let journals: Vec<(usize, usize)> = (0..self.stores.len())
+            .filter(|&d| chosen[d])
+            .map(|d| (d, d))
+            .collect();
+        let parallel = journals.iter().all(|&(d, _)| {
+            self.stores[d]
+                .device()
+                .is_some_and(|dev| dev.side_by_side())
+        });
+        let synced = super::meta::side_by_side(&journals, parallel, |&d| sync(d, &self.stores[d]));
         let mut first_error = None;
-        for (d, store) in self.stores.iter().enumerate() {
-            if !chosen[d] {
-                continue;
-            }
-            if let Err((e, stripes)) = sync(d, store) {
+        for (&(d, _), result) in journals.iter().zip(synced) {
+            if let Err((e, stripes)) = result {
                 self.warn(format!(
                     "parity journal of device {d} failed to sync ({e}): its {} stripes \
                      stay dirty until a resync, and its partial writes go in place",

@@ -624,7 +624,7 @@ impl MirrorFile {
 /// several and `parallel` (their devices take it:
 /// [`AreaFs::side_by_side`]), else in turn; the results in `copies`'
 /// order. A panic in `op` is raised again here.
-fn side_by_side<T: Sync, R: Send>(
+pub(super) fn side_by_side<T: Sync, R: Send>(
     copies: &[(usize, T)],
     parallel: bool,
     op: impl Fn(&T) -> R + Sync,

@@ -1472,3 +1472,60 @@ fn a_whole_stripe_writes_mark_survives_a_cut_after_a_fua_write_synced_its_parity
         }
     }
 }
+
+/// A row of a degraded stripe whose missing data units' values the
+/// degraded-write log holds in part (one member out and logged, the
+/// other lost at the open, in service at the stop), both members' tables
+/// gone: the logged value checks the decode from the k members left. Here
+/// those members are not one codeword (a data member holds a write whose
+/// parity a cut dropped, its entry made durable beside it), so a decode
+/// gives the logged unit another value: the row is marked and its missing
+/// blocks read as I/O errors, never as a guess. Unchecked, they read as
+/// neither their old nor their new bytes (the cluster simulator, seed
+/// 232517 with a batched row decode).
+#[test]
+fn a_logged_value_checks_the_decode_of_a_row_whose_other_missing_member_was_in_service() {
+    let mut rig = Rig::filled_on_devices(WritePolicy::Plog, 8);
+    let g = rig.geo();
+    let stripe = 1;
+    rig.close_cleanly();
+    // Both members out from the open on: their tables unknown.
+    let gone = [g.place(stripe, 0).device, g.place(stripe, 1).device];
+    let mut devs = rig.devices();
+    for &d in &gone {
+        devs[d] = None;
+    }
+    rig.array = Some(Array::open_with_devices(rig.dir.path(), devs, None).unwrap());
+    // Data role 2 holds a write its parity lacks, its entry beside it.
+    let place = g.place(stripe, 2);
+    let off = g.device_offset(place.row, 0) as usize;
+    let newer = pattern(4242, 4096);
+    rig.mems[place.device].with_bytes(|b| b[off..off + 4096].copy_from_slice(&newer));
+    let index = g.checksum_index(place.row, 0);
+    rig.a().stores[place.device].set_checksum(index, crc32c::crc32c(&newer));
+    let old: Vec<Vec<u8>> = [0usize, 1]
+        .iter()
+        .map(|&role| {
+            let at = rig.volume_offset(stripe, role, 0) as usize;
+            rig.model[at..at + 4096].to_vec()
+        })
+        .collect();
+    let units = rig.a().read_stripe_raw(stripe);
+    let mut logged = vec![None; g.width()];
+    logged[0] = Some(crc32c::crc32c(&old[0]));
+    rig.a()
+        .note_missing_from_codeword(stripe, 0, &units, false, true, &logged);
+    for (role, old) in [0usize, 1].into_iter().zip(&old) {
+        let mut got = vec![0u8; 4096];
+        let read = rig.a().read(&mut got, rig.volume_offset(stripe, role, 0));
+        assert!(
+            read.is_err(),
+            "role {role}: a decode the logged value refuses is an I/O error, not {}",
+            if got == *old {
+                "its old bytes"
+            } else {
+                "a guess"
+            }
+        );
+    }
+}
