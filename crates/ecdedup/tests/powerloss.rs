@@ -982,6 +982,7 @@ fn double_fault(
             }
             let cfg = Config::plain(policy);
             let what = format!("{} seed {seed} ({:?})", cfg.name(), placement(seed));
+            let wrong_before = wrong + unreadable;
             let sim = PowerLossStorage::new();
             let storage = sim.shared();
             create(&storage, cfg, placement(seed));
@@ -1059,6 +1060,12 @@ fn double_fault(
                         });
                     }
                 }
+            }
+            if wrong + unreadable > wrong_before {
+                println!(
+                    "{what}, devices {gone:?} lost: {} blocks wrong or unreadable",
+                    wrong + unreadable - wrong_before
+                );
             }
         }
     }
