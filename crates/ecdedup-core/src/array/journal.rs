@@ -179,6 +179,12 @@ pub struct ParityJournal {
     /// Tells this journal's appends from those of a journal it replaced.
     id: u64,
     index: HashMap<u64, StripeLog>,
+    /// Per stripe whose journal held a fold's invalidation mark past the
+    /// synced length at open: its log as if those marks had not been
+    /// appended, and the rows they end ([`ParityJournal::deferred_rows`]).
+    /// Dropped (the marks stand) by a compaction, a reset, or
+    /// [`ParityJournal::settle_deferred`].
+    deferred: HashMap<u64, (StripeLog, BTreeSet<u32>)>,
     /// Per stripe, the block rows that a record found at open and still
     /// indexed lies past the file's synced length for: appended after the
     /// journal's last sync before the stop (so after the array's last
@@ -354,10 +360,28 @@ fn seal(out: &mut [u8]) {
 /// Encodes a mark that drops what is logged for blocks
 /// `[first_block, first_block+count)` of every role of a stripe.
 pub fn encode_invalidate(out: &mut Vec<u8>, stripe: u64, first_block: u32, count: u32) {
+    encode_mark(out, stripe, first_block, count, Mark::BeforeParity);
+}
+
+/// Where an invalidation stands against the parity write it goes with
+/// (byte 5 of its header, docs/format.md).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Mark {
+    /// Appended before the parity is written, or with no parity write of
+    /// its own (a whole-stripe write, a discard, a resync).
+    BeforeParity,
+    /// Appended after the parity write of the fold that took in the
+    /// records it ends (a replay): found past the journal's synced length
+    /// at open, it may have outlived that write ([`ParityJournal::deferred_rows`]).
+    AfterFold,
+}
+
+/// [`encode_invalidate`], saying where the mark stands.
+pub fn encode_mark(out: &mut Vec<u8>, stripe: u64, first_block: u32, count: u32, mark: Mark) {
     let start = out.len();
     out.extend_from_slice(&[0; 4]);
     out.push(Kind::Invalidate as u8);
-    out.push(0);
+    out.push((mark == Mark::AfterFold) as u8);
     out.extend_from_slice(&u16::MAX.to_le_bytes());
     out.extend_from_slice(&stripe.to_le_bytes());
     out.extend_from_slice(&first_block.to_le_bytes());
@@ -392,6 +416,8 @@ pub fn encode(
 
 struct Parsed {
     kind: Kind,
+    /// An invalidation appended after its fold's parity write (byte 5).
+    after_fold: bool,
     stripe: u64,
     role: u16,
     first_block: u32,
@@ -452,6 +478,7 @@ fn parse_checking(
     }
     Ok(Parsed {
         kind,
+        after_fold: invalidate && b[5] == 1,
         role: u16::from_le_bytes([b[6], b[7]]),
         stripe,
         first_block: u32_at(16),
@@ -524,6 +551,9 @@ fn compact_path(path: &Path) -> PathBuf {
 /// What a journal's bytes hold, as `open` indexes them.
 struct Scan {
     index: HashMap<u64, StripeLog>,
+    /// Per stripe with a fold's mark past `marks_until`: its log as if
+    /// those marks had not been appended, and the rows they end.
+    deferred: HashMap<u64, (StripeLog, BTreeSet<u32>)>,
     records: u64,
     lost: LostRecords,
     /// Where the last good record ends (what follows is cut at open).
@@ -545,9 +575,17 @@ fn header_kind(bytes: &[u8]) -> Option<bool> {
 }
 
 /// Parses a journal's records after its header, skipping what cannot be
-/// parsed (and saying so in `lost`).
-fn scan(bytes: &[u8], header_crc: bool) -> Scan {
+/// parsed (and saying so in `lost`). Every mark is applied to `index`;
+/// for the stripes with a fold's mark ending past `marks_until` (the
+/// synced length at open, where known), `deferred` also holds their log
+/// without those marks ([`ParityJournal::deferred_rows`]).
+fn scan(bytes: &[u8], header_crc: bool, marks_until: Option<u64>) -> Scan {
+    // Every stripe's log without the fold marks past the sync; kept at
+    // the end only for the stripes that had one.
+    let mut unmarked: HashMap<u64, StripeLog> = HashMap::new();
+    let mut deferred_rows: HashMap<u64, BTreeSet<u32>> = HashMap::new();
     let mut out = Scan {
+        deferred: HashMap::new(),
         index: HashMap::new(),
         records: 0,
         lost: LostRecords::default(),
@@ -569,6 +607,13 @@ fn scan(bytes: &[u8], header_crc: bool) -> Scan {
             Ok(p) => {
                 out.records += 1;
                 index_record(&mut out.index, &p, at as u64);
+                let past = marks_until.is_some_and(|synced| (at + p.len) as u64 > synced);
+                if p.after_fold && past {
+                    let rows = deferred_rows.entry(p.stripe).or_default();
+                    rows.extend(p.first_block..p.first_block.saturating_add(p.count));
+                } else if marks_until.is_some() {
+                    index_record(&mut unmarked, &p, at as u64);
+                }
                 at += p.len;
             }
             Err(bad) => {
@@ -590,6 +635,10 @@ fn scan(bytes: &[u8], header_crc: bool) -> Scan {
         }
     }
     out.end = at;
+    for (stripe, rows) in deferred_rows {
+        let log = unmarked.remove(&stripe).unwrap_or_default();
+        out.deferred.insert(stripe, (log, rows));
+    }
     out
 }
 
@@ -598,7 +647,7 @@ fn scan(bytes: &[u8], header_crc: bool) -> Scan {
 /// cannot be known: no valid header, or a record unreadable down to its
 /// header. Records whose payload is bad still name their stripe.
 pub(super) fn stripes_in(bytes: &[u8]) -> Option<BTreeSet<u64>> {
-    let scan = scan(bytes, header_kind(bytes)?);
+    let scan = scan(bytes, header_kind(bytes)?, None);
     if scan.lost.unknown_stripes {
         return None;
     }
@@ -643,10 +692,17 @@ impl ParityJournal {
             ))
         })?;
         let file = storage.open(path).map_err(io)?;
-        let scan = scan(&bytes, header_crc);
-        let unsynced_at_open = file
-            .synced_len()
-            .map(|synced| unsynced_rows(&scan.index, synced))
+        let synced = file.synced_len();
+        let scan = scan(&bytes, header_crc, synced);
+        let unsynced_at_open = synced
+            .map(|synced| {
+                // The rows a deferred mark may give back count too.
+                let mut logs = scan.index.clone();
+                for (&stripe, (log, _)) in &scan.deferred {
+                    logs.insert(stripe, log.clone());
+                }
+                unsynced_rows(&logs, synced)
+            })
             .unwrap_or_default();
         let at = scan.end;
         let j = ParityJournal {
@@ -658,6 +714,7 @@ impl ParityJournal {
             in_flight: 0,
             id: NEXT_JOURNAL_ID.fetch_add(1, Relaxed),
             index: scan.index,
+            deferred: scan.deferred,
             unsynced_at_open,
             records: scan.records,
             header_crc,
@@ -854,6 +911,51 @@ impl ParityJournal {
         self.forget_unsynced(stripe, first_block, count);
     }
 
+    /// The rows of `stripe` that a fold's invalidation mark found past the
+    /// journal's synced length at open ends. A fold writes the parity in
+    /// place and then appends its mark, neither synced, and a cut may keep
+    /// the later write and drop the earlier one (a drive's volatile cache
+    /// reorders; so does the power-loss simulator): where the parity lacks
+    /// the fold, the mark ended records nothing else holds. The index
+    /// applies the marks; the caller that can tell (the open's resync: the
+    /// parity block still matching its checksum entry, from before the
+    /// fold) gives the rows whose fold did not land their records back
+    /// ([`ParityJournal::restore_deferred_rows`]).
+    pub fn deferred_rows(&self, stripe: u64) -> BTreeSet<u32> {
+        self.deferred
+            .get(&stripe)
+            .map(|(_, rows)| rows.clone())
+            .unwrap_or_default()
+    }
+
+    /// Gives `rows` of `stripe` back the records a deferred fold mark ended
+    /// (as if it had not been appended), and settles the stripe.
+    pub fn restore_deferred_rows(&mut self, stripe: u64, rows: &BTreeSet<u32>) {
+        let Some((unmarked, _)) = self.deferred.remove(&stripe) else {
+            return;
+        };
+        let log = self.index.entry(stripe).or_default();
+        log.retain(|&(_, row), _| !rows.contains(&row));
+        for (&(role, row), entry) in &unmarked {
+            if rows.contains(&row) {
+                log.insert((role, row), entry.clone());
+            }
+        }
+        if log.is_empty() {
+            self.index.remove(&stripe);
+        }
+    }
+
+    /// The deferred marks of `stripe` (or of every stripe) stand.
+    pub fn settle_deferred(&mut self, stripe: Option<u64>) {
+        match stripe {
+            Some(s) => {
+                self.deferred.remove(&s);
+            }
+            None => self.deferred.clear(),
+        }
+    }
+
     /// The block rows of `stripe` that a record appended after the
     /// journal's last sync before this open is still indexed for (see
     /// `unsynced_at_open`): a write not flushed at the stop, whose
@@ -1042,6 +1144,10 @@ impl ParityJournal {
 
     /// Empties the journal when nothing in it is still needed.
     pub fn reset_if_empty(&mut self) -> std::io::Result<bool> {
+        if !self.deferred.is_empty() {
+            // Their records lie in the file: the marks stand first.
+            return Ok(false);
+        }
         if self.latched.is_some()
             || self.in_flight > 0
             || !self.index.is_empty()
@@ -1064,6 +1170,9 @@ impl ParityJournal {
         if let Some(why) = &self.latched {
             return Err(std::io::Error::other(why.clone()));
         }
+        // The deferred marks stand: a compaction keeps only what the index
+        // holds, so their records are gone from the file after it.
+        self.deferred.clear();
         assert_eq!(self.in_flight, 0, "compacting under appends in flight");
         let tmp_path = compact_path(&self.path);
         let tmp = self.storage.create(&tmp_path, true)?;
@@ -1233,6 +1342,64 @@ mod tests {
         j.read_block(b.latest.unwrap(), &mut buf).unwrap();
         assert_eq!(buf, vec![1u8; 4096]);
         assert!(j.reset_if_empty().unwrap());
+    }
+
+    /// A fold's mark past the synced length at open is applied to the
+    /// index, and the log without it is kept for the caller to give back
+    /// rows whose fold did not land; a mark written before its parity is
+    /// applied for good, and within the synced length a fold's mark is too.
+    #[test]
+    fn a_folds_mark_past_the_synced_length_can_be_given_back_at_open() {
+        let mut bytes = header().to_vec();
+        for stripe in [5u64, 6, 7] {
+            for row in 0..2u32 {
+                encode(&mut bytes, Kind::Delta, stripe, 4, row, &[7u8; 4096]);
+            }
+        }
+        encode_mark(&mut bytes, 7, 0, 2, Mark::AfterFold);
+        let synced = bytes.len() as u64;
+        encode_mark(&mut bytes, 5, 0, 2, Mark::AfterFold);
+        encode_mark(&mut bytes, 6, 0, 2, Mark::BeforeParity);
+        // A record after the deferred mark: the log given back keeps it.
+        encode(&mut bytes, Kind::Delta, 5, 4, 1, &[9u8; 4096]);
+        let found = scan(&bytes, true, Some(synced));
+        let mut indexed: Vec<u64> = found.index.keys().copied().collect();
+        indexed.sort_unstable();
+        assert_eq!(
+            indexed,
+            vec![5],
+            "every mark applied; stripe 5 keeps its newer record"
+        );
+        assert_eq!(found.index[&5].len(), 1);
+        let mut deferred: Vec<u64> = found.deferred.keys().copied().collect();
+        deferred.sort_unstable();
+        assert_eq!(deferred, vec![5], "only the fold's mark past the sync");
+        let (unmarked, rows) = &found.deferred[&5];
+        assert_eq!(rows, &BTreeSet::from([0, 1]));
+        assert_eq!(unmarked[&(4, 0)].deltas.len(), 1);
+        assert_eq!(
+            unmarked[&(4, 1)].deltas.len(),
+            2,
+            "the older record and the newer"
+        );
+        assert!(
+            scan(&bytes, true, None).deferred.is_empty(),
+            "no synced length: none"
+        );
+
+        // Given back through the journal: row 0 only.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        std::fs::write(&path, &bytes).unwrap();
+        let mut j = ParityJournal::open(&path).unwrap();
+        j.index = found.index;
+        j.deferred = found.deferred;
+        assert_eq!(j.deferred_rows(5), BTreeSet::from([0, 1]));
+        j.restore_deferred_rows(5, &BTreeSet::from([0]));
+        let log = j.stripe_log(5).unwrap();
+        assert_eq!(log[&(4, 0)].deltas.len(), 1, "row 0 given back");
+        assert_eq!(log[&(4, 1)].deltas.len(), 1, "row 1: the mark stands");
+        assert!(j.deferred_rows(5).is_empty(), "settled");
     }
 
     /// A replay reads a stripe's logged blocks in `logged_blocks` order,

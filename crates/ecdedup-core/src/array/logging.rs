@@ -112,7 +112,7 @@ enum StoredParity {
 }
 
 impl Array {
-    fn parity_devices(&self, stripe: u64) -> Vec<(usize, usize)> {
+    pub(super) fn parity_devices(&self, stripe: u64) -> Vec<(usize, usize)> {
         let g = &self.geo;
         (0..g.m())
             .map(|j| (j, g.place(stripe, g.k() + j).device))
@@ -508,19 +508,23 @@ impl Array {
     /// before it replays what the file still holds.
     pub(super) fn journal_invalidate(&self, stripe: u64, first: u64, count: u64) -> Result<()> {
         for (_, p) in self.parity_devices(stripe) {
-            self.invalidate_in(p, stripe, first, count)?;
+            self.invalidate_in(p, stripe, first, count, journal::Mark::BeforeParity)?;
         }
         Ok(())
     }
 
+    /// Appends to device `p`'s journal the mark that ends what it logs for
+    /// rows `[first, first+count)` of `stripe`; `mark`: before its parity
+    /// write, or after a fold's (docs/format.md).
     pub(super) fn invalidate_in(
         &self,
         p: usize,
         stripe: u64,
         first: u64,
         count: u64,
+        mark: journal::Mark,
     ) -> Result<()> {
-        match self.stores[p].journal_invalidate(stripe, first as u32, count as u32) {
+        match self.stores[p].journal_invalidate(stripe, first as u32, count as u32, mark) {
             Ok(()) => Ok(()),
             Err(e) => {
                 bump(&self.counters.array.journal_errors);
@@ -701,7 +705,7 @@ impl Array {
         for (row, parity) in folded {
             self.write_unit_blocks(stripe, g.k() + j, *row as u64, parity);
         }
-        self.invalidate_in(p, stripe, 0, g.blocks_per_unit())?;
+        self.invalidate_in(p, stripe, 0, g.blocks_per_unit(), journal::Mark::AfterFold)?;
         self.counters
             .array
             .records_replayed

@@ -271,7 +271,8 @@ impl Array {
     /// After the fold: the stripe's records dropped (an invalidation
     /// logged), as after the fold in RAM's parity writes.
     fn drop_folded_records(&self, stripe: u64, p: usize, records: usize) -> Result<()> {
-        self.invalidate_in(p, stripe, 0, self.geo.blocks_per_unit())?;
+        let rows = self.geo.blocks_per_unit();
+        self.invalidate_in(p, stripe, 0, rows, super::journal::Mark::AfterFold)?;
         self.counters
             .array
             .records_replayed

@@ -488,6 +488,7 @@ impl ChunkStore {
         stripe: u64,
         first: u32,
         count: u32,
+        mark: journal::Mark,
     ) -> std::io::Result<()> {
         let mut guard = self.journal.lock().unwrap();
         let Some(j) = guard.as_mut() else {
@@ -497,7 +498,7 @@ impl ChunkStore {
             return Ok(());
         }
         let mut rec = Vec::new();
-        journal::encode_invalidate(&mut rec, stripe, first, count);
+        journal::encode_mark(&mut rec, stripe, first, count, mark);
         match j.append(&rec) {
             Ok(()) => {
                 self.counters.write(IoClass::Journal, rec.len());
@@ -507,6 +508,31 @@ impl ChunkStore {
                 j.forget(stripe, first, count);
                 Err(e)
             }
+        }
+    }
+
+    /// [`journal::ParityJournal::deferred_rows`] of this device's journal.
+    pub(super) fn journal_deferred_rows(&self, stripe: u64) -> BTreeSet<u32> {
+        self.journal
+            .lock()
+            .unwrap()
+            .as_ref()
+            .map(|j| j.deferred_rows(stripe))
+            .unwrap_or_default()
+    }
+
+    /// Gives `rows` of `stripe` back what a deferred fold mark ended and
+    /// settles the stripe's deferred marks (`rows` empty: they stand).
+    pub(super) fn journal_settle_deferred(&self, stripe: u64, rows: &BTreeSet<u32>) {
+        if let Some(j) = self.journal.lock().unwrap().as_mut() {
+            j.restore_deferred_rows(stripe, rows);
+        }
+    }
+
+    /// Every deferred fold mark of this device's journal stands.
+    pub(super) fn journal_settle_all_deferred(&self) {
+        if let Some(j) = self.journal.lock().unwrap().as_mut() {
+            j.settle_deferred(None);
         }
     }
 
