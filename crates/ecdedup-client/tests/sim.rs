@@ -1891,10 +1891,18 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     // Found by the 20,000-seed run of 2026-11-27 (215,000 to 234,999 at
     // 2298969): fails the same on 2591d37 (I/O errors only). The same run
     // found 232517 (plog with dedup beside parix) reading blocks of volume
-    // 7 WRONG with the batched row decode of a7f60a3; it passes with that
-    // batch taken out (547d27d) and on 2591d37: not narrowed
-    // (docs/benchmarks.md, "A writer during the rebuild").
+    // 7 WRONG with the batched row decode of a7f60a3; narrowed on
+    // 2026-11-27 to two holes the batch exposed, both closed, and the
+    // batch is back (docs/write-hole.md, "Two members lost at the
+    // reopen").
     (230181, "plog with dedup of parity beside replicate: every copy of blocks 61-71 of volume 8 fails to read after the takeover (0 of 3 units intact)"),
+    // Found by the 10,000-seed run of 2026-11-27 (235,000 to 244,999,
+    // the row batch on 6eb3cdc): I/O errors only, not narrowed. 236356
+    // fails the same without the batch (6eb3cdc) and passes on 176e700,
+    // before the day's changes (a FUA write syncing every device changed
+    // its story); 244625 fails only with the batch.
+    (236356, "rmw with dedup of parity beside parix with dedup: volume 8's new writer loses every device after the takeover (intent.map: no device in service holds a copy)"),
+    (244625, "plog with dedup of parity beside rmw: blocks 34 and 55 of volume 8 fail to read after the last takeover (2 of 6 units intact)"),
 ];
 
 fn strict() -> bool {
