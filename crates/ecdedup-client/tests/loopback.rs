@@ -937,7 +937,9 @@ fn a_shard_placed_back_on_a_server_that_kept_its_old_chunk_is_rebuilt_not_read()
 /// `FLUSH_ROUNDS` rounds (80 by default) of six random 4 KiB overwrites
 /// and a flush, the flush timed alone. Prints, per policy, the median and
 /// 90th percentile of a flush's time and the round trips of the flushes
-/// (the volume client's counter read around each). Run by hand:
+/// (the volume client's counter read around each). With `FLUSH_FUA=1` the
+/// round's sixth overwrite is a FUA write, timed instead of a flush (no
+/// flush). Run by hand:
 /// `cargo test -p ecdedup-client --test loopback -- --ignored flush_latency --nocapture`.
 #[test]
 #[ignore = "a measurement (about half a minute), not a check"]
@@ -947,6 +949,7 @@ fn flush_latency_after_overwrites() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(80);
+    let fua = std::env::var("FLUSH_FUA").is_ok_and(|v| v == "1");
     let name = "flush-rt";
     let c = Cluster::start_with(name, 6, Duration::from_secs(600));
     for (pool, policy) in [("parix", WritePolicy::Parix), ("rmw", WritePolicy::Rmw)] {
@@ -970,8 +973,18 @@ fn flush_latency_after_overwrites() {
                     .wrapping_add(1442695040888963407);
                 let off = ((s >> 11) % (VOLUME_BYTES as u64 / 4096)) * 4096;
                 let data = pattern((round * 6 + i) as u64, 4096);
-                v.write(&data, off, false).unwrap();
+                let timed = fua && i == 5;
+                let before = round_trips(&v);
+                let began = std::time::Instant::now();
+                v.write(&data, off, timed).unwrap();
+                if timed {
+                    took.push(began.elapsed().as_secs_f64() * 1e6);
+                    trips += round_trips(&v) - before;
+                }
                 model[off as usize..off as usize + 4096].copy_from_slice(&data);
+            }
+            if fua {
+                continue;
             }
             let before = round_trips(&v);
             let began = std::time::Instant::now();
@@ -981,8 +994,8 @@ fn flush_latency_after_overwrites() {
         }
         took.sort_by(f64::total_cmp);
         println!(
-            "{pool}: flush p50 {:.0} us, p90 {:.0} us over {rounds} flushes; {:.1} round trips \
-             a flush",
+            "{pool}: {} p50 {:.0} us, p90 {:.0} us over {rounds}; {:.1} round trips each",
+            if fua { "FUA write" } else { "flush" },
             took[rounds / 2],
             took[rounds * 9 / 10],
             trips as f64 / rounds as f64
