@@ -1897,12 +1897,16 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     // reopen").
     (230181, "plog with dedup of parity beside replicate: every copy of blocks 61-71 of volume 8 fails to read after the takeover (0 of 3 units intact)"),
     // Found by the 10,000-seed run of 2026-11-27 (235,000 to 244,999,
-    // the row batch on 6eb3cdc): I/O errors only, not narrowed. 236356
-    // fails the same without the batch (6eb3cdc) and passes on 176e700,
-    // before the day's changes (a FUA write syncing every device changed
-    // its story); 244625 fails only with the batch.
+    // the row batch on 6eb3cdc): I/O errors only, not narrowed; fails the
+    // same without the batch (6eb3cdc) and passes on 176e700, before the
+    // day's changes (a FUA write syncing every device changed its story).
     (236356, "rmw with dedup of parity beside parix with dedup: volume 8's new writer loses every device after the takeover (intent.map: no device in service holds a copy)"),
-    (244625, "plog with dedup of parity beside rmw: blocks 34 and 55 of volume 8 fail to read after the last takeover (2 of 6 units intact)"),
+    // Found by the 30,000-seed run of 2026-11-27 (255,000 to 284,999):
+    // fails the same on 176e700, before the day's changes (I/O errors
+    // only; the class the row batch made five more seeds of: a row whose
+    // parity an open marked unreadable, its missing member never
+    // rebuilt, 2 of 6 units left after the last takeover).
+    (274406, "parix beside replicate with dedup: blocks 59 and 62 of volume 7 fail to read after the last takeover (2 of 6 units intact)"),
 ];
 
 fn strict() -> bool {

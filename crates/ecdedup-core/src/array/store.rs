@@ -438,6 +438,12 @@ impl ChunkStore {
             .unwrap_or_default()
     }
 
+    /// Whether this device keeps a parity journal (a logging policy, and
+    /// the journal not dropped with a failure).
+    pub(super) fn has_journal(&self) -> bool {
+        self.journal.lock().unwrap().is_some()
+    }
+
     /// Whether the journal is open with its space reserved.
     pub(super) fn journal_ready(&self) -> bool {
         self.journal
