@@ -1896,11 +1896,6 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     // batch is back (docs/write-hole.md, "Two members lost at the
     // reopen").
     (230181, "plog with dedup of parity beside replicate: every copy of blocks 61-71 of volume 8 fails to read after the takeover (0 of 3 units intact)"),
-    // Found by the 10,000-seed run of 2026-11-27 (235,000 to 244,999,
-    // the row batch on 6eb3cdc): I/O errors only, not narrowed; fails the
-    // same without the batch (6eb3cdc) and passes on 176e700, before the
-    // day's changes (a FUA write syncing every device changed its story).
-    (236356, "rmw with dedup of parity beside parix with dedup: volume 8's new writer loses every device after the takeover (intent.map: no device in service holds a copy)"),
     // Found by the 30,000-seed run of 2026-11-27 (255,000 to 284,999):
     // fails the same on 176e700, before the day's changes (I/O errors
     // only; the class the row batch made five more seeds of: a row whose
