@@ -183,7 +183,7 @@ pub struct ParityJournal {
     /// synced length at open: its log as if those marks had not been
     /// appended, and the rows they end ([`ParityJournal::deferred_rows`]).
     /// Dropped (the marks stand) by a compaction, a reset, or
-    /// [`ParityJournal::settle_deferred`].
+    /// [`ParityJournal::settle_all_deferred`].
     deferred: HashMap<u64, (StripeLog, BTreeSet<u32>)>,
     /// Per stripe, the block rows that a record found at open and still
     /// indexed lies past the file's synced length for: appended after the
@@ -511,25 +511,26 @@ fn index_record(index: &mut HashMap<u64, StripeLog>, p: &Parsed, offset: u64) {
 
 /// Per stripe, the block rows with a logged block whose bytes end past
 /// `synced` (the file's synced length at open).
-fn unsynced_rows(index: &HashMap<u64, StripeLog>, synced: u64) -> HashMap<u64, BTreeSet<u32>> {
+fn unsynced_rows<'a>(
+    logs: impl Iterator<Item = (&'a u64, &'a StripeLog)>,
+    synced: u64,
+) -> Vec<(u64, BTreeSet<u32>)> {
     let past = |at: &u64| at + BLOCK as u64 > synced;
-    index
-        .iter()
-        .filter_map(|(&stripe, log)| {
-            let rows: BTreeSet<u32> = log
-                .iter()
-                .filter(|(_, e)| {
-                    e.original
-                        .iter()
-                        .chain(&e.latest)
-                        .chain(&e.deltas)
-                        .any(past)
-                })
-                .map(|(&(_, row), _)| row)
-                .collect();
-            (!rows.is_empty()).then_some((stripe, rows))
-        })
-        .collect()
+    logs.filter_map(|(&stripe, log)| {
+        let rows: BTreeSet<u32> = log
+            .iter()
+            .filter(|(_, e)| {
+                e.original
+                    .iter()
+                    .chain(&e.latest)
+                    .chain(&e.deltas)
+                    .any(past)
+            })
+            .map(|(&(_, row), _)| row)
+            .collect();
+        (!rows.is_empty()).then_some((stripe, rows))
+    })
+    .collect()
 }
 
 fn forget_in(index: &mut HashMap<u64, StripeLog>, stripe: u64, first_block: u32, count: u32) {
@@ -574,23 +575,11 @@ fn header_kind(bytes: &[u8]) -> Option<bool> {
     }
 }
 
-/// Parses a journal's records after its header, skipping what cannot be
-/// parsed (and saying so in `lost`). Every mark is applied to `index`;
-/// for the stripes with a fold's mark ending past `marks_until` (the
-/// synced length at open, where known), `deferred` also holds their log
-/// without those marks ([`ParityJournal::deferred_rows`]).
-fn scan(bytes: &[u8], header_crc: bool, marks_until: Option<u64>) -> Scan {
-    // Every stripe's log without the fold marks past the sync; kept at
-    // the end only for the stripes that had one.
-    let mut unmarked: HashMap<u64, StripeLog> = HashMap::new();
-    let mut deferred_rows: HashMap<u64, BTreeSet<u32>> = HashMap::new();
-    let mut out = Scan {
-        deferred: HashMap::new(),
-        index: HashMap::new(),
-        records: 0,
-        lost: LostRecords::default(),
-        end: HEADER_BYTES as usize,
-    };
+/// Walks a journal's records after its header: `on` is told each one's
+/// offset and parse. Past a bad one the walk goes on after its payload
+/// where its header holds, else at the next offset that parses; it stops
+/// where nothing more does. Returns where the last record walked ends.
+fn walk(bytes: &[u8], header_crc: bool, mut on: impl FnMut(usize, Result<&Parsed, &Bad>)) -> usize {
     let next_valid = |from: usize| {
         let mut at = from.next_multiple_of(RECORD_HEADER_BYTES);
         while at + RECORD_HEADER_BYTES <= bytes.len() {
@@ -605,24 +594,11 @@ fn scan(bytes: &[u8], header_crc: bool, marks_until: Option<u64>) -> Scan {
     while at < bytes.len() {
         match parse(&bytes[at..], header_crc) {
             Ok(p) => {
-                out.records += 1;
-                index_record(&mut out.index, &p, at as u64);
-                let past = marks_until.is_some_and(|synced| (at + p.len) as u64 > synced);
-                if p.after_fold && past {
-                    let rows = deferred_rows.entry(p.stripe).or_default();
-                    rows.extend(p.first_block..p.first_block.saturating_add(p.count));
-                } else if marks_until.is_some() {
-                    index_record(&mut unmarked, &p, at as u64);
-                }
+                on(at, Ok(&p));
                 at += p.len;
             }
             Err(bad) => {
-                match bad {
-                    Bad::Payload { stripe, .. } => {
-                        out.lost.stripes.insert(stripe);
-                    }
-                    Bad::Header => out.lost.unknown_stripes = true,
-                }
+                on(at, Err(&bad));
                 let skip_to = match bad {
                     Bad::Payload { len, .. } if at + len <= bytes.len() => Some(at + len),
                     _ => next_valid(at + RECORD_HEADER_BYTES),
@@ -634,10 +610,55 @@ fn scan(bytes: &[u8], header_crc: bool, marks_until: Option<u64>) -> Scan {
             }
         }
     }
-    out.end = at;
-    for (stripe, rows) in deferred_rows {
-        let log = unmarked.remove(&stripe).unwrap_or_default();
-        out.deferred.insert(stripe, (log, rows));
+    at
+}
+
+/// Parses a journal's records after its header, skipping what cannot be
+/// parsed (and saying so in `lost`). Every mark is applied to `index`;
+/// for the stripes with a fold's mark ending past `marks_until` (the
+/// synced length at open, where known), `deferred` also holds their log
+/// without those marks ([`ParityJournal::deferred_rows`]), from a second
+/// walk of their records only (none where no such mark was found).
+fn scan(bytes: &[u8], header_crc: bool, marks_until: Option<u64>) -> Scan {
+    let deferred_mark = |at: usize, p: &Parsed| {
+        p.after_fold && marks_until.is_some_and(|synced| (at + p.len) as u64 > synced)
+    };
+    let mut out = Scan {
+        deferred: HashMap::new(),
+        index: HashMap::new(),
+        records: 0,
+        lost: LostRecords::default(),
+        end: HEADER_BYTES as usize,
+    };
+    let mut deferred_rows: HashMap<u64, BTreeSet<u32>> = HashMap::new();
+    let end = walk(bytes, header_crc, |at, parsed| match parsed {
+        Ok(p) => {
+            out.records += 1;
+            index_record(&mut out.index, p, at as u64);
+            if deferred_mark(at, p) {
+                let rows = deferred_rows.entry(p.stripe).or_default();
+                rows.extend(p.first_block..p.first_block.saturating_add(p.count));
+            }
+        }
+        Err(Bad::Payload { stripe, .. }) => {
+            out.lost.stripes.insert(*stripe);
+        }
+        Err(Bad::Header) => out.lost.unknown_stripes = true,
+    });
+    out.end = end;
+    if !deferred_rows.is_empty() {
+        let mut unmarked: HashMap<u64, StripeLog> = HashMap::new();
+        walk(bytes, header_crc, |at, parsed| {
+            if let Ok(p) = parsed {
+                if deferred_rows.contains_key(&p.stripe) && !deferred_mark(at, p) {
+                    index_record(&mut unmarked, p, at as u64);
+                }
+            }
+        });
+        for (stripe, rows) in deferred_rows {
+            let log = unmarked.remove(&stripe).unwrap_or_default();
+            out.deferred.insert(stripe, (log, rows));
+        }
     }
     out
 }
@@ -697,11 +718,12 @@ impl ParityJournal {
         let unsynced_at_open = synced
             .map(|synced| {
                 // The rows a deferred mark may give back count too.
-                let mut logs = scan.index.clone();
-                for (&stripe, (log, _)) in &scan.deferred {
-                    logs.insert(stripe, log.clone());
+                let deferred = scan.deferred.iter().map(|(s, (log, _))| (s, log));
+                let mut rows: HashMap<u64, BTreeSet<u32>> = HashMap::new();
+                for (stripe, r) in unsynced_rows(scan.index.iter().chain(deferred), synced) {
+                    rows.entry(stripe).or_default().extend(r);
                 }
-                unsynced_rows(&logs, synced)
+                rows
             })
             .unwrap_or_default();
         let at = scan.end;
@@ -946,14 +968,9 @@ impl ParityJournal {
         }
     }
 
-    /// The deferred marks of `stripe` (or of every stripe) stand.
-    pub fn settle_deferred(&mut self, stripe: Option<u64>) {
-        match stripe {
-            Some(s) => {
-                self.deferred.remove(&s);
-            }
-            None => self.deferred.clear(),
-        }
+    /// Every deferred mark stands (a stripe's alone: `restore_deferred_rows`).
+    pub fn settle_all_deferred(&mut self) {
+        self.deferred.clear();
     }
 
     /// The block rows of `stripe` that a record appended after the

@@ -149,18 +149,17 @@ impl Array {
     ) -> Result<()> {
         // Only the devices that keep a journal: a thread per device with
         // none (rmw, replicate) made a flush 1.46 times slower on loopback.
-        let journals: Vec<(usize, usize)> = (0..self.stores.len())
+        let journals: Vec<usize> = (0..self.stores.len())
             .filter(|&d| chosen[d] && self.stores[d].has_journal())
-            .map(|d| (d, d))
             .collect();
-        let parallel = journals.iter().all(|&(d, _)| {
+        let parallel = journals.iter().all(|&d| {
             self.stores[d]
                 .device()
                 .is_some_and(|dev| dev.side_by_side())
         });
         let synced = super::meta::side_by_side(&journals, parallel, |&d| sync(d, &self.stores[d]));
         let mut first_error = None;
-        for (&(d, _), result) in journals.iter().zip(synced) {
+        for (&d, result) in journals.iter().zip(synced) {
             if let Err((e, stripes)) = result {
                 self.warn(format!(
                     "parity journal of device {d} failed to sync ({e}): its {} stripes \

@@ -446,7 +446,7 @@ impl MetaStorage {
         let mut first_err = None;
         let copies = self.copies();
         let parallel = copies.iter().all(|(_, a)| a.side_by_side());
-        let results = side_by_side(&copies, parallel, |area| op(area));
+        let results = side_by_side(&copies, parallel, |(_, area)| op(area));
         for ((d, _), result) in copies.into_iter().zip(results) {
             match result {
                 Ok(()) => ok = true,
@@ -553,7 +553,7 @@ impl MirrorFile {
             }
             None => false,
         });
-        let mut results = side_by_side(copies, parallel, |f| op(f.as_ref())).into_iter();
+        let mut results = side_by_side(copies, parallel, |(_, f)| op(f.as_ref())).into_iter();
         let mut first_err = None;
         copies.retain(|(d, _)| {
             match results.next().expect("one result per copy") {
@@ -620,21 +620,21 @@ impl MirrorFile {
     }
 }
 
-/// `op` on each of `copies`, a scoped thread each where there are
-/// several and `parallel` (their devices take it:
-/// [`AreaFs::side_by_side`]), else in turn; the results in `copies`'
-/// order. A panic in `op` is raised again here.
+/// `op` on each of `items`, a scoped thread each where there are several
+/// and `parallel` (their devices take it: [`AreaFs::side_by_side`],
+/// `Device::side_by_side`), else in turn; the results in `items`' order.
+/// A panic in `op` is raised again here.
 pub(super) fn side_by_side<T: Sync, R: Send>(
-    copies: &[(usize, T)],
+    items: &[T],
     parallel: bool,
     op: impl Fn(&T) -> R + Sync,
 ) -> Vec<R> {
-    if copies.len() < 2 || !parallel {
-        return copies.iter().map(|(_, c)| op(c)).collect();
+    if items.len() < 2 || !parallel {
+        return items.iter().map(op).collect();
     }
     let op = &op;
     std::thread::scope(|s| {
-        let running: Vec<_> = copies.iter().map(|(_, c)| s.spawn(move || op(c))).collect();
+        let running: Vec<_> = items.iter().map(|c| s.spawn(move || op(c))).collect();
         running
             .into_iter()
             .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))

@@ -538,7 +538,7 @@ impl ChunkStore {
     /// Every deferred fold mark of this device's journal stands.
     pub(super) fn journal_settle_all_deferred(&self) {
         if let Some(j) = self.journal.lock().unwrap().as_mut() {
-            j.settle_deferred(None);
+            j.settle_all_deferred();
         }
     }
 
