@@ -404,7 +404,14 @@ impl Array {
     }
 
     /// Records the regions of `stripes` (None: every region) in the
-    /// missed map, durably, before member `d` is rewritten.
+    /// missed map, durably, before member `d` is rewritten. A mirrored
+    /// copy of the map that missed the record (format 2) fails its device
+    /// here, on the superblocks, before the member is rewritten: left in
+    /// service, it could be read first at the next open after a cut, and a
+    /// re-add tried again would find neither the member's journal (gone
+    /// with the rewrite) nor the record, and keep the member's stale
+    /// parity of those stripes (as for the intent map, seed 1116, and the
+    /// degraded-write log, seed 277285).
     fn mark_missed(&self, d: usize, stripes: Option<&BTreeSet<u64>>) -> Result<()> {
         self.intent.mark_missed_stripes(stripes).map_err(|e| {
             Error::io(
@@ -413,7 +420,9 @@ impl Array {
                 ),
                 e,
             )
-        })
+        })?;
+        self.fail_broken_metadata_copies();
+        Ok(())
     }
 
     /// Member `d`'s metadata and dedup layer for its return over `dev`;

@@ -15,11 +15,16 @@ struct CopiesRig {
 
 impl CopiesRig {
     fn new() -> CopiesRig {
+        CopiesRig::with_policy(WritePolicy::Rmw)
+    }
+
+    fn with_policy(policy: WritePolicy) -> CopiesRig {
         let dir = tempfile::tempdir().unwrap();
         let (k, m, unit) = (4u32, 2u32, 4096u32);
         let mut opts = options(6, k, m, unit, 16 * k as u64 * unit as u64);
         opts.metadata = MetadataPlacement::Devices;
-        opts.journal_bytes_max = 1 << 20;
+        opts.write_policy = policy;
+        opts.journal_bytes_max = 2 << 20;
         let (geo, mems) = format_on_memory(dir.path(), &opts);
         CopiesRig {
             dir,
@@ -130,4 +135,69 @@ fn a_degraded_write_whose_log_record_one_copy_missed_fails_that_device_first() {
     let mut back = vec![0u8; 4096];
     array.read(&mut back, 8192).unwrap();
     assert!(back.iter().all(|&b| b == 7));
+}
+
+/// A re-add records the stripes its member's parity journal held in the
+/// missed map before it rewrites the member's area (the journal is gone
+/// after that). A copy of the map that missed that record, left in
+/// service past a cut that came after the rewrite, would be read first at
+/// the next open: the re-add tried again finds an empty journal and no
+/// record of those stripes, and leaves the member's stale parity of them
+/// in service. The copy's device is failed, on the superblocks, before
+/// the member is rewritten, as for the intent map and the degraded-write
+/// log: here the rewrite of the member's area fails, and the failure of
+/// the copy's device is found on the superblocks after a crash.
+#[test]
+fn a_re_add_whose_missed_map_record_one_copy_missed_fails_that_device_first() {
+    let rig = CopiesRig::with_policy(WritePolicy::Plog);
+    // Regions marked clean by the second flush below: the missed map
+    // starts empty when the member leaves.
+    let mut cfg = ConfigFile::load(rig.dir.path()).unwrap();
+    cfg.intent_clear_quiet_ms = 0;
+    cfg.store(rig.dir.path()).unwrap();
+    let array = rig.open();
+    // Partial writes of every stripe's first block: delta records in the
+    // journals of each stripe's parity members, flushed.
+    let stripes = rig.geo.stripes;
+    let stripe_bytes = rig.geo.stripe_data_bytes();
+    for s in 0..stripes {
+        array.write(&vec![3u8; 4096], s * stripe_bytes, false).unwrap();
+    }
+    array.flush().unwrap();
+    array.flush().unwrap();
+    assert!(!array.stores[rig.geo.place(0, rig.geo.k as usize).device]
+        .journal_stripes()
+        .is_empty());
+    let out = rig.geo.place(0, rig.geo.k as usize).device;
+    array.fail_device(out).unwrap();
+    let broken = (0..6).find(|&d| d != out).unwrap();
+    rig.refuse_metadata_writes(broken, true);
+    // The member's own area cannot be rewritten: the re-add stops there.
+    rig.refuse_metadata_writes(out, true);
+    let dev = Arc::new(FaultyDevice::new(
+        rig.mems[out].clone(),
+        Arc::clone(&rig.plans[out]),
+    ));
+    let e = array.re_add_device(out, dev).unwrap_err();
+    let warnings = array.warnings().join("\n");
+    assert!(
+        warnings.contains(&format!(
+            "device {broken} failed (metadata area: writing its copy of missed.map"
+        )),
+        "the copy that missed the record failed its device ({e}): {warnings}"
+    );
+    array.simulate_crash();
+    rig.refuse_metadata_writes(broken, false);
+    rig.refuse_metadata_writes(out, false);
+    let array = rig.open();
+    assert_eq!(
+        array.member_states()[broken],
+        MemberState::Failed,
+        "failed on the superblocks before the member's area was rewritten"
+    );
+    let mut back = vec![0u8; 4096];
+    for s in 0..stripes {
+        array.read(&mut back, s * stripe_bytes).unwrap();
+        assert!(back.iter().all(|&b| b == 3), "stripe {s}");
+    }
 }
