@@ -932,7 +932,7 @@ fn power_loss_then_a_device_lost_before_resync_never_reads_wrong() {
 /// left differed from its entry, no rule saw the row as torn, and the two
 /// missing units decoded from a mix of old and new members (the cluster
 /// simulator, seed 232517 with a batched row decode). Format 2 (the
-/// metadata on the devices) only: format 1 reads wrong there still, below.
+/// metadata on the devices); format 1 below.
 #[test]
 fn power_loss_after_fua_writes_then_two_devices_lost_never_reads_wrong() {
     double_fault(78_000_000, 2, Some(4), |_| MetadataPlacement::Devices);
@@ -955,17 +955,37 @@ fn power_loss_schedules_with_two_devices_lost_that_once_read_wrong_pass() {
 }
 
 /// The same schedules with the metadata in the array folder (format 1,
-/// arrays made before 2026-11-24): plog and parix read wrong blocks there
-/// (121 blocks in its 96 cuts, 2026-11-27; rmw and replicate none): the
-/// parity journals are files of the folder, which a device's loss does
-/// not take with it, and a degraded replay with exactly k members left
-/// folds records the members left do not match. Not narrowed; ignored so
-/// that CI counts it, run with `--ignored` (docs/write-hole.md, "Two
-/// members lost at the reopen").
+/// `create --metadata folder`). Until 2026-11-27 plog and parix read wrong
+/// blocks there (121 in these 96 cuts; rmw and replicate none): a format
+/// 1 journal did not know its synced length, so a record appended after
+/// the last flush, whose in-place data write the cut may have dropped,
+/// was folded as a flushed one where nothing was left to check the
+/// decode. The journal now records its synced length beside it
+/// (`journal/devN.jrnl.synced`, docs/format.md), and the rules format 2
+/// has for such records hold in format 1 too.
 #[test]
-#[ignore = "format 1 reads wrong with two devices lost after a cut (plog, parix): not fixed"]
-fn format_1_power_loss_then_two_devices_lost_reads_wrong_under_logging_policies() {
+fn format_1_power_loss_then_two_devices_lost_never_reads_wrong() {
     double_fault(78_500_000, 2, Some(4), |_| MetadataPlacement::Folder);
+}
+
+/// Format 1 schedules beyond the count CI runs (200 per policy) that read
+/// wrong with the synced length recorded and the journal's scan skipping a
+/// hole past it: a later plog delta (parix value) kept without an earlier
+/// one of its block, folded to neither value; a bad record past the synced
+/// length now cuts the journal there, as a torn tail (plog 78501097,
+/// parix 78502194 with two devices lost; plog 77001080 and 77001086, the
+/// "format 1 cannot tell" case, with one).
+#[test]
+fn format_1_power_loss_schedules_that_once_read_wrong_pass() {
+    let folder = |_| MetadataPlacement::Folder;
+    double_fault_seeds(
+        78_500_000,
+        2,
+        Some(4),
+        folder,
+        Some(&[78_501_097, 78_502_194]),
+    );
+    double_fault_seeds(77_000_000, 1, None, folder, Some(&[77_001_080, 77_001_086]));
 }
 
 /// Runs the double-fault schedules: writes (one in `fua_one_in` with FUA),

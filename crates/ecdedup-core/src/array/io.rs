@@ -1074,8 +1074,27 @@ impl Array {
         devices: &[bool],
     ) -> Result<Option<std::io::Error>> {
         if self.meta.is_none() || !self.write_policy.journals() {
+            // Format 1: the journals' lengths before their files' syncs,
+            // recorded beside them once the devices, which hold the
+            // records' data writes, are synced too (so a record below the
+            // recorded length was flushed with its data, and one past it
+            // is told at the next open as format 2's area tells it).
+            let points: Vec<_> = (0..self.stores.len())
+                .map(|d| {
+                    devices[d]
+                        .then(|| self.stores[d].journal_flush_point())
+                        .flatten()
+                })
+                .collect();
             self.sync_journals_of(devices)?;
-            return Ok(self.sync_devices(devices).0);
+            let (space, synced) = self.sync_devices(devices);
+            let chosen: Vec<bool> = (0..self.stores.len())
+                .map(|d| synced[d] && points[d].is_some())
+                .collect();
+            self.sync_journals_with(&chosen, |d, store| {
+                store.journal_record_flushed(points[d].expect("chosen"))
+            })?;
+            return Ok(space);
         }
         // What each device's sync will make durable of its journal, taken
         // before the sync is issued: an append that finishes after this

@@ -565,6 +565,22 @@ impl ChunkStore {
         self.journal.lock().unwrap().as_ref()?.sync_point()
     }
 
+    /// Format 1: what a sync of this store's journal file, issued from
+    /// now on, makes durable ([`ParityJournal::flush_point`]).
+    pub(super) fn journal_flush_point(&self) -> Option<journal::FlushPoint> {
+        self.journal.lock().unwrap().as_ref()?.flush_point()
+    }
+
+    /// Format 1: records `point` as the journal's synced length, after the
+    /// journal's file and this store's device were synced
+    /// ([`ParityJournal::record_flushed`]).
+    pub(super) fn journal_record_flushed(
+        &self,
+        point: journal::FlushPoint,
+    ) -> Result<(), (std::io::Error, Vec<u64>)> {
+        self.journal_sync_with(true, |j| j.record_flushed(point))
+    }
+
     /// [`ChunkStore::journal_sync`] (waiting) where the caller took
     /// `point` ([`ChunkStore::journal_sync_point`]) and then synced this
     /// store's device, which holds the journal (format 2).

@@ -161,7 +161,9 @@ fn a_re_add_whose_missed_map_record_one_copy_missed_fails_that_device_first() {
     let stripes = rig.geo.stripes;
     let stripe_bytes = rig.geo.stripe_data_bytes();
     for s in 0..stripes {
-        array.write(&vec![3u8; 4096], s * stripe_bytes, false).unwrap();
+        array
+            .write(&vec![3u8; 4096], s * stripe_bytes, false)
+            .unwrap();
     }
     array.flush().unwrap();
     array.flush().unwrap();
