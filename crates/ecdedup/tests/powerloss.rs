@@ -974,7 +974,9 @@ fn format_1_power_loss_then_two_devices_lost_never_reads_wrong() {
 /// one of its block, folded to neither value; a bad record past the synced
 /// length now cuts the journal there, as a torn tail (plog 78501097,
 /// parix 78502194 with two devices lost; plog 77001080 and 77001086, the
-/// "format 1 cannot tell" case, with one).
+/// "format 1 cannot tell" case, with one); and a whole-stripe write's
+/// invalidation mark kept by the cut with its parity write dropped, now
+/// kept back as a fold's is (plog 78501027).
 #[test]
 fn format_1_power_loss_schedules_that_once_read_wrong_pass() {
     let folder = |_| MetadataPlacement::Folder;
@@ -983,7 +985,7 @@ fn format_1_power_loss_schedules_that_once_read_wrong_pass() {
         2,
         Some(4),
         folder,
-        Some(&[78_501_097, 78_502_194]),
+        Some(&[78_501_027, 78_501_097, 78_502_194]),
     );
     double_fault_seeds(77_000_000, 1, None, folder, Some(&[77_001_080, 77_001_086]));
 }

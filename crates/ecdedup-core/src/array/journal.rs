@@ -441,8 +441,6 @@ pub fn encode(
 
 struct Parsed {
     kind: Kind,
-    /// An invalidation appended after its fold's parity write (byte 5).
-    after_fold: bool,
     stripe: u64,
     role: u16,
     first_block: u32,
@@ -503,7 +501,6 @@ fn parse_checking(
     }
     Ok(Parsed {
         kind,
-        after_fold: invalidate && b[5] == 1,
         role: u16::from_le_bytes([b[6], b[7]]),
         stripe,
         first_block: u32_at(16),
@@ -707,8 +704,8 @@ impl SyncedRecord {
 /// What a journal's bytes hold, as `open` indexes them.
 struct Scan {
     index: HashMap<u64, StripeLog>,
-    /// Per stripe with a fold's mark past `marks_until`: its log as if
-    /// those marks had not been appended, and the rows they end.
+    /// Per stripe with a mark past `marks_until`: its log as if those
+    /// marks had not been appended, and the rows they end.
     deferred: HashMap<u64, (StripeLog, BTreeSet<u32>)>,
     records: u64,
     lost: LostRecords,
@@ -784,13 +781,13 @@ fn walk(
 
 /// Parses a journal's records after its header, skipping what cannot be
 /// parsed (and saying so in `lost`). Every mark is applied to `index`;
-/// for the stripes with a fold's mark ending past `marks_until` (the
+/// for the stripes with a mark ending past `marks_until` (the
 /// synced length at open, where known), `deferred` also holds their log
 /// without those marks ([`ParityJournal::deferred_rows`]), from a second
 /// walk of their records only (none where no such mark was found).
 fn scan(bytes: &[u8], header_crc: bool, marks_until: Option<u64>) -> Scan {
     let deferred_mark = |at: usize, p: &Parsed| {
-        p.after_fold && marks_until.is_some_and(|synced| (at + p.len) as u64 > synced)
+        p.kind == Kind::Invalidate && marks_until.is_some_and(|synced| (at + p.len) as u64 > synced)
     };
     let mut out = Scan {
         deferred: HashMap::new(),
@@ -1130,10 +1127,11 @@ impl ParityJournal {
         self.forget_unsynced(stripe, first_block, count);
     }
 
-    /// The rows of `stripe` that a fold's invalidation mark found past the
+    /// The rows of `stripe` that an invalidation mark found past the
     /// journal's synced length at open ends. A fold writes the parity in
-    /// place and then appends its mark, neither synced, and a cut may keep
-    /// the later write and drop the earlier one (a drive's volatile cache
+    /// place and then appends its mark, a whole-stripe write appends its
+    /// mark and then writes the parity, none synced, and a cut may keep
+    /// the mark and drop the parity write (a drive's volatile cache
     /// reorders; so does the power-loss simulator): where the parity lacks
     /// the fold, the mark ended records nothing else holds. The index
     /// applies the marks; the caller that can tell (the open's resync: the
@@ -1609,6 +1607,10 @@ mod tests {
         j.append(&r).unwrap();
         assert!(j.index[&7].contains_key(&(1, 2)) && !j.index[&7].contains_key(&(1, 3)));
         assert_eq!(j.stripes(), vec![7]);
+        // Flushed: the marks lie within the synced length and stand at
+        // the next open (past it they are kept back for the open's
+        // resync: `a_folds_mark_past_the_synced_length_can_be_given_back_at_open`).
+        flush(&mut j);
         drop(j);
         let mut j = ParityJournal::open(&path).unwrap();
         assert_eq!(j.stripes(), vec![7]);
@@ -1621,10 +1623,12 @@ mod tests {
         assert!(j.reset_if_empty().unwrap());
     }
 
-    /// A fold's mark past the synced length at open is applied to the
-    /// index, and the log without it is kept for the caller to give back
-    /// rows whose fold did not land; a mark written before its parity is
-    /// applied for good, and within the synced length a fold's mark is too.
+    /// A mark past the synced length at open is applied to the index, and
+    /// the log without it is kept for the caller to give back rows whose
+    /// parity write did not land: a fold's mark (written after its parity)
+    /// and, since 2026-11-27, a whole-stripe write's (written before its
+    /// parity: the power-loss schedule 78501027 kept one and dropped the
+    /// parity write); within the synced length a mark is applied for good.
     #[test]
     fn a_folds_mark_past_the_synced_length_can_be_given_back_at_open() {
         let mut bytes = header().to_vec();
@@ -1650,7 +1654,9 @@ mod tests {
         assert_eq!(found.index[&5].len(), 1);
         let mut deferred: Vec<u64> = found.deferred.keys().copied().collect();
         deferred.sort_unstable();
-        assert_eq!(deferred, vec![5], "only the fold's mark past the sync");
+        assert_eq!(deferred, vec![5, 6], "only the marks past the sync");
+        assert_eq!(found.deferred[&6].1, BTreeSet::from([0, 1]));
+        assert_eq!(found.deferred[&6].0.len(), 2, "stripe 6's two rows");
         let (unmarked, rows) = &found.deferred[&5];
         assert_eq!(rows, &BTreeSet::from([0, 1]));
         assert_eq!(unmarked[&(4, 0)].deltas.len(), 1);

@@ -204,10 +204,12 @@ impl Array {
         complete
     }
 
-    /// Before the open's resync of `stripe`: the rows a fold's mark found
-    /// past its journal's synced length ends
+    /// Before the open's resync of `stripe`: the rows a mark found past
+    /// its journal's synced length ends (a fold's; since 2026-11-27 also a
+    /// whole-stripe write's, a discard's or a resync's, whose mark comes
+    /// before its parity write: format 1 power-loss schedule 78501027)
     /// ([`super::journal::ParityJournal::deferred_rows`]) get their records
-    /// back where the fold's parity write did not land, which the parity
+    /// back where the parity write did not land, which the parity
     /// block still matching its checksum entry shows (entries are written
     /// at flushes, and the fold came after the last). There the cut kept
     /// the mark and dropped the parity write, and the records are the only
