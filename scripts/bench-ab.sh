@@ -15,8 +15,11 @@
 #        `libecdedup_nbdkit.so`, e.g. copies of target/release)
 # Environment (defaults in brackets): JOB [seqwrite] seqwrite (1 MiB QD8) |
 #   seqread (1 MiB QD8) |
-#   randwrite (4 KiB QD32 overwrites) | randread (4 KiB QD32); PAIRS [5];
-#   RUNTIME [10] s; SIZE [1G]; THREADS [16]; POLICY [rmw]; BENCH_TMP; KEEP=1.
+#   randwrite (4 KiB QD32 overwrites) | randread (4 KiB QD32) |
+#   flushwrite (4 KiB random overwrites QD1, a flush after each); PAIRS [5];
+#   RUNTIME [10] s; SIZE [1G]; THREADS [16]; POLICY [rmw]; METADATA
+#   [device] (folder: format 1, `create --metadata folder`); BENCH_TMP;
+#   KEEP=1.
 # Output: progress on stderr, a markdown table on stdout. Every server
 # started here is stopped by its PID.
 set -euo pipefail
@@ -30,6 +33,7 @@ RUNTIME=${RUNTIME:-10}
 SIZE=${SIZE:-1G}
 THREADS=${THREADS:-16}
 POLICY=${POLICY:-rmw}
+METADATA=${METADATA:-device}
 BENCH_TMP=${BENCH_TMP:-${TMPDIR:-/tmp}}
 BENCH_NAME=bench-ab
 # shellcheck source=scripts/bench-lib.sh
@@ -40,7 +44,8 @@ case "$JOB" in
   seqread) FIO=(--rw=read --bs=1M --iodepth=8) ;;
   randwrite) FIO=(--rw=randwrite --bs=4k --iodepth=32) ;;
   randread) FIO=(--rw=randread --bs=4k --iodepth=32) ;;
-  *) die "JOB must be seqwrite, seqread, randwrite or randread, not $JOB" ;;
+  flushwrite) FIO=(--rw=randwrite --bs=4k --iodepth=1 --fsync=1) ;;
+  *) die "JOB must be seqwrite, seqread, randwrite, randread or flushwrite, not $JOB" ;;
 esac
 bench_require_tools
 for d in "$A" "$B"; do
@@ -59,7 +64,7 @@ cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 for s in A B C; do
   BIN=${SIDEBIN[$s]}
   "$BIN" --dir "$WORK/$s" create --devices 6 -k 4 -m 2 --stripe-unit 32K --size "$SIZE" \
-    --write-policy "$POLICY" >/dev/null
+    --write-policy "$POLICY" --metadata "$METADATA" >/dev/null
   serve_ecdedup "$s" "$WORK/$s"
   log "warm pass on $s"
   fio --name=warm --ioengine=nbd --uri="$(uri "$s")" --rw=write --bs=1M --iodepth=8 \
