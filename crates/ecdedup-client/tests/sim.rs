@@ -1910,6 +1910,14 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     // told (I/O errors, the double fault), where the stale copy had
     // stayed in service before.
     (307244, "rmw with dedup beside plog with dedup of parity: block 98 of volume 7 fails to read after the last takeover (2 of 6 units intact)"),
+    // Found by the 20,000-seed run of 2026-11-27 (325,000 to 344,999, at
+    // 73ddd7a): each fails the same with the simulator's test binary of
+    // dadd1ad, before the day's changes (I/O errors only, no wrong data;
+    // not narrowed).
+    (326461, "plog: block 68 fails to read after the takeover (3 of 6 units intact)"),
+    (328965, "plog beside rmw: blocks 11 and 14 of volume 8 fail to read after the last takeover (2 of 6 units intact)"),
+    (336278, "parix beside parix with dedup of parity: blocks 42 and 43 of volume 7 fail to read after the takeover (2 of 6 units intact)"),
+    (341353, "plog: block 114 fails to read after the takeover, and a later write of its stripe fails (3 of 6 units intact)"),
 ];
 
 fn strict() -> bool {

@@ -1353,8 +1353,16 @@ impl ParityJournal {
         if self.latched.is_some() {
             return None;
         }
+        let mut point = self.file.sync_point()?;
+        // Not past an append still in flight: one placed after it that has
+        // finished raised the file's length over its bytes, which the
+        // device may not hold yet (format 1 takes the same bound:
+        // [`ParityJournal::flush_point`]).
+        if let Some(&first) = self.in_flight_at.first() {
+            point.len = point.len.min(first);
+        }
         Some(JournalSyncPoint {
-            point: self.file.sync_point()?,
+            point,
             file: Arc::clone(&self.file),
         })
     }
@@ -1870,6 +1878,60 @@ mod tests {
         assert_eq!(found.end, bytes.len());
         // Not known (format 1 before the record): skipped, as before.
         assert_eq!(scan(&bytes, true, None).index.len(), 2);
+    }
+
+    /// Format 2: a device's sync point stops below an append still in
+    /// flight, even where one placed after it has finished (its length
+    /// covered both, and a cut that kept the earlier append's record made
+    /// it read as flushed at the next open: docs/format.md, "Records past
+    /// the synced length"); so does format 1's flush point.
+    #[test]
+    fn a_sync_point_stops_below_an_append_still_in_flight() {
+        let dir = tempfile::tempdir().unwrap();
+        let dev: Arc<dyn Device> = Arc::new(crate::media::MemDevice::new("d0", 8 << 20));
+        let area = Arc::new(
+            crate::media::area::AreaFs::format(Arc::clone(&dev), 1 << 20, 4 << 20).unwrap(),
+        );
+        let meta = super::super::meta::MetaStorage::new(
+            OsStorage::shared(),
+            dir.path(),
+            vec![Some(area)],
+            vec![0],
+        );
+        std::fs::create_dir_all(dir.path().join("journal")).unwrap();
+        let path = dir.path().join("journal/dev0.jrnl");
+        let storage: Arc<dyn Storage> = Arc::new(meta);
+        let mut j = ParityJournal::open_in(Arc::clone(&storage), &path).unwrap();
+        let a = j.begin_append(value(1, 0xa1)).unwrap();
+        let a_at = a.offset;
+        let b = j.begin_append(value(2, 0xb2)).unwrap();
+        run(&b).unwrap();
+        j.finish_append(b, Ok(())).unwrap();
+        let point = j.sync_point().expect("format 2");
+        assert_eq!(point.point.len, a_at, "not past the append in flight");
+        run(&a).unwrap();
+        j.finish_append(a, Ok(())).unwrap();
+        dev.sync().unwrap();
+        j.sync_after_device_sync(Some(point)).unwrap();
+        drop(j);
+        let j = ParityJournal::open_in(Arc::clone(&storage), &path).unwrap();
+        assert_eq!(
+            j.unsynced_rows(1),
+            BTreeSet::from([0]),
+            "appended after the point"
+        );
+        assert_eq!(j.unsynced_rows(2), BTreeSet::from([0]));
+
+        // Format 1: the flush point takes the same bound.
+        let path = dir.path().join("j1");
+        let mut j = ParityJournal::open(&path).unwrap();
+        let a = j.begin_append(value(1, 0xa1)).unwrap();
+        let b = j.begin_append(value(2, 0xb2)).unwrap();
+        run(&b).unwrap();
+        j.finish_append(b, Ok(())).unwrap();
+        assert_eq!(j.flush_point().unwrap().len, a.offset);
+        run(&a).unwrap();
+        j.finish_append(a, Ok(())).unwrap();
     }
 
     fn run(w: &JournalWrite) -> std::io::Result<()> {
