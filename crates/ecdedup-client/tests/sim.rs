@@ -1825,6 +1825,14 @@ const KNOWN_SEEDS: &[(u64, &str)] = &[
     // of 2026-11-26 (its frames moved) and runs in `REGRESSION_SEEDS`;
     // the class it showed, an exactly-k decode with no entry known for
     // the missing member, stays open (docs/write-hole.md).
+    // Found by the 20,000-seed run of 2026-11-27 (325,000 to 344,999, at
+    // 73ddd7a): each fails the same with the simulator's test binary of
+    // dadd1ad (I/O errors only, no wrong data; not narrowed).
+    (326461, "plog: block 68 fails to read after the takeover (3 of 6 units intact)"),
+    (341353, "plog: block 114 fails to read after the takeover, and a later write of its stripe fails (3 of 6 units intact)"),
+    // Found by the 20,000-seed run of 2026-11-27 (355,000 to 374,999):
+    // fails the same on dadd1ad (I/O errors only).
+    (360849, "plog: blocks 78 and 81 fail to read after the takeover (3 of 6 units intact)"),
 ];
 
 /// As [`KNOWN_SEEDS`] (whose seeds are of the first story: replay them
@@ -1913,11 +1921,13 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     // Found by the 20,000-seed run of 2026-11-27 (325,000 to 344,999, at
     // 73ddd7a): each fails the same with the simulator's test binary of
     // dadd1ad, before the day's changes (I/O errors only, no wrong data;
-    // not narrowed).
-    (326461, "plog: block 68 fails to read after the takeover (3 of 6 units intact)"),
+    // not narrowed). 326461 and 341353, of the first story, are in
+    // `KNOWN_SEEDS`.
     (328965, "plog beside rmw: blocks 11 and 14 of volume 8 fail to read after the last takeover (2 of 6 units intact)"),
     (336278, "parix beside parix with dedup of parity: blocks 42 and 43 of volume 7 fail to read after the takeover (2 of 6 units intact)"),
-    (341353, "plog: block 114 fails to read after the takeover, and a later write of its stripe fails (3 of 6 units intact)"),
+    // Found by the 10,000-seed run of 2026-11-27 (345,000 to 354,999, at
+    // ee0947c): fails the same on dadd1ad (I/O errors only).
+    (349450, "parix beside parix with dedup of parity: blocks 29 and 30 of volume 8 fail to read after the takeover (2 of 6 units intact)"),
 ];
 
 fn strict() -> bool {
@@ -2519,13 +2529,21 @@ const REGRESSION_SEEDS: &[u64] = &[127, 144, 551, 910, 1079, 1253, 1460, 1921, 3
 ///   03bf7d4, frt merged): blocks 72 and 75 of volume 7 unreadable
 ///   beyond the double fault (I/O errors); passes on 2afe4b7 and since
 ///   branch eio's merge (a changed story or eio's spare check: not told).
+/// - 350687 (replicate beside plog) and 351546 (parix beside plog with
+///   dedup of parity), found by a 10,000-seed run on 2026-11-27: with
+///   every invalidation mark past the synced length kept back (the
+///   power-loss schedule 78501027's fix), a whole-stripe write's mark
+///   gave rows their records back where the write's data had landed in
+///   part, and their fold left the rows not one codeword (I/O errors).
+///   Rows of a mark written before its parity are given back only where
+///   the data members left match their entries too; both pass.
 const REGRESSION_SHARED_SEEDS: &[u64] = &[
     1, 29, 65, 110, 119, 316, 322, 359, 453, 728, 767, 789, 970, 971, 990, 1116, 1157, 1169, 1220,
     1221, 1603, 1653, 1712, 2111, 2461, 2885, 3029, 3190, 3582, 3586, 3658, 3671, 3790, 3911, 4012,
     4129, 4182, 4415, 4785, 4863, 4870, 4876, 4890, 5984, 7860, 9183, 15984, 19649, 21354, 22012,
     24068, 24526, 24556, 25205, 25676, 26390, 26547, 26664, 27176, 29321, 31025, 33121, 33718,
     35354, 37805, 37817, 45698, 2346, 33331, 80585, 74821, 92254, 28455, 52865, 68227, 78975,
-    109578, 90621, 73757, 43529, 111761, 177513, 179428, 183058,
+    109578, 90621, 73757, 43529, 111761, 177513, 179428, 183058, 350687, 351546,
 ];
 
 #[test]

@@ -201,6 +201,9 @@ pub struct ParityJournal {
     /// Dropped (the marks stand) by a compaction, a reset, or
     /// [`ParityJournal::settle_all_deferred`].
     deferred: HashMap<u64, (StripeLog, BTreeSet<u32>)>,
+    /// Of `deferred`'s rows, those a mark appended before its parity write
+    /// ends (a whole-stripe write's, a discard's, a resync's).
+    deferred_before_parity: HashMap<u64, BTreeSet<u32>>,
     /// Per stripe, the block rows that a record found at open and still
     /// indexed lies past the file's synced length for: appended after the
     /// journal's last sync before the stop (so after the array's last
@@ -707,6 +710,9 @@ struct Scan {
     /// Per stripe with a mark past `marks_until`: its log as if those
     /// marks had not been appended, and the rows they end.
     deferred: HashMap<u64, (StripeLog, BTreeSet<u32>)>,
+    /// Of `deferred`'s rows, those a mark appended before its parity write
+    /// ends (byte 5 = 0).
+    before_parity: HashMap<u64, BTreeSet<u32>>,
     records: u64,
     lost: LostRecords,
     /// Where the last good record ends (what follows is cut at open).
@@ -791,6 +797,7 @@ fn scan(bytes: &[u8], header_crc: bool, marks_until: Option<u64>) -> Scan {
     };
     let mut out = Scan {
         deferred: HashMap::new(),
+        before_parity: HashMap::new(),
         index: HashMap::new(),
         records: 0,
         lost: LostRecords::default(),
@@ -802,8 +809,14 @@ fn scan(bytes: &[u8], header_crc: bool, marks_until: Option<u64>) -> Scan {
             out.records += 1;
             index_record(&mut out.index, p, at as u64);
             if deferred_mark(at, p) {
-                let rows = deferred_rows.entry(p.stripe).or_default();
-                rows.extend(p.first_block..p.first_block.saturating_add(p.count));
+                let range = p.first_block..p.first_block.saturating_add(p.count);
+                deferred_rows
+                    .entry(p.stripe)
+                    .or_default()
+                    .extend(range.clone());
+                if bytes[at + 5] == 0 {
+                    out.before_parity.entry(p.stripe).or_default().extend(range);
+                }
             }
         }
         Err(Bad::Payload { stripe, .. }) => {
@@ -821,8 +834,30 @@ fn scan(bytes: &[u8], header_crc: bool, marks_until: Option<u64>) -> Scan {
                 }
             }
         });
-        for (stripe, rows) in deferred_rows {
+        for (stripe, mut rows) in deferred_rows {
             let log = unmarked.remove(&stripe).unwrap_or_default();
+            // A mark written before its parity gives back only records
+            // that were flushed (with their data writes) before it: a
+            // record past the synced length may be one whose data write a
+            // later write superseded, and a parity write that landed with
+            // the bytes the parity held already (zeroes written over
+            // zeroes) looks as if it had not landed (the model proptest:
+            // a write, then zeroes over its stripe, a device failed, a
+            // crash; the record folded into the zeroed parity, and the
+            // stripe did not decode). There the mark stands.
+            if let (Some(synced), Some(before)) = (marks_until, out.before_parity.get_mut(&stripe))
+            {
+                let late = unsynced_rows(std::iter::once((&stripe, &log)), synced);
+                for row in late.into_iter().flat_map(|(_, r)| r) {
+                    if before.remove(&row) {
+                        rows.remove(&row);
+                    }
+                }
+            }
+            if rows.is_empty() {
+                out.before_parity.remove(&stripe);
+                continue;
+            }
             out.deferred.insert(stripe, (log, rows));
         }
     }
@@ -921,6 +956,7 @@ impl ParityJournal {
             id: NEXT_JOURNAL_ID.fetch_add(1, Relaxed),
             index: scan.index,
             deferred: scan.deferred,
+            deferred_before_parity: scan.before_parity,
             unsynced_at_open,
             records: scan.records,
             header_crc,
@@ -1145,9 +1181,21 @@ impl ParityJournal {
             .unwrap_or_default()
     }
 
+    /// Of [`ParityJournal::deferred_rows`], those a mark appended before
+    /// its parity write ends (a whole-stripe write's, a discard's, a
+    /// resync's): the caller gives them back only where the row's data
+    /// members, which such a write rewrites too, show no sign of it.
+    pub fn deferred_rows_before_parity(&self, stripe: u64) -> BTreeSet<u32> {
+        self.deferred_before_parity
+            .get(&stripe)
+            .cloned()
+            .unwrap_or_default()
+    }
+
     /// Gives `rows` of `stripe` back the records a deferred fold mark ended
     /// (as if it had not been appended), and settles the stripe.
     pub fn restore_deferred_rows(&mut self, stripe: u64, rows: &BTreeSet<u32>) {
+        self.deferred_before_parity.remove(&stripe);
         let Some((unmarked, _)) = self.deferred.remove(&stripe) else {
             return;
         };
@@ -1166,6 +1214,7 @@ impl ParityJournal {
     /// Every deferred mark stands (a stripe's alone: `restore_deferred_rows`).
     pub fn settle_all_deferred(&mut self) {
         self.deferred.clear();
+        self.deferred_before_parity.clear();
     }
 
     /// The block rows of `stripe` that a record appended after the
@@ -1446,6 +1495,7 @@ impl ParityJournal {
         if let Some(why) = &self.latched {
             return Err(std::io::Error::other(why.clone()));
         }
+        self.deferred_before_parity.clear();
         // The deferred marks stand: a compaction keeps only what the index
         // holds, so their records are gone from the file after it.
         self.deferred.clear();
@@ -1691,6 +1741,37 @@ mod tests {
         assert_eq!(log[&(4, 0)].deltas.len(), 1, "row 0 given back");
         assert_eq!(log[&(4, 1)].deltas.len(), 1, "row 1: the mark stands");
         assert!(j.deferred_rows(5).is_empty(), "settled");
+    }
+
+    /// A mark written before its parity past the synced length keeps back
+    /// only rows whose records were all flushed: a record past the synced
+    /// length may be one a later write superseded, and a parity write that
+    /// landed with the bytes the parity held already looks as if it had
+    /// not (the model proptest's zeroes over a written stripe). A fold's
+    /// mark keeps its rows back either way.
+    #[test]
+    fn a_mark_before_its_parity_keeps_back_only_rows_of_flushed_records() {
+        let mut bytes = header().to_vec();
+        encode(&mut bytes, Kind::Delta, 8, 4, 0, &[1u8; 4096]);
+        encode(&mut bytes, Kind::Delta, 9, 4, 0, &[1u8; 4096]);
+        let synced = bytes.len() as u64;
+        encode(&mut bytes, Kind::Delta, 8, 4, 1, &[2u8; 4096]);
+        encode(&mut bytes, Kind::Delta, 9, 4, 1, &[2u8; 4096]);
+        encode_mark(&mut bytes, 8, 0, 2, Mark::BeforeParity);
+        encode_mark(&mut bytes, 9, 0, 2, Mark::AfterFold);
+        let found = scan(&bytes, true, Some(synced));
+        assert_eq!(
+            found.deferred[&8].1,
+            BTreeSet::from([0]),
+            "row 1's record was not flushed"
+        );
+        assert_eq!(found.before_parity[&8], BTreeSet::from([0]));
+        assert_eq!(
+            found.deferred[&9].1,
+            BTreeSet::from([0, 1]),
+            "a fold's mark"
+        );
+        assert!(!found.before_parity.contains_key(&9));
     }
 
     /// A replay reads a stripe's logged blocks in `logged_blocks` order,

@@ -529,6 +529,15 @@ impl ChunkStore {
 
     /// Gives `rows` of `stripe` back what a deferred fold mark ended and
     /// settles the stripe's deferred marks (`rows` empty: they stand).
+    pub(super) fn journal_deferred_rows_before_parity(&self, stripe: u64) -> BTreeSet<u32> {
+        self.journal
+            .lock()
+            .unwrap()
+            .as_ref()
+            .map(|j| j.deferred_rows_before_parity(stripe))
+            .unwrap_or_default()
+    }
+
     pub(super) fn journal_settle_deferred(&self, stripe: u64, rows: &BTreeSet<u32>) {
         if let Some(j) = self.journal.lock().unwrap().as_mut() {
             j.restore_deferred_rows(stripe, rows);
