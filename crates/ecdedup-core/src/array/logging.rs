@@ -126,6 +126,21 @@ impl Array {
         self.sync_journals_with(chosen, |_, store| store.journal_sync(true))
     }
 
+    /// Whether the parity journals' syncs go side by side, a thread each:
+    /// where every chosen device takes it (`Device::side_by_side`: chunks
+    /// across the network, where each journal's sync is a round trip or
+    /// two of its own), and in format 1, whose journals are files of the
+    /// folder, each synced by its own `fdatasync` (a file system commits
+    /// concurrent ones together).
+    fn journal_syncs_side_by_side(&self, journals: &[usize]) -> bool {
+        self.meta.is_none() && journals.len() > 1
+            || journals.iter().all(|&d| {
+                self.stores[d]
+                    .device()
+                    .is_some_and(|dev| dev.side_by_side())
+            })
+    }
+
     /// The journals of the chosen devices, each synced by `sync` (the
     /// first step of a flush: [`Array::sync_journals_and_devices`]), side
     /// by side where every chosen device takes it (`Device::side_by_side`:
@@ -152,11 +167,7 @@ impl Array {
         let journals: Vec<usize> = (0..self.stores.len())
             .filter(|&d| chosen[d] && self.stores[d].has_journal())
             .collect();
-        let parallel = journals.iter().all(|&d| {
-            self.stores[d]
-                .device()
-                .is_some_and(|dev| dev.side_by_side())
-        });
+        let parallel = self.journal_syncs_side_by_side(&journals);
         let synced = super::meta::side_by_side(&journals, parallel, |&d| sync(d, &self.stores[d]));
         let mut first_error = None;
         for (&d, result) in journals.iter().zip(synced) {
