@@ -1833,6 +1833,11 @@ const KNOWN_SEEDS: &[(u64, &str)] = &[
     // Found by the 20,000-seed run of 2026-11-27 (355,000 to 374,999):
     // fails the same on dadd1ad (I/O errors only).
     (360849, "plog: blocks 78 and 81 fail to read after the takeover (3 of 6 units intact)"),
+    // Found by the 20,000-seed run of 2026-11-27 (375,000 to 394,999, at
+    // 0b9972c): fails the same on dadd1ad. Block 84 reads WRONG after the
+    // takeover (neither of its two unflushed writes nor zeroes); not
+    // narrowed (docs/benchmarks.md).
+    (377381, "plog: block 84 reads neither what was written nor what was durable after the takeover"),
 ];
 
 /// As [`KNOWN_SEEDS`] (whose seeds are of the first story: replay them
@@ -1928,6 +1933,14 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     // Found by the 10,000-seed run of 2026-11-27 (345,000 to 354,999, at
     // ee0947c): fails the same on dadd1ad (I/O errors only).
     (349450, "parix beside parix with dedup of parity: blocks 29 and 30 of volume 8 fail to read after the takeover (2 of 6 units intact)"),
+    // Found by the 20,000-seed run of 2026-11-27 (375,000 to 394,999, at
+    // 0b9972c): each fails the same on dadd1ad. 383995 and 393759 read a
+    // block WRONG (a durable block as zeroes; an unflushed one as neither
+    // of its writes); 390793 and 391288 I/O errors. Not narrowed.
+    (383995, "replicate beside plog with dedup of parity: block 3 of volume 8, durable, reads zeroes after the last takeover (WRONG)"),
+    (390793, "plog beside replicate: block 28 of volume 7 fails to read after the takeover (2 of 6 units intact)"),
+    (391288, "rmw beside plog: block 102 of volume 7 fails to read after the last takeover (2 of 6 units intact)"),
+    (393759, "replicate beside parix with dedup of parity: block 24 of volume 8 reads neither of its unflushed writes after the takeover (WRONG)"),
 ];
 
 fn strict() -> bool {

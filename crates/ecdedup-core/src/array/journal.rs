@@ -792,6 +792,20 @@ fn walk(
 /// without those marks ([`ParityJournal::deferred_rows`]), from a second
 /// walk of their records only (none where no such mark was found).
 fn scan(bytes: &[u8], header_crc: bool, marks_until: Option<u64>) -> Scan {
+    scan_with(bytes, header_crc, marks_until, marks_until)
+}
+
+/// [`scan`], with a bad record past `torn_past` taken as a torn tail
+/// ([`walk`]): a format 1 journal's synced length. In format 2 (a
+/// metadata area) a bad record is skipped wherever it lies, as before:
+/// cutting there too changed the cluster simulator's seed 382026 into
+/// every device failed after a takeover (not narrowed).
+fn scan_with(
+    bytes: &[u8],
+    header_crc: bool,
+    marks_until: Option<u64>,
+    torn_past: Option<u64>,
+) -> Scan {
     let deferred_mark = |at: usize, p: &Parsed| {
         p.kind == Kind::Invalidate && marks_until.is_some_and(|synced| (at + p.len) as u64 > synced)
     };
@@ -804,7 +818,7 @@ fn scan(bytes: &[u8], header_crc: bool, marks_until: Option<u64>) -> Scan {
         end: HEADER_BYTES as usize,
     };
     let mut deferred_rows: HashMap<u64, BTreeSet<u32>> = HashMap::new();
-    let end = walk(bytes, header_crc, marks_until, |at, parsed| match parsed {
+    let end = walk(bytes, header_crc, torn_past, |at, parsed| match parsed {
         Ok(p) => {
             out.records += 1;
             index_record(&mut out.index, p, at as u64);
@@ -827,7 +841,7 @@ fn scan(bytes: &[u8], header_crc: bool, marks_until: Option<u64>) -> Scan {
     out.end = end;
     if !deferred_rows.is_empty() {
         let mut unmarked: HashMap<u64, StripeLog> = HashMap::new();
-        walk(bytes, header_crc, marks_until, |at, parsed| {
+        walk(bytes, header_crc, torn_past, |at, parsed| {
             if let Ok(p) = parsed {
                 if deferred_rows.contains_key(&p.stripe) && !deferred_mark(at, p) {
                     index_record(&mut unmarked, p, at as u64);
@@ -930,7 +944,8 @@ impl ParityJournal {
                 (synced, Some(record))
             }
         };
-        let scan = scan(&bytes, header_crc, synced);
+        let torn_past = synced.filter(|_| synced_record.is_some());
+        let scan = scan_with(&bytes, header_crc, synced, torn_past);
         let unsynced_at_open = synced
             .map(|synced| {
                 // The rows a deferred mark may give back count too.
