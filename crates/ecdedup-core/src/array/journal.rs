@@ -179,12 +179,10 @@ pub struct ParityJournal {
     /// Where the next append goes: past every append begun, finished or
     /// not.
     end: u64,
-    /// Appends begun ([`ParityJournal::begin_append`]) and not finished:
-    /// while any is in flight the file is neither cut, emptied nor
-    /// compacted.
-    in_flight: u32,
-    /// Where each append in flight begins: a sync covers the bytes below
-    /// the first of them (those above may not have reached the file).
+    /// Where each append begun ([`ParityJournal::begin_append`]) and
+    /// not finished begins: while any is in flight the file is neither
+    /// cut, emptied nor compacted, and a sync covers the bytes below the
+    /// first of them (those above may not have reached the file).
     in_flight_at: BTreeSet<u64>,
     /// A journal in a file of its own (format 1): the record of its synced
     /// length beside it. None where the storage tells it (format 2).
@@ -964,7 +962,6 @@ impl ParityJournal {
             latched: None,
             path: path.to_owned(),
             end: at as u64,
-            in_flight: 0,
             in_flight_at: BTreeSet::new(),
             synced_record,
             file_epoch: 0,
@@ -1037,7 +1034,6 @@ impl ParityJournal {
             None => Target::File(OwnFile(Arc::clone(&self.file))),
         };
         self.end += records.len() as u64;
-        self.in_flight += 1;
         self.in_flight_at.insert(offset);
         let mut w = JournalWrite {
             journal: self.id,
@@ -1077,7 +1073,6 @@ impl ParityJournal {
         if let Err(e) = outcome {
             return Err(self.fail_append(w, e));
         }
-        self.in_flight -= 1;
         self.in_flight_at.remove(&w.offset);
         let end = w.offset + w.records.len() as u64;
         self.file.placed_written(end);
@@ -1102,11 +1097,10 @@ impl ParityJournal {
     /// until space is reserved again ([`ParityJournal::preallocate`]);
     /// its bytes are cut when no later append was begun.
     fn fail_append(&mut self, w: JournalWrite, e: std::io::Error) -> std::io::Error {
-        debug_assert!(w.journal == self.id && self.in_flight > 0);
-        self.in_flight -= 1;
+        debug_assert!(w.journal == self.id && self.in_flight_at.contains(&w.offset));
         self.in_flight_at.remove(&w.offset);
         self.reserved = false;
-        if self.in_flight == 0 && self.end == w.offset + w.records.len() as u64 {
+        if self.in_flight_at.is_empty() && self.end == w.offset + w.records.len() as u64 {
             let _ = self.file.set_len(w.offset);
             self.end = w.offset;
         }
@@ -1115,7 +1109,7 @@ impl ParityJournal {
 
     /// Whether an append is begun and not finished.
     pub fn appends_in_flight(&self) -> bool {
-        self.in_flight > 0
+        !self.in_flight_at.is_empty()
     }
 
     pub fn has_original(&self, stripe: u64, role: u16, block: u32) -> bool {
@@ -1487,7 +1481,7 @@ impl ParityJournal {
             return Ok(false);
         }
         if self.latched.is_some()
-            || self.in_flight > 0
+            || !self.in_flight_at.is_empty()
             || !self.index.is_empty()
             || (self.end == HEADER_BYTES && self.header_crc)
         {
@@ -1514,7 +1508,10 @@ impl ParityJournal {
         // The deferred marks stand: a compaction keeps only what the index
         // holds, so their records are gone from the file after it.
         self.deferred.clear();
-        assert_eq!(self.in_flight, 0, "compacting under appends in flight");
+        assert!(
+            self.in_flight_at.is_empty(),
+            "compacting under appends in flight"
+        );
         let tmp_path = compact_path(&self.path);
         let tmp = self.storage.create(&tmp_path, true)?;
         let result = self.compact_into(tmp.as_ref());
