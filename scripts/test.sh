@@ -134,6 +134,9 @@ for t in nbdkit fio qemu-img nbdinfo nbdcopy nbdfuse mkfs.ext4; do
   fi
 done
 echo "    nproc: $(nproc)  uid: $(id -u)  CI: ${CI:-unset}"
+# Free space where the build and the tests write: a full disk fails a
+# test at random (an array's create, ENOSPC), and this line says why.
+df -h . "${TMPDIR:-/tmp}" 2>/dev/null | sed 's/^/    /'
 if [ "$(id -u)" -ne 0 ]; then
   echo "warning: not root; the file-system tests (losetup, mount) will fail" >&2
 fi

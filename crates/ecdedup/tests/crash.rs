@@ -99,6 +99,11 @@ fn crash_test(extra_create_args: &[&str], iterations: usize) {
         // Small intent regions: the resync must find exactly the right ones.
         "--intent-region",
         "4M",
+        // Sparse: preallocated, each device's metadata area (a 256 MiB
+        // journal bound among it) took 756 MB, 4.5 GB an array, and two
+        // of these tests side by side filled CI's disk (ENOSPC at create,
+        // 2026-11-27).
+        "--sparse",
     ];
     args.extend_from_slice(extra_create_args);
     let label = if extra_create_args.is_empty() {
