@@ -25,7 +25,9 @@
 //! trip is counted for the purpose of the first frame of its group.
 
 use ecdedup_cluster::ServerId;
-use ecdedup_core::media::remote::{ChunkLink, LinkOp, PendingReply, Purpose, Ready};
+use ecdedup_core::media::remote::{
+    changes_chunk, outcome_unknown, ChunkLink, LinkOp, PendingReply, Purpose, Ready,
+};
 use ecdedup_core::proto::frame::{encode_append, encode_replay, FLAG_FUA};
 use ecdedup_core::proto::{Header, Op, Status, PAYLOAD_BYTES_MAX};
 use ecdedup_transport::Peers;
@@ -535,6 +537,9 @@ pub struct NetLink {
     size: u64,
     /// The server's boot id when the chunk was opened.
     boot_id: u64,
+    /// A request of this link ended without its reply
+    /// ([`ChunkLink::unanswered`]).
+    unanswered: Arc<AtomicBool>,
 }
 
 impl NetLink {
@@ -555,6 +560,7 @@ impl NetLink {
             pg_epoch,
             size,
             boot_id,
+            unanswered: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -623,12 +629,19 @@ struct Frames {
     kind: ReplyKind,
     boot_id: u64,
     what: String,
+    /// The link's flag, for a change (`changes_chunk`).
+    unanswered: Option<Arc<AtomicBool>>,
 }
 
 impl PendingReply for Frames {
     fn wait(self: Box<Self>) -> io::Result<Vec<u8>> {
         let what = &self.what;
-        let replies = self.rxs.into_iter().map(Wire::wait);
+        let unanswered = &self.unanswered;
+        let replies = self.rxs.into_iter().map(Wire::wait).inspect(|r| {
+            if let (Some(flag), true) = (unanswered, r.as_ref().is_err_and(outcome_unknown)) {
+                flag.store(true, SeqCst);
+            }
+        });
         join_replies(replies, self.kind, self.boot_id, &|| what.clone())
     }
 }
@@ -670,6 +683,7 @@ impl ChunkLink for NetLink {
         let w = &self.wire;
         let kind = ReplyKind::of(&op);
         let purpose = Purpose::of(&op);
+        let changes = changes_chunk(&op);
         let (pg_epoch, in_flight) = self.pg_epoch.begin();
         let addr = self.addr();
         let rxs = link_frames(w.volume_id, w.epoch, pg_epoch, self.code, op)
@@ -683,7 +697,12 @@ impl ChunkLink for NetLink {
             kind,
             boot_id: self.boot_id,
             what: format!("server {} ({addr})", self.server),
+            unanswered: changes.then(|| Arc::clone(&self.unanswered)),
         })
+    }
+
+    fn unanswered(&self) -> bool {
+        self.unanswered.load(SeqCst)
     }
 
     fn size(&self) -> u64 {

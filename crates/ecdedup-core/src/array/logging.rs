@@ -970,6 +970,12 @@ impl Array {
                 .collect(),
             false => BTreeSet::new(),
         };
+        // A missing data member that was in service at the stop (lost at
+        // this open): its writes since the last flush were not degraded
+        // writes, and the degraded-write log says nothing of them.
+        let lost_in_service = missing
+            .iter()
+            .any(|&role| !self.failed_before_open[g.place(stripe, role).device]);
         let mut folds = Vec::new();
         let mut rows = std::collections::BTreeSet::new();
         for (j, p) in self.parity_devices(stripe) {
@@ -1104,10 +1110,41 @@ impl Array {
                         .flatten()
                 })
                 .collect();
+            // A parity that changed since the last flush under records
+            // flushed before it, with the missing data member in service at
+            // the stop (so none of its writes was a degraded write), was
+            // changed by what superseded them (a fold, a resync, a
+            // whole-stripe write), whose mark the cut lost: folding them
+            // again is wrong. A spare member cannot tell: a record of a
+            // missing unit, folded twice, moves every parity by the same
+            // update, so the members left stay one codeword and decode the
+            // missing unit as neither its old nor its new bytes (the
+            // cluster simulator's seed 377381, plog: a whole-stripe write's
+            // parity landed, its mark did not, and the flushed delta of the
+            // unit's earlier write was folded over it). Such a row is
+            // logged only where the missing units' entries confirm the
+            // decode; elsewhere it is left unknown (an I/O error, not a
+            // guess). Not where the member was out before (degraded writes
+            // change parity in place under records: seed 1525), nor with a
+            // record appended after the last flush, which the change may
+            // have preceded (seed 351546): there the spare's word stands,
+            // and a lost mark over unflushed records remains a case no rule
+            // here tells (docs/write-hole.md).
+            let refolded_row = refolded.get(row as usize).copied().unwrap_or(false);
+            let confirmed = |shards: &[Vec<u8>]| {
+                !refolded_row
+                    || !lost_in_service
+                    || unsynced.contains(&(row as u32))
+                    || missing.iter().all(|&role| {
+                        let place = g.place(stripe, role);
+                        self.expected_crc(place.device, stripe, g.checksum_index(place.row, row))
+                            == Some(crc32c::crc32c(&shards[role]))
+                    })
+            };
             match self.decode_checked(&shards, &present, &expected) {
                 // In a dirty stripe a decode from exactly k members that
                 // nothing checked may be a mix of old and new: not logged.
-                Some(checked) if checked.vouched || !dirty => {
+                Some(checked) if (checked.vouched || !dirty) && confirmed(&checked.shards) => {
                     let mut shards = checked.shards;
                     shards.truncate(g.k());
                     logged_rows.push((row, shards));
@@ -1126,7 +1163,7 @@ impl Array {
                 _ if dirty
                     && (unsynced.contains(&(row as u32))
                         || torn_before.get(row as usize).copied().unwrap_or(false)
-                        || refolded.get(row as usize).copied().unwrap_or(false)) =>
+                        || refolded_row) =>
                 {
                     unknown_rows += 1;
                     unknowable.push((row, shards, present));

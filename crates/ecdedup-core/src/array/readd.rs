@@ -164,6 +164,21 @@ impl Array {
             path: path.clone(),
             reason,
         };
+        let chunk = Arc::clone(&raw);
+        let unanswered = || {
+            chunk.link().filter(|l| l.unanswered()).map(|l| {
+                dev_err(format!(
+                    "a request to {} went unanswered (it may still land there, after the \
+                     re-add's writes): this writer does not take the shard back; the next \
+                     writer of the volume does, whose epoch the server stores first and which \
+                     refuses that request (docs/cluster.md, \"A request without its reply\")",
+                    l.describe()
+                ))
+            })
+        };
+        if let Some(e) = unanswered() {
+            return Err(e);
+        }
         let sb = read_superblock(raw.as_ref())?;
         super::inspect::check_member(&cfg, d, &sb)?;
         // Its own superblock lists it active, or rebuilding by a re-add
@@ -204,6 +219,14 @@ impl Array {
         // journal, stale since it left: current copies before it serves
         // (a fresh area, unless its dedup maps are kept in it).
         let dev = self.re_add_metadata(d, dev)?;
+        // A request of the steps above that went unanswered (the journal
+        // read, an area write) may land after the writes to come: the
+        // cluster simulator's seed 383995, where the open's zeroing of the
+        // dedup map log's tail, late, erased the records the re-add's
+        // writes logged there, and blocks flushed since read as zeroes.
+        if let Some(e) = unanswered() {
+            return Err(e);
+        }
         self.install_empty_journal(d)?;
         // The member's own table, read from the device once it is in the
         // slot (below); the entries kept while it was out check the

@@ -223,6 +223,34 @@ pub trait ChunkLink: Send + Sync {
     fn side_by_side(&self) -> bool {
         true
     }
+    /// Whether a change (a write, an append, a discard, a fold) sent on
+    /// this link ended without its reply (no reply in time, or the
+    /// connection lost after sending): its frame may still reach the
+    /// server and be applied there later, after anything this writer
+    /// sends since. (A read or a sync landing late changes nothing.) A shard whose link says so is
+    /// not taken back (re-added) by this writer: a writer at a newer
+    /// epoch does, whose epoch the server stores first and which then
+    /// refuses that frame (docs/cluster.md, "A request without its
+    /// reply"). Default: false (a local device).
+    fn unanswered(&self) -> bool {
+        false
+    }
+}
+
+/// Whether `op` changes the chunk, so that landing late it could undo
+/// what was written since ([`ChunkLink::unanswered`]).
+pub fn changes_chunk(op: &LinkOp<'_>) -> bool {
+    !matches!(op, LinkOp::Read { .. } | LinkOp::Sync)
+}
+
+/// Whether an error of a request sent to a chunk leaves its outcome
+/// unknown ([`ChunkLink::unanswered`]): no reply in time, or the
+/// connection lost (a refusal the server answered is not).
+pub fn outcome_unknown(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::TimedOut | io::ErrorKind::NotConnected
+    )
 }
 
 /// The [`Device`] over a [`ChunkLink`].

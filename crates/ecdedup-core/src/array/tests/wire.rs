@@ -37,6 +37,8 @@ struct CountingLink {
     /// Whether the chunk runs a fold (`Replay`); without, it refuses one
     /// as a chunk server that lacks the op does, and nothing is written.
     folds: bool,
+    /// What `ChunkLink::unanswered` says.
+    unanswered: bool,
 }
 
 struct Answered(std::io::Result<Vec<u8>>, Arc<Tally>);
@@ -91,6 +93,10 @@ impl ChunkLink for CountingLink {
     fn side_by_side(&self) -> bool {
         false
     }
+
+    fn unanswered(&self) -> bool {
+        self.unanswered
+    }
 }
 
 /// A parix RS(4,2) array of format 2 over counting links, its volume
@@ -106,10 +112,21 @@ fn parix_over_links_folding(folds: bool) -> (tempfile::TempDir, Array, Arc<Tally
 
 /// A chunk across a counting link over `mem`.
 fn linked(mem: &MemDevice, tally: &Arc<Tally>, folds: bool) -> Arc<dyn Device> {
+    linked_as(mem, tally, folds, false)
+}
+
+/// As [`linked`], the link saying whether a request of it went unanswered.
+fn linked_as(
+    mem: &MemDevice,
+    tally: &Arc<Tally>,
+    folds: bool,
+    unanswered: bool,
+) -> Arc<dyn Device> {
     let link = CountingLink {
         mem: mem.clone(),
         tally: Arc::clone(tally),
         folds,
+        unanswered,
     };
     Arc::new(RemoteDevice::new(Arc::new(link)))
 }
@@ -480,4 +497,47 @@ fn a_fua_write_costs_a_directory_commit_per_grown_journal_it_syncs() {
         eprintln!("{policy:?} FUA write: {grown} round trips ({by:?}); after a flush {flushed} ({by_after:?})");
         assert_eq!((grown, flushed), (grown_trips, after_flush), "{policy:?}");
     }
+}
+
+/// A chunk whose link left a request unanswered is not taken back by this
+/// writer: that request may still land after the re-add's writes (the
+/// cluster simulator's seed 383995: an open's late write erased the dedup
+/// map records a re-add had logged since, and flushed blocks read as
+/// zeroes). Over a link that says so, the re-add is refused before it
+/// writes anything and the shard stays failed; over a fresh one (a writer
+/// at a newer epoch, which the server then enforces), it is taken back.
+#[test]
+fn a_chunk_whose_link_left_a_request_unanswered_is_not_re_added() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = options(6, 4, 2, 8192, 8 * 4 * 8192);
+    opts.metadata = MetadataPlacement::Devices;
+    opts.journal_bytes_max = 4 << 20;
+    let (geo, mems) = format_on_memory(dir.path(), &opts);
+    let tally = Arc::new(Tally::default());
+    let devices = mems
+        .iter()
+        .map(|mem| Some(linked(mem, &tally, true)))
+        .collect();
+    let array = Array::open_with_devices(dir.path(), devices, None).unwrap();
+    let volume = (geo.stripes * geo.stripe_data_bytes()) as usize;
+    array.write(&pattern(5, volume), 0, false).unwrap();
+    array.flush().unwrap();
+    array.fail_device(2).unwrap();
+    array.write(&pattern(6, volume), 0, false).unwrap();
+    array.flush().unwrap();
+    tally.take();
+    let e = array
+        .re_add_device(2, linked_as(&mems[2], &tally, true, true))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("went unanswered"), "{e}");
+    assert_eq!(tally.take().0, vec![], "nothing was sent to the chunk");
+    assert_eq!(array.member_states()[2], MemberState::Failed);
+    array
+        .re_add_device(2, linked_as(&mems[2], &tally, true, false))
+        .unwrap();
+    assert_eq!(array.member_states()[2], MemberState::Active);
+    let mut back = vec![0u8; volume];
+    array.read(&mut back, 0).unwrap();
+    assert_eq!(back, pattern(6, volume));
 }
