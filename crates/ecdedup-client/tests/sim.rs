@@ -1955,17 +1955,11 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     // ee0947c): fails the same on dadd1ad (I/O errors only).
     (349450, "parix beside parix with dedup of parity: blocks 29 and 30 of volume 8 fail to read after the takeover (2 of 6 units intact)"),
     // Found by the 20,000-seed run of 2026-11-27 (375,000 to 394,999, at
-    // 0b9972c): each fails the same on dadd1ad. 393759 reads a block
-    // WRONG: a member failed during a whole-stripe discard (its reply
-    // lost) after the discard's degraded-write record was made, the cut
-    // tore the discard on the members left, and the open took the
-    // missing member for one out before the write (so its rows for
-    // untorn): narrowed 2026-11-27, not fixed. 390793 and 391288: I/O
-    // errors, not narrowed. (377381 and 383995 of the same run are
-    // regression seeds now.)
+    // 0b9972c): each fails the same on dadd1ad; I/O errors, not narrowed.
+    // (377381, 383995 and 393759 of the same run read WRONG: regression
+    // seeds now.)
     (390793, "plog beside replicate: block 28 of volume 7 fails to read after the takeover (2 of 6 units intact)"),
     (391288, "rmw beside plog: block 102 of volume 7 fails to read after the last takeover (2 of 6 units intact)"),
-    (393759, "replicate beside parix with dedup of parity: block 24 of volume 8 reads neither of its unflushed writes after the takeover (WRONG)"),
     // Found by the 20,000-seed run of 2026-11-27 (395,000 to 414,999,
     // the day's fourth session): each fails the same on 82e3b70, before
     // that session's changes (this range was never run before). Not
@@ -2598,6 +2592,14 @@ const REGRESSION_SEEDS: &[u64] = &[127, 144, 551, 910, 1079, 1253, 1460, 1921, 3
 ///   read as zeroes. A chunk whose link left a request unanswered is not
 ///   re-added by that writer (`ChunkLink::unanswered`; unit test
 ///   `a_chunk_whose_link_left_a_request_unanswered_is_not_re_added`).
+/// - 393759 (replicate beside parix with dedup of parity), the same run,
+///   WRONG: a whole-stripe discard's first data member failed (its reply
+///   lost) with only a parity out before, so nothing was logged; the
+///   members after it were discarded degraded and unlogged, the cut tore
+///   them, and the open took the member for one out before the write and
+///   decoded its unit unchecked from old and new members. A member failing
+///   midway now has its zeroes logged before the discards after it (unit
+///   test `a_discard_whose_data_member_fails_midway_logs_its_zeroes_first`).
 const REGRESSION_SHARED_SEEDS: &[u64] = &[
     1, 29, 65, 110, 119, 316, 322, 359, 453, 728, 767, 789, 970, 971, 990, 1116, 1157, 1169, 1220,
     1221, 1603, 1653, 1712, 2111, 2461, 2885, 3029, 3190, 3582, 3586, 3658, 3671, 3790, 3911, 4012,
@@ -2605,6 +2607,7 @@ const REGRESSION_SHARED_SEEDS: &[u64] = &[
     24068, 24526, 24556, 25205, 25676, 26390, 26547, 26664, 27176, 29321, 31025, 33121, 33718,
     35354, 37805, 37817, 45698, 2346, 33331, 80585, 74821, 92254, 28455, 52865, 68227, 78975,
     109578, 90621, 73757, 43529, 111761, 177513, 179428, 183058, 350687, 351546, 377381, 383995,
+    393759,
 ];
 
 #[test]

@@ -751,6 +751,9 @@ impl Array {
 
     fn discard_stripe(&self, stripe: u64) -> Result<()> {
         let g = &self.geo;
+        // Held until every member is discarded: the record of the missing
+        // data units' zeroes made when a member fails midway.
+        let mut _logged = None;
         for role in 0..g.width() {
             let place = g.place(stripe, role);
             let zero_logical = || {
@@ -776,6 +779,18 @@ impl Array {
                 Some(Err(e)) => {
                     self.latch_failure(place.device, "discard", &e);
                     zero_logical();
+                    // The failure synced every device (its superblocks):
+                    // the members discarded so far are durable. Those after
+                    // it are discarded with this one missing, a degraded
+                    // write: its zeroes are logged first, as any degraded
+                    // write's values are. Unlogged, a cut that tore the
+                    // later discards left rows that the open took for
+                    // untorn (the member was out before it), and the
+                    // missing unit decoded unchecked from old and new
+                    // members (the cluster simulator's seed 393759).
+                    if role + 1 < g.width() && role < g.k() {
+                        _logged = self.log_discarded_missing_units(stripe)?;
+                    }
                 }
                 None => zero_logical(),
             }

@@ -1899,3 +1899,32 @@ fn probing_a_superblock_tells_an_unreadable_member_from_a_blank_device() {
     let blank = MemDevice::new("blank", 1 << 20);
     assert!(!probe_superblock(&blank).unwrap());
 }
+
+/// A whole-stripe discard whose data member fails midway goes on with
+/// that member missing: a degraded write, so the missing unit's zeroes
+/// are logged before the members after it are discarded. Unlogged, a cut
+/// that tore those discards left rows the next open took for untorn (the
+/// member was out before it) and decoded the unit unchecked from old and
+/// new members (the cluster simulator's seed 393759).
+#[test]
+fn a_discard_whose_data_member_fails_midway_logs_its_zeroes_first() {
+    let mut rig = Rig::new(6, 4, 2, 4096, 8);
+    let g = rig.a().geo;
+    let volume = (g.stripes * g.stripe_data_bytes()) as usize;
+    rig.write(0, &pattern(3, volume));
+    rig.a().flush().unwrap();
+    let stripe = 2;
+    let place = g.place(stripe, 0);
+    let at = g.device_offset(place.row, 0);
+    *rig.plans[place.device].bad_write_range.lock().unwrap() = Some((at, at + g.unit_bytes()));
+    rig.zero(stripe * g.stripe_data_bytes(), g.stripe_data_bytes());
+    assert_eq!(rig.a().member_states()[place.device], MemberState::Failed);
+    assert!(
+        rig.a()
+            .degraded_log
+            .as_ref()
+            .is_some_and(|l| l.has_stripe(stripe)),
+        "the failed member's zeroes are in the degraded-write log"
+    );
+    rig.assert_matches_model();
+}

@@ -26,7 +26,7 @@ pub struct FaultPlan {
     /// Reads overlapping this byte range fail with EIO (a medium error);
     /// a write overlapping it clears it (the disk remaps the sector).
     pub bad_read_range: Mutex<Option<(u64, u64)>>,
-    /// Writes overlapping this byte range fail with EIO.
+    /// Writes (and discards) overlapping this byte range fail with EIO.
     pub bad_write_range: Mutex<Option<(u64, u64)>>,
     /// Writes overlapping this byte range fail as a request without a
     /// reply does, and are kept in `late_writes` instead of written: the
@@ -150,6 +150,9 @@ impl<D: Device> Device for FaultyDevice<D> {
 
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         self.check_dead()?;
+        if overlaps(&self.plan.bad_write_range, offset, len as usize) {
+            return Err(io::Error::other("injected: bad sector (discard)"));
+        }
         if self.crashed() {
             return Ok(());
         }
