@@ -1969,6 +1969,9 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     (397781, "plog beside parix: block 107 of volume 8, durable, reads zeroes after the takeover (WRONG)"),
     (400534, "parix with dedup beside parix with dedup: blocks 60 and 63 of volume 7 read neither of their writes after the takeover (WRONG)"),
     (402584, "rmw beside plog: blocks 15, 18, 42 of volume 7 fail to read after the last takeover (2 of 6 units intact)"),
+    // Found by the 20,000-seed run of 2026-11-27 (415,000 to 434,999, at
+    // 7fd3765): fails the same on 82e3b70. Not narrowed.
+    (419512, "parix beside rmw with dedup: blocks 55 and 112 of volume 8 fail to read after the last takeover (2 of 6 units intact)"),
 ];
 
 fn strict() -> bool {
