@@ -227,11 +227,11 @@ pub trait ChunkLink: Send + Sync {
     /// this link ended without its reply (no reply in time, or the
     /// connection lost after sending): its frame may still reach the
     /// server and be applied there later, after anything this writer
-    /// sends since. (A read or a sync landing late changes nothing.) A shard whose link says so is
-    /// not taken back (re-added) by this writer: a writer at a newer
-    /// epoch does, whose epoch the server stores first and which then
-    /// refuses that frame (docs/cluster.md, "A request without its
-    /// reply"). Default: false (a local device).
+    /// sends since (a read or a sync landing late changes nothing). A
+    /// shard whose link says so is not taken back (re-added) by this
+    /// writer: a writer at a newer epoch does, whose epoch the server
+    /// stores first and which then refuses that frame (docs/cluster.md,
+    /// "A request without its reply"). Default: false (a local device).
     fn unanswered(&self) -> bool {
         false
     }
