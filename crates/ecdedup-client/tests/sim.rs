@@ -1964,10 +1964,9 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     // the day's fourth session): each fails the same on 82e3b70, before
     // that session's changes (this range was never run before). Not
     // narrowed. (412508 of the same run came from a first version of the
-    // re-add's refusal that counted unanswered reads too; it passes.)
+    // re-add's refusal that counted unanswered reads too; it passes.
+    // 397781 and 400534, which read WRONG, are regression seeds.)
     (396583, "replicate beside rmw: every member of volume 8's PG failed after the takeover (the model allows no such loss)"),
-    (397781, "plog beside parix: block 107 of volume 8, durable, reads zeroes after the takeover (WRONG)"),
-    (400534, "parix with dedup beside parix with dedup: blocks 60 and 63 of volume 7 read neither of their writes after the takeover (WRONG)"),
     (402584, "rmw beside plog: blocks 15, 18, 42 of volume 7 fail to read after the last takeover (2 of 6 units intact)"),
     // Found by the 20,000-seed run of 2026-11-27 (415,000 to 434,999, at
     // 7fd3765): fails the same on 82e3b70. Not narrowed.
@@ -2603,6 +2602,15 @@ const REGRESSION_SEEDS: &[u64] = &[127, 144, 551, 910, 1079, 1253, 1460, 1921, 3
 ///   decoded its unit unchecked from old and new members. A member failing
 ///   midway now has its zeroes logged before the discards after it (unit
 ///   test `a_discard_whose_data_member_fails_midway_logs_its_zeroes_first`).
+/// - 397781 (plog beside parix) and 400534 (parix with dedup beside
+///   parix with dedup), found by the 20,000-seed run of 395,000 to
+///   414,999, both WRONG: a dirty stripe with one data unit out before
+///   the stop (logged in the degraded-write log) and one lost at the open
+///   (its writes known only to the parity journals, whose fold and marks
+///   the cut dropped) was taken for covered by the log, its records
+///   dropped and its parity recomputed without the second unit: a flushed
+///   block read back as zeroes. The log now covers a stripe only where it
+///   holds every missing data unit's value (`Array::resync_stripe`).
 const REGRESSION_SHARED_SEEDS: &[u64] = &[
     1, 29, 65, 110, 119, 316, 322, 359, 453, 728, 767, 789, 970, 971, 990, 1116, 1157, 1169, 1220,
     1221, 1603, 1653, 1712, 2111, 2461, 2885, 3029, 3190, 3582, 3586, 3658, 3671, 3790, 3911, 4012,
@@ -2610,7 +2618,7 @@ const REGRESSION_SHARED_SEEDS: &[u64] = &[
     24068, 24526, 24556, 25205, 25676, 26390, 26547, 26664, 27176, 29321, 31025, 33121, 33718,
     35354, 37805, 37817, 45698, 2346, 33331, 80585, 74821, 92254, 28455, 52865, 68227, 78975,
     109578, 90621, 73757, 43529, 111761, 177513, 179428, 183058, 350687, 351546, 377381, 383995,
-    393759,
+    393759, 397781, 400534,
 ];
 
 #[test]

@@ -132,10 +132,24 @@ impl Array {
         if at_open {
             self.settle_deferred_marks(stripe);
         }
+        // Covered by the degraded-write log: every missing data unit's
+        // value logged, for every row. A log that holds some missing units
+        // and not others (one out before the stop, logged; one lost at
+        // this open, in service at the stop) does not cover the stripe:
+        // the journal's records are then the only account of the other's
+        // writes since the parity was last written. Taken for covered, the
+        // records were dropped and parity recomputed without that unit's
+        // value (the cluster simulator's seed 397781, parix: a fold's
+        // parity write and its mark both lost to a cut, the unit's flushed
+        // block read back as zeroes).
         let logged = || {
-            self.degraded_log
-                .as_ref()
-                .is_some_and(|l| l.has_stripe(stripe))
+            self.degraded_log.as_ref().is_some_and(|l| {
+                l.has_stripe(stripe)
+                    && self.missing_data_roles(stripe).iter().all(|&role| {
+                        (0..g.blocks_per_unit())
+                            .all(|row| matches!(l.value(stripe, role, row), Ok(Some(_))))
+                    })
+            })
         };
         // Whole, or covered by the degraded-write log (newer than any
         // record: a replay cut short may have folded them in already),
