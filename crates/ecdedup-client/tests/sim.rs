@@ -1859,6 +1859,9 @@ const KNOWN_SEEDS: &[(u64, &str)] = &[
     // Found by a 10,000-seed run on a lent 16-core machine, 2026-11-27
     // (seeds 0 to 9,999): fails the same on 82e3b70 (I/O errors only).
     (7481, "plog: block 70 fails to read after the takeover (3 of 6 units intact)"),
+    // Found by the 20,000-seed run of 2026-11-27 (435,000 to 454,999, at
+    // f2ee912): fails the same on 82e3b70 (I/O errors only).
+    (443625, "plog: block 78 fails to read after the takeover (3 of 6 units intact)"),
 ];
 
 /// As [`KNOWN_SEEDS`] (whose seeds are of the first story: replay them
