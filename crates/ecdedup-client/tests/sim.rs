@@ -1968,8 +1968,8 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     // that session's changes (this range was never run before). Not
     // narrowed. (412508 of the same run came from a first version of the
     // re-add's refusal that counted unanswered reads too; it passes.
-    // 397781 and 400534, which read WRONG, are regression seeds.)
-    (396583, "replicate beside rmw: every member of volume 8's PG failed after the takeover (the model allows no such loss)"),
+    // 397781 and 400534, which read WRONG, and 396583 are regression
+    // seeds.)
     (402584, "rmw beside plog: blocks 15, 18, 42 of volume 7 fail to read after the last takeover (2 of 6 units intact)"),
     // Found by the 20,000-seed run of 2026-11-27 (415,000 to 434,999, at
     // 7fd3765): fails the same on 82e3b70. Not narrowed.
@@ -2614,6 +2614,14 @@ const REGRESSION_SEEDS: &[u64] = &[127, 144, 551, 910, 1079, 1253, 1460, 1921, 3
 ///   dropped and its parity recomputed without the second unit: a flushed
 ///   block read back as zeroes. The log now covers a stripe only where it
 ///   holds every missing data unit's value (`Array::resync_stripe`).
+/// - 396583 (replicate beside rmw), the same run: an atomic rewrite of
+///   array.json left its temporary file on one area (a write to it got no
+///   reply); the next re-add filled the new area by opening each mirrored
+///   file on every copy, and every copy without the leftover failed its
+///   device: five devices, the PG unavailable. The fill now reads each
+///   file from the first copy that holds it (`MetaStorage::attach_new`;
+///   unit test
+///   `a_leftover_temporary_file_on_one_area_fails_no_device_when_another_is_attached`).
 const REGRESSION_SHARED_SEEDS: &[u64] = &[
     1, 29, 65, 110, 119, 316, 322, 359, 453, 728, 767, 789, 970, 971, 990, 1116, 1157, 1169, 1220,
     1221, 1603, 1653, 1712, 2111, 2461, 2885, 3029, 3190, 3582, 3586, 3658, 3671, 3790, 3911, 4012,
@@ -2621,7 +2629,7 @@ const REGRESSION_SHARED_SEEDS: &[u64] = &[
     24068, 24526, 24556, 25205, 25676, 26390, 26547, 26664, 27176, 29321, 31025, 33121, 33718,
     35354, 37805, 37817, 45698, 2346, 33331, 80585, 74821, 92254, 28455, 52865, 68227, 78975,
     109578, 90621, 73757, 43529, 111761, 177513, 179428, 183058, 350687, 351546, 377381, 383995,
-    393759, 397781, 400534,
+    393759, 397781, 400534, 396583,
 ];
 
 #[test]

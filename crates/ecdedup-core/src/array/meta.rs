@@ -170,7 +170,19 @@ impl MetaStorage {
         // the new copy.
         let _quiet = self.shared.copy_writes.write().unwrap();
         for name in self.mirrored_names() {
-            let from = self.open_mirror(&name)?;
+            // Read from the first copy that holds the file, not through
+            // `open_mirror`, which fails every copy without it: a
+            // temporary file an atomic rewrite left on one area (its
+            // rename never reached it) then failed every other device in
+            // service at the next re-add (the cluster simulator's seed
+            // 396583: array.json.tmp on one area, five devices failed).
+            let Some(from) = self
+                .copies()
+                .into_iter()
+                .find_map(|(_, a)| a.open_file(&name).ok())
+            else {
+                continue;
+            };
             let len = from.len()?;
             let to = area.create_file(&name, true)?;
             let mut at = 0u64;
@@ -926,6 +938,34 @@ mod tests {
         assert_eq!(
             crate::media::storage::read_all(&m, &path).unwrap(),
             b"Marks"
+        );
+    }
+
+    /// A temporary file an atomic rewrite left on one area only (its
+    /// rename never reached it) is no reason to fail the others when a
+    /// replacement's area is filled: before, the fill opened it as a
+    /// mirrored file, and every copy without it failed its device (the
+    /// cluster simulator's seed 396583: five devices failed at a re-add).
+    #[test]
+    fn a_leftover_temporary_file_on_one_area_fails_no_device_when_another_is_attached() {
+        let (dir, m, devs) = meta(3);
+        let path = dir.path().join("array.json");
+        crate::media::storage::write_atomic(&m, &path, b"config").unwrap();
+        let stale = m
+            .area(0)
+            .unwrap()
+            .create_file("array.json.tmp", true)
+            .unwrap();
+        stale.write_at(b"half", 0).unwrap();
+        stale.sync().unwrap();
+        m.area(0).unwrap().commit().unwrap();
+        m.detach(2);
+        let fresh = Arc::new(AreaFs::format(Arc::clone(&devs[2]), 1 << 20, 4 << 20).unwrap());
+        m.attach_new(2, fresh).unwrap();
+        assert_eq!(m.take_broken(), vec![], "no copy is failed");
+        assert_eq!(
+            crate::media::storage::read_all(&m, &path).unwrap(),
+            b"config"
         );
     }
 
