@@ -1974,6 +1974,10 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     // Found by the 20,000-seed run of 2026-11-27 (415,000 to 434,999, at
     // 7fd3765): fails the same on 82e3b70. Not narrowed.
     (419512, "parix beside rmw with dedup: blocks 55 and 112 of volume 8 fail to read after the last takeover (2 of 6 units intact)"),
+    // Found by the 20,000-seed run of 2026-11-27 (475,000 to 494,999, at
+    // b6efe82): each fails the same on 82e3b70 (I/O errors only).
+    (481191, "plog beside replicate with dedup of parity: block 43 of volume 8 fails to read after the takeover (3 of 6 units intact)"),
+    (488505, "plog beside parix: block 127 of volume 7 fails to read after the takeover (3 of 6 units intact)"),
 ];
 
 fn strict() -> bool {
@@ -2622,6 +2626,11 @@ const REGRESSION_SEEDS: &[u64] = &[127, 144, 551, 910, 1079, 1253, 1460, 1921, 3
 ///   file from the first copy that holds it (`MetaStorage::attach_new`;
 ///   unit test
 ///   `a_leftover_temporary_file_on_one_area_fails_no_device_when_another_is_attached`).
+/// - 475621 (plog beside rmw), the 475,000-494,999 run: the first form of
+///   377381's rule asked the missing unit's entry to confirm the decode,
+///   and an entry unknown (lost with its member) could not: a block never
+///   written read as an I/O error. Only a known entry that contradicts the
+///   decode vetoes it now.
 const REGRESSION_SHARED_SEEDS: &[u64] = &[
     1, 29, 65, 110, 119, 316, 322, 359, 453, 728, 767, 789, 970, 971, 990, 1116, 1157, 1169, 1220,
     1221, 1603, 1653, 1712, 2111, 2461, 2885, 3029, 3190, 3582, 3586, 3658, 3671, 3790, 3911, 4012,
@@ -2629,7 +2638,7 @@ const REGRESSION_SHARED_SEEDS: &[u64] = &[
     24068, 24526, 24556, 25205, 25676, 26390, 26547, 26664, 27176, 29321, 31025, 33121, 33718,
     35354, 37805, 37817, 45698, 2346, 33331, 80585, 74821, 92254, 28455, 52865, 68227, 78975,
     109578, 90621, 73757, 43529, 111761, 177513, 179428, 183058, 350687, 351546, 377381, 383995,
-    393759, 397781, 400534, 396583,
+    393759, 397781, 400534, 396583, 475621,
 ];
 
 #[test]

@@ -1121,10 +1121,13 @@ impl Array {
             // missing unit as neither its old nor its new bytes (the
             // cluster simulator's seed 377381, plog: a whole-stripe write's
             // parity landed, its mark did not, and the flushed delta of the
-            // unit's earlier write was folded over it). Such a row is
-            // logged only where the missing units' entries confirm the
-            // decode; elsewhere it is left unknown (an I/O error, not a
-            // guess). Not where the member was out before (degraded writes
+            // unit's earlier write was folded over it). Such a row is not
+            // logged where a missing unit's known entry contradicts the
+            // decode; it is left unknown (an I/O error, not a guess). An
+            // entry unknown (the member's table lost with it) vetoes
+            // nothing: asking for a confirming entry there turned the
+            // simulator's seed 475621 (a block never written, decoded as
+            // zeroes) into an I/O error. Not where the member was out before (degraded writes
             // change parity in place under records: seed 1525), nor with a
             // record appended after the last flush, which the change may
             // have preceded (seed 351546): there the spare's word stands,
@@ -1138,7 +1141,7 @@ impl Array {
                     || missing.iter().all(|&role| {
                         let place = g.place(stripe, role);
                         self.expected_crc(place.device, stripe, g.checksum_index(place.row, row))
-                            == Some(crc32c::crc32c(&shards[role]))
+                            .is_none_or(|crc| crc == crc32c::crc32c(&shards[role]))
                     })
             };
             match self.decode_checked(&shards, &present, &expected) {
