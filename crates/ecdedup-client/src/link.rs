@@ -636,28 +636,35 @@ struct Frames {
 impl PendingReply for Frames {
     fn wait(self: Box<Self>) -> io::Result<Vec<u8>> {
         let what = &self.what;
-        let unanswered = &self.unanswered;
-        let replies = self.rxs.into_iter().map(Wire::wait).inspect(|r| {
-            if let (Some(flag), true) = (unanswered, r.as_ref().is_err_and(outcome_unknown)) {
-                flag.store(true, SeqCst);
-            }
-        });
-        join_replies(replies, self.kind, self.boot_id, &|| what.clone())
+        let replies = self.rxs.into_iter().map(Wire::wait);
+        join_replies(
+            replies,
+            self.kind,
+            self.boot_id,
+            self.unanswered.as_deref(),
+            &|| what.clone(),
+        )
     }
 }
 
 /// The replies of one operation's frames, in order, each checked with
 /// [`check_boot`], joined: the first error, or the bytes of all (the same
-/// for every link: the network's and the cluster simulator's).
+/// for every link: the network's and the cluster simulator's). A reply
+/// that never came sets `unanswered` (the link's flag, given for a
+/// change: [`ChunkLink::unanswered`]).
 pub fn join_replies(
     replies: impl IntoIterator<Item = io::Result<Vec<u8>>>,
     kind: ReplyKind,
     boot_id: u64,
+    unanswered: Option<&AtomicBool>,
     what: &dyn Fn() -> String,
 ) -> io::Result<Vec<u8>> {
     let mut out = Vec::new();
     let mut first_error = None;
     for reply in replies {
+        if let (Some(flag), true) = (unanswered, reply.as_ref().is_err_and(outcome_unknown)) {
+            flag.store(true, SeqCst);
+        }
         match check_boot(kind, boot_id, reply, what) {
             Ok(bytes) if first_error.is_none() => out.extend_from_slice(&bytes),
             Ok(_) => {}

@@ -736,15 +736,14 @@ impl PendingReply for SimPending {
         let replies = self
             .replies
             .iter()
-            .map(|slot| slot.lock().unwrap().take().expect("handled by the flush"))
-            .inspect(|r| {
-                if let (Some(flag), true) =
-                    (&self.unanswered, r.as_ref().is_err_and(outcome_unknown))
-                {
-                    flag.store(true, SeqCst);
-                }
-            });
-        join_replies(replies, self.kind, self.boot_id, &|| self.what.clone())
+            .map(|slot| slot.lock().unwrap().take().expect("handled by the flush"));
+        join_replies(
+            replies,
+            self.kind,
+            self.boot_id,
+            self.unanswered.as_deref(),
+            &|| self.what.clone(),
+        )
     }
 }
 

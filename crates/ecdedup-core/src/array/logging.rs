@@ -970,12 +970,7 @@ impl Array {
                 .collect(),
             false => BTreeSet::new(),
         };
-        // A missing data member that was in service at the stop (lost at
-        // this open): its writes since the last flush were not degraded
-        // writes, and the degraded-write log says nothing of them.
-        let lost_in_service = missing
-            .iter()
-            .any(|&role| !self.failed_before_open[g.place(stripe, role).device]);
+        let lost_in_service = self.any_in_service_at_stop(stripe, missing);
         let mut folds = Vec::new();
         let mut rows = std::collections::BTreeSet::new();
         for (j, p) in self.parity_devices(stripe) {

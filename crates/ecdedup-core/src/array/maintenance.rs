@@ -315,10 +315,7 @@ impl Array {
     pub(super) fn rows_torn_unlogged(&self, stripe: u64, units: &[Option<Vec<u8>>]) -> Vec<bool> {
         let g = &self.geo;
         let lost_in_service = self.degraded_log.is_none()
-            || (0..g.k()).any(|role| {
-                let d = g.place(stripe, role).device;
-                !self.holds(d, stripe) && !self.failed_before_open[d]
-            });
+            || self.any_in_service_at_stop(stripe, &self.missing_data_roles(stripe));
         (0..g.blocks_per_unit())
             .map(|row| {
                 lost_in_service
@@ -328,6 +325,16 @@ impl Array {
                     })
             })
             .collect()
+    }
+
+    /// Whether any of `roles` of `stripe` (members missing now) was in
+    /// service at the stop: lost at this open, not recorded failed before
+    /// it, so its writes since the last flush were not degraded writes and
+    /// the degraded-write log says nothing of them.
+    pub(super) fn any_in_service_at_stop(&self, stripe: u64, roles: &[usize]) -> bool {
+        roles
+            .iter()
+            .any(|&role| !self.failed_before_open[self.geo.place(stripe, role).device])
     }
 
     /// Per block row of a dirty stripe read for a degraded replay
