@@ -59,7 +59,6 @@ cp "$A/ecdedup" "$A/libecdedup_nbdkit.so" "$WORK/binA/"
 cp "$B/ecdedup" "$B/libecdedup_nbdkit.so" "$WORK/binB/"
 declare -A SIDEBIN=([A]=$WORK/binA/ecdedup [B]=$WORK/binB/ecdedup [C]=$WORK/binA/ecdedup)
 
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
 for s in A B C; do
   BIN=${SIDEBIN[$s]}

@@ -217,6 +217,9 @@ record_peak_rss() {
   done
 }
 
+# A process's CPU time so far (utime + stime), in clock ticks.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
 stats_snapshot() { "$BIN" --dir "${DIR[$1]}" stats >"$2"; }
 
 # A line describing the machine (for the reports).

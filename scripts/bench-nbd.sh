@@ -23,6 +23,8 @@
 #   ecdedup run; device operations per client operation (reads and writes of
 #   data, parity, checksum metadata), and the write path counters, are the
 #   read-modify-write cost, independent of noise.
+# - server CPU per GiB moved: each server's utime + stime over each run, per
+#   GiB fio moved, with its ratio ecdedup/peer and the A/A control's.
 #
 # Environment (defaults in brackets):
 #   PAIRS [5]  RUNTIME [10] seconds  RAMP [2] seconds  SIZE [2G]
@@ -135,15 +137,21 @@ run_one() {
   out=$WORK/fio/$tag.json
   drop_caches
   if [ "${KIND[$s]}" = ecdedup ]; then stats_snapshot "$s" "$WORK/stats/$tag.before.json"; fi
-  local load_before
+  local load_before cpu0="" cpu1=""
   load_before=$(cut -d' ' -f1 /proc/loadavg)
+  # The server's CPU time (utime + stime of its process, in clock ticks)
+  # over the run; none for the raw side, which has no server.
+  [ "${KIND[$s]}" = raw ] || cpu0=$(cpu_ticks "${PID[$s]}")
   # shellcheck disable=SC2046
   fio --name="$job" $(target_opts "$s") --size="$SIZE" \
       $(job_opts "$job") --time_based --runtime="$RUNTIME" --ramp_time="$RAMP" \
       --output-format=json --output="$out" >/dev/null 2>"$WORK/fio/$tag.err" \
     || die "fio $tag failed: $(tail -5 "$WORK/fio/$tag.err")"
+  [ "${KIND[$s]}" = raw ] || cpu1=$(cpu_ticks "${PID[$s]}")
   if [ "${KIND[$s]}" = ecdedup ]; then stats_snapshot "$s" "$WORK/stats/$tag.after.json"; fi
-  echo "$job,$round,$s,${KIND[$s]},$load_before,$(cut -d' ' -f1 /proc/loadavg),$out" >>"$WORK/runs.csv"
+  local cpu_s=""
+  [ -z "$cpu0" ] || cpu_s=$(awk -v a="$cpu0" -v b="$cpu1" -v hz="$(getconf CLK_TCK)" 'BEGIN { printf "%.3f", (b - a) / hz }')
+  echo "$job,$round,$s,${KIND[$s]},$load_before,$(cut -d' ' -f1 /proc/loadavg),$out,$cpu_s" >>"$WORK/runs.csv"
 }
 
 precondition() {
@@ -167,7 +175,7 @@ for s in "${SIDES[@]}"; do precondition "$s"; done
 # The shared side sits in the middle of a round.
 if [ "$CONTROL" = peer ]; then ORDER=(E P C); else ORDER=(P E C); fi
 if [ "${RAW:-0}" = 1 ]; then ORDER+=(R); fi
-echo "job,round,server,kind,load_before,load_after,fio_json" >"$WORK/runs.csv"
+echo "job,round,server,kind,load_before,load_after,fio_json,cpu_s" >"$WORK/runs.csv"
 njobs=$(wc -w <<<"$JOBS")
 nsides=${#ORDER[@]}
 log "running $njobs jobs x $PAIRS rounds x $nsides sides x $((RUNTIME + RAMP)) s (about $((njobs * PAIRS * nsides * (RUNTIME + RAMP + 1) / 60 + 1)) min)"
@@ -207,14 +215,17 @@ def fio_result(path):
     j = json.loads(text[text.index("{"):])["jobs"][0]
     side = j["write"] if j["write"]["io_bytes"] > 0 else j["read"]
     p50 = side.get("clat_ns", {}).get("percentile", {}).get("50.000000", 0) / 1000.0
-    return side["iops"], side["bw_bytes"], side["lat_ns"]["mean"] / 1000.0, p50
+    return side["iops"], side["bw_bytes"], side["lat_ns"]["mean"] / 1000.0, p50, side["io_bytes"]
 
 runs = {}
+cpu = {}  # server CPU seconds over a run (ticks over the whole run, ramp included)
 jobs = []
 for row in csv.DictReader(open(os.path.join(work, "runs.csv"))):
     if row["job"] not in jobs:
         jobs.append(row["job"])
     runs[(row["job"], int(row["round"]), row["server"])] = fio_result(row["fio_json"])
+    if row.get("cpu_s"):
+        cpu[(row["job"], int(row["round"]), row["server"])] = float(row["cpu_s"])
 
 def metric(job, r):
     iops, bw = r[0], r[1]
@@ -252,6 +263,26 @@ for job in jobs:
         raw_cells = f" {statistics.median(w):,.0f} {u} | {spread([a / b for a, b in zip(e, w)])} |"
     label = job if counts[job] == max(counts.values()) else f"{job} ({counts[job]} rounds)"
     print(f"| {label} | {statistics.median(e):,.0f} {u} | {statistics.median(p):,.0f} {u} | {spread(ratio)} | {spread(cratio)} |{raw_cells} {le:,.0f} µs | {p50:,.0f} µs | {lp:,.0f} µs |")
+
+# Server CPU per GiB moved: the server's CPU seconds over the run (ramp
+# included) per GiB fio moved in its measured part (ramp excluded), so the
+# figure is a little high on both sides alike; the ratio is the result.
+if cpu:
+    print(f"\n### Server CPU per GiB moved (utime + stime of the server process over each run; ramp {ramp} s counted in the CPU, not in the bytes)\n")
+    print(f"| job | ecdedup CPU s / GiB (median) | nbdkit file CPU s / GiB (median) | ecdedup/peer: median (min–max) | A/A control {ctrl_label}: median (min–max) | ecdedup cores busy (median) |")
+    print("|---|---|---|---|---|---|")
+    def per_gib(job, r, s):
+        return cpu[(job, r, s)] / (runs[(job, r, s)][4] / 2**30)
+    for job in jobs:
+        rounds = sorted({k[1] for k in runs if k[0] == job})
+        if not all((job, r, s) in cpu and runs[(job, r, s)][4] > 0 for r in rounds for s in ("E", "P", "C")):
+            continue
+        e = [per_gib(job, r, "E") for r in rounds]
+        p = [per_gib(job, r, "P") for r in rounds]
+        c = [per_gib(job, r, "C") for r in rounds]
+        ref = p if ctrl_ref == "P" else e
+        busy = statistics.median(cpu[(job, r, "E")] / (float(runtime) + float(ramp)) for r in rounds)
+        print(f"| {job} | {statistics.median(e):.3f} | {statistics.median(p):.3f} | {spread([a / b for a, b in zip(e, p)])} | {spread([a / b for a, b in zip(c, ref)])} | {busy:.2f} |")
 
 # Deterministic device cost, from `ecdedup stats` deltas over every ecdedup run.
 def load(path):

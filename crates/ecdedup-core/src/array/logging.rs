@@ -133,12 +133,17 @@ impl Array {
     /// folder, each synced by its own `fdatasync` (a file system commits
     /// concurrent ones together).
     fn journal_syncs_side_by_side(&self, journals: &[usize]) -> bool {
-        self.meta.is_none() && journals.len() > 1
-            || journals.iter().all(|&d| {
-                self.stores[d]
-                    .device()
-                    .is_some_and(|dev| dev.side_by_side())
-            })
+        self.meta.is_none() && journals.len() > 1 || self.on_chunks_side_by_side(journals)
+    }
+
+    /// Whether every chosen device takes its work side by side with its
+    /// peers' (`Device::side_by_side`: chunks across the network).
+    fn on_chunks_side_by_side(&self, chosen: &[usize]) -> bool {
+        chosen.iter().all(|&d| {
+            self.stores[d]
+                .device()
+                .is_some_and(|dev| dev.side_by_side())
+        })
     }
 
     /// The journals of the chosen devices, each synced by `sync` (the
@@ -1378,9 +1383,17 @@ impl Array {
             }
         }
         self.flush()?;
-        for d in 0..self.stores.len() {
-            self.reclaim_journal(d);
-        }
+        // Each journal's reclaim (a truncation and a new reservation: a
+        // discard and directory commits, a write and a sync each, several
+        // round trips to a remote chunk) holds that journal's lock, so
+        // partial writes to its stripes wait: side by side on chunks
+        // across the network (format 1's files of the folder, local, in
+        // turn).
+        let journals: Vec<usize> = (0..self.stores.len())
+            .filter(|&d| self.stores[d].has_journal())
+            .collect();
+        let parallel = self.on_chunks_side_by_side(&journals);
+        super::meta::side_by_side(&journals, parallel, |&d| self.reclaim_journal(d));
         match first_error {
             None => Ok(total),
             Some(e) => Err(e),

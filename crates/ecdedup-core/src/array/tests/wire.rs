@@ -19,23 +19,25 @@ struct Tally {
     waiting: AtomicBool,
     /// What `ChunkLink::side_by_side` says for every link of the tally.
     side_by_side: AtomicBool,
-    /// Where syncs meet ([`Tally::arm`]).
-    syncs: Mutex<Meeting>,
+    /// Where operations of one purpose meet ([`Tally::arm`]).
+    meeting: Mutex<Meeting>,
     met: Condvar,
 }
 
-/// The syncs sent while a rendezvous is armed ([`Tally::arm`]).
+/// The operations of one purpose sent while a rendezvous is armed
+/// ([`Tally::arm`]).
 #[derive(Default)]
 struct Meeting {
-    /// The thread that armed it (the flush's caller), or none: disarmed.
-    armed_by: Option<ThreadId>,
-    /// Syncs expected from other threads; once that many have arrived
-    /// none waits.
+    /// The thread that armed it (the flush's caller) and the purpose it
+    /// watches, or none: disarmed.
+    armed: Option<(ThreadId, Purpose)>,
+    /// Operations expected from other threads; once that many have
+    /// arrived none waits.
     expected: usize,
-    /// Syncs that arrived from other threads.
+    /// Operations that arrived from other threads.
     arrived: usize,
     in_flight: usize,
-    /// The most syncs in flight at once.
+    /// The most in flight at once.
     most: usize,
 }
 
@@ -51,28 +53,32 @@ impl Tally {
         (by, self.round_trips.swap(0, Ordering::SeqCst))
     }
 
-    /// From now on each sync sent from a thread other than this one waits
-    /// (10 s at most) for another sync to arrive, or for `expected` to
-    /// have arrived: syncs sent side by side meet, syncs sent one after
-    /// another from this thread never do.
-    fn arm(&self, expected: usize) {
-        *self.syncs.lock().unwrap() = Meeting {
-            armed_by: Some(std::thread::current().id()),
+    /// From now on each operation of `purpose` sent from a thread other
+    /// than this one waits (10 s at most) for another to arrive, or for
+    /// `expected` to have arrived: operations sent side by side meet,
+    /// operations sent one after another from this thread never do.
+    fn arm(&self, purpose: Purpose, expected: usize) {
+        *self.meeting.lock().unwrap() = Meeting {
+            armed: Some((std::thread::current().id(), purpose)),
             expected,
             ..Meeting::default()
         };
     }
 
-    /// Disarms the rendezvous: the most syncs that were in flight at once.
+    /// Disarms the rendezvous: the most operations of its purpose that
+    /// were in flight at once.
     fn disarm(&self) -> usize {
-        std::mem::take(&mut *self.syncs.lock().unwrap()).most
+        std::mem::take(&mut *self.meeting.lock().unwrap()).most
     }
 
-    /// A sync's passage through an armed rendezvous: `op` runs once it
+    /// An operation's passage through the rendezvous: `op` runs once it
     /// may go on.
-    fn sync_meeting<R>(&self, op: impl FnOnce() -> R) -> R {
-        let mut meeting = self.syncs.lock().unwrap();
-        let Some(armed_by) = meeting.armed_by else {
+    fn meet<R>(&self, purpose: Purpose, op: impl FnOnce() -> R) -> R {
+        let mut meeting = self.meeting.lock().unwrap();
+        let Some(armed_by) = meeting
+            .armed
+            .and_then(|(by, p)| (p == purpose).then_some(by))
+        else {
             drop(meeting);
             return op();
         };
@@ -92,7 +98,7 @@ impl Tally {
         }
         drop(meeting);
         let result = op();
-        let mut meeting = self.syncs.lock().unwrap();
+        let mut meeting = self.meeting.lock().unwrap();
         meeting.in_flight = meeting.in_flight.saturating_sub(1);
         result
     }
@@ -142,8 +148,10 @@ impl ChunkLink for CountingLink {
                 std::io::ErrorKind::Unsupported,
                 "Replay is not served by this chunk",
             )),
-            LinkOp::Sync => t.sync_meeting(|| mem.sync()).map(|()| Vec::new()),
-            LinkOp::Discard { offset, len } => mem.discard(offset, len).map(|()| Vec::new()),
+            LinkOp::Sync => t.meet(Purpose::Flush, || mem.sync()).map(|()| Vec::new()),
+            LinkOp::Discard { offset, len } => t
+                .meet(Purpose::Discard, || mem.discard(offset, len))
+                .map(|()| Vec::new()),
         };
         Box::new(Answered(reply, Arc::clone(t)))
     }
@@ -339,6 +347,38 @@ fn a_replay_folds_each_parity_journal_at_its_chunk_in_one_message() {
         trips_after < trips_before,
         "{trips_after} of {trips_before}"
     );
+}
+
+/// A replay gives back the space of the journals it emptied side by side
+/// on chunks that take it (`Device::side_by_side`): each journal's
+/// reclaim (a discard, directory commits) is several round trips to its
+/// chunk, under that journal's lock, so partial writes to its stripes
+/// wait for it; one journal after another, they waited for all. Here
+/// every discard sent from a thread other than the caller's waits for
+/// another to arrive (as the syncs of
+/// `a_flush_and_a_fua_write_sync_the_grown_journals_side_by_side`).
+#[test]
+fn a_replay_reclaims_the_emptied_journals_side_by_side() {
+    let (_dir, array, tally) = parix_over_links();
+    tally.side_by_side.store(true, Ordering::SeqCst);
+    let stripe_bytes = 4 * 8192u64;
+    // A partial write to each of stripes 1 to 6: every chunk's journal
+    // holds records (the parity rotates).
+    for stripe in 1..=6u64 {
+        let at = stripe * stripe_bytes + 4096;
+        array.write(&pattern(80 + stripe, 4096), at, false).unwrap();
+    }
+    tally.arm(Purpose::Discard, 6);
+    array.replay_all(None).unwrap();
+    let most = tally.disarm();
+    eprintln!("discards in flight at once: {most}");
+    assert!(most >= 2, "{most}");
+    assert!(array.journaled_stripes().is_empty());
+    let mut back = vec![0u8; 4096];
+    for stripe in 1..=6u64 {
+        array.read(&mut back, stripe * stripe_bytes + 4096).unwrap();
+        assert_eq!(back, pattern(80 + stripe, 4096), "stripe {stripe}");
+    }
 }
 
 /// The round trips of one flush after `writes` (volume offset, seed) of
@@ -595,11 +635,11 @@ fn a_flush_and_a_fua_write_sync_the_grown_journals_side_by_side() {
             }
         };
         grow(40);
-        tally.arm(6);
+        tally.arm(Purpose::Flush, 6);
         array.flush().unwrap();
         let flushed = tally.disarm();
         grow(60);
-        tally.arm(6);
+        tally.arm(Purpose::Flush, 6);
         array.write(&pattern(70, 4096), 0, true).unwrap();
         let fua = tally.disarm();
         eprintln!("{policy:?}: syncs in flight at once: flush {flushed}, FUA {fua}");
