@@ -57,6 +57,7 @@ bench_make_work() {
 
 declare -A PID SOCK DIR KIND IMG
 STARTED=()
+CGROUPS=()
 # Loop devices attached by loop_attach (LOOP=1), detached at exit.
 LOOPS=()
 
@@ -88,6 +89,7 @@ cleanup() {
   local rc=$? s
   for s in "${STARTED[@]}"; do stop_server "$s"; done
   for s in "${LOOPS[@]}"; do losetup -d "$s" 2>/dev/null || log "warning: could not detach $s"; done
+  for s in "${CGROUPS[@]}"; do rmdir "$s" 2>/dev/null || log "warning: could not remove cgroup $s"; done
   rm -rf "$WORK/loop"
   if [ "${KEEP:-0}" = 1 ] || [ $rc -ne 0 ]; then
     # Keep results, drop the bulky volumes (device files, parity journals, images).
@@ -142,11 +144,41 @@ start_peer() {
   IMG[$s]=$f
   KIND[$s]=peer; DIR[$s]=""; SOCK[$s]=$WORK/$s.sock
   rm -f "${SOCK[$s]}"  # a stale socket would look ready
-  local cache=()
+  local cache=() cg=""
   [ -n "${PEER_CACHE:-}" ] && cache=("cache=$PEER_CACHE")
-  nbdkit --foreground --threads "$THREADS" --unix "${SOCK[$s]}" "$NBDKIT_FILE_PLUGIN" "$f" "${cache[@]}" >"$WORK/$s.log" 2>&1 &
+  if [ -n "${PEER_MEM:-}" ]; then memory_cgroup "$s" "$PEER_MEM"; cg=$MEMCG; fi
+  # In its memory cgroup from its first instruction (PEER_MEM), so every
+  # page of its file it caches counts there.
+  ( if [ -n "$cg" ]; then echo "$BASHPID" >"$cg/cgroup.procs"; fi
+    exec nbdkit --foreground --threads "$THREADS" --unix "${SOCK[$s]}" "$NBDKIT_FILE_PLUGIN" "$f" "${cache[@]}" ) >"$WORK/$s.log" 2>&1 &
   PID[$s]=$!; _note_started "$s"
   wait_ready "$s"
+}
+
+# memory_cgroup S LIMIT: a fresh memory cgroup for server S whose memory,
+# page cache included, is bounded by LIMIT (e.g. 256M): cgroup v2's
+# memory.max where the unified hierarchy has the memory controller, else
+# v1's memory.limit_in_bytes. Its folder in MEMCG; removed at exit. Root.
+memory_cgroup() {
+  local s=$1 limit=$2 root cg
+  if grep -qw memory /sys/fs/cgroup/cgroup.controllers 2>/dev/null; then
+    root=/sys/fs/cgroup
+  elif grep -qw memory /sys/fs/cgroup/unified/cgroup.controllers 2>/dev/null; then
+    root=/sys/fs/cgroup/unified
+  elif [ -d /sys/fs/cgroup/memory ]; then
+    root=/sys/fs/cgroup/memory
+  else
+    die "PEER_MEM: no memory cgroup controller here"
+  fi
+  cg=$root/$BENCH_NAME-$$-$s
+  mkdir "$cg" || die "PEER_MEM: cannot make $cg (root?)"
+  CGROUPS+=("$cg")
+  if [ -e "$cg/memory.max" ]; then
+    echo "$limit" >"$cg/memory.max"
+  else
+    echo "$limit" >"$cg/memory.limit_in_bytes"
+  fi || die "PEER_MEM: cannot set the limit of $cg to $limit"
+  MEMCG=$cg
 }
 
 # start_raw S: no server: fio itself on one preallocated file of SIZE bytes

@@ -30,12 +30,18 @@
 #   PAIRS [5]  RUNTIME [10] seconds  RAMP [2] seconds  SIZE [2G]
 #   THREADS [16] nbdkit worker threads (both sides)
 #   CONTROL [peer] peer | ecdedup
-#   PEER_CACHE []  nbdkit file's cache= option for the peer (none: O_DIRECT,
-#              the fair peer of an array on O_DIRECT devices)
+#   PEER_CACHE []  nbdkit file's cache= option for the peer (none: nbdkit
+#              tries to keep the file out of the page cache; it is not
+#              O_DIRECT, and with nbdkit 1.32 blocks it read are read again
+#              from the page cache, faster than the disk: see PEER_MEM)
 #   RAW=1      a fourth side R: fio itself on one preallocated file of SIZE
 #              (--direct=1 --ioengine=io_uring), the disk's limit in the same
 #              run; reported as ecdedup/raw
 #   DROP_CACHES=1  write back and drop the page cache before every run (root)
+#   PEER_MEM   e.g. 256M: each nbdkit file server in its own memory cgroup
+#              with that bound, its page cache included (root), so its reads
+#              come mostly from the disk: `cache=none` does not bypass the
+#              page cache, and with free memory a 2G image is read from it
 #   LOOP=1     every side on loop devices with direct I/O over preallocated
 #              files (`losetup --direct-io=on`; root): ecdedup's 6 devices,
 #              the peer's file, the raw side's file; O_DIRECT, discard and
@@ -215,7 +221,9 @@ def fio_result(path):
     j = json.loads(text[text.index("{"):])["jobs"][0]
     side = j["write"] if j["write"]["io_bytes"] > 0 else j["read"]
     p50 = side.get("clat_ns", {}).get("percentile", {}).get("50.000000", 0) / 1000.0
-    return side["iops"], side["bw_bytes"], side["lat_ns"]["mean"] / 1000.0, p50, side["io_bytes"]
+    # fio's own CPU seconds over the job (usr + sys, percent of one CPU).
+    fio_cpu = (j["usr_cpu"] + j["sys_cpu"]) / 100.0 * j["job_runtime"] / 1000.0
+    return side["iops"], side["bw_bytes"], side["lat_ns"]["mean"] / 1000.0, p50, side["io_bytes"], fio_cpu
 
 runs = {}
 cpu = {}  # server CPU seconds over a run (ticks over the whole run, ramp included)
@@ -269,8 +277,8 @@ for job in jobs:
 # figure is a little high on both sides alike; the ratio is the result.
 if cpu:
     print(f"\n### Server CPU per GiB moved (utime + stime of the server process over each run; ramp {ramp} s counted in the CPU, not in the bytes)\n")
-    print(f"| job | ecdedup CPU s / GiB (median) | nbdkit file CPU s / GiB (median) | ecdedup/peer: median (min–max) | A/A control {ctrl_label}: median (min–max) | ecdedup cores busy (median) |")
-    print("|---|---|---|---|---|---|")
+    print(f"| job | ecdedup CPU s / GiB (median) | nbdkit file CPU s / GiB (median) | ecdedup/peer: median (min–max) | A/A control {ctrl_label}: median (min–max) | ecdedup cores busy (median) |" + (" raw: fio's own CPU s / GiB (median) |" if raw else ""))
+    print("|---|---|---|---|---|---|" + ("---|" if raw else ""))
     def per_gib(job, r, s):
         return cpu[(job, r, s)] / (runs[(job, r, s)][4] / 2**30)
     for job in jobs:
@@ -282,7 +290,11 @@ if cpu:
         c = [per_gib(job, r, "C") for r in rounds]
         ref = p if ctrl_ref == "P" else e
         busy = statistics.median(cpu[(job, r, "E")] / (float(runtime) + float(ramp)) for r in rounds)
-        print(f"| {job} | {statistics.median(e):.3f} | {statistics.median(p):.3f} | {spread([a / b for a, b in zip(e, p)])} | {spread([a / b for a, b in zip(c, ref)])} | {busy:.2f} |")
+        raw_cpu = ""
+        if raw:
+            w = [runs[(job, r, "R")][5] / (runs[(job, r, "R")][4] / 2**30) for r in rounds]
+            raw_cpu = f" {statistics.median(w):.3f} |"
+        print(f"| {job} | {statistics.median(e):.3f} | {statistics.median(p):.3f} | {spread([a / b for a, b in zip(e, p)])} | {spread([a / b for a, b in zip(c, ref)])} | {busy:.2f} |{raw_cpu}")
 
 # Deterministic device cost, from `ecdedup stats` deltas over every ecdedup run.
 def load(path):
