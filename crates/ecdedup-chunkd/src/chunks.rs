@@ -888,7 +888,7 @@ mod tests {
             block_bytes: 4096,
             rows: vec![Row {
                 parity: 0,
-                expected_crc32c: crc32c::crc32c(&parity),
+                expected_crc32c: ecdedup_core::codec::crc32c(&parity),
                 terms: vec![Term {
                     coefficient: 2,
                     at: 0,
@@ -914,7 +914,7 @@ mod tests {
         let (st, reply) = replay(&payload);
         assert_eq!(st, Status::Ok, "{}", String::from_utf8_lossy(&reply));
         assert_eq!(reply[..8], s.boot_id().to_le_bytes(), "the boot id first");
-        let crc32c = crc32c::crc32c(&folded);
+        let crc32c = ecdedup_core::codec::crc32c(&folded);
         assert_eq!(
             decode_replay_answers(&reply[8..], 1).unwrap(),
             vec![RowAnswer::Folded { crc32c }]

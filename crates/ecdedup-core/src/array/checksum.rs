@@ -62,7 +62,7 @@ pub const CACHE_BYTES_DEFAULT: u64 = 64 << 20;
 pub fn zero_block_crc(block_bytes: usize) -> u32 {
     static ZERO_4K: OnceLock<u32> = OnceLock::new();
     assert_eq!(block_bytes, 4096);
-    *ZERO_4K.get_or_init(|| crc32c::crc32c(&[0u8; 4096]))
+    *ZERO_4K.get_or_init(|| crate::codec::crc32c(&[0u8; 4096]))
 }
 
 /// Where pages that are not resident come from.

@@ -359,7 +359,7 @@ impl Array {
                 continue;
             }
             match crc {
-                Some(c) if crc32c::crc32c(&shards[role]) == *c => vouched = true,
+                Some(c) if crate::codec::crc32c(&shards[role]) == *c => vouched = true,
                 Some(_) => return None,
                 None => {}
             }

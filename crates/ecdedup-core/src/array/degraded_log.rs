@@ -631,7 +631,7 @@ impl super::Array {
                 self.note_logical_crc(
                     place.device,
                     g.checksum_index(place.row, row),
-                    crc32c::crc32c(&data[role]),
+                    crate::codec::crc32c(&data[role]),
                 );
             }
             let mut parity = vec![vec![0u8; block]; g.m()];
@@ -725,7 +725,7 @@ impl super::Array {
                 self.note_logical_crc(
                     place.device,
                     g.checksum_index(place.row, row),
-                    crc32c::crc32c(&shards[role]),
+                    crate::codec::crc32c(&shards[role]),
                 );
             }
             return;
@@ -917,7 +917,7 @@ impl super::Array {
         let g = &self.geo;
         for role in (g.k()..g.width()).filter(|&r| present[r]) {
             let place = g.place(stripe, role);
-            let crc = crc32c::crc32c(&read[role]);
+            let crc = crate::codec::crc32c(&read[role]);
             self.stores[place.device].set_checksum(g.checksum_index(place.row, row), !crc);
         }
     }

@@ -524,7 +524,7 @@ impl Array {
             self.note_logical_crc(
                 place.device,
                 g.checksum_index(place.row, b + j as u64),
-                crc32c::crc32c(chunk),
+                crate::codec::crc32c(chunk),
             );
         }
     }

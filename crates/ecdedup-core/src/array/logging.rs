@@ -513,7 +513,7 @@ impl Array {
                 continue;
             }
             let at = row as usize * block;
-            let crc = crc32c::crc32c(&unit[at..at + block]);
+            let crc = crate::codec::crc32c(&unit[at..at + block]);
             self.stores[p].set_checksum(g.checksum_index(place.row, row), !crc);
         }
     }
@@ -1141,7 +1141,7 @@ impl Array {
                     || missing.iter().all(|&role| {
                         let place = g.place(stripe, role);
                         self.expected_crc(place.device, stripe, g.checksum_index(place.row, row))
-                            .is_none_or(|crc| crc == crc32c::crc32c(&shards[role]))
+                            .is_none_or(|crc| crc == crate::codec::crc32c(&shards[role]))
                     })
             };
             match self.decode_checked(&shards, &present, &expected) {

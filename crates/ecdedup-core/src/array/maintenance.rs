@@ -904,7 +904,7 @@ impl Array {
         let block = g.block() as usize;
         for &b in rows {
             let at = b as usize * block;
-            let crc = crc32c::crc32c(&unit[at..at + block]);
+            let crc = crate::codec::crc32c(&unit[at..at + block]);
             self.stores[place.device].set_checksum(g.checksum_index(place.row, b), !crc);
         }
     }

@@ -418,7 +418,7 @@ impl Array {
         let current = (first..)
             .zip(unit.chunks_exact(g.block() as usize))
             .all(|(index, block)| {
-                self.stores[d].expected_checksum(stripe, index) == Some(crc32c::crc32c(block))
+                self.stores[d].expected_checksum(stripe, index) == Some(crate::codec::crc32c(block))
             });
         if current {
             self.stores[d].record_checksums(first, &unit);

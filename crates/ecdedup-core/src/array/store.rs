@@ -267,7 +267,7 @@ impl ChunkStore {
 
     /// Whether `bytes` (one block) match the checksum of block `index`.
     pub(super) fn block_matches(&self, index: u64, bytes: &[u8]) -> bool {
-        Some(crc32c::crc32c(bytes)) == self.table.get(index)
+        Some(crate::codec::crc32c(bytes)) == self.table.get(index)
     }
 
     /// Whether every block of `bytes` matches its checksum, from block
@@ -281,7 +281,7 @@ impl ChunkStore {
     /// Records the checksums of `bytes`, written from block `first` on.
     pub(super) fn record_checksums(&self, first: u64, bytes: &[u8]) {
         for (index, block) in (first..).zip(bytes.chunks_exact(self.block_bytes)) {
-            self.table.set(index, crc32c::crc32c(block));
+            self.table.set(index, crate::codec::crc32c(block));
         }
     }
 
@@ -293,7 +293,7 @@ impl ChunkStore {
     pub(super) fn resync_checksums(&self, first: u64, bytes: &[u8]) -> u64 {
         let mut changed = 0;
         for (index, block) in (first..).zip(bytes.chunks_exact(self.block_bytes)) {
-            let crc = crc32c::crc32c(block);
+            let crc = crate::codec::crc32c(block);
             let entry = self.table.get(index);
             if entry != Some(crc) && entry != Some(!crc) {
                 changed += 1;

@@ -54,6 +54,37 @@ extern "C" {
         data: *mut u8,
         coding: *mut *mut u8,
     );
+
+    /// CRC-32C (Castagnoli, iSCSI) of `len` bytes (`isa-l/crc.h`), carried
+    /// on from `init_crc`: the register before its final inversion, so
+    /// `!crc32_iscsi(b, n, !0)` is the standard CRC-32C of `b`, and the
+    /// value returned, passed as the next call's `init_crc`, continues it.
+    /// Reads `buffer` only.
+    pub fn crc32_iscsi(buffer: *mut u8, len: c_int, init_crc: u32) -> u32;
+}
+
+/// The standard CRC-32C of `bytes` (the value of `crc32c::crc32c`), by
+/// ISA-L: 1.3 to 1.4 times the `crc32c` crate's speed on 4 KiB blocks on
+/// an AVX-512 machine, 2.4 times on 32 KiB (docs/benchmarks.md, "CRC-32C
+/// of a block: ISA-L against the crc32c crate"); the block checksums of
+/// the hot path go through it.
+pub fn crc32c(bytes: &[u8]) -> u32 {
+    const PIECE: usize = 1 << 30;
+    let mut register = !0u32;
+    for piece in bytes.chunks(PIECE) {
+        // SAFETY: ISA-L reads `piece.len()` bytes from the pointer and
+        // writes nothing through it (the prototype's pointer is not
+        // const); the length fits a C int (1 GiB pieces).
+        register = unsafe {
+            crc32_iscsi(
+                piece.as_ptr() as *mut u8,
+                c_int_of("crc length", piece.len()),
+                register,
+            )
+        };
+    }
+    clear_upper_vector_state();
+    !register
 }
 
 /// Bytes of ISA-L multiplication tables per (output row, source) coefficient.

@@ -14,6 +14,8 @@
 
 mod isal;
 pub mod scalar;
+
+pub use isal::crc32c;
 #[cfg(test)]
 mod tests;
 

@@ -378,3 +378,28 @@ fn update_panics_on_a_data_index_past_k() {
     let mut parity = [vec![0u8; 64]];
     codec.update(2, &[0u8; 64], &mut muts(&mut parity));
 }
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// ISA-L's CRC-32C is the `crc32c` crate's, at any length and
+    /// alignment (the block checksums on disk do not change with it).
+    #[test]
+    fn isal_crc32c_matches_the_crc32c_crate(
+        seed in any::<u64>(), len in 0usize..70_000, skip in 0usize..64,
+    ) {
+        let bytes = &random_shards(seed, 1, len + skip)[0][skip..];
+        prop_assert_eq!(super::crc32c(bytes), crc32c::crc32c(bytes));
+    }
+}
+
+#[test]
+fn isal_crc32c_of_known_values() {
+    // RFC 3720, B.4: 32 bytes of zeroes, of 0xff, and 0..=31.
+    assert_eq!(super::crc32c(&[0u8; 32]), 0x8a91_36aa);
+    assert_eq!(super::crc32c(&[0xffu8; 32]), 0x62a8_ab43);
+    let ascending: Vec<u8> = (0..32).collect();
+    assert_eq!(super::crc32c(&ascending), 0x46dd_794e);
+    assert_eq!(super::crc32c(&[]), 0);
+    assert_eq!(super::crc32c(&[0u8; 4096]), crc32c::crc32c(&[0u8; 4096]));
+}

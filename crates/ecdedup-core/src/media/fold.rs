@@ -203,7 +203,7 @@ pub fn run(dev: &dyn Device, fold: &Fold, fua: bool) -> io::Result<Vec<RowAnswer
         .map(|((r, buf), row)| match r {
             Err(_) => Some(RowAnswer::Unreadable),
             Ok(()) => {
-                let crc32c = crc32c::crc32c(buf);
+                let crc32c = crate::codec::crc32c(buf);
                 (crc32c != row.expected_crc32c).then_some(RowAnswer::Mismatch { crc32c })
             }
         })
@@ -283,7 +283,7 @@ pub fn run(dev: &dyn Device, fold: &Fold, fua: bool) -> io::Result<Vec<RowAnswer
     }
     for i in folded {
         answers[i] = Some(RowAnswer::Folded {
-            crc32c: crc32c::crc32c(&parity[i]),
+            crc32c: crate::codec::crc32c(&parity[i]),
         });
     }
     Ok(answers

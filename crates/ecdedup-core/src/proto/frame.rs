@@ -591,7 +591,7 @@ fn payload_crc(payload: &[u8]) -> u32 {
     if payload.is_empty() {
         0
     } else {
-        crc32c::crc32c(payload)
+        crate::codec::crc32c(payload)
     }
 }
 
