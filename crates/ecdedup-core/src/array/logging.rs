@@ -138,7 +138,7 @@ impl Array {
 
     /// Whether every chosen device takes its work side by side with its
     /// peers' (`Device::side_by_side`: chunks across the network).
-    fn on_chunks_side_by_side(&self, chosen: &[usize]) -> bool {
+    pub(super) fn on_chunks_side_by_side(&self, chosen: &[usize]) -> bool {
         chosen.iter().all(|&d| {
             self.stores[d]
                 .device()

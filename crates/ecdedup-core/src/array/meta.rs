@@ -635,7 +635,9 @@ impl MirrorFile {
 /// `op` on each of `items`, a scoped thread each where there are several
 /// and `parallel` (their devices take it: [`AreaFs::side_by_side`],
 /// `Device::side_by_side`), else in turn; the results in `items`' order.
-/// A panic in `op` is raised again here.
+/// Each thread's operations count for the caller's purpose
+/// (`remote::within`: a replay's appends are the replay's). A panic in
+/// `op` is raised again here.
 pub(super) fn side_by_side<T: Sync, R: Send>(
     items: &[T],
     parallel: bool,
@@ -645,8 +647,14 @@ pub(super) fn side_by_side<T: Sync, R: Send>(
         return items.iter().map(op).collect();
     }
     let op = &op;
+    let scope = crate::media::remote::current_scope();
+    let run = move |c: &T| match scope {
+        Some(scope) => crate::media::remote::within(scope, || op(c)),
+        None => op(c),
+    };
+    let run = &run;
     std::thread::scope(|s| {
-        let running: Vec<_> = items.iter().map(|c| s.spawn(move || op(c))).collect();
+        let running: Vec<_> = items.iter().map(|c| s.spawn(move || run(c))).collect();
         running
             .into_iter()
             .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))

@@ -109,6 +109,9 @@ impl Array {
         self.submit(&mut reqs);
         drop(held);
         let mut replies = reqs.into_iter().zip(owner);
+        // Units whose every row folded: (index, device, records), their
+        // records dropped below.
+        let mut folded = Vec::new();
         for (i, plan) in plans.into_iter().enumerate() {
             let Some(plan) = plan else { continue };
             let p = parity[i].1;
@@ -152,10 +155,8 @@ impl Array {
                     if rows_left.len() == all_rows {
                         DeviceFold::NotTried
                     } else if rows_left.is_empty() {
-                        match self.drop_folded_records(stripe, p, records) {
-                            Ok(()) => DeviceFold::Done,
-                            Err(e) => DeviceFold::Failed(e),
-                        }
+                        folded.push((i, p, records));
+                        DeviceFold::Done
                     } else {
                         DeviceFold::RowsLeft {
                             rows: rows_left,
@@ -164,6 +165,19 @@ impl Array {
                     }
                 }
             };
+        }
+        // Each journal's invalidation is an append of its own (a round
+        // trip to its chunk): side by side where the chunks take it, as a
+        // flush's journal syncs, not one parity after another.
+        let devices: Vec<usize> = folded.iter().map(|&(_, p, _)| p).collect();
+        let parallel = self.on_chunks_side_by_side(&devices);
+        let dropped = super::meta::side_by_side(&folded, parallel, |&(_, p, records)| {
+            self.drop_folded_records(stripe, p, records)
+        });
+        for (&(i, _, _), result) in folded.iter().zip(dropped) {
+            if let Err(e) = result {
+                out[i] = DeviceFold::Failed(e);
+            }
         }
         out
     }

@@ -194,6 +194,12 @@ pub fn within<T>(scope: Scope, f: impl FnOnce() -> T) -> T {
     f()
 }
 
+/// The stretch this thread is in, if any: what a thread it starts for
+/// a part of the same work runs [`within`] too.
+pub fn current_scope() -> Option<Scope> {
+    SCOPE.with(Cell::get)
+}
+
 /// The reply to one operation, waited for once.
 pub trait PendingReply: Send {
     /// Blocks until the reply: a read's bytes, empty for the other ops.

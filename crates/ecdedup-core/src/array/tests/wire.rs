@@ -130,9 +130,10 @@ impl ChunkLink for CountingLink {
             t.round_trips.fetch_add(1, Ordering::SeqCst);
             t.round_trip_purposes.lock().unwrap().push(Purpose::of(&op));
         }
-        t.sent.lock().unwrap().push(Purpose::of(&op));
+        let purpose = Purpose::of(&op);
+        t.sent.lock().unwrap().push(purpose);
         let mem = &self.mem;
-        let reply = match op {
+        let reply = t.meet(purpose, || match op {
             LinkOp::Read { offset, len } => {
                 let mut buf = vec![0u8; len];
                 mem.read_at(&mut buf, offset).map(|()| buf)
@@ -148,11 +149,9 @@ impl ChunkLink for CountingLink {
                 std::io::ErrorKind::Unsupported,
                 "Replay is not served by this chunk",
             )),
-            LinkOp::Sync => t.meet(Purpose::Flush, || mem.sync()).map(|()| Vec::new()),
-            LinkOp::Discard { offset, len } => t
-                .meet(Purpose::Discard, || mem.discard(offset, len))
-                .map(|()| Vec::new()),
-        };
+            LinkOp::Sync => mem.sync().map(|()| Vec::new()),
+            LinkOp::Discard { offset, len } => mem.discard(offset, len).map(|()| Vec::new()),
+        });
         Box::new(Answered(reply, Arc::clone(t)))
     }
 
@@ -368,16 +367,69 @@ fn a_replay_reclaims_the_emptied_journals_side_by_side() {
         let at = stripe * stripe_bytes + 4096;
         array.write(&pattern(80 + stripe, 4096), at, false).unwrap();
     }
+    tally.take();
     tally.arm(Purpose::Discard, 6);
     array.replay_all(None).unwrap();
     let most = tally.disarm();
-    eprintln!("discards in flight at once: {most}");
+    let (by, _) = tally.take();
+    eprintln!("discards in flight at once: {most}; {by:?}");
     assert!(most >= 2, "{most}");
+    // The threads' operations count as the replay's, as the caller's do.
+    let of = |p| by.iter().find(|(q, _)| *q == p).map_or(0, |(_, n)| *n);
+    let others = [Purpose::JournalAppend, Purpose::Metadata, Purpose::Write];
+    assert_eq!(others.map(of), [0, 0, 0], "{by:?}");
+    assert!(of(Purpose::ReplayWrite) > 0, "{by:?}");
     assert!(array.journaled_stripes().is_empty());
     let mut back = vec![0u8; 4096];
     for stripe in 1..=6u64 {
         array.read(&mut back, stripe * stripe_bytes + 4096).unwrap();
         assert_eq!(back, pattern(80 + stripe, 4096), "stripe {stripe}");
+    }
+}
+
+/// A stripe's replay drops the records each parity chunk folded with an
+/// invalidation appended to that chunk's journal, one round trip each:
+/// side by side on chunks that take it, so a stripe's replay takes the
+/// fold's round trip and one more, not one per parity. Counted one
+/// sender at a time (as `replay_one_stripe`), the appends follow the
+/// fold; here each from a thread other than the caller's waits for
+/// another (as the syncs of
+/// `a_flush_and_a_fua_write_sync_the_grown_journals_side_by_side`).
+#[test]
+fn a_stripes_replay_invalidates_its_parity_journals_side_by_side() {
+    let (_dir, array, tally) = parix_over_links();
+    tally.side_by_side.store(true, Ordering::SeqCst);
+    for round in 0..2u64 {
+        for b in 0..4u64 {
+            array
+                .write(&pattern(90 + round * 4 + b, 4096), b * 8192, false)
+                .unwrap();
+        }
+    }
+    tally.take();
+    tally.arm(Purpose::ReplayWrite, 2);
+    array.replay_stripe(0).unwrap();
+    let most = tally.disarm();
+    let (by, _) = tally.take();
+    eprintln!("appends in flight at once: {most}; {by:?}");
+    let of = |p| by.iter().find(|(q, _)| *q == p).map_or(0, |(_, n)| *n);
+    assert_eq!(
+        of(Purpose::ReplayFold),
+        2,
+        "folded at both parity chunks: {by:?}"
+    );
+    // The threads' appends count as the replay's, as the caller's do.
+    assert_eq!(
+        of(Purpose::ReplayWrite),
+        2,
+        "one invalidation per journal: {by:?}"
+    );
+    assert_eq!(most, 2, "{by:?}");
+    assert!(array.journaled_stripes().is_empty());
+    for b in 0..4u64 {
+        let mut back = vec![0u8; 4096];
+        array.read(&mut back, b * 8192).unwrap();
+        assert_eq!(back, pattern(94 + b, 4096));
     }
 }
 
