@@ -64,10 +64,10 @@ extern "C" {
 }
 
 /// The standard CRC-32C of `bytes` (the value of `crc32c::crc32c`), by
-/// ISA-L: 1.3 to 1.4 times the `crc32c` crate's speed on 4 KiB blocks on
-/// an AVX-512 machine, 2.4 times on 32 KiB (docs/benchmarks.md, "CRC-32C
-/// of a block: ISA-L against the crc32c crate"); the block checksums of
-/// the hot path go through it.
+/// ISA-L: 2.2 times the `crc32c` crate's speed on 4 KiB blocks in cache
+/// on an AVX-512 machine (1.4 times out of cache), the block checksums
+/// of the data path go through it (docs/benchmarks.md, "Cut: the block
+/// checksums by ISA-L"; `cargo bench -p ecdedup-core --bench codec`).
 pub fn crc32c(bytes: &[u8]) -> u32 {
     const PIECE: usize = 1 << 30;
     let mut register = !0u32;
