@@ -1977,6 +1977,9 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     // b6efe82): each fails the same on 82e3b70 (I/O errors only).
     (481191, "plog beside replicate with dedup of parity: block 43 of volume 8 fails to read after the takeover (3 of 6 units intact)"),
     (488505, "plog beside parix: block 127 of volume 7 fails to read after the takeover (3 of 6 units intact)"),
+    // Found by the 20,000-seed run of 2026-11-27 (505,000 to 524,999, at
+    // 2a533b9): fails the same on 82e3b70 (I/O errors only).
+    (521235, "replicate beside plog: blocks 28 and 31 of volume 8 fail to read after the takeover (2 of 6 units intact)"),
 ];
 
 fn strict() -> bool {
