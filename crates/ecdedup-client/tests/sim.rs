@@ -1980,6 +1980,9 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     // Found by the 20,000-seed run of 2026-11-27 (505,000 to 524,999, at
     // 2a533b9): fails the same on 82e3b70 (I/O errors only).
     (521235, "replicate beside plog: blocks 28 and 31 of volume 8 fail to read after the takeover (2 of 6 units intact)"),
+    // Found by the 10,000-seed run of 2026-11-27 (525,000 to 534,999, at
+    // 4a42f0c): fails the same on 82e3b70 (I/O errors only).
+    (531565, "parix beside plog: blocks 6, 9, 105 of volume 8 fail to read after the last takeover (2 of 6 units intact)"),
 ];
 
 fn strict() -> bool {
