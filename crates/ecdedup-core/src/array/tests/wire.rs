@@ -54,9 +54,10 @@ impl Tally {
     }
 
     /// From now on each operation of `purpose` sent from a thread other
-    /// than this one waits (10 s at most) for another to arrive, or for
-    /// `expected` to have arrived: operations sent side by side meet,
-    /// operations sent one after another from this thread never do.
+    /// than this one waits (30 s at most: a loaded machine may start a
+    /// thread late) for another to arrive, or for `expected` to have
+    /// arrived: operations sent side by side meet, operations sent one
+    /// after another from this thread never do.
     fn arm(&self, purpose: Purpose, expected: usize) {
         *self.meeting.lock().unwrap() = Meeting {
             armed: Some((std::thread::current().id(), purpose)),
@@ -90,7 +91,7 @@ impl Tally {
             let mine = meeting.arrived;
             meeting = self
                 .met
-                .wait_timeout_while(meeting, std::time::Duration::from_secs(10), |m| {
+                .wait_timeout_while(meeting, std::time::Duration::from_secs(30), |m| {
                     m.arrived == mine && m.arrived < m.expected
                 })
                 .unwrap()
