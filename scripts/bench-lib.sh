@@ -160,16 +160,17 @@ start_peer() {
 # memory.max where the unified hierarchy has the memory controller, else
 # v1's memory.limit_in_bytes. Its folder in MEMCG; removed at exit. Root.
 memory_cgroup() {
-  local s=$1 limit=$2 root cg
-  if grep -qw memory /sys/fs/cgroup/cgroup.controllers 2>/dev/null; then
-    root=/sys/fs/cgroup
-  elif grep -qw memory /sys/fs/cgroup/unified/cgroup.controllers 2>/dev/null; then
-    root=/sys/fs/cgroup/unified
-  elif [ -d /sys/fs/cgroup/memory ]; then
-    root=/sys/fs/cgroup/memory
-  else
-    die "PEER_MEM: no memory cgroup controller here"
-  fi
+  local s=$1 limit=$2 root="" cg v2
+  # cgroup v2 where its root offers the memory controller to children
+  # (enabled here if it is not yet), else v1's memory hierarchy.
+  for v2 in /sys/fs/cgroup /sys/fs/cgroup/unified; do
+    grep -qw memory "$v2/cgroup.controllers" 2>/dev/null || continue
+    grep -qw memory "$v2/cgroup.subtree_control" 2>/dev/null \
+      || echo +memory >"$v2/cgroup.subtree_control" 2>/dev/null || continue
+    root=$v2; break
+  done
+  if [ -z "$root" ] && [ -d /sys/fs/cgroup/memory ]; then root=/sys/fs/cgroup/memory; fi
+  [ -n "$root" ] || die "PEER_MEM: no memory cgroup controller here"
   cg=$root/$BENCH_NAME-$$-$s
   mkdir "$cg" || die "PEER_MEM: cannot make $cg (root?)"
   CGROUPS+=("$cg")
