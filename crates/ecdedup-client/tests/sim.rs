@@ -1983,6 +1983,14 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     // Found by the 10,000-seed run of 2026-11-27 (525,000 to 534,999, at
     // 4a42f0c): fails the same on 82e3b70 (I/O errors only).
     (531565, "parix beside plog: blocks 6, 9, 105 of volume 8 fail to read after the last takeover (2 of 6 units intact)"),
+    // Found by the 20,000-seed run of 2026-11-28 (535,000 to 554,999, at
+    // fb24b6b): each fails the same on 82e3b70 (I/O errors only; every
+    // one with a plog volume, 2 of 6 units intact after a takeover, as
+    // 521235 and 531565).
+    (536966, "plog beside parix: blocks 89 and 90 of volume 8 fail to read after the takeovers (2 of 6 units intact)"),
+    (539617, "plog beside parix, both with dedup of parity: blocks 5 and 6 of volume 7 fail to read after the takeover (2 of 6 units intact)"),
+    (541935, "plog beside replicate with dedup of parity: blocks 65 and 66 of volume 8 fail to read after the takeover (2 of 6 units intact)"),
+    (550149, "plog beside replicate: blocks 23 and 119 of volume 7 fail to read after the last takeover (2 of 6 units intact)"),
 ];
 
 fn strict() -> bool {
