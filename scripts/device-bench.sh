@@ -295,6 +295,13 @@ CR=${CL_ROUNDS:-5}; CT=${CL_RUNTIME:-3}; CREG=${CL_REGION:-32M}; CJMAX=${CL_JOUR
 avail_gib=$(df -Pk "$WORK_ROOT" | awk 'NR == 2 {print int($4 / 1048576)}')
 JMAX=${JOURNAL_MAX:-$([ "${avail_gib:-0}" -ge 24 ] && echo 2048M || echo 1024M)}
 STEPS=(cluster nbd-core policies-core nbd-rest policies-qd1)
+# The nbdkit file peer's page cache bounded (bench-nbd.sh PEER_MEM, since
+# 2026-11-28: unbounded, it read its image from memory, faster than the
+# disk) where this machine has a memory cgroup controller; unbounded where
+# not (PEER_MEM= forces that).
+PMEM=${PEER_MEM-$( { grep -qw memory /sys/fs/cgroup/cgroup.controllers \
+  || grep -qw memory /sys/fs/cgroup/unified/cgroup.controllers \
+  || [ -d /sys/fs/cgroup/memory ]; } 2>/dev/null && echo 256M)}
 declare -A OPTIONAL FIXED PER ROUNDS_VAR ROUNDS_MAX ENVS SHOWN SCRIPT
 def() { # def NAME OPTIONAL FIXED_S PER_ROUND_S ROUNDS_VAR ROUNDS_MAX SCRIPT ENV...
   local n=$1
@@ -310,13 +317,13 @@ def cluster 0 60 $((6 * CT + 24)) ROUNDS "$CR" bench-cluster.sh \
   RUNTIME="$CT" REGION="$CREG" JOURNAL_MAX="$CJMAX" IO=direct
 # 2 jobs x 4 sides (E P C R) per round; 4 volumes preconditioned.
 def nbd-core 0 20 $((8 * (R + RAMP) + 4)) PAIRS "$P" bench-nbd.sh \
-  JOBS="seqwrite-1m-qd8 randwrite-qd32" RAW=1 PEER_CACHE=none DROP_CACHES=$DROP RUNTIME="$R" RAMP="$RAMP" SIZE="$SIZE"
+  JOBS="seqwrite-1m-qd8 randwrite-qd32" RAW=1 PEER_CACHE=none PEER_MEM="$PMEM" DROP_CACHES=$DROP RUNTIME="$R" RAMP="$RAMP" SIZE="$SIZE"
 # 4 servers per round, each a warm pass, the run and a settle (parix's replay).
 def policies-core 0 5 $((4 * R + 12)) PAIRS "$P" bench-policies.sh \
   JOBS=ow-qd32 SERVERS="R X T C" CONTROL=rmw FW_QD1_SIZE=32M FW_QD32_SIZE=64M JOURNAL_MAX="$JMAX" \
   PEER_CACHE=none DROP_CACHES=$DROP RUNTIME="$R"
 def nbd-rest 1 20 $((16 * (R + RAMP) + 8)) PAIRS "$P" bench-nbd.sh \
-  JOBS="seqread-1m-qd8 randread-qd1 randread-qd32 randwrite-qd1" RAW=1 PEER_CACHE=none DROP_CACHES=$DROP \
+  JOBS="seqread-1m-qd8 randread-qd1 randread-qd32 randwrite-qd1" RAW=1 PEER_CACHE=none PEER_MEM="$PMEM" DROP_CACHES=$DROP \
   RUNTIME="$R" RAMP="$RAMP" SIZE="$SIZE"
 def policies-qd1 1 5 $((4 * R + 10)) PAIRS "$P" bench-policies.sh \
   JOBS=ow-qd1 SERVERS="R X T C" CONTROL=rmw FW_QD1_SIZE=32M FW_QD32_SIZE=64M JOURNAL_MAX="$JMAX" \
