@@ -30,10 +30,8 @@
 #   PAIRS [5]  RUNTIME [10] seconds  RAMP [2] seconds  SIZE [2G]
 #   THREADS [16] nbdkit worker threads (both sides)
 #   CONTROL [peer] peer | ecdedup
-#   PEER_CACHE []  nbdkit file's cache= option for the peer (none: nbdkit
-#              tries to keep the file out of the page cache; it is not
-#              O_DIRECT, and with nbdkit 1.32 blocks it read are read again
-#              from the page cache, faster than the disk: see PEER_MEM)
+#   PEER_CACHE []  nbdkit file's cache= option for the peer (none is not
+#              O_DIRECT: see PEER_MEM)
 #   RAW=1      a fourth side R: fio itself on one preallocated file of SIZE
 #              (--direct=1 --ioengine=io_uring), the disk's limit in the same
 #              run; reported as ecdedup/raw

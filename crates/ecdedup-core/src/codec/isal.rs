@@ -65,7 +65,7 @@ extern "C" {
 
 /// The standard CRC-32C of `bytes` (the value of `crc32c::crc32c`), by
 /// ISA-L: 2.2 times the `crc32c` crate's speed on 4 KiB blocks in cache
-/// on an AVX-512 machine (1.4 times out of cache), the block checksums
+/// on an AVX-512 machine (1.7 times out of cache), the block checksums
 /// of the data path go through it (docs/benchmarks.md, "Cut: the block
 /// checksums by ISA-L"; `cargo bench -p ecdedup-core --bench codec`).
 pub fn crc32c(bytes: &[u8]) -> u32 {

@@ -361,13 +361,7 @@ fn a_replay_folds_each_parity_journal_at_its_chunk_in_one_message() {
 fn a_replay_reclaims_the_emptied_journals_side_by_side() {
     let (_dir, array, tally) = parix_over_links();
     tally.side_by_side.store(true, Ordering::SeqCst);
-    let stripe_bytes = 4 * 8192u64;
-    // A partial write to each of stripes 1 to 6: every chunk's journal
-    // holds records (the parity rotates).
-    for stripe in 1..=6u64 {
-        let at = stripe * stripe_bytes + 4096;
-        array.write(&pattern(80 + stripe, 4096), at, false).unwrap();
-    }
+    grow_every_journal(&array, 80);
     tally.take();
     tally.arm(Purpose::Discard, 6);
     array.replay_all(None).unwrap();
@@ -381,11 +375,7 @@ fn a_replay_reclaims_the_emptied_journals_side_by_side() {
     assert_eq!(others.map(of), [0, 0, 0], "{by:?}");
     assert!(of(Purpose::ReplayWrite) > 0, "{by:?}");
     assert!(array.journaled_stripes().is_empty());
-    let mut back = vec![0u8; 4096];
-    for stripe in 1..=6u64 {
-        array.read(&mut back, stripe * stripe_bytes + 4096).unwrap();
-        assert_eq!(back, pattern(80 + stripe, 4096), "stripe {stripe}");
-    }
+    assert_grown_reads_back(&array, 80, "replayed");
 }
 
 /// A stripe's replay drops the records each parity chunk folded with an
@@ -431,6 +421,31 @@ fn a_stripes_replay_invalidates_its_parity_journals_side_by_side() {
         let mut back = vec![0u8; 4096];
         array.read(&mut back, b * 8192).unwrap();
         assert_eq!(back, pattern(94 + b, 4096));
+    }
+}
+
+/// Where a journal-growing write of stripe `stripe` lands (block 1 of
+/// its first unit: RS(4,2), 8 KiB units, as `over_links` makes).
+fn grown_at(stripe: u64) -> u64 {
+    stripe * 4 * 8192 + 4096
+}
+
+/// A partial write to each of stripes 1 to 6, `pattern(seed + stripe)`:
+/// the parity rotates, so every chunk's journal grows.
+fn grow_every_journal(array: &Array, seed: u64) {
+    for stripe in 1..=6u64 {
+        array
+            .write(&pattern(seed + stripe, 4096), grown_at(stripe), false)
+            .unwrap();
+    }
+}
+
+/// What [`grow_every_journal`] wrote reads back.
+fn assert_grown_reads_back(array: &Array, seed: u64, what: &str) {
+    let mut back = vec![0u8; 4096];
+    for stripe in 1..=6u64 {
+        array.read(&mut back, grown_at(stripe)).unwrap();
+        assert_eq!(back, pattern(seed + stripe, 4096), "{what} stripe {stripe}");
     }
 }
 
@@ -638,16 +653,7 @@ fn a_fua_write_costs_a_directory_commit_per_grown_journal_it_syncs() {
         [(WritePolicy::Plog, 16, 8), (WritePolicy::Parix, 16, 7)]
     {
         let (_dir, array, tally) = over_links(policy, 8, true);
-        let stripe_bytes = 4 * 8192u64;
-        for stripe in 1..=6u64 {
-            array
-                .write(
-                    &pattern(40 + stripe, 4096),
-                    stripe * stripe_bytes + 4096,
-                    false,
-                )
-                .unwrap();
-        }
+        grow_every_journal(&array, 40);
         tally.take();
         array.write(&pattern(50, 4096), 0, true).unwrap();
         let (by, grown) = tally.take();
@@ -676,22 +682,11 @@ fn a_flush_and_a_fua_write_sync_the_grown_journals_side_by_side() {
     for policy in [WritePolicy::Plog, WritePolicy::Parix] {
         let (_dir, array, tally) = over_links(policy, 8, true);
         tally.side_by_side.store(true, Ordering::SeqCst);
-        let stripe_bytes = 4 * 8192u64;
-        // A partial write to each of stripes 1 to 6: the parity of each
-        // rotates, so every chunk's journal grows.
-        let grow = |seed: u64| {
-            for stripe in 1..=6u64 {
-                let at = stripe * stripe_bytes + 4096;
-                array
-                    .write(&pattern(seed + stripe, 4096), at, false)
-                    .unwrap();
-            }
-        };
-        grow(40);
+        grow_every_journal(&array, 40);
         tally.arm(Purpose::Flush, 6);
         array.flush().unwrap();
         let flushed = tally.disarm();
-        grow(60);
+        grow_every_journal(&array, 60);
         tally.arm(Purpose::Flush, 6);
         array.write(&pattern(70, 4096), 0, true).unwrap();
         let fua = tally.disarm();
@@ -701,14 +696,7 @@ fn a_flush_and_a_fua_write_sync_the_grown_journals_side_by_side() {
         let mut back = vec![0u8; 4096];
         array.read(&mut back, 0).unwrap();
         assert_eq!(back, pattern(70, 4096));
-        for stripe in 1..=6u64 {
-            array.read(&mut back, stripe * stripe_bytes + 4096).unwrap();
-            assert_eq!(
-                back,
-                pattern(60 + stripe, 4096),
-                "{policy:?} stripe {stripe}"
-            );
-        }
+        assert_grown_reads_back(&array, 60, &format!("{policy:?}"));
     }
 }
 
