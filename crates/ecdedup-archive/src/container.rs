@@ -179,7 +179,7 @@ impl ArchiveStore {
                     .collect();
                 self.codec.encode(&data, &mut out);
                 for (i, p) in out.iter().enumerate() {
-                    parity_crcs[i * encoded as usize + position] = crc32c::crc32c(p);
+                    parity_crcs[i * encoded as usize + position] = ecdedup_core::codec::crc32c(p);
                 }
             }
             for (i, bytes) in parity.into_iter().enumerate() {
@@ -289,7 +289,7 @@ impl ArchiveStore {
             }
             blocks.push(BlockEntry {
                 position: 0,
-                crc: crc32c::crc32c(bytes),
+                crc: ecdedup_core::codec::crc32c(bytes),
                 redundant: source.is_some(),
                 source,
             });
@@ -326,7 +326,7 @@ impl ArchiveStore {
             }
             chunks.push(ChunkEntry {
                 length: bytes.len() as u32,
-                crc: crc32c::crc32c(bytes),
+                crc: ecdedup_core::codec::crc32c(bytes),
                 source,
             });
         }
@@ -339,7 +339,7 @@ impl ArchiveStore {
             .zip(redundant)
             .map(|(bytes, redundant)| BlockEntry {
                 position: 0,
-                crc: crc32c::crc32c(bytes),
+                crc: ecdedup_core::codec::crc32c(bytes),
                 redundant,
                 source: None,
             })

@@ -87,7 +87,8 @@ impl ArchiveStore {
             let read = self.disk.read_at(&path, whole_at, whole_buf)?;
             for (i, stored) in whole_buf.chunks_mut(block as usize).enumerate() {
                 let a = address(whole_at + i as u64 * block);
-                if !read || crc32c::crc32c(stored) != sub.blocks[a.column as usize].crc {
+                if !read || ecdedup_core::codec::crc32c(stored) != sub.blocks[a.column as usize].crc
+                {
                     stored.copy_from_slice(&self.read_block(a)?);
                 }
             }
@@ -122,7 +123,7 @@ impl ArchiveStore {
         let mut bytes = vec![0u8; block as usize];
         let offset = sub.stored_offset(layout, a.column, block);
         let read = self.disk.read_at(&path, offset, &mut bytes)?;
-        Ok((read && crc32c::crc32c(&bytes) == entry.crc).then_some(bytes))
+        Ok((read && ecdedup_core::codec::crc32c(&bytes) == entry.crc).then_some(bytes))
     }
 
     /// Fills `buf` with a sealed container's bytes from `offset` (in its
@@ -192,7 +193,7 @@ impl ArchiveStore {
                 bytes
             }
         };
-        (crc32c::crc32c(&bytes) == entry.crc).then_some(bytes)
+        (ecdedup_core::codec::crc32c(&bytes) == entry.crc).then_some(bytes)
     }
 
     /// Where a chunk's source starts (container, offset in its data),
@@ -236,7 +237,7 @@ impl ArchiveStore {
             .into_iter()
             .nth(sub.member as usize)
             .expect("k shards");
-        if crc32c::crc32c(&bytes) != entry.crc {
+        if ecdedup_core::codec::crc32c(&bytes) != entry.crc {
             return Err(lost());
         }
         Ok(bytes)
@@ -284,7 +285,7 @@ impl ArchiveStore {
             if self
                 .disk
                 .read_at(&path, position as u64 * block as u64, shard)?
-                && crc32c::crc32c(shard)
+                && ecdedup_core::codec::crc32c(shard)
                     == group.parity_crcs[i * group.encoded as usize + position as usize]
             {
                 present[k + i] = true;

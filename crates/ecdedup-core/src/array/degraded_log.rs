@@ -161,7 +161,7 @@ fn parse_record(b: &[u8], at: usize, block: usize) -> Option<Parsed> {
     u32::from_le_bytes(h[28..32].try_into().ok()?).checked_add(count)?;
     let end = at.checked_add(RECORD_HEADER_BYTES)?.checked_add(payload)?;
     let whole = b.get(at..end)?;
-    if u32::from_le_bytes(h[0..4].try_into().ok()?) != crc32c::crc32c(&whole[4..]) {
+    if u32::from_le_bytes(h[0..4].try_into().ok()?) != crate::codec::crc32c(&whole[4..]) {
         return None;
     }
     Some(Parsed {
@@ -380,7 +380,7 @@ impl DegradedLog {
             out.extend_from_slice(&((bytes.len() / self.block) as u32).to_le_bytes());
             out.extend_from_slice(&[0u8; 4]);
             out.extend_from_slice(bytes);
-            let crc = crc32c::crc32c(&out[start + 4..]);
+            let crc = crate::codec::crc32c(&out[start + 4..]);
             out[start..start + 4].copy_from_slice(&crc.to_le_bytes());
             out.resize(out.len().next_multiple_of(8), 0);
         }

@@ -379,7 +379,8 @@ fn header_version(version: u32) -> [u8; HEADER_BYTES as usize] {
 fn seal(out: &mut [u8]) {
     let hcrc = crc32c::crc32c(&out[4..28]);
     out[28..32].copy_from_slice(&hcrc.to_le_bytes());
-    let crc = crc32c::crc32c(&out[4..]);
+    // The payload's CRC (4 KiB and more a record) by ISA-L; same values.
+    let crc = crate::codec::crc32c(&out[4..]);
     out[0..4].copy_from_slice(&crc.to_le_bytes());
 }
 
@@ -497,7 +498,7 @@ fn parse_checking(
             Bad::Header
         }
     };
-    if b.len() < len || (payload_crc && u32_at(0) != crc32c::crc32c(&b[4..len])) {
+    if b.len() < len || (payload_crc && u32_at(0) != crate::codec::crc32c(&b[4..len])) {
         return Err(bad_payload());
     }
     Ok(Parsed {

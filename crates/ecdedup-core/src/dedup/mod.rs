@@ -474,7 +474,7 @@ fn reset_files(
 /// The content checksum a map record carries: CRC32C of the block's bytes,
 /// checked against the slot at replay (`replay.rs`).
 fn content_crc(chunk: &[u8]) -> Option<u32> {
-    Some(crc32c::crc32c(chunk))
+    Some(crate::codec::crc32c(chunk))
 }
 
 fn io_err(e: Error) -> io::Error {
@@ -588,7 +588,7 @@ impl DedupDevice {
                 inner
                     .read_at(&mut slot_bytes, data_offset + slot as u64 * block)
                     .map_err(|e| Error::io(format!("reading slot {slot} to check the map"), e))?;
-                Ok(crc32c::crc32c(&slot_bytes))
+                Ok(crate::codec::crc32c(&slot_bytes))
             },
             &bad,
         )?;

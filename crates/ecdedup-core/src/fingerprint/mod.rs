@@ -137,7 +137,9 @@ impl Algorithm {
             Algorithm::Sha256 => Fingerprint::from_digest(&sha2::Sha256::digest(chunk)),
             Algorithm::Md5 => Fingerprint::from_digest(&md5::Md5::digest(chunk)),
             Algorithm::Blake3 => Fingerprint::from_digest(blake3::hash(chunk).as_bytes()),
-            Algorithm::Crc32c => Fingerprint::from_digest(&crc32c::crc32c(chunk).to_le_bytes()),
+            Algorithm::Crc32c => {
+                Fingerprint::from_digest(&crate::codec::crc32c(chunk).to_le_bytes())
+            }
         }
     }
 }
@@ -289,8 +291,8 @@ pub struct FingerprintStats {
 }
 
 /// CRC-32C (Castagnoli) of a chunk: the cheap prefilter, SSE4.2 or ARMv8
-/// CRC instructions where present. Not a fingerprint; see the module
-/// documentation.
+/// CRC instructions where present (ISA-L's, as the block checksums:
+/// `codec::crc32c`). Not a fingerprint; see the module documentation.
 pub fn crc32c_prefilter(chunk: &[u8]) -> u32 {
-    crc32c::crc32c(chunk)
+    crate::codec::crc32c(chunk)
 }
