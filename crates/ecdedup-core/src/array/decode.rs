@@ -38,6 +38,7 @@
 //! codeword with nothing vouching for the missing units, before a second
 //! loss leaves exactly k of them (`mark_row_unknowable`).
 
+use super::store::{ChunkOp, ChunkRequest};
 use super::Array;
 use crate::counters::bump;
 use crate::error::{Error, Result};
@@ -103,22 +104,42 @@ impl Array {
         }
         let g = &self.geo;
         let block = g.block() as usize;
-        let reads = (0..g.width())
-            .map(|role| {
+        // Every member's block of the row in one batch (one round trip to
+        // remote chunks, where one member after another took one each).
+        let held: Vec<bool> = (0..g.width())
+            .map(|role| self.holds(g.place(stripe, role).device, stripe))
+            .collect();
+        let mut blocks: Vec<Vec<u8>> = held
+            .iter()
+            .map(|&h| if h { vec![0u8; block] } else { Vec::new() })
+            .collect();
+        let reqs: Vec<ChunkRequest> = blocks
+            .iter_mut()
+            .enumerate()
+            .filter(|(role, _)| held[*role])
+            .map(|(role, buf)| {
                 let place = g.place(stripe, role);
-                if !self.holds(place.device, stripe) {
+                let op = ChunkOp::Read {
+                    buf: &mut buf[..],
+                    offset: g.device_offset(place.row, b),
+                    class: super::io::class_of(role, g.k()),
+                    check: None,
+                    stripe: None,
+                };
+                ChunkRequest::new(place.device, op)
+            })
+            .collect();
+        let mut took = self.submit_reads(reqs).into_iter();
+        let reads = blocks
+            .into_iter()
+            .enumerate()
+            .map(|(role, shard)| {
+                if !held[role] {
                     return MemberRead::NotHeld;
                 }
-                let class = super::io::class_of(role, g.k());
-                let mut shard = vec![0u8; block];
-                if self.dev_read(
-                    place.device,
-                    class,
-                    &mut shard,
-                    g.device_offset(place.row, b),
-                ) {
+                if took.next().unwrap_or(false) {
                     MemberRead::Block(shard)
-                } else if self.holds(place.device, stripe) {
+                } else if self.holds(g.place(stripe, role).device, stripe) {
                     // A medium error on a device still in service: the
                     // block is rewritten with the rest.
                     MemberRead::Unreadable
@@ -131,7 +152,8 @@ impl Array {
     }
 
     /// [`Array::decode_row`] from the members' blocks of the row as read
-    /// (by the caller: one at a time, or a whole unit each in one batch).
+    /// (by the caller: the row's blocks in one batch, or a whole unit each
+    /// in one batch).
     pub(super) fn decode_row_from(
         &self,
         stripe: u64,

@@ -363,7 +363,7 @@ impl Array {
 
     /// Submits a batch of reads; per read, whether it took (a failure is
     /// noted: a medium error, or the device latched failed).
-    fn submit_reads(&self, mut reqs: Vec<ChunkRequest<'_>>) -> Vec<bool> {
+    pub(super) fn submit_reads(&self, mut reqs: Vec<ChunkRequest<'_>>) -> Vec<bool> {
         self.submit(&mut reqs);
         reqs.into_iter()
             .map(|req| match req.reply {
