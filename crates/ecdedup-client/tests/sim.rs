@@ -1996,18 +1996,23 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     // runs as 7fef98b): the double fault's marks outliving it, as 550149,
     // without a plog volume. No older binary on this machine to compare.
     (569516, "rmw beside rmw: block 116 of volume 8 fails to read after the last takeover (2 of 6 units intact; stripes 29 and 30 marked by the double fault before)"),
-    // With the row batch back (2026-11-28): two of the five seeds that
-    // failed with it on 2026-11-27 fail again, each after an open marked
-    // the failing stripe's row for the double fault (the same class; the
-    // other three, and 277285 and 232517, which read wrong with it then,
-    // pass).
+    (569626, "parix beside replicate: blocks 40 and 43 of volume 7 fail to read after the takeovers (2 of 6 units intact; stripe 10 marked by the double fault before)"),
+    // With the row batch back (2026-11-28): of the seeds that failed
+    // with it on 2026-11-27 (244625, 256008, 263256, 275474, 281044 with
+    // I/O errors; 232517 and 277285 reading wrong, closed since), these
+    // two fail again, each after an open marked the failing stripe's row
+    // for the double fault (the same class); the others pass. (569516
+    // and 569626 above pass with the batch.)
     (256008, "rmw beside replicate: block 48 of volume 7 fails to read after the last takeover (2 of 6 units intact; stripe 12 marked by the double fault before)"),
     (263256, "rmw beside rmw: block 54 of volume 7 fails to read after the last takeover (2 of 6 units intact; stripe 13 marked by the double fault before)"),
-    (569626, "parix beside replicate: blocks 40 and 43 of volume 7 fail to read after the takeovers (2 of 6 units intact; stripe 10 marked by the double fault before)"),
     // Found by the 20,000-seed run of 2026-11-28 with the row batch
     // (575,000 to 594,999); fails the same without it; stripes 22 and
     // 23 marked by the double fault at the takeover's open.
     (593370, "parix beside parix: blocks 89, 90, 92, 93 of volume 8 fail to read after the takeover (2 of 6 units intact)"),
+    // Found by the 20,000-seed run of 2026-11-28 with the row batch
+    // (595,000 to 614,999); passes without it (another story), fails
+    // after stripe 13's row was marked by the double fault at an open.
+    (602148, "rmw beside parix with dedup: block 52 of volume 7 fails to read after the last takeover (2 of 6 units intact)"),
 ];
 
 fn strict() -> bool {
