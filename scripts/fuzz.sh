@@ -23,7 +23,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-TARGETS=(superblock meta_area intent_map parity_journal degraded_log config dedup_log dedup_snapshot trace archive_map frame)
+TARGETS=(superblock meta_area intent_map parity_journal degraded_log config dedup_log dedup_snapshot trace archive_map frame poison_list)
 # Inputs may be larger than libFuzzer's 4 KiB default where a record's
 # payload is a 4 KiB block (journal) or a slot is 4 KiB (superblock pairs).
 declare -A MAX_LEN=([superblock]=8192 [meta_area]=69632 [intent_map]=8192 [parity_journal]=20480)

@@ -1875,144 +1875,27 @@ const KNOWN_SEEDS: &[(u64, &str)] = &[
 /// dedup, more members failed by the faults' order), not yet narrowed to
 /// a cause each. Open, 2026-11-26.
 const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
-    // Found by the 40,000-seed run of the merge (dc3b9b9) on the lent
-    // 16-core machine, 2026-11-26 16:55 UTC (docs/benchmarks.md): 22 of
-    // 39,999 failed, 20 reading a block wrong (every policy pair, after a
-    // takeover), 2 with blocks unreadable beyond the double fault; not
-    // narrowed. None is in CI's range (seeds 0 to 1,999). Of those, 9
-    // pass on main 6f083ac (2026-11-27), as does 2461 (found by branch
-    // simlog's 5,000-seed run), and 12 more with branch wd's rows not one
-    // codeword marked at the resync (docs/write-hole.md, "The double
-    // fault") and its oracle's `Model::spent`: they run as regression seeds (`REGRESSION_SHARED_SEEDS`).
-    // 28455 failed the same way at every replay until the failed journal
-    // appends of format 2 failed their devices (now a regression seed, as
-    // 52865, found by branch wd's 4,000-seed run). 4182 and 2346
-    // pass since branches wd and dd (both narrowed them) and are
-    // regression seeds.
-    // Found by the 100,000-seed run of 2026-11-27 (seeds 0 to 99,999 at
-    // 638e465, 1,307 s on this 2-core machine, docs/benchmarks.md): 14 of
-    // 99,997 failed, none narrowed. Replayed with the test binary of
-    // adefb1a (the session's start): the four that read wrong and five of
-    // the others fail there the same; 26548, 33331, 63148, 74821 and 80585
-    // (I/O errors only) pass there: new since, by the rows now marked
-    // unreadable at an open's resync or by changed schedules, not told.
-    (15464, "rmw beside parix: blocks 84, 85 of volume 8 fail to read beyond the double fault (2 of 6 units intact)"),
-    (26548, "rmw with dedup beside rmw: blocks of volume 7 fail to read beyond the double fault after the last takeover (new since adefb1a)"),
-    (63148, "rmw with dedup beside plog: blocks 0, 1 of volume 8 fail to read beyond the double fault (new since adefb1a)"),
-    (78732, "rmw beside parix: every member of volume 7's PG failed after the takeover (the model allows no such loss)"),
-    (89458, "blocks fail to read beyond the double fault"),
-    (93270, "blocks fail to read beyond the double fault"),
-    // Found by a 10,000-seed run (100,000 to 109,999) at e35e3ce,
-    // 2026-11-27; fails the same with the test binary of cce0370. (109578,
-    // found with it, is a regression seed since branch pxw.)
-    (105701, "plog with dedup parity beside rmw: blocks 13, 14 of volume 7 fail to read beyond the double fault (2 of 6 units intact)"),
-    // Found by a 10,000-seed run (120,000 to 129,999) at 4e03d9e,
-    // 2026-11-27 (I/O errors only, no wrong data): 122517 and 126294 fail
-    // there; 123693 fails only with the mark of torn rows before a
-    // degraded replay's fold (the same run with it: 3 of 10,000).
-    (122517, "plog beside replicate with dedup: blocks 97, 99 of volume 7 fail to read beyond the double fault (2 of 6 units intact)"),
-    (126294, "parix beside plog: blocks 66, 67 of volume 8 fail to read beyond the double fault (2 of 6 units intact)"),
-    (123693, "plog with dedup beside rmw with dedup: blocks 70, 73 of volume 7 fail to read beyond the double fault after the last takeover"),
-    // Found by a 10,000-seed run (185,000 to 194,999) at b0ba697,
-    // 2026-11-27 (the only failure; I/O errors, no wrong data): three of
-    // volume 7's devices failed in the first writer's hands (metadata
-    // writes that got no reply, a restarted server), then every server
-    // lost power and the takeover's writer lost the rest: the class of
-    // 78732. It passes with the test binary of 2afe4b7, whose story
-    // differs (8,893 frames): not told whether new.
-    (188090, "parix with dedup beside plog: every member of volume 7's PG failed after the takeover (the model allows no such loss)"),
-    // Found by branch uv's 5,000-seed run (200,000 to 204,999), 2026-11-27:
-    // fails the same on main 2591d37 and on uv (I/O errors only).
-    (204287, "replicate beside rmw with dedup of parity: block 77 of volume 8 fails to read beyond the double fault (2 of 6 units intact)"),
-    // Found by the 20,000-seed run of 2026-11-27 (215,000 to 234,999 at
-    // 2298969): fails the same on 2591d37 (I/O errors only). The same run
-    // found 232517 (plog with dedup beside parix) reading blocks of volume
-    // 7 WRONG with the batched row decode of a7f60a3; narrowed on
-    // 2026-11-27 to two holes the batch exposed, both closed, and the
-    // batch is back (docs/write-hole.md, "Two members lost at the
-    // reopen").
+    // Found from 2026-11-27 on (each then failing the same on an older
+    // binary; I/O errors only, no wrong data). With the poison list
+    // (2026-11-28), each fails at the first read after a takeover on a
+    // block the open found unknowable and poisoned, which the model
+    // expects to read: the same blocks as on 0226407, before the list.
+    // Not narrowed: the model may be too strict there, or the open's
+    // rules (`rows_torn_unlogged`) reach too far. The 28 other seeds
+    // this list held pass and run in `REGRESSION_SHARED_SEEDS`.
     (230181, "plog with dedup of parity beside replicate: every copy of blocks 61-71 of volume 8 fails to read after the takeover (0 of 3 units intact)"),
-    // Found by the 30,000-seed run of 2026-11-27 (255,000 to 284,999):
-    // fails the same on 176e700, before the day's changes (I/O errors
-    // only; the class the row batch made five more seeds of: a row whose
-    // parity an open marked unreadable, its missing member never
-    // rebuilt, 2 of 6 units left after the last takeover).
-    (274406, "parix beside replicate with dedup: blocks 59 and 62 of volume 7 fail to read after the last takeover (2 of 6 units intact)"),
-    // Found by the 30,000-seed run of 2026-11-27 (285,000 to 314,999, at
-    // c5a7814, 1 failed): passes on d3c82af. A copy of the degraded-write
-    // log that missed a record now fails its device at once (c5a7814,
-    // seed 277285), so two members were out before the power cut of
-    // every server; a row torn by the writes in flight then could not be
-    // told (I/O errors, the double fault), where the stale copy had
-    // stayed in service before.
-    (307244, "rmw with dedup beside plog with dedup of parity: block 98 of volume 7 fails to read after the last takeover (2 of 6 units intact)"),
-    // Found by the 20,000-seed run of 2026-11-27 (325,000 to 344,999, at
-    // 73ddd7a): each fails the same with the simulator's test binary of
-    // dadd1ad, before the day's changes (I/O errors only, no wrong data;
-    // not narrowed). 326461 and 341353, of the first story, are in
-    // `KNOWN_SEEDS`.
-    (328965, "plog beside rmw: blocks 11 and 14 of volume 8 fail to read after the last takeover (2 of 6 units intact)"),
     (336278, "parix beside parix with dedup of parity: blocks 42 and 43 of volume 7 fail to read after the takeover (2 of 6 units intact)"),
-    // Found by the 10,000-seed run of 2026-11-27 (345,000 to 354,999, at
-    // ee0947c): fails the same on dadd1ad (I/O errors only).
-    (349450, "parix beside parix with dedup of parity: blocks 29 and 30 of volume 8 fail to read after the takeover (2 of 6 units intact)"),
-    // Found by the 20,000-seed run of 2026-11-27 (375,000 to 394,999, at
-    // 0b9972c): each fails the same on dadd1ad; I/O errors, not narrowed.
-    // (377381, 383995 and 393759 of the same run read WRONG: regression
-    // seeds now.)
     (390793, "plog beside replicate: block 28 of volume 7 fails to read after the takeover (2 of 6 units intact)"),
-    (391288, "rmw beside plog: block 102 of volume 7 fails to read after the last takeover (2 of 6 units intact)"),
-    // Found by the 20,000-seed run of 2026-11-27 (395,000 to 414,999,
-    // the day's fourth session): each fails the same on 82e3b70, before
-    // that session's changes (this range was never run before). Not
-    // narrowed. (412508 of the same run came from a first version of the
-    // re-add's refusal that counted unanswered reads too; it passes.
-    // 397781 and 400534, which read WRONG, and 396583 are regression
-    // seeds.)
-    (402584, "rmw beside plog: blocks 15, 18, 42 of volume 7 fail to read after the last takeover (2 of 6 units intact)"),
-    // Found by the 20,000-seed run of 2026-11-27 (415,000 to 434,999, at
-    // 7fd3765): fails the same on 82e3b70. Not narrowed.
-    (419512, "parix beside rmw with dedup: blocks 55 and 112 of volume 8 fail to read after the last takeover (2 of 6 units intact)"),
-    // Found by the 20,000-seed run of 2026-11-27 (475,000 to 494,999, at
-    // b6efe82): each fails the same on 82e3b70 (I/O errors only).
     (481191, "plog beside replicate with dedup of parity: block 43 of volume 8 fails to read after the takeover (3 of 6 units intact)"),
     (488505, "plog beside parix: block 127 of volume 7 fails to read after the takeover (3 of 6 units intact)"),
-    // Found by the 20,000-seed run of 2026-11-27 (505,000 to 524,999, at
-    // 2a533b9): fails the same on 82e3b70 (I/O errors only).
-    (521235, "replicate beside plog: blocks 28 and 31 of volume 8 fail to read after the takeover (2 of 6 units intact)"),
-    // Found by the 10,000-seed run of 2026-11-27 (525,000 to 534,999, at
-    // 4a42f0c): fails the same on 82e3b70 (I/O errors only).
-    (531565, "parix beside plog: blocks 6, 9, 105 of volume 8 fail to read after the last takeover (2 of 6 units intact)"),
-    // Found by the 20,000-seed run of 2026-11-28 (535,000 to 554,999, at
-    // fb24b6b): each fails the same on 82e3b70 (I/O errors only; every
-    // one with a plog volume, 2 of 6 units intact after a takeover, as
-    // 521235 and 531565).
-    (536966, "plog beside parix: blocks 89 and 90 of volume 8 fail to read after the takeovers (2 of 6 units intact)"),
     (539617, "plog beside parix, both with dedup of parity: blocks 5 and 6 of volume 7 fail to read after the takeover (2 of 6 units intact)"),
     (541935, "plog beside replicate with dedup of parity: blocks 65 and 66 of volume 8 fail to read after the takeover (2 of 6 units intact)"),
-    (550149, "plog beside replicate: blocks 23 and 119 of volume 7 fail to read after the last takeover (2 of 6 units intact)"),
-    // Found by the 20,000-seed run of 2026-11-28 (555,000 to 574,999,
-    // at f3f5e6a, whose CRC change gives the same values, so the same
-    // runs as 7fef98b): the double fault's marks outliving it, as 550149,
-    // without a plog volume. No older binary on this machine to compare.
-    (569516, "rmw beside rmw: block 116 of volume 8 fails to read after the last takeover (2 of 6 units intact; stripes 29 and 30 marked by the double fault before)"),
-    (569626, "parix beside replicate: blocks 40 and 43 of volume 7 fail to read after the takeovers (2 of 6 units intact; stripe 10 marked by the double fault before)"),
-    // With the row batch back (2026-11-28): of the seeds that failed
-    // with it on 2026-11-27 (244625, 256008, 263256, 275474, 281044 with
-    // I/O errors; 232517 and 277285 reading wrong, closed since), these
-    // two fail again, each after an open marked the failing stripe's row
-    // for the double fault (the same class); the others pass. (569516
-    // and 569626 above pass with the batch.)
-    (256008, "rmw beside replicate: block 48 of volume 7 fails to read after the last takeover (2 of 6 units intact; stripe 12 marked by the double fault before)"),
-    (263256, "rmw beside rmw: block 54 of volume 7 fails to read after the last takeover (2 of 6 units intact; stripe 13 marked by the double fault before)"),
-    // Found by the 20,000-seed run of 2026-11-28 with the row batch
-    // (575,000 to 594,999); fails the same without it; stripes 22 and
-    // 23 marked by the double fault at the takeover's open.
     (593370, "parix beside parix: blocks 89, 90, 92, 93 of volume 8 fail to read after the takeover (2 of 6 units intact)"),
-    // Found by the 20,000-seed run of 2026-11-28 with the row batch
-    // (595,000 to 614,999); passes without it (another story), fails
-    // after stripe 13's row was marked by the double fault at an open.
-    (602148, "rmw beside parix with dedup: block 52 of volume 7 fails to read after the last takeover (2 of 6 units intact)"),
+    // Found by the 20,000-seed run of 2026-11-28 with the poison list
+    // (615,000 to 634,999): each fails the same on 0226407, before it
+    // (2 and 3 of 6 units intact there).
+    (616164, "rmw beside plog: blocks 96 and 97 of volume 8 fail to read after the takeover (poisoned)"),
+    (628645, "plog: block 127 fails to read after the takeover (poisoned)"),
 ];
 
 fn strict() -> bool {
@@ -2666,6 +2549,24 @@ const REGRESSION_SEEDS: &[u64] = &[127, 144, 551, 910, 1079, 1253, 1460, 1921, 3
 ///   and an entry unknown (lost with its member) could not: a block never
 ///   written read as an I/O error. Only a known entry that contradicts the
 ///   decode vetoes it now.
+/// - 256008, 263256 (rmw), 274406 (parix), 307244 (rmw with dedup),
+///   419512 (parix) and 602148 (rmw beside parix with dedup), known seeds
+///   until 2026-11-28: an open marked a row for the double fault (its
+///   parity unreadable), the mark outlived it, and one more member lost
+///   later cost the row's flushed blocks (I/O errors). The unknowable
+///   blocks are poisoned now and the row's parity recomputed around a
+///   placeholder (`array/poison.rs`; unit test
+///   `a_double_fault_poisons_only_the_unknowable_unit_and_its_row_keeps_its_redundancy`);
+///   each fails on 0226407 and passes with it.
+/// - 15464 to 569626 (the rest of that line and the next): known seeds
+///   found from 2026-11-26 to 2026-11-28 that pass on 0226407 already
+///   (their stories moved with later changes, or their holes closed):
+///   run as regressions since 2026-11-28.
+/// - 627475 (replicate with dedup beside rmw with dedup), found by the
+///   first 20,000-seed run with the poison list: a replicated row was
+///   poisoned too, its copies overwritten by the placeholder, and a block
+///   the old marks left readable once its member was back read as an I/O
+///   error. Under replication (k = 1) the rows are marked as before.
 const REGRESSION_SHARED_SEEDS: &[u64] = &[
     1, 29, 65, 110, 119, 316, 322, 359, 453, 728, 767, 789, 970, 971, 990, 1116, 1157, 1169, 1220,
     1221, 1603, 1653, 1712, 2111, 2461, 2885, 3029, 3190, 3582, 3586, 3658, 3671, 3790, 3911, 4012,
@@ -2673,7 +2574,9 @@ const REGRESSION_SHARED_SEEDS: &[u64] = &[
     24068, 24526, 24556, 25205, 25676, 26390, 26547, 26664, 27176, 29321, 31025, 33121, 33718,
     35354, 37805, 37817, 45698, 2346, 33331, 80585, 74821, 92254, 28455, 52865, 68227, 78975,
     109578, 90621, 73757, 43529, 111761, 177513, 179428, 183058, 350687, 351546, 377381, 383995,
-    393759, 397781, 400534, 396583, 475621,
+    393759, 397781, 400534, 396583, 475621, 256008, 263256, 274406, 307244, 419512, 602148, 15464,
+    26548, 63148, 78732, 89458, 93270, 105701, 122517, 126294, 123693, 188090, 204287, 328965,
+    349450, 391288, 402584, 521235, 531565, 536966, 550149, 569516, 569626,
 ];
 
 #[test]

@@ -1499,6 +1499,13 @@ fn print_status(s: &Status) {
             "regions written while a device was failed: {n} (`re-add` reconstructs them on it)"
         );
     }
+    if s.poisoned_blocks > 0 {
+        println!(
+            "poisoned blocks: {} (unknowable after an unclean stop: they read as I/O errors \
+             until written whole; docs/write-hole.md)",
+            s.poisoned_blocks
+        );
+    }
     if let Some(op) = &s.operation {
         println!(
             "operation: {} {}/{}{}",

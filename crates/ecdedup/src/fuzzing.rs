@@ -21,6 +21,7 @@ use crate::array::degraded_log::DegradedLog;
 use crate::array::intent;
 use crate::array::journal::ParityJournal;
 use crate::array::layout::SUPERBLOCK_BYTES;
+use crate::array::poison::{self, PoisonList};
 use crate::array::superblock::Superblock;
 use crate::array::ConfigFile;
 use crate::dedup::{log as dedup_log_file, DedupConfig, DedupDevice, Policy};
@@ -252,6 +253,31 @@ pub fn degraded_log(data: &[u8]) {
         let storage = storage_with(path, &bytes);
         if let Ok((log, _intact)) = DegradedLog::open(storage, path, block, 1 << 20) {
             let _ = log.has_stripe(u64_at(file, 48));
+        }
+    }
+}
+
+/// The poison list (`array/poison.rs`): parsed as given, then with its
+/// magic, version, entry count (from its length) and checksum repaired;
+/// what parses is opened from a simulated file against a small geometry
+/// (entries outside it refuse the open).
+pub fn poison_list(data: &[u8]) {
+    let _ = poison::parse(data, "fuzz");
+    let mut b = data.to_vec();
+    if b.len() >= 20 {
+        b[..8].copy_from_slice(b"ECDDPL01");
+        b[8..12].copy_from_slice(&1u32.to_le_bytes());
+        let n = ((b.len() - 20) / 16) as u32;
+        b[12..16].copy_from_slice(&n.to_le_bytes());
+        b.truncate(16 + n as usize * 16 + 4);
+        seal_tail(&mut b);
+    }
+    let path = Path::new("/p/poison.map");
+    if let Ok(set) = poison::parse(&b, "fuzz") {
+        assert!(set.len() <= poison::ENTRIES_MAX);
+        let storage = storage_with(path, &b);
+        if let Ok(list) = PoisonList::open(storage, path, 64, 4, 4) {
+            assert_eq!(list.len(), set.len());
         }
     }
 }

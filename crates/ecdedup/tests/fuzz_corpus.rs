@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 type Target = (&'static str, fn(&[u8]));
 
 /// Every fuzz target, by the name of its folders and of its binary.
-const TARGETS: [Target; 11] = [
+const TARGETS: [Target; 12] = [
     ("superblock", fuzzing::superblock),
     ("meta_area", fuzzing::meta_area),
     ("intent_map", fuzzing::intent_map),
@@ -25,6 +25,7 @@ const TARGETS: [Target; 11] = [
     ("trace", fuzzing::trace),
     ("archive_map", fuzzing::archive_map),
     ("frame", fuzzing::frame),
+    ("poison_list", fuzzing::poison_list),
 ];
 
 fn fuzz_dir() -> PathBuf {

@@ -903,10 +903,18 @@ impl super::Array {
         ));
     }
 
-    /// Marks the present parity blocks of `row` unreadable (their entry
-    /// the complement of their checksum, as a rebuild marks a block it
-    /// could not decode), written with the tables at the next flush; a
-    /// resync keeps the marks, a write of the row replaces them.
+    /// A row whose missing data units nothing can tell (the double fault):
+    /// their blocks are poisoned ([`super::poison`]), and the row's present
+    /// parity is recomputed from the present data and a placeholder
+    /// (zeroes) for each of them, so the row is one codeword again and a
+    /// member lost later decodes right; the missing blocks read as I/O
+    /// errors until written. Where that cannot be done (no degraded-write
+    /// log, a data member present but unreadable, the list full or
+    /// failing), the present parity blocks are marked unreadable instead
+    /// (their entry the complement of their checksum, as a rebuild marks a
+    /// block it could not decode), written with the tables at the next
+    /// flush: the missing blocks read as I/O errors too, but the row keeps
+    /// no redundancy until a write of it replaces the marks.
     pub(super) fn mark_present_parity_unreadable(
         &self,
         stripe: u64,
@@ -914,12 +922,102 @@ impl super::Array {
         read: &[Vec<u8>],
         present: &[bool],
     ) {
+        if self.poison_row(stripe, row, read, present) {
+            return;
+        }
         let g = &self.geo;
         for role in (g.k()..g.width()).filter(|&r| present[r]) {
             let place = g.place(stripe, role);
             let crc = crate::codec::crc32c(&read[role]);
             self.stores[place.device].set_checksum(g.checksum_index(place.row, row), !crc);
         }
+    }
+
+    /// [`Array::mark_present_parity_unreadable`]'s poison: the list first
+    /// (durable), then the placeholder's values in the degraded-write log
+    /// (synced: a cut before the parity is written leaves the resync to
+    /// recompute it from them), then the parity. Returns whether it was
+    /// done. Not under replication (k = 1): each copy left is a whole
+    /// copy of the block, kept as it is (the marks make it unread), where
+    /// a placeholder would overwrite it.
+    fn poison_row(&self, stripe: u64, row: u64, read: &[Vec<u8>], present: &[bool]) -> bool {
+        let g = &self.geo;
+        let missing: Vec<usize> = (0..g.k()).filter(|&r| !present[r]).collect();
+        if g.k() < 2
+            || missing.is_empty()
+            || self.degraded_log.is_none()
+            || missing
+                .iter()
+                .any(|&r| self.holds(g.place(stripe, r).device, stripe))
+        {
+            return false;
+        }
+        let entries: Vec<super::poison::Entry> = missing
+            .iter()
+            .map(|&r| (stripe, r as u32, row as u32))
+            .collect();
+        if let Err(e) = self.poison.add(&entries) {
+            self.warn(format!(
+                "stripe {stripe} block row {row}: {e}; its parity is marked unreadable instead"
+            ));
+            return false;
+        }
+        // A re-add reconstructs the missing units here (the placeholder),
+        // never keeping a stale block the parity no longer describes.
+        if let Err(e) = self
+            .intent
+            .mark_missed_stripes(Some(&std::collections::BTreeSet::from([stripe])))
+        {
+            self.warn(format!(
+                "stripe {stripe}: recording it in the missed-write map: {e}"
+            ));
+        }
+        let block = g.block() as usize;
+        let mut data: Vec<Vec<u8>> = read[..g.k()].to_vec();
+        for &r in &missing {
+            data[r] = vec![0u8; block];
+        }
+        let _logged = match self.log_missing_rows(stripe, &[(row, &data[..])]) {
+            Ok(logged) => logged,
+            Err(e) => {
+                self.warn(format!(
+                    "stripe {stripe} block row {row}: logging its placeholder: {e}; its parity \
+                     is marked unreadable too"
+                ));
+                return false;
+            }
+        };
+        let parity = self.encode_parity_row(&data);
+        for (j, p) in parity.iter().enumerate() {
+            if present[g.k() + j] {
+                self.write_unit_blocks(stripe, g.k() + j, row, p);
+            }
+        }
+        let zero = super::checksum::zero_block_crc(block);
+        for &r in &missing {
+            let place = g.place(stripe, r);
+            self.note_logical_crc(place.device, g.checksum_index(place.row, row), zero);
+        }
+        self.counters
+            .array
+            .add(&self.counters.array.poisoned_blocks, missing.len() as u64);
+        self.warn(format!(
+            "stripe {stripe} block row {row}: the blocks of units {missing:?} there are \
+             poisoned (unknowable after an unclean stop and a member lost before resync: \
+             docs/write-hole.md); they read as I/O errors until written, and the row's parity \
+             is recomputed around them so its other blocks keep their redundancy"
+        ));
+        true
+    }
+
+    /// The m parity blocks of one block row's k data blocks.
+    fn encode_parity_row(&self, data: &[Vec<u8>]) -> Vec<Vec<u8>> {
+        let g = &self.geo;
+        let mut parity = vec![vec![0u8; g.block() as usize]; g.m()];
+        let d: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+        let mut p: Vec<&mut [u8]> = parity.iter_mut().map(|v| v.as_mut_slice()).collect();
+        self.codec.encode(&d, &mut p);
+        parity
     }
 
     /// A whole-stripe discard while degraded: the missing data units will

@@ -114,6 +114,23 @@ pub fn inspect(dir: &Path) -> Result<Status> {
         })
         .collect();
     let dirty_regions = dirty_regions(storage.as_ref(), dir, &cfg, geo.stripes, &mut warnings);
+    let poison_path = dir.join(super::POISON_FILE);
+    let poisoned_blocks = match storage.exists(&poison_path) {
+        false => 0,
+        true => {
+            let what = poison_path.display().to_string();
+            match crate::media::storage::read_all(storage.as_ref(), &poison_path)
+                .map_err(|e| Error::io(format!("reading the poison list {what}"), e))
+                .and_then(|b| super::poison::parse(&b, &what))
+            {
+                Ok(set) => set.len(),
+                Err(e) => {
+                    warnings.push(format!("{e}: the array will refuse to open"));
+                    0
+                }
+            }
+        }
+    };
     if dirty_regions > 0 {
         warnings.push(format!(
             "stopped uncleanly: {dirty_regions} intent regions are dirty; the next open \
@@ -149,6 +166,7 @@ pub fn inspect(dir: &Path) -> Result<Status> {
             cfg.array_uuid.as_bytes(),
             geo.stripes,
         ),
+        poisoned_blocks,
         operation: None,
         warnings,
     })

@@ -228,6 +228,7 @@ impl Array {
         let mut copies: Vec<(usize, usize)> = Vec::new();
         for &(stripe, within, n) in pieces {
             for (role, blocks, skip, len) in self.read_parts(within, n as usize) {
+                self.refuse_poisoned(stripe, role, blocks.clone())?;
                 wants.push((stripe, role, blocks));
                 copies.push((skip, len));
             }
@@ -238,6 +239,51 @@ impl Array {
             done += n;
         }
         Ok(())
+    }
+
+    /// A client's read or partial-block write of `rows` of data role
+    /// `role` of `stripe` that touches a poisoned block: an I/O error (the
+    /// block's content is unknown; its unit holds a placeholder).
+    fn refuse_poisoned(&self, stripe: u64, role: usize, rows: Range<u64>) -> Result<()> {
+        match self.poison.first_in(stripe, role, rows) {
+            None => Ok(()),
+            Some(row) => {
+                bump(&self.counters.array.poisoned_reads);
+                Err(Error::DataLoss(format!(
+                    "stripe {stripe} unit {role} block row {row} is poisoned: an unclean stop \
+                     with a member lost before resync left its content unknowable (it reads as \
+                     an I/O error until written whole; docs/write-hole.md)"
+                )))
+            }
+        }
+    }
+
+    /// Before a write of `n` bytes at `within` of `stripe`'s data: a block
+    /// it covers only in part that is poisoned refuses the write (the rest
+    /// of the block is unknown). Returns the whole blocks it covers, per
+    /// data role, whose poison the write ends once it succeeded.
+    fn poison_covered(&self, stripe: u64, within: u64, n: u64) -> Result<Vec<(usize, Range<u64>)>> {
+        if self.poison.is_empty() {
+            return Ok(Vec::new());
+        }
+        let block = self.geo.block();
+        let mut whole = Vec::new();
+        for (role, blocks, skip, len) in self.read_parts(within, n as usize) {
+            let first_whole = blocks.start + u64::from(skip != 0);
+            let end = skip as u64 + len as u64;
+            let last_whole = blocks.start + end / block;
+            for row in blocks.clone() {
+                if (row < first_whole || row >= last_whole)
+                    && self.poison.contains(stripe, role, row)
+                {
+                    self.refuse_poisoned(stripe, role, row..row + 1)?;
+                }
+            }
+            if first_whole < last_whole {
+                whole.push((role, first_whole..last_whole));
+            }
+        }
+        Ok(whole)
     }
 
     /// Reads blocks of one unit, verified; decodes what is missing or bad.
@@ -590,9 +636,15 @@ impl Array {
         }
         let one = |&(stripe, within, n, at): &Piece| -> Result<()> {
             let _g = self.locks[Self::lock_index(stripe)].write().unwrap();
+            let whole = self.poison_covered(stripe, within, n as u64)?;
             self.intent_begin(stripe)?;
             let r = self.with_replay(|| self.write_stripe(stripe, within, &buf[at..at + n]));
             self.intent.end(stripe);
+            if r.is_ok() {
+                for (role, rows) in whole {
+                    self.poison.written(stripe, role, rows);
+                }
+            }
             r
         };
         // Whole stripes (a sequential copy) go to the devices in one
@@ -704,7 +756,14 @@ impl Array {
                 })
         };
         match plain {
-            Some(Ok(true)) => Ok(()),
+            Some(Ok(true)) => {
+                for &(stripe, ..) in group {
+                    for role in 0..g.k() {
+                        self.poison.written(stripe, role, 0..g.blocks_per_unit());
+                    }
+                }
+                Ok(())
+            }
             Some(Err(e)) => Err(e),
             Some(Ok(false)) | None => group.iter().try_for_each(one),
         }
@@ -725,6 +784,7 @@ impl Array {
         let zeroes = vec![0u8; sd.min(len) as usize];
         for (stripe, within, n) in self.pieces(offset, len) {
             let _g = self.locks[Self::lock_index(stripe)].write().unwrap();
+            let whole = self.poison_covered(stripe, within, n)?;
             self.intent_begin(stripe)?;
             let r = if n == sd {
                 self.journal_invalidate(stripe, 0, self.geo.blocks_per_unit())
@@ -737,6 +797,9 @@ impl Array {
             };
             self.intent.end(stripe);
             r?;
+            for (role, rows) in whole {
+                self.poison.written(stripe, role, rows);
+            }
         }
         if self.space_errors.load(std::sync::atomic::Ordering::SeqCst) != space_errors {
             return Err(Error::NoSpace(
@@ -1009,12 +1072,21 @@ impl Array {
     pub fn flush(&self) -> Result<()> {
         bump(&self.counters.array.client_flushes);
         let epoch = self.intent.start_flush();
+        // Poison that writes ended before the devices' syncs below.
+        let poison_ended = self.poison.ended();
         // Failed even when a step below fails: a dropped copy is stale.
         self.fail_broken_metadata_copies();
         match &self.degraded_log {
             // Its records are dropped once the devices are durable.
             Some(log) => log.checkpoint(&|| self.make_everything_durable())?,
             None => self.make_everything_durable()?,
+        }
+        if let Err(e) = self.poison.persist(&poison_ended) {
+            // The file keeps a superset: those blocks read as I/O errors
+            // again after a reopen, never as their placeholder.
+            self.warn(format!(
+                "{e}: blocks written since they were poisoned stay listed"
+            ));
         }
         self.intent
             .finish_flush(epoch)

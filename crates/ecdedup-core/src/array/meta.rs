@@ -58,19 +58,21 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 /// Names mirrored on every device.
-const MIRRORED: [&str; 3] = [
+const MIRRORED: [&str; 4] = [
     super::INTENT_FILE,
     super::DEGRADED_LOG_FILE,
     super::MISSED_FILE,
+    super::POISON_FILE,
 ];
 
 /// The files whose copies [`MetaStorage::check_copies`] compares: the
 /// mirrored ones and the copy of the settings (temporary names are
 /// transient and not compared).
-const CHECKED: [&str; 4] = [
+const CHECKED: [&str; 5] = [
     super::INTENT_FILE,
     super::DEGRADED_LOG_FILE,
     super::MISSED_FILE,
+    super::POISON_FILE,
     super::CONFIG_FILE,
 ];
 
@@ -329,8 +331,13 @@ impl MetaStorage {
     /// `repair`, rewrites each copy that differs, is missing or cannot be
     /// read from that one (durably). Returns every bad copy found.
     pub fn check_copies(&self, repair: bool) -> Vec<CopyProblem> {
+        self.check_copies_of(&CHECKED, repair)
+    }
+
+    /// [`MetaStorage::check_copies`] for the files `names` only.
+    pub fn check_copies_of(&self, names: &[&str], repair: bool) -> Vec<CopyProblem> {
         let mut problems = Vec::new();
-        for name in CHECKED {
+        for &name in names {
             let _quiet = self.shared.copy_writes.write().unwrap();
             let copies = self.copies();
             // Each copy: Ok(Some(bytes)), Ok(None) when missing, or Err.

@@ -36,6 +36,7 @@ pub mod layout;
 mod logging;
 mod maintenance;
 pub mod meta;
+pub mod poison;
 mod readd;
 mod replay_fold;
 mod store;
@@ -75,6 +76,7 @@ pub const CONFIG_FILE: &str = "array.json";
 pub const INTENT_FILE: &str = "intent.map";
 pub const DEGRADED_LOG_FILE: &str = "degraded.log";
 pub const LOCK_FILE: &str = "lock";
+pub use poison::POISON_FILE;
 pub use readd::MISSED_FILE;
 
 /// Medium read errors a device may return (each block decoded and
@@ -343,7 +345,8 @@ pub fn meta_area_bytes_for(opts: &CreateOptions, geo: &Geometry) -> u64 {
     let mut b = 2 * map // intent.map
         + 2 * map // missed.map
         + 2 * file(256 << 10) // array.json
-        + file(degraded_log_area_bytes(geo));
+        + file(degraded_log_area_bytes(geo))
+        + 2 * file(poison::FILE_BYTES_MAX);
     if opts.write_policy.journals() {
         b += 2 * file(opts.journal_bytes_max);
     }
@@ -424,6 +427,10 @@ pub struct Status {
     /// `re-add` reconstructs on it; absent when there is no such map.
     #[serde(default)]
     pub missed_regions: Option<usize>,
+    /// Data blocks an unclean stop made unknowable (`poison.map`): they
+    /// read as I/O errors until written whole.
+    #[serde(default)]
+    pub poisoned_blocks: usize,
     pub operation: Option<OpProgress>,
     pub warnings: Vec<String>,
 }
@@ -457,6 +464,10 @@ pub struct Array {
     /// Values of missing data units logged before degraded writes (closes
     /// the degraded write hole); None where it could not be opened.
     degraded_log: Option<degraded_log::DegradedLog>,
+    /// Data blocks an unclean stop made unknowable: they read as I/O
+    /// errors until written (`poison.rs`, docs/write-hole.md "The double
+    /// fault's marks outlive it").
+    poison: poison::PoisonList,
     /// Per position: the newest superblock already recorded the member as
     /// failed when this open began, so every write that reached its
     /// stripes while it was out was a degraded write, logged before it
@@ -1330,6 +1341,28 @@ impl Array {
                 None
             }
         };
+        // Refuses the open where corrupt: the blocks it names would read as
+        // their placeholder's zeroes. A copy of format 2 that fails its
+        // check where other areas hold a sound one is first rewritten from
+        // the copy most devices hold, as a repairing scrub would.
+        let open_poison = || {
+            poison::PoisonList::open(
+                Arc::clone(&storage),
+                &dir.join(POISON_FILE),
+                geo.stripes,
+                geo.k(),
+                geo.blocks_per_unit(),
+            )
+        };
+        let poison = match (open_poison(), &meta) {
+            (Err(Error::Corrupt(why)), Some(m)) => {
+                for p in m.check_copies_of(&[POISON_FILE], true) {
+                    warnings.push(format!("opening the poison list ({why}): metadata {p}"));
+                }
+                open_poison()?
+            }
+            (r, _) => r?,
+        };
         let cfg_write_policy = cfg.write_policy;
         let cfg_journal_bytes_max = cfg.journal_bytes_max;
         let mut journal_unreadable = false;
@@ -1471,6 +1504,7 @@ impl Array {
             operation: Mutex::new(None),
             warnings: Mutex::new(warnings),
             degraded_log,
+            poison,
             failed_before_open: newest
                 .states
                 .iter()
@@ -1684,6 +1718,7 @@ impl Array {
                 .intent
                 .missed_regions()
                 .map(|m| m.iter().filter(|&&r| r).count()),
+            poisoned_blocks: self.poison.len(),
             operation: self.operation.lock().unwrap().clone(),
             warnings: self.warnings(),
         }

@@ -203,3 +203,47 @@ fn a_re_add_whose_missed_map_record_one_copy_missed_fails_that_device_first() {
         assert!(back.iter().all(|&b| b == 3), "stripe {s}");
     }
 }
+
+/// The poison list names blocks whose unit holds a placeholder: read
+/// without it, they would read as zeroes. A copy that fails its check is
+/// rewritten at the open from the copy most devices hold; with every copy
+/// corrupt the open is refused and says why.
+#[test]
+fn a_corrupt_copy_of_the_poison_list_is_rewritten_and_every_copy_corrupt_refuses_the_open() {
+    let rig = CopiesRig::new();
+    let array = rig.open();
+    array.poison.add(&[(1, 2, 0)]).unwrap();
+    let corrupt = |array: &Array, d: usize| {
+        let area = array.meta.as_ref().unwrap().area(d).unwrap();
+        let f = area.open_file(POISON_FILE).unwrap();
+        f.write_at(&[0xff], 20).unwrap();
+        f.sync().unwrap();
+    };
+    corrupt(&array, 0);
+    drop(array);
+    let array = rig.open();
+    assert!(array.poison.contains(1, 2, 0));
+    assert!(
+        array.warnings().iter().any(|w| w.contains("poison.map")),
+        "{:?}",
+        array.warnings()
+    );
+    let mut block = vec![0u8; 4096];
+    let at = rig.geo.stripe_data_bytes() + 2 * rig.geo.unit_bytes();
+    assert!(array.read(&mut block, at).is_err());
+    assert_eq!(array.status().poisoned_blocks, 1);
+    for d in 0..6 {
+        corrupt(&array, d);
+    }
+    drop(array);
+    let devices = rig
+        .mems
+        .iter()
+        .map(|d| Some(Arc::new(d.clone()) as Arc<dyn Device>))
+        .collect();
+    let e = Array::open_with_devices(rig.dir.path(), devices, None)
+        .err()
+        .expect("every copy corrupt refuses the open")
+        .to_string();
+    assert!(e.contains("poison list") && e.contains("checksum"), "{e}");
+}
