@@ -48,7 +48,8 @@
 #              pread/pwrite/fdatasync per operation), for before/after counts
 #   JOBS [randwrite-qd1 randwrite-qd32 randread-qd32 seqwrite-1m-qd8] the jobs to run;
 #              also known: randwrite-qd1-flush64 (a flush every 64 writes),
-#              randread-qd1, seqread-1m-qd8 (1 MiB sequential reads QD8)
+#              randread-qd1, seqread-1m-qd8 (1 MiB sequential reads QD8),
+#              seqread-1m-qd16, seqread-1m-qd32, seqread-4m-qd8 (the read sweep)
 #   QUICK=1    smoke run: PAIRS=2 RUNTIME=2 RAMP=0 SIZE=256M
 #   ECDEDUP_BIN  an ecdedup executable with libecdedup_nbdkit.so beside it
 #                [target/release/ecdedup, built with `cargo build --release --workspace`]
@@ -119,6 +120,11 @@ job_opts() {
     randread-qd1)    echo "--rw=randread --bs=4k --iodepth=1" ;;
     seqread-1m-qd8)  echo "--rw=read --bs=1M --iodepth=8" ;;
     seqwrite-1m-qd8) echo "--rw=write --bs=1M --iodepth=8" ;;
+    # The client-queue sweep of sequential reads (docs/benchmarks.md,
+    # "Issue 21's goals on another machine").
+    seqread-1m-qd16) echo "--rw=read --bs=1M --iodepth=16" ;;
+    seqread-1m-qd32) echo "--rw=read --bs=1M --iodepth=32" ;;
+    seqread-4m-qd8)  echo "--rw=read --bs=4M --iodepth=8" ;;
     # Not in the default set: a client that flushes (NBD_CMD_FLUSH) every 64 writes.
     randwrite-qd1-flush64) echo "--rw=randwrite --bs=4k --iodepth=1 --fsync=64" ;;
     *) die "unknown job $1" ;;
