@@ -430,7 +430,14 @@ impl DegradedLog {
 
     /// After every device is durable: starts a new generation, so no record
     /// written so far is used again. Costs a synced header write, and only
-    /// when records were appended since the last one.
+    /// when records were appended since the last one. The file keeps its
+    /// length: the older records stay until appends overwrite them (open
+    /// skips them by their generation, and stops at the first bytes that
+    /// are not a whole record, as a torn overwrite leaves), so appends
+    /// below the file's high-water mark change no length, and their sync
+    /// costs no directory commit of a metadata area (two round trips per
+    /// copy across the network). Until 2026-11-28 it was cut back to its
+    /// header here, and every degraded write's append grew it again.
     fn end_generation_locked(inner: &mut Inner) -> std::io::Result<()> {
         if inner.end == HEADER_BYTES && inner.index.is_empty() {
             return Ok(());
@@ -438,7 +445,6 @@ impl DegradedLog {
         let next = inner.generation + 1;
         inner.file.write_at(&header(next), 0)?;
         inner.file.sync()?;
-        inner.file.set_len(HEADER_BYTES)?;
         inner.generation = next;
         inner.end = HEADER_BYTES;
         inner.index.clear();
@@ -947,21 +953,40 @@ impl super::Array {
             return false;
         };
         // A missing unit whose value the log holds (a degraded write
-        // logged it before the stop) is known: the resync that follows a
-        // degraded replay recomputes the row's parity from it, replacing
-        // the marks. Poisoned, the logged value was lost to the
-        // placeholder (`tests/powerloss.rs`, plog seed 12000051: a block
-        // written while its member was out read as an I/O error).
+        // logged it before the stop) is known, and keeps that value: only
+        // the others are poisoned. Where the log holds every missing
+        // unit's value, nothing is: the resync that follows a degraded
+        // replay recomputes the row's parity from them, replacing the
+        // marks (poisoned, the logged value was lost to the placeholder:
+        // `tests/powerloss.rs`, plog seed 12000051, a block written while
+        // its member was out read as an I/O error). Where it held some and
+        // not others, the marks stayed, and the simulator's seed 664700
+        // lost a row's flushed blocks to a member lost later.
         if g.k() < 2
             || missing.is_empty()
-            || missing.iter().any(|&r| {
-                self.holds(g.place(stripe, r).device, stripe)
-                    || matches!(log.value(stripe, r, row), Ok(Some(_)))
-            })
+            || missing
+                .iter()
+                .any(|&r| self.holds(g.place(stripe, r).device, stripe))
         {
             return false;
         }
-        let entries: Vec<super::poison::Entry> = missing
+        let mut logged: Vec<Option<Vec<u8>>> = Vec::with_capacity(missing.len());
+        for &r in &missing {
+            match log.value(stripe, r, row) {
+                Ok(v) => logged.push(v),
+                Err(_) => return false,
+            }
+        }
+        if logged.iter().all(Option::is_some) {
+            return false;
+        }
+        let unknown: Vec<usize> = missing
+            .iter()
+            .zip(&logged)
+            .filter(|(_, v)| v.is_none())
+            .map(|(&r, _)| r)
+            .collect();
+        let entries: Vec<super::poison::Entry> = unknown
             .iter()
             .map(|&r| (stripe, r as u32, row as u32))
             .collect();
@@ -983,8 +1008,11 @@ impl super::Array {
         }
         let block = g.block() as usize;
         let mut data: Vec<Vec<u8>> = read[..g.k()].to_vec();
-        for &r in &missing {
-            data[r] = vec![0u8; block];
+        for (&r, v) in missing.iter().zip(&logged) {
+            data[r] = match v {
+                Some(v) => v.clone(),
+                None => vec![0u8; block],
+            };
         }
         let _logged = match self.log_missing_rows(stripe, &[(row, &data[..])]) {
             Ok(logged) => logged,
@@ -1002,16 +1030,16 @@ impl super::Array {
                 self.write_unit_blocks(stripe, g.k() + j, row, p);
             }
         }
-        let zero = super::checksum::zero_block_crc(block);
         for &r in &missing {
             let place = g.place(stripe, r);
-            self.note_logical_crc(place.device, g.checksum_index(place.row, row), zero);
+            let crc = crate::codec::crc32c(&data[r]);
+            self.note_logical_crc(place.device, g.checksum_index(place.row, row), crc);
         }
         self.counters
             .array
-            .add(&self.counters.array.poisoned_blocks, missing.len() as u64);
+            .add(&self.counters.array.poisoned_blocks, unknown.len() as u64);
         self.warn(format!(
-            "stripe {stripe} block row {row}: the blocks of units {missing:?} there are \
+            "stripe {stripe} block row {row}: the blocks of units {unknown:?} there are \
              poisoned (unknowable after an unclean stop and a member lost before resync: \
              docs/write-hole.md); they read as I/O errors until written, and the row's parity \
              is recomputed around them so its other blocks keep their redundancy"

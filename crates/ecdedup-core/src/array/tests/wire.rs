@@ -640,6 +640,42 @@ fn a_degraded_write_logs_the_missing_value_on_every_copy_before_it_writes() {
     assert_eq!(back, pattern(9, 4096));
 }
 
+/// The degraded-write log keeps its length through a checkpoint (a
+/// flush), so a degraded write after one appends below the file's
+/// high-water mark: no length hint, and each copy's sync commits no
+/// directory (a write and a flush, where the first took a write and a
+/// hint, a flush, a commit and its flush). 13 round trips counted one
+/// sender at a time, not 28; across the network, where the copies go side
+/// by side, 5 (2 of reads, 1 of log writes, 1 of syncs, the write) where
+/// it was 7.
+#[test]
+fn a_degraded_write_after_a_flush_appends_to_its_log_without_directory_commits() {
+    let (_dir, array, tally) = over_links(WritePolicy::Rmw, 8, true);
+    array.fail_device(1).unwrap();
+    array.write(&pattern(9, 4096), 0, false).unwrap();
+    array.flush().unwrap();
+    tally.take();
+    tally.round_trip_purposes.lock().unwrap().clear();
+    array.write(&pattern(10, 4096), 0, false).unwrap();
+    let (by, trips) = tally.take();
+    let began = std::mem::take(&mut *tally.round_trip_purposes.lock().unwrap());
+    eprintln!("degraded write after a flush: {by:?}; {trips} round trips: {began:?}");
+    let count = |p| began.iter().filter(|q| **q == p).count();
+    assert_eq!(
+        (
+            count(Purpose::Read),
+            count(Purpose::Metadata),
+            count(Purpose::Flush)
+        ),
+        (2, 5, 5),
+        "{began:?}"
+    );
+    assert_eq!(trips, 13, "{began:?}");
+    let mut back = vec![0u8; 4096];
+    array.read(&mut back, 0).unwrap();
+    assert_eq!(back, pattern(10, 4096));
+}
+
 /// What a FUA write costs since it syncs every device with its parity
 /// journal, as a flush does (docs/benchmarks.md, "A FUA write syncs every
 /// device"): after partial writes to other stripes (every journal grown,
