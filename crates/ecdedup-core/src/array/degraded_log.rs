@@ -1024,7 +1024,7 @@ impl super::Array {
                 return false;
             }
         };
-        let parity = self.encode_parity_row(&data);
+        let parity = self.encode_data(&data.iter().map(Vec::as_slice).collect::<Vec<_>>());
         for (j, p) in parity.iter().enumerate() {
             if present[g.k() + j] {
                 self.write_unit_blocks(stripe, g.k() + j, row, p);
@@ -1045,16 +1045,6 @@ impl super::Array {
              is recomputed around them so its other blocks keep their redundancy"
         ));
         true
-    }
-
-    /// The m parity blocks of one block row's k data blocks.
-    fn encode_parity_row(&self, data: &[Vec<u8>]) -> Vec<Vec<u8>> {
-        let g = &self.geo;
-        let mut parity = vec![vec![0u8; g.block() as usize]; g.m()];
-        let d: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-        let mut p: Vec<&mut [u8]> = parity.iter_mut().map(|v| v.as_mut_slice()).collect();
-        self.codec.encode(&d, &mut p);
-        parity
     }
 
     /// A whole-stripe discard while degraded: the missing data units will

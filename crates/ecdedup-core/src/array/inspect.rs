@@ -114,21 +114,17 @@ pub fn inspect(dir: &Path) -> Result<Status> {
         })
         .collect();
     let dirty_regions = dirty_regions(storage.as_ref(), dir, &cfg, geo.stripes, &mut warnings);
-    let poison_path = dir.join(super::POISON_FILE);
-    let poisoned_blocks = match storage.exists(&poison_path) {
-        false => 0,
-        true => {
-            let what = poison_path.display().to_string();
-            match crate::media::storage::read_all(storage.as_ref(), &poison_path)
-                .map_err(|e| Error::io(format!("reading the poison list {what}"), e))
-                .and_then(|b| super::poison::parse(&b, &what))
-            {
-                Ok(set) => set.len(),
-                Err(e) => {
-                    warnings.push(format!("{e}: the array will refuse to open"));
-                    0
-                }
-            }
+    let poisoned_blocks = match super::poison::PoisonList::open(
+        Arc::clone(&storage),
+        &dir.join(super::POISON_FILE),
+        geo.stripes,
+        geo.k(),
+        geo.blocks_per_unit(),
+    ) {
+        Ok(list) => list.len(),
+        Err(e) => {
+            warnings.push(format!("{e}: the array will refuse to open"));
+            0
         }
     };
     if dirty_regions > 0 {

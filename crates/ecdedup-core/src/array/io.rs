@@ -273,9 +273,7 @@ impl Array {
             let end = skip as u64 + len as u64;
             let last_whole = blocks.start + end / block;
             for row in blocks.clone() {
-                if (row < first_whole || row >= last_whole)
-                    && self.poison.contains(stripe, role, row)
-                {
+                if row < first_whole || row >= last_whole {
                     self.refuse_poisoned(stripe, role, row..row + 1)?;
                 }
             }

@@ -62,14 +62,19 @@ impl Array {
     }
 
     pub(super) fn encode_parity(&self, units: &[Option<Vec<u8>>]) -> Vec<Vec<u8>> {
-        let g = &self.geo;
-        let d: Vec<&[u8]> = units[..g.k()]
+        let d: Vec<&[u8]> = units[..self.geo.k()]
             .iter()
             .map(|u| u.as_deref().expect("all data present"))
             .collect();
-        let mut parity = vec![vec![0u8; g.unit_bytes() as usize]; g.m()];
+        self.encode_data(&d)
+    }
+
+    /// The m parity pieces of k data pieces of one length (units, or one
+    /// block row's blocks).
+    pub(super) fn encode_data(&self, d: &[&[u8]]) -> Vec<Vec<u8>> {
+        let mut parity = vec![vec![0u8; d[0].len()]; self.geo.m()];
         let mut p: Vec<&mut [u8]> = parity.iter_mut().map(|v| v.as_mut_slice()).collect();
-        self.codec.encode(&d, &mut p);
+        self.codec.encode(d, &mut p);
         parity
     }
 
