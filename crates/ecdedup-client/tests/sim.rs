@@ -1892,12 +1892,11 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     (616164, "rmw beside plog: blocks 96 and 97 of volume 8 fail to read after the takeover (poisoned)"),
     (628645, "plog: block 127 fails to read after the takeover (poisoned)"),
     // Found by the 20,000-seed run of 2026-11-28 at the degraded-write
-    // log's kept length (655,000 to 674,999). 655184 READS WRONG, and it
-    // does the same with the test binary of 0226407 (before this day's
-    // changes): open, not narrowed (docs/write-hole.md). 664700 passes on
-    // 0226407 and bd5aeec (other stories: the log's syncs send fewer
-    // frames now) and fails in the class above.
-    (655184, "rmw beside replicate: block 121 of volume 7 (never written) READS WRONG after the takeover; the same on 0226407"),
+    // log's kept length (655,000 to 674,999): passes on 0226407 and
+    // bd5aeec (other stories: the log's syncs send fewer frames now) and
+    // fails in the class above. (655184, found with it, read wrong: an
+    // rmw write whose reads failed a data member wrote it unlogged; a
+    // regression seed since.)
     (664700, "rmw with dedup beside parix: block 29 of volume 8 fails to read after the takeover (poisoned)"),
     // Found by the 20,000-seed run 675,000 to 694,999 (the only
     // failure): passes on 0226407 and bd5aeec (other stories), fails in
@@ -2587,7 +2586,7 @@ const REGRESSION_SHARED_SEEDS: &[u64] = &[
     109578, 90621, 73757, 43529, 111761, 177513, 179428, 183058, 350687, 351546, 377381, 383995,
     393759, 397781, 400534, 396583, 475621, 256008, 263256, 274406, 307244, 419512, 602148, 15464,
     26548, 63148, 78732, 89458, 93270, 105701, 122517, 126294, 123693, 188090, 204287, 328965,
-    349450, 391288, 402584, 521235, 531565, 536966, 550149, 569516, 569626,
+    349450, 391288, 402584, 521235, 531565, 536966, 550149, 569516, 569626, 655184,
 ];
 
 #[test]

@@ -990,7 +990,24 @@ impl Array {
             }
             // Degraded: the missing units' new values are durable before
             // any device of the stripe is written (the degraded write hole).
-            let _logged = self.log_missing_units(stripe, run.start, &data)?;
+            // A member failed by the append itself (its copy of the log
+            // missed the record, or the superblock write that recorded that
+            // failed another) is missing too: logged again until the
+            // missing set holds still, as an rmw's read failing a member
+            // sends the write here ([`Array::read_modify_write`]).
+            let mut missing = self.missing_data_roles(stripe);
+            let mut _logged = self.log_missing_units(stripe, run.start, &data)?;
+            loop {
+                let now = self.missing_data_roles(stripe);
+                if now == missing {
+                    break;
+                }
+                missing = now;
+                // One Logged at a time: a checkpoint the append may need
+                // waits for every one held.
+                drop(_logged);
+                _logged = self.log_missing_units(stripe, run.start, &data)?;
+            }
             // The touched data blocks and the parity of the run: one batch.
             let mut units: Vec<(u64, usize, u64, &[u8])> = Vec::with_capacity(writes.len() + g.m());
             for w in writes {
@@ -1025,6 +1042,19 @@ impl Array {
         }
         wants.extend(writes.iter().map(|w| (w.role, w.blocks(block))));
         let mut old = self.read_units(stripe, &wants)?;
+        if !self.missing_data_roles(stripe).is_empty() {
+            // A member failed at these reads (a parity member's read, and
+            // the superblock write that recorded it failing a data member
+            // too): the write is a degraded write now, and only the
+            // degraded path logs the missing units' values before a device
+            // is written. Written here, the new data block and the parity
+            // were the missing unit's only account, and a cut that kept
+            // one and dropped the other decoded it as neither its old nor
+            // its new bytes (the cluster simulator's seed 655184: a block
+            // never written read as garbage after the next open).
+            bump(&self.counters.array.degraded_writes);
+            return self.reconstruct_write(stripe, writes, rows);
+        }
         let old_data = old.split_off(rows.len() * g.m());
         let mut parity: Vec<Vec<ScratchBuf>> = Vec::with_capacity(rows.len());
         let mut old_parity = old.into_iter();

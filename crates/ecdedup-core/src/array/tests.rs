@@ -112,6 +112,46 @@ impl Rig {
         rig
     }
 
+    /// RS(4,2) rmw on 6 devices of 8 stripes of 4 KiB units, the metadata
+    /// on the devices.
+    fn rs42_rmw_on_devices() -> Rig {
+        Rig::with(
+            6,
+            4,
+            2,
+            4096,
+            8,
+            DedupConfig::default(),
+            WritePolicy::Rmw,
+            JOURNAL_BYTES_DEFAULT,
+            MetadataPlacement::Devices,
+        )
+    }
+
+    /// A cut that dropped a write: the array stops unclean and device
+    /// `back.0` gets its old bytes `back.2` back at byte `back.1`; opened
+    /// without the devices `lost`, the volume's block at `read_at` (a lost
+    /// member's, logged by a degraded write) reads as the model says.
+    fn cut_back_and_read(&mut self, back: (usize, usize, &[u8]), lost: &[usize], read_at: u64) {
+        let (d, at, old) = back;
+        self.array.take().unwrap().simulate_crash();
+        self.mems[d].with_bytes(|b| b[at..at + old.len()].copy_from_slice(old));
+        let mut devs = self.devices();
+        for &l in lost {
+            devs[l] = None;
+        }
+        let array = Array::open_with_devices(self.dir.path(), devs, None).unwrap();
+        let mut got = vec![0u8; 4096];
+        array
+            .read(&mut got, read_at)
+            .expect("the lost member's block reads (its value was logged)");
+        let at = read_at as usize;
+        assert!(
+            got[..] == self.model[at..at + 4096],
+            "the lost member's block reads what the model says"
+        );
+    }
+
     /// Device `d`'s writes of its unit of `stripe` wait (`FaultPlan`'s
     /// hold) until the plan's `hold` is cleared.
     fn hold_unit_writes(&self, d: usize, stripe: u64) {
@@ -978,6 +1018,51 @@ fn a_member_lost_at_a_journaled_writes_read_leaves_the_write_to_the_degraded_pat
     }
 }
 
+/// A parity member lost at the read an rmw write makes of the old parity,
+/// whose failure's superblock write fails a data member of the stripe as
+/// well (a second server not answering), leaves that write to the degraded
+/// path, which logs the missing data unit's value before any device write.
+/// Written by the rmw from there, the new data block and the new parity
+/// were the missing unit's only account: a cut that kept the data block
+/// and dropped the parity write left the unit to decode unchecked (its
+/// member's table out with it) from members that disagree (the cluster
+/// simulator's seed 655184: a block never written read as garbage). Fails
+/// without the change: no degraded write, and after the cut the lost
+/// member's block reads as neither its old nor any new bytes.
+#[test]
+fn a_data_member_lost_at_an_rmw_writes_read_leaves_the_write_to_the_degraded_path() {
+    let mut rig = Rig::rs42_rmw_on_devices();
+    let vol = rig.model.len();
+    rig.write(0, &pattern(1, vol));
+    rig.a().flush().unwrap();
+    let g = rig.a().geo;
+    let sd = g.stripe_data_bytes();
+    let stripe = 3u64;
+    let (p0, p1) = (g.place(stripe, g.k()), g.place(stripe, g.k() + 1));
+    let lost_data = g.place(stripe, 1).device;
+    let at0 = g.device_offset(p0.row, 0);
+    *rig.plans[p0.device].lost_read_range.lock().unwrap() = Some((at0, at0 + 4096));
+    rig.plans[lost_data].dead.store(true, Ordering::SeqCst);
+    let at1 = g.device_offset(p1.row, 0) as usize;
+    let old_p1 = rig.mems[p1.device].with_bytes(|b| b[at1..at1 + 4096].to_vec());
+    let degraded_before = rig.a().stats().array.degraded_writes;
+    // One block of role 0: rmw (3 reads) and rcw (3 reads) tie, rmw taken.
+    rig.write(stripe * sd, &pattern(2, 4096));
+    let states = rig.a().member_states();
+    assert_eq!(states[p0.device], MemberState::Failed);
+    assert_eq!(states[lost_data], MemberState::Failed);
+    assert!(
+        rig.a().stats().array.degraded_writes > degraded_before,
+        "the write took the degraded path"
+    );
+    // A cut keeps role 0's new block and drops the parity write.
+    rig.cut_back_and_read(
+        (p1.device, at1, &old_p1),
+        &[lost_data, p0.device],
+        stripe * sd + 4096,
+    );
+}
+
 /// A write of whole stripes whose member fails at the intent mark (its copy
 /// of intent.map, on the device under format 2) takes the degraded path,
 /// which logs the missing units' values before any device write. Written
@@ -989,17 +1074,7 @@ fn a_member_lost_at_a_journaled_writes_read_leaves_the_write_to_the_degraded_pat
 /// and after the cut the missing block reads as an I/O error.
 #[test]
 fn a_member_lost_at_a_whole_stripe_writes_intent_mark_leaves_the_write_to_the_degraded_path() {
-    let mut rig = Rig::with(
-        6,
-        4,
-        2,
-        4096,
-        8,
-        DedupConfig::default(),
-        WritePolicy::Rmw,
-        JOURNAL_BYTES_DEFAULT,
-        MetadataPlacement::Devices,
-    );
+    let mut rig = Rig::rs42_rmw_on_devices();
     rig.set_intent_clear_quiet_ms(0);
     let vol = rig.model.len();
     rig.write(0, &pattern(1, vol));
@@ -1022,20 +1097,7 @@ fn a_member_lost_at_a_whole_stripe_writes_intent_mark_leaves_the_write_to_the_de
     // stripe, whose old block is back on its device.
     let kept = g.place(stripe, 0);
     let at = g.device_offset(kept.row, 0) as usize;
-    rig.array.take().unwrap().simulate_crash();
-    rig.mems[kept.device].with_bytes(|b| b[at..at + 4096].copy_from_slice(&old));
-    let mut devs = rig.devices();
-    devs[lost] = None;
-    let array = Array::open_with_devices(rig.dir.path(), devs, None).unwrap();
-    let read_at = (stripe * sd + 4096) as usize;
-    let mut got = vec![0u8; 4096];
-    array
-        .read(&mut got, read_at as u64)
-        .expect("the lost member's block reads (its value was logged)");
-    assert!(
-        got[..] == rig.model[read_at..read_at + 4096],
-        "the lost member's block reads its new bytes"
-    );
+    rig.cut_back_and_read((kept.device, at, &old), &[lost], stripe * sd + 4096);
 }
 
 /// A member of a `replicate` array or of an array with dedup is re-added
