@@ -577,6 +577,78 @@ fn wait_for(what: &str, log: &Path, mut ready: impl FnMut() -> bool) -> Result<(
     Ok(())
 }
 
+/// Starts a server again on a fresh port this many times at most where its
+/// first port was taken between `free_port` and its bind.
+const PORT_RETRIES: u32 = 3;
+
+/// Waits until every server of `state` is registered. A server that exits
+/// first fails the wait at once with its own log's end, unless its port was
+/// taken meanwhile (another process bound it after `free_port` let it go):
+/// that one starts again on a fresh port. On time out, the logs are those
+/// of the servers not registered (server 0's log alone said nothing of a
+/// server that never came: a clean-clone CI run on 2026-11-28).
+fn wait_for_servers(
+    dir: &Path,
+    state: &mut UpState,
+    rt: &tokio::runtime::Runtime,
+    etcd: &EtcdConfig,
+) -> Result<()> {
+    let deadline = Instant::now() + START_WAIT;
+    let mut retries = 0;
+    let log_end = |id: u32| {
+        let log = dir.join(format!("server{id}.log"));
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let end = lines[lines.len().saturating_sub(15)..].join("\n");
+        (log, end)
+    };
+    loop {
+        let up = registered(rt, etcd);
+        let waiting: Vec<u32> = state
+            .servers
+            .iter()
+            .map(|s| s.id)
+            .filter(|id| !up.contains(id))
+            .collect();
+        if waiting.is_empty() {
+            return Ok(());
+        }
+        for slot in 0..state.servers.len() {
+            let ServerProc { id, pid, .. } = state.servers[slot];
+            if !waiting.contains(&id) || alive(pid) {
+                continue;
+            }
+            let (log, end) = log_end(id);
+            if end.contains("in use") && retries < PORT_RETRIES {
+                retries += 1;
+                let port = free_port()?;
+                state.servers[slot].pid = start_server(dir, state, id, port)?;
+                state.servers[slot].port = port;
+                save_state(dir, state)?;
+                continue;
+            }
+            return Err(Error::Other(format!(
+                "chunk server {id} exited at start; {} ends:\n{end}",
+                log.display()
+            )));
+        }
+        if Instant::now() > deadline {
+            let logs: Vec<String> = waiting
+                .iter()
+                .map(|&id| {
+                    let (log, end) = log_end(id);
+                    format!("{} ends:\n{end}", log.display())
+                })
+                .collect();
+            return Err(Error::Other(format!(
+                "chunk servers {waiting:?} did not register within {START_WAIT:?}; {}",
+                logs.join("\n")
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 fn registered(rt: &tokio::runtime::Runtime, etcd: &EtcdConfig) -> Vec<u32> {
     rt.block_on(async {
         let Ok(etcd) = Etcd::connect(etcd.clone()).await else {
@@ -766,9 +838,7 @@ fn up(dir: &Path, args: UpArgs) -> Result<()> {
     }
     let rt = runtime()?;
     let etcd_config = state.etcd_config();
-    wait_for("the chunk servers", &dir.join("server0.log"), || {
-        registered(&rt, &etcd_config).len() >= servers as usize
-    })?;
+    wait_for_servers(&dir, &mut state, &rt, &etcd_config)?;
     rt.block_on(async {
         let etcd = Etcd::connect(etcd_config.clone())
             .await
