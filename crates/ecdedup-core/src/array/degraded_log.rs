@@ -281,11 +281,9 @@ impl DegradedLog {
             let at = inner.end;
             let empty = at == HEADER_BYTES;
             if at + out.len() as u64 <= self.bytes_max || empty {
-                match inner
-                    .file
-                    .write_at(&out, at)
-                    .and_then(|_| inner.file.sync())
-                {
+                // One durable write: a FUA write per copy below the
+                // file's durable length (one round trip to a chunk).
+                match inner.file.write_durable(&out, at) {
                     Ok(()) => return Ok((inner, at, out.len() as u64)),
                     Err(e) if empty || !super::Array::is_space_error(&e) => {
                         return Err(appending(e))

@@ -327,6 +327,9 @@ impl Device for Synchronous {
     fn sync(&self) -> std::io::Result<()> {
         self.0.sync()
     }
+    fn write_fua(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.0.write_fua(buf, offset)
+    }
     fn size(&self) -> u64 {
         self.0.size()
     }

@@ -690,6 +690,9 @@ impl StorageFile for MirrorFile {
     fn sync(&self) -> io::Result<()> {
         self.each(|f| f.sync())
     }
+    fn write_durable(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.each(|f| f.write_durable(buf, offset))
+    }
     fn reserve(&self, len: u64) -> io::Result<()> {
         self.each(|f| f.reserve(len))
     }

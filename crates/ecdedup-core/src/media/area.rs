@@ -930,6 +930,41 @@ impl StorageFile for AreaFile {
         self.synced_up_to(inner, len)
     }
 
+    /// Below the file's durable length (its extents and length already
+    /// committed: nothing of the directory changes), one FUA write per run
+    /// of the device; elsewhere a write and a sync.
+    fn write_durable(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        // A latched area takes no durable write, as it takes no sync.
+        AreaFs::check(&self.fs.inner.lock().unwrap())?;
+        let end = offset.checked_add(buf.len() as u64);
+        let written = {
+            let node = self.node.lock().unwrap();
+            if node.removed || end.is_none_or(|end| end > node.durable_len) {
+                None
+            } else {
+                let mut done = 0usize;
+                let mut r = Ok(());
+                for (at, n) in self.fs.runs(&node, offset, buf.len() as u64) {
+                    r = self.fs.dev.write_fua(&buf[done..done + n], at);
+                    if r.is_err() {
+                        break;
+                    }
+                    done += n;
+                }
+                Some(r)
+            }
+        };
+        match written {
+            None => {
+                self.write_at(buf, offset)?;
+                self.sync()
+            }
+            Some(Ok(())) => Ok(()),
+            // Latched as a failed sync is: the area is not trusted after.
+            Some(Err(e)) => Err(self.fs.latch(&mut self.fs.inner.lock().unwrap(), e)),
+        }
+    }
+
     fn sync_point(&self) -> Option<SyncPoint> {
         let node = self.node.lock().unwrap();
         Some(SyncPoint {

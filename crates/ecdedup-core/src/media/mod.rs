@@ -117,6 +117,14 @@ pub trait Device: Send + Sync {
     }
     /// Makes every completed write durable.
     fn sync(&self) -> io::Result<()>;
+    /// Writes `buf` at `offset`, durable before it returns (a FUA write:
+    /// other writes are not made durable by it). Default: `write_at`, then
+    /// `sync`; a chunk across the network sends one message
+    /// ([`remote::LinkOp::Write`] with `fua`), one round trip, not two.
+    fn write_fua(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.write_at(buf, offset)?;
+        self.sync()
+    }
     /// Tells the device that `[offset, offset+len)` now reads as zeroes and
     /// its space may be released. The default writes zeroes.
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {

@@ -325,6 +325,18 @@ impl Device for RemoteDevice {
         self.link.send(LinkOp::Sync).wait().map(drop)
     }
 
+    fn write_fua(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.link
+            .send(LinkOp::Write {
+                offset,
+                buf,
+                fua: true,
+                class: IoClass::Metadata,
+            })
+            .wait()
+            .map(drop)
+    }
+
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         self.link
             .send(LinkOp::Discard { offset, len })

@@ -44,6 +44,16 @@ pub trait StorageFile: Send + Sync {
     fn set_len(&self, len: u64) -> io::Result<()>;
     /// Makes every completed write (and the length) durable: `fdatasync`.
     fn sync(&self) -> io::Result<()>;
+    /// Writes all of `buf` at `offset`, durable (with the length it gives
+    /// the file) before it returns; other writes are left as they are.
+    /// Default: `write_at`, then `sync`. A file in a device's metadata
+    /// area writing below its durable length sends one FUA write per run
+    /// (`media::area`): one round trip to a chunk across the network, not
+    /// a write and a flush.
+    fn write_durable(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.write_at(buf, offset)?;
+        self.sync()
+    }
     /// For a file inside a device's metadata area, whose device a flush
     /// syncs with the others in one batch: what a sync of that device
     /// issued from now on makes durable of this file, for

@@ -642,12 +642,13 @@ fn a_degraded_write_logs_the_missing_value_on_every_copy_before_it_writes() {
 
 /// The degraded-write log keeps its length through a checkpoint (a
 /// flush), so a degraded write after one appends below the file's
-/// high-water mark: no length hint, and each copy's sync commits no
-/// directory (a write and a flush, where the first took a write and a
-/// hint, a flush, a commit and its flush). 13 round trips counted one
-/// sender at a time, not 28; across the network, where the copies go side
-/// by side, 5 (2 of reads, 1 of log writes, 1 of syncs, the write) where
-/// it was 7.
+/// durable length: no length hint, no directory commit, and each copy's
+/// record goes as one FUA write (`StorageFile::write_durable`, since
+/// 2026-11-28; a write and a flush before, where the first append takes a
+/// write and a hint, a flush, a commit and its flush). 8 round trips
+/// counted one sender at a time (13 with a write and a flush per copy, 28
+/// for the first append); across the network, where the copies go side by
+/// side, 4 (2 of reads, 1 of log writes, the write) where it was 5.
 #[test]
 fn a_degraded_write_after_a_flush_appends_to_its_log_without_directory_commits() {
     let (_dir, array, tally) = over_links(WritePolicy::Rmw, 8, true);
@@ -667,10 +668,10 @@ fn a_degraded_write_after_a_flush_appends_to_its_log_without_directory_commits()
             count(Purpose::Metadata),
             count(Purpose::Flush)
         ),
-        (2, 5, 5),
+        (2, 5, 0),
         "{began:?}"
     );
-    assert_eq!(trips, 13, "{began:?}");
+    assert_eq!(trips, 8, "{began:?}");
     let mut back = vec![0u8; 4096];
     array.read(&mut back, 0).unwrap();
     assert_eq!(back, pattern(10, 4096));
