@@ -597,6 +597,39 @@ fn an_array_dropped_without_a_close_flushes() {
     assert!(by.iter().any(|(p, _)| *p == Purpose::Flush), "{by:?}");
 }
 
+/// A write into a clean region first marks it in the write-intent map,
+/// durably on every copy (format 2: mirrored in each member's metadata
+/// area): one FUA write per copy since 2026-11-28 (a write and a flush
+/// each before: 12 round trips one sender at a time, 2 side by side),
+/// then the write. A whole stripe reads nothing.
+#[test]
+fn a_write_into_a_clean_region_marks_it_with_one_fua_write_per_copy() {
+    let (_dir, array, tally) = over_links(WritePolicy::Rmw, 8, true);
+    array
+        .intent
+        .set_quiet_before_clear(std::time::Duration::ZERO);
+    array.flush().unwrap();
+    array.flush().unwrap();
+    assert_eq!(array.intent.dirty_regions(), 0, "every region clean");
+    tally.take();
+    tally.round_trip_purposes.lock().unwrap().clear();
+    let stripe = array.geo.stripe_data_bytes() as usize;
+    array.write(&pattern(11, stripe), 0, false).unwrap();
+    let (by, trips) = tally.take();
+    let began = std::mem::take(&mut *tally.round_trip_purposes.lock().unwrap());
+    eprintln!("write into a clean region: {by:?}; {trips} round trips: {began:?}");
+    let count = |p| began.iter().filter(|q| **q == p).count();
+    assert_eq!(
+        (count(Purpose::Metadata), count(Purpose::Flush)),
+        (6, 0),
+        "{began:?}"
+    );
+    assert_eq!(trips, 7, "{began:?}");
+    let mut back = vec![0u8; stripe];
+    array.read(&mut back, 0).unwrap();
+    assert_eq!(back, pattern(11, stripe));
+}
+
 /// What a degraded write costs across the network, counted one sender at
 /// a time (docs/cluster.md, "Limits"): RS(4,2) with one member out, a 4
 /// KiB write into the missing unit's stripe reads its own block, then the
