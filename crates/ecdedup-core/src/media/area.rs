@@ -481,7 +481,13 @@ impl AreaFs {
         b[DIR_SLOT_BYTES as usize - 4..].copy_from_slice(&crc.to_le_bytes());
         debug_assert!(decode_dir(&b, self.bytes, self.units).is_ok());
         let at = self.offset + (seq % 2) * DIR_SLOT_BYTES;
-        let r = self.dev.write_at(&b, at).and_then(|_| self.dev.sync());
+        // Durable before anything relies on it (the extents it frees may
+        // be written next): one FUA write, one round trip to a chunk
+        // across the network, where a write and a flush took two. What
+        // the files hold was synced before the commit (their `sync`, a
+        // truncation's own sync, a temporary copy's sync before its
+        // rename).
+        let r = self.dev.write_fua(&b, at);
         if let Err(e) = r {
             return Err(self.latch(inner, e));
         }

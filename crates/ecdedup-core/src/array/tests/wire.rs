@@ -482,13 +482,14 @@ fn flush_after(
 /// checksum page nor per parity journal: every chunk's dirty pages in
 /// one batch, every chunk's sync in the next, and (format 2) each parity
 /// journal made durable by its chunk's sync, so that only the metadata
-/// area's directory commit of each journal that grew follows (a write
-/// and a sync). On main before this (2afe4b7) the rmw flush below took
-/// 13 round trips (its 12 pages one at a time, then the syncs) and the
-/// parix one 14 (each journal synced on its own before the chunks).
+/// area's directory commit of each journal that grew follows (one FUA
+/// write since 2026-11-28; a write and a sync before, 6 round trips for
+/// the parix flush below). On main before 2afe4b7 the rmw flush below
+/// took 13 round trips (its 12 pages one at a time, then the syncs) and
+/// the parix one 14 (each journal synced on its own before the chunks).
 /// `-- --nocapture` prints both.
 #[test]
-fn a_flush_takes_a_round_trip_for_the_pages_one_for_the_syncs_and_two_per_grown_journal() {
+fn a_flush_takes_a_round_trip_for_the_pages_one_for_the_syncs_and_one_per_grown_journal() {
     let count = |began: &[Purpose], p| began.iter().filter(|q| **q == p).count();
     // rmw: blocks of stripes in each of the 3 checksum pages of a chunk
     // (512 stripes of 2 blocks a page), every chunk holding data and
@@ -521,11 +522,12 @@ fn a_flush_takes_a_round_trip_for_the_pages_one_for_the_syncs_and_two_per_grown_
     }
     let (by, trips, began) = flush_after(WritePolicy::Parix, 8, &writes);
     eprintln!("parix flush: {by:?}; {trips} round trips: {began:?}");
-    assert!(trips <= 6, "{trips} round trips: {began:?}");
+    assert_eq!(trips, 4, "{began:?}");
     assert_eq!(count(&began, Purpose::ChecksumPage), 1, "{began:?}");
     // The chunks' syncs in one, then each of the 2 grown journals'
-    // directory commit: a write and a sync.
-    assert!(count(&began, Purpose::Flush) <= 3, "{began:?}");
+    // directory commit: one FUA write each.
+    assert_eq!(count(&began, Purpose::Flush), 1, "{began:?}");
+    assert_eq!(count(&began, Purpose::Metadata), 2, "{began:?}");
 }
 
 /// A rebuild across the network reads the members of a window of stripes
@@ -636,8 +638,9 @@ fn a_write_into_a_clean_region_marks_it_with_one_fua_write_per_copy() {
 /// row's blocks of every member in one batch (one member at a time until
 /// 2026-11-28: 6 reads), logs the missing unit's value in the
 /// degraded-write log on each of the 5 copies (a write and a length hint,
-/// then a sync and a directory commit with its sync), then writes: 28
-/// round trips (32 before). The
+/// then a sync and a directory commit, one FUA write since 2026-11-28),
+/// then writes: 23 round trips (28 with a commit of a write and a sync,
+/// 32 with the row read one member at a time). The
 /// network's links take the log's copies side by side
 /// (`Device::side_by_side`); these counting links keep them in turn.
 /// `-- --nocapture` prints the round trips by purpose.
@@ -659,10 +662,10 @@ fn a_degraded_write_logs_the_missing_value_on_every_copy_before_it_writes() {
             count(Purpose::Metadata),
             count(Purpose::Flush)
         ),
-        (2, 15, 10),
+        (2, 15, 5),
         "{began:?}"
     );
-    assert_eq!(trips, 28, "{began:?}");
+    assert_eq!(trips, 23, "{began:?}");
     assert_eq!(
         began.last(),
         Some(&Purpose::Write),
@@ -679,7 +682,7 @@ fn a_degraded_write_logs_the_missing_value_on_every_copy_before_it_writes() {
 /// record goes as one FUA write (`StorageFile::write_durable`, since
 /// 2026-11-28; a write and a flush before, where the first append takes a
 /// write and a hint, a flush, a commit and its flush). 8 round trips
-/// counted one sender at a time (13 with a write and a flush per copy, 28
+/// counted one sender at a time (13 with a write and a flush per copy, 23
 /// for the first append); across the network, where the copies go side by
 /// side, 4 (2 of reads, 1 of log writes, the write) where it was 5.
 #[test]
@@ -713,16 +716,17 @@ fn a_degraded_write_after_a_flush_appends_to_its_log_without_directory_commits()
 /// What a FUA write costs since it syncs every device with its parity
 /// journal, as a flush does (docs/benchmarks.md, "A FUA write syncs every
 /// device"): after partial writes to other stripes (every journal grown,
-/// none flushed), a one-block FUA write takes 16 round trips under plog
+/// none flushed), a one-block FUA write takes 10 round trips under plog
 /// and parix counted one sender at a time, as these links send (a
-/// directory commit, 2 round trips, per device whose journal grew: six
-/// here; over the network the journals' syncs go side by side); right
-/// after a flush, 8 under plog and 7 under parix. `-- --nocapture` prints
+/// directory commit, one FUA write since 2026-11-28, per device whose
+/// journal grew: six here; over the network the journals' commits go
+/// side by side); right after a flush, 6 under plog and 5 under parix
+/// (16, 8 and 7 when a commit was a write and a sync). `-- --nocapture` prints
 /// them.
 #[test]
 fn a_fua_write_costs_a_directory_commit_per_grown_journal_it_syncs() {
     for (policy, grown_trips, after_flush) in
-        [(WritePolicy::Plog, 16, 8), (WritePolicy::Parix, 16, 7)]
+        [(WritePolicy::Plog, 10, 6), (WritePolicy::Parix, 10, 5)]
     {
         let (_dir, array, tally) = over_links(policy, 8, true);
         grow_every_journal(&array, 40);
@@ -740,13 +744,15 @@ fn a_fua_write_costs_a_directory_commit_per_grown_journal_it_syncs() {
 
 /// A flush, and a FUA write, make the grown parity journals durable side
 /// by side on chunks that take it (`Device::side_by_side`: across the
-/// network each journal's directory commit is a write and a sync, two
-/// round trips of its own), so they wait for one journal's commit, not
+/// network each journal's directory commit is a FUA write, a round trip
+/// of its own; a write and a sync, two, before 2026-11-28), so they wait
+/// for one journal's commit, not
 /// for one per journal (a first version, a thread per device, made an rmw
 /// flush 1.46 times slower on loopback: docs/benchmarks.md, "A FUA write
 /// syncs the journal of every device it syncs"). The counting links run
-/// each operation at once, so they cannot time it; here every sync sent
-/// from a thread other than the caller's waits for another to arrive,
+/// each operation at once, so they cannot time it; here every metadata
+/// write (the commits) sent from a thread other than the caller's waits
+/// for another to arrive,
 /// and the most in flight at once are counted: were the journals synced
 /// one after another again, none would meet.
 #[test]
@@ -755,14 +761,14 @@ fn a_flush_and_a_fua_write_sync_the_grown_journals_side_by_side() {
         let (_dir, array, tally) = over_links(policy, 8, true);
         tally.side_by_side.store(true, Ordering::SeqCst);
         grow_every_journal(&array, 40);
-        tally.arm(Purpose::Flush, 6);
+        tally.arm(Purpose::Metadata, 6);
         array.flush().unwrap();
         let flushed = tally.disarm();
         grow_every_journal(&array, 60);
-        tally.arm(Purpose::Flush, 6);
+        tally.arm(Purpose::Metadata, 6);
         array.write(&pattern(70, 4096), 0, true).unwrap();
         let fua = tally.disarm();
-        eprintln!("{policy:?}: syncs in flight at once: flush {flushed}, FUA {fua}");
+        eprintln!("{policy:?}: commits in flight at once: flush {flushed}, FUA {fua}");
         assert!(flushed >= 2, "{policy:?} flush: {flushed}");
         assert!(fua >= 2, "{policy:?} FUA write: {fua}");
         let mut back = vec![0u8; 4096];
