@@ -1887,26 +1887,19 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     (481191, "plog beside replicate with dedup of parity: block 43 of volume 8 fails to read after the takeover (3 of 6 units intact)"),
     (488505, "plog beside parix: block 127 of volume 7 fails to read after the takeover (3 of 6 units intact)"),
     // Found by the 20,000-seed run of 2026-11-28 with the poison list
-    // (615,000 to 634,999): each fails the same on 0226407, before it
-    // (2 and 3 of 6 units intact there).
-    (616164, "rmw beside plog: blocks 96 and 97 of volume 8 fail to read after the takeover (poisoned)"),
+    // (615,000 to 634,999): fails the same on 0226407, before it (3 of 6
+    // units intact there). (616164, found with it, passes since the
+    // degraded-write log's re-log of a member its append failed.)
     (628645, "plog: block 127 fails to read after the takeover (poisoned)"),
-    // Found by the 20,000-seed run of 2026-11-28 at the degraded-write
-    // log's kept length (655,000 to 674,999): passes on 0226407 and
-    // bd5aeec (other stories: the log's syncs send fewer frames now) and
-    // fails in the class above. (655184, found with it, read wrong: an
-    // rmw write whose reads failed a data member wrote it unlogged; a
-    // regression seed since.)
-    (664700, "rmw with dedup beside parix: block 29 of volume 8 fails to read after the takeover (poisoned)"),
+    // (664700 and 655184, found by the 20,000-seed run 655,000 to
+    // 674,999, pass since: 655184 read wrong, an rmw write whose reads
+    // failed a data member wrote it unlogged; 664700 and 699593, of the
+    // class above, pass since the degraded-write log's re-log of a
+    // member its append failed: regression seeds.)
     // Found by the 20,000-seed run 675,000 to 694,999 (the only
     // failure): passes on 0226407 and bd5aeec (other stories), fails in
     // the class above.
     (687623, "replicate beside plog: block 91 of volume 8 fails to read after the takeover (poisoned)"),
-    // Found by the 20,000-seed run 695,000 to 714,999 at c165a25 (the
-    // only failure): passes without the re-log of a degraded write whose
-    // own log append failed one more data member (another story: that
-    // re-log sends more frames), fails in the class above.
-    (699593, "plog beside rmw: block 78 of volume 7 fails to read after the takeover (poisoned)"),
 ];
 
 fn strict() -> bool {
@@ -2591,7 +2584,8 @@ const REGRESSION_SHARED_SEEDS: &[u64] = &[
     109578, 90621, 73757, 43529, 111761, 177513, 179428, 183058, 350687, 351546, 377381, 383995,
     393759, 397781, 400534, 396583, 475621, 256008, 263256, 274406, 307244, 419512, 602148, 15464,
     26548, 63148, 78732, 89458, 93270, 105701, 122517, 126294, 123693, 188090, 204287, 328965,
-    349450, 391288, 402584, 521235, 531565, 536966, 550149, 569516, 569626, 655184,
+    349450, 391288, 402584, 521235, 531565, 536966, 550149, 569516, 569626, 655184, 616164, 664700,
+    699593, 739109,
 ];
 
 #[test]

@@ -990,24 +990,9 @@ impl Array {
             }
             // Degraded: the missing units' new values are durable before
             // any device of the stripe is written (the degraded write hole).
-            // A member failed by the append itself (its copy of the log
-            // missed the record, or the superblock write that recorded that
-            // failed another) is missing too: logged again until the
-            // missing set holds still, as an rmw's read failing a member
-            // sends the write here ([`Array::read_modify_write`]).
-            let mut missing = self.missing_data_roles(stripe);
-            let mut _logged = self.log_missing_units(stripe, run.start, &data)?;
-            loop {
-                let now = self.missing_data_roles(stripe);
-                if now == missing {
-                    break;
-                }
-                missing = now;
-                // One Logged at a time: a checkpoint the append may need
-                // waits for every one held.
-                drop(_logged);
-                _logged = self.log_missing_units(stripe, run.start, &data)?;
-            }
+            // (Logged again where the append itself failed a data member:
+            // `Array::log_missing_rows`.)
+            let _logged = self.log_missing_units(stripe, run.start, &data)?;
             // The touched data blocks and the parity of the run: one batch.
             let mut units: Vec<(u64, usize, u64, &[u8])> = Vec::with_capacity(writes.len() + g.m());
             for w in writes {

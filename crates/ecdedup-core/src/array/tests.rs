@@ -152,6 +152,15 @@ impl Rig {
         );
     }
 
+    /// [`Rig::rs42_rmw_on_devices`], its volume written once and flushed.
+    fn rs42_rmw_on_devices_filled() -> Rig {
+        let mut rig = Rig::rs42_rmw_on_devices();
+        let vol = rig.model.len();
+        rig.write(0, &pattern(1, vol));
+        rig.a().flush().unwrap();
+        rig
+    }
+
     /// Device `d`'s writes of its unit of `stripe` wait (`FaultPlan`'s
     /// hold) until the plan's `hold` is cleared.
     fn hold_unit_writes(&self, d: usize, stripe: u64) {
@@ -1031,10 +1040,7 @@ fn a_member_lost_at_a_journaled_writes_read_leaves_the_write_to_the_degraded_pat
 /// member's block reads as neither its old nor any new bytes.
 #[test]
 fn a_data_member_lost_at_an_rmw_writes_read_leaves_the_write_to_the_degraded_path() {
-    let mut rig = Rig::rs42_rmw_on_devices();
-    let vol = rig.model.len();
-    rig.write(0, &pattern(1, vol));
-    rig.a().flush().unwrap();
+    let mut rig = Rig::rs42_rmw_on_devices_filled();
     let g = rig.a().geo;
     let sd = g.stripe_data_bytes();
     let stripe = 3u64;
@@ -1061,6 +1067,41 @@ fn a_data_member_lost_at_an_rmw_writes_read_leaves_the_write_to_the_degraded_pat
         &[lost_data, p0.device],
         stripe * sd + 4096,
     );
+}
+
+/// A degraded write whose append to the degraded-write log fails a second
+/// data member (its copy of the log missed the record) logs again, with
+/// that member's value too, before any device of the stripe is written:
+/// the open after a cut takes a member out before the stop for covered by
+/// the log, so a value in no record was in parity alone, unknowable once a
+/// cut tore the write (the cluster simulator's seeds 699593 and 739109).
+/// Fails without the re-log: the second member's value is not in the log.
+#[test]
+fn a_member_lost_at_a_degraded_writes_log_append_is_logged_again_with_the_others() {
+    let mut rig = Rig::rs42_rmw_on_devices_filled();
+    let g = rig.a().geo;
+    let sd = g.stripe_data_bytes();
+    let stripe = 3u64;
+    // The stripe's region dirty again, so the write marks nothing before
+    // its log append.
+    rig.write(stripe * sd + 2 * 4096, &pattern(3, 4096));
+    let out_before = g.place(stripe, 1).device;
+    rig.a().fail_device(out_before).unwrap();
+    let second = g.place(stripe, 3).device;
+    let area = g.meta_area_offset();
+    *rig.plans[second].bad_write_range.lock().unwrap() = Some((area, area + g.meta_area_bytes));
+    rig.write(stripe * sd, &pattern(2, 4096));
+    assert_eq!(rig.a().member_states()[second], MemberState::Failed);
+    let log = rig.a().degraded_log.as_ref().unwrap();
+    for role in [1usize, 3] {
+        let at = (stripe * sd + role as u64 * 4096) as usize;
+        assert_eq!(
+            log.value(stripe, role, 0).unwrap().as_deref(),
+            Some(&rig.model[at..at + 4096]),
+            "role {role}'s value is logged"
+        );
+    }
+    rig.assert_matches_model();
 }
 
 /// A write of whole stripes whose member fails at the intent mark (its copy
