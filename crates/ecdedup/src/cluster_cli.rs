@@ -560,16 +560,21 @@ fn start_server(dir: &Path, state: &UpState, id: u32, port: u16) -> Result<u32> 
     spawn_logged(cmd, &dir.join(format!("server{id}.log")))
 }
 
+/// The last 15 lines of `log` (none where it cannot be read).
+fn log_tail(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(15)..].join("\n")
+}
+
 fn wait_for(what: &str, log: &Path, mut ready: impl FnMut() -> bool) -> Result<()> {
     let deadline = Instant::now() + START_WAIT;
     while !ready() {
         if Instant::now() > deadline {
-            let tail = std::fs::read_to_string(log).unwrap_or_default();
-            let lines: Vec<&str> = tail.lines().collect();
             return Err(Error::Other(format!(
                 "{what} did not come up within {START_WAIT:?}; {} ends:\n{}",
                 log.display(),
-                lines[lines.len().saturating_sub(15)..].join("\n")
+                log_tail(log)
             )));
         }
         std::thread::sleep(Duration::from_millis(100));
@@ -597,9 +602,7 @@ fn wait_for_servers(
     let mut retries = 0;
     let log_end = |id: u32| {
         let log = dir.join(format!("server{id}.log"));
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        let end = lines[lines.len().saturating_sub(15)..].join("\n");
+        let end = log_tail(&log);
         (log, end)
     };
     loop {

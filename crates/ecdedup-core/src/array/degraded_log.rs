@@ -990,13 +990,13 @@ impl super::Array {
         {
             return false;
         }
-        let mut logged: Vec<Option<Vec<u8>>> = Vec::with_capacity(missing.len());
-        for &r in &missing {
-            match log.value(stripe, r, row) {
-                Ok(v) => logged.push(v),
-                Err(_) => return false,
-            }
-        }
+        let Ok(logged) = missing
+            .iter()
+            .map(|&r| log.value(stripe, r, row))
+            .collect::<std::io::Result<Vec<Option<Vec<u8>>>>>()
+        else {
+            return false;
+        };
         if logged.iter().all(Option::is_some) {
             return false;
         }

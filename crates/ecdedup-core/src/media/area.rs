@@ -716,11 +716,11 @@ impl AreaFs {
             let mut at = n.len;
             while at < offset {
                 let k = (offset - at).min(zeroes.len() as u64);
-                self.write_runs(&n, &zeroes[..k as usize], at)?;
+                self.write_runs(&n, &zeroes[..k as usize], at, false)?;
                 at += k;
             }
         }
-        self.write_runs(&n, buf, offset)?;
+        self.write_runs(&n, buf, offset, false)?;
         if end > n.len {
             n.len = end;
             self.write_hint(&n)?;
@@ -728,10 +728,16 @@ impl AreaFs {
         Ok(())
     }
 
-    fn write_runs(&self, node: &Node, buf: &[u8], offset: u64) -> io::Result<()> {
+    /// Writes `buf` at `offset` of the file's extents; with `fua`, each
+    /// run durable before the next goes (`Device::write_fua`).
+    fn write_runs(&self, node: &Node, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {
         let mut done = 0usize;
         for (at, n) in self.runs(node, offset, buf.len() as u64) {
-            self.dev.write_at(&buf[done..done + n], at)?;
+            let piece = &buf[done..done + n];
+            match fua {
+                true => self.dev.write_fua(piece, at)?,
+                false => self.dev.write_at(piece, at)?,
+            }
             done += n;
         }
         Ok(())
@@ -948,16 +954,7 @@ impl StorageFile for AreaFile {
             if node.removed || end.is_none_or(|end| end > node.durable_len) {
                 None
             } else {
-                let mut done = 0usize;
-                let mut r = Ok(());
-                for (at, n) in self.fs.runs(&node, offset, buf.len() as u64) {
-                    r = self.fs.dev.write_fua(&buf[done..done + n], at);
-                    if r.is_err() {
-                        break;
-                    }
-                    done += n;
-                }
-                Some(r)
+                Some(self.fs.write_runs(&node, buf, offset, true))
             }
         };
         match written {

@@ -53,6 +53,20 @@ impl Tally {
         (by, self.round_trips.swap(0, Ordering::SeqCst))
     }
 
+    /// Forgets what was sent so far: the next [`Tally::take_with_purposes`]
+    /// counts from here.
+    fn restart(&self) {
+        self.take();
+        self.round_trip_purposes.lock().unwrap().clear();
+    }
+
+    /// As [`Tally::take`], with each round trip's purpose in order.
+    fn take_with_purposes(&self) -> (Vec<(Purpose, usize)>, u64, Vec<Purpose>) {
+        let (by, trips) = self.take();
+        let began = std::mem::take(&mut *self.round_trip_purposes.lock().unwrap());
+        (by, trips, began)
+    }
+
     /// From now on each operation of `purpose` sent from a thread other
     /// than this one waits (30 s at most: a loaded machine may start a
     /// thread late) for another to arrive, or for `expected` to have
@@ -103,6 +117,11 @@ impl Tally {
         meeting.in_flight = meeting.in_flight.saturating_sub(1);
         result
     }
+}
+
+/// How many of `began` (round trips' purposes) are `p`.
+fn count_of(began: &[Purpose], p: Purpose) -> usize {
+    began.iter().filter(|q| **q == p).count()
 }
 
 struct CountingLink {
@@ -275,11 +294,9 @@ fn replay_one_stripe(folds: bool) -> (Vec<(Purpose, usize)>, u64, Vec<Purpose>) 
                 .unwrap();
         }
     }
-    tally.take();
-    tally.round_trip_purposes.lock().unwrap().clear();
+    tally.restart();
     array.replay_all(None).unwrap();
-    let (by, round_trips) = tally.take();
-    let began = std::mem::take(&mut *tally.round_trip_purposes.lock().unwrap());
+    let (by, round_trips, began) = tally.take_with_purposes();
     assert_eq!(
         array.stats().array.records_replayed,
         8,
@@ -462,11 +479,9 @@ fn flush_after(
     for &(at, seed) in writes {
         array.write(&pattern(seed, 4096), at, false).unwrap();
     }
-    tally.take();
-    tally.round_trip_purposes.lock().unwrap().clear();
+    tally.restart();
     array.flush().unwrap();
-    let (by, trips) = tally.take();
-    let began = std::mem::take(&mut *tally.round_trip_purposes.lock().unwrap());
+    let (by, trips, began) = tally.take_with_purposes();
     // The last write of each block is what reads back.
     for (i, &(at, seed)) in writes.iter().enumerate() {
         if writes[i + 1..].iter().all(|(a, _)| *a != at) {
@@ -490,7 +505,7 @@ fn flush_after(
 /// `-- --nocapture` prints both.
 #[test]
 fn a_flush_takes_a_round_trip_for_the_pages_one_for_the_syncs_and_one_per_grown_journal() {
-    let count = |began: &[Purpose], p| began.iter().filter(|q| **q == p).count();
+    let count = count_of;
     // rmw: blocks of stripes in each of the 3 checksum pages of a chunk
     // (512 stripes of 2 blocks a page), every chunk holding data and
     // parity of some.
@@ -549,12 +564,10 @@ fn a_rebuild_reads_and_writes_a_window_of_stripes_per_round_trip() {
             Path::new("/nonexistent/r2"),
         )
         .unwrap();
-    tally.take();
-    tally.round_trip_purposes.lock().unwrap().clear();
+    tally.restart();
     assert_eq!(array.rebuild(None).unwrap(), stripes);
-    let (by, _) = tally.take();
-    let began = std::mem::take(&mut *tally.round_trip_purposes.lock().unwrap());
-    let of = |p| began.iter().filter(|q| **q == p).count();
+    let (by, _, began) = tally.take_with_purposes();
+    let of = |p| count_of(&began, p);
     let count = |p| by.iter().find(|(q, _)| *q == p).map_or(0, |(_, n)| *n);
     // 40 stripes in windows of 16: 3 round trips of reads (5 members a
     // stripe, 200 reads) and 3 of writes (40 units); one stripe after
@@ -613,14 +626,12 @@ fn a_write_into_a_clean_region_marks_it_with_one_fua_write_per_copy() {
     array.flush().unwrap();
     array.flush().unwrap();
     assert_eq!(array.intent.dirty_regions(), 0, "every region clean");
-    tally.take();
-    tally.round_trip_purposes.lock().unwrap().clear();
+    tally.restart();
     let stripe = array.geo.stripe_data_bytes() as usize;
     array.write(&pattern(11, stripe), 0, false).unwrap();
-    let (by, trips) = tally.take();
-    let began = std::mem::take(&mut *tally.round_trip_purposes.lock().unwrap());
+    let (by, trips, began) = tally.take_with_purposes();
     eprintln!("write into a clean region: {by:?}; {trips} round trips: {began:?}");
-    let count = |p| began.iter().filter(|q| **q == p).count();
+    let count = |p| count_of(&began, p);
     assert_eq!(
         (count(Purpose::Metadata), count(Purpose::Flush)),
         (6, 0),
@@ -648,14 +659,12 @@ fn a_write_into_a_clean_region_marks_it_with_one_fua_write_per_copy() {
 fn a_degraded_write_logs_the_missing_value_on_every_copy_before_it_writes() {
     let (_dir, array, tally) = over_links(WritePolicy::Rmw, 8, true);
     array.fail_device(1).unwrap();
-    tally.take();
-    tally.round_trip_purposes.lock().unwrap().clear();
+    tally.restart();
     // Block 0 of stripe 0: its rmw reads the missing unit's block too.
     array.write(&pattern(9, 4096), 0, false).unwrap();
-    let (by, trips) = tally.take();
-    let began = std::mem::take(&mut *tally.round_trip_purposes.lock().unwrap());
+    let (by, trips, began) = tally.take_with_purposes();
     eprintln!("degraded write: {by:?}; {trips} round trips: {began:?}");
-    let count = |p| began.iter().filter(|q| **q == p).count();
+    let count = |p| count_of(&began, p);
     assert_eq!(
         (
             count(Purpose::Read),
@@ -691,13 +700,11 @@ fn a_degraded_write_after_a_flush_appends_to_its_log_without_directory_commits()
     array.fail_device(1).unwrap();
     array.write(&pattern(9, 4096), 0, false).unwrap();
     array.flush().unwrap();
-    tally.take();
-    tally.round_trip_purposes.lock().unwrap().clear();
+    tally.restart();
     array.write(&pattern(10, 4096), 0, false).unwrap();
-    let (by, trips) = tally.take();
-    let began = std::mem::take(&mut *tally.round_trip_purposes.lock().unwrap());
+    let (by, trips, began) = tally.take_with_purposes();
     eprintln!("degraded write after a flush: {by:?}; {trips} round trips: {began:?}");
-    let count = |p| began.iter().filter(|q| **q == p).count();
+    let count = |p| count_of(&began, p);
     assert_eq!(
         (
             count(Purpose::Read),
