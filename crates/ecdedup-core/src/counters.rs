@@ -139,6 +139,7 @@ array_counters! {
     degraded_replay_unflushed_rows: "stripes whose degraded journal replay after an unclean stop marked the parity of such rows unreadable because their fold took a record appended after the last flush (format 2), or a member changed since then (a write in flight, or a parity that may hold the folded records already)",
     poisoned_blocks: "data blocks an unclean stop made unknowable, recorded in the poison list (their row's parity recomputed with a placeholder, so the rest of the row keeps its redundancy; docs/write-hole.md)",
     poisoned_reads: "reads refused because they touched a poisoned block (an I/O error until the block is written)",
+    poisoned_blocks_restored: "poisoned blocks a re-add took back from the returning member's own block, which its own checksum vouched for (the member held it from the stop on; the row's parity written around it)",
     unreadable_blocks: "block rows no combination of members decodes to their checksums (an I/O error, never wrong data)",
     resync_checksum_mismatches: "blocks of dirty stripes whose content no longer matched their recorded checksum at resync (a write in flight at the stop, or corruption)",
     resync_stripes: "stripes resynchronised after an unclean shutdown",

@@ -258,7 +258,7 @@ pub fn degraded_log(data: &[u8]) {
 }
 
 /// The poison list (`array/poison.rs`): parsed as given, then with its
-/// magic, version, entry count (from its length) and checksum repaired;
+/// magic, version (1 or 2), entry count (from its length) and checksum repaired;
 /// what parses is opened from a simulated file against a small geometry
 /// (entries outside it refuse the open).
 pub fn poison_list(data: &[u8]) {
@@ -266,18 +266,22 @@ pub fn poison_list(data: &[u8]) {
     let mut b = data.to_vec();
     if b.len() >= 20 {
         b[..8].copy_from_slice(b"ECDDPL01");
-        b[8..12].copy_from_slice(&1u32.to_le_bytes());
+        // Version 1, or 2 (whose roles may carry the own-held mark).
+        let version = 1 + (b[8] & 1) as u32;
+        b[8..12].copy_from_slice(&version.to_le_bytes());
         let n = ((b.len() - 20) / 16) as u32;
         b[12..16].copy_from_slice(&n.to_le_bytes());
         b.truncate(16 + n as usize * 16 + 4);
         seal_tail(&mut b);
     }
     let path = Path::new("/p/poison.map");
-    if let Ok(set) = poison::parse(&b, "fuzz") {
-        assert!(set.len() <= poison::ENTRIES_MAX);
+    if let Ok(parsed) = poison::parse(&b, "fuzz") {
+        assert!(parsed.set.len() <= poison::ENTRIES_MAX);
+        assert!(parsed.own_held.is_subset(&parsed.set));
         let storage = storage_with(path, &b);
         if let Ok(list) = PoisonList::open(storage, path, 64, 4, 4) {
-            assert_eq!(list.len(), set.len());
+            assert_eq!(list.len(), parsed.set.len());
+            assert_eq!(list.own_held().len(), parsed.own_held.len());
         }
     }
 }

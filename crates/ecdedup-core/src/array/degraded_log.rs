@@ -1006,9 +1006,18 @@ impl super::Array {
             .filter(|(_, v)| v.is_none())
             .map(|(&r, _)| r)
             .collect();
-        let entries: Vec<super::poison::Entry> = unknown
+        // A member in service at the stop and missing at this open (before
+        // any client write) holds the block as the stop left it: marked,
+        // its re-add may take that block back where its own checksum
+        // vouches for it (`poison.rs`).
+        let opening = !self.serving.load(std::sync::atomic::Ordering::SeqCst);
+        let entries: Vec<(super::poison::Entry, bool)> = unknown
             .iter()
-            .map(|&r| (stripe, r as u32, row as u32))
+            .map(|&r| {
+                let d = g.place(stripe, r).device;
+                let held = opening && self.active_before_open[d] && self.stores[d].is_failed();
+                ((stripe, r as u32, row as u32), held)
+            })
             .collect();
         if let Err(e) = self.poison.add(&entries) {
             self.warn(format!(

@@ -634,16 +634,7 @@ impl Array {
         }
         let one = |&(stripe, within, n, at): &Piece| -> Result<()> {
             let _g = self.locks[Self::lock_index(stripe)].write().unwrap();
-            let whole = self.poison_covered(stripe, within, n as u64)?;
-            self.intent_begin(stripe)?;
-            let r = self.with_replay(|| self.write_stripe(stripe, within, &buf[at..at + n]));
-            self.intent.end(stripe);
-            if r.is_ok() {
-                for (role, rows) in whole {
-                    self.poison.written(stripe, role, rows);
-                }
-            }
-            r
+            self.write_piece(stripe, within, &buf[at..at + n])
         };
         // Whole stripes (a sequential copy) go to the devices in one
         // batch per group, every unit of every stripe at once, so one
@@ -671,6 +662,22 @@ impl Array {
             self.make_durable()?;
         }
         Ok(())
+    }
+
+    /// Writes `bytes` at `within` of `stripe`, the stripe's lock held by
+    /// the caller: its intent marked, the write as the policy has it, and
+    /// the poison of every block it covers whole ended.
+    pub(super) fn write_piece(&self, stripe: u64, within: u64, bytes: &[u8]) -> Result<()> {
+        let whole = self.poison_covered(stripe, within, bytes.len() as u64)?;
+        self.intent_begin(stripe)?;
+        let r = self.with_replay(|| self.write_stripe(stripe, within, bytes));
+        self.intent.end(stripe);
+        if r.is_ok() {
+            for (role, rows) in whole {
+                self.poison.written(stripe, role, rows);
+            }
+        }
+        r
     }
 
     /// Writes whole stripes (stripe, 0, stripe bytes, offset in `buf`) of

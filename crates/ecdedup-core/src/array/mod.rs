@@ -475,6 +475,11 @@ pub struct Array {
     /// service at the stop, and a write in flight then was logged nowhere
     /// (`rows_torn_unlogged`, docs/write-hole.md "The double fault").
     failed_before_open: Vec<bool>,
+    /// Per position: the newest superblock recorded the member active when
+    /// this open began (it held every stripe at the stop). One failed
+    /// during the open holds its blocks as the stop left them
+    /// (`poison.rs`, the own-held mark).
+    active_before_open: Vec<bool>,
     replay_wanted: std::sync::atomic::AtomicBool,
     /// Device failures latched in RAM, and how many of them the superblocks
     /// record durably: a flush returns only once they are equal, so no
@@ -1510,6 +1515,11 @@ impl Array {
                 .iter()
                 .map(|s| *s == MemberState::Failed)
                 .collect(),
+            active_before_open: newest
+                .states
+                .iter()
+                .map(|s| *s == MemberState::Active)
+                .collect(),
             backend,
             backend_why,
             write_policy: cfg_write_policy,
@@ -1537,6 +1547,13 @@ impl Array {
         // generation is the event counter of `re-add` (md's), so a device
         // image copied before this open is older than any failure after it.
         array.persist_superblocks()?;
+        // A poisoned block's mark (its member held it from the stop on)
+        // holds only while that member stays out: one in service now (a
+        // forced assembly) may have had its unit rewritten.
+        let failed_before = array.failed_before_open.clone();
+        array
+            .poison
+            .drop_own_held(|&(s, r, _)| !failed_before[geo.place(s, r as usize).device])?;
         // First the stripes an unclean stop may have left inconsistent: their
         // parity is recomputed from their data, which holds every
         // acknowledged write, and what their journals logged is dropped.
@@ -2095,6 +2112,10 @@ impl Array {
                 return Err(dev_err(format!("is already device {i} of this array")));
             }
         }
+        // The position's poisoned blocks are reconstructed onto the blank
+        // device (the placeholder): no later re-add of it may take them
+        // as the member's own.
+        self.drop_own_held_of(d)?;
         dev.discard(0, need)
             .and_then(|()| allocate_superblock_slots(dev.as_ref()))
             .map_err(|e| dev_err(format!("cannot wipe: {e}")))?;

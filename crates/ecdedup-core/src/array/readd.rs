@@ -58,12 +58,14 @@
 //! writer calls when a server returns): see there. Limit: the `re-add`
 //! command runs on a stopped array.
 
+use super::poison::Entry;
 use super::{journal, read_superblock, Array, MemberState, JOURNAL_DIR};
+use crate::counters::bump;
 use crate::error::{Error, Result};
 use crate::media::area::AreaFs;
 use crate::media::storage::read_all;
 use crate::media::{Device, FileDevice};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 use std::time::Instant;
@@ -248,7 +250,82 @@ impl Array {
         self.stores[d].set_re_adding(true);
         self.stores[d].put_in_service(dev);
         self.persist_superblocks()?;
-        self.finish_re_add(d)
+        let own = self.own_held_blocks(d)?;
+        self.finish_re_add_with(d, &own)
+    }
+
+    /// Member `d`'s own blocks of the poisoned rows marked as held by it
+    /// from the stop on (`poison.rs`), each where the member's own
+    /// checksum table (read from the device) vouches for it: the block's
+    /// last value, or the one before a write in flight at the stop. Read
+    /// before any unit of the member is reconstructed; the marks of its
+    /// entries are then dropped, durably, whatever was found, since its
+    /// units hold the re-add's reconstruction from here on (a re-add cut
+    /// short and tried again would otherwise read the placeholder as the
+    /// member's own).
+    fn own_held_blocks(&self, d: usize) -> Result<BTreeMap<Entry, Vec<u8>>> {
+        let g = &self.geo;
+        let of_d = |&(stripe, role, _): &Entry| g.place(stripe, role as usize).device == d;
+        let mut kept = BTreeMap::new();
+        let marked: Vec<Entry> = self.poison.own_held().into_iter().filter(of_d).collect();
+        if marked.is_empty() {
+            return Ok(kept);
+        }
+        if let Some(dev) = self.stores[d].device() {
+            for (stripe, role, row) in marked {
+                let place = g.place(stripe, role as usize);
+                let mut block = vec![0u8; g.block() as usize];
+                let read = dev.read_at(&mut block, g.device_offset(place.row, row as u64));
+                if read.is_ok()
+                    && self.stores[d].block_matches(g.checksum_index(place.row, row as u64), &block)
+                {
+                    kept.insert((stripe, role, row), block);
+                }
+            }
+        }
+        self.drop_own_held_of(d)?;
+        Ok(kept)
+    }
+
+    /// Drops, durably, the marks of the poisoned blocks on position `d`
+    /// (its unit is about to hold a reconstruction: a re-add's, or a
+    /// replacement's rebuild).
+    pub(super) fn drop_own_held_of(&self, d: usize) -> Result<()> {
+        let g = &self.geo;
+        self.poison
+            .drop_own_held(|&(stripe, role, _)| g.place(stripe, role as usize).device == d)
+    }
+
+    /// After member `d`'s unit of `stripe` (`role`) was reconstructed, the
+    /// placeholder in its poisoned rows: each of `own` there (the member's
+    /// own block, vouched for) is written back through the write path
+    /// (its intent marked, the row's parity updated around it, its
+    /// poison ended), the stripe's lock held. A row the decode left
+    /// unreadable, or one written since, is left as it is.
+    fn restore_own_held(
+        &self,
+        stripe: u64,
+        role: usize,
+        own: &BTreeMap<Entry, Vec<u8>>,
+        unreadable: &[u64],
+    ) {
+        let g = &self.geo;
+        let first = (stripe, role as u32, 0);
+        let last = (stripe, role as u32, u32::MAX);
+        for (&(_, _, row), block) in own.range(first..=last) {
+            let row = row as u64;
+            if unreadable.contains(&row) || !self.poison.contains(stripe, role, row) {
+                continue;
+            }
+            let within = role as u64 * g.unit_bytes() + row * g.block();
+            match self.write_piece(stripe, within, block) {
+                Ok(()) => bump(&self.counters.array.poisoned_blocks_restored),
+                Err(e) => self.warn(format!(
+                    "stripe {stripe} unit {role} block row {row}: writing back the re-added \
+                     member's own block: {e}; it stays poisoned"
+                )),
+            }
+        }
     }
 
     /// Walks re-added member `d` (rebuilding, `re_adding`) from its cursor
@@ -256,7 +333,13 @@ impl Array {
     /// service; returns how many units were reconstructed. Run by a re-add,
     /// and by `rebuild` for a re-add that paused.
     pub(super) fn finish_re_add(&self, d: usize) -> Result<u64> {
-        let resynced = self.resync_missed(d)?;
+        self.finish_re_add_with(d, &BTreeMap::new())
+    }
+
+    /// [`Array::finish_re_add`], writing back `own` (the member's own
+    /// vouched blocks of its poisoned rows) as their stripes are passed.
+    fn finish_re_add_with(&self, d: usize, own: &BTreeMap<Entry, Vec<u8>>) -> Result<u64> {
+        let resynced = self.resync_missed(d, own)?;
         self.stores[d].finish_rebuild();
         self.flush()?;
         self.persist_superblocks()?;
@@ -324,7 +407,7 @@ impl Array {
     /// records for are in it too). Where fewer than k other members hold a missed stripe, see
     /// [`Array::resync_unit`]: the re-add may pause there (`Unavailable`,
     /// the member left rebuilding at that stripe).
-    fn resync_missed(&self, d: usize) -> Result<u64> {
+    fn resync_missed(&self, d: usize, own: &BTreeMap<Entry, Vec<u8>>) -> Result<u64> {
         let g = self.geo;
         let mut resynced = 0u64;
         let mut last_checkpoint = Instant::now();
@@ -356,6 +439,7 @@ impl Array {
                 self.put_missed_unit(d, stripe, role, &unit)?;
                 self.mark_unreadable(stripe, role, &unit, &unreadable);
                 resynced += 1;
+                self.restore_own_held(stripe, role, own, &unreadable);
             }
             drop(guard);
             self.progress_operation(stripe + 1);

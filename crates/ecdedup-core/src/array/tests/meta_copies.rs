@@ -212,7 +212,7 @@ fn a_re_add_whose_missed_map_record_one_copy_missed_fails_that_device_first() {
 fn a_corrupt_copy_of_the_poison_list_is_rewritten_and_every_copy_corrupt_refuses_the_open() {
     let rig = CopiesRig::new();
     let array = rig.open();
-    array.poison.add(&[(1, 2, 0)]).unwrap();
+    array.poison.add(&[((1, 2, 0), false)]).unwrap();
     let corrupt = |array: &Array, d: usize| {
         let area = array.meta.as_ref().unwrap().area(d).unwrap();
         let f = area.open_file(POISON_FILE).unwrap();
