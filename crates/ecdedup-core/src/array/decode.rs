@@ -389,9 +389,7 @@ impl Array {
         if use_.iter().filter(|u| **u).count() > k {
             // Spare members: the row must be one codeword.
             let data: Vec<&[u8]> = shards[..k].iter().map(|s| s.as_slice()).collect();
-            let mut parity = vec![vec![0u8; shards[0].len()]; self.geo.m()];
-            let mut p: Vec<&mut [u8]> = parity.iter_mut().map(|v| v.as_mut_slice()).collect();
-            self.codec.encode(&data, &mut p);
+            let parity = self.encode_data(&data);
             for (j, pj) in parity.iter().enumerate() {
                 if use_[k + j] && *pj != shards[k + j] {
                     return None;

@@ -687,12 +687,7 @@ impl super::Array {
                     crate::codec::crc32c(&data[role]),
                 );
             }
-            let mut parity = vec![vec![0u8; block]; g.m()];
-            {
-                let d: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-                let mut p: Vec<&mut [u8]> = parity.iter_mut().map(|v| v.as_mut_slice()).collect();
-                self.codec.encode(&d, &mut p);
-            }
+            let parity = self.encode_data(&data.iter().map(Vec::as_slice).collect::<Vec<_>>());
             for (j, p) in parity.iter().enumerate() {
                 if let Some(u) = &units[g.k() + j] {
                     if u[at..at + block] != p[..] {
@@ -794,12 +789,7 @@ impl super::Array {
         for (role, value) in missing {
             data[role] = value;
         }
-        let mut parity = vec![vec![0u8; block]; g.m()];
-        {
-            let d: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-            let mut p: Vec<&mut [u8]> = parity.iter_mut().map(|v| v.as_mut_slice()).collect();
-            self.codec.encode(&d, &mut p);
-        }
+        let parity = self.encode_data(&data.iter().map(Vec::as_slice).collect::<Vec<_>>());
         for (j, p) in parity.iter().enumerate() {
             if present[g.k() + j] && read[g.k() + j] != *p {
                 crate::counters::bump(&self.counters.array.parity_mismatches);

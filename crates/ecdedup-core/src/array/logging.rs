@@ -1052,11 +1052,7 @@ impl Array {
                 }
                 shards.truncate(g.k());
                 let data: Vec<&[u8]> = shards.iter().map(|v| v.as_slice()).collect();
-                let mut parity = vec![vec![0u8; block]; g.m()];
-                let mut refs: Vec<&mut [u8]> =
-                    parity.iter_mut().map(|v| v.as_mut_slice()).collect();
-                self.codec.encode(&data, &mut refs);
-                recomputed.insert(row as u32, parity);
+                recomputed.insert(row as u32, self.encode_data(&data));
                 logged_rows.push((row, shards));
                 continue;
             }
@@ -1326,10 +1322,7 @@ impl Array {
             }
         }
         let d: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-        let mut parity = vec![vec![0u8; g.block() as usize]; g.m()];
-        let mut p: Vec<&mut [u8]> = parity.iter_mut().map(|v| v.as_mut_slice()).collect();
-        self.codec.encode(&d, &mut p);
-        StoredParity::Recomputed(parity.swap_remove(j))
+        StoredParity::Recomputed(self.encode_data(&d).swap_remove(j))
     }
 
     /// Replays every journal (at open, when idle, when a journal passes half
