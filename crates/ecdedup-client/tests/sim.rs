@@ -1846,21 +1846,11 @@ const KNOWN_SEEDS: &[(u64, &str)] = &[
     // a whole-cluster power loss) passes replayed alone since the merges
     // of 2026-11-26 (its frames moved) and runs in `REGRESSION_SEEDS`;
     // the class it showed, an exactly-k decode with no entry known for
-    // the missing member, stays open (docs/write-hole.md).
-    // Found by the 20,000-seed run of 2026-11-27 (325,000 to 344,999, at
-    // 73ddd7a): each fails the same with the simulator's test binary of
-    // dadd1ad (I/O errors only, no wrong data; not narrowed).
-    (326461, "plog: block 68 fails to read after the takeover (3 of 6 units intact)"),
-    (341353, "plog: block 114 fails to read after the takeover, and a later write of its stripe fails (3 of 6 units intact)"),
-    // Found by the 20,000-seed run of 2026-11-27 (355,000 to 374,999):
-    // fails the same on dadd1ad (I/O errors only).
-    (360849, "plog: blocks 78 and 81 fail to read after the takeover (3 of 6 units intact)"),
-    // Found by a 10,000-seed run on a lent 16-core machine, 2026-11-27
-    // (seeds 0 to 9,999): fails the same on 82e3b70 (I/O errors only).
-    (7481, "plog: block 70 fails to read after the takeover (3 of 6 units intact)"),
-    // Found by the 20,000-seed run of 2026-11-27 (435,000 to 454,999, at
-    // f2ee912): fails the same on 82e3b70 (I/O errors only).
-    (443625, "plog: block 78 fails to read after the takeover (3 of 6 units intact)"),
+    // the missing member, stays open (docs/write-hole.md). The five
+    // seeds of 2026-11-27 this list held (326461, 341353, 360849, 7481,
+    // 443625: plog, I/O errors after a takeover) pass since 2026-11-28
+    // and run there too (docs/write-hole.md, "Two decodes a row the
+    // members disagree on can still take").
 ];
 
 /// As [`KNOWN_SEEDS`] (whose seeds are of the first story: replay them
@@ -1875,35 +1865,11 @@ const KNOWN_SEEDS: &[(u64, &str)] = &[
 /// dedup, more members failed by the faults' order), not yet narrowed to
 /// a cause each. Open, 2026-11-26.
 const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
-    // Found from 2026-11-27 on (each then failing the same on an older
-    // binary; I/O errors only, no wrong data). With the poison list
-    // (2026-11-28), each fails at the first read after a takeover on a
-    // block the open found unknowable and poisoned, which the model
-    // expects to read: the same blocks as on 0226407, before the list.
-    // Not narrowed: the model may be too strict there, or the open's
-    // rules (`rows_torn_unlogged`) reach too far. The 33 other seeds
-    // this list held pass and run in `REGRESSION_SHARED_SEEDS`.
-    (230181, "plog with dedup of parity beside replicate: every copy of blocks 61-71 of volume 8 fails to read after the takeover (0 of 3 units intact)"),
-    (481191, "plog beside replicate with dedup of parity: block 43 of volume 8 fails to read after the takeover (3 of 6 units intact)"),
-    (488505, "plog beside parix: block 127 of volume 7 fails to read after the takeover (3 of 6 units intact)"),
-    // Found by the 20,000-seed run of 2026-11-28 with the poison list
-    // (615,000 to 634,999): fails the same on 0226407, before it (3 of 6
-    // units intact there). (616164, found with it, passes since the
-    // degraded-write log's re-log of a member its append failed.)
-    (628645, "plog: block 127 fails to read after the takeover (poisoned)"),
-    // (664700 and 655184, found by the 20,000-seed run 655,000 to
-    // 674,999, pass since: 655184 read wrong, an rmw write whose reads
-    // failed a data member wrote it unlogged; 664700 and 699593, of the
-    // class above, pass since the degraded-write log's re-log of a
-    // member its append failed: regression seeds.)
-    // Found by the 20,000-seed run 675,000 to 694,999 (the only
-    // failure): passes on 0226407 and bd5aeec (other stories), fails in
-    // the class above.
-    (687623, "replicate beside plog: block 91 of volume 8 fails to read after the takeover (poisoned)"),
-    // Found by the 20,000-seed run 755,000 to 774,999 at f95282e (the
-    // only failure); fails the same on ecdfd74, before this day's
-    // second session.
-    (769941, "plog: block 105 fails to read after the takeover (poisoned)"),
+    // Empty since 2026-11-28: the six seeds it held last (230181,
+    // 481191, 488505, 628645, 687623, 769941: plog, each failing at the
+    // first read after a takeover on a block the open had poisoned) pass
+    // and run in `REGRESSION_SHARED_SEEDS` (docs/write-hole.md, "Two
+    // decodes a row the members disagree on can still take").
 ];
 
 fn strict() -> bool {
@@ -2279,7 +2245,16 @@ fn run_seed_list(seeds: Vec<u64>, shape: fn(u64) -> Shape) {
 ///   re-add failed part way and left that table in place; a re-add that
 ///   completes marked the block unreadable). Decodes past the re-add's
 ///   cursor are now checked against the entries kept while it was out.
-const REGRESSION_SEEDS: &[u64] = &[127, 144, 551, 910, 1079, 1253, 1460, 1921, 3425, 4364];
+/// - 326461, 341353, 360849, 7481, 443625 (plog, known from 2026-11-27):
+///   blocks unreadable after a takeover (3 of 6 units intact, then
+///   poisoned); 360849 fails on the same frames without the degraded
+///   replay's two decodes of a torn row (docs/write-hole.md, "Two decodes
+///   a row the members disagree on can still take"), the others passed
+///   already once the degraded-write log's 64 KiB steps moved their
+///   frames.
+const REGRESSION_SEEDS: &[u64] = &[
+    127, 144, 551, 910, 1079, 1253, 1460, 1921, 3425, 4364, 326461, 341353, 360849, 7481, 443625,
+];
 
 /// Seeds of the shared story ([`Shape::of`]) that found bugs, each run
 /// in CI whatever `SEEDS_CI` is:
@@ -2579,6 +2554,13 @@ const REGRESSION_SEEDS: &[u64] = &[127, 144, 551, 910, 1079, 1253, 1460, 1921, 3
 ///   after a takeover) that pass at 036f7ba, where the degraded-write
 ///   log's appends below its length send fewer frames (other stories)
 ///   and a row the log covers in part keeps its logged values.
+/// - 230181, 481191, 488505, 628645, 687623, 769941 (plog, known from
+///   2026-11-27 and 2026-11-28): a block poisoned at an open read right
+///   after the takeover; 488505, 628645 and 769941 fail on the same
+///   frames without the degraded replay's two decodes of a torn row (a
+///   known entry of the lost unit, or the changed member's own entry,
+///   vouching for one value), the others passed already once the
+///   degraded-write log's 64 KiB steps moved their frames.
 const REGRESSION_SHARED_SEEDS: &[u64] = &[
     1, 29, 65, 110, 119, 316, 322, 359, 453, 728, 767, 789, 970, 971, 990, 1116, 1157, 1169, 1220,
     1221, 1603, 1653, 1712, 2111, 2461, 2885, 3029, 3190, 3582, 3586, 3658, 3671, 3790, 3911, 4012,
@@ -2589,7 +2571,7 @@ const REGRESSION_SHARED_SEEDS: &[u64] = &[
     393759, 397781, 400534, 396583, 475621, 256008, 263256, 274406, 307244, 419512, 602148, 15464,
     26548, 63148, 78732, 89458, 93270, 105701, 122517, 126294, 123693, 188090, 204287, 328965,
     349450, 391288, 402584, 521235, 531565, 536966, 550149, 569516, 569626, 655184, 616164, 664700,
-    699593, 739109,
+    699593, 739109, 230181, 481191, 488505, 628645, 687623, 769941,
 ];
 
 #[test]

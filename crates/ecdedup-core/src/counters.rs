@@ -136,6 +136,7 @@ array_counters! {
     read_errors_corrected: "medium read errors survived by decoding the block and rewriting it (the device stays in service)",
     torn_journal_records: "parity journal records whose d(r) survived a power cut without its d(0) (a write never flushed): left out of the fold",
     degraded_replay_unknown_rows: "stripes whose degraded journal replay after an unclean stop found block rows of a missing unit that no decode vouched for (left unlogged: they read as I/O errors, never as a guess)",
+    degraded_replay_vouched_rows: "block rows of a degraded journal replay after an unclean stop whose members left disagree, logged from the decode that leaves out the fewest members and matches the missing units' known checksums",
     degraded_replay_unflushed_rows: "stripes whose degraded journal replay after an unclean stop marked the parity of such rows unreadable because their fold took a record appended after the last flush (format 2), or a member changed since then (a write in flight, or a parity that may hold the folded records already)",
     poisoned_blocks: "data blocks an unclean stop made unknowable, recorded in the poison list (their row's parity recomputed with a placeholder, so the rest of the row keeps its redundancy; docs/write-hole.md)",
     poisoned_reads: "reads refused because they touched a poisoned block (an I/O error until the block is written)",

@@ -356,6 +356,61 @@ impl Array {
         None
     }
 
+    /// The values of the missing data members of block row `b` of
+    /// `stripe`, from the decode that leaves out one present data member
+    /// whose block differs from its recorded entry and that decodes that
+    /// member back to its entry: the member a write in flight changed
+    /// since the last flush (its entry is of its flushed bytes; table pages
+    /// are written at flushes), every other member as the row was. A
+    /// decode that leaves out a member that did not change, or uses one
+    /// that did, gives the left-out member bytes whose checksum is not its
+    /// entry. None where no member so vouches, or where two do and
+    /// disagree.
+    pub(super) fn decode_missing_around_changed(
+        &self,
+        stripe: u64,
+        b: u64,
+        read: &[Vec<u8>],
+        present: &[bool],
+    ) -> Option<Vec<(usize, Vec<u8>)>> {
+        let g = &self.geo;
+        let k = g.k();
+        let missing: Vec<usize> = (0..k).filter(|&r| !present[r]).collect();
+        if missing.is_empty() {
+            return None;
+        }
+        let none = vec![None; g.width()];
+        let mut answers: Vec<Vec<(usize, Vec<u8>)>> = Vec::new();
+        for y in (0..k).filter(|&r| present[r]) {
+            let place = g.place(stripe, y);
+            let Some(entry) =
+                self.expected_crc(place.device, stripe, g.checksum_index(place.row, b))
+            else {
+                continue;
+            };
+            if crate::codec::crc32c(&read[y]) == entry {
+                continue;
+            }
+            let mut use_ = present.to_vec();
+            use_[y] = false;
+            let Some((shards, _)) = self.try_decode(read, &use_, present, &none) else {
+                continue;
+            };
+            if crate::codec::crc32c(&shards[y]) != entry {
+                continue;
+            }
+            let values: Vec<(usize, Vec<u8>)> =
+                missing.iter().map(|&r| (r, shards[r].clone())).collect();
+            if !answers.contains(&values) {
+                answers.push(values);
+            }
+        }
+        match answers.len() {
+            1 => answers.pop(),
+            _ => None,
+        }
+    }
+
     /// Decodes from the members flagged in `use_`; checks every member
     /// that was not `present` (absent, or read with a checksum mismatch)
     /// against its known checksum, and every used member past k. Members

@@ -1164,6 +1164,39 @@ impl Array {
                         || torn_before.get(row as usize).copied().unwrap_or(false)
                         || refolded_row) =>
                 {
+                    // A second chance, with the missing units' entries
+                    // where known: a decode that leaves out the fewest
+                    // members (the one a write in flight changed, or a
+                    // parity that folded what its data never took) and
+                    // gives each missing unit the checksum its entry
+                    // records. The entry is of the unit's last flushed
+                    // value or of a write in flight since (table pages are
+                    // written at flushes), so the value logged is its old
+                    // or its new content; two such decodes that disagree
+                    // are a guess, and the row stays unknown. Where the
+                    // missing units' entries are unknown (their pages went
+                    // with them), the present data member that changed
+                    // since the last flush vouches instead: left out, it
+                    // decodes back to its entry, so every other member is
+                    // as the row was then. The resync that follows
+                    // recomputes the row's parity from the value logged.
+                    if spare {
+                        let none = vec![None; g.width()];
+                        if let Some(values) = self
+                            .decode_missing_vouched(stripe, row, &shards, &present, &none)
+                            .or_else(|| {
+                                self.decode_missing_around_changed(stripe, row, &shards, &present)
+                            })
+                        {
+                            for (role, value) in values {
+                                shards[role] = value;
+                            }
+                            shards.truncate(g.k());
+                            bump(&self.counters.array.degraded_replay_vouched_rows);
+                            logged_rows.push((row, shards));
+                            continue;
+                        }
+                    }
                     unknown_rows += 1;
                     unknowable.push((row, shards, present));
                 }

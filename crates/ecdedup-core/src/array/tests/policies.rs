@@ -1529,3 +1529,76 @@ fn a_logged_value_checks_the_decode_of_a_row_whose_other_missing_member_was_in_s
         );
     }
 }
+
+/// The double fault of the two tests below: a plog stripe whose journals
+/// hold a flushed record, then a write in flight at a cut to data role 2
+/// that landed in place while both parity journals lost its records
+/// (that member changed since the last flush), then data role 3's member
+/// lost at the next open: at the open's first read of its unit there
+/// (stripe 0's resync read its table page before: its entry is known), or
+/// missing from the start (`absent`: its entries are unknown). The block
+/// of role 3 reads its flushed bytes; the one of role 2 its old or new.
+fn double_fault_beside_a_changed_member(absent: bool) -> Array {
+    let mut rig = Rig::filled_on_devices(WritePolicy::Plog, 16);
+    let g = rig.geo();
+    let stripe = 1;
+    rig.write_journaled(stripe, 0, 70);
+    let parities: Vec<usize> = (0..g.m()).map(|j| rig.parity_device(stripe, j)).collect();
+    for &p in &parities {
+        rig.plans[p].writes_before_crash.store(0, SeqCst);
+    }
+    let changed = rig.volume_offset(stripe, 2, 0);
+    let before = rig.model[changed as usize..][..4096].to_vec();
+    let read_at = rig.volume_offset(stripe, 3, 0);
+    let flushed = rig.model[read_at as usize..read_at as usize + 4096].to_vec();
+    rig.write(changed, &pattern(72, 4096));
+    rig.array.take().unwrap().simulate_crash();
+    for &p in &parities {
+        rig.plans[p].writes_before_crash.store(-1, SeqCst);
+    }
+    let lost = g.place(stripe, 3);
+    let unit_at = g.device_offset(lost.row, 0);
+    *rig.plans[lost.device].lost_read_range.lock().unwrap() =
+        Some((unit_at, unit_at + g.unit_bytes()));
+    let mut devs = rig.devices();
+    if absent {
+        devs[lost.device] = None;
+    }
+    let array = Array::open_with_devices(rig.dir.path(), devs, None).unwrap();
+    assert!(
+        array.status().devices[lost.device].state == MemberState::Failed,
+        "the member failed at the open: {:?}",
+        array.warnings()
+    );
+    let mut got = vec![0u8; 4096];
+    array
+        .read(&mut got, read_at)
+        .unwrap_or_else(|e| panic!("{e}: {:?}", array.warnings()));
+    assert_eq!(got, flushed, "the lost block reads its flushed bytes");
+    assert!(array.stats().array.degraded_replay_vouched_rows > 0);
+    array.read(&mut got, changed).unwrap();
+    assert!(got == pattern(72, 4096) || got == before);
+    array
+}
+
+/// [`double_fault_beside_a_changed_member`] with the lost member's entry
+/// known: the members left disagree, so the degraded replay cannot fold
+/// its way to the lost unit; but the decode that leaves out the changed
+/// member gives the lost unit the checksum its entry records, and that
+/// value (its flushed bytes) is logged instead of the block being
+/// poisoned (an I/O error before: the cluster simulator's seed 488505,
+/// plog).
+#[test]
+fn a_degraded_replay_takes_the_decode_a_lost_members_known_checksum_vouches_for() {
+    double_fault_beside_a_changed_member(false);
+}
+
+/// [`double_fault_beside_a_changed_member`] with the lost member's entry
+/// unknown: the changed member vouches instead (left out, it decodes back
+/// to its entry, its flushed bytes), so the lost unit's value is the one
+/// the row held at the last flush (an I/O error before: the simulator's
+/// seeds 628645 and 769941, plog).
+#[test]
+fn a_degraded_replay_takes_the_decode_that_gives_a_changed_member_back_its_entry() {
+    double_fault_beside_a_changed_member(true);
+}
