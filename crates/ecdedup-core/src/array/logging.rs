@@ -1178,14 +1178,26 @@ impl Array {
                     // with them), the present data member that changed
                     // since the last flush vouches instead: left out, it
                     // decodes back to its entry, so every other member is
-                    // as the row was then. The resync that follows
-                    // recomputes the row's parity from the value logged.
+                    // as the row was then (not in a refolded row, below).
+                    // The resync that follows recomputes the row's parity
+                    // from the value logged.
                     if spare {
                         let none = vec![None; g.width()];
                         if let Some(values) = self
                             .decode_missing_vouched(stripe, row, &shards, &present, &none)
                             .or_else(|| {
-                                self.decode_missing_around_changed(stripe, row, &shards, &present)
+                                // Not where a parity may hold the records
+                                // folded into it already: a record of a
+                                // missing unit folded twice moves only
+                                // that unit's decode, and the changed
+                                // member would still vouch.
+                                (!refolded_row)
+                                    .then(|| {
+                                        self.decode_missing_around_changed(
+                                            stripe, row, &shards, &present,
+                                        )
+                                    })
+                                    .flatten()
                             })
                         {
                             for (role, value) in values {
