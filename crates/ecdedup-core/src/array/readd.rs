@@ -271,7 +271,13 @@ impl Array {
         if marked.is_empty() {
             return Ok(kept);
         }
-        if let Some(dev) = self.stores[d].device() {
+        // Only an image the missed map's start vouches for (its
+        // superblock no older: `check_left_at_missed_start`) is the member
+        // as it left; without a known start any image passes (every stripe
+        // is reconstructed), an older copy among them, whose own blocks
+        // and table agree on stale bytes.
+        let image_known = self.intent.missed_since_generation().is_some();
+        if let Some(dev) = self.stores[d].device().filter(|_| image_known) {
             for (stripe, role, row) in marked {
                 let place = g.place(stripe, role as usize);
                 let mut block = vec![0u8; g.block() as usize];
