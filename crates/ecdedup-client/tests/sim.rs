@@ -1883,7 +1883,7 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     // has nothing left to tell the lost unit by. Poisoned, it reads as an
     // I/O error while its member is out, and after its re-add too (its
     // own block does not match its own entry: the write in flight).
-    (819743, "plog beside replicate: block 105 of volume 8 fails to read after the takeover (poisoned; two data members of its row changed, their records not seen)"),
+    (819743, "plog beside replicate: block 105 of volume 8 fails to read after the takeover (poisoned; two data members of its row changed, their write not in its parity or journals as found)"),
 ];
 
 fn strict() -> bool {
