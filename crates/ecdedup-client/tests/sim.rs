@@ -1876,14 +1876,16 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     // not closed: volume 8's writer acknowledged a plog write of blocks
     // 99 to 106 (not flushed) and was taken over without a power loss;
     // at the new writer's open the member of block 105 (stripe 26, role
-    // 1) failed, and the row's replay found two present data members
-    // (roles 0 and 2) changed since their entries, no record of theirs
-    // past the journals' synced length, and no decode that gives the lost
-    // unit its known entry: with two members changed and one lost, RS(4,2)
-    // has nothing left to tell the lost unit by. Poisoned, it reads as an
+    // 1) failed, and the row's replay folded one flushed record per
+    // parity journal (none past a synced length) and found two present
+    // data members (roles 0 and 2) changed since their entries and no
+    // decode that gives the lost unit its known entry: with two members
+    // changed and one lost, RS(4,2) has nothing left to tell the lost
+    // unit by. Whether the fold took a record the parity held already (a
+    // lost mark: `refolded` did not say so) is not narrowed. Poisoned, it reads as an
     // I/O error while its member is out, and after its re-add too (its
     // own block does not match its own entry: the write in flight).
-    (819743, "plog beside replicate: block 105 of volume 8 fails to read after the takeover (poisoned; two data members of its row changed, their write not in its parity or journals as found)"),
+    (819743, "plog beside replicate: block 105 of volume 8 fails to read after the takeover (poisoned; two data members of its row changed, the members left disagree after the replay's fold)"),
 ];
 
 fn strict() -> bool {
