@@ -1846,11 +1846,18 @@ const KNOWN_SEEDS: &[(u64, &str)] = &[
     // a whole-cluster power loss) passes replayed alone since the merges
     // of 2026-11-26 (its frames moved) and runs in `REGRESSION_SEEDS`;
     // the class it showed, an exactly-k decode with no entry known for
-    // the missing member, stays open (docs/write-hole.md). The five
-    // seeds of 2026-11-27 this list held (326461, 341353, 360849, 7481,
-    // 443625: plog, I/O errors after a takeover) pass since 2026-11-28
-    // and run there too (docs/write-hole.md, "Two decodes a row the
-    // members disagree on can still take").
+    // the missing member, stays open (docs/write-hole.md). Four seeds of
+    // 2026-11-27 this list held (341353, 360849, 7481, 443625: plog, I/O
+    // errors after a takeover) pass since 2026-11-28 and run there too
+    // (docs/write-hole.md, "Two decodes a row the members disagree on can
+    // still take").
+    // Found by the 20,000-seed run of 2026-11-27 (325,000 to 344,999, at
+    // 73ddd7a): I/O errors only, no wrong data; still failing with the
+    // two decodes (a poisoned block read after the takeover).
+    (
+        326461,
+        "plog: block 68 fails to read after the takeover (poisoned)",
+    ),
 ];
 
 /// As [`KNOWN_SEEDS`] (whose seeds are of the first story: replay them
@@ -1865,11 +1872,15 @@ const KNOWN_SEEDS: &[(u64, &str)] = &[
 /// dedup, more members failed by the faults' order), not yet narrowed to
 /// a cause each. Open, 2026-11-26.
 const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
-    // Empty since 2026-11-28: the six seeds it held last (230181,
-    // 481191, 488505, 628645, 687623, 769941: plog, each failing at the
-    // first read after a takeover on a block the open had poisoned) pass
-    // and run in `REGRESSION_SHARED_SEEDS` (docs/write-hole.md, "Two
-    // decodes a row the members disagree on can still take").
+    // Of the six seeds it held on 2026-11-28 (plog, each failing at the
+    // first read after a takeover on a block the open had poisoned),
+    // 488505, 628645 and 769941 pass with the degraded replay's two
+    // decodes and run in `REGRESSION_SHARED_SEEDS` (docs/write-hole.md,
+    // "Two decodes a row the members disagree on can still take"); these
+    // three still fail so (I/O errors only):
+    (230181, "plog with dedup of parity beside replicate: every copy of blocks 61-71 of volume 8 fails to read after the takeover (0 of 3 units intact)"),
+    (481191, "plog beside replicate with dedup of parity: block 43 of volume 8 fails to read after the takeover (poisoned)"),
+    (687623, "replicate beside plog: block 88 of volume 8 fails to read after the takeover (poisoned)"),
     //
     // Found by the 20,000-seed run 815,000 to 834,999 at 885050a (the only
     // failure; I/O errors, no wrong data), narrowed with row prints but
@@ -2261,15 +2272,13 @@ fn run_seed_list(seeds: Vec<u64>, shape: fn(u64) -> Shape) {
 ///   re-add failed part way and left that table in place; a re-add that
 ///   completes marked the block unreadable). Decodes past the re-add's
 ///   cursor are now checked against the entries kept while it was out.
-/// - 326461, 341353, 360849, 7481, 443625 (plog, known from 2026-11-27):
-///   blocks unreadable after a takeover (3 of 6 units intact, then
-///   poisoned); 360849 fails on the same frames without the degraded
-///   replay's two decodes of a torn row (docs/write-hole.md, "Two decodes
-///   a row the members disagree on can still take"), the others passed
-///   already once the degraded-write log's 64 KiB steps moved their
-///   frames.
+/// - 341353, 360849, 7481, 443625 (plog, known from 2026-11-27): blocks
+///   unreadable after a takeover (3 of 6 units intact, then poisoned);
+///   they pass with the degraded replay's two decodes of a torn row
+///   (docs/write-hole.md, "Two decodes a row the members disagree on can
+///   still take").
 const REGRESSION_SEEDS: &[u64] = &[
-    127, 144, 551, 910, 1079, 1253, 1460, 1921, 3425, 4364, 326461, 341353, 360849, 7481, 443625,
+    127, 144, 551, 910, 1079, 1253, 1460, 1921, 3425, 4364, 341353, 360849, 7481, 443625,
 ];
 
 /// Seeds of the shared story ([`Shape::of`]) that found bugs, each run
@@ -2570,13 +2579,16 @@ const REGRESSION_SEEDS: &[u64] = &[
 ///   after a takeover) that pass at 036f7ba, where the degraded-write
 ///   log's appends below its length send fewer frames (other stories)
 ///   and a row the log covers in part keeps its logged values.
-/// - 230181, 481191, 488505, 628645, 687623, 769941 (plog, known from
-///   2026-11-27 and 2026-11-28): a block poisoned at an open read right
-///   after the takeover; 488505, 628645 and 769941 fail on the same
-///   frames without the degraded replay's two decodes of a torn row (a
-///   known entry of the lost unit, or the changed member's own entry,
-///   vouching for one value), the others passed already once the
-///   degraded-write log's 64 KiB steps moved their frames.
+/// - 488505, 628645, 769941 (plog, known from 2026-11-27 and
+///   2026-11-28): a block poisoned at an open read right after the
+///   takeover; they pass with the degraded replay's two decodes of a torn
+///   row (a known entry of the lost unit, or the changed member's own
+///   entry, vouching for one value).
+/// - 845757 (plog beside plog, found 2026-11-28 by the run 835,000 to
+///   854,999): with the degraded-write log grown in 64 KiB steps
+///   (e4481c9) a block flushed long before read as zeroes after a
+///   whole-cluster power loss and two members lost (a logged value of
+///   zeroes for it at the next open); not narrowed, the steps reverted.
 const REGRESSION_SHARED_SEEDS: &[u64] = &[
     1, 29, 65, 110, 119, 316, 322, 359, 453, 728, 767, 789, 970, 971, 990, 1116, 1157, 1169, 1220,
     1221, 1603, 1653, 1712, 2111, 2461, 2885, 3029, 3190, 3582, 3586, 3658, 3671, 3790, 3911, 4012,
@@ -2587,7 +2599,7 @@ const REGRESSION_SHARED_SEEDS: &[u64] = &[
     393759, 397781, 400534, 396583, 475621, 256008, 263256, 274406, 307244, 419512, 602148, 15464,
     26548, 63148, 78732, 89458, 93270, 105701, 122517, 126294, 123693, 188090, 204287, 328965,
     349450, 391288, 402584, 521235, 531565, 536966, 550149, 569516, 569626, 655184, 616164, 664700,
-    699593, 739109, 230181, 481191, 488505, 628645, 687623, 769941,
+    699593, 739109, 488505, 628645, 769941, 845757,
 ];
 
 #[test]
