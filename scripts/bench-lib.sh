@@ -56,6 +56,8 @@ bench_make_work() {
 }
 
 declare -A PID SOCK DIR KIND IMG
+# SERVE_ENV[S]: extra NAME=value words for ecdedup server S's environment.
+declare -A SERVE_ENV
 STARTED=()
 CGROUPS=()
 # Loop devices attached by loop_attach (LOOP=1), detached at exit.
@@ -124,7 +126,8 @@ serve_ecdedup() {
   local s=$1 d=$2
   KIND[$s]=ecdedup; DIR[$s]=$d; SOCK[$s]=$WORK/$s.sock
   rm -f "${SOCK[$s]}"  # a stale socket would look ready
-  "$BIN" --dir "$d" serve --socket "${SOCK[$s]}" --threads "$THREADS" >"$WORK/$s.log" 2>&1 &
+  # shellcheck disable=SC2086
+  env ${SERVE_ENV[$s]:-} "$BIN" --dir "$d" serve --socket "${SOCK[$s]}" --threads "$THREADS" >"$WORK/$s.log" 2>&1 &
   PID[$s]=$!; _note_started "$s"
   wait_ready "$s"
 }

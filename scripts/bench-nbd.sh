@@ -44,6 +44,11 @@
 #              files (`losetup --direct-io=on`; root): ecdedup's 6 devices,
 #              the peer's file, the raw side's file; O_DIRECT, discard and
 #              write-zeroes then take the block-device paths
+#   CONTROL_ENV  with CONTROL=ecdedup: NAME=value words in the control
+#              array's server environment only, so that the control ratio
+#              ecdedup2/ecdedup is an A/B of that setting (e.g.
+#              CONTROL_ENV=ECDEDUP_IO_URING=0); run again without
+#              it for the A/A
 #   ECDEDUP_IO_URING=0  the server's device I/O without io_uring (one
 #              pread/pwrite/fdatasync per operation), for before/after counts
 #   JOBS [randwrite-qd1 randwrite-qd32 randread-qd32 seqwrite-1m-qd8] the jobs to run;
@@ -177,7 +182,7 @@ precondition() {
 log "work folder $WORK; PAIRS=$PAIRS RUNTIME=${RUNTIME}s RAMP=${RAMP}s SIZE=$SIZE THREADS=$THREADS CONTROL=$CONTROL"
 start_ecdedup E
 start_peer P
-if [ "$CONTROL" = peer ]; then start_peer C; else start_ecdedup C; fi
+if [ "$CONTROL" = peer ]; then start_peer C; else SERVE_ENV[C]=${CONTROL_ENV:-}; start_ecdedup C; fi
 SIDES=(E P C)
 if [ "${RAW:-0}" = 1 ]; then start_raw R; SIDES+=(R); fi
 for s in "${SIDES[@]}"; do precondition "$s"; done
