@@ -73,8 +73,11 @@ pub fn stripe_records_bytes_max(k: usize, m: usize, unit_bytes: u64, block: u64)
     k.min(m) as u64 * blocks * record
 }
 
-/// Where a logged value sits: (stripe, role, block) -> file offset.
-type Index = HashMap<(u64, u32, u32), u64>;
+/// Where a logged value sits and what it was: (stripe, role, block) ->
+/// (file offset, CRC-32C of the block as logged). The value is read back
+/// from whichever copy of a mirrored log comes first then, which may not
+/// be the copy the index was read from (see [`DegradedLog::value`]).
+type Index = HashMap<(u64, u32, u32), (u64, u32)>;
 
 struct Inner {
     file: Arc<dyn StorageFile>,
@@ -219,10 +222,9 @@ impl DegradedLog {
                     index.retain(|&(s, _, _), _| s != p.stripe);
                 } else if p.generation == generation {
                     for b in 0..p.count {
-                        index.insert(
-                            (p.stripe, p.role, p.first + b),
-                            (p.payload_at + b as usize * block) as u64,
-                        );
+                        let at = p.payload_at + b as usize * block;
+                        let crc = crate::codec::crc32c(&bytes[at..at + block]);
+                        index.insert((p.stripe, p.role, p.first + b), (at as u64, crc));
                     }
                 }
                 at += p.len;
@@ -349,10 +351,13 @@ impl DegradedLog {
         let mut pos = 0usize;
         for &(role, first, bytes) in values {
             let payload_at = at + (pos + RECORD_HEADER_BYTES) as u64;
-            for b in 0..bytes.len() / self.block {
+            for (b, value) in bytes.chunks_exact(self.block).enumerate() {
                 inner.index.insert(
                     (stripe, role as u32, first as u32 + b as u32),
-                    payload_at + (b * self.block) as u64,
+                    (
+                        payload_at + (b * self.block) as u64,
+                        crate::codec::crc32c(value),
+                    ),
                 );
             }
             pos += (RECORD_HEADER_BYTES + bytes.len()).next_multiple_of(8);
@@ -385,15 +390,33 @@ impl DegradedLog {
         out
     }
 
-    /// The logged value of one block of a missing unit, if any.
+    /// The logged value of one block of a missing unit, if any: as it was
+    /// logged (its checksum), from a copy of the log that holds it so. The
+    /// copy read at open indexed it; a copy read now may have missed the
+    /// record (a cut between the copies' writes, its writer unanswered)
+    /// and hold an older generation's bytes there, or zeroes: taken for
+    /// the value, they decoded a flushed block as its old content (the
+    /// cluster simulator's seed 845757 on e4481c9, which grew the file
+    /// ahead of its records: zeroes). No copy holding it as logged: an
+    /// error, which callers take for a value not known.
     pub fn value(&self, stripe: u64, role: usize, block: u64) -> std::io::Result<Option<Vec<u8>>> {
         let inner = self.inner.lock().unwrap();
-        let Some(&at) = inner.index.get(&(stripe, role as u32, block as u32)) else {
+        let Some(&(at, crc)) = inner.index.get(&(stripe, role as u32, block as u32)) else {
             return Ok(None);
         };
         let mut buf = vec![0u8; self.block];
-        inner.file.read_at(&mut buf, at)?;
-        Ok(Some(buf))
+        let check = |b: &[u8]| crate::codec::crc32c(b) == crc;
+        if inner.file.read_at_accepted(&mut buf, at, &check)? {
+            return Ok(Some(buf));
+        }
+        Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "{}: no copy holds the logged value of stripe {stripe} unit {role} block \
+                 {block} as it was logged",
+                self.path.display()
+            ),
+        ))
     }
 
     /// Drops every record of `stripe`, durably (a tombstone; or a

@@ -46,7 +46,12 @@
 //! degraded-write log or the missed-write map dropped since the last
 //! flush may be read at the next open without its last records; a
 //! stripe whose record it lacks is resynchronised as one the log does
-//! not cover, every decode of it checked.
+//! not cover, every decode of it checked. A read after open may come
+//! from another copy than the open read (the first one's device failed
+//! since): bytes the caller can check are read with
+//! [`StorageFile::read_at_accepted`], which tries the copies in turn (a
+//! degraded-write log's values: docs/write-hole.md, "A logged value read
+//! from a copy that missed it").
 
 use crate::media::area::AreaFs;
 use crate::media::storage::{StorageFile, StorageLock};
@@ -601,6 +606,14 @@ impl MirrorFile {
         Ok(())
     }
 
+    /// Device `d`'s copy, whose read failed with `e`: dropped from the
+    /// mirror, and its device reported, as a failed write's is.
+    fn drop_unreadable(&self, copies: &mut Copies, d: usize, e: &io::Error) {
+        self.meta
+            .mark_broken(d, format!("reading its copy of {}", self.name), e);
+        copies.files.retain(|(c, _)| *c != d);
+    }
+
     /// Runs `op` on the folder copy where there is one (its error is the
     /// call's), else on the first area copy in read order that takes it:
     /// a copy that fails is dropped and its device reported, as a failed
@@ -626,9 +639,7 @@ impl MirrorFile {
                 // A full space is the host's fault, not the device's.
                 Err(e) if is_space_error(&e) => return Err(e),
                 Err(e) => {
-                    self.meta
-                        .mark_broken(d, format!("reading its copy of {}", self.name), &e);
-                    guard.files.retain(|(c, _)| *c != d);
+                    self.drop_unreadable(&mut guard, d, &e);
                     first_err.get_or_insert(e);
                 }
             }
@@ -672,6 +683,54 @@ pub(super) fn side_by_side<T: Sync, R: Send>(
 impl StorageFile for MirrorFile {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.read_first(|f| f.read_at(buf, offset))
+    }
+    /// The folder's copy where there is one, then the area copies in read
+    /// order, until one's bytes are accepted. A copy that holds other
+    /// bytes there, or ends before them, lags (it missed a write a cut
+    /// left on the others) and stays in the mirror; one whose read fails
+    /// otherwise is dropped and its device reported, as in `read_first`.
+    fn read_at_accepted(
+        &self,
+        buf: &mut [u8],
+        offset: u64,
+        accept: &dyn Fn(&[u8]) -> bool,
+    ) -> io::Result<bool> {
+        if let Some(b) = &self.base {
+            if b.read_at(buf, offset).is_ok() && accept(buf) {
+                return Ok(true);
+            }
+        }
+        let mut guard = self.copies.lock().unwrap();
+        self.follow_attached(&mut guard);
+        let mut read_one = self.base.is_some();
+        let mut first_err = None;
+        for (d, f) in guard.files.clone() {
+            if self.meta.area(d).is_none() {
+                continue;
+            }
+            match f.read_at(buf, offset) {
+                Ok(()) => {
+                    read_one = true;
+                    if accept(buf) {
+                        return Ok(true);
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => read_one = true,
+                Err(e) if is_space_error(&e) => return Err(e),
+                Err(e) => {
+                    self.drop_unreadable(&mut guard, d, &e);
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        match (read_one, first_err) {
+            (true, _) => Ok(false),
+            (false, Some(e)) => Err(e),
+            (false, None) => Err(io::Error::other(format!(
+                "{}: no device in service holds a copy",
+                self.name
+            ))),
+        }
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         self.each(|f| f.write_at(buf, offset))
@@ -1023,6 +1082,63 @@ mod tests {
             crate::media::storage::read_all(&m, &path).unwrap(),
             b"Records"
         );
+    }
+
+    /// A degraded-write log indexes its records from the copy read at
+    /// open, and reads a logged value later from whichever copy comes
+    /// first then. A copy that missed the record (a cut between the
+    /// copies' writes, the writer unanswered) keeps at its place the bytes
+    /// of an older generation's record (a checkpoint keeps the file's
+    /// length), or zeroes where the file was grown past them: read from
+    /// it once the first copy's device left, the block's old content was
+    /// taken for its logged value (the cluster simulator's seed 845757 on
+    /// e4481c9: a flushed block read as zeroes). Each value is now
+    /// checked against the checksum it was logged with, and read from a
+    /// copy that holds it so; where none does, it is not known.
+    #[test]
+    fn a_logged_value_is_read_only_from_a_copy_that_holds_it_as_logged() {
+        use crate::array::degraded_log::DegradedLog;
+        let (dir, m, _) = meta(3);
+        let storage: Arc<dyn Storage> = Arc::new(m.clone());
+        let path = dir.path().join(super::super::DEGRADED_LOG_FILE);
+        let durable = || Ok(());
+        let (log, _) = DegradedLog::open(Arc::clone(&storage), &path, 4096, 1 << 20).unwrap();
+        let (old, new) = (vec![1u8; 4096], vec![2u8; 4096]);
+        drop(log.log(5, &[(0, 0, &old)], &durable).unwrap());
+        // A new generation: the old record stays in every copy's bytes.
+        log.checkpoint(&durable).unwrap();
+        let copy = |d: usize| {
+            m.area(d)
+                .unwrap()
+                .open_file(super::super::DEGRADED_LOG_FILE)
+                .unwrap()
+        };
+        let before = crate::media::storage::read_file(copy(1).as_ref()).unwrap();
+        drop(log.log(5, &[(0, 0, &new)], &durable).unwrap());
+        // Copy 1 missed that append: its bytes as they were.
+        copy(1).write_at(&before, 0).unwrap();
+        drop(log);
+        // The next open reads copy 0, which holds the record.
+        let (log, _) = DegradedLog::open(Arc::clone(&storage), &path, 4096, 1 << 20).unwrap();
+        assert!(log.value(5, 0, 0).unwrap() == Some(new.clone()));
+        // Device 0 leaves: copy 1 comes first, and copy 2 holds the value.
+        m.detach(0);
+        let got = log.value(5, 0, 0).unwrap();
+        assert!(
+            got.as_deref() != Some(&old[..]),
+            "the older generation's bytes were taken for the logged value"
+        );
+        assert!(
+            got == Some(new),
+            "the value is read from the copy that holds it as logged"
+        );
+        // No copy left holds it: not known, never the older record's bytes.
+        copy(2).write_at(&before, 0).unwrap();
+        assert!(
+            !matches!(log.value(5, 0, 0), Ok(Some(_))),
+            "a value no copy holds as logged is not known"
+        );
+        assert_eq!(m.take_broken(), vec![], "a copy that lags fails no device");
     }
 
     #[test]

@@ -33,6 +33,21 @@ pub trait StorageFile: Send + Sync {
     /// Reads exactly `buf.len()` bytes at `offset` (`UnexpectedEof` past
     /// the end).
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    /// Reads `buf.len()` bytes at `offset` from a copy of the file whose
+    /// bytes `accept` takes; returns whether one did (`buf` then holds
+    /// them). A file of one copy (the default) reads once; a mirrored file
+    /// (`array::meta`) tries its copies in read order, for bytes a copy
+    /// may lack that the caller can check (a degraded-write log's value
+    /// against the checksum it was logged with).
+    fn read_at_accepted(
+        &self,
+        buf: &mut [u8],
+        offset: u64,
+        accept: &dyn Fn(&[u8]) -> bool,
+    ) -> io::Result<bool> {
+        self.read_at(buf, offset)?;
+        Ok(accept(buf))
+    }
     /// Writes all of `buf` at `offset`, extending a regular file if needed.
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
     /// Current length in bytes (a block device's size).
