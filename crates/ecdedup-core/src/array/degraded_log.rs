@@ -395,10 +395,10 @@ impl DegradedLog {
     /// copy read at open indexed it; a copy read now may have missed the
     /// record (a cut between the copies' writes, its writer unanswered)
     /// and hold an older generation's bytes there, or zeroes: taken for
-    /// the value, they decoded a flushed block as its old content (the
-    /// cluster simulator's seed 845757 on e4481c9, which grew the file
-    /// ahead of its records: zeroes). No copy holding it as logged: an
-    /// error, which callers take for a value not known.
+    /// the value, they would decode a flushed block as its old content
+    /// (docs/write-hole.md, "A logged value read from a copy that missed
+    /// it"). No copy holding it as logged: an error, which callers take
+    /// for a value not known.
     pub fn value(&self, stripe: u64, role: usize, block: u64) -> std::io::Result<Option<Vec<u8>>> {
         let inner = self.inner.lock().unwrap();
         let Some(&(at, crc)) = inner.index.get(&(stripe, role as u32, block as u32)) else {

@@ -1012,6 +1012,29 @@ impl Array {
             true => self.missing_values_logged(stripe, missing),
             false => Default::default(),
         };
+        // The degraded-write log's values of the missing units, where a
+        // parity journal gave none: a degraded write (or an earlier
+        // degraded replay) logged each one, synced, before it wrote any
+        // member, so it is the unit's content since (its old or its new
+        // one where that write was in flight), which the resync after this
+        // replay takes too. Decoded instead, from parity that a cut left
+        // without that write, it came out as the unit's content before
+        // it, logged again over the right value (the cluster simulator's
+        // seed 845757 on e4481c9: a flushed block read as zeroes).
+        let mut degraded_values: std::collections::BTreeMap<(u16, u32), Vec<u8>> =
+            Default::default();
+        if let Some(log) = &self.degraded_log {
+            for &role in missing {
+                for &row in &rows {
+                    if logged_values.contains_key(&(role as u16, row)) {
+                        continue;
+                    }
+                    if let Ok(Some(v)) = log.value(stripe, role, u64::from(row)) {
+                        degraded_values.insert((role as u16, row), v);
+                    }
+                }
+            }
+        }
         // Rows whose parity is recomputed from the data and the logged
         // values of their missing units, instead of folded.
         let mut recomputed: std::collections::BTreeMap<u32, Vec<Vec<u8>>> = Default::default();
@@ -1041,10 +1064,14 @@ impl Array {
                     present[role] = true;
                 }
             }
-            let values: Option<Vec<&Vec<u8>>> = missing
-                .iter()
-                .map(|&role| logged_values.get(&(role as u16, row as u32)))
-                .collect();
+            let value_of = |role: usize| {
+                let key = (role as u16, row as u32);
+                logged_values
+                    .get(&key)
+                    .or_else(|| degraded_values.get(&key))
+            };
+            let values: Option<Vec<&Vec<u8>>> =
+                missing.iter().map(|&role| value_of(role)).collect();
             let others_read = (0..g.k()).all(|role| missing.contains(&role) || present[role]);
             if let (Some(values), true) = (values, others_read) {
                 for (&role, value) in missing.iter().zip(values) {
@@ -1078,6 +1105,40 @@ impl Array {
                         present[g.k() + j] = true;
                     }
                 }
+            }
+            // Some missing units' values in the degraded-write log, not
+            // all: with them more than k members may be known, and a
+            // decode of the others is taken where they are one codeword
+            // (a spare vouches), as the resync takes it. Never a decode
+            // that leaves a logged value out (seed 845757, above): where
+            // none is vouched, the row's members disagree with the log,
+            // and it is left unknown, its present parity marked (its
+            // missing blocks read as I/O errors until rewritten).
+            if missing
+                .iter()
+                .any(|&role| degraded_values.contains_key(&(role as u16, row as u32)))
+            {
+                let mut known: Vec<Option<Vec<u8>>> = shards
+                    .iter()
+                    .zip(&present)
+                    .map(|(s, &p)| p.then(|| s.clone()))
+                    .collect();
+                for &role in missing {
+                    if let Some(value) = value_of(role) {
+                        known[role] = Some(value.clone());
+                    }
+                }
+                match self.decode_vouched_by_spare(&known) {
+                    Some(mut whole) => {
+                        whole.truncate(g.k());
+                        logged_rows.push((row, whole));
+                    }
+                    None => {
+                        unknown_rows += 1;
+                        unknowable.push((row, shards, present));
+                    }
+                }
+                continue;
             }
             // The missing units' values are checked before they are logged:
             // after a cut the members may disagree (the write hole), and a

@@ -1091,10 +1091,10 @@ mod tests {
     /// of an older generation's record (a checkpoint keeps the file's
     /// length), or zeroes where the file was grown past them: read from
     /// it once the first copy's device left, the block's old content was
-    /// taken for its logged value (the cluster simulator's seed 845757 on
-    /// e4481c9: a flushed block read as zeroes). Each value is now
-    /// checked against the checksum it was logged with, and read from a
-    /// copy that holds it so; where none does, it is not known.
+    /// taken for its logged value (found reading the code; no simulator
+    /// seed is known to have hit it). Each value is now checked against
+    /// the checksum it was logged with, and read from a copy that holds
+    /// it so; where none does, it is not known.
     #[test]
     fn a_logged_value_is_read_only_from_a_copy_that_holds_it_as_logged() {
         use crate::array::degraded_log::DegradedLog;
