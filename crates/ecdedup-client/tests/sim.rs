@@ -1851,13 +1851,11 @@ const KNOWN_SEEDS: &[(u64, &str)] = &[
     // errors after a takeover) pass since 2026-11-28 and run there too
     // (docs/write-hole.md, "Two decodes a row the members disagree on can
     // still take").
-    // Found by the 20,000-seed run of 2026-11-27 (325,000 to 344,999, at
-    // 73ddd7a): I/O errors only, no wrong data; still failing with the
-    // two decodes (a poisoned block read after the takeover).
-    (
-        326461,
-        "plog: block 68 fails to read after the takeover (poisoned)",
-    ),
+    // 326461 (plog, found by the 20,000-seed run 325,000 to 344,999 at
+    // 73ddd7a: a poisoned block read after the takeover, I/O errors)
+    // passes since the degraded-write log grows in 64 KiB steps again
+    // (2026-11-28: its frames moved, no fix of its own) and runs in
+    // `REGRESSION_SEEDS`.
 ];
 
 /// As [`KNOWN_SEEDS`] (whose seeds are of the first story: replay them
@@ -1876,11 +1874,10 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     // first read after a takeover on a block the open had poisoned),
     // 488505, 628645 and 769941 pass with the degraded replay's two
     // decodes and run in `REGRESSION_SHARED_SEEDS` (docs/write-hole.md,
-    // "Two decodes a row the members disagree on can still take"); these
-    // three still fail so (I/O errors only):
-    (230181, "plog with dedup of parity beside replicate: every copy of blocks 61-71 of volume 8 fails to read after the takeover (0 of 3 units intact)"),
-    (481191, "plog beside replicate with dedup of parity: block 43 of volume 8 fails to read after the takeover (poisoned)"),
-    (687623, "replicate beside plog: block 88 of volume 8 fails to read after the takeover (poisoned)"),
+    // "Two decodes a row the members disagree on can still take");
+    // 230181, 481191 and 687623, and 857610, 868189 and 905356 found
+    // since, pass since the degraded-write log grows in 64 KiB steps again
+    // (their frames moved; no fix of their own) and run there too.
     //
     // Found by the 20,000-seed run 815,000 to 834,999 at 885050a (the only
     // failure; I/O errors, no wrong data), narrowed with row prints but
@@ -1896,15 +1893,20 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     // lost mark: `refolded` did not say so) is not narrowed. Poisoned, it reads as an
     // I/O error while its member is out, and after its re-add too (its
     // own block does not match its own entry: the write in flight).
-    // Found by the 20,000-seed run 855,000 to 874,999 at b3f329d (I/O
-    // errors only, no wrong data; not narrowed): blocks the open had
-    // poisoned, read right after the takeover.
-    (857610, "parix with dedup beside replicate: block 16 of volume 7 fails to read after the takeover (poisoned)"),
-    (868189, "plog beside replicate: block 13 of volume 7 fails to read after the takeover (poisoned)"),
     (819743, "plog beside replicate: block 105 of volume 8 fails to read after the takeover (poisoned; two data members of its row changed, the members left disagree after the replay's fold)"),
-    // Found by the 20,000-seed run 895,000 to 914,999 at e178c24 (the only
-    // failure; it fails the same on b3f329d; I/O errors, not narrowed).
-    (905356, "plog beside rmw: block 54 of volume 8 fails to read after the takeover (poisoned)"),
+    // With the degraded-write log's 64 KiB steps (e4481c9, back since
+    // 2026-11-28): 845757 read a flushed block as zeroes with them until
+    // the degraded replay took the log's values (docs/write-hole.md, "A
+    // degraded replay that decoded around a logged value"); it reads
+    // that block right now, and the other lost unit of its row (block
+    // 75), which the members left cannot tell, as an I/O error. 847277
+    // (found beside it) and 896033 (the only failure of the 20,000-seed
+    // run 895,000 to 914,999 with the steps) read poisoned blocks after a
+    // takeover. I/O errors only; all three pass without the steps (other
+    // frames).
+    (845757, "plog beside plog: block 75 of volume 8 fails to read after the takeover (poisoned: its row's other lost unit had a logged value its parity lacked)"),
+    (847277, "plog beside plog: block 97 of volume 8 fails to read after the takeover (poisoned)"),
+    (896033, "parix beside plog: block 91 of volume 7 fails to read after the takeover (poisoned)"),
 ];
 
 fn strict() -> bool {
@@ -2286,7 +2288,7 @@ fn run_seed_list(seeds: Vec<u64>, shape: fn(u64) -> Shape) {
 ///   (docs/write-hole.md, "Two decodes a row the members disagree on can
 ///   still take").
 const REGRESSION_SEEDS: &[u64] = &[
-    127, 144, 551, 910, 1079, 1253, 1460, 1921, 3425, 4364, 341353, 360849, 7481, 443625,
+    127, 144, 551, 910, 1079, 1253, 1460, 1921, 3425, 4364, 341353, 360849, 7481, 443625, 326461,
 ];
 
 /// Seeds of the shared story ([`Shape::of`]) that found bugs, each run
@@ -2592,11 +2594,12 @@ const REGRESSION_SEEDS: &[u64] = &[
 ///   takeover; they pass with the degraded replay's two decodes of a torn
 ///   row (a known entry of the lost unit, or the changed member's own
 ///   entry, vouching for one value).
-/// - 845757 (plog beside plog, found 2026-11-28 by the run 835,000 to
-///   854,999): with the degraded-write log grown in 64 KiB steps
-///   (e4481c9) a block flushed long before read as zeroes after a
-///   whole-cluster power loss and two members lost (a logged value of
-///   zeroes for it at the next open); not narrowed, the steps reverted.
+/// - 230181, 481191, 687623, 857610, 868189, 905356: known seeds (I/O
+///   errors after a takeover) that pass since the degraded-write log
+///   grows in 64 KiB steps again (2026-11-28; their frames moved).
+///   845757, a regression seed of the morning without the steps, is
+///   known with them (an I/O error; docs/write-hole.md, "A degraded
+///   replay that decoded around a logged value").
 const REGRESSION_SHARED_SEEDS: &[u64] = &[
     1, 29, 65, 110, 119, 316, 322, 359, 453, 728, 767, 789, 970, 971, 990, 1116, 1157, 1169, 1220,
     1221, 1603, 1653, 1712, 2111, 2461, 2885, 3029, 3190, 3582, 3586, 3658, 3671, 3790, 3911, 4012,
@@ -2607,7 +2610,7 @@ const REGRESSION_SHARED_SEEDS: &[u64] = &[
     393759, 397781, 400534, 396583, 475621, 256008, 263256, 274406, 307244, 419512, 602148, 15464,
     26548, 63148, 78732, 89458, 93270, 105701, 122517, 126294, 123693, 188090, 204287, 328965,
     349450, 391288, 402584, 521235, 531565, 536966, 550149, 569516, 569626, 655184, 616164, 664700,
-    699593, 739109, 488505, 628645, 769941, 845757,
+    699593, 739109, 488505, 628645, 769941, 230181, 481191, 687623, 857610, 868189, 905356,
 ];
 
 #[test]

@@ -61,6 +61,12 @@ const RECORD_HEADER_BYTES: usize = 40;
 /// One record's payload: the blocks of one unit (a sanity bound).
 const PAYLOAD_BYTES_MAX: u64 = 1 << 30;
 const TOMBSTONE: u32 = u32::MAX;
+/// The file grows in steps of this many bytes (zeroes past the records,
+/// which end the log at open): appends below its length change no length,
+/// so each is one durable write per copy (a FUA write to a chunk), where
+/// one that lengthened the file cost a write, a length hint, a sync and a
+/// directory commit. The first step is taken at open.
+const GROW_BYTES: u64 = 64 << 10;
 
 /// The most bytes one stripe write appends in one call: every block of
 /// every data unit that can be missing (at most m), each in a record of
@@ -234,6 +240,15 @@ impl DegradedLog {
         // Best effort: without the reservation a full space is met by a
         // checkpoint at append time instead.
         let _ = file.reserve(bytes_max);
+        // The first growth step, zeroes past what the file holds (nothing
+        // there is read: the records end before it). Best effort too:
+        // without it the first appends lengthen the file.
+        if let Ok(len) = file.len() {
+            let step = GROW_BYTES.min(bytes_max);
+            if len < step {
+                let _ = file.write_durable(&vec![0u8; (step - len) as usize], len);
+            }
+        }
         let log = DegradedLog {
             storage,
             path: path.to_owned(),
@@ -282,11 +297,23 @@ impl DegradedLog {
             let out = encode(inner.generation);
             let at = inner.end;
             let empty = at == HEADER_BYTES;
-            if at + out.len() as u64 <= self.bytes_max || empty {
+            let len = out.len() as u64;
+            if at + len <= self.bytes_max || empty {
                 // One durable write: a FUA write per copy below the
-                // file's durable length (one round trip to a chunk).
+                // file's durable length (one round trip to a chunk). One
+                // that lengthens the file takes it to the next growth
+                // step (zeroes after the records), so the appends after
+                // it do not.
+                let mut out = out;
+                let file_len = inner.file.len().map_err(appending)?;
+                if at + len > file_len {
+                    let grown = (at + len)
+                        .next_multiple_of(GROW_BYTES)
+                        .min(self.bytes_max.max(at + len));
+                    out.resize((grown - at) as usize, 0);
+                }
                 match inner.file.write_durable(&out, at) {
-                    Ok(()) => return Ok((inner, at, out.len() as u64)),
+                    Ok(()) => return Ok((inner, at, len)),
                     Err(e) if empty || !super::Array::is_space_error(&e) => {
                         return Err(appending(e))
                     }

@@ -648,10 +648,14 @@ fn a_write_into_a_clean_region_marks_it_with_one_fua_write_per_copy() {
 /// KiB write into the missing unit's stripe reads its own block, then the
 /// row's blocks of every member in one batch (one member at a time until
 /// 2026-11-28: 6 reads), logs the missing unit's value in the
-/// degraded-write log on each of the 5 copies (a write and a length hint,
-/// then a sync and a directory commit, one FUA write since 2026-11-28),
-/// then writes: 23 round trips (28 with a commit of a write and a sync,
-/// 32 with the row read one member at a time). The
+/// degraded-write log on each of the 5 copies, one FUA write each (the
+/// open took the file to its first 64 KiB growth step, so the append
+/// changes no length), then writes: 8 round trips (23 when the first
+/// append lengthened the file: a write and a length hint, a sync and a
+/// directory commit per copy; 28 with a commit of a write and a sync, 32
+/// with the row read one member at a time). Of the appends after it, the
+/// one that passes the step takes the file to the next (its copies
+/// synced and committed), the others cost what the first did. The
 /// network's links take the log's copies side by side
 /// (`Device::side_by_side`); these counting links keep them in turn.
 /// `-- --nocapture` prints the round trips by purpose.
@@ -671,10 +675,10 @@ fn a_degraded_write_logs_the_missing_value_on_every_copy_before_it_writes() {
             count(Purpose::Metadata),
             count(Purpose::Flush)
         ),
-        (2, 15, 5),
+        (2, 5, 0),
         "{began:?}"
     );
-    assert_eq!(trips, 23, "{began:?}");
+    assert_eq!(trips, 8, "{began:?}");
     assert_eq!(
         began.last(),
         Some(&Purpose::Write),
@@ -683,17 +687,32 @@ fn a_degraded_write_logs_the_missing_value_on_every_copy_before_it_writes() {
     let mut back = vec![0u8; 4096];
     array.read(&mut back, 0).unwrap();
     assert_eq!(back, pattern(9, 4096));
+    // 20 more records of 4,136 bytes: the 16th passes 64 KiB.
+    let mut grew = 0;
+    for i in 0..20 {
+        tally.restart();
+        array.write(&pattern(20 + i, 4096), 0, false).unwrap();
+        let (_, trips, began) = tally.take_with_purposes();
+        if count_of(&began, Purpose::Flush) > 0 {
+            grew += 1;
+        } else {
+            assert_eq!(trips, 8, "append {i}: {began:?}");
+        }
+    }
+    assert_eq!(grew, 1, "one append took the file to its next step");
+    array.read(&mut back, 0).unwrap();
+    assert_eq!(back, pattern(39, 4096));
 }
 
 /// The degraded-write log keeps its length through a checkpoint (a
 /// flush), so a degraded write after one appends below the file's
 /// durable length: no length hint, no directory commit, and each copy's
 /// record goes as one FUA write (`StorageFile::write_durable`, since
-/// 2026-11-28; a write and a flush before, where the first append takes a
-/// write and a hint, a flush, a commit and its flush). 8 round trips
-/// counted one sender at a time (13 with a write and a flush per copy, 23
-/// for the first append); across the network, where the copies go side by
-/// side, 4 (2 of reads, 1 of log writes, the write) where it was 5.
+/// 2026-11-28; a write and a flush before, where an append that
+/// lengthens the file takes a write and a hint, a flush, a commit and its
+/// flush). 8 round trips counted one sender at a time (13 with a write
+/// and a flush per copy); across the network, where the copies go side
+/// by side, 4 (2 of reads, 1 of log writes, the write) where it was 5.
 #[test]
 fn a_degraded_write_after_a_flush_appends_to_its_log_without_directory_commits() {
     let (_dir, array, tally) = over_links(WritePolicy::Rmw, 8, true);
