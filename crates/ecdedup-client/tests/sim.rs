@@ -1903,7 +1903,16 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     // (found beside it) and 896033 (the only failure of the 20,000-seed
     // run 895,000 to 914,999 with the steps) read poisoned blocks after a
     // takeover. I/O errors only; all three pass without the steps (other
-    // frames).
+    // frames). 896033, traced (`ECDEDUP_SIM_TRACE_FRAMES=1`): no power
+    // loss; volume 7's old writer folded stripe 22's parity journals at
+    // their chunks and appended the invalidations (frames 1768-1771, after
+    // the last flush), then wrote roles 0-2 of the stripe by reconstruct-
+    // write, every frame answered, 51 frames before the takeover; the new
+    // writer's open lost role 3's member (its superblock write went
+    // unanswered) and its degraded replay of the stripe still folded
+    // records there and found the members disagreeing: block 91 (role 3,
+    // never written) poisoned. Why those records were not taken for
+    // invalidated is not narrowed.
     (845757, "plog beside plog: block 75 of volume 8 fails to read after the takeover (poisoned: its row's other lost unit had a logged value its parity lacked)"),
     (847277, "plog beside plog: block 97 of volume 8 fails to read after the takeover (poisoned)"),
     (896033, "parix beside plog: block 91 of volume 7 fails to read after the takeover (poisoned)"),
