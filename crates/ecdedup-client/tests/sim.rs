@@ -1911,8 +1911,13 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     // writer's open lost role 3's member (its superblock write went
     // unanswered) and its degraded replay of the stripe still folded
     // records there and found the members disagreeing: block 91 (role 3,
-    // never written) poisoned. Why those records were not taken for
-    // invalidated is not narrowed.
+    // never written) poisoned. The open defers a fold's invalidation mark
+    // found past its journal's synced length (`ParityJournal`'s
+    // `deferred`: after a cut it may have outlived the fold's parity
+    // write), so it folded the records again into parity that held them;
+    // a takeover without a power loss cannot tell it is one. A chunk
+    // server that could vouch it held every acknowledged write since
+    // (no restart) would let the open take those marks: not built.
     (845757, "plog beside plog: block 75 of volume 8 fails to read after the takeover (poisoned: its row's other lost unit had a logged value its parity lacked)"),
     (847277, "plog beside plog: block 97 of volume 8 fails to read after the takeover (poisoned)"),
     (896033, "parix beside plog: block 91 of volume 7 fails to read after the takeover (poisoned)"),
