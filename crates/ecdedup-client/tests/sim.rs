@@ -1915,9 +1915,12 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     // found past its journal's synced length (`ParityJournal`'s
     // `deferred`: after a cut it may have outlived the fold's parity
     // write), so it folded the records again into parity that held them;
-    // a takeover without a power loss cannot tell it is one. A chunk
-    // server that could vouch it held every acknowledged write since
-    // (no restart) would let the open take those marks: not built.
+    // a takeover without a power loss cannot tell it is one. The chunk
+    // servers' boot ids tell a restart within one writer's session
+    // (`link::check_boot`); carried across a takeover (the old writer's
+    // boot id of each chunk kept beside its journal, compared at the new
+    // writer's open), they would let the open take those marks where no
+    // server restarted: not built.
     (845757, "plog beside plog: block 75 of volume 8 fails to read after the takeover (poisoned: its row's other lost unit had a logged value its parity lacked)"),
     (847277, "plog beside plog: block 97 of volume 8 fails to read after the takeover (poisoned)"),
     (896033, "parix beside plog: block 91 of volume 7 fails to read after the takeover (poisoned)"),
