@@ -1924,6 +1924,10 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     (845757, "plog beside plog: block 75 of volume 8 fails to read after the takeover (poisoned: its row's other lost unit had a logged value its parity lacked)"),
     (847277, "plog beside plog: block 97 of volume 8 fails to read after the takeover (poisoned)"),
     (896033, "parix beside plog: block 91 of volume 7 fails to read after the takeover (poisoned)"),
+    // The only failure of the 20,000-seed run 935,000 to 954,999 with the
+    // steps (a whole-cluster power loss; it passes without them; I/O
+    // errors, not narrowed).
+    (948909, "plog beside replicate: block 45 of volume 7 fails to read after the takeover (poisoned)"),
 ];
 
 fn strict() -> bool {
