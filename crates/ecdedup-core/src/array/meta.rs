@@ -606,14 +606,6 @@ impl MirrorFile {
         Ok(())
     }
 
-    /// Device `d`'s copy, whose read failed with `e`: dropped from the
-    /// mirror, and its device reported, as a failed write's is.
-    fn drop_unreadable(&self, copies: &mut Copies, d: usize, e: &io::Error) {
-        self.meta
-            .mark_broken(d, format!("reading its copy of {}", self.name), e);
-        copies.files.retain(|(c, _)| *c != d);
-    }
-
     /// Runs `op` on the folder copy where there is one (its error is the
     /// call's), else on the first area copy in read order that takes it:
     /// a copy that fails is dropped and its device reported, as a failed
@@ -627,26 +619,48 @@ impl MirrorFile {
         if let Some(b) = &self.base {
             return op(b.as_ref());
         }
+        self.read_copies(|f| op(f).map(|()| true)).map(drop)
+    }
+
+    /// Runs `op` on the area copies in read order until one returns
+    /// `Ok(true)` (then `Ok(true)`); `Ok(false)` says the copy answered
+    /// without what the caller wants (it lags), and the next is tried
+    /// (`Ok(false)` when every copy that answered did so). A copy whose
+    /// `op` fails is dropped and its device reported, as a failed write's
+    /// is; the first such error is the call's where no copy answered.
+    fn read_copies(
+        &self,
+        mut op: impl FnMut(&dyn StorageFile) -> io::Result<bool>,
+    ) -> io::Result<bool> {
         let mut guard = self.copies.lock().unwrap();
         self.follow_attached(&mut guard);
+        let mut answered = false;
         let mut first_err = None;
         for (d, f) in guard.files.clone() {
             if self.meta.area(d).is_none() {
                 continue;
             }
             match op(f.as_ref()) {
-                Ok(()) => return Ok(()),
+                Ok(true) => return Ok(true),
+                Ok(false) => answered = true,
                 // A full space is the host's fault, not the device's.
                 Err(e) if is_space_error(&e) => return Err(e),
                 Err(e) => {
-                    self.drop_unreadable(&mut guard, d, &e);
+                    self.meta
+                        .mark_broken(d, format!("reading its copy of {}", self.name), &e);
+                    guard.files.retain(|(c, _)| *c != d);
                     first_err.get_or_insert(e);
                 }
             }
         }
-        Err(first_err.unwrap_or_else(|| {
-            io::Error::other(format!("{}: no device in service holds a copy", self.name))
-        }))
+        match (answered, first_err) {
+            (true, _) => Ok(false),
+            (false, Some(e)) => Err(e),
+            (false, None) => Err(io::Error::other(format!(
+                "{}: no device in service holds a copy",
+                self.name
+            ))),
+        }
     }
 }
 
@@ -700,36 +714,15 @@ impl StorageFile for MirrorFile {
                 return Ok(true);
             }
         }
-        let mut guard = self.copies.lock().unwrap();
-        self.follow_attached(&mut guard);
-        let mut read_one = self.base.is_some();
-        let mut first_err = None;
-        for (d, f) in guard.files.clone() {
-            if self.meta.area(d).is_none() {
-                continue;
-            }
-            match f.read_at(buf, offset) {
-                Ok(()) => {
-                    read_one = true;
-                    if accept(buf) {
-                        return Ok(true);
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => read_one = true,
-                Err(e) if is_space_error(&e) => return Err(e),
-                Err(e) => {
-                    self.drop_unreadable(&mut guard, d, &e);
-                    first_err.get_or_insert(e);
-                }
-            }
-        }
-        match (read_one, first_err) {
-            (true, _) => Ok(false),
-            (false, Some(e)) => Err(e),
-            (false, None) => Err(io::Error::other(format!(
-                "{}: no device in service holds a copy",
-                self.name
-            ))),
+        let taken = self.read_copies(|f| match f.read_at(buf, offset) {
+            Ok(()) => Ok(accept(buf)),
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(false),
+            Err(e) => Err(e),
+        });
+        match taken {
+            // The folder's copy answered.
+            Err(e) if self.base.is_some() && !is_space_error(&e) => Ok(false),
+            r => r,
         }
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
