@@ -845,6 +845,14 @@ mod tests {
             s.boot_id().to_le_bytes(),
             "the boot id, as every change"
         );
+        assert_eq!(s.counters.syncs.load(Ordering::Relaxed), 0, "no sync asked");
+        // With FUA (a flush's checksum pages and the chunk's sync in one
+        // message): the chunk synced after the writes, before the answer.
+        let pages = encode_append(&[(65536, &[0x44; 4096]), (131072, &[0x55; 4096])]);
+        let mut h = req(Op::LogAppend, 7, 5, 65536, &pages);
+        h.flags |= ecdedup_core::proto::frame::FLAG_FUA;
+        assert_eq!(call(&s, h, &pages).0, Status::Ok);
+        assert_eq!(s.counters.syncs.load(Ordering::Relaxed), 1, "synced once");
         let mut h = req(Op::Read, 7, 5, 8192, &[]);
         h.length = 4096 + 32;
         let (_, back) = call(&s, h, &[]);

@@ -439,17 +439,23 @@ pub fn link_frames(
         LinkOp::Write {
             offset, buf, fua, ..
         } => write_frames(&mut frames, &header, offset, buf, fua),
-        LinkOp::Append { writes } => {
+        LinkOp::Append { writes, fua } => {
             let payload = encode_append(writes);
             match u32::try_from(payload.len()) {
                 Ok(n) if n <= PAYLOAD_BYTES_MAX && !writes.is_empty() => {
-                    frames.push((header(Op::LogAppend, writes[0].0, n), payload))
+                    let mut h = header(Op::LogAppend, writes[0].0, n);
+                    if fua {
+                        h.flags |= FLAG_FUA;
+                    }
+                    frames.push((h, payload))
                 }
                 // Larger than a frame (records of a 4 MiB unit with its
-                // d(0)): each write as its own frames.
+                // d(0), or a flush's many checksum pages): each write as
+                // its own frames, which the chunk may handle in any order,
+                // so with `fua` each one durable before its answer.
                 _ => {
                     for &(offset, buf) in writes {
-                        write_frames(&mut frames, &header, offset, buf, false);
+                        write_frames(&mut frames, &header, offset, buf, fua);
                     }
                 }
             }
@@ -730,6 +736,55 @@ impl ChunkLink for NetLink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A flush's checksum pages and the chunk's sync travel as one
+    /// `LogAppend` with FUA; pages beyond one frame go as `Write` frames,
+    /// each with FUA (the chunk may handle them in any order, so no one
+    /// frame's sync could cover the others).
+    #[test]
+    fn a_durable_append_is_one_fua_frame_or_fua_writes_beyond_a_frame() {
+        let page = vec![7u8; 4096];
+        let writes = [(0u64, &page[..]), (65536, &page[..])];
+        let frames = link_frames(
+            1,
+            2,
+            0,
+            3,
+            LinkOp::Append {
+                writes: &writes,
+                fua: true,
+            },
+        );
+        assert_eq!(frames.len(), 1);
+        assert_eq!(frames[0].0.op, Op::LogAppend);
+        assert_ne!(frames[0].0.flags & FLAG_FUA, 0, "durable before the answer");
+        let plain = link_frames(
+            1,
+            2,
+            0,
+            3,
+            LinkOp::Append {
+                writes: &writes,
+                fua: false,
+            },
+        );
+        assert_eq!(plain[0].0.flags & FLAG_FUA, 0);
+        let many: Vec<(u64, &[u8])> = (0..1100u64).map(|i| (i * 4096, &page[..])).collect();
+        let frames = link_frames(
+            1,
+            2,
+            0,
+            3,
+            LinkOp::Append {
+                writes: &many,
+                fua: true,
+            },
+        );
+        assert_eq!(frames.len(), 1100);
+        assert!(frames
+            .iter()
+            .all(|(h, _)| h.op == Op::Write && h.flags & FLAG_FUA != 0));
+    }
 
     #[test]
     fn a_fold_travels_as_one_replay_frame_and_its_answer_follows_the_boot_id() {

@@ -288,7 +288,11 @@ impl JournalWrite {
                 if let Some((at, h)) = &p.hint {
                     writes.push((*at, &h[..]));
                 }
-                let op = crate::media::Op::Append { writes, hint };
+                let op = crate::media::Op::Append {
+                    writes,
+                    hint,
+                    fua: false,
+                };
                 vec![DeviceIo { dev, op }]
             }
             Target::File(f) => vec![DeviceIo {

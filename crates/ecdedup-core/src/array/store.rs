@@ -389,6 +389,12 @@ impl ChunkStore {
         Some((dev, pages))
     }
 
+    /// Counts a sync of the device made outside a `ChunkOp::Sync` (a
+    /// flush's checksum pages and the chunk's sync in one message).
+    pub(super) fn note_sync(&self) {
+        self.counters.sync();
+    }
+
     /// Ends a batched write of [`ChunkStore::dirty_checksum_pages`].
     pub(super) fn finish_checksum_pages(
         &self,

@@ -54,10 +54,13 @@ pub enum Op<'a> {
     /// Several writes on one device (a parity-journal append: its records'
     /// runs, then the journal's length hint), made in this order and
     /// answered together. Always on the calling thread (`pwrite`), or as
-    /// one message to a chunk across the network.
+    /// one message to a chunk across the network. `fua`: the device synced
+    /// after the writes, before the answer (a flush's checksum pages and
+    /// the chunk's sync in one message: `Array::sync_devices`).
     Append {
         writes: Vec<(u64, &'a [u8])>,
         hint: WriteHint,
+        fua: bool,
     },
     /// A replay's parity fold ([`super::fold`]): on the calling thread
     /// ([`super::fold::run`]), or as one `Replay` message to a chunk across
@@ -192,7 +195,7 @@ fn link_op<'a>(op: &'a Op<'_>) -> super::remote::LinkOp<'a> {
             class: hint.class,
         },
         Op::Sync => LinkOp::Sync,
-        Op::Append { writes, .. } => LinkOp::Append { writes },
+        Op::Append { writes, fua, .. } => LinkOp::Append { writes, fua: *fua },
         Op::Fold { fold, fua, .. } => LinkOp::Fold { fold, fua: *fua },
     }
 }
@@ -215,13 +218,16 @@ fn run_looped(io: &mut DeviceIo<'_>) -> (io::Result<()>, u64) {
             }
         }
         Op::Sync => (io.dev.sync(), 1),
-        Op::Append { writes, hint } => {
+        Op::Append { writes, hint, fua } => {
             for (n, (offset, buf)) in writes.iter().enumerate() {
                 if let Err(e) = io.dev.write_hinted(buf, *offset, *hint) {
                     return (Err(e), n as u64 + 1);
                 }
             }
-            (Ok(()), writes.len() as u64)
+            match fua {
+                true => (io.dev.sync(), writes.len() as u64 + 1),
+                false => (Ok(()), writes.len() as u64),
+            }
         }
         Op::Fold { fold, fua, answers } => match super::fold::run(io.dev, fold, *fua) {
             Ok(a) => {

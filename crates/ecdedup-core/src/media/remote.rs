@@ -44,8 +44,13 @@ pub enum LinkOp<'a> {
     },
     /// A parity-journal append: `writes` (the records' runs, then the
     /// journal's length hint) written in this order, answered together
-    /// (`proto::frame::Op::LogAppend`, one message).
-    Append { writes: &'a [(u64, &'a [u8])] },
+    /// (`proto::frame::Op::LogAppend`, one message); `fua`: the chunk
+    /// synced after them, before the answer (a flush's checksum pages
+    /// and the chunk's sync in one message).
+    Append {
+        writes: &'a [(u64, &'a [u8])],
+        fua: bool,
+    },
     /// A replay's parity fold, run at the chunk ([`super::fold`];
     /// `proto::frame::Op::Replay`, one message): the reply's bytes are
     /// the rows' answers (`proto::frame::encode_replay_answers`).
@@ -140,6 +145,7 @@ impl Purpose {
             (LinkOp::Discard { .. }, _) => Purpose::Discard,
             (LinkOp::Fold { .. }, _) => Purpose::ReplayFold,
             (LinkOp::Append { .. }, Some(Scope::Replay)) => Purpose::ReplayWrite,
+            (LinkOp::Append { .. }, Some(Scope::Checksums)) => Purpose::ChecksumPage,
             (LinkOp::Append { .. }, _) => Purpose::JournalAppend,
             (LinkOp::Read { .. }, Some(Scope::D0)) => Purpose::D0Read,
             (LinkOp::Read { .. }, Some(Scope::Replay)) => Purpose::ReplayRead,

@@ -159,9 +159,10 @@ impl ChunkLink for CountingLink {
                 mem.read_at(&mut buf, offset).map(|()| buf)
             }
             LinkOp::Write { offset, buf, .. } => mem.write_at(buf, offset).map(|()| Vec::new()),
-            LinkOp::Append { writes } => writes
+            LinkOp::Append { writes, fua } => writes
                 .iter()
                 .try_for_each(|(offset, buf)| mem.write_at(buf, *offset))
+                .and_then(|()| if fua { mem.sync() } else { Ok(()) })
                 .map(|()| Vec::new()),
             LinkOp::Fold { fold, fua } if self.folds => crate::media::fold::run(mem, fold, fua)
                 .map(|answers| crate::proto::frame::encode_replay_answers(&answers)),
@@ -494,17 +495,19 @@ fn flush_after(
 }
 
 /// A flush costs a fixed number of round trips, not one per dirty
-/// checksum page nor per parity journal: every chunk's dirty pages in
-/// one batch, every chunk's sync in the next, and (format 2) each parity
-/// journal made durable by its chunk's sync, so that only the metadata
-/// area's directory commit of each journal that grew follows (one FUA
-/// write since 2026-11-28; a write and a sync before, 6 round trips for
-/// the parix flush below). On main before 2afe4b7 the rmw flush below
-/// took 13 round trips (its 12 pages one at a time, then the syncs) and
-/// the parix one 14 (each journal synced on its own before the chunks).
-/// `-- --nocapture` prints both.
+/// checksum page nor per parity journal: every chunk's dirty pages and
+/// its sync in one message (the pages as one append with FUA; since
+/// 2026-11-28, the pages' batch and the syncs' batch before, 2 round
+/// trips), and (format 2) each parity journal made durable by its
+/// chunk's sync, so that only the metadata area's directory commit of
+/// each journal that grew follows (one FUA write since 2026-11-28; a
+/// write and a sync before, 6 round trips for the parix flush below). On
+/// main before 2afe4b7 the rmw flush below took 13 round trips (its 12
+/// pages one at a time, then the syncs) and the parix one 14 (each
+/// journal synced on its own before the chunks). `-- --nocapture` prints
+/// both.
 #[test]
-fn a_flush_takes_a_round_trip_for_the_pages_one_for_the_syncs_and_one_per_grown_journal() {
+fn a_flush_takes_a_round_trip_for_the_pages_and_syncs_and_one_per_grown_journal() {
     let count = count_of;
     // rmw: blocks of stripes in each of the 3 checksum pages of a chunk
     // (512 stripes of 2 blocks a page), every chunk holding data and
@@ -521,13 +524,19 @@ fn a_flush_takes_a_round_trip_for_the_pages_one_for_the_syncs_and_one_per_grown_
     }
     let (by, trips, began) = flush_after(WritePolicy::Rmw, 1536, &writes);
     eprintln!("rmw flush: {by:?}; {trips} round trips: {began:?}");
-    assert!(
+    // One message per chunk, each carrying several pages.
+    assert_eq!(
         by.iter()
-            .any(|(p, n)| *p == Purpose::ChecksumPage && *n > 6),
-        "several pages per chunk to write: {by:?}"
+            .find(|(p, _)| *p == Purpose::ChecksumPage)
+            .map(|(_, n)| *n),
+        Some(6),
+        "one message per chunk: {by:?}"
     );
-    assert_eq!(trips, 2, "pages, then syncs: {began:?}");
-    assert_eq!(count(&began, Purpose::ChecksumPage), 1, "{began:?}");
+    assert!(
+        by.iter().all(|(p, _)| *p == Purpose::ChecksumPage),
+        "no sync of its own: {by:?}"
+    );
+    assert_eq!(trips, 1, "pages and syncs together: {began:?}");
     // parix: three blocks of stripe 0, each overwritten twice (so both
     // parity journals hold d(0) and d(r)), on six chunks.
     let mut writes = Vec::new();
@@ -537,11 +546,15 @@ fn a_flush_takes_a_round_trip_for_the_pages_one_for_the_syncs_and_one_per_grown_
     }
     let (by, trips, began) = flush_after(WritePolicy::Parix, 8, &writes);
     eprintln!("parix flush: {by:?}; {trips} round trips: {began:?}");
-    assert_eq!(trips, 4, "{began:?}");
-    assert_eq!(count(&began, Purpose::ChecksumPage), 1, "{began:?}");
-    // The chunks' syncs in one, then each of the 2 grown journals'
-    // directory commit: one FUA write each.
-    assert_eq!(count(&began, Purpose::Flush), 1, "{began:?}");
+    assert_eq!(trips, 3, "{began:?}");
+    // The chunks' pages and syncs in one (the chunks without dirty
+    // pages their sync alone, in the same batch), then each of the 2
+    // grown journals' directory commit: one FUA write each.
+    assert_eq!(
+        count(&began, Purpose::ChecksumPage) + count(&began, Purpose::Flush),
+        1,
+        "{began:?}"
+    );
     assert_eq!(count(&began, Purpose::Metadata), 2, "{began:?}");
 }
 
@@ -742,17 +755,18 @@ fn a_degraded_write_after_a_flush_appends_to_its_log_without_directory_commits()
 /// What a FUA write costs since it syncs every device with its parity
 /// journal, as a flush does (docs/benchmarks.md, "A FUA write syncs every
 /// device"): after partial writes to other stripes (every journal grown,
-/// none flushed), a one-block FUA write takes 10 round trips under plog
+/// none flushed), a one-block FUA write takes 9 round trips under plog
 /// and parix counted one sender at a time, as these links send (a
 /// directory commit, one FUA write since 2026-11-28, per device whose
 /// journal grew: six here; over the network the journals' commits go
-/// side by side); right after a flush, 6 under plog and 5 under parix
-/// (16, 8 and 7 when a commit was a write and a sync). `-- --nocapture` prints
-/// them.
+/// side by side); right after a flush, 5 under plog and 4 under parix
+/// (16, 8 and 7 when a commit was a write and a sync; 10, 6 and 5 before
+/// 2026-11-28, when a chunk's checksum pages and its sync were two round
+/// trips, not one message). `-- --nocapture` prints them.
 #[test]
 fn a_fua_write_costs_a_directory_commit_per_grown_journal_it_syncs() {
     for (policy, grown_trips, after_flush) in
-        [(WritePolicy::Plog, 10, 6), (WritePolicy::Parix, 10, 5)]
+        [(WritePolicy::Plog, 9, 5), (WritePolicy::Parix, 9, 4)]
     {
         let (_dir, array, tally) = over_links(policy, 8, true);
         grow_every_journal(&array, 40);
