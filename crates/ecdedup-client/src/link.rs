@@ -731,6 +731,10 @@ impl ChunkLink for NetLink {
             self.wire.volume_id
         )
     }
+
+    fn boot_id(&self) -> Option<u64> {
+        Some(self.boot_id)
+    }
 }
 
 #[cfg(test)]

@@ -701,6 +701,10 @@ impl ChunkLink for SimLink {
     fn describe(&self) -> String {
         format!("sim server {} chunk {:#x}", self.server, self.code)
     }
+
+    fn boot_id(&self) -> Option<u64> {
+        Some(self.boot_id)
+    }
     /// Frames go out in the order the seed gives them: one thread at a
     /// time (a mirrored metadata file's copies in turn, not side by side).
     /// `ECDEDUP_SIM_SIDE_BY_SIDE=1` lets the copies go side by side as on
@@ -1878,63 +1882,10 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     // 230181, 481191 and 687623, and 857610, 868189 and 905356 found
     // since, pass since the degraded-write log grows in 64 KiB steps again
     // (their frames moved; no fix of their own) and run there too.
-    //
-    // Found by the 20,000-seed run 815,000 to 834,999 at 885050a (the only
-    // failure; I/O errors, no wrong data), narrowed with row prints but
-    // not closed: volume 8's writer acknowledged a plog write of blocks
-    // 99 to 106 (not flushed) and was taken over without a power loss;
-    // at the new writer's open the member of block 105 (stripe 26, role
-    // 1) failed, and the row's replay folded one flushed record per
-    // parity journal (none past a synced length) and found two present
-    // data members (roles 0 and 2) changed since their entries and no
-    // decode that gives the lost unit its known entry: with two members
-    // changed and one lost, RS(4,2) has nothing left to tell the lost
-    // unit by. Whether the fold took a record the parity held already (a
-    // lost mark: `refolded` did not say so) is not narrowed. Poisoned, it reads as an
-    // I/O error while its member is out, and after its re-add too (its
-    // own block does not match its own entry: the write in flight).
-    (819743, "plog beside replicate: block 105 of volume 8 fails to read after the takeover (poisoned; two data members of its row changed, the members left disagree after the replay's fold)"),
-    // With the degraded-write log's 64 KiB steps (e4481c9, back since
-    // 2026-11-28): 845757 read a flushed block as zeroes with them until
-    // the degraded replay took the log's values (docs/write-hole.md, "A
-    // degraded replay that decoded around a logged value"); it reads
-    // that block right now, and the other lost unit of its row (block
-    // 75), which the members left cannot tell, as an I/O error. 847277
-    // (found beside it) and 896033 (the only failure of the 20,000-seed
-    // run 895,000 to 914,999 with the steps) read poisoned blocks after a
-    // takeover. I/O errors only; all three pass without the steps (other
-    // frames). 896033, traced (`ECDEDUP_SIM_TRACE_FRAMES=1`): no power
-    // loss; volume 7's old writer folded stripe 22's parity journals at
-    // their chunks and appended the invalidations (frames 1768-1771, after
-    // the last flush), then wrote roles 0-2 of the stripe by reconstruct-
-    // write, every frame answered, 51 frames before the takeover; the new
-    // writer's open lost role 3's member (its superblock write went
-    // unanswered) and its degraded replay of the stripe still folded
-    // records there and found the members disagreeing: block 91 (role 3,
-    // never written) poisoned. The open defers a fold's invalidation mark
-    // found past its journal's synced length (`ParityJournal`'s
-    // `deferred`: after a cut it may have outlived the fold's parity
-    // write), so it folded the records again into parity that held them;
-    // a takeover without a power loss cannot tell it is one. The chunk
-    // servers' boot ids tell a restart within one writer's session
-    // (`link::check_boot`); carried across a takeover (the old writer's
-    // boot id of each chunk kept beside its journal, compared at the new
-    // writer's open), they would let the open take those marks where no
-    // server restarted: not built.
-    (845757, "plog beside plog: block 75 of volume 8 fails to read after the takeover (poisoned: its row's other lost unit had a logged value its parity lacked)"),
-    (847277, "plog beside plog: block 97 of volume 8 fails to read after the takeover (poisoned)"),
-    (896033, "parix beside plog: block 91 of volume 7 fails to read after the takeover (poisoned)"),
-    // The only failure of the 20,000-seed run 935,000 to 954,999 with the
-    // steps (a whole-cluster power loss; it passes without them; I/O
-    // errors, not narrowed).
-    (948909, "plog beside replicate: block 45 of volume 7 fails to read after the takeover (poisoned)"),
-    // The only failure of the 20,000-seed run 955,000 to 974,999 (it
-    // fails the same without the steps and on b3f329d; I/O errors, not
-    // narrowed).
-    (962841, "plog beside rmw with dedup: block 96 of volume 7 fails to read after the takeover (poisoned)"),
-    // The only failure of the 20,000-seed run 975,000 to 994,999 (with the
-    // steps; it passes without them; I/O errors, not narrowed).
-    (993641, "plog beside plog: block 95 of volume 8 fails to read after the takeover (poisoned)"),
+    // 819743, 845757, 847277, 896033, 948909, 962841 and 993641 (I/O
+    // errors after a takeover), known until 2026-11-28, pass since the
+    // superblocks carry the chunk servers' boot ids and run in
+    // `REGRESSION_SHARED_SEEDS` (see there).
 ];
 
 fn strict() -> bool {
@@ -2628,6 +2579,20 @@ const REGRESSION_SEEDS: &[u64] = &[
 ///   845757, a regression seed of the morning without the steps, is
 ///   known with them (an I/O error; docs/write-hole.md, "A degraded
 ///   replay that decoded around a logged value").
+/// - 962841 (plog beside rmw with dedup; block 96 poisoned after a
+///   takeover, failing the same with and without the steps), since the
+///   superblocks carry each chunk server's boot id (`boot_stamp`): a
+///   fold's invalidation mark past its journal's synced length stands
+///   where the server never restarted, where it was deferred and the
+///   records folded again. With the stamps' frames and that rule
+///   switched off it still fails, the same block; with the rule it
+///   passes: the rule fixed it. 819743, 845757, 847277, 896033, 948909
+///   and 993641 (I/O errors after a takeover) pass with the stamps too,
+///   and pass as well with the rule switched off: their frames moved
+///   (the open writes the superblocks once more), no proof of a fix.
+///   896033, traced on 2026-11-28 (no power loss; fold marks past the
+///   sync deferred at a takeover, the records folded again into parity
+///   that held them), is the case the rule was built for.
 const REGRESSION_SHARED_SEEDS: &[u64] = &[
     1, 29, 65, 110, 119, 316, 322, 359, 453, 728, 767, 789, 970, 971, 990, 1116, 1157, 1169, 1220,
     1221, 1603, 1653, 1712, 2111, 2461, 2885, 3029, 3190, 3582, 3586, 3658, 3671, 3790, 3911, 4012,
@@ -2638,7 +2603,8 @@ const REGRESSION_SHARED_SEEDS: &[u64] = &[
     393759, 397781, 400534, 396583, 475621, 256008, 263256, 274406, 307244, 419512, 602148, 15464,
     26548, 63148, 78732, 89458, 93270, 105701, 122517, 126294, 123693, 188090, 204287, 328965,
     349450, 391288, 402584, 521235, 531565, 536966, 550149, 569516, 569626, 655184, 616164, 664700,
-    699593, 739109, 488505, 628645, 769941, 230181, 481191, 687623, 857610, 868189, 905356,
+    699593, 739109, 488505, 628645, 769941, 230181, 481191, 687623, 857610, 868189, 905356, 962841,
+    819743, 845757, 847277, 896033, 948909, 993641,
 ];
 
 #[test]

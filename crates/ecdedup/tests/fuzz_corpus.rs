@@ -186,6 +186,7 @@ mod seeds {
             array_uuid: [0xA1; 16],
             device_uuid: [0xD3; 16],
             member_uuids: (0xD0..0xD6).map(|b| [b; 16]).collect(),
+            boot_stamp: 0,
         };
         let older = sb.encode();
         sb.generation = 6;

@@ -100,6 +100,8 @@ pub fn force_assemble(dir: &Path) -> Result<Vec<usize>> {
             generation,
             states: states.clone(),
             member_uuids: member_uuids.clone(),
+            // A forced assembly vouches for no server's boot.
+            boot_stamp: 0,
             ..sb.clone()
         };
         write_superblock(&cfg.devices[i], &next)

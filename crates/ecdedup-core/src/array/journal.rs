@@ -1228,6 +1228,23 @@ impl ParityJournal {
         }
     }
 
+    /// The deferred marks appended after their fold's parity write stand
+    /// (those appended before their parity write stay deferred): the
+    /// chunk server holding this journal never restarted since they were
+    /// appended, so the fold's parity write, answered before its mark was
+    /// sent, is in the chunk's file (`Superblock::boot_stamp`). A row also
+    /// ended by a mark written before its parity stays deferred whole.
+    pub fn trust_fold_marks(&mut self) {
+        let before = &self.deferred_before_parity;
+        self.deferred.retain(|stripe, (_, rows)| {
+            rows.retain(|row| before.get(stripe).is_some_and(|b| b.contains(row)));
+            !rows.is_empty()
+        });
+        let deferred = &self.deferred;
+        self.deferred_before_parity
+            .retain(|stripe, _| deferred.contains_key(stripe));
+    }
+
     /// Every deferred mark stands (a stripe's alone: `restore_deferred_rows`).
     pub fn settle_all_deferred(&mut self) {
         self.deferred.clear();
@@ -1701,6 +1718,31 @@ mod tests {
         assert!(j.reset_if_empty().unwrap());
     }
 
+    /// A journal's bytes: its header, then a parity delta (role 4) of
+    /// each of the first `rows` rows of each stripe.
+    fn deltas(stripes: &[u64], rows: u32) -> Vec<u8> {
+        let mut bytes = header().to_vec();
+        for &stripe in stripes {
+            for row in 0..rows {
+                encode(&mut bytes, Kind::Delta, stripe, 4, row, &[7u8; 4096]);
+            }
+        }
+        bytes
+    }
+
+    /// A journal opened over `bytes`, its index and deferred marks those
+    /// `found` (a scan with the synced length the test chose).
+    fn opened_as(bytes: &[u8], found: Scan) -> (tempfile::TempDir, ParityJournal) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        std::fs::write(&path, bytes).unwrap();
+        let mut j = ParityJournal::open(&path).unwrap();
+        j.index = found.index;
+        j.deferred = found.deferred;
+        j.deferred_before_parity = found.before_parity;
+        (dir, j)
+    }
+
     /// A mark past the synced length at open is applied to the index, and
     /// the log without it is kept for the caller to give back rows whose
     /// parity write did not land: a fold's mark (written after its parity)
@@ -1709,12 +1751,7 @@ mod tests {
     /// parity write); within the synced length a mark is applied for good.
     #[test]
     fn a_folds_mark_past_the_synced_length_can_be_given_back_at_open() {
-        let mut bytes = header().to_vec();
-        for stripe in [5u64, 6, 7] {
-            for row in 0..2u32 {
-                encode(&mut bytes, Kind::Delta, stripe, 4, row, &[7u8; 4096]);
-            }
-        }
+        let mut bytes = deltas(&[5, 6, 7], 2);
         encode_mark(&mut bytes, 7, 0, 2, Mark::AfterFold);
         let synced = bytes.len() as u64;
         encode_mark(&mut bytes, 5, 0, 2, Mark::AfterFold);
@@ -1749,18 +1786,47 @@ mod tests {
         );
 
         // Given back through the journal: row 0 only.
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("j");
-        std::fs::write(&path, &bytes).unwrap();
-        let mut j = ParityJournal::open(&path).unwrap();
-        j.index = found.index;
-        j.deferred = found.deferred;
+        let (_dir, mut j) = opened_as(&bytes, found);
         assert_eq!(j.deferred_rows(5), BTreeSet::from([0, 1]));
         j.restore_deferred_rows(5, &BTreeSet::from([0]));
         let log = j.stripe_log(5).unwrap();
         assert_eq!(log[&(4, 0)].deltas.len(), 1, "row 0 given back");
         assert_eq!(log[&(4, 1)].deltas.len(), 1, "row 1: the mark stands");
         assert!(j.deferred_rows(5).is_empty(), "settled");
+    }
+
+    /// Where the journal's chunk server never restarted since its marks
+    /// were appended (`Superblock::boot_stamp`), a fold's mark past the
+    /// synced length stands (its parity write was answered before it was
+    /// sent); a mark written before its parity stays deferred, with every
+    /// row it ends (a fold's mark on such a row too).
+    #[test]
+    fn a_folds_mark_stands_where_its_server_never_restarted() {
+        let mut bytes = deltas(&[5, 6, 8], 3);
+        let synced = bytes.len() as u64;
+        encode_mark(&mut bytes, 5, 0, 2, Mark::AfterFold);
+        encode_mark(&mut bytes, 6, 0, 2, Mark::BeforeParity);
+        encode_mark(&mut bytes, 8, 0, 1, Mark::BeforeParity);
+        encode_mark(&mut bytes, 8, 0, 3, Mark::AfterFold);
+        let found = scan(&bytes, true, Some(synced));
+        let (_dir, mut j) = opened_as(&bytes, found);
+        assert_eq!(j.deferred_rows(5), BTreeSet::from([0, 1]));
+        assert_eq!(j.deferred_rows(8), BTreeSet::from([0, 1, 2]));
+        j.trust_fold_marks();
+        assert!(j.deferred_rows(5).is_empty(), "the fold's mark stands");
+        assert!(j.stripe_log(5).unwrap().keys().all(|&(_, row)| row == 2));
+        assert_eq!(j.deferred_rows(6), BTreeSet::from([0, 1]), "before parity");
+        assert_eq!(j.deferred_rows_before_parity(6), BTreeSet::from([0, 1]));
+        assert_eq!(
+            j.deferred_rows(8),
+            BTreeSet::from([0]),
+            "the row a mark before parity ends, only"
+        );
+        // Given back as before: stripe 8's row 0 alone.
+        j.restore_deferred_rows(8, &BTreeSet::from([0]));
+        let log = j.stripe_log(8).unwrap();
+        assert!(log.contains_key(&(4, 0)), "row 0 given back");
+        assert!(!log.contains_key(&(4, 1)) && !log.contains_key(&(4, 2)));
     }
 
     /// A mark written before its parity past the synced length keeps back

@@ -65,7 +65,7 @@ use intent::IntentLog;
 use layout::SUPERBLOCK_BYTES;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, RwLock};
 use store::ChunkStore;
 use superblock::Superblock;
@@ -491,6 +491,11 @@ pub struct Array {
     /// a member that leaves now leaves at it (the missed map's start,
     /// `readd.rs`). Read without the config lock, which a failure may hold.
     generation_written: AtomicU64,
+    /// Whether the superblocks written now carry each chunk's server boot
+    /// id ([`Superblock::boot_stamp`]): set once the open has made every
+    /// parity journal durable (its replay's flush), never before, so a
+    /// stamp never covers a journal record appended in an earlier boot.
+    boot_stamps: AtomicBool,
     /// Space errors (ENOSPC, EDQUOT) met by device writes so far; while
     /// `space_pending` holds stripes, writes are refused (reads go on).
     space_errors: AtomicU64,
@@ -867,6 +872,7 @@ pub fn format_in(
             volume_bytes: opts.volume_bytes,
             states: vec![MemberState::Active; n as usize],
             member_uuids: member_uuids.clone(),
+            boot_stamp: 0,
         };
         allocate_superblock_slots(dev.as_ref()).map_err(io)?;
         dev.write_at(&sb.encode(), Superblock::slot_offset(1))
@@ -1149,6 +1155,22 @@ impl Array {
                 }
             }
         }
+        // Per device, whether its chunk server never restarted since the
+        // writer that stamped its superblock had made every parity journal
+        // durable ([`Superblock::boot_stamp`]): every journal record past
+        // a journal's synced length was then appended in the boot that
+        // still runs, so what the server acknowledged before it is in its
+        // files ([`ChunkStore::journal_trust_fold_marks`], below).
+        let never_restarted: Vec<bool> = (0..n)
+            .map(|i| {
+                let link_boot = devices[i]
+                    .as_ref()
+                    .and_then(|d| d.link().and_then(|l| l.boot_id()));
+                sbs[i]
+                    .as_ref()
+                    .is_some_and(|sb| sb.boot_stamp != 0 && link_boot == Some(sb.boot_stamp))
+            })
+            .collect();
         // Why no superblock was readable (a file system refusing direct
         // I/O, say) is in the warnings: said with the refusal.
         let newest = inspect::newest_superblock(&sbs).map_err(|e| match e {
@@ -1528,6 +1550,7 @@ impl Array {
             failures_latched: AtomicU64::new(0),
             failures_durable: AtomicU64::new(0),
             generation_written: AtomicU64::new(newest.generation),
+            boot_stamps: AtomicBool::new(false),
             space_errors: AtomicU64::new(0),
             space_pending: Mutex::new(std::collections::BTreeSet::new()),
             last_write_ms: AtomicU64::new(0),
@@ -1559,6 +1582,19 @@ impl Array {
         // acknowledged write, and what their journals logged is dropped.
         // Checksums outside dirty regions are trustworthy, so the journals of
         // the other stripes are then replayed before serving.
+        // A fold's invalidation mark past its journal's synced length is
+        // deferred at open (a power cut may have kept it and dropped the
+        // fold's parity write), and the resync then guesses from the
+        // parity block whether the fold landed. Where the journal's server
+        // never restarted since, nothing was dropped: the mark stands. (A
+        // takeover without a power loss cannot tell one otherwise: the
+        // cluster simulator's seed 896033 folded records again into parity
+        // that held them, and a row read as I/O errors.)
+        for (d, store) in array.stores.iter().enumerate() {
+            if never_restarted[d] {
+                store.journal_trust_fold_marks();
+            }
+        }
         let mut dirty = recovery.dirty_stripe_ranges;
         dirty.extend(journal_lost);
         if journal_unreadable {
@@ -1576,6 +1612,18 @@ impl Array {
             store.journal_settle_all_deferred();
         }
         array.replay_all(progress.as_ref())?;
+        // Every parity journal is durable now (the replay's flush): the
+        // superblocks may vouch for the chunk servers' boots from here on.
+        let stamps = array.write_policy.journals()
+            && (0..n).any(|d| {
+                array
+                    .device(d)
+                    .is_some_and(|dev| dev.link().and_then(|l| l.boot_id()).is_some())
+            });
+        if stamps {
+            array.boot_stamps.store(true, SeqCst);
+            array.persist_superblocks()?;
+        }
         array.serving.store(true, SeqCst);
         Ok(array)
     }
@@ -1772,6 +1820,10 @@ impl Array {
                     volume_bytes: self.volume_bytes,
                     states: states.clone(),
                     member_uuids: cfg.device_uuids.clone(),
+                    boot_stamp: match self.boot_stamps.load(SeqCst) {
+                        true => dev.link().and_then(|l| l.boot_id()).unwrap_or(0),
+                        false => 0,
+                    },
                 };
                 let bytes = sb.encode();
                 let r = dev

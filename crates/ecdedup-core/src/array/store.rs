@@ -550,6 +550,13 @@ impl ChunkStore {
         }
     }
 
+    /// [`journal::ParityJournal::trust_fold_marks`] of this device's journal.
+    pub(super) fn journal_trust_fold_marks(&self) {
+        if let Some(j) = self.journal.lock().unwrap().as_mut() {
+            j.trust_fold_marks();
+        }
+    }
+
     /// Every deferred fold mark of this device's journal stands.
     pub(super) fn journal_settle_all_deferred(&self) {
         if let Some(j) = self.journal.lock().unwrap().as_mut() {

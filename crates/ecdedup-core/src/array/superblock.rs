@@ -66,6 +66,14 @@ pub struct Superblock {
     /// recorded (superblocks written before 2026-11-26). Tells the member
     /// a position still has from an earlier occupant of it.
     pub member_uuids: Vec<[u8; 16]>,
+    /// The boot id of the chunk server that held this device when the slot
+    /// was written, where the writer had made every parity journal
+    /// durable since its open (so every journal record past a journal's
+    /// synced length was appended in that boot); 0: none (a local device,
+    /// or a slot written earlier in an open, or before 2026-11-28). A
+    /// server with that boot id now never restarted since: what it
+    /// acknowledged is in its files (`Array::trust_fold_marks_of_servers_that_never_restarted`).
+    pub boot_stamp: u64,
 }
 
 impl Superblock {
@@ -91,6 +99,7 @@ impl Superblock {
         b[88..96].copy_from_slice(&self.volume_bytes.to_le_bytes());
         b[96..104].copy_from_slice(&g.data_offset().to_le_bytes());
         b[104..112].copy_from_slice(&g.meta_area_bytes.to_le_bytes());
+        b[112..120].copy_from_slice(&self.boot_stamp.to_le_bytes());
         for (i, s) in self.states.iter().enumerate() {
             let (tag, cursor) = s.encode();
             let at = HEADER_BYTES + i * STATE_ENTRY_BYTES;
@@ -187,6 +196,7 @@ impl Superblock {
             volume_bytes,
             states,
             member_uuids,
+            boot_stamp: u64_at(112),
         })
     }
 
@@ -233,6 +243,7 @@ mod tests {
                 MemberState::Active,
             ],
             member_uuids: (1..=6).map(|i| [i; 16]).collect(),
+            boot_stamp: 0x0123_4567_89ab_cdef,
         }
     }
 

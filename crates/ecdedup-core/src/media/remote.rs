@@ -229,6 +229,12 @@ pub trait ChunkLink: Send + Sync {
     fn size(&self) -> u64;
     /// Where the chunk lives, for messages.
     fn describe(&self) -> String;
+    /// The chunk server's boot id when this link opened the chunk (every
+    /// change it acknowledges since carries the same: `check_boot`); None
+    /// where the link cannot tell.
+    fn boot_id(&self) -> Option<u64> {
+        None
+    }
     /// Whether sends from several threads at once are welcome (the
     /// network's links); a deterministic harness's link says no, so its
     /// frames keep the order its seed gives them.

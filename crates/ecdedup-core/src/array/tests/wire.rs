@@ -132,6 +132,8 @@ struct CountingLink {
     folds: bool,
     /// What `ChunkLink::unanswered` says.
     unanswered: bool,
+    /// What `ChunkLink::boot_id` says.
+    boot: Option<u64>,
 }
 
 struct Answered(std::io::Result<Vec<u8>>, Arc<Tally>);
@@ -193,6 +195,10 @@ impl ChunkLink for CountingLink {
     fn unanswered(&self) -> bool {
         self.unanswered
     }
+
+    fn boot_id(&self) -> Option<u64> {
+        self.boot
+    }
 }
 
 /// A parix RS(4,2) array of format 2 over counting links, its volume
@@ -223,8 +229,75 @@ fn linked_as(
         tally: Arc::clone(tally),
         folds,
         unanswered,
+        boot: None,
     };
     Arc::new(RemoteDevice::new(Arc::new(link)))
+}
+
+/// As [`linked`], the link giving its chunk server's boot id.
+fn linked_booted(mem: &MemDevice, tally: &Arc<Tally>, boot: u64) -> Arc<dyn Device> {
+    let link = CountingLink {
+        mem: mem.clone(),
+        tally: Arc::clone(tally),
+        folds: true,
+        unanswered: false,
+        boot: Some(boot),
+    };
+    Arc::new(RemoteDevice::new(Arc::new(link)))
+}
+
+/// A writer's open stamps each chunk's superblock with its server's boot
+/// id once the open's replay has made every parity journal durable
+/// (`Superblock::boot_stamp`), so that the next writer can tell a server
+/// that never restarted since (its fold marks past a journal's sync then
+/// stand); a reopen over restarted servers stamps their new boot ids; a
+/// policy without journals, or a device without a boot id, stamps none.
+#[test]
+fn an_open_stamps_each_chunks_superblock_with_its_servers_boot_id() {
+    let stamps = |mems: &[MemDevice]| -> Vec<u64> {
+        mems.iter()
+            .map(|m| read_superblock(m).unwrap().boot_stamp)
+            .collect()
+    };
+    for policy in [WritePolicy::Parix, WritePolicy::Rmw] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut opts = options(6, 4, 2, 8192, 8 * 4 * 8192);
+        opts.metadata = MetadataPlacement::Devices;
+        opts.write_policy = policy;
+        opts.journal_bytes_max = 4 << 20;
+        let (_, mems) = format_on_memory(dir.path(), &opts);
+        assert_eq!(stamps(&mems), vec![0; 6], "none at create");
+        let tally = Arc::new(Tally::default());
+        let open = |first_boot: u64| {
+            let devices = mems
+                .iter()
+                .enumerate()
+                .map(|(i, m)| Some(linked_booted(m, &tally, first_boot + i as u64)))
+                .collect();
+            let array = Array::open_with_devices(dir.path(), devices, None).unwrap();
+            array.write(&pattern(3, 4096), 8192, false).unwrap();
+            array.flush().unwrap();
+            array
+        };
+        let journals = policy != WritePolicy::Rmw;
+        let expect = |first: u64| -> Vec<u64> {
+            (0..6)
+                .map(|i| if journals { first + i } else { 0 })
+                .collect()
+        };
+        drop(open(100));
+        assert_eq!(stamps(&mems), expect(100), "{policy:?}");
+        // The servers restarted: the next open stamps their new boots.
+        drop(open(200));
+        assert_eq!(stamps(&mems), expect(200), "{policy:?}");
+        // Local devices (no boot id): none.
+        let devices = mems
+            .iter()
+            .map(|m| Some(Arc::new(m.clone()) as Arc<dyn Device>))
+            .collect();
+        drop(Array::open_with_devices(dir.path(), devices, None).unwrap());
+        assert_eq!(stamps(&mems), vec![0; 6], "{policy:?}");
+    }
 }
 
 /// An RS(4,2) array of format 2 under `policy`, `stripes` stripes of 8 KiB
