@@ -1806,29 +1806,43 @@ impl Array {
                 .map(|d| self.member_state(d))
                 .collect();
             let mut newly_failed = false;
-            for d in 0..self.stores.len() {
-                if states[d] == MemberState::Failed {
-                    continue;
-                }
-                let Some(dev) = self.device(d) else { continue };
-                let sb = Superblock {
-                    array_uuid: *cfg.file.array_uuid.as_bytes(),
-                    device_uuid: cfg.device_uuids[d],
-                    generation: cfg.generation,
-                    position: d as u32,
-                    geometry: self.geo,
-                    volume_bytes: self.volume_bytes,
-                    states: states.clone(),
-                    member_uuids: cfg.device_uuids.clone(),
-                    boot_stamp: match self.boot_stamps.load(SeqCst) {
-                        true => dev.link().and_then(|l| l.boot_id()).unwrap_or(0),
-                        false => 0,
-                    },
-                };
-                let bytes = sb.encode();
-                let r = dev
-                    .write_at(&bytes, Superblock::slot_offset(cfg.generation))
-                    .and_then(|_| dev.sync());
+            // Every member in service gets the new slot as one durable
+            // write (`Device::write_fua`: one message to a chunk across
+            // the network, where a write and a sync were two), side by
+            // side where every member is such a chunk (a round trip for
+            // them all, not one or two per member, one after another).
+            // Members left at the old generation by a cut are as before:
+            // the newest generation wins.
+            let targets: Vec<(usize, Arc<dyn Device>, Vec<u8>)> = (0..self.stores.len())
+                .filter(|&d| states[d] != MemberState::Failed)
+                .filter_map(|d| {
+                    let dev = self.device(d)?;
+                    let sb = Superblock {
+                        array_uuid: *cfg.file.array_uuid.as_bytes(),
+                        device_uuid: cfg.device_uuids[d],
+                        generation: cfg.generation,
+                        position: d as u32,
+                        geometry: self.geo,
+                        volume_bytes: self.volume_bytes,
+                        states: states.clone(),
+                        member_uuids: cfg.device_uuids.clone(),
+                        boot_stamp: match self.boot_stamps.load(SeqCst) {
+                            true => dev.link().and_then(|l| l.boot_id()).unwrap_or(0),
+                            false => 0,
+                        },
+                    };
+                    Some((d, dev, sb.encode()))
+                })
+                .collect();
+            let chosen: Vec<usize> = targets.iter().map(|(d, _, _)| *d).collect();
+            let at = Superblock::slot_offset(cfg.generation);
+            let results = meta::side_by_side(
+                &targets,
+                self.on_chunks_side_by_side(&chosen),
+                |(_, dev, bytes)| dev.write_fua(bytes, at),
+            );
+            for ((d, _, bytes), r) in targets.iter().zip(results) {
+                let d = *d;
                 match r {
                     Ok(()) => {
                         self.counters.devices[d].write(IoClass::Metadata, bytes.len());

@@ -933,3 +933,32 @@ fn a_chunk_whose_link_left_a_request_unanswered_is_not_re_added() {
     array.read(&mut back, 0).unwrap();
     assert_eq!(back, pattern(6, volume));
 }
+
+/// A superblock update (an open, a member's failure recorded, a rebuild's
+/// cursor) writes every member's slot as one FUA write (since 2026-11-28;
+/// a write and then a sync before, two round trips a member), side by
+/// side on chunks that take it (`Device::side_by_side`; one after another
+/// before): the update waits for one round trip, not two per member.
+/// `-- --nocapture` prints the count.
+#[test]
+fn a_superblock_update_is_one_fua_write_per_member_side_by_side() {
+    let (_dir, array, tally) = parix_over_links();
+    array.fail_device(5).unwrap();
+    tally.restart();
+    array.persist_superblocks().unwrap();
+    let (by, trips, began) = tally.take_with_purposes();
+    eprintln!("a superblock update: {by:?}; {trips} round trips: {began:?}");
+    assert_eq!(
+        by,
+        vec![(Purpose::Metadata, 5)],
+        "one write per member left"
+    );
+    assert_eq!(trips, 5, "counted one sender at a time");
+    // Side by side: the writes meet.
+    tally.side_by_side.store(true, Ordering::SeqCst);
+    tally.arm(Purpose::Metadata, 5);
+    array.persist_superblocks().unwrap();
+    let most = tally.disarm();
+    eprintln!("superblock writes in flight at once: {most}");
+    assert!(most >= 2, "{most}");
+}
