@@ -2618,12 +2618,13 @@ const REGRESSION_SEEDS: &[u64] = &[
 ///   7 missing and the members left disagreeing ("nothing vouches for a
 ///   decode"), its row not marked by any rule, and block 31 decoded at
 ///   the read unchecked (its entry lost with its member) as bytes no
-///   write put there. The documented arm of docs/write-hole.md ("a row
-///   none of the three rules marks still decodes at a read, unchecked
-///   where nothing can check it") is the way in; which rule should have
-///   marked the row is not narrowed. It passes since the superblock
-///   writes' frames moved (one FUA write per member): no fix; it runs
-///   here so that its story, as it is now, keeps passing.
+///   write put there. Traced (docs/write-hole.md, "A journal committed
+///   on a failure ahead of its records' data"): a failure's journal sync
+///   committed a journal's length over a partial write's records whose
+///   data writes were not synced, and the open took them for flushed.
+///   Open. It passes since the superblock writes' frames moved (one FUA
+///   write per member): no fix; it runs here so that its story, as it
+///   is now, keeps passing.
 ///   896033, traced on 2026-11-28 (no power loss; fold marks past the
 ///   sync deferred at a takeover, the records folded again into parity
 ///   that held them), is the case the rule was built for.
