@@ -1128,12 +1128,39 @@ impl Array {
                         known[role] = Some(value.clone());
                     }
                 }
+                // In a row whose parity changed since the last flush under
+                // records folded into it again (`refolded`), a spare's word
+                // is no proof: a record folded twice moves every parity by
+                // the same update, the members stay one codeword, and a
+                // missing unit decodes as neither its old nor its new bytes
+                // (seed 377381's class). There the decode of a unit the log
+                // does not hold is taken only where its known entry
+                // confirms it; an entry unknown leaves the row unknown. (The
+                // cluster simulator's seed 63148, with the failure path's
+                // journals synced after every member, logged such a decode
+                // here and read it back as bytes no write put there.)
+                let refolded_row = refolded.get(row as usize).copied().unwrap_or(false);
+                let confirmed = |whole: &[Vec<u8>]| {
+                    !(dirty && refolded_row)
+                        || missing
+                            .iter()
+                            .filter(|&&role| value_of(role).is_none())
+                            .all(|&role| {
+                                let place = g.place(stripe, role);
+                                self.expected_crc(
+                                    place.device,
+                                    stripe,
+                                    g.checksum_index(place.row, row),
+                                )
+                                .is_some_and(|crc| crc == crate::codec::crc32c(&whole[role]))
+                            })
+                };
                 match self.decode_vouched_by_spare(&known) {
-                    Some(mut whole) => {
+                    Some(mut whole) if confirmed(&whole) => {
                         whole.truncate(g.k());
                         logged_rows.push((row, whole));
                     }
-                    None => {
+                    _ => {
                         unknown_rows += 1;
                         unknowable.push((row, shards, present));
                     }
