@@ -88,6 +88,21 @@ impl Array {
         self.stores[d].expected_checksum(stripe, index)
     }
 
+    /// Whether `value` is what the known entry of block `row` of unit
+    /// `role` of `stripe` records: None where no entry is known.
+    pub(super) fn entry_confirms(
+        &self,
+        stripe: u64,
+        role: usize,
+        row: u64,
+        value: &[u8],
+    ) -> Option<bool> {
+        let g = &self.geo;
+        let place = g.place(stripe, role);
+        self.expected_crc(place.device, stripe, g.checksum_index(place.row, row))
+            .map(|crc| crc == crate::codec::crc32c(value))
+    }
+
     /// A write or discard of a member that does not hold the stripe (or
     /// that failed taking it): records what the block holds logically,
     /// so a later decode of it can be checked.

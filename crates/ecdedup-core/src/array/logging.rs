@@ -1146,13 +1146,7 @@ impl Array {
                             .iter()
                             .filter(|&&role| value_of(role).is_none())
                             .all(|&role| {
-                                let place = g.place(stripe, role);
-                                self.expected_crc(
-                                    place.device,
-                                    stripe,
-                                    g.checksum_index(place.row, row),
-                                )
-                                .is_some_and(|crc| crc == crate::codec::crc32c(&whole[role]))
+                                self.entry_confirms(stripe, role, row, &whole[role]) == Some(true)
                             })
                 };
                 match self.decode_vouched_by_spare(&known) {
@@ -1223,9 +1217,7 @@ impl Array {
                     || !lost_in_service
                     || unsynced.contains(&(row as u32))
                     || missing.iter().all(|&role| {
-                        let place = g.place(stripe, role);
-                        self.expected_crc(place.device, stripe, g.checksum_index(place.row, row))
-                            .is_none_or(|crc| crc == crate::codec::crc32c(&shards[role]))
+                        self.entry_confirms(stripe, role, row, &shards[role]) != Some(false)
                     })
             };
             match self.decode_checked(&shards, &present, &expected) {
