@@ -2628,9 +2628,11 @@ const REGRESSION_SEEDS: &[u64] = &[
 ///   on a failure ahead of its records' data"): a failure's journal sync
 ///   committed a journal's length over a partial write's records whose
 ///   data writes were not synced, and the open took them for flushed.
-///   Open. It passes since the superblock writes' frames moved (one FUA
-///   write per member): no fix; it runs here so that its story, as it
-///   is now, keeps passing.
+///   It passed since the superblock writes' frames moved (one FUA write
+///   per member), before any fix; closed since 2026-11-28 (evening): a
+///   failure syncs every member in service before it commits a journal
+///   (`array::tests::wire::a_failure_syncs_every_member_before_it_commits_a_journal`
+///   holds the order; this seed runs so that its story keeps passing).
 ///   896033, traced on 2026-11-28 (no power loss; fold marks past the
 ///   sync deferred at a takeover, the records folded again into parity
 ///   that held them), is the case the rule was built for.

@@ -1217,7 +1217,7 @@ impl Array {
         let (space, synced) = self.sync_devices(devices);
         let chosen: Vec<bool> = devices.iter().zip(&synced).map(|(j, s)| *j && *s).collect();
         self.sync_journals_with(&chosen, |d, store| {
-            store.journal_sync_after_device_sync(points[d].clone())
+            store.journal_sync_after_device_sync(points[d].clone(), true)
         })?;
         Ok(space)
     }

@@ -212,9 +212,48 @@ impl Array {
     /// degraded, where parity is the only record of the missing unit.
     /// Journals busy in another thread are skipped (never wait on a lock
     /// here: this runs inside failing I/O paths).
+    ///
+    /// As a flush does ([`Array::sync_journals_and_devices`]): what each
+    /// journal's device sync will make durable is taken, every member in
+    /// service is synced (one batch: one round trip to chunks across the
+    /// network), and then each journal's sync is finished (its metadata
+    /// area's directory, where its length changed), side by side on
+    /// chunks that take it. A committed length says its records were
+    /// flushed with their data, and the next open folds them as such:
+    /// committed here ahead of the records' data writes on other members
+    /// (before 2026-11-28 the journals were synced first, the members
+    /// only by the superblock writes after), a cut kept the records and
+    /// lost the data, and the open folded them into parity whose members
+    /// never held them (the cluster simulator's seed 1023612: a block
+    /// decoded as bytes no write put there). A member whose sync fails is
+    /// failed (that failure's own pass syncs the journals without it);
+    /// where a sync fails on a full file system (the member stays in
+    /// service), no journal is committed here: the next flush commits
+    /// them or fails. Only the devices' data is synced, not their checksum
+    /// pages (taking a table's shards could wait on the failing path
+    /// itself): a block ahead of its entry after a cut reads as a mismatch
+    /// and is decoded, as any unsynced write a cut kept.
     pub(super) fn sync_journals_on_failure(&self) {
-        for (d, store) in self.stores.iter().enumerate() {
-            if let Err((e, stripes)) = store.journal_sync(false) {
+        let points: Vec<_> = self
+            .stores
+            .iter()
+            .map(|s| s.journal_sync_point_now())
+            .collect();
+        if self.write_policy.journals() && !self.sync_members_in_service() {
+            return;
+        }
+        let all: Vec<usize> = (0..self.stores.len()).collect();
+        let in_service: Vec<usize> = all
+            .iter()
+            .copied()
+            .filter(|&d| self.stores[d].device().is_some())
+            .collect();
+        let parallel = self.on_chunks_side_by_side(&in_service);
+        let synced = super::meta::side_by_side(&all, parallel, |&d| {
+            self.stores[d].journal_sync_after_device_sync(points[d].clone(), false)
+        });
+        for (d, result) in synced.into_iter().enumerate() {
+            if let Err((e, stripes)) = result {
                 self.warn(format!(
                     "parity journal of device {d} failed to sync ({e}); its stripes stay dirty"
                 ));
@@ -223,6 +262,34 @@ impl Array {
                 }
             }
         }
+    }
+
+    /// Syncs every device in service, in one batch, for
+    /// [`Array::sync_journals_on_failure`]; fails a device whose sync
+    /// fails (not for a full file system). False where some device in
+    /// service was left unsynced.
+    fn sync_members_in_service(&self) -> bool {
+        let mut reqs: Vec<ChunkRequest> = (0..self.stores.len())
+            .filter(|&d| self.stores[d].device().is_some())
+            .map(|d| ChunkRequest::new(d, ChunkOp::Sync))
+            .collect();
+        self.submit(&mut reqs);
+        let mut all = true;
+        for req in reqs {
+            if let ChunkReply::Failed(e) = req.reply {
+                let d = req.store;
+                if Self::is_space_error(&e) {
+                    self.warn(format!(
+                        "device {d} failed to sync ({e}) on a failure: no parity \
+                         journal is committed until the next flush"
+                    ));
+                    all = false;
+                } else {
+                    self.latch_failure(d, "sync on a failure", &e);
+                }
+            }
+        }
+        all
     }
 
     /// Stripes that some parity journal holds records for (tests, status).

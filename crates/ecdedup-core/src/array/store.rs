@@ -587,6 +587,15 @@ impl ChunkStore {
         self.journal.lock().unwrap().as_ref()?.sync_point()
     }
 
+    /// [`ChunkStore::journal_sync_point`] without waiting: None also where
+    /// another thread holds the journal (a device failure's path never
+    /// waits on a lock: [`Array::sync_journals_on_failure`]).
+    ///
+    /// [`Array::sync_journals_on_failure`]: super::Array::sync_journals_on_failure
+    pub(super) fn journal_sync_point_now(&self) -> Option<JournalSyncPoint> {
+        self.journal.try_lock().ok()?.as_ref()?.sync_point()
+    }
+
     /// Format 1: what a sync of this store's journal file, issued from
     /// now on, makes durable ([`ParityJournal::flush_point`]).
     pub(super) fn journal_flush_point(&self) -> Option<journal::FlushPoint> {
@@ -606,11 +615,14 @@ impl ChunkStore {
     /// [`ChunkStore::journal_sync`] (waiting) where the caller took
     /// `point` ([`ChunkStore::journal_sync_point`]) and then synced this
     /// store's device, which holds the journal (format 2).
+    /// With `wait` false, nothing where another thread holds the journal
+    /// (as [`ChunkStore::journal_sync`]).
     pub(super) fn journal_sync_after_device_sync(
         &self,
         point: Option<JournalSyncPoint>,
+        wait: bool,
     ) -> Result<(), (std::io::Error, Vec<u64>)> {
-        self.journal_sync_with(true, |j| j.sync_after_device_sync(point))
+        self.journal_sync_with(wait, |j| j.sync_after_device_sync(point))
     }
 
     fn journal_sync_with(

@@ -962,3 +962,53 @@ fn a_superblock_update_is_one_fua_write_per_member_side_by_side() {
     eprintln!("superblock writes in flight at once: {most}");
     assert!(most >= 2, "{most}");
 }
+
+/// A device's failure commits the parity journals' lengths only after
+/// every member in service was synced, as a flush does: a committed length
+/// says its records were flushed with their data, which lie on the other
+/// members. Before 2026-11-28 the journals were synced first and the
+/// members only by the superblock writes after, and a cut in between kept
+/// records whose data writes were lost, which the next open folded into
+/// parity as flushed (the cluster simulator's seed 1023612: a block
+/// decoded as bytes no write put there). The members' syncs go as one
+/// batch (one round trip), the journals' commits after it.
+/// `-- --nocapture` prints what the failure sent.
+#[test]
+fn a_failure_syncs_every_member_before_it_commits_a_journal() {
+    let (_dir, array, tally) = parix_over_links();
+    // Partial writes of two stripes: records in every parity journal of
+    // theirs, appended, not committed.
+    for (i, at) in [0u64, 8192, 4 * 8192 * 3 + 4096].into_iter().enumerate() {
+        array
+            .write(&pattern(70 + i as u64, 4096), at, false)
+            .unwrap();
+    }
+    array.set_failed(5);
+    tally.restart();
+    array.sync_journals_on_failure();
+    let sent = std::mem::take(&mut *tally.sent.lock().unwrap());
+    let (_, trips, began) = tally.take_with_purposes();
+    eprintln!("a failure's journal syncs: {sent:?}; {trips} round trips: {began:?}");
+    let syncs = sent.iter().take_while(|p| **p == Purpose::Flush).count();
+    assert_eq!(syncs, 5, "every member in service synced first: {sent:?}");
+    assert!(
+        sent[syncs..].contains(&Purpose::Metadata),
+        "then the journals' commits: {sent:?}"
+    );
+    assert_eq!(began.first(), Some(&Purpose::Flush), "{began:?}");
+    // The members' syncs are one batch: one round trip, not five.
+    assert_eq!(
+        began.iter().filter(|p| **p == Purpose::Flush).count(),
+        1 + sent[syncs..]
+            .iter()
+            .filter(|p| **p == Purpose::Flush)
+            .count(),
+        "{began:?}"
+    );
+    // What was written reads back, from the members left.
+    for (i, at) in [0u64, 8192, 4 * 8192 * 3 + 4096].into_iter().enumerate() {
+        let mut back = vec![0u8; 4096];
+        array.read(&mut back, at).unwrap();
+        assert_eq!(back, pattern(70 + i as u64, 4096), "at {at}");
+    }
+}
