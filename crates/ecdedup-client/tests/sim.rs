@@ -1887,29 +1887,12 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     // superblocks carry the chunk servers' boot ids and run in
     // `REGRESSION_SHARED_SEEDS` (see there).
     //
-    // Known since 2026-11-28 (the only failure of the 20,000-seed run
-    // 935,000 to 954,999 with the degraded-write log's steps; a
-    // whole-cluster power loss, then a takeover; I/O errors, not
-    // narrowed). It passed with the boot stamps' frames and fails again
-    // since a superblock update is one FUA write per member (its frames
-    // moved once more): what it hits is still there.
-    (
-        948909,
-        "plog beside replicate: block 45 of volume 7 fails to read after the takeover (poisoned)",
-    ),
-    // Found by the 20,000-seed run 1,015,000 to 1,034,999 at f856253
-    // (with 1023612, in `REGRESSION_SHARED_SEEDS`); fails the same since
-    // (I/O errors, not narrowed).
-    (
-        1023501,
-        "plog beside plog with parity dedup: block 55 of volume 8 fails to read after the takeover (poisoned)",
-    ),
-    // The only failure of the 20,000-seed run 1,055,000 to 1,074,999 at
-    // 7016fb4 (I/O errors, not narrowed).
-    (
-        1067701,
-        "plog beside plog with parity dedup: block 119 of volume 7 fails to read after the takeover (poisoned)",
-    ),
+    // 948909 (plog beside replicate; a whole-cluster power loss, then a
+    // takeover), 1023501 and 1067701 (plog beside plog with parity
+    // dedup), known until 2026-11-28 (evening; I/O errors after a
+    // takeover), pass since a dedup volume's superblocks carry the chunk
+    // servers' boot ids too and run in `REGRESSION_SHARED_SEEDS` (see
+    // there).
 ];
 
 fn strict() -> bool {
@@ -2633,6 +2616,17 @@ const REGRESSION_SEEDS: &[u64] = &[
 ///   failure syncs every member in service before it commits a journal
 ///   (`array::tests::wire::a_failure_syncs_every_member_before_it_commits_a_journal`
 ///   holds the order; this seed runs so that its story keeps passing).
+/// - 1023501 (plog beside plog with parity dedup; block 55 poisoned after
+///   a takeover), since a dedup layer passes its chunk's boot id on (no
+///   dedup volume was stamped before, and every takeover of one deferred
+///   the fold marks of servers that never restarted): traced, and with
+///   the stamps written and the rule switched off (a scratch build, same
+///   frames) it still fails; with the rule it passes: fixed by it.
+///   1067701 (the same pair of policies), 948909 (plog beside
+///   replicate) and 1107907 (replicate with full dedup beside parix,
+///   found by the 20,000-seed run 1,095,000 to 1,114,999, failing on
+///   e5bfc4a too) pass either way on that build: their frames moved, no
+///   proof of a fix.
 ///   896033, traced on 2026-11-28 (no power loss; fold marks past the
 ///   sync deferred at a takeover, the records folded again into parity
 ///   that held them), is the case the rule was built for.
@@ -2647,7 +2641,7 @@ const REGRESSION_SHARED_SEEDS: &[u64] = &[
     26548, 63148, 78732, 89458, 93270, 105701, 122517, 126294, 123693, 188090, 204287, 328965,
     349450, 391288, 402584, 521235, 531565, 536966, 550149, 569516, 569626, 655184, 616164, 664700,
     699593, 739109, 488505, 628645, 769941, 230181, 481191, 687623, 857610, 868189, 905356, 962841,
-    819743, 845757, 847277, 896033, 993641, 1023612,
+    819743, 845757, 847277, 896033, 993641, 1023612, 1023501, 1067701, 948909, 1107907,
 ];
 
 #[test]

@@ -633,7 +633,7 @@ fn parity_stripe_ranges(geo: &Geometry, d: usize) -> Vec<(u64, u64)> {
 /// The boot id of the chunk server behind `dev` (None: a local device,
 /// or a link that cannot tell): what [`Superblock::boot_stamp`] records.
 fn server_boot_id(dev: &dyn Device) -> Option<u64> {
-    dev.link().and_then(|l| l.boot_id())
+    dev.server_boot_id()
 }
 
 fn read_superblock(dev: &dyn Device) -> Result<Superblock> {

@@ -1665,6 +1665,20 @@ impl Device for DedupDevice {
     fn describe(&self) -> String {
         format!("dedup({}):{}", self.config.policy, self.inner.describe())
     }
+
+    /// The lower device's server: what this layer acknowledged is there
+    /// while that server runs (a slot's bytes are written before the map
+    /// record that points at them, the record before the write is
+    /// answered, and a writer's open believes a record past the log's
+    /// last sync where the slot holds the bytes it names: `replay.rs`).
+    /// Without it, a dedup volume's superblocks were never stamped, and
+    /// every takeover deferred the fold marks of servers that never
+    /// restarted (the cluster simulator's seed 1023501: a whole-stripe
+    /// write's parity, the same bytes as before the fold, taken for the
+    /// fold's lost write, and the records given back over it).
+    fn server_boot_id(&self) -> Option<u64> {
+        self.inner.server_boot_id()
+    }
 }
 
 #[cfg(test)]

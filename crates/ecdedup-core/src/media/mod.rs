@@ -155,6 +155,15 @@ pub trait Device: Send + Sync {
     fn side_by_side(&self) -> bool {
         self.link().is_some_and(|l| l.side_by_side())
     }
+    /// The boot id of the chunk server that holds this device's bytes:
+    /// its link's for a chunk across the network, its lower device's for
+    /// a layer over one (dedup), None for a local device or a link that
+    /// cannot tell. What a superblock's `boot_stamp` records (a writer's
+    /// open trusts a journal's marks past its sync where the server never
+    /// restarted: docs/write-hole.md).
+    fn server_boot_id(&self) -> Option<u64> {
+        self.link().and_then(|l| l.boot_id())
+    }
 }
 
 /// Writes zeroes over a range, 1 MiB at a time.
