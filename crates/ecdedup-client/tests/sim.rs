@@ -2627,6 +2627,14 @@ const REGRESSION_SEEDS: &[u64] = &[
 ///   found by the 20,000-seed run 1,095,000 to 1,114,999, failing on
 ///   e5bfc4a too) pass either way on that build: their frames moved, no
 ///   proof of a fix.
+/// - 1167141 (rmw with parity dedup) and 1165605 (plog with dedup beside
+///   plog with parity dedup), found by the 20,000-seed run 1,155,000 to
+///   1,174,999 with the dedup layer passing its superblock writes to its
+///   chunk as one FUA write (not kept): 1167141 read a block **wrong**
+///   (two members failed, then every server lost power) until a failure
+///   synced every member for rmw too; 1165605 failed with an I/O error,
+///   not traced. Both pass on the code kept (the superblock writes as
+///   before, the members' sync on every failure).
 ///   896033, traced on 2026-11-28 (no power loss; fold marks past the
 ///   sync deferred at a takeover, the records folded again into parity
 ///   that held them), is the case the rule was built for.
@@ -2641,7 +2649,8 @@ const REGRESSION_SHARED_SEEDS: &[u64] = &[
     26548, 63148, 78732, 89458, 93270, 105701, 122517, 126294, 123693, 188090, 204287, 328965,
     349450, 391288, 402584, 521235, 531565, 536966, 550149, 569516, 569626, 655184, 616164, 664700,
     699593, 739109, 488505, 628645, 769941, 230181, 481191, 687623, 857610, 868189, 905356, 962841,
-    819743, 845757, 847277, 896033, 993641, 1023612, 1023501, 1067701, 948909, 1107907,
+    819743, 845757, 847277, 896033, 993641, 1023612, 1023501, 1067701, 948909, 1107907, 1167141,
+    1165605,
 ];
 
 #[test]

@@ -233,13 +233,24 @@ impl Array {
     /// pages (taking a table's shards could wait on the failing path
     /// itself): a block ahead of its entry after a cut reads as a mismatch
     /// and is decoded, as any unsynced write a cut kept.
+    ///
+    /// The members are synced whatever the write policy, journals or not,
+    /// before the superblocks record the failure: the next open's degraded
+    /// replay takes a row the degraded-write log does not cover as it was
+    /// at the failure, durable then, and every write since as a degraded
+    /// write, logged first. (The superblock writes sync each member too,
+    /// one after another or side by side, each with its own write; a dedup
+    /// layer passing its superblock write to its chunk as one FUA write,
+    /// tried on 2026-11-28, then made the cluster simulator's seed 1167141,
+    /// rmw with parity dedup, read a block wrong until this sync ran for
+    /// every policy.)
     pub(super) fn sync_journals_on_failure(&self) {
         let points: Vec<_> = self
             .stores
             .iter()
             .map(|s| s.journal_sync_point_now())
             .collect();
-        if self.write_policy.journals() && !self.sync_members_in_service() {
+        if !self.sync_members_in_service() {
             return;
         }
         let all: Vec<usize> = (0..self.stores.len()).collect();

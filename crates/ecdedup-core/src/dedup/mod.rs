@@ -1679,6 +1679,15 @@ impl Device for DedupDevice {
     fn server_boot_id(&self) -> Option<u64> {
         self.inner.server_boot_id()
     }
+
+    /// As its lower device: the layer takes calls from several threads
+    /// (its state is under a lock), so where its chunk takes work side by
+    /// side with its peers', so does the layer (a dedup volume's superblock
+    /// writes and parity journals' syncs went one chunk after another
+    /// before).
+    fn side_by_side(&self) -> bool {
+        self.inner.side_by_side()
+    }
 }
 
 #[cfg(test)]
