@@ -1893,6 +1893,14 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     // takeover), pass since a dedup volume's superblocks carry the chunk
     // servers' boot ids too and run in `REGRESSION_SHARED_SEEDS` (see
     // there).
+    //
+    // The only failure of the 20,000-seed run 1,175,000 to 1,194,999 at
+    // f5d63d7 (I/O errors after a takeover; it fails the same on every
+    // build of 2026-11-28 from e5bfc4a on: not narrowed).
+    (
+        1177955,
+        "plog beside replicate: block 115 of volume 8 fails to read after the takeover (poisoned)",
+    ),
 ];
 
 fn strict() -> bool {
