@@ -123,7 +123,7 @@ impl Array {
     /// its own sync ([`Array::sync_journals_with`]): format 1's, whose
     /// files are not on the devices.
     pub(super) fn sync_journals_of(&self, chosen: &[bool]) -> Result<()> {
-        self.sync_journals_with(chosen, |_, store| store.journal_sync(true))
+        self.sync_journals_with(chosen, |_, store| store.journal_sync())
     }
 
     /// Whether the parity journals' syncs go side by side, a thread each:
@@ -244,7 +244,7 @@ impl Array {
     /// tried on 2026-11-28, then made the cluster simulator's seed 1167141,
     /// rmw with parity dedup, read a block wrong until this sync ran for
     /// every policy.)
-    pub(super) fn sync_journals_on_failure(&self) {
+    pub(super) fn sync_on_failure(&self) {
         let points: Vec<_> = self
             .stores
             .iter()
@@ -276,7 +276,7 @@ impl Array {
     }
 
     /// Syncs every device in service, in one batch, for
-    /// [`Array::sync_journals_on_failure`]; fails a device whose sync
+    /// [`Array::sync_on_failure`]; fails a device whose sync
     /// fails (not for a full file system). False where some device in
     /// service was left unsynced.
     fn sync_members_in_service(&self) -> bool {

@@ -630,12 +630,6 @@ fn parity_stripe_ranges(geo: &Geometry, d: usize) -> Vec<(u64, u64)> {
     out
 }
 
-/// The boot id of the chunk server behind `dev` (None: a local device,
-/// or a link that cannot tell): what [`Superblock::boot_stamp`] records.
-fn server_boot_id(dev: &dyn Device) -> Option<u64> {
-    dev.server_boot_id()
-}
-
 fn read_superblock(dev: &dyn Device) -> Result<Superblock> {
     let (a, b) = superblock_slots(dev)?;
     Superblock::newest(&a, &b)
@@ -1169,7 +1163,7 @@ impl Array {
         // files ([`ChunkStore::journal_trust_fold_marks`], below).
         let never_restarted: Vec<bool> = (0..n)
             .map(|i| {
-                let link_boot = devices[i].as_deref().and_then(server_boot_id);
+                let link_boot = devices[i].as_ref().and_then(|d| d.server_boot_id());
                 sbs[i]
                     .as_ref()
                     .is_some_and(|sb| sb.boot_stamp != 0 && link_boot == Some(sb.boot_stamp))
@@ -1622,7 +1616,7 @@ impl Array {
             && (0..n).any(|d| {
                 array
                     .device(d)
-                    .is_some_and(|dev| server_boot_id(dev.as_ref()).is_some())
+                    .is_some_and(|dev| dev.server_boot_id().is_some())
             });
         if stamps {
             array.boot_stamps.store(true, SeqCst);
@@ -1831,7 +1825,7 @@ impl Array {
                         states: states.clone(),
                         member_uuids: cfg.device_uuids.clone(),
                         boot_stamp: match self.boot_stamps.load(SeqCst) {
-                            true => server_boot_id(dev.as_ref()).unwrap_or(0),
+                            true => dev.server_boot_id().unwrap_or(0),
                             false => 0,
                         },
                     };
@@ -2029,7 +2023,7 @@ impl Array {
         self.warn(format!(
             "device {d} failed ({what}: {err}); continuing degraded"
         ));
-        self.sync_journals_on_failure();
+        self.sync_on_failure();
         if let Err(e) = self.persist_superblocks() {
             self.warn(format!("recording the failure of device {d}: {e}"));
         }
@@ -2049,7 +2043,7 @@ impl Array {
         }
         self.set_failed(d);
         self.warn(format!("device {d} failed by request"));
-        self.sync_journals_on_failure();
+        self.sync_on_failure();
         self.persist_superblocks()
     }
 

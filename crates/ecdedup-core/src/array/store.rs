@@ -573,11 +573,10 @@ impl ChunkStore {
     }
 
     /// Makes the journal durable. Nothing to do without a journal, or with
-    /// a latched one; with `wait` false, nor when another thread holds it.
-    /// On an error the journal is latched, and the stripes it holds records
-    /// for are returned with the error.
-    pub(super) fn journal_sync(&self, wait: bool) -> Result<(), (std::io::Error, Vec<u64>)> {
-        self.journal_sync_with(wait, ParityJournal::sync)
+    /// a latched one. On an error the journal is latched, and the stripes
+    /// it holds records for are returned with the error.
+    pub(super) fn journal_sync(&self) -> Result<(), (std::io::Error, Vec<u64>)> {
+        self.journal_sync_with(true, ParityJournal::sync)
     }
 
     /// What a sync of this store's device, issued from now on, makes
@@ -589,9 +588,9 @@ impl ChunkStore {
 
     /// [`ChunkStore::journal_sync_point`] without waiting: None also where
     /// another thread holds the journal (a device failure's path never
-    /// waits on a lock: [`Array::sync_journals_on_failure`]).
+    /// waits on a lock: [`Array::sync_on_failure`]).
     ///
-    /// [`Array::sync_journals_on_failure`]: super::Array::sync_journals_on_failure
+    /// [`Array::sync_on_failure`]: super::Array::sync_on_failure
     pub(super) fn journal_sync_point_now(&self) -> Option<JournalSyncPoint> {
         self.journal.try_lock().ok()?.as_ref()?.sync_point()
     }
@@ -615,8 +614,7 @@ impl ChunkStore {
     /// [`ChunkStore::journal_sync`] (waiting) where the caller took
     /// `point` ([`ChunkStore::journal_sync_point`]) and then synced this
     /// store's device, which holds the journal (format 2).
-    /// With `wait` false, nothing where another thread holds the journal
-    /// (as [`ChunkStore::journal_sync`]).
+    /// With `wait` false, nothing where another thread holds the journal.
     pub(super) fn journal_sync_after_device_sync(
         &self,
         point: Option<JournalSyncPoint>,

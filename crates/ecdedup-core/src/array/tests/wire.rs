@@ -1039,14 +1039,13 @@ fn a_failure_syncs_every_member_before_it_commits_a_journal() {
     let (_dir, array, tally) = parix_over_links();
     // Partial writes of two stripes: records in every parity journal of
     // theirs, appended, not committed.
-    for (i, at) in [0u64, 8192, 4 * 8192 * 3 + 4096].into_iter().enumerate() {
-        array
-            .write(&pattern(70 + i as u64, 4096), at, false)
-            .unwrap();
+    let writes = [(0u64, 70u64), (8192, 71), (4 * 8192 * 3 + 4096, 72)];
+    for (at, seed) in writes {
+        array.write(&pattern(seed, 4096), at, false).unwrap();
     }
     array.set_failed(5);
     tally.restart();
-    array.sync_journals_on_failure();
+    array.sync_on_failure();
     let sent = std::mem::take(&mut *tally.sent.lock().unwrap());
     let (_, trips, began) = tally.take_with_purposes();
     eprintln!("a failure's journal syncs: {sent:?}; {trips} round trips: {began:?}");
@@ -1067,9 +1066,9 @@ fn a_failure_syncs_every_member_before_it_commits_a_journal() {
         "{began:?}"
     );
     // What was written reads back, from the members left.
-    for (i, at) in [0u64, 8192, 4 * 8192 * 3 + 4096].into_iter().enumerate() {
+    for (at, seed) in writes {
         let mut back = vec![0u8; 4096];
         array.read(&mut back, at).unwrap();
-        assert_eq!(back, pattern(70 + i as u64, 4096), "at {at}");
+        assert_eq!(back, pattern(seed, 4096), "at {at}");
     }
 }
