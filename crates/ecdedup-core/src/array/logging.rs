@@ -821,8 +821,6 @@ impl Array {
         dirty: bool,
         only: Option<&BTreeSet<u32>>,
     ) -> Result<Option<(std::collections::BTreeMap<u32, Vec<u8>>, usize)>> {
-        let g = self.geo;
-        let block = g.block() as usize;
         let store = &self.stores[p];
         // In a dirty stripe, what each logged data block holds on its
         // device (see the loop below), read before the journal is held: a
@@ -851,6 +849,53 @@ impl Array {
             store.journal_forget(stripe);
             return Ok(None);
         }
+        let rows = self.fold_deltas(stripe, j, p, &log, &on_disk, &held, true)?;
+        drop(held);
+        let mut folded = std::collections::BTreeMap::new();
+        for (row, delta) in rows {
+            let stored = if dirty {
+                self.read_parity_block_raw(stripe, j, row as u64)
+            } else {
+                self.read_parity_block(stripe, j, row as u64)
+            };
+            match stored {
+                StoredParity::Intact(mut parity) => {
+                    for (x, y) in parity.iter_mut().zip(&delta) {
+                        *x ^= y;
+                    }
+                    folded.insert(row, parity);
+                }
+                // Encoded from the data, which already holds every logged
+                // value: folding the deltas in again would be wrong.
+                StoredParity::Recomputed(parity) => {
+                    folded.insert(row, parity);
+                }
+                // Left bad: its checksum fails, so readers decode without it
+                // and repair it from the rest of the row.
+                StoredParity::Unavailable => {}
+            }
+        }
+        Ok(Some((folded, records)))
+    }
+
+    /// Per parity row of unit `j`: what the records of `log` (device `p`'s
+    /// journal, `held`) fold into it, `c * (a ^ b)` summed over the
+    /// records (parix: d(0) and d(r), d(r) replaced by the unit's block in
+    /// `on_disk` where given; plog: the logged deltas). `warn_torn`: warn
+    /// of (and count) a record with d(r) and no d(0), which is left out.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn fold_deltas(
+        &self,
+        stripe: u64,
+        j: usize,
+        p: usize,
+        log: &journal::StripeLog,
+        on_disk: &std::collections::HashMap<(u16, u32), Vec<u8>>,
+        held: &super::store::JournalGuard<'_>,
+        warn_torn: bool,
+    ) -> Result<std::collections::BTreeMap<u32, Vec<u8>>> {
+        let g = self.geo;
+        let block = g.block() as usize;
         let journal_io = |e| Error::io(format!("reading the parity journal of device {p}"), e);
         // Per parity row: the delta to fold in.
         let mut rows: std::collections::BTreeMap<u32, Vec<u8>> = Default::default();
@@ -860,7 +905,7 @@ impl Array {
         // The journal blocks the loop below reads, in its order, fetched
         // REPLAY_READ_BATCH at a time in one batch each (one round trip to
         // a remote chunk, not one per block).
-        let wanted = journal::logged_blocks(&log);
+        let wanted = journal::logged_blocks(log);
         let mut loaded: std::collections::HashMap<u64, Vec<u8>> = Default::default();
         let mut fetched = 0usize;
         let mut read_block = |at: u64, buf: &mut [u8]| -> Result<()> {
@@ -895,7 +940,7 @@ impl Array {
                 )),
             }
         };
-        for ((role, row), entry) in &log {
+        for ((role, row), entry) in log {
             let acc = rows.entry(*row).or_insert_with(|| vec![0u8; block]);
             match (entry.original, entry.latest) {
                 (Some(o), Some(l)) => {
@@ -941,6 +986,7 @@ impl Array {
                 // every record of the stripe instead lost flushed writes
                 // of its other blocks when a unit was missing (the
                 // power-loss double-fault test, parix seed 77002100).
+                _ if !warn_torn => {}
                 _ => {
                     bump(&self.counters.array.torn_journal_records);
                     self.warn(format!(
@@ -951,32 +997,7 @@ impl Array {
                 }
             }
         }
-        drop(held);
-        let mut folded = std::collections::BTreeMap::new();
-        for (row, delta) in rows {
-            let stored = if dirty {
-                self.read_parity_block_raw(stripe, j, row as u64)
-            } else {
-                self.read_parity_block(stripe, j, row as u64)
-            };
-            match stored {
-                StoredParity::Intact(mut parity) => {
-                    for (x, y) in parity.iter_mut().zip(&delta) {
-                        *x ^= y;
-                    }
-                    folded.insert(row, parity);
-                }
-                // Encoded from the data, which already holds every logged
-                // value: folding the deltas in again would be wrong.
-                StoredParity::Recomputed(parity) => {
-                    folded.insert(row, parity);
-                }
-                // Left bad: its checksum fails, so readers decode without it
-                // and repair it from the rest of the row.
-                StoredParity::Unavailable => {}
-            }
-        }
-        Ok(Some((folded, records)))
+        Ok(rows)
     }
 
     /// The blocks of `stripe`'s data units that device `p`'s journal holds
