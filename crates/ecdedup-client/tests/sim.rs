@@ -2654,6 +2654,17 @@ const REGRESSION_SEEDS: &[u64] = &[
 ///   change's first version (same frames); on the final version's frames
 ///   the row is still poisoned with it off, and the block reads back
 ///   only because a re-add restores it: docs/write-hole.md.
+/// - 1241874 (parix beside replicate; block 79, never written, poisoned
+///   after a takeover; found by the run 1,225,000 to 1,244,999, failing
+///   on f5d63d7's engine too), traced: a degraded replay while serving
+///   folded stripe 19 into both parities; the power loss of every server
+///   tore one parity's write and lost its mark; at the takeover a second
+///   data member was lost, leaving exactly k members with the torn parity
+///   among them. The other missing unit's d(r), which the parity
+///   journals hold, is one more member, and the decode that leaves the
+///   torn parity out matches the never-written block's entry: taken since
+///   (`replay_degraded`'s second chance). With that switched off in a
+///   scratch build (same frames) it fails as before: fixed by it.
 ///   896033, traced on 2026-11-28 (no power loss; fold marks past the
 ///   sync deferred at a takeover, the records folded again into parity
 ///   that held them), is the case the rule was built for.
@@ -2669,7 +2680,7 @@ const REGRESSION_SHARED_SEEDS: &[u64] = &[
     349450, 391288, 402584, 521235, 531565, 536966, 550149, 569516, 569626, 655184, 616164, 664700,
     699593, 739109, 488505, 628645, 769941, 230181, 481191, 687623, 857610, 868189, 905356, 962841,
     819743, 845757, 847277, 896033, 993641, 1023612, 1023501, 1067701, 948909, 1107907, 1167141,
-    1165605, 1177955,
+    1165605, 1177955, 1241874,
 ];
 
 #[test]

@@ -1169,6 +1169,22 @@ impl Array {
                     .get(&key)
                     .or_else(|| degraded_values.get(&key))
             };
+            // The row's members with the missing units' values the parity
+            // journals hold (not the degraded-write log's: those took the
+            // branch below) added as members, where any adds one.
+            let with_journal_values = |shards: &[Vec<u8>], present: &[bool]| {
+                let mut shards = shards.to_vec();
+                let mut present = present.to_vec();
+                let mut added = false;
+                for &role in missing {
+                    if let Some(v) = logged_values.get(&(role as u16, row as u32)) {
+                        shards[role].copy_from_slice(v);
+                        present[role] = true;
+                        added = true;
+                    }
+                }
+                added.then_some((shards, present))
+            };
             let values: Option<Vec<&Vec<u8>>> =
                 missing.iter().map(|&role| value_of(role)).collect();
             let others_read = (0..g.k()).all(|role| missing.contains(&role) || present[role]);
@@ -1379,6 +1395,33 @@ impl Array {
                                     .flatten()
                             })
                         {
+                            for (role, value) in values {
+                                shards[role] = value;
+                            }
+                            shards.truncate(g.k());
+                            bump(&self.counters.array.degraded_replay_vouched_rows);
+                            logged_rows.push((row, shards));
+                            continue;
+                        }
+                    }
+                    // A missing unit's value a parity journal holds (parix's
+                    // latest d(r), `missing_values_logged`) is one more
+                    // member known: with it the members may be more than k,
+                    // and a decode of the other missing units that leaves
+                    // out the fewest members (a parity a cut tore, or that
+                    // took its records twice) and gives each the checksum its
+                    // known entry records is taken, as above. Without it,
+                    // the cluster simulator's seed 1241874 (parix: a
+                    // fold's parity write torn by the cut, a second data
+                    // member lost at the open, exactly k members left with
+                    // the torn parity among them) poisoned a block never
+                    // written, whose entry the decode matches.
+                    if let Some((shards, present)) = with_journal_values(&shards, &present) {
+                        let none = vec![None; g.width()];
+                        if let Some(values) =
+                            self.decode_missing_vouched(stripe, row, &shards, &present, &none)
+                        {
+                            let mut shards = shards;
                             for (role, value) in values {
                                 shards[role] = value;
                             }
