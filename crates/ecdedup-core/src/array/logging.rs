@@ -1376,34 +1376,30 @@ impl Array {
                     // as the row was then (not in a refolded row, below).
                     // The resync that follows recomputes the row's parity
                     // from the value logged.
-                    if spare {
-                        let none = vec![None; g.width()];
-                        if let Some(values) = self
-                            .decode_missing_vouched(stripe, row, &shards, &present, &none)
-                            .or_else(|| {
-                                // Not where a parity may hold the records
-                                // folded into it already: a record of a
-                                // missing unit folded twice moves only
-                                // that unit's decode, and the changed
-                                // member would still vouch.
-                                (!refolded_row)
-                                    .then(|| {
-                                        self.decode_missing_around_changed(
-                                            stripe, row, &shards, &present,
-                                        )
+                    let none = vec![None; g.width()];
+                    let plain = || {
+                        spare
+                            .then(|| {
+                                self.decode_missing_vouched(stripe, row, &shards, &present, &none)
+                                    .or_else(|| {
+                                        // Not where a parity may hold the
+                                        // records folded into it already: a
+                                        // record of a missing unit folded
+                                        // twice moves only that unit's
+                                        // decode, and the changed member
+                                        // would still vouch.
+                                        (!refolded_row)
+                                            .then(|| {
+                                                self.decode_missing_around_changed(
+                                                    stripe, row, &shards, &present,
+                                                )
+                                            })
+                                            .flatten()
                                     })
-                                    .flatten()
                             })
-                        {
-                            for (role, value) in values {
-                                shards[role] = value;
-                            }
-                            shards.truncate(g.k());
-                            bump(&self.counters.array.degraded_replay_vouched_rows);
-                            logged_rows.push((row, shards));
-                            continue;
-                        }
-                    }
+                            .flatten()
+                            .map(|values| (shards.clone(), values))
+                    };
                     // A missing unit's value a parity journal holds (parix's
                     // latest d(r), `missing_values_logged`) is one more
                     // member known: with it the members may be more than k,
@@ -1416,20 +1412,19 @@ impl Array {
                     // member lost at the open, exactly k members left with
                     // the torn parity among them) poisoned a block never
                     // written, whose entry the decode matches.
-                    if let Some((shards, present)) = with_journal_values(&shards, &present) {
-                        let none = vec![None; g.width()];
-                        if let Some(values) =
-                            self.decode_missing_vouched(stripe, row, &shards, &present, &none)
-                        {
-                            let mut shards = shards;
-                            for (role, value) in values {
-                                shards[role] = value;
-                            }
-                            shards.truncate(g.k());
-                            bump(&self.counters.array.degraded_replay_vouched_rows);
-                            logged_rows.push((row, shards));
-                            continue;
+                    let with_journal = || {
+                        let (known, known_present) = with_journal_values(&shards, &present)?;
+                        self.decode_missing_vouched(stripe, row, &known, &known_present, &none)
+                            .map(|values| (known, values))
+                    };
+                    if let Some((mut whole, values)) = plain().or_else(with_journal) {
+                        for (role, value) in values {
+                            whole[role] = value;
                         }
+                        whole.truncate(g.k());
+                        bump(&self.counters.array.degraded_replay_vouched_rows);
+                        logged_rows.push((row, whole));
+                        continue;
                     }
                     unknown_rows += 1;
                     unknowable.push((row, shards, present));
