@@ -821,6 +821,8 @@ impl Array {
         dirty: bool,
         only: Option<&BTreeSet<u32>>,
     ) -> Result<Option<(std::collections::BTreeMap<u32, Vec<u8>>, usize)>> {
+        let g = self.geo;
+        let block = g.block() as usize;
         let store = &self.stores[p];
         // In a dirty stripe, what each logged data block holds on its
         // device (see the loop below), read before the journal is held: a
@@ -849,53 +851,6 @@ impl Array {
             store.journal_forget(stripe);
             return Ok(None);
         }
-        let rows = self.fold_deltas(stripe, j, p, &log, &on_disk, &held, true)?;
-        drop(held);
-        let mut folded = std::collections::BTreeMap::new();
-        for (row, delta) in rows {
-            let stored = if dirty {
-                self.read_parity_block_raw(stripe, j, row as u64)
-            } else {
-                self.read_parity_block(stripe, j, row as u64)
-            };
-            match stored {
-                StoredParity::Intact(mut parity) => {
-                    for (x, y) in parity.iter_mut().zip(&delta) {
-                        *x ^= y;
-                    }
-                    folded.insert(row, parity);
-                }
-                // Encoded from the data, which already holds every logged
-                // value: folding the deltas in again would be wrong.
-                StoredParity::Recomputed(parity) => {
-                    folded.insert(row, parity);
-                }
-                // Left bad: its checksum fails, so readers decode without it
-                // and repair it from the rest of the row.
-                StoredParity::Unavailable => {}
-            }
-        }
-        Ok(Some((folded, records)))
-    }
-
-    /// Per parity row of unit `j`: what the records of `log` (device `p`'s
-    /// journal, `held`) fold into it, `c * (a ^ b)` summed over the
-    /// records (parix: d(0) and d(r), d(r) replaced by the unit's block in
-    /// `on_disk` where given; plog: the logged deltas). `warn_torn`: warn
-    /// of (and count) a record with d(r) and no d(0), which is left out.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn fold_deltas(
-        &self,
-        stripe: u64,
-        j: usize,
-        p: usize,
-        log: &journal::StripeLog,
-        on_disk: &std::collections::HashMap<(u16, u32), Vec<u8>>,
-        held: &super::store::JournalGuard<'_>,
-        warn_torn: bool,
-    ) -> Result<std::collections::BTreeMap<u32, Vec<u8>>> {
-        let g = self.geo;
-        let block = g.block() as usize;
         let journal_io = |e| Error::io(format!("reading the parity journal of device {p}"), e);
         // Per parity row: the delta to fold in.
         let mut rows: std::collections::BTreeMap<u32, Vec<u8>> = Default::default();
@@ -905,7 +860,7 @@ impl Array {
         // The journal blocks the loop below reads, in its order, fetched
         // REPLAY_READ_BATCH at a time in one batch each (one round trip to
         // a remote chunk, not one per block).
-        let wanted = journal::logged_blocks(log);
+        let wanted = journal::logged_blocks(&log);
         let mut loaded: std::collections::HashMap<u64, Vec<u8>> = Default::default();
         let mut fetched = 0usize;
         let mut read_block = |at: u64, buf: &mut [u8]| -> Result<()> {
@@ -940,7 +895,7 @@ impl Array {
                 )),
             }
         };
-        for ((role, row), entry) in log {
+        for ((role, row), entry) in &log {
             let acc = rows.entry(*row).or_insert_with(|| vec![0u8; block]);
             match (entry.original, entry.latest) {
                 (Some(o), Some(l)) => {
@@ -986,7 +941,6 @@ impl Array {
                 // every record of the stripe instead lost flushed writes
                 // of its other blocks when a unit was missing (the
                 // power-loss double-fault test, parix seed 77002100).
-                _ if !warn_torn => {}
                 _ => {
                     bump(&self.counters.array.torn_journal_records);
                     self.warn(format!(
@@ -997,7 +951,32 @@ impl Array {
                 }
             }
         }
-        Ok(rows)
+        drop(held);
+        let mut folded = std::collections::BTreeMap::new();
+        for (row, delta) in rows {
+            let stored = if dirty {
+                self.read_parity_block_raw(stripe, j, row as u64)
+            } else {
+                self.read_parity_block(stripe, j, row as u64)
+            };
+            match stored {
+                StoredParity::Intact(mut parity) => {
+                    for (x, y) in parity.iter_mut().zip(&delta) {
+                        *x ^= y;
+                    }
+                    folded.insert(row, parity);
+                }
+                // Encoded from the data, which already holds every logged
+                // value: folding the deltas in again would be wrong.
+                StoredParity::Recomputed(parity) => {
+                    folded.insert(row, parity);
+                }
+                // Left bad: its checksum fails, so readers decode without it
+                // and repair it from the rest of the row.
+                StoredParity::Unavailable => {}
+            }
+        }
+        Ok(Some((folded, records)))
     }
 
     /// The blocks of `stripe`'s data units that device `p`'s journal holds
@@ -1168,22 +1147,6 @@ impl Array {
                 logged_values
                     .get(&key)
                     .or_else(|| degraded_values.get(&key))
-            };
-            // The row's members with the missing units' values the parity
-            // journals hold (not the degraded-write log's: those took the
-            // branch below) added as members, where any adds one.
-            let with_journal_values = |shards: &[Vec<u8>], present: &[bool]| {
-                let mut shards = shards.to_vec();
-                let mut present = present.to_vec();
-                let mut added = false;
-                for &role in missing {
-                    if let Some(v) = logged_values.get(&(role as u16, row as u32)) {
-                        shards[role].copy_from_slice(v);
-                        present[role] = true;
-                        added = true;
-                    }
-                }
-                added.then_some((shards, present))
             };
             let values: Option<Vec<&Vec<u8>>> =
                 missing.iter().map(|&role| value_of(role)).collect();
@@ -1376,55 +1339,33 @@ impl Array {
                     // as the row was then (not in a refolded row, below).
                     // The resync that follows recomputes the row's parity
                     // from the value logged.
-                    let none = vec![None; g.width()];
-                    let plain = || {
-                        spare
-                            .then(|| {
-                                self.decode_missing_vouched(stripe, row, &shards, &present, &none)
-                                    .or_else(|| {
-                                        // Not where a parity may hold the
-                                        // records folded into it already: a
-                                        // record of a missing unit folded
-                                        // twice moves only that unit's
-                                        // decode, and the changed member
-                                        // would still vouch.
-                                        (!refolded_row)
-                                            .then(|| {
-                                                self.decode_missing_around_changed(
-                                                    stripe, row, &shards, &present,
-                                                )
-                                            })
-                                            .flatten()
+                    if spare {
+                        let none = vec![None; g.width()];
+                        if let Some(values) = self
+                            .decode_missing_vouched(stripe, row, &shards, &present, &none)
+                            .or_else(|| {
+                                // Not where a parity may hold the records
+                                // folded into it already: a record of a
+                                // missing unit folded twice moves only
+                                // that unit's decode, and the changed
+                                // member would still vouch.
+                                (!refolded_row)
+                                    .then(|| {
+                                        self.decode_missing_around_changed(
+                                            stripe, row, &shards, &present,
+                                        )
                                     })
+                                    .flatten()
                             })
-                            .flatten()
-                            .map(|values| (shards.clone(), values))
-                    };
-                    // A missing unit's value a parity journal holds (parix's
-                    // latest d(r), `missing_values_logged`) is one more
-                    // member known: with it the members may be more than k,
-                    // and a decode of the other missing units that leaves
-                    // out the fewest members (a parity a cut tore, or that
-                    // took its records twice) and gives each the checksum its
-                    // known entry records is taken, as above. Without it,
-                    // the cluster simulator's seed 1241874 (parix: a
-                    // fold's parity write torn by the cut, a second data
-                    // member lost at the open, exactly k members left with
-                    // the torn parity among them) poisoned a block never
-                    // written, whose entry the decode matches.
-                    let with_journal = || {
-                        let (known, known_present) = with_journal_values(&shards, &present)?;
-                        self.decode_missing_vouched(stripe, row, &known, &known_present, &none)
-                            .map(|values| (known, values))
-                    };
-                    if let Some((mut whole, values)) = plain().or_else(with_journal) {
-                        for (role, value) in values {
-                            whole[role] = value;
+                        {
+                            for (role, value) in values {
+                                shards[role] = value;
+                            }
+                            shards.truncate(g.k());
+                            bump(&self.counters.array.degraded_replay_vouched_rows);
+                            logged_rows.push((row, shards));
+                            continue;
                         }
-                        whole.truncate(g.k());
-                        bump(&self.counters.array.degraded_replay_vouched_rows);
-                        logged_rows.push((row, whole));
-                        continue;
                     }
                     unknown_rows += 1;
                     unknowable.push((row, shards, present));

@@ -3,11 +3,10 @@
 //! served while they run, and reports progress.
 
 use super::decode::MemberRead;
-use super::{journal, Array, MemberState, ProgressFn};
+use super::{Array, MemberState, ProgressFn};
 use crate::counters::bump;
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeSet;
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::{Duration, Instant};
 
@@ -137,7 +136,6 @@ impl Array {
         let g = &self.geo;
         if at_open {
             self.settle_deferred_marks(stripe);
-            self.prove_folds_landed(stripe);
         }
         // Covered by the degraded-write log: every missing data unit's
         // value logged, for every row. A log that holds some missing units
@@ -284,96 +282,6 @@ impl Array {
             };
             self.stores[p].journal_settle_deferred(stripe, &lacking);
         }
-    }
-
-    /// Before the open's resync of a degraded `stripe` (a data unit
-    /// missing): ends the records a parity already holds, a fold's whose
-    /// mark the stop lost (a fold writes the parity, then appends its
-    /// mark, neither synced). Such a parity block no longer matches its
-    /// checksum entry (of the last flush), and with its journal's records
-    /// for the row taken out again it is the block that entry describes.
-    /// Folded again, the records are taken twice (GF addition is XOR: the
-    /// parity goes back to its flushed bytes) and the row's members no
-    /// longer agree: the cluster simulator's seed 1177955 (plog: a degraded
-    /// replay while serving wrote both parities, one mark was kept and one
-    /// lost; at the takeover a second data member was lost, and the open
-    /// marked the row unknowable, so that member's flushed block read as
-    /// an I/O error). Only rows whose records were all flushed: a record
-    /// appended since may be one whose data write the stop dropped, and
-    /// then neither the fold nor its absence tells the row. What this
-    /// cannot tell: an entry made durable ahead of its block (a table page
-    /// written by its cache's eviction and kept by a cut that dropped the
-    /// fold's parity write) looks the same, as it does to
-    /// `settle_deferred_marks` (docs/write-hole.md).
-    fn prove_folds_landed(&self, stripe: u64) {
-        let g = &self.geo;
-        if self.missing_data_roles(stripe).is_empty() {
-            return;
-        }
-        for (j, p) in self.parity_devices(stripe) {
-            if !self.holds(p, stripe) || !self.stores[p].journal_has_stripe(stripe) {
-                continue;
-            }
-            let Some(unit) = self.read_units_raw(stripe, &[g.k() + j]).pop().flatten() else {
-                continue;
-            };
-            let landed = self.rows_holding_their_fold(stripe, j, p, &unit);
-            for &row in &landed {
-                if self
-                    .invalidate_in(p, stripe, u64::from(row), 1, journal::Mark::AfterFold)
-                    .is_err()
-                {
-                    return;
-                }
-            }
-            self.counters.array.add(
-                &self.counters.array.folds_proven_landed,
-                landed.len() as u64,
-            );
-        }
-    }
-
-    /// The block rows of parity unit `j` of `stripe` (`unit`, as on device
-    /// `p`) whose journal records were all flushed and whose block no
-    /// longer matches its checksum entry but is that entry's block with
-    /// those records folded in: the fold landed.
-    fn rows_holding_their_fold(
-        &self,
-        stripe: u64,
-        j: usize,
-        p: usize,
-        unit: &[u8],
-    ) -> BTreeSet<u32> {
-        let g = &self.geo;
-        let block = g.block() as usize;
-        let place = g.place(stripe, g.k() + j);
-        let unsynced = self.stores[p].journal_unsynced_rows(stripe);
-        // Held from the lookup of the records to their reads (a compaction
-        // moves them: `fold_parity`).
-        let held = self.stores[p].journal_held();
-        let Some(log) = held.as_ref().and_then(|jr| jr.stripe_log(stripe)) else {
-            return BTreeSet::new();
-        };
-        let no_substitutes = Default::default();
-        let Ok(deltas) = self.fold_deltas(stripe, j, p, &log, &no_substitutes, &held, false) else {
-            return BTreeSet::new();
-        };
-        drop(held);
-        deltas
-            .into_iter()
-            .filter(|(row, _)| !unsynced.contains(row) && u64::from(*row) < g.blocks_per_unit())
-            .filter_map(|(row, delta)| {
-                let at = row as usize * block;
-                let parity = &unit[at..at + block];
-                let entry =
-                    self.expected_crc(p, stripe, g.checksum_index(place.row, u64::from(row)))?;
-                if crate::codec::crc32c(parity) == entry {
-                    return None;
-                }
-                let unfolded: Vec<u8> = parity.iter().zip(&delta).map(|(x, y)| x ^ y).collect();
-                (crate::codec::crc32c(&unfolded) == entry).then_some(row)
-            })
-            .collect()
     }
 
     /// A dirty stripe with a data unit out of service: parity cannot be
