@@ -463,7 +463,7 @@ impl MetaStorage {
     fn each_area(
         &self,
         what: &str,
-        op: impl Fn(&AreaFs) -> io::Result<()> + Sync,
+        op: impl Fn(&Arc<AreaFs>) -> io::Result<()> + Sync,
     ) -> io::Result<()> {
         let _writes = self.shared.copy_writes.read().unwrap();
         let mut ok = false;
@@ -857,6 +857,27 @@ impl Storage for MetaStorage {
                 io::ErrorKind::InvalidInput,
                 format!("cannot rename {f:?} to {t:?} across metadata places"),
             )),
+        }
+    }
+
+    /// A file in the areas is replaced in each with one durable write and
+    /// one directory commit (`AreaFs::replace_file`), the copies side by
+    /// side where their devices take it, where the temporary file's way
+    /// (create, write, sync, rename, commit) took five round trips or more
+    /// to a chunk across the network.
+    fn write_atomic(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        match self.route(path) {
+            Route::Folder | Route::AreaFolder => self.shared.base.write_atomic(path, bytes),
+            Route::Device(d, name) => self.device_area(d)?.replace_file(&name, bytes),
+            Route::Mirror(name) => self.each_area(&format!("replacing its copy of {name}"), |a| {
+                a.replace_file(&name, bytes)
+            }),
+            Route::FolderAndMirror(name) => {
+                self.shared.base.write_atomic(path, bytes)?;
+                self.each_area(&format!("replacing its copy of {name}"), |a| {
+                    a.replace_file(&name, bytes)
+                })
+            }
         }
     }
 

@@ -27,14 +27,15 @@
 //! Replay stops at the first record that is short or fails its CRC: a torn
 //! tail is cut there, never skipped over. Records are idempotent
 //! assignments, so replaying a log over a snapshot that already contains
-//! it (a crash between snapshot rename and log truncation) ends in the same
+//! it (a crash between the snapshot's replacement and the log's) ends in the same
 //! state. Records after the last sync record are checked against the slot
 //! bytes they point at before they are believed (`dedup/replay.rs`).
 //!
 //! Snapshot: magic `ECDDMS01`, version, block count, fingerprint length,
 //! one u32 slot per block (u32::MAX = unmapped), then the count of
 //! fingerprinted slots and (u32 slot, fingerprint) pairs, then a CRC32C of
-//! everything before it. Written to a temporary file, synced, renamed.
+//! everything before it. Replaced whole, atomically and durably
+//! ([`Storage::write_atomic`]).
 //!
 //! Every byte goes through the array's [`Storage`], so the power-loss
 //! simulator meets the maps as it meets the devices.
@@ -183,9 +184,9 @@ pub struct LogContents {
     pub version: u32,
 }
 
-/// Replaces the log by an empty one, durably and atomically (a temporary
-/// file, synced, renamed, its folder synced: a crash leaves the old log or
-/// the empty one), and opens it.
+/// Replaces the log by an empty one, durably and atomically
+/// ([`Storage::write_atomic`]: a crash leaves the old log or the empty
+/// one), and opens it.
 pub fn reset_log(storage: &dyn Storage, path: &Path) -> Result<Arc<dyn StorageFile>> {
     let io = |e| Error::io(format!("writing dedup log {}", path.display()), e);
     write_atomic(storage, path, &log_header(LOG_VERSION)).map_err(io)?;

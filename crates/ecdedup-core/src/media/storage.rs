@@ -226,6 +226,14 @@ pub trait Storage: Send + Sync {
     /// Takes an exclusive lock on `path` (created if missing) for this
     /// process; `Ok(None)` when another holder has it.
     fn try_lock(&self, path: &Path) -> io::Result<Option<StorageLock>>;
+    /// Replaces the content of `path` (created if missing) by `bytes`,
+    /// atomically and durably: once it returns a crash leaves the new
+    /// content, before that the old (or no file) or the new, never a mix.
+    /// Default: [`write_atomic_by_rename`]; a metadata area does it with
+    /// one durable write and one directory commit (`AreaFs::replace_file`).
+    fn write_atomic(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        write_atomic_by_rename(self, path, bytes)
+    }
     /// Names of the plain files in folder `path` as reads see them now
     /// (names not yet made durable by [`Storage::sync_dir`] included),
     /// sorted; `NotFound` when the folder does not exist. Sub-folders and
@@ -267,10 +275,19 @@ pub fn read_file(f: &dyn StorageFile) -> io::Result<Vec<u8>> {
     Ok(buf)
 }
 
-/// Replaces a small file atomically and durably: a temporary file, synced,
-/// renamed over `path`, and the folder synced. A crash leaves the old or
-/// the new content, never a mix.
+/// Replaces a file atomically and durably ([`Storage::write_atomic`]): a
+/// crash leaves the old or the new content, never a mix.
 pub fn write_atomic(storage: &dyn Storage, path: &Path, bytes: &[u8]) -> io::Result<()> {
+    storage.write_atomic(path, bytes)
+}
+
+/// [`Storage::write_atomic`] as any folder takes it: a temporary file,
+/// synced, renamed over `path`, and the folder synced.
+pub fn write_atomic_by_rename<S: Storage + ?Sized>(
+    storage: &S,
+    path: &Path,
+    bytes: &[u8],
+) -> io::Result<()> {
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);

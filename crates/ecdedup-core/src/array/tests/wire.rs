@@ -1072,3 +1072,35 @@ fn a_failure_syncs_every_member_before_it_commits_a_journal() {
         assert_eq!(back, pattern(seed, 4096), "at {at}");
     }
 }
+
+/// A member's failure starts the missed-write map (mirrored in every
+/// member's metadata area) with one FUA write of its bytes and one
+/// directory commit per copy (`AreaFs::replace_file`, since 2026-11-29),
+/// where the temporary file's way (a discard, a sync and a commit to
+/// grow it, its bytes and length hint, its sync and commit, the rename's
+/// sync and commit) took 9 round trips per copy; then the members' syncs
+/// (one batch) and the superblocks (one FUA write each). RS(4,2), one
+/// member failed: 16 round trips counted one sender at a time, 51
+/// before; across the network, where the copies go side by side, 4
+/// where it was 11. `-- --nocapture` prints them.
+#[test]
+fn a_failure_starts_its_missed_map_with_two_fua_writes_per_copy() {
+    let (_dir, array, tally) = parix_over_links();
+    array.flush().unwrap();
+    tally.restart();
+    array.fail_device(5).unwrap();
+    let (by, trips, began) = tally.take_with_purposes();
+    eprintln!("a failure: {by:?}; {trips} round trips: {began:?}");
+    assert_eq!(by, vec![(Purpose::Metadata, 15), (Purpose::Flush, 5)]);
+    assert_eq!(trips, 16, "{began:?}");
+    assert_eq!(count_of(&began, Purpose::Flush), 1, "{began:?}");
+    // Side by side, the map's copies meet.
+    let (_dir, array, tally) = parix_over_links();
+    tally.side_by_side.store(true, Ordering::SeqCst);
+    tally.arm(Purpose::Metadata, 5);
+    array.set_failed(4);
+    let most = tally.disarm();
+    eprintln!("missed-map writes in flight at once: {most}");
+    assert!(most >= 2, "{most}");
+    assert!(array.intent.missed_regions().is_some(), "the map is kept");
+}
