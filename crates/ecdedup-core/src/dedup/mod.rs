@@ -1612,6 +1612,37 @@ impl Device for DedupDevice {
         self.sync_locked(&mut st)
     }
 
+    /// Below the data area (a superblock, a metadata area: bytes the layer
+    /// passes through) while the layer holds nothing unsynced of its own
+    /// (no map record past the log's sync, no slot waiting to be freed, no
+    /// reference count or block marked since the sync, no compaction
+    /// due), its sync would be the lower device's alone: the write goes to
+    /// the lower device as one FUA write (one message to a chunk across
+    /// the network, where the write and the layer's sync were two). That
+    /// is the write and the sync it replaces where the lower device's FUA
+    /// write syncs the device as it writes, as every device here does (a
+    /// file or a chunk: the write, then `fdatasync`; a superblock update
+    /// of a volume without dedup relies on the same).
+    /// Otherwise, as any device: the write, then the layer's whole sync.
+    /// (Passing every such write on as FUA, the layer's own sync skipped,
+    /// was tried on 2026-11-28 and not kept: docs/cluster.md.)
+    fn write_fua(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        if offset + buf.len() as u64 <= self.data_offset {
+            let st = self.state.lock().unwrap();
+            let clean = st.log_end == st.log_synced
+                && st.pending_free.is_empty()
+                && !st.dropped.any
+                && !st.logged.any
+                && st.log_end <= self.log_compact_bytes.load(Relaxed);
+            if clean {
+                // Under the state lock, as the layer's sync runs.
+                return self.inner.write_fua(buf, offset);
+            }
+        }
+        self.write_at(buf, offset)?;
+        self.sync()
+    }
+
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         let end = offset + len;
         if offset < self.data_offset {

@@ -457,6 +457,8 @@ struct Counting {
     inner: MemDevice,
     writes: std::sync::atomic::AtomicU64,
     reads: std::sync::atomic::AtomicU64,
+    /// FUA writes (`write_fua`), counted apart from `writes`.
+    fuas: std::sync::atomic::AtomicU64,
 }
 
 impl Device for Counting {
@@ -469,6 +471,11 @@ impl Device for Counting {
         self.inner.write_at(buf, offset)
     }
     fn sync(&self) -> io::Result<()> {
+        self.inner.sync()
+    }
+    fn write_fua(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.fuas.fetch_add(1, Relaxed);
+        self.inner.write_at(buf, offset)?;
         self.inner.sync()
     }
     fn size(&self) -> u64 {
@@ -485,6 +492,7 @@ fn counting_rig(config: DedupConfig) -> (tempfile::TempDir, Arc<Counting>, Dedup
         inner: MemDevice::new("m", DATA_OFFSET + BLOCKS * 4096),
         writes: AtomicU64::new(0),
         reads: AtomicU64::new(0),
+        fuas: AtomicU64::new(0),
     });
     let dev = open_layer(counting.clone(), config, dir.path(), true);
     (dir, counting, dev)
@@ -650,6 +658,41 @@ fn a_sync_with_no_new_map_record_does_not_sync_the_log() {
         2,
         "a parity write's record is synced"
     );
+}
+
+/// A FUA write below the data area (a superblock) goes to the lower
+/// device as its own FUA write only while the layer holds nothing
+/// unsynced; after a map record it is the write and the layer's whole
+/// sync (the record made durable with it), as before 2026-11-29 always.
+#[test]
+fn a_fua_write_below_the_data_area_passes_through_only_while_the_layer_is_clean() {
+    let config = DedupConfig {
+        policy: Policy::Parity,
+        ..sha1_all(1024)
+    };
+    let (_dir, counting, dev) = counting_rig(config);
+    let fuas = || counting.fuas.load(Relaxed);
+    dev.write_fua(b"superblock 1", 0).unwrap();
+    assert_eq!(fuas(), 1, "a fresh layer is clean");
+    dev.write_hinted(
+        &content(3, 4096),
+        DATA_OFFSET + 4096,
+        WriteHint::new(IoClass::Parity),
+    )
+    .unwrap();
+    let syncs = dev.stats().log_syncs;
+    dev.write_fua(b"superblock 2", 0).unwrap();
+    assert_eq!(fuas(), 1, "a map record unsynced: the write and the sync");
+    assert_eq!(dev.stats().log_syncs, syncs + 1, "the record synced");
+    dev.write_fua(b"superblock 3", 0).unwrap();
+    assert_eq!(fuas(), 2, "clean again");
+    let mut back = [0u8; 12];
+    dev.read_at(&mut back, 0).unwrap();
+    assert_eq!(&back, b"superblock 3");
+    // In the data area it is always the write and the layer's sync.
+    dev.write_fua(&content(4, 4096), DATA_OFFSET).unwrap();
+    assert_eq!(fuas(), 2);
+    assert_eq!(read_all(&dev, 4096), content(4, 4096));
 }
 
 /// Two different 4 KiB blocks with one CRC-32C: `base` and `base` with a

@@ -46,16 +46,19 @@
 //!   before a commit that freed it finds its old content intact.
 //! - Bytes of a file's committed extents past its length are zeroes or
 //!   bytes written to it since (new extents are discarded when allocated,
-//!   before a commit names them; a truncation zeroes the tail and syncs;
-//!   open zeroes what a power cut left past each file's length),
+//!   before a commit names them, or written whole, zero-padded, by a
+//!   replacement; a truncation zeroes the tail and syncs; open zeroes
+//!   what a power cut left past each file's length),
 //!   so a length hint that reached the media without the data it covers
 //!   shows zeroes or torn new data, never an older file's records.
 //! - Names change (create, rename, remove) in memory and become durable
 //!   with the next commit ([`AreaFs::commit`], which `sync_dir` and file
 //!   syncs call), as a real folder's entries do with its fsync.
 
+use super::batch::{submit, DeviceIo, Op};
 use super::storage::{PlacedRead, PlacedWrite, RingFile, StorageFile, SyncPoint};
-use super::Device;
+use super::{Device, WriteHint};
+use crate::counters::IoClass;
 use std::collections::BTreeMap;
 use std::io;
 use std::sync::{Arc, Mutex};
@@ -179,18 +182,19 @@ impl AreaFs {
         let fs = AreaFs::open_read_only(dev, offset, bytes)?;
         {
             let inner = fs.inner.lock().unwrap();
-            let mut zeroed = false;
+            let mut tails = Vec::new();
             for node in inner.names.values() {
                 let n = node.lock().unwrap();
                 let capacity = n.capacity();
                 if n.len < capacity {
-                    for (at, count) in fs.runs(&n, n.len, capacity - n.len) {
-                        fs.zero(at, count as u64)?;
-                    }
-                    zeroed = true;
+                    tails.extend(fs.runs(&n, n.len, capacity - n.len));
                 }
             }
-            if zeroed {
+            // Every file's tail in one batch (one round trip to a chunk
+            // across the network, where it took one per edge and middle),
+            // then the sync.
+            if !tails.is_empty() {
+                fs.zero(&tails)?;
                 fs.dev.sync()?;
             }
         }
@@ -581,9 +585,7 @@ impl AreaFs {
     /// module comment), so a later length hint cannot show it.
     fn truncate_node(&self, n: &mut Node, len: u64) -> io::Result<()> {
         if len < n.len {
-            for (at, count) in self.runs(n, len, n.len - len) {
-                self.zero(at, count as u64)?;
-            }
+            self.zero(&self.runs(n, len, n.len - len))?;
             self.dev.sync()?;
             n.len = len;
             n.durable_len = n.durable_len.min(len);
@@ -593,26 +595,44 @@ impl AreaFs {
         Ok(())
     }
 
-    /// Zeroes `[at, at + len)` of the device: the 4 KiB-aligned middle by
-    /// discard (block devices refuse unaligned ranges), the edges by
-    /// writing zeroes.
-    fn zero(&self, at: u64, len: u64) -> io::Result<()> {
+    /// Zeroes each run `(at, bytes)` of the device: the 4 KiB-aligned
+    /// middle by discard (block devices refuse unaligned ranges), the
+    /// edges by writing zeroes; every piece in one batch.
+    fn zero(&self, runs: &[(u64, usize)]) -> io::Result<()> {
         const ALIGN: u64 = 4096;
-        let end = at + len;
-        let body_start = at.next_multiple_of(ALIGN).min(end);
-        let body_end = (end / ALIGN * ALIGN).max(body_start);
-        if body_start > at {
-            self.dev
-                .write_at(&vec![0u8; (body_start - at) as usize], at)?;
+        static ZEROES: [u8; ALIGN as usize] = [0; ALIGN as usize];
+        let mut ios = Vec::new();
+        let edge = |at: u64, end: u64| Op::Write {
+            buf: &ZEROES[..(end - at) as usize],
+            offset: at,
+            hint: WriteHint::new(IoClass::Metadata),
+            fua: false,
+        };
+        for &(at, len) in runs {
+            let end = at + len as u64;
+            let body_start = at.next_multiple_of(ALIGN).min(end);
+            let body_end = (end / ALIGN * ALIGN).max(body_start);
+            if body_start > at {
+                ios.push(edge(at, body_start));
+            }
+            if body_end > body_start {
+                ios.push(Op::Discard {
+                    offset: body_start,
+                    len: body_end - body_start,
+                });
+            }
+            if end > body_end {
+                ios.push(edge(body_end, end));
+            }
         }
-        if body_end > body_start {
-            self.dev.discard(body_start, body_end - body_start)?;
-        }
-        if end > body_end {
-            self.dev
-                .write_at(&vec![0u8; (end - body_end) as usize], body_end)?;
-        }
-        Ok(())
+        let mut ios: Vec<DeviceIo<'_>> = ios
+            .into_iter()
+            .map(|op| DeviceIo {
+                dev: self.dev.as_ref(),
+                op,
+            })
+            .collect();
+        submit(&mut ios).0.into_iter().collect()
     }
 
     /// Records a grown length where a restarted process finds it.

@@ -51,6 +51,9 @@ pub enum Op<'a> {
     },
     /// Makes the device's completed writes durable.
     Sync,
+    /// `Device::discard` of `[offset, offset + len)`: on the calling
+    /// thread, or one message to a chunk across the network.
+    Discard { offset: u64, len: u64 },
     /// Several writes on one device (a parity-journal append: its records'
     /// runs, then the journal's length hint), made in this order and
     /// answered together. Always on the calling thread (`pwrite`), or as
@@ -115,7 +118,10 @@ pub fn submit(ios: &mut [DeviceIo<'_>]) -> (Vec<io::Result<()>>, BatchCost) {
             continue;
         }
         let ring = io.dev.ring_file().filter(|_| ring_enabled());
-        let own_thread = matches!(io.op, Op::Append { .. } | Op::Fold { .. });
+        let own_thread = matches!(
+            io.op,
+            Op::Append { .. } | Op::Fold { .. } | Op::Discard { .. }
+        );
         match ring.filter(|_| !own_thread) {
             Some(file) => ring_ops.push((i, file)),
             None => {
@@ -195,6 +201,10 @@ fn link_op<'a>(op: &'a Op<'_>) -> super::remote::LinkOp<'a> {
             class: hint.class,
         },
         Op::Sync => LinkOp::Sync,
+        Op::Discard { offset, len } => LinkOp::Discard {
+            offset: *offset,
+            len: *len,
+        },
         Op::Append { writes, fua, .. } => LinkOp::Append { writes, fua: *fua },
         Op::Fold { fold, fua, .. } => LinkOp::Fold { fold, fua: *fua },
     }
@@ -218,6 +228,7 @@ fn run_looped(io: &mut DeviceIo<'_>) -> (io::Result<()>, u64) {
             }
         }
         Op::Sync => (io.dev.sync(), 1),
+        Op::Discard { offset, len } => (io.dev.discard(*offset, *len), 1),
         Op::Append { writes, hint, fua } => {
             for (n, (offset, buf)) in writes.iter().enumerate() {
                 if let Err(e) = io.dev.write_hinted(buf, *offset, *hint) {
@@ -340,7 +351,7 @@ fn transfer(op: &Op<'_>, file: RingFile) -> Option<(i32, bool, u64, usize, bool)
         Op::Write {
             buf, offset, fua, ..
         } => (true, *offset, buf.len(), *fua),
-        Op::Sync | Op::Append { .. } | Op::Fold { .. } => return None,
+        Op::Sync | Op::Discard { .. } | Op::Append { .. } | Op::Fold { .. } => return None,
     };
     Some((choose_fd(file, len, offset), write, offset, len, fua))
 }
@@ -506,7 +517,7 @@ fn transfer_memory(
                 (buf.as_ptr().cast_mut(), len, None)
             }
         }
-        Op::Sync | Op::Append { .. } | Op::Fold { .. } => {
+        Op::Sync | Op::Discard { .. } | Op::Append { .. } | Op::Fold { .. } => {
             unreachable!("only reads and writes have memory")
         }
     }
@@ -523,8 +534,12 @@ fn prepare(
     let Some((fd, write, offset, _, fua)) = transfer(&ios[first].op, file) else {
         match ios[first].op {
             Op::Sync => {}
-            Op::Read { .. } | Op::Write { .. } | Op::Append { .. } | Op::Fold { .. } => {
-                unreachable!("an append or a fold runs on the calling thread")
+            Op::Read { .. }
+            | Op::Write { .. }
+            | Op::Discard { .. }
+            | Op::Append { .. }
+            | Op::Fold { .. } => {
+                unreachable!("an append, a fold or a discard runs on the calling thread")
             }
         }
         let sqe = opcode::Fsync::new(types::Fd(file.fd))
@@ -675,8 +690,8 @@ fn complete(
             Ok(())
         }
         Op::Sync => Ok(()),
-        Op::Append { .. } | Op::Fold { .. } => {
-            unreachable!("an append or a fold runs on the calling thread")
+        Op::Discard { .. } | Op::Append { .. } | Op::Fold { .. } => {
+            unreachable!("an append, a fold or a discard runs on the calling thread")
         }
     }
 }
@@ -849,7 +864,9 @@ mod tests {
             .map(|(i, mut op)| {
                 let at = (i * 4096) as u64;
                 match &mut op {
-                    Op::Read { offset, .. } | Op::Write { offset, .. } => *offset = at,
+                    Op::Read { offset, .. }
+                    | Op::Write { offset, .. }
+                    | Op::Discard { offset, .. } => *offset = at,
                     Op::Sync | Op::Append { .. } | Op::Fold { .. } => {}
                 }
                 DeviceIo { dev, op }

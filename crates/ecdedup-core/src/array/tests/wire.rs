@@ -992,36 +992,71 @@ fn superblock_update_sends(
     assert!(most >= 2, "{most}");
 }
 
-/// A volume with dedup takes its superblock writes side by side on chunks
-/// that take it, as one without: the dedup layer says what its chunk says
-/// (`Device::side_by_side`; before 2026-11-28, evening, it said no, and
-/// each member's write and sync went one chunk after another). Each
-/// member still takes a write and then the layer's whole sync (a FUA
-/// write passed to the chunk was tried and not kept: docs/cluster.md).
-/// `-- --nocapture` prints what an update sends.
-#[test]
-fn a_dedup_volumes_superblock_writes_go_side_by_side() {
+/// RS(4,2) of format 2 with 8 stripes under `policy` (with parity-only
+/// dedup where `dedup`), formatted on memory devices, not opened; the
+/// tally the links over them will count on.
+fn formatted_for_links(
+    policy: WritePolicy,
+    dedup: bool,
+) -> (tempfile::TempDir, Vec<MemDevice>, Arc<Tally>) {
     let dir = tempfile::tempdir().unwrap();
     let mut opts = options(6, 4, 2, 8192, 8 * 4 * 8192);
     opts.metadata = MetadataPlacement::Devices;
-    opts.write_policy = WritePolicy::Plog;
+    opts.write_policy = policy;
     opts.journal_bytes_max = 4 << 20;
-    opts.dedup = DedupConfig {
-        policy: crate::dedup::Policy::Parity,
-        ..DedupConfig::default()
-    };
+    if dedup {
+        opts.dedup = DedupConfig {
+            policy: crate::dedup::Policy::Parity,
+            ..DedupConfig::default()
+        };
+    }
     let (_, mems) = format_on_memory(dir.path(), &opts);
-    let tally = Arc::new(Tally::default());
+    (dir, mems, Arc::new(Tally::default()))
+}
+
+/// A volume with dedup takes its superblock writes side by side on chunks
+/// that take it, as one without: the dedup layer says what its chunk says
+/// (`Device::side_by_side`; before 2026-11-28, evening, it said no, and
+/// each member's write and sync went one chunk after another). A member
+/// whose layer holds nothing unsynced takes one FUA write (since
+/// 2026-11-29; a write and the layer's whole sync before, 12 round trips
+/// for 6 members one sender at a time, now 6); one whose layer holds a
+/// map record not yet synced still takes the write and the layer's sync
+/// (passing every such write to the chunk as FUA, the layer's sync
+/// skipped, was tried and not kept: docs/cluster.md). `-- --nocapture`
+/// prints what an update sends.
+#[test]
+fn a_dedup_volumes_superblock_writes_go_side_by_side() {
+    let (dir, mems, tally) = formatted_for_links(WritePolicy::Plog, true);
     let devices = mems.iter().map(|m| Some(linked(m, &tally, true))).collect();
     let array = Array::open_with_devices(dir.path(), devices, None).unwrap();
-    // A write and a sync a member.
+    // Every layer clean after the open: one FUA write a member.
     superblock_update_sends(
         &array,
         &tally,
-        vec![(Purpose::Write, 6), (Purpose::Flush, 6)],
-        12,
-        Purpose::Write,
+        vec![(Purpose::Metadata, 6)],
+        6,
+        Purpose::Metadata,
     );
+    // A whole stripe written, not flushed: every member's layer holds the
+    // new blocks' map records.
+    tally.side_by_side.store(false, Ordering::SeqCst);
+    let stripe = array.geo.stripe_data_bytes() as usize;
+    array.write(&pattern(12, stripe), 0, false).unwrap();
+    tally.restart();
+    array.persist_superblocks().unwrap();
+    let (by, trips, began) = tally.take_with_purposes();
+    eprintln!("a superblock update, every layer dirty: {by:?}; {trips} round trips: {began:?}");
+    assert!(
+        by.contains(&(Purpose::Write, 6)),
+        "a write and the layer's sync a member: {by:?}"
+    );
+    array.persist_superblocks().unwrap();
+    let (by, _) = tally.take();
+    assert_eq!(by, vec![(Purpose::Metadata, 6)], "synced by the update");
+    let mut back = vec![0u8; stripe];
+    array.read(&mut back, 0).unwrap();
+    assert_eq!(back, pattern(12, stripe));
 }
 
 /// A device's failure commits the parity journals' lengths only after
@@ -1103,4 +1138,52 @@ fn a_failure_starts_its_missed_map_with_two_fua_writes_per_copy() {
     eprintln!("missed-map writes in flight at once: {most}");
     assert!(most >= 2, "{most}");
     assert!(array.intent.missed_regions().is_some(), "the map is kept");
+}
+
+/// An open zeroes every metadata-area file's tail past its length (what a
+/// cut may have left there) in one batch per area, its discards and edge
+/// writes sent before it waits, then syncs: before 2026-11-29 each edge
+/// and each discard was a round trip of its own, 4 to 6 an area here.
+/// RS(4,2), rmw, a reopen after a clean stop: 83 round trips counted one
+/// sender at a time, 107 before; parix 106 (146); plog with parity dedup
+/// 150 (206; its clean dedup layers' superblock writes one FUA write
+/// each too). The first open over freshly formatted members also creates
+/// its files (intent map, journals, degraded-write log) each as one
+/// durable write and a commit (`AreaFs::replace_file`): rmw 109, parix
+/// 146 (169 and 248 before both changes). `-- --nocapture` prints them.
+#[test]
+fn an_open_zeroes_each_areas_file_tails_in_one_batch() {
+    for (policy, dedup, reopen_trips) in [
+        (WritePolicy::Rmw, false, 83),
+        (WritePolicy::Parix, false, 106),
+        (WritePolicy::Plog, true, 150),
+    ] {
+        let (dir, mems, tally) = formatted_for_links(policy, dedup);
+        let devices = mems.iter().map(|m| Some(linked(m, &tally, true))).collect();
+        let array = Array::open_with_devices(dir.path(), devices, None).unwrap();
+        let (by, first) = tally.take();
+        eprintln!("{policy:?}, dedup {dedup}: first open {by:?}; {first} round trips");
+        array.write(&pattern(1, 4096), 0, false).unwrap();
+        array.flush().unwrap();
+        drop(array);
+        tally.restart();
+        let devices = mems.iter().map(|m| Some(linked(m, &tally, true))).collect();
+        let array = Array::open_with_devices(dir.path(), devices, None).unwrap();
+        let (by, trips, began) = tally.take_with_purposes();
+        eprintln!("{policy:?}, dedup {dedup}: reopen {by:?}; {trips} round trips: {began:?}");
+        let discards = by
+            .iter()
+            .find(|(p, _)| *p == Purpose::Discard)
+            .map_or(0, |(_, n)| *n);
+        assert!(discards >= 6, "every area zeroes a tail: {by:?}");
+        assert_eq!(
+            count_of(&began, Purpose::Discard),
+            0,
+            "no discard waited for alone: {began:?}"
+        );
+        assert_eq!(trips, reopen_trips, "{policy:?}: {began:?}");
+        let mut back = vec![0u8; 4096];
+        array.read(&mut back, 0).unwrap();
+        assert_eq!(back, pattern(1, 4096));
+    }
 }
