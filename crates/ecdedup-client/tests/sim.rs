@@ -1932,7 +1932,11 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     // first open on): a member out, every server's power lost, a second
     // member lost during the takeover's open; stripe 27's row, whose
     // parity journal held a record appended after the last flush, is
-    // poisoned, and block 108 (never written) reads as an I/O error.
+    // poisoned, and block 108 (never written) reads as an I/O error. No
+    // write of the workload was in flight in that stripe (its one write,
+    // block 111's, was flushed before the cut), so the record was the
+    // engine's own, a replay's while serving: 1177955's class, not traced
+    // further.
     (
         1277558,
         "parix beside rmw: block 108 of volume 7 (never written) fails to read after the takeover (poisoned)",
