@@ -80,6 +80,9 @@ pub const EXTENTS_PER_FILE_MAX: usize = (ENTRY_BYTES - EXTENTS_AT) / 8;
 /// Files one area holds.
 pub const FILES_MAX: usize = 96;
 const _: () = assert!(HEADER_BYTES + FILES_MAX * ENTRY_BYTES <= DIR_SLOT_BYTES as usize - 4);
+/// The largest file [`AreaFs::replace_file`] copies to pad it into one
+/// FUA write; a larger one goes as its bytes, its zero tail and a sync.
+const REPLACE_COPY_BYTES_MAX: usize = 1 << 20;
 /// The smallest area: the directory and a few extents.
 pub const AREA_BYTES_MIN: u64 = EXTENTS_OFFSET + 16 * UNIT_BYTES;
 
@@ -444,7 +447,9 @@ impl AreaFs {
     /// directory committed would, in two durable writes: the bytes into
     /// free units (an extent neither directory nor an open handle refers
     /// to), zero-padded to the extent's end (the tail a later length hint
-    /// may show reads as zeroes, so no discard), as one FUA write; then
+    /// may show reads as zeroes, so no discard), as one FUA write (a file
+    /// past [`REPLACE_COPY_BYTES_MAX`] is not copied: its bytes, the zero
+    /// tail and a sync); then
     /// the directory naming them, committed (one FUA write). A cut before
     /// the commit leaves the old file whole (its extents untouched); the
     /// old content's extents are freed as a removed file's are. It needs
@@ -468,13 +473,29 @@ impl AreaFs {
                 bytes.len()
             )));
         };
-        let mut padded = vec![0u8; units as usize * UNIT_BYTES as usize];
-        padded[..bytes.len()].copy_from_slice(bytes);
         let at = self.offset + EXTENTS_OFFSET + first as u64 * UNIT_BYTES;
+        let tail = (units as u64 * UNIT_BYTES - bytes.len() as u64) as usize;
+        let written = if bytes.len() <= REPLACE_COPY_BYTES_MAX {
+            // A small file (every file but a large dedup snapshot): its
+            // bytes and the zero tail copied into one FUA write.
+            let mut padded = vec![0u8; bytes.len() + tail];
+            padded[..bytes.len()].copy_from_slice(bytes);
+            self.dev.write_fua(&padded, at)
+        } else {
+            // A large one is not copied (each mirrored copy would hold its
+            // own): its bytes, the zero tail, then a sync.
+            self.dev
+                .write_at(bytes, at)
+                .and_then(|()| match tail {
+                    0 => Ok(()),
+                    n => self.dev.write_at(&vec![0u8; n], at + bytes.len() as u64),
+                })
+                .and_then(|()| self.dev.sync())
+        };
         // A full file system under a sparse device: the host's fault,
         // reported as such (nothing names the extent); any other failure
         // of a durable write latches, as a failed sync does.
-        if let Err(e) = self.dev.write_fua(&padded, at) {
+        if let Err(e) = written {
             return Err(match e.raw_os_error() {
                 Some(libc::ENOSPC) | Some(libc::EDQUOT) => e,
                 _ => self.latch(&mut inner, e),
@@ -1319,7 +1340,8 @@ mod tests {
     /// keeps its bytes; once the replacement returned with every write
     /// through, the new content. `replace_file` sends 2 writes and no
     /// sync or discard (the temporary file's way 6 writes, with a discard
-    /// and syncs between them).
+    /// and syncs between them); past `REPLACE_COPY_BYTES_MAX`, 3 writes
+    /// (the bytes, the zero tail, the commit) and a sync.
     #[test]
     fn a_replaced_file_is_its_old_or_new_content_wherever_the_power_is_cut() {
         use crate::media::{FaultPlan, FaultyDevice};
@@ -1328,7 +1350,7 @@ mod tests {
         let old = vec![0x11u8; 70_000];
         let log = vec![0x22u8; 5_000];
         for by_rename in [false, true] {
-            for new_len in [3_000usize, 150_000] {
+            for new_len in [3_000usize, 150_000, 1_200_000] {
                 let new = vec![0x33u8; new_len];
                 let mut complete = 0;
                 for cut in 0..16i64 {
@@ -1375,7 +1397,13 @@ mod tests {
                 let writes_needed = 15 - complete;
                 eprintln!("by rename {by_rename}, {new_len} bytes: {writes_needed} writes");
                 if !by_rename {
-                    assert_eq!(writes_needed, 2, "one FUA write of the bytes, one commit");
+                    // A large file's bytes and zero tail go apart, synced.
+                    let writes = if new_len <= REPLACE_COPY_BYTES_MAX {
+                        2
+                    } else {
+                        3
+                    };
+                    assert_eq!(writes_needed, writes, "the bytes' writes and the commit");
                 }
             }
         }
