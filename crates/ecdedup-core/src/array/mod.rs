@@ -662,19 +662,6 @@ fn read_area_file(area: &Arc<AreaFs>, name: &str) -> Option<Vec<u8>> {
     read_file(area.open_file(name).ok()?.as_ref()).ok()
 }
 
-/// Replaces file `name` of a metadata area atomically and durably, as
-/// [`write_atomic`] does in a folder: a temporary file, synced, renamed,
-/// the area's directory committed.
-fn write_area_file(area: &Arc<AreaFs>, name: &str, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = format!("{name}.tmp");
-    let f = area.create_file(&tmp, true)?;
-    f.write_at(bytes, 0)?;
-    f.sync()?;
-    drop(f);
-    area.rename(&tmp, name)?;
-    area.commit()
-}
-
 /// Creates a new array in `dir` over files or block devices and leaves it
 /// clean and closed.
 pub fn create(dir: &Path, opts: &CreateOptions) -> Result<()> {
@@ -1646,7 +1633,7 @@ impl Array {
             if read_area_file(&area, CONFIG_FILE).as_deref() == Some(want.as_bytes()) {
                 continue;
             }
-            if let Err(e) = write_area_file(&area, CONFIG_FILE, want.as_bytes()) {
+            if let Err(e) = area.replace_file(CONFIG_FILE, want.as_bytes()) {
                 self.warn(format!(
                     "updating the copy of {CONFIG_FILE} on device {d}: {e}"
                 ));
