@@ -863,8 +863,8 @@ impl Storage for MetaStorage {
     /// A file in the areas is replaced in each with one durable write and
     /// one directory commit (`AreaFs::replace_file`), the copies side by
     /// side where their devices take it, where the temporary file's way
-    /// (create, write, sync, rename, commit) took five round trips or more
-    /// to a chunk across the network.
+    /// (create, grow, write, sync, rename, commit) took 9 round trips a
+    /// copy to a chunk across the network (docs/format.md).
     fn write_atomic(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
         match self.route(path) {
             Route::Folder | Route::AreaFolder => self.shared.base.write_atomic(path, bytes),

@@ -1116,8 +1116,9 @@ fn a_failure_syncs_every_member_before_it_commits_a_journal() {
 /// sync and commit) took 9 round trips per copy; then the members' syncs
 /// (one batch) and the superblocks (one FUA write each). RS(4,2), one
 /// member failed: 16 round trips counted one sender at a time, 51
-/// before; across the network, where the copies go side by side, 4
-/// where it was 11. `-- --nocapture` prints them.
+/// before (this count on 36842d5); across the network, where the copies
+/// go side by side, 4 where it was 11 (worked out, not counted).
+/// `-- --nocapture` prints them.
 #[test]
 fn a_failure_starts_its_missed_map_with_two_fua_writes_per_copy() {
     let (_dir, array, tally) = parix_over_links();
@@ -1150,7 +1151,9 @@ fn a_failure_starts_its_missed_map_with_two_fua_writes_per_copy() {
 /// each too). The first open over freshly formatted members also creates
 /// its files (intent map, journals, degraded-write log) each as one
 /// durable write and a commit (`AreaFs::replace_file`): rmw 109, parix
-/// 146 (169 and 248 before both changes). `-- --nocapture` prints them.
+/// 146 (169 and 248 before both changes). The figures before were counted
+/// by a scratch copy of this test on the code before (not kept).
+/// `-- --nocapture` prints them.
 #[test]
 fn an_open_zeroes_each_areas_file_tails_in_one_batch() {
     for (policy, dedup, reopen_trips) in [
