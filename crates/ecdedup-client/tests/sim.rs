@@ -2710,12 +2710,20 @@ const REGRESSION_SEEDS: &[u64] = &[
 ///   still passes.
 /// - 1323488 (rmw beside plog) **read wrong data on f91c932** (the code
 ///   before 2026-11-29; found by running the range 1,315,000 to
-///   1,334,999 on it beside the new code): volume 8's block 91, two
-///   unflushed plog writes, every server's power cut, a second member
-///   lost during the next writer's open; it read neither write nor its
-///   durable zeroes. It passes on the code since (moved frames); the
-///   hole is not traced and may still be there (docs/write-hole.md, "A
-///   wrong read on the code before 2026-11-29").
+///   1,334,999 on it beside the new code), traced there: a partial write
+///   of block 91 left delta records unflushed, a whole-stripe write's
+///   marks ending them were dropped by a power cut that kept its parity,
+///   and the open, the unit's member lost, folded the records over that
+///   parity (the spare vouched: a record moves every parity alike). A
+///   refolded row with records not flushed now folds only where no
+///   journal's server restarted, or where the unit's entry confirms
+///   (`replay_degraded`; unit tests
+///   `a_lost_mark_over_records_not_flushed_never_decodes_through_a_second_fold`,
+///   which fails without it, and
+///   `a_record_after_a_whole_write_folds_where_its_servers_never_restarted`);
+///   the seed passes on f91c932 with the change (an I/O error, allowed)
+///   and on the code since (docs/write-hole.md, "A lost mark over records
+///   not flushed").
 ///   896033, traced on 2026-11-28 (no power loss; fold marks past the
 ///   sync deferred at a takeover, the records folded again into parity
 ///   that held them), is the case the rule was built for.

@@ -1072,7 +1072,9 @@ impl Array {
         // open's resync: while serving, the missing members' entries are
         // resident and every decode is checked against them.
         let at_open = !self.serving.load(std::sync::atomic::Ordering::SeqCst);
-        let (torn_before, refolded) = match dirty && at_open {
+        // `raw`: the stripe's units as read then, the parity before the
+        // fold (for `unfolded_confirms`, below).
+        let (torn_before, refolded, raw) = match dirty && at_open {
             true => {
                 let units = self.read_stripe_raw(stripe);
                 let folded_rows: Vec<(usize, Vec<u32>)> = folds
@@ -1082,14 +1084,18 @@ impl Array {
                 (
                     self.rows_torn_unlogged(stripe, &units),
                     self.rows_parity_changed_under_records(stripe, &units, &folded_rows),
+                    units,
                 )
             }
-            false => (Vec::new(), Vec::new()),
+            false => (Vec::new(), Vec::new(), Vec::new()),
         };
         let logged_values = match dirty {
             true => self.missing_values_logged(stripe, missing),
             false => Default::default(),
         };
+        // Every journal folded is on a chunk whose server never restarted
+        // since the last writer's open: none lost a mark to a cut.
+        let marks_whole = folds.iter().all(|(_, p, _, _)| self.never_restarted[*p]);
         // The degraded-write log's values of the missing units, where a
         // parity journal gave none: a degraded write (or an earlier
         // degraded replay) logged each one, synced, before it wrote any
@@ -1283,20 +1289,55 @@ impl Array {
             // entry unknown (the member's table lost with it) vetoes
             // nothing: asking for a confirming entry there turned the
             // simulator's seed 475621 (a block never written, decoded as
-            // zeroes) into an I/O error. Not where the member was out before (degraded writes
-            // change parity in place under records: seed 1525), nor with a
-            // record appended after the last flush, which the change may
-            // have preceded (seed 351546): there the spare's word stands,
-            // and a lost mark over unflushed records remains a case no rule
-            // here tells (docs/write-hole.md).
+            // zeroes) into an I/O error. Not where the member was out
+            // before (degraded writes change parity in place under records:
+            // seed 1525).
+            //
+            // With a record appended after the last flush the entry's word
+            // is not enough either way: the change may have preceded the
+            // record (the fold is right, and the unit's new bytes contradict
+            // its entry: seed 351546) or followed it with its mark lost (the
+            // fold is wrong: seed 1323488, a whole-stripe write's parity and
+            // data landed, its marks did not, and the unit's earlier delta
+            // folded over them decoded as neither write). Where the server
+            // of every journal folded never restarted since the last
+            // writer's open (`never_restarted`), no cut dropped a mark, and
+            // the records are live: the fold is right. Elsewhere it is taken
+            // only on a missing unit's entry confirming a decode: the folded
+            // one (the unit as flushed), or the one from the parity as it
+            // was before the fold (`unfolded_confirms`: the parity then
+            // described the unit as flushed, so it predates the records, and
+            // they fold onto it). Otherwise, an entry unknown included (lost
+            // with its member), the row is left unknown.
             let refolded_row = refolded.get(row as usize).copied().unwrap_or(false);
+            let entries_confirm = |shards: &[Vec<u8>]| {
+                missing.iter().all(|&role| {
+                    self.entry_confirms(stripe, role, row, &shards[role]) == Some(true)
+                })
+            };
+            let unfolded_confirms = || {
+                let mut before = shards.clone();
+                let mut use_ = present.clone();
+                for j in 0..g.m() {
+                    let at = row as usize * block;
+                    match raw.get(g.k() + j).and_then(|u| u.as_ref()) {
+                        Some(unit) => before[g.k() + j].copy_from_slice(&unit[at..at + block]),
+                        None => use_[g.k() + j] = false,
+                    }
+                }
+                let none = vec![None; g.width()];
+                self.decode_checked(&before, &use_, &none)
+                    .is_some_and(|c| entries_confirm(&c.shards))
+            };
             let confirmed = |shards: &[Vec<u8>]| {
                 !refolded_row
                     || !lost_in_service
-                    || unsynced.contains(&(row as u32))
-                    || missing.iter().all(|&role| {
-                        self.entry_confirms(stripe, role, row, &shards[role]) != Some(false)
-                    })
+                    || match unsynced.contains(&(row as u32)) {
+                        true => marks_whole || entries_confirm(shards) || unfolded_confirms(),
+                        false => missing.iter().all(|&role| {
+                            self.entry_confirms(stripe, role, row, &shards[role]) != Some(false)
+                        }),
+                    }
             };
             match self.decode_checked(&shards, &present, &expected) {
                 // In a dirty stripe a decode from exactly k members that

@@ -475,6 +475,12 @@ pub struct Array {
     /// service at the stop, and a write in flight then was logged nowhere
     /// (`rows_torn_unlogged`, docs/write-hole.md "The double fault").
     failed_before_open: Vec<bool>,
+    /// Per position: its chunk server never restarted since the writer
+    /// that stamped its superblock had made every parity journal durable
+    /// ([`Superblock::boot_stamp`]): nothing it acknowledged since was
+    /// lost, so its parity journal holds every mark appended there (no
+    /// cut dropped one). False for a local device (no boot id to compare).
+    never_restarted: Vec<bool>,
     /// Per position: the newest superblock recorded the member active when
     /// this open began (it held every stripe at the stop). One failed
     /// during the open holds its blocks as the stop left them
@@ -1517,6 +1523,7 @@ impl Array {
             warnings: Mutex::new(warnings),
             degraded_log,
             poison,
+            never_restarted: never_restarted.clone(),
             failed_before_open: newest
                 .states
                 .iter()

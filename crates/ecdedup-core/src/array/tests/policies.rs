@@ -1232,6 +1232,81 @@ fn a_whole_stripe_write_whose_invalidation_a_cut_dropped_never_decodes_through_a
     }
 }
 
+/// The cluster simulator's seed 1323488 (plog beside rmw, traced on
+/// f91c932): a partial write of a unit left its records in both parity
+/// journals after the last flush; a whole-stripe write of the stripe then
+/// appended its marks and wrote every member; a power cut kept the data
+/// and parity writes and dropped the marks; the next open lost the unit's
+/// member (in service at the stop). The degraded replay folded the unit's
+/// records over parity that the whole write had replaced: a record of a
+/// missing unit moves every parity alike, so the spare member vouched for
+/// the fold, and the unit decoded as neither write (its whole write's
+/// bytes plus the partial write's delta). A record appended after the last
+/// flush may come before the change of its parity (the fold is right) or
+/// after it (a lost mark: the fold is wrong), and with the unit's entry
+/// lost with its member nothing tells which: the row reads as an I/O error
+/// until rewritten, never as other bytes. (Parix logs the unit's d(r), its
+/// value, and reads it.)
+#[test]
+fn a_lost_mark_over_records_not_flushed_never_decodes_through_a_second_fold() {
+    for policy in POLICIES {
+        let mut rig = Rig::filled_on_devices(policy, 16);
+        let g = rig.geo();
+        let stripe = 1;
+        let sd = g.stripe_data_bytes();
+        let at = rig.volume_offset(stripe, 3, 0);
+        let old = rig.model[at as usize..at as usize + 4096].to_vec();
+        let partial = pattern(80, 4096);
+        rig.write(at, &partial);
+        assert!(rig.pending(stripe), "the write is journaled");
+        // The parity members' metadata areas with the records, to put back
+        // after the whole write: the cut drops its marks (and the journal
+        // growth with them) and keeps its data and parity writes.
+        let saved: Vec<(usize, u64, Vec<u8>)> = (0..g.m())
+            .map(|j| {
+                let p = rig.parity_device(stripe, j);
+                let (from, to) = (g.meta_area_offset(), g.data_offset());
+                let bytes = rig.mems[p].with_bytes(|b| b[from as usize..to as usize].to_vec());
+                (p, from, bytes)
+            })
+            .collect();
+        let whole = pattern(81, sd as usize);
+        rig.write(stripe * sd, &whole);
+        rig.put_back(&saved);
+        let mut devs = rig.devices();
+        devs[g.place(stripe, 3).device] = None;
+        let others: Vec<u64> = (0..3)
+            .map(|role| rig.volume_offset(stripe, role, 0))
+            .collect();
+        rig.array.take().unwrap().simulate_crash();
+        let array = Array::open_with_devices(rig.dir.path(), devs, None).unwrap();
+        let mut got = vec![0u8; 4096];
+        if array.read(&mut got, at).is_ok() {
+            let within = (at - stripe * sd) as usize;
+            assert!(
+                got == old || got == partial || got[..] == whole[within..within + 4096],
+                "{policy:?}: role 3 reads none of its writes (a record folded over parity \
+                 a whole-stripe write replaced): {:?}",
+                array.warnings()
+            );
+        }
+        // The members left read as the whole write left them.
+        for (role, &at) in others.iter().enumerate() {
+            array.read(&mut got, at).unwrap();
+            let within = (at - stripe * sd) as usize;
+            assert!(
+                got[..] == whole[within..within + 4096],
+                "{policy:?}: role {role} reads wrong"
+            );
+        }
+        // Rewritten, the block reads back.
+        let again = pattern(82, 4096);
+        array.write(&again, at, false).unwrap();
+        array.read(&mut got, at).unwrap();
+        assert!(got == again, "{policy:?}: role 3 rewritten reads wrong");
+    }
+}
+
 /// The cluster simulator's seed 52865 (plog with dedup on both volumes,
 /// with the failed-append rule of e35e3ce taken out), on one machine: a
 /// stripe's parity written with its journals' records already in it (a
