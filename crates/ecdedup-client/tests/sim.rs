@@ -1902,52 +1902,28 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     // `REGRESSION_SHARED_SEEDS`. The same change moved 845757's and
     // 868189's frames back onto failures (below).
     //
-    // Regression seeds until 2026-11-29 that passed by moved frames
-    // (868189 since the degraded-write log's 64 KiB steps, 845757 since
-    // the boot stamps; neither by a fix of its own), failing again since a
-    // file replaced whole in a metadata area is one durable write and a
-    // commit (fewer messages at a member's failure and at an open): I/O
-    // errors after a takeover, a poisoned row, no wrong data. 845757
-    // fails at block 72 as it did when it was known before
-    // (docs/write-hole.md, "A degraded replay that decoded around a
-    // logged value"); 868189's block 14 was never written, as 1241874's.
-    (
-        845757,
-        "plog beside plog: block 72 of volume 8 fails to read after the takeover (poisoned)",
-    ),
-    (
-        868189,
-        "plog beside replicate: block 14 of volume 7 (never written) fails to read after the takeover (poisoned)",
-    ),
-    // 1067701 (passing since the dedup boot stamps by moved frames, no
-    // fix of its own) fails again since an open zeroes its areas' file
-    // tails in one batch (2026-11-29), the same class.
-    (
-        1067701,
-        "plog beside plog with parity dedup: block 116 of volume 7 fails to read after the takeover (poisoned)",
-    ),
-    // Found by the run 1,275,000 to 1,294,999 (2026-11-29, an open's
-    // area zeroing in one batch), failing too with only the whole-file
-    // replacement before it and passing on f91c932 (other frames from the
-    // first open on): a member out, every server's power lost, a second
-    // member lost during the takeover's open; stripe 27's row, whose
-    // parity journal held a record appended after the last flush, is
-    // poisoned, and block 108 (never written) reads as an I/O error. No
-    // write of the workload was in flight in that stripe (its one write,
-    // block 111's, was flushed before the cut), so the record was the
-    // engine's own, a replay's while serving: 1177955's class, not traced
-    // further.
-    (
-        1277558,
-        "parix beside rmw: block 108 of volume 7 (never written) fails to read after the takeover (poisoned)",
-    ),
+    // 845757, 868189 and 1277558 (I/O errors after a takeover, known
+    // from 2026-11-29's first changes on) pass since the degraded replay
+    // decodes a refolded row with each changed parity's block as read too
+    // (`decode_folded_or_not`; traced with prints that do no device I/O:
+    // a fold while serving, a data member out, wrote one parity and not
+    // the other before a cut that lost its marks, and the next open, a
+    // second data member lost, folded both again; unit test
+    // `a_fold_that_landed_on_one_parity_is_not_folded_again_when_a_second_member_is_lost`,
+    // which fails without it) and run in `REGRESSION_SHARED_SEEDS`.
+    // 1067701 (the same class, not traced) passes since the refolded-row
+    // rule for records not flushed (seed 1323488's), the change before
+    // it: by moved frames or that rule, not told; it runs there too.
+    //
     // Found by the run 1,315,000 to 1,334,999 on the code of 2026-11-29
-    // (f37866a), both passing on f91c932 (other frames): the same class
-    // as 1277558, a row whose journal held a record appended after the
-    // last flush with no workload write in flight there (block 54 was
-    // written with FUA and flushed; block 109 flushed), poisoned after a
+    // (f37866a), both passing on f91c932 (other frames), poisoned after a
     // takeover with two members out (1316745: both failed before every
     // server lost power; 1333799: one before, one during the open).
+    // Traced (2026-11-29): 1277558's story (a fold while serving, a data
+    // member out, its marks lost to the cut), but a parity block holds
+    // neither its value before that fold nor after it: something else
+    // wrote it since, and no choice of folded or as-read parity is one
+    // codeword. Not traced further.
     (
         1316745,
         "plog beside parix: block 54 of volume 7 fails to read after the takeover (poisoned)",
@@ -2739,7 +2715,7 @@ const REGRESSION_SHARED_SEEDS: &[u64] = &[
     349450, 391288, 402584, 521235, 531565, 536966, 550149, 569516, 569626, 655184, 616164, 664700,
     699593, 739109, 488505, 628645, 769941, 230181, 481191, 687623, 857610, 905356, 962841, 819743,
     847277, 896033, 993641, 1023612, 1023501, 948909, 1107907, 1167141, 1165605, 1177955, 1241874,
-    1323488,
+    1323488, 845757, 868189, 1067701, 1277558,
 ];
 
 #[test]
