@@ -1915,19 +1915,22 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     // rule for records not flushed (seed 1323488's), the change before
     // it: by moved frames or that rule, not told; it runs there too.
     //
-    // Found by the run 1,315,000 to 1,334,999 on the code of 2026-11-29
-    // (f37866a), both passing on f91c932 (other frames), poisoned after a
-    // takeover with two members out (1316745: both failed before every
-    // server lost power; 1333799: one before, one during the open).
-    // Traced (2026-11-29): 1277558's story (a fold while serving, a data
-    // member out, its marks lost to the cut), but a parity block holds
-    // neither its value before that fold nor after it: something else
-    // wrote it since, and no choice of folded or as-read parity is one
-    // codeword. Not traced further.
-    (
-        1316745,
-        "plog beside parix: block 54 of volume 7 fails to read after the takeover (poisoned)",
-    ),
+    // 1316745 (plog beside parix), found by the run 1,315,000 to
+    // 1,334,999, the same story with parity 1's fold write torn by the
+    // cut (some sectors new), passes since the choice is made sector by
+    // sector; and 1356124 (rmw beside plog, found by the run 1,355,000 to
+    // 1,374,999 on the block-wide choice) with it. Both run in
+    // `REGRESSION_SHARED_SEEDS`.
+    //
+    // Found by the same run as 1316745, passing on f91c932 (other
+    // frames): the fold's story again, the second member lost during the
+    // open, and the record is of that member's unit (plog: a delta, not a
+    // value, and the unit's entry went with its member). One parity's
+    // fold write is torn: in a sector where one parity is new and the
+    // other old, "both hold the records" and "neither does" are each one
+    // codeword, and they decode the unit as its new or its old bytes.
+    // Nothing left tells which (docs/write-hole.md, "A fold that landed
+    // on one parity"): an I/O error, never wrong data.
     (
         1333799,
         "replicate with parity dedup beside plog: block 109 of volume 8 fails to read after the takeover (poisoned)",
@@ -2715,7 +2718,7 @@ const REGRESSION_SHARED_SEEDS: &[u64] = &[
     349450, 391288, 402584, 521235, 531565, 536966, 550149, 569516, 569626, 655184, 616164, 664700,
     699593, 739109, 488505, 628645, 769941, 230181, 481191, 687623, 857610, 905356, 962841, 819743,
     847277, 896033, 993641, 1023612, 1023501, 948909, 1107907, 1167141, 1165605, 1177955, 1241874,
-    1323488, 845757, 868189, 1067701, 1277558,
+    1323488, 845757, 868189, 1067701, 1277558, 1316745, 1356124,
 ];
 
 #[test]

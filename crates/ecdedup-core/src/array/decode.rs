@@ -498,7 +498,8 @@ impl Array {
         &self,
         known: &[Option<Vec<u8>>],
     ) -> Option<Vec<Vec<u8>>> {
-        let block = self.geo.block() as usize;
+        // Blocks, or parts of them of one length (a sector each).
+        let block = known.iter().flatten().next()?.len();
         let present: Vec<bool> = known.iter().map(Option::is_some).collect();
         if present.iter().filter(|p| **p).count() <= self.geo.k() {
             return None;

@@ -113,6 +113,10 @@ enum StoredParity {
 
 /// A parity's fold in a degraded replay: (parity j, its device, the
 /// folded blocks by row, the records folded).
+/// The unit of a torn write that [`Array::decode_folded_or_not`] chooses
+/// by: a sector of the devices (512 bytes).
+const SECTOR_BYTES: usize = 512;
+
 type FoldedParity = (
     usize,
     usize,
@@ -1504,15 +1508,17 @@ impl Array {
     /// not (changed otherwise), and every choice of the two per such
     /// parity is decoded. One that still matches its entry holds none
     /// folded since the last flush (a fold before it made its mark durable
-    /// with it): its fold is taken. Taken only where the choices that a spare
-    /// vouches for all give one row: a record of a missing unit folded
-    /// twice moves every parity alike, and there two choices vouch for two
-    /// rows (seed 377381's class), which is a guess, and None. (The
-    /// cluster simulator's seeds 845757, 868189, 1277558, 1316745 and
-    /// 1333799: a fold while serving, a data member out, wrote one parity
-    /// and not the other before a cut that lost its marks; the next open
-    /// lost a second data member and refolded both parities, and the
-    /// row, not one codeword, was poisoned.)
+    /// with it): its fold is taken. Chosen sector by sector (512 bytes: a
+    /// cut may tear the parity write), and taken only where, in every
+    /// sector, the choices that a spare vouches for all give one row: a
+    /// record of a missing unit folded twice moves every parity alike, and
+    /// there two choices vouch for two rows (seed 377381's class), which
+    /// is a guess, and None. (The cluster simulator's seeds 845757,
+    /// 868189, 1277558, 1316745 and 1333799: a fold while serving, a data
+    /// member out, wrote one parity and not the other, or tore it, before
+    /// a cut that lost its marks; the next open lost a second data member
+    /// and refolded both parities, and the row, not one codeword, was
+    /// poisoned.)
     fn decode_folded_or_not(
         &self,
         stripe: u64,
@@ -1538,25 +1544,41 @@ impl Array {
         if varying.is_empty() {
             return None;
         }
-        let mut answers: Vec<Vec<Vec<u8>>> = Vec::new();
-        for choice in 0..1u32 << varying.len() {
-            let mut members = known.to_vec();
-            for (i, (j, before)) in varying.iter().enumerate() {
-                if choice & (1 << i) != 0 {
-                    members[g.k() + j] = Some(before.clone());
+        // Sector by sector: a cut may tear a parity write (some sectors
+        // new, the others old), and the code is bytewise, so each sector
+        // is a codeword of its own.
+        let mut data = vec![vec![0u8; block]; g.k()];
+        for from in (0..block).step_by(SECTOR_BYTES) {
+            let to = (from + SECTOR_BYTES).min(block);
+            let sector: Vec<Option<Vec<u8>>> = known
+                .iter()
+                .map(|m| m.as_ref().map(|v| v[from..to].to_vec()))
+                .collect();
+            let mut answers: Vec<Vec<Vec<u8>>> = Vec::new();
+            for choice in 0..1u32 << varying.len() {
+                let mut members = sector.clone();
+                for (i, (j, before)) in varying.iter().enumerate() {
+                    if choice & (1 << i) != 0 {
+                        members[g.k() + j] = Some(before[from..to].to_vec());
+                    }
+                }
+                if let Some(mut whole) = self.decode_vouched_by_spare(&members) {
+                    whole.truncate(g.k());
+                    if !answers.contains(&whole) {
+                        answers.push(whole);
+                    }
                 }
             }
-            if let Some(mut whole) = self.decode_vouched_by_spare(&members) {
-                whole.truncate(g.k());
-                if !answers.contains(&whole) {
-                    answers.push(whole);
+            match (answers.pop(), answers.is_empty()) {
+                (Some(whole), true) => {
+                    for (unit, piece) in data.iter_mut().zip(whole) {
+                        unit[from..to].copy_from_slice(&piece);
+                    }
                 }
+                _ => return None,
             }
         }
-        match answers.len() {
-            1 => answers.pop(),
-            _ => None,
-        }
+        Some(data)
     }
 
     /// Per (role, row) of the missing data units `missing` of a dirty

@@ -1321,7 +1321,9 @@ fn a_lost_mark_over_records_not_flushed_never_decodes_through_a_second_fold() {
 #[test]
 fn a_fold_that_landed_on_one_parity_is_not_folded_again_when_a_second_member_is_lost() {
     for policy in POLICIES {
-        for record_role in [0usize, 2] {
+        // The record on the member lost at the open, or on one left (and
+        // then parity 1's write torn too: its first half old, the rest new).
+        for (record_role, torn) in [(0usize, false), (2, false), (2, true)] {
             let mut rig = Rig::filled_on_devices(policy, 16);
             let g = rig.geo();
             let stripe = 1;
@@ -1332,17 +1334,17 @@ fn a_fold_that_landed_on_one_parity_is_not_folded_again_when_a_second_member_is_
             let journals = rig.parity_journals_on_devices(stripe);
             let p1 = rig.parity_device(stripe, 1);
             let p1_at = g.device_offset(g.place(stripe, g.k() + 1).row, 0);
-            let p1_block = rig.mems[p1].with_bytes(|b| {
-                b[p1_at as usize..p1_at as usize + g.unit_bytes() as usize].to_vec()
-            });
+            let kept = if torn { 2048 } else { g.unit_bytes() as usize };
+            let p1_block = rig.mems[p1].with_bytes(|b| b[p1_at as usize..][..kept].to_vec());
             rig.a().replay_stripe(stripe).unwrap();
             assert!(
                 !rig.pending(stripe),
                 "{policy:?}: the fold ended the records"
             );
-            // The cut: parity 0's write kept, parity 1's and the marks
-            // dropped (a length hint that names them may survive: the
-            // open then finds a torn tail and resyncs those stripes).
+            // The cut: parity 0's write kept, parity 1's (or its first
+            // half) and the marks dropped (a length hint that names them
+            // may survive: the open then finds a torn tail and resyncs
+            // those stripes).
             rig.put_back(&journals);
             rig.put_back(&[(p1, p1_at, p1_block)]);
             let lost = g.place(stripe, 0).device;
@@ -1358,14 +1360,14 @@ fn a_fold_that_landed_on_one_parity_is_not_folded_again_when_a_second_member_is_
             for (role, &at) in offsets.iter().enumerate() {
                 array.read(&mut got, at).unwrap_or_else(|e| {
                     panic!(
-                        "{policy:?}, record of role {record_role}: role {role} (flushed) fails \
-                         to read: {e}: {:?}",
+                        "{policy:?}, record of role {record_role}, torn {torn}: role {role} \
+                         (flushed) fails to read: {e}: {:?}",
                         array.warnings()
                     )
                 });
                 assert!(
                     got[..] == rig.model[at as usize..at as usize + 4096],
-                    "{policy:?}, record of role {record_role}: role {role} reads wrong"
+                    "{policy:?}, record of role {record_role}, torn {torn}: role {role} reads wrong"
                 );
             }
         }
