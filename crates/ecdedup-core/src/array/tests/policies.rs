@@ -1323,7 +1323,7 @@ fn a_fold_that_landed_on_one_parity_is_not_folded_again_when_a_second_member_is_
     for policy in POLICIES {
         // The record on the member lost at the open, or on one left (and
         // then parity 1's write torn too: its first half old, the rest new).
-        for (record_role, torn) in [(0usize, false), (2, false), (2, true)] {
+        for (record_role, torn) in [(0usize, false), (0, true), (2, false), (2, true)] {
             let mut rig = Rig::filled_on_devices(policy, 16);
             let g = rig.geo();
             let stripe = 1;
