@@ -111,46 +111,6 @@ enum StoredParity {
     Unavailable,
 }
 
-/// Of two values of a block that differ sector by sector ([`SECTOR_BYTES`]),
-/// `a` and `b` (a parity as read, and folded: in each sector one is the
-/// parity as flushed and the other that with the records in it), the one
-/// made of, in each sector, the value not taken by the choice whose
-/// CRC-32C is `flushed` (the block's entry); None where no choice has it.
-/// At most 2^8 choices for a 4 KiB block (sectors where the two agree
-/// count once).
-fn other_than_flushed(a: &[u8], b: &[u8], flushed: u32) -> Option<Vec<u8>> {
-    let sectors: Vec<std::ops::Range<usize>> = (0..a.len())
-        .step_by(SECTOR_BYTES)
-        .map(|from| from..(from + SECTOR_BYTES).min(a.len()))
-        .collect();
-    let differ: Vec<usize> = (0..sectors.len())
-        .filter(|&i| a[sectors[i].clone()] != b[sectors[i].clone()])
-        .collect();
-    if differ.len() > 16 {
-        return None;
-    }
-    let mut flushed_value = a.to_vec();
-    for choice in 0..1u32 << differ.len() {
-        for (bit, &i) in differ.iter().enumerate() {
-            let from = if choice & (1 << bit) != 0 { b } else { a };
-            flushed_value[sectors[i].clone()].copy_from_slice(&from[sectors[i].clone()]);
-        }
-        if crate::codec::crc32c(&flushed_value) == flushed {
-            let mut other = flushed_value;
-            for &i in &differ {
-                let from = if other[sectors[i].clone()] == a[sectors[i].clone()] {
-                    b
-                } else {
-                    a
-                };
-                other[sectors[i].clone()].copy_from_slice(&from[sectors[i].clone()]);
-            }
-            return Some(other);
-        }
-    }
-    None
-}
-
 /// A parity's fold in a degraded replay: (parity j, its device, the
 /// folded blocks by row, the records folded).
 /// The unit of a torn write that [`Array::decode_folded_or_not`] chooses
@@ -1583,28 +1543,6 @@ impl Array {
             .collect();
         if varying.is_empty() {
             return None;
-        }
-        // First each such parity's own entry: where, sector by sector, one
-        // of its two values (as read, folded) makes up the block its entry
-        // records (the parity as flushed), the fold of these records is
-        // all that changed it, and the other values make up the parity
-        // with the records in it once: every record folded was appended
-        // before it, so that is the row's parity (a missing unit's record
-        // too, whose two choices below would both be codewords).
-        let anchored: Option<Vec<Option<Vec<u8>>>> =
-            varying
-                .iter()
-                .try_fold(known.to_vec(), |mut members, (j, before)| {
-                    let place = g.place(stripe, g.k() + j);
-                    let entry =
-                        self.expected_crc(place.device, stripe, g.checksum_index(place.row, row))?;
-                    let folded = known[g.k() + j].as_ref()?;
-                    members[g.k() + j] = Some(other_than_flushed(before, folded, entry)?);
-                    Some(members)
-                });
-        if let Some(mut whole) = anchored.and_then(|m| self.decode_vouched_by_spare(&m)) {
-            whole.truncate(g.k());
-            return Some(whole);
         }
         // Sector by sector: a cut may tear a parity write (some sectors
         // new, the others old), and the code is bytewise, so each sector
