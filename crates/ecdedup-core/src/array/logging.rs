@@ -1359,14 +1359,39 @@ impl Array {
                 self.decode_checked(&before, &use_, &none)
                     .is_some_and(|c| entries_confirm(&c.shards))
             };
+            // A fold whose marks were never appended (its writer stopped
+            // between its parity writes and its marks, no cut at all) also
+            // leaves live records in parity that holds them: the spare's
+            // word (or no restart) is taken only where choosing each
+            // changed parity folded or as read gives one row
+            // (`decode_folded_or_not`): a record of a missing unit folded
+            // twice or not at all is two rows, and the row stays unknown.
+            let unambiguous = |decoded: &[Vec<u8>]| {
+                let known: Vec<Option<Vec<u8>>> = shards
+                    .iter()
+                    .zip(&present)
+                    .map(|(s, &p)| p.then(|| s.clone()))
+                    .collect();
+                self.decode_folded_or_not(stripe, row, &known, &raw, &folds)
+                    .is_some_and(|data| data[..] == decoded[..g.k()])
+            };
             let confirmed = |shards: &[Vec<u8>]| {
                 !refolded_row
                     || !lost_in_service
                     || match unsynced.contains(&(row as u32)) {
-                        true => marks_whole || entries_confirm(shards) || unfolded_confirms(),
-                        false => missing.iter().all(|&role| {
-                            self.entry_confirms(stripe, role, row, &shards[role]) != Some(false)
-                        }),
+                        true => {
+                            (marks_whole && unambiguous(shards))
+                                || entries_confirm(shards)
+                                || unfolded_confirms()
+                        }
+                        false => {
+                            let entries: Vec<Option<bool>> = missing
+                                .iter()
+                                .map(|&role| self.entry_confirms(stripe, role, row, &shards[role]))
+                                .collect();
+                            !entries.contains(&Some(false))
+                                && (entries.iter().all(|e| *e == Some(true)) || unambiguous(shards))
+                        }
                     }
             };
             match self.decode_checked(&shards, &present, &expected) {
@@ -1541,9 +1566,6 @@ impl Array {
                 (changed && before != folded.as_slice()).then(|| (*j, before.to_vec()))
             })
             .collect();
-        if varying.is_empty() {
-            return None;
-        }
         // Sector by sector: a cut may tear a parity write (some sectors
         // new, the others old), and the code is bytewise, so each sector
         // is a codeword of its own.

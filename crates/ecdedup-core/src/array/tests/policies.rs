@@ -1442,6 +1442,48 @@ fn a_parity_whose_folded_value_is_its_entry_is_not_taken_to_hold_the_records() {
     }
 }
 
+/// A fold whose marks were never appended (docs/write-hole.md): a
+/// partial write of unit 0, flushed; a fold while serving writes both
+/// parities, and its writer stops before its marks (killed, or fenced by a
+/// takeover: no cut, the parity writes are in place); the next open has
+/// lost a data member. The records are live and the parity holds them:
+/// folded again, a record of the lost unit moves every parity alike and
+/// the spare vouches for the unit's bytes before its write (plog read it
+/// wrong, without an error, until 2026-11-29). Every block reads its
+/// flushed bytes or, where the row cannot be told, an I/O error; never
+/// other bytes.
+#[test]
+fn a_fold_whose_marks_were_never_appended_never_reads_wrong() {
+    for policy in POLICIES {
+        for lost_role in [0usize, 1] {
+            let mut rig = Rig::filled_on_devices(policy, 16);
+            let g = rig.geo();
+            let stripe = 1;
+            rig.write_journaled(stripe, 0, 90);
+            let journals = rig.parity_journals_on_devices(stripe);
+            rig.a().replay_stripe(stripe).unwrap();
+            rig.put_back(&journals);
+            let mut devs = rig.devices();
+            devs[g.place(stripe, lost_role).device] = None;
+            let offsets: Vec<u64> = (0..g.k())
+                .map(|role| rig.volume_offset(stripe, role, 0))
+                .collect();
+            rig.array.take().unwrap().simulate_crash();
+            let array = Array::open_with_devices(rig.dir.path(), devs, None).unwrap();
+            let mut got = vec![0u8; 4096];
+            for (role, &at) in offsets.iter().enumerate() {
+                if array.read(&mut got, at).is_ok() {
+                    assert!(
+                        got[..] == rig.model[at as usize..at as usize + 4096],
+                        "{policy:?}, unit {lost_role} lost: unit {role} reads wrong: {:?}",
+                        array.warnings()
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// The cluster simulator's seed 52865 (plog with dedup on both volumes,
 /// with the failed-append rule of e35e3ce taken out), on one machine: a
 /// stripe's parity written with its journals' records already in it (a
