@@ -1332,7 +1332,9 @@ impl Array {
             // folded over them decoded as neither write). Where the server
             // of every journal folded never restarted since the last
             // writer's open (`never_restarted`), no cut dropped a mark, and
-            // the records are live: the fold is right. Elsewhere it is taken
+            // the records are live: the fold is right, where the choice
+            // below is unambiguous (a fold whose marks were never appended
+            // leaves live records too). Elsewhere it is taken
             // only on a missing unit's entry confirming a decode: the folded
             // one (the unit as flushed), or the one from the parity as it
             // was before the fold (`unfolded_confirms`: the parity then
