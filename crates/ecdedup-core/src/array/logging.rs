@@ -111,12 +111,12 @@ enum StoredParity {
     Unavailable,
 }
 
-/// A parity's fold in a degraded replay: (parity j, its device, the
-/// folded blocks by row, the records folded).
 /// The unit of a torn write that [`Array::decode_folded_or_not`] chooses
 /// by: a sector of the devices (512 bytes).
 const SECTOR_BYTES: usize = 512;
 
+/// A parity's fold in a degraded replay: (parity j, its device, the
+/// folded blocks by row, the records folded).
 type FoldedParity = (
     usize,
     usize,
@@ -1526,26 +1526,27 @@ impl Array {
 
     /// The data of block row `row` of a refolded row (a parity changed
     /// since the last flush under the records folded into it) with more
-    /// than k members `known` (the parity as folded, the missing units the
-    /// degraded-write log holds), where the folded row is not one codeword
-    /// a spare vouches for: each folded parity whose block as read (`raw`,
-    /// the stripe's units before the fold) no longer matches its checksum
-    /// entry (it changed since the last flush) may hold the records
-    /// already (a fold's parity write that a cut kept, its mark lost) or
+    /// than k members `known` (the parity as folded; the missing units'
+    /// values the degraded-write log holds, if any): each folded parity
+    /// whose block as read (`raw`, the stripe's units before the fold) no
+    /// longer matches its checksum entry (it changed since the last flush)
+    /// may hold the records already (a fold's parity write that a cut
+    /// kept, its marks lost; or a fold whose marks were never appended) or
     /// not (changed otherwise), and every choice of the two per such
     /// parity is decoded. One that still matches its entry holds none
     /// folded since the last flush (a fold before it made its mark durable
-    /// with it): its fold is taken. Chosen sector by sector (512 bytes: a
+    /// with it): its fold is taken (with no such parity, the row as
+    /// folded is the one choice). Chosen sector by sector (512 bytes: a
     /// cut may tear the parity write), and taken only where, in every
     /// sector, the choices that a spare vouches for all give one row: a
-    /// record of a missing unit folded twice moves every parity alike, and
-    /// there two choices vouch for two rows (seed 377381's class), which
-    /// is a guess, and None. (The cluster simulator's seeds 845757,
-    /// 868189, 1277558, 1316745 and 1333799: a fold while serving, a data
+    /// record of a missing unit folded twice, or not at all, moves every
+    /// parity alike, and there two choices vouch for two rows (seed
+    /// 377381's class), a guess: None. (The cluster simulator's seeds
+    /// 845757, 868189, 1277558 and 1316745: a fold while serving, a data
     /// member out, wrote one parity and not the other, or tore it, before
     /// a cut that lost its marks; the next open lost a second data member
     /// and refolded both parities, and the row, not one codeword, was
-    /// poisoned.)
+    /// poisoned. 1333799, whose record is of the unit lost, stays so.)
     fn decode_folded_or_not(
         &self,
         stripe: u64,
