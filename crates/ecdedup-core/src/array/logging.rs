@@ -115,6 +115,15 @@ enum StoredParity {
 /// by: a sector of the devices (512 bytes).
 const SECTOR_BYTES: usize = 512;
 
+/// A row's members as read (`shards`), known where `present`.
+fn known_members(shards: &[Vec<u8>], present: &[bool]) -> Vec<Option<Vec<u8>>> {
+    shards
+        .iter()
+        .zip(present)
+        .map(|(s, &p)| p.then(|| s.clone()))
+        .collect()
+}
+
 /// A parity's fold in a degraded replay: (parity j, its device, the
 /// folded blocks by row, the records folded).
 type FoldedParity = (
@@ -1215,11 +1224,7 @@ impl Array {
                 .iter()
                 .any(|&role| degraded_values.contains_key(&(role as u16, row as u32)))
             {
-                let mut known: Vec<Option<Vec<u8>>> = shards
-                    .iter()
-                    .zip(&present)
-                    .map(|(s, &p)| p.then(|| s.clone()))
-                    .collect();
+                let mut known = known_members(&shards, &present);
                 for &role in missing {
                     if let Some(value) = value_of(role) {
                         known[role] = Some(value.clone());
@@ -1251,23 +1256,17 @@ impl Array {
                         whole.truncate(g.k());
                         logged_rows.push((row, whole));
                     }
-                    _ => match dirty && refolded_row {
-                        true => {
-                            match self.decode_folded_or_not(stripe, row, &known, &raw, &folds) {
-                                Some(data) => {
-                                    let refs: Vec<&[u8]> =
-                                        data.iter().map(|v| v.as_slice()).collect();
-                                    recomputed.insert(row as u32, self.encode_data(&refs));
-                                    bump(&self.counters.array.degraded_replay_vouched_rows);
-                                    logged_rows.push((row, data));
-                                }
-                                None => {
-                                    unknown_rows += 1;
-                                    unknowable.push((row, shards, present));
-                                }
-                            }
+                    _ => match (dirty && refolded_row)
+                        .then(|| self.decode_folded_or_not(stripe, row, &known, &raw, &folds))
+                        .flatten()
+                    {
+                        Some(data) => {
+                            let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+                            recomputed.insert(row as u32, self.encode_data(&refs));
+                            bump(&self.counters.array.degraded_replay_vouched_rows);
+                            logged_rows.push((row, data));
                         }
-                        false => {
+                        None => {
                             unknown_rows += 1;
                             unknowable.push((row, shards, present));
                         }
@@ -1369,11 +1368,7 @@ impl Array {
             // (`decode_folded_or_not`): a record of a missing unit folded
             // twice or not at all is two rows, and the row stays unknown.
             let unambiguous = |decoded: &[Vec<u8>]| {
-                let known: Vec<Option<Vec<u8>>> = shards
-                    .iter()
-                    .zip(&present)
-                    .map(|(s, &p)| p.then(|| s.clone()))
-                    .collect();
+                let known = known_members(&shards, &present);
                 self.decode_folded_or_not(stripe, row, &known, &raw, &folds)
                     .is_some_and(|data| data[..] == decoded[..g.k()])
             };

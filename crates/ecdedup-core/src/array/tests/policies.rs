@@ -815,6 +815,24 @@ impl Rig {
     /// Stops without a close (the journals keep their records), opens
     /// again without devices `gone`, and checks that `stripe`'s first
     /// block row reads back in every data role. Returns the array.
+    /// The volume offsets of block row 0 of each data unit of `stripe`.
+    fn row_offsets(&self, stripe: u64) -> Vec<u64> {
+        (0..self.geo().k())
+            .map(|role| self.volume_offset(stripe, role, 0))
+            .collect()
+    }
+
+    /// Stops without a close (a crash: the journals keep their records,
+    /// the devices what they hold) and opens again without devices `gone`.
+    fn crash_and_reopen_without(&mut self, gone: &[usize]) -> Array {
+        let mut devs = self.devices();
+        for &d in gone {
+            devs[d] = None;
+        }
+        self.array.take().unwrap().simulate_crash();
+        Array::open_with_devices(self.dir.path(), devs, None).unwrap()
+    }
+
     fn assert_reopened_without_reads_right(
         &mut self,
         stripe: u64,
@@ -822,15 +840,8 @@ impl Rig {
         why: &str,
     ) -> Array {
         let g = self.geo();
-        let mut devs = self.devices();
-        for &d in gone {
-            devs[d] = None;
-        }
-        let offsets: Vec<u64> = (0..g.k())
-            .map(|role| self.volume_offset(stripe, role, 0))
-            .collect();
-        self.array.take().unwrap().simulate_crash();
-        let array = Array::open_with_devices(self.dir.path(), devs, None).unwrap();
+        let offsets = self.row_offsets(stripe);
+        let array = self.crash_and_reopen_without(gone);
         for (role, &at) in offsets.iter().enumerate() {
             let mut got = vec![0u8; g.unit_bytes() as usize];
             array.read(&mut got, at).unwrap_or_else(|e| {
@@ -1273,13 +1284,8 @@ fn a_lost_mark_over_records_not_flushed_never_decodes_through_a_second_fold() {
         let whole = pattern(81, sd as usize);
         rig.write(stripe * sd, &whole);
         rig.put_back(&saved);
-        let mut devs = rig.devices();
-        devs[g.place(stripe, 3).device] = None;
-        let others: Vec<u64> = (0..3)
-            .map(|role| rig.volume_offset(stripe, role, 0))
-            .collect();
-        rig.array.take().unwrap().simulate_crash();
-        let array = Array::open_with_devices(rig.dir.path(), devs, None).unwrap();
+        let others = rig.row_offsets(stripe)[..3].to_vec();
+        let array = rig.crash_and_reopen_without(&[g.place(stripe, 3).device]);
         let mut got = vec![0u8; 4096];
         if array.read(&mut got, at).is_ok() {
             let within = (at - stripe * sd) as usize;
@@ -1347,15 +1353,8 @@ fn a_fold_that_landed_on_one_parity_is_not_folded_again_when_a_second_member_is_
             // those stripes).
             rig.put_back(&journals);
             rig.put_back(&[(p1, p1_at, p1_block)]);
-            let lost = g.place(stripe, 0).device;
-            let mut devs = rig.devices();
-            devs[out] = None;
-            devs[lost] = None;
-            let offsets: Vec<u64> = (0..g.k())
-                .map(|role| rig.volume_offset(stripe, role, 0))
-                .collect();
-            rig.array.take().unwrap().simulate_crash();
-            let array = Array::open_with_devices(rig.dir.path(), devs, None).unwrap();
+            let offsets = rig.row_offsets(stripe);
+            let array = rig.crash_and_reopen_without(&[out, g.place(stripe, 0).device]);
             let mut got = vec![0u8; 4096];
             for (role, &at) in offsets.iter().enumerate() {
                 // The torn case with the record on the member lost: two
@@ -1424,12 +1423,7 @@ fn a_parity_whose_folded_value_is_its_entry_is_not_taken_to_hold_the_records() {
         }
         rig.a().replay_stripe(stripe).unwrap();
         rig.put_back(&saved);
-        let lost = g.place(stripe, 0).device;
-        let mut devs = rig.devices();
-        devs[out] = None;
-        devs[lost] = None;
-        rig.array.take().unwrap().simulate_crash();
-        let array = Array::open_with_devices(rig.dir.path(), devs, None).unwrap();
+        let array = rig.crash_and_reopen_without(&[out, g.place(stripe, 0).device]);
         let mut got = vec![0u8; 4096];
         if array.read(&mut got, at).is_ok() {
             assert!(
@@ -1463,13 +1457,8 @@ fn a_fold_whose_marks_were_never_appended_never_reads_wrong() {
             let journals = rig.parity_journals_on_devices(stripe);
             rig.a().replay_stripe(stripe).unwrap();
             rig.put_back(&journals);
-            let mut devs = rig.devices();
-            devs[g.place(stripe, lost_role).device] = None;
-            let offsets: Vec<u64> = (0..g.k())
-                .map(|role| rig.volume_offset(stripe, role, 0))
-                .collect();
-            rig.array.take().unwrap().simulate_crash();
-            let array = Array::open_with_devices(rig.dir.path(), devs, None).unwrap();
+            let offsets = rig.row_offsets(stripe);
+            let array = rig.crash_and_reopen_without(&[g.place(stripe, lost_role).device]);
             let mut got = vec![0u8; 4096];
             for (role, &at) in offsets.iter().enumerate() {
                 if array.read(&mut got, at).is_ok() {
