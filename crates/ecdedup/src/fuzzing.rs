@@ -226,11 +226,14 @@ pub fn parity_journal(data: &[u8]) {
     }
 }
 
-/// The journal's header (version 1 when byte 8 says so, else 2) and every
-/// record's two checksums, records read at 32-byte steps.
+/// The journal's header (version 1 or 2 when byte 8 says so, else 3) and
+/// every record's two checksums, records read at 32-byte steps.
 fn repair_journal(data: &[u8]) -> Vec<u8> {
     let mut b = data.to_vec();
-    let version = if data.get(8) == Some(&1) { 1 } else { 2 };
+    let version = match data.get(8) {
+        Some(&v) if v == 1 || v == 2 => v.into(),
+        _ => 3,
+    };
     repair_header(&mut b, b"ECDDPJ01", version);
     seal_records(&mut b, 32, 32, 32, |h| {
         seal(h, 4..28, 28);

@@ -219,6 +219,8 @@ mod seeds {
         journal::encode(&mut records, Kind::Original, 3, 1, 0, &[1; 4096]);
         journal::encode(&mut records, Kind::Value, 3, 1, 0, &[2; 4096]);
         journal::encode_invalidate(&mut records, 9, 0, 1);
+        let fold = journal::Mark::AfterFold;
+        journal::encode_mark_with_crcs(&mut records, 3, 0, 2, fold, &[0x1234, 0x5678]);
         j.append(&records).unwrap();
         let empty = journal_header(storage.as_ref(), path);
         vec![

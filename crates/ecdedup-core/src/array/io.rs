@@ -792,7 +792,11 @@ impl Array {
             let whole = self.poison_covered(stripe, within, n)?;
             self.intent_begin(stripe)?;
             let r = if n == sd {
-                self.journal_invalidate(stripe, 0, self.geo.blocks_per_unit())
+                // A discarded stripe's parity is zeroes.
+                let zero_unit = vec![0u8; self.geo.unit_bytes() as usize];
+                let parity = vec![zero_unit; self.geo.m()];
+                let rows = self.geo.blocks_per_unit();
+                self.journal_invalidate_before(stripe, 0, rows, Some(&parity))
                     .and_then(|_| {
                         let _logged = self.log_discarded_missing_units(stripe)?;
                         self.discard_stripe(stripe)
@@ -936,8 +940,12 @@ impl Array {
         if self.journal_pending(stripe) {
             let whole = within == 0 && bytes.len() as u64 == g.stripe_data_bytes();
             if whole && !degraded {
-                // Parity is about to be encoded from the new data alone.
-                self.journal_invalidate(stripe, 0, g.blocks_per_unit())?;
+                // Parity is about to be encoded from the new data alone;
+                // the marks carry its checksums (an extra encode, only
+                // where the stripe's journals hold records).
+                let units: Vec<&[u8]> = bytes.chunks_exact(g.unit_bytes() as usize).collect();
+                let parity = self.encode_data(&units);
+                self.journal_invalidate_before(stripe, 0, g.blocks_per_unit(), Some(&parity))?;
             } else {
                 self.replay_stripe(stripe)?;
             }

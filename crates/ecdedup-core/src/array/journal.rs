@@ -15,16 +15,23 @@
 //! ```text
 //! 0   u32 CRC32C of bytes 4..32+payload
 //! 4   u8  kind: 1 data value d(r), 2 original d(0), 3 parity delta, 4 invalidate
-//! 5   u8  zero
+//! 5   u8  for an invalidation, 1 when appended after its fold's parity write
 //! 6   u16 role (data role for 1 and 2, parity role for 3)
 //! 8   u64 stripe
 //! 16  u32 first block (in the unit)
 //! 20  u32 block count
-//! 24  u32 payload bytes (= count * 4096; 0 for invalidate)
+//! 24  u32 payload bytes (= count * 4096; for invalidate 0, or the
+//!         parity rows' CRC32C after the write it goes with, version 3)
 //! 28  u32 CRC32C of bytes 4..28 (the header alone; version 2 files)
 //! ```
-//! The file starts with a 32-byte header (magic `ECDDPJ01`, u32 version 2,
-//! CRC32C at 28). Records start at multiples of 32 bytes.
+//! The file starts with a 32-byte header (magic `ECDDPJ01`, u32 version 3,
+//! CRC32C at 28). Records start at multiples of 32 bytes. An invalidation
+//! of version 3 may carry, as its payload, the CRC32C of each parity row
+//! it ends as the fold (or write) it goes with left it (u32 each, the
+//! payload padded with zeroes to a multiple of 32 bytes): found past the
+//! synced length at open, it tells whether that parity write landed
+//! without the checksum table, whose pages a flush writes before the
+//! devices' syncs ([`ParityJournal::deferred_mark_crcs`]).
 //!
 //! Open reads every record. A record whose payload fails its checksum but
 //! whose header checksum holds is skipped and its stripe reported lost; a
@@ -61,8 +68,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 const MAGIC: [u8; 8] = *b"ECDDPJ01";
-/// Version 1 files carry no header checksum in their records.
-const VERSION: u32 = 2;
+/// Version 1 files carry no header checksum in their records; version 2
+/// no parity checksums in their invalidation marks (read, and written
+/// without them, until the file is emptied or compacted).
+const VERSION: u32 = 3;
 pub const HEADER_BYTES: u64 = 32;
 const RECORD_HEADER_BYTES: usize = 32;
 const BLOCK: usize = 4096;
@@ -116,6 +125,12 @@ pub type DeviceRuns = Vec<(u64, usize)>;
 
 /// Logged blocks placed: the device they lie on, and each one's runs.
 pub type PlacedBlocks = (Arc<dyn Device>, Vec<DeviceRuns>);
+
+/// Per block row of a stripe, the parity checksums carried by the marks
+/// past the synced length at open that end the row, in the order they
+/// were appended: `None` for a mark without them (version 2, or a mark
+/// whose parity was not known).
+pub type DeferredCrcs = BTreeMap<u32, Vec<Option<u32>>>;
 
 /// The journal blocks of a stripe's log, in the log's order: d(0) and d(r)
 /// of each parix entry, the deltas of each plog one; a torn entry (one of
@@ -202,6 +217,9 @@ pub struct ParityJournal {
     /// Of `deferred`'s rows, those a mark appended before its parity write
     /// ends (a whole-stripe write's, a discard's, a resync's).
     deferred_before_parity: HashMap<u64, BTreeSet<u32>>,
+    /// Of `deferred`'s stripes, the parity checksums their marks carry
+    /// ([`ParityJournal::deferred_mark_crcs`]).
+    deferred_crcs: HashMap<u64, DeferredCrcs>,
     /// Per stripe, the block rows that a record found at open and still
     /// indexed lies past the file's synced length for: appended after the
     /// journal's last sync before the stop (so after the array's last
@@ -212,6 +230,10 @@ pub struct ParityJournal {
     records: u64,
     /// Whether the header checksum of records is written and checked.
     header_crc: bool,
+    /// Whether marks carry their parity rows' checksums (version 3: an
+    /// older file takes them only once emptied or compacted, so that a
+    /// binary of its version still reads it).
+    mark_crcs: bool,
     /// Whether disk space up to the bound is reserved (preallocated).
     reserved: bool,
     lost: LostRecords,
@@ -412,6 +434,31 @@ pub enum Mark {
 
 /// [`encode_invalidate`], saying where the mark stands.
 pub fn encode_mark(out: &mut Vec<u8>, stripe: u64, first_block: u32, count: u32, mark: Mark) {
+    encode_mark_with_crcs(out, stripe, first_block, count, mark, &[]);
+}
+
+/// The payload bytes of a mark carrying the CRC32C of `count` parity rows:
+/// 4 a row, padded to a multiple of 32 (records start at such offsets).
+fn mark_crcs_bytes(count: u32) -> u64 {
+    (u64::from(count) * 4).next_multiple_of(RECORD_HEADER_BYTES as u64)
+}
+
+/// [`encode_mark`], carrying `crcs` (empty, or one per row ended): the
+/// CRC32C of each parity row after the write the mark goes with (a
+/// version 3 journal; docs/format.md).
+pub fn encode_mark_with_crcs(
+    out: &mut Vec<u8>,
+    stripe: u64,
+    first_block: u32,
+    count: u32,
+    mark: Mark,
+    crcs: &[u32],
+) {
+    assert!(crcs.is_empty() || crcs.len() == count as usize);
+    let payload = match crcs.is_empty() {
+        true => 0,
+        false => mark_crcs_bytes(count) as usize,
+    };
     let start = out.len();
     out.extend_from_slice(&[0; 4]);
     out.push(Kind::Invalidate as u8);
@@ -420,7 +467,13 @@ pub fn encode_mark(out: &mut Vec<u8>, stripe: u64, first_block: u32, count: u32,
     out.extend_from_slice(&stripe.to_le_bytes());
     out.extend_from_slice(&first_block.to_le_bytes());
     out.extend_from_slice(&count.to_le_bytes());
-    out.extend_from_slice(&[0; 8]);
+    out.extend_from_slice(&(payload as u32).to_le_bytes());
+    out.extend_from_slice(&[0; 4]);
+    let body = out.len();
+    for crc in crcs {
+        out.extend_from_slice(&crc.to_le_bytes());
+    }
+    out.resize(body + payload, 0);
     seal(&mut out[start..]);
 }
 
@@ -489,7 +542,8 @@ fn parse_checking(
     let count = u32_at(20);
     let kind = Kind::from_u8(b[4]).ok_or(Bad::Header)?;
     let invalidate = kind == Kind::Invalidate;
-    if (!invalidate && payload != count as usize * BLOCK) || (invalidate && payload != 0) {
+    let mark_ok = payload == 0 || payload as u64 == mark_crcs_bytes(count);
+    if (!invalidate && payload != count as usize * BLOCK) || (invalidate && !mark_ok) {
         return Err(Bad::Header);
     }
     // The blocks `first..first + count` are numbered in u32.
@@ -719,24 +773,27 @@ struct Scan {
     /// Of `deferred`'s rows, those a mark appended before its parity write
     /// ends (byte 5 = 0).
     before_parity: HashMap<u64, BTreeSet<u32>>,
+    /// Of `deferred`'s stripes, what their marks say the parity rows held
+    /// after the write each went with.
+    mark_crcs: HashMap<u64, DeferredCrcs>,
     records: u64,
     lost: LostRecords,
     /// Where the last good record ends (what follows is cut at open).
     end: usize,
 }
 
-/// Whether `bytes` begin with a journal header: `Some(true)` for the
-/// current version (its records' headers carry a checksum), `Some(false)`
+/// The version of the journal header `bytes` begin with (1 to
+/// [`VERSION`]), `None` for no header.
+fn header_version_of(bytes: &[u8]) -> Option<u32> {
+    let head = bytes.get(..HEADER_BYTES as usize)?;
+    (1..=VERSION).find(|&v| head == &header_version(v)[..])
+}
+
+/// Whether `bytes` begin with a journal header: `Some(true)` for versions
+/// 2 and later (their records' headers carry a checksum), `Some(false)`
 /// for version 1, `None` for no header.
 fn header_kind(bytes: &[u8]) -> Option<bool> {
-    let head = bytes.get(..HEADER_BYTES as usize);
-    if head == Some(&header()[..]) {
-        Some(true)
-    } else if head == Some(&header_version(1)[..]) {
-        Some(false)
-    } else {
-        None
-    }
+    header_version_of(bytes).map(|v| v >= 2)
 }
 
 /// Walks a journal's records after its header: `on` is told each one's
@@ -818,6 +875,7 @@ fn scan_with(
     let mut out = Scan {
         deferred: HashMap::new(),
         before_parity: HashMap::new(),
+        mark_crcs: HashMap::new(),
         index: HashMap::new(),
         records: 0,
         lost: LostRecords::default(),
@@ -834,6 +892,14 @@ fn scan_with(
                     .entry(p.stripe)
                     .or_default()
                     .extend(range.clone());
+                let crcs = out.mark_crcs.entry(p.stripe).or_default();
+                for (i, row) in range.clone().enumerate() {
+                    let from = at + RECORD_HEADER_BYTES + 4 * i;
+                    let crc = (p.len > RECORD_HEADER_BYTES).then(|| {
+                        u32::from_le_bytes(bytes[from..from + 4].try_into().expect("4 bytes"))
+                    });
+                    crcs.entry(row).or_default().push(crc);
+                }
                 if bytes[at + 5] == 0 {
                     out.before_parity.entry(p.stripe).or_default().extend(range);
                 }
@@ -876,6 +942,7 @@ fn scan_with(
             }
             if rows.is_empty() {
                 out.before_parity.remove(&stripe);
+                out.mark_crcs.remove(&stripe);
                 continue;
             }
             out.deferred.insert(stripe, (log, rows));
@@ -934,12 +1001,13 @@ impl ParityJournal {
             crate::media::storage::write_atomic(storage.as_ref(), path, &header()).map_err(io)?;
         }
         let bytes = read_all(storage.as_ref(), path).map_err(io)?;
-        let header_crc = header_kind(&bytes).ok_or_else(|| {
+        let version = header_version_of(&bytes).ok_or_else(|| {
             Error::Corrupt(format!(
                 "parity journal {} has no valid header",
                 path.display()
             ))
         })?;
+        let header_crc = version >= 2;
         let file = storage.open(path).map_err(io)?;
         // Format 1: the synced length from the record beside the file.
         let (synced, synced_record) = match file.synced_len() {
@@ -977,9 +1045,11 @@ impl ParityJournal {
             index: scan.index,
             deferred: scan.deferred,
             deferred_before_parity: scan.before_parity,
+            deferred_crcs: scan.mark_crcs,
             unsynced_at_open,
             records: scan.records,
             header_crc,
+            mark_crcs: version >= 3,
             reserved: false,
             lost: scan.lost,
             faults: FaultHooks::default(),
@@ -1188,8 +1258,9 @@ impl ParityJournal {
     /// reorders; so does the power-loss simulator): where the parity lacks
     /// the fold, the mark ended records nothing else holds. The index
     /// applies the marks; the caller that can tell (the open's resync: the
-    /// parity block still matching its checksum entry, from before the
-    /// fold) gives the rows whose fold did not land their records back
+    /// parity block against the marks' own parity checksums, version 3,
+    /// or else still matching its checksum entry) gives the rows whose
+    /// fold did not land their records back
     /// ([`ParityJournal::restore_deferred_rows`]).
     pub fn deferred_rows(&self, stripe: u64) -> BTreeSet<u32> {
         self.deferred
@@ -1209,10 +1280,31 @@ impl ParityJournal {
             .unwrap_or_default()
     }
 
+    /// Of [`ParityJournal::deferred_rows`], what the marks ending each row
+    /// say its parity held after the write each went with (version 3),
+    /// in the order they were appended. A mark is appended after its
+    /// fold's parity write and before a whole-stripe write's, none
+    /// synced, and a flush writes every checksum page before the devices'
+    /// syncs, and commits the journal's length only after them: a cut
+    /// may keep a table page with the fold's entry and drop the fold's
+    /// parity write, or keep everything but the length, so the checksum
+    /// table cannot tell whether the parity holds the write; the parity
+    /// block's own checksum against these can.
+    pub fn deferred_mark_crcs(&self, stripe: u64) -> DeferredCrcs {
+        self.deferred_crcs.get(&stripe).cloned().unwrap_or_default()
+    }
+
+    /// Whether marks appended to this journal carry their parity rows'
+    /// checksums ([`encode_mark_with_crcs`]; version 3 files).
+    pub fn takes_mark_crcs(&self) -> bool {
+        self.mark_crcs
+    }
+
     /// Gives `rows` of `stripe` back the records a deferred fold mark ended
     /// (as if it had not been appended), and settles the stripe.
     pub fn restore_deferred_rows(&mut self, stripe: u64, rows: &BTreeSet<u32>) {
         self.deferred_before_parity.remove(&stripe);
+        self.deferred_crcs.remove(&stripe);
         let Some((unmarked, _)) = self.deferred.remove(&stripe) else {
             return;
         };
@@ -1243,12 +1335,15 @@ impl ParityJournal {
         let deferred = &self.deferred;
         self.deferred_before_parity
             .retain(|stripe, _| deferred.contains_key(stripe));
+        self.deferred_crcs
+            .retain(|stripe, _| deferred.contains_key(stripe));
     }
 
     /// Every deferred mark stands (a stripe's alone: `restore_deferred_rows`).
     pub fn settle_all_deferred(&mut self) {
         self.deferred.clear();
         self.deferred_before_parity.clear();
+        self.deferred_crcs.clear();
     }
 
     /// The block rows of `stripe` that a record appended after the
@@ -1508,7 +1603,7 @@ impl ParityJournal {
         if self.latched.is_some()
             || !self.in_flight_at.is_empty()
             || !self.index.is_empty()
-            || (self.end == HEADER_BYTES && self.header_crc)
+            || (self.end == HEADER_BYTES && self.mark_crcs)
         {
             return Ok(false);
         }
@@ -1516,6 +1611,7 @@ impl ParityJournal {
         self.file.write_at(&header(), 0)?;
         self.file.sync()?;
         self.header_crc = true;
+        self.mark_crcs = true;
         self.end = HEADER_BYTES;
         self.file_epoch += 1;
         self.record_synced(HEADER_BYTES)?;
@@ -1530,6 +1626,7 @@ impl ParityJournal {
             return Err(std::io::Error::other(why.clone()));
         }
         self.deferred_before_parity.clear();
+        self.deferred_crcs.clear();
         // The deferred marks stand: a compaction keeps only what the index
         // holds, so their records are gone from the file after it.
         self.deferred.clear();
@@ -1552,6 +1649,7 @@ impl ParityJournal {
         self.end = end;
         self.index = index;
         self.header_crc = true;
+        self.mark_crcs = true;
         self.reserved = false;
         self.file_epoch += 1;
         // Format 1: the live records may include some appended after the
@@ -1740,6 +1838,7 @@ mod tests {
         j.index = found.index;
         j.deferred = found.deferred;
         j.deferred_before_parity = found.before_parity;
+        j.deferred_crcs = found.mark_crcs;
         (dir, j)
     }
 
@@ -1793,6 +1892,75 @@ mod tests {
         assert_eq!(log[&(4, 0)].deltas.len(), 1, "row 0 given back");
         assert_eq!(log[&(4, 1)].deltas.len(), 1, "row 1: the mark stands");
         assert!(j.deferred_rows(5).is_empty(), "settled");
+    }
+
+    /// A version 3 mark carries its parity rows' checksums after its write
+    /// (padded to 32 bytes): the marks past the synced length give them
+    /// per row, in the order appended (`None` for a mark without them);
+    /// a mark without them (version 2's) still parses, and one whose
+    /// payload length does not fit its row count does not.
+    #[test]
+    fn marks_past_the_synced_length_carry_their_parity_checksums() {
+        let mut bytes = deltas(&[5, 6], 3);
+        let synced = bytes.len() as u64;
+        encode_mark_with_crcs(&mut bytes, 5, 0, 3, Mark::AfterFold, &[11, 12, 13]);
+        assert_eq!(
+            bytes.len() as u64 - synced,
+            32 + 32,
+            "12 bytes padded to 32"
+        );
+        encode(&mut bytes, Kind::Delta, 5, 4, 1, &[9u8; 4096]);
+        encode_mark(&mut bytes, 5, 1, 1, Mark::AfterFold);
+        encode_mark_with_crcs(&mut bytes, 6, 1, 2, Mark::BeforeParity, &[21, 22]);
+        let found = scan(&bytes, true, Some(synced));
+        assert_eq!(found.records, 6 + 4);
+        assert!(found.lost == LostRecords::default(), "every record parses");
+        let five = &found.mark_crcs[&5];
+        assert_eq!(five[&0], vec![Some(11)]);
+        assert_eq!(five[&1], vec![Some(12), None], "in the order appended");
+        assert_eq!(five[&2], vec![Some(13)]);
+        assert_eq!(found.mark_crcs[&6][&1], vec![Some(21)]);
+        assert_eq!(found.mark_crcs[&6][&2], vec![Some(22)]);
+        assert!(
+            scan(&bytes, true, None).mark_crcs.is_empty(),
+            "no synced length: no deferred mark"
+        );
+        let (_dir, j) = opened_as(&bytes, found);
+        assert_eq!(j.deferred_mark_crcs(5)[&1], vec![Some(12), None]);
+        // A payload that does not fit the count: an unusable header.
+        let mut bad = Vec::new();
+        encode_mark_with_crcs(&mut bad, 5, 0, 3, Mark::AfterFold, &[1, 2, 3]);
+        bad[20..24].copy_from_slice(&9u32.to_le_bytes());
+        let crc = crc32c::crc32c(&bad[4..28]);
+        bad[28..32].copy_from_slice(&crc.to_le_bytes());
+        assert!(matches!(parse(&bad, true), Err(Bad::Header)));
+    }
+
+    /// A version 2 journal is read as it is and its marks go without
+    /// checksums (a binary of that version reads the file still) until it
+    /// is emptied, when it takes version 3's header.
+    #[test]
+    fn a_version_2_journal_takes_mark_checksums_once_emptied() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        let mut bytes = header_version(2).to_vec();
+        encode(&mut bytes, Kind::Delta, 5, 4, 0, &[7u8; 4096]);
+        std::fs::write(&path, &bytes).unwrap();
+        let mut j = ParityJournal::open(&path).unwrap();
+        assert!(!j.takes_mark_crcs());
+        assert_eq!(j.stripe_log(5).unwrap().len(), 1);
+        j.forget(5, 0, 1);
+        assert!(j.reset_if_empty().unwrap(), "emptied");
+        assert!(j.takes_mark_crcs());
+        assert_eq!(std::fs::read(&path).unwrap(), header().to_vec());
+        assert_eq!(header_version_of(&header()), Some(3));
+        assert_eq!(header_kind(&header_version(2)), Some(true));
+        assert_eq!(header_kind(&header_version(1)), Some(false));
+        assert_eq!(
+            header_version_of(&header_version(4)),
+            None,
+            "a newer version is refused"
+        );
     }
 
     /// Where the journal's chunk server never restarted since its marks

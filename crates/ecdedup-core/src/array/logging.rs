@@ -624,15 +624,36 @@ impl Array {
     /// stripe's region is pinned dirty, so a restart resyncs the stripe
     /// before it replays what the file still holds.
     pub(super) fn journal_invalidate(&self, stripe: u64, first: u64, count: u64) -> Result<()> {
-        for (_, p) in self.parity_devices(stripe) {
-            self.invalidate_in(p, stripe, first, count, journal::Mark::BeforeParity)?;
+        self.journal_invalidate_before(stripe, first, count, None)
+    }
+
+    /// [`Array::journal_invalidate`] before a write of the parity
+    /// `parity` (each parity unit's rows `[first, first+count)`, where
+    /// known): each mark carries its rows' checksums, so that an open
+    /// that finds the mark past its journal's sync tells from the parity
+    /// block whether the write landed.
+    pub(super) fn journal_invalidate_before(
+        &self,
+        stripe: u64,
+        first: u64,
+        count: u64,
+        parity: Option<&[Vec<u8>]>,
+    ) -> Result<()> {
+        let before = journal::Mark::BeforeParity;
+        for (j, p) in self.parity_devices(stripe) {
+            let after = parity.map(|units| units[j].as_slice());
+            self.invalidate_in(p, stripe, first, count, before, after)?;
         }
         Ok(())
     }
 
     /// Appends to device `p`'s journal the mark that ends what it logs for
     /// rows `[first, first+count)` of `stripe`; `mark`: before its parity
-    /// write, or after a fold's (docs/format.md).
+    /// write, or after a fold's (docs/format.md). A fold's mark carries
+    /// its parity rows' checksums as the fold left them (the parity's
+    /// entries, set once its writes were answered): what the open's
+    /// resync tells a landed fold by where the mark outlived its sync
+    /// ([`journal::ParityJournal::deferred_mark_crcs`]).
     pub(super) fn invalidate_in(
         &self,
         p: usize,
@@ -640,8 +661,23 @@ impl Array {
         first: u64,
         count: u64,
         mark: journal::Mark,
+        after: Option<&[u8]>,
     ) -> Result<()> {
-        match self.stores[p].journal_invalidate(stripe, first as u32, count as u32, mark) {
+        let block = self.geo.block() as usize;
+        let crcs = match (after, mark) {
+            (Some(parity), _) => Some(
+                parity
+                    .chunks_exact(block)
+                    .take(count as usize)
+                    .map(crate::codec::crc32c)
+                    .collect::<Vec<u32>>(),
+            )
+            .filter(|c| c.len() == count as usize),
+            (None, journal::Mark::AfterFold) => self.parity_row_checksums(stripe, p, first, count),
+            (None, journal::Mark::BeforeParity) => None,
+        };
+        let (first32, count32) = (first as u32, count as u32);
+        match self.stores[p].journal_invalidate(stripe, first32, count32, mark, crcs.as_deref()) {
             Ok(()) => Ok(()),
             Err(e) => {
                 bump(&self.counters.array.journal_errors);
@@ -662,6 +698,23 @@ impl Array {
                     .map_err(|e| Error::io("marking the write-intent log", e))
             }
         }
+    }
+
+    /// The checksum entries of parity rows `[first, first+count)` of
+    /// `stripe` on device `p`, where every one is known.
+    fn parity_row_checksums(
+        &self,
+        stripe: u64,
+        p: usize,
+        first: u64,
+        count: u64,
+    ) -> Option<Vec<u32>> {
+        let g = &self.geo;
+        let role = g.role_on(stripe, p).filter(|&r| r >= g.k())?;
+        let row = g.place(stripe, role).row;
+        (first..first + count)
+            .map(|b| self.stores[p].checksum(g.checksum_index(row, b)))
+            .collect()
     }
 
     /// Runs a stripe operation (the caller holds the stripe lock
@@ -822,7 +875,14 @@ impl Array {
         for (row, parity) in folded {
             self.write_unit_blocks(stripe, g.k() + j, *row as u64, parity);
         }
-        self.invalidate_in(p, stripe, 0, g.blocks_per_unit(), journal::Mark::AfterFold)?;
+        self.invalidate_in(
+            p,
+            stripe,
+            0,
+            g.blocks_per_unit(),
+            journal::Mark::AfterFold,
+            None,
+        )?;
         self.counters
             .array
             .records_replayed
@@ -835,7 +895,7 @@ impl Array {
     /// left out), and the count of records; None when nothing is logged.
     /// With `only`, only those rows.
     #[allow(clippy::type_complexity)]
-    fn fold_parity(
+    pub(super) fn fold_parity(
         &self,
         stripe: u64,
         j: usize,

@@ -228,9 +228,12 @@ impl Array {
     /// whole-stripe write's, a discard's or a resync's, whose mark comes
     /// before its parity write: format 1 power-loss schedule 78501027)
     /// ([`super::journal::ParityJournal::deferred_rows`]) get their records
-    /// back where the parity write did not land, which the parity
-    /// block still matching its checksum entry shows (entries are written
-    /// at flushes, and the fold came after the last). There the cut kept
+    /// back where the parity write did not land. Where the row's last such
+    /// mark carries its parity checksums (version 3) the parity block is
+    /// checked against them (below: the entry may be ahead of the block,
+    /// or hold the fold); elsewhere the parity block still matching its
+    /// checksum entry shows it (taken for the last flush's, before the
+    /// fold). There the cut kept
     /// the mark and dropped the parity write, and the records are the only
     /// account of what the parity lacks: applied, the mark left stale
     /// parity that the k members left after two losses decoded wrong
@@ -269,18 +272,91 @@ impl Array {
                             .is_none_or(|u| self.unit_block_matches(stripe, r, u, row as u64))
                     })
             };
+            // What the marks say the parity held after their writes
+            // (version 3), where the last mark ending a row is a fold's:
+            // the parity block's own checksum tells whether that fold
+            // landed, where its entry cannot (a flush writes the table's
+            // pages before the devices' syncs and commits the journal's
+            // length after them: a cut may keep the fold's entry with or
+            // without its parity write; test
+            // `an_entry_ahead_of_its_fold_never_reads_wrong`).
+            let crcs = self.stores[p].journal_deferred_mark_crcs(stripe);
+            let block = g.block() as usize;
+            let mut unreadable = Vec::new();
+            let mut not_landed = Vec::new();
             let lacking: std::collections::BTreeSet<u32> = match &unit {
                 Some(unit) => rows
                     .into_iter()
                     .filter(|&row| {
-                        row < g.blocks_per_unit() as u32
-                            && self.unit_block_matches(stripe, role, unit, row as u64)
-                            && data_untouched(row)
+                        if row >= g.blocks_per_unit() as u32 {
+                            return false;
+                        }
+                        let marks = crcs.get(&row).map(Vec::as_slice).unwrap_or_default();
+                        let at = row as usize * block;
+                        let crc = crate::codec::crc32c(&unit[at..at + block]);
+                        // An entry may be a mark of the block as unreadable
+                        // (its checksum's complement).
+                        let holds = |c: u32| c == crc || c == !crc;
+                        let told = match marks.split_last() {
+                            Some((Some(last), earlier)) => Some((*last, earlier)),
+                            _ => None,
+                        };
+                        if told.is_some_and(|(last, _)| holds(last)) {
+                            // The parity is what the last mark's write
+                            // left (a fold's, or a whole-stripe write's):
+                            // the mark stands.
+                            return false;
+                        }
+                        let told = told.filter(|_| !before.contains(&row));
+                        let Some((last, earlier)) = told else {
+                            return self.unit_block_matches(stripe, role, unit, row as u64)
+                                && data_untouched(row);
+                        };
+                        if earlier.iter().flatten().any(|&c| holds(c)) {
+                            // An earlier fold landed and a later one did
+                            // not: which records the parity holds cannot be
+                            // told from the log as a whole. The marks stand,
+                            // and the parity row is not read.
+                            unreadable.push((row, crc));
+                            return false;
+                        }
+                        // Not landed (or torn): the records are given back,
+                        // and the degraded replay tries the parity folded
+                        // and as read, sector by sector (below: unless the
+                        // fold is told exactly).
+                        not_landed.push((row, last));
+                        true
                     })
                     .collect(),
                 None => Default::default(),
             };
+            let place = g.place(stripe, role);
+            for (row, crc) in unreadable {
+                self.stores[p].set_checksum(g.checksum_index(place.row, row as u64), !crc);
+            }
             self.stores[p].journal_settle_deferred(stripe, &lacking);
+            // Where the records given back, folded into the parity as it
+            // is, give the very checksum the fold's mark carries, the
+            // parity is the one before the fold, whole: its entry says so
+            // (an entry ahead of it says otherwise), and the degraded
+            // replay folds it without weighing the parity as read.
+            if let (Some(unit), false) = (&unit, not_landed.is_empty()) {
+                let only: std::collections::BTreeSet<u32> =
+                    not_landed.iter().map(|&(row, _)| row).collect();
+                if let Ok(Some((folded, _))) = self.fold_parity(stripe, j, p, true, Some(&only)) {
+                    for (row, last) in not_landed {
+                        if folded
+                            .get(&row)
+                            .is_some_and(|f| crate::codec::crc32c(f) == last)
+                        {
+                            let at = row as usize * block;
+                            let crc = crate::codec::crc32c(&unit[at..at + block]);
+                            let index = g.checksum_index(place.row, row as u64);
+                            self.stores[p].set_checksum(index, crc);
+                        }
+                    }
+                }
+            }
         }
     }
 

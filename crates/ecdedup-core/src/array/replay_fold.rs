@@ -286,7 +286,7 @@ impl Array {
     /// logged), as after the fold in RAM's parity writes.
     fn drop_folded_records(&self, stripe: u64, p: usize, records: usize) -> Result<()> {
         let rows = self.geo.blocks_per_unit();
-        self.invalidate_in(p, stripe, 0, rows, super::journal::Mark::AfterFold)?;
+        self.invalidate_in(p, stripe, 0, rows, super::journal::Mark::AfterFold, None)?;
         self.counters
             .array
             .records_replayed

@@ -254,9 +254,7 @@ impl ChunkStore {
     // Checksums (`Op::ReadChecksums`, and what a write records), by the
     // device's block number (`Geometry::checksum_index`).
 
-    /// Test support: the recorded checksum of block `index`; None where
-    /// unknown.
-    #[cfg(test)]
+    /// The recorded checksum of block `index`; None where unknown.
     pub(super) fn checksum(&self, index: u64) -> Option<u32> {
         self.table.get(index)
     }
@@ -495,12 +493,16 @@ impl ChunkStore {
     /// what the journal holds for them (nothing when it holds nothing).
     /// When the mark cannot be appended the rows are forgotten in RAM and
     /// the error returned: the caller pins the stripe for a resync.
+    /// `crcs`: each row's parity checksum after the write the mark goes
+    /// with, where known (one per row), carried where the journal takes
+    /// them ([`journal::encode_mark_with_crcs`]).
     pub(super) fn journal_invalidate(
         &self,
         stripe: u64,
         first: u32,
         count: u32,
         mark: journal::Mark,
+        crcs: Option<&[u32]>,
     ) -> std::io::Result<()> {
         let mut guard = self.journal.lock().unwrap();
         let Some(j) = guard.as_mut() else {
@@ -510,7 +512,8 @@ impl ChunkStore {
             return Ok(());
         }
         let mut rec = Vec::new();
-        journal::encode_mark(&mut rec, stripe, first, count, mark);
+        let crcs = crcs.filter(|_| j.takes_mark_crcs()).unwrap_or_default();
+        journal::encode_mark_with_crcs(&mut rec, stripe, first, count, mark, crcs);
         match j.append(&rec) {
             Ok(()) => {
                 self.counters.write(IoClass::Journal, rec.len());
@@ -541,6 +544,16 @@ impl ChunkStore {
             .unwrap()
             .as_ref()
             .map(|j| j.deferred_rows_before_parity(stripe))
+            .unwrap_or_default()
+    }
+
+    /// [`journal::ParityJournal::deferred_mark_crcs`] of this device's journal.
+    pub(super) fn journal_deferred_mark_crcs(&self, stripe: u64) -> journal::DeferredCrcs {
+        self.journal
+            .lock()
+            .unwrap()
+            .as_ref()
+            .map(|j| j.deferred_mark_crcs(stripe))
             .unwrap_or_default()
     }
 

@@ -1473,6 +1473,109 @@ fn a_fold_whose_marks_were_never_appended_never_reads_wrong() {
     }
 }
 
+/// A flush writes every device's checksum pages before it syncs the
+/// devices, and commits each parity journal's length only after the
+/// syncs; an entry is set once its block's write was answered. So a cut
+/// during a flush can keep a page and drop the parity write it describes
+/// (an entry ahead of its block), or keep everything but the journals'
+/// lengths: either way a mark past the journal's synced length finds the
+/// parity's entry saying nothing of whether its write landed. Here a
+/// flushed partial write of unit 0 left records in both parity journals;
+/// then either a clean replay folded them (parity writes, then the marks
+/// that end them) or a whole-stripe write superseded them (the marks,
+/// then every member's write); a flush began, and the cut kept the pages
+/// and the marks and dropped the journals' length commits, with the
+/// parity writes dropped too or kept. The next open loses unit 0's or
+/// unit 1's member. The open read the fold's parity as landed where it
+/// had not, and as not landed where it had (folding the records again),
+/// and the whole write's parity as not landed: in each case unit 0
+/// decoded from a row the spare vouched for, to bytes neither written
+/// (reasoned on 2026-11-29, this test the same day). Since, each mark
+/// carries its parity rows' checksums after its write, which the parity
+/// block is checked against. Blocks a fold leaves read their flushed
+/// bytes; a whole write in flight reads old or new, or (its parity
+/// dropped, a member lost: the double fault) an I/O error.
+#[test]
+fn an_entry_ahead_of_its_fold_never_reads_wrong() {
+    for policy in POLICIES {
+        for whole in [false, true] {
+            for parity_landed in [false, true] {
+                // Unit 1's loss only for the fold (the whole write's case
+                // is the same on either side).
+                for lost_role in [0usize, 1].into_iter().take(if whole { 1 } else { 2 }) {
+                    let case = format!(
+                        "{policy:?}, {}, parity {}, unit {lost_role} lost",
+                        if whole { "whole write" } else { "fold" },
+                        if parity_landed { "landed" } else { "dropped" },
+                    );
+                    entry_ahead_case(policy, whole, parity_landed, lost_role, &case);
+                }
+            }
+        }
+    }
+}
+
+fn entry_ahead_case(
+    policy: WritePolicy,
+    whole: bool,
+    parity_landed: bool,
+    lost: usize,
+    case: &str,
+) {
+    let mut rig = Rig::filled_on_devices(policy, 16);
+    let g = rig.geo();
+    let stripe = 1;
+    rig.write_journaled(stripe, 0, 90);
+    let offsets = rig.row_offsets(stripe);
+    let flushed: Vec<Vec<u8>> = offsets
+        .iter()
+        .map(|&at| rig.model[at as usize..at as usize + 4096].to_vec())
+        .collect();
+    // What the cut drops: each parity unit's write (unless it landed) and
+    // its journal's length commit (the metadata area's directory slots).
+    let mut saved = Vec::new();
+    for j in 0..g.m() {
+        let place = g.place(stripe, g.k() + j);
+        if !parity_landed {
+            let from = g.device_offset(place.row, 0);
+            let unit = rig.mems[place.device]
+                .with_bytes(|b| b[from as usize..(from + g.unit_bytes()) as usize].to_vec());
+            saved.push((place.device, from, unit));
+        }
+        let area = rig.a().meta.as_ref().unwrap().area(place.device).unwrap();
+        let at = area.device_offset();
+        let slots_end = at + 2 * crate::media::area::DIR_SLOT_BYTES;
+        let slots =
+            rig.mems[place.device].with_bytes(|b| b[at as usize..slots_end as usize].to_vec());
+        saved.push((place.device, at, slots));
+    }
+    if whole {
+        let sd = g.stripe_data_bytes();
+        rig.write(stripe * sd, &pattern(91, sd as usize));
+    } else {
+        rig.a().replay_stripe(stripe).unwrap();
+    }
+    rig.a().flush().unwrap();
+    rig.put_back(&saved);
+    let array = rig.crash_and_reopen_without(&[g.place(stripe, lost).device]);
+    let mut got = vec![0u8; 4096];
+    for (role, &at) in offsets.iter().enumerate() {
+        let new = &rig.model[at as usize..at as usize + 4096];
+        match array.read(&mut got, at) {
+            Ok(()) => assert!(
+                got[..] == flushed[role][..] || (whole && got[..] == new[..]),
+                "{case}: unit {role} reads wrong: {:?}",
+                array.warnings()
+            ),
+            Err(e) => assert!(
+                whole && !parity_landed,
+                "{case}: unit {role} fails to read: {e}: {:?}",
+                array.warnings()
+            ),
+        }
+    }
+}
+
 /// The cluster simulator's seed 52865 (plog with dedup on both volumes,
 /// with the failed-append rule of e35e3ce taken out), on one machine: a
 /// stripe's parity written with its journals' records already in it (a
