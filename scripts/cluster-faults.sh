@@ -648,7 +648,8 @@ done
 #    new writer must start at exactly the old one's `rebuild-stopped
 #    cursor`. fio job 2 writes across the cursor as it moves.
 # 4. Once every PG's rebuild has passed both jobs' stripes (but not
-#    finished: a PG formats 256 GiB / 4 of capacity, hours at this rate),
+#    finished: a PG's share of the 1 GiB volume, 2,048 stripes, takes
+#    minutes more at this rate),
 #    `finished` must still be false; both jobs read back, then again with
 #    servers 0 and 2 killed (and server 1, the spare now, stopped so that
 #    nothing is re-placed under the read): every read then needs server

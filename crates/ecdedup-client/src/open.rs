@@ -69,8 +69,9 @@ pub struct ClusterOptions {
     /// counts as failed for that PG.
     pub request_timeout: Duration,
     /// A new volume's PGs are formatted for at least this many bytes in
-    /// all ([`CAPACITY_BYTES_MIN`]; tests format less, so that a rebuild,
-    /// which walks every formatted stripe, is short).
+    /// all ([`CAPACITY_BYTES_MIN`]; tests format less). A rebuild walks
+    /// only the stripes the volume's size reaches
+    /// (`Array::set_written_extent`).
     pub capacity_bytes_min: u64,
     /// The throttle of a rebuild ([`REBUILD_BYTES_PER_S_DEFAULT`]; 0: none).
     pub rebuild_bytes_per_s: u64,
@@ -328,7 +329,14 @@ pub fn open(opts: &ClusterOptions) -> Result<ClusterVolume> {
             arrays[0].volume_bytes() * p
         )));
     }
+    // Each PG's stripes past those the volume's size reaches (which never
+    // shrinks) were never written on any chunk: a rebuild stops there (a
+    // shard of a small volume rebuilt its PG's whole formatted capacity,
+    // 256 GiB over the PGs, zeroes written and allocated on the new
+    // server), and a write past it is refused.
+    let written = volume.record.size_bytes.div_ceil(stripe_bytes).div_ceil(p);
     for a in &arrays {
+        a.set_written_extent(written);
         a.start_background_replay();
     }
     // 5. Shards to rebuild (a re-placed shard's new chunk, or a rebuild

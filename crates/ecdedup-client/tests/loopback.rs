@@ -154,7 +154,8 @@ impl Cluster {
             writer_address: format!("test-{state}"),
             lease_ttl: Duration::from_secs(5),
             request_timeout: Duration::from_secs(20),
-            // Small chunks: a rebuild walks every formatted stripe.
+            // Small chunks (a rebuild walks the stripes the volume's size
+            // reaches, not the capacity).
             capacity_bytes_min: 16 << 20,
             rebuild_bytes_per_s: 0,
             take_over: false,

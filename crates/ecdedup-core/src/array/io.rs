@@ -123,6 +123,25 @@ impl Array {
         }
     }
 
+    /// [`Array::check_range`] for a write: also within the written extent
+    /// ([`Array::set_written_extent`]), past which nothing is ever written
+    /// (a rebuild leaves it zeroes on the new member).
+    fn check_write_range(&self, offset: u64, len: u64) -> Result<()> {
+        self.check_range(offset, len)?;
+        let extent = self
+            .written_extent
+            .load(std::sync::atomic::Ordering::SeqCst)
+            * self.geo.stripe_data_bytes();
+        match offset + len <= extent {
+            true => Ok(()),
+            false => Err(Error::OutOfRange {
+                offset,
+                length: len,
+                size: extent,
+            }),
+        }
+    }
+
     pub(super) fn lock_index(stripe: u64) -> usize {
         (stripe % super::STRIPE_LOCKS as u64) as usize
     }
@@ -618,7 +637,7 @@ impl Array {
     }
 
     pub fn write(&self, buf: &[u8], offset: u64, fua: bool) -> Result<()> {
-        self.check_range(offset, buf.len() as u64)?;
+        self.check_write_range(offset, buf.len() as u64)?;
         self.check_space()?;
         let space_errors = self.space_errors.load(std::sync::atomic::Ordering::SeqCst);
         bump(&self.counters.array.client_writes);
@@ -782,7 +801,7 @@ impl Array {
 
     /// Writes zeroes; whole stripes are discarded on the media instead.
     pub fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
-        self.check_range(offset, len)?;
+        self.check_write_range(offset, len)?;
         self.check_space()?;
         let space_errors = self.space_errors.load(std::sync::atomic::Ordering::SeqCst);
         let sd = self.geo.stripe_data_bytes();

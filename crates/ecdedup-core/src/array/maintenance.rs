@@ -682,7 +682,8 @@ impl Array {
             .filter(|&d| self.stores[d].is_rebuilding())
             .collect();
         // Recorded even when there is nothing to do, so a follower sees the outcome.
-        self.begin_operation("rebuild", self.geo.stripes * targets.len().max(1) as u64)?;
+        let total = self.rebuild_extent() * targets.len().max(1) as u64;
+        self.begin_operation("rebuild", total)?;
         let r = if targets.is_empty() {
             Err(Error::Config(
                 "no device is waiting for a rebuild; `ecdedup replace POSITION` first".into(),
@@ -694,8 +695,27 @@ impl Array {
         r
     }
 
+    /// Says that no member was ever written from stripe `stripes` on, so
+    /// every member reads zeroes there (a cluster volume: its chunks are
+    /// created sparse, and its writes stay within its size, which never
+    /// shrinks): a rebuild stops there and leaves the new member's stripes
+    /// past it unwritten (zeroes, as the others'), where it reconstructed
+    /// and wrote zeroes over every formatted stripe (256 GiB of a small
+    /// volume's PGs, allocated on the new server). From then on a write
+    /// past it is refused (out of range), so no write can land where a
+    /// rebuild does not go. Set before the array takes writes (an open's
+    /// own resync goes first); the owner vouches for the stripes past it.
+    pub fn set_written_extent(&self, stripes: u64) {
+        self.written_extent
+            .store(stripes.min(self.geo.stripes), SeqCst);
+    }
+
+    /// Where a rebuild stops ([`Array::set_written_extent`]).
+    pub fn rebuild_extent(&self) -> u64 {
+        self.written_extent.load(SeqCst).min(self.geo.stripes)
+    }
+
     fn rebuild_inner(&self, targets: &[usize], progress: Option<ProgressFn>) -> Result<u64> {
-        let g = self.geo;
         let mut rebuilt = 0u64;
         let mut unreadable_blocks = 0u64;
         for (t, &d) in targets.iter().enumerate() {
@@ -709,17 +729,20 @@ impl Array {
             let mut last_checkpoint = Instant::now();
             let window = self.rebuild_window();
             let mut stripe = start;
-            while stripe < g.stripes {
+            // The stripes past the extent, never written, stay zeroes on
+            // the new member as on the others.
+            let extent = self.rebuild_extent();
+            while stripe < extent {
                 self.stop_if_closing("rebuild", d, stripe)?;
-                let end = (stripe + window).min(g.stripes);
+                let end = (stripe + window).min(extent);
                 let (done_here, unreadable_here) = self.rebuild_window_of(d, stripe..end)?;
                 rebuilt += done_here;
                 unreadable_blocks += unreadable_here;
-                let done = t as u64 * g.stripes + end;
+                let done = t as u64 * extent + end;
                 self.progress_operation(done);
                 if let Some(p) = &progress {
-                    if stripe / 16 != end / 16 || end == g.stripes {
-                        p("rebuild", done, g.stripes * targets.len() as u64);
+                    if stripe / 16 != end / 16 || end == extent {
+                        p("rebuild", done, extent * targets.len() as u64);
                     }
                 }
                 self.checkpoint_cursor(&mut last_checkpoint)?;

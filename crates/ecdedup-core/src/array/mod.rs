@@ -486,6 +486,11 @@ pub struct Array {
     /// during the open holds its blocks as the stop left them
     /// (`poison.rs`, the own-held mark).
     active_before_open: Vec<bool>,
+    /// Stripes from which on no member was ever written, as its owner
+    /// vouches ([`Array::set_written_extent`]: a cluster volume's size in
+    /// its PG, which never shrinks), and none is written now; the array's
+    /// stripe count unless set.
+    written_extent: AtomicU64,
     replay_wanted: std::sync::atomic::AtomicBool,
     /// Device failures latched in RAM, and how many of them the superblocks
     /// record durably: a flush returns only once they are equal, so no
@@ -1524,6 +1529,7 @@ impl Array {
             degraded_log,
             poison,
             never_restarted: never_restarted.clone(),
+            written_extent: AtomicU64::new(geo.stripes),
             failed_before_open: newest
                 .states
                 .iter()

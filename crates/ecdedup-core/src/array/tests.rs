@@ -2031,3 +2031,53 @@ fn a_discard_whose_data_member_fails_midway_logs_its_zeroes_first() {
     );
     rig.assert_matches_model();
 }
+
+/// A cluster volume's PG array is formatted for more stripes than the
+/// volume's size reaches (256 GiB over the PGs at least), and the stripes
+/// past those were never written on any chunk. With the written extent
+/// set, a rebuild stops there: the new member's stripes past it are left
+/// unwritten (zeroes, as every member's), where the rebuild decoded and
+/// wrote zeroes over every formatted stripe; everything reads back, scrub
+/// finds every stripe consistent, and a write past the extent is refused.
+#[test]
+fn a_rebuild_stops_at_the_written_extent_and_leaves_the_rest_unwritten() {
+    let mut rig = Rig::new(6, 4, 2, 8192, 24);
+    let g = *rig.a().geometry();
+    let written = 5;
+    rig.a().set_written_extent(written);
+    let sd = g.stripe_data_bytes();
+    rig.write(0, &pattern(31, (written * sd) as usize));
+    rig.a().flush().unwrap();
+    let refused = rig.a().write(&pattern(32, 4096), written * sd, false);
+    assert!(
+        matches!(refused, Err(Error::OutOfRange { .. })),
+        "a write past the extent is refused: {refused:?}"
+    );
+    let tail = rig.a().write_zeroes(written * sd - 4096, 8192, false);
+    assert!(matches!(tail, Err(Error::OutOfRange { .. })), "{tail:?}");
+    rig.a().fail_device(2).unwrap();
+    let size = rig.mems[2].size();
+    let fresh = MemDevice::new("r2", size);
+    rig.mems[2] = fresh.clone();
+    rig.plans[2] = FaultPlan::new();
+    let dev = Arc::new(FaultyDevice::new(fresh.clone(), Arc::clone(&rig.plans[2])));
+    rig.a()
+        .install_replacement(2, dev, Path::new("/nonexistent/new2"))
+        .unwrap();
+    let units = rig.a().rebuild(None).unwrap();
+    let expected = (0..written).filter(|&s| g.role_on(s, 2).is_some()).count() as u64;
+    assert_eq!(units, expected, "only the stripes within the extent");
+    assert_eq!(rig.failed(), 0);
+    // Past the extent the new member's data area is as it was installed
+    // (six devices, six units a stripe: row r holds stripe r's unit).
+    let past = g.device_offset(written, 0) as usize;
+    let end = g.device_offset(g.stripes, 0) as usize;
+    let untouched = fresh.with_bytes(|b| b[past..end].iter().all(|&x| x == 0));
+    assert!(untouched, "nothing written past the extent's rows");
+    rig.assert_matches_model();
+    rig.assert_consistent();
+    // The other members out: the rebuilt one serves its share.
+    rig.a().fail_device(0).unwrap();
+    rig.a().fail_device(1).unwrap();
+    rig.assert_matches_model();
+}
