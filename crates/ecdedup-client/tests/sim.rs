@@ -1941,6 +1941,21 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
         1333799,
         "replicate with parity dedup beside plog: block 109 of volume 8 fails to read after the takeover (poisoned)",
     ),
+    // Found by the run 1,475,000 to 1,494,999 (2026-11-29, evening),
+    // failing the same on 477da01 (same frames). Traced (prints that do
+    // no device I/O): a takeover with no power loss, the unit's server
+    // not reached at the open, a parity of the row changed since the last
+    // flush and an unflushed record of the lost unit's write. The
+    // boot-stamp arm takes such a row only where the folded-or-as-read
+    // choice is unambiguous (against a fold whose marks were never
+    // appended, which leaves the same members), and a record of the lost
+    // unit gives two rows. An I/O error, never wrong data; a record that
+    // carried the checksum of the parity it was appended against would
+    // tell the two apart (not built).
+    (
+        1493177,
+        "plog beside replicate: block 95 of volume 7 fails to read after a takeover with no power loss (poisoned)",
+    ),
 ];
 
 fn strict() -> bool {

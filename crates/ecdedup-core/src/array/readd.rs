@@ -462,8 +462,11 @@ impl Array {
     /// fault suite's rebuild-interrupted: a second server down during a
     /// re-add): None where the member's own unit matches, block by block,
     /// the entries the array kept for it while it was out (it missed no
-    /// write there, and is kept as it is); else the re-add pauses here as
-    /// a rebuild does, marking nothing, and `rebuild` resumes it.
+    /// write there, and is kept as it is), or where the members in service
+    /// and the own units of every member being re-added are more than k
+    /// and one codeword ([`Array::own_units_vouched`]); else the re-add
+    /// pauses here as a rebuild does, marking nothing, and `rebuild`
+    /// resumes it.
     fn resync_unit(
         &self,
         d: usize,
@@ -479,7 +482,7 @@ impl Array {
                 return Ok(Some((unit, unreadable)));
             }
         }
-        if self.own_unit_current(d, stripe, role) {
+        if self.own_unit_current(d, stripe, role) || self.own_units_vouched(d, stripe, role) {
             return Ok(None);
         }
         self.pause_below_k("re-add", d, stripe, role)?;
@@ -492,28 +495,86 @@ impl Array {
     /// (unknown, so never, where the member was already out at the open).
     /// Its own table's entries for them are set to match.
     fn own_unit_current(&self, d: usize, stripe: u64, role: usize) -> bool {
-        let g = &self.geo;
-        let place = g.place(stripe, role);
-        let Some(dev) = self.stores[d].device() else {
+        let Some((unit, current)) = self.unit_as_held(stripe, role) else {
             return false;
         };
-        let mut unit = vec![0u8; g.unit_bytes() as usize];
-        if dev
-            .read_at(&mut unit, g.device_offset(place.row, 0))
-            .is_err()
-        {
-            return false;
-        }
-        let first = g.checksum_index(place.row, 0);
-        let current = (first..)
-            .zip(unit.chunks_exact(g.block() as usize))
-            .all(|(index, block)| {
-                self.stores[d].expected_checksum(stripe, index) == Some(crate::codec::crc32c(block))
-            });
         if current {
+            let g = &self.geo;
+            let first = g.checksum_index(g.place(stripe, role).row, 0);
             self.stores[d].record_checksums(first, &unit);
         }
         current
+    }
+
+    /// Unit `role` of `stripe` as its member's device holds it (read
+    /// there, whatever the member's state), and whether every block of it
+    /// matches the entry the array keeps for it; None where it cannot be
+    /// read.
+    fn unit_as_held(&self, stripe: u64, role: usize) -> Option<(Vec<u8>, bool)> {
+        let g = &self.geo;
+        let place = g.place(stripe, role);
+        let store = &self.stores[place.device];
+        let dev = store.device()?;
+        let mut unit = vec![0u8; g.unit_bytes() as usize];
+        dev.read_at(&mut unit, g.device_offset(place.row, 0)).ok()?;
+        let first = g.checksum_index(place.row, 0);
+        let matches = (first..)
+            .zip(unit.chunks_exact(g.block() as usize))
+            .all(|(index, block)| {
+                store.expected_checksum(stripe, index) == Some(crate::codec::crc32c(block))
+            });
+        Some((unit, matches))
+    }
+
+    /// Where fewer than k other members serve `stripe` and re-added
+    /// member `d`'s entries there are unknown: whether its own unit is
+    /// current all the same, a spare vouching. The members in service
+    /// (each block matching its entry) and the own units of every member
+    /// being re-added (`d`'s among them, each as its device holds it),
+    /// more than k in all, must be one codeword: a unit that missed a
+    /// write there would not fit the members that took it (any k members
+    /// fix the codeword), so then no write `d` missed reached the stripe,
+    /// and its unit is kept (its own table's entries set to match).
+    /// Without it, three members lagging at one stripe (a new member
+    /// rebuilding, two re-added after a second failure whose region was
+    /// written while they were out) paused every re-add and the rebuild
+    /// there at every open, every device back, and the stripes from there
+    /// on read as I/O errors for good (the fault suite's
+    /// rebuild-interrupted, PG 0 from stripe 720 on; unit test
+    /// `three_members_lagging_at_a_stripe_go_on_where_a_spare_vouches_for_their_own_units`).
+    fn own_units_vouched(&self, d: usize, stripe: u64, role: usize) -> bool {
+        let g = &self.geo;
+        let mut known: Vec<Option<Vec<u8>>> = vec![None; g.width()];
+        for (r, member) in known.iter_mut().enumerate() {
+            let device = g.place(stripe, r).device;
+            let store = &self.stores[device];
+            let serving = self.holds(device, stripe);
+            let re_adding = store.is_rebuilding() && store.is_re_adding();
+            if !(serving || re_adding) {
+                continue;
+            }
+            match self.unit_as_held(stripe, r) {
+                Some((_, false)) if serving => return false,
+                Some((unit, _)) => *member = Some(unit),
+                None => return false,
+            }
+        }
+        if known[role].is_none() {
+            return false;
+        }
+        let Some(whole) = self.decode_vouched_by_spare(&known) else {
+            return false;
+        };
+        let one = known
+            .iter()
+            .zip(&whole)
+            .all(|(k, w)| k.as_ref().is_none_or(|k| k == w));
+        if one {
+            let place = g.place(stripe, role);
+            let unit = known[role].as_ref().expect("known");
+            self.stores[d].record_checksums(g.checksum_index(place.row, 0), unit);
+        }
+        one
     }
 
     /// Records the regions of `stripes` (None: every region) in the

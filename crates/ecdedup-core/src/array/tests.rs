@@ -84,14 +84,21 @@ impl Rig {
         journal_bytes_max: u64,
         placement: crate::array::MetadataPlacement,
     ) -> Rig {
-        let dir = tempfile::tempdir().unwrap();
         let volume_bytes = stripes * k as u64 * stripe_unit_bytes as u64;
-        let plans: Vec<Arc<FaultPlan>> = (0..n).map(|_| FaultPlan::new()).collect();
         let mut opts = options(n, k, m, stripe_unit_bytes, volume_bytes);
         opts.dedup = dedup;
         opts.write_policy = write_policy;
         opts.journal_bytes_max = journal_bytes_max;
         opts.metadata = placement;
+        Rig::from_options(opts)
+    }
+
+    /// A rig formatted with `opts` (devices in memory, one per name).
+    fn from_options(opts: CreateOptions) -> Rig {
+        let dir = tempfile::tempdir().unwrap();
+        let n = opts.devices.len();
+        let volume_bytes = opts.volume_bytes;
+        let plans: Vec<Arc<FaultPlan>> = (0..n).map(|_| FaultPlan::new()).collect();
         let geo = geometry_for(&opts).unwrap();
         let mems: Vec<MemDevice> = (0..n)
             .map(|i| MemDevice::new(&format!("d{i}"), geo.device_bytes_min()))
@@ -2080,4 +2087,100 @@ fn a_rebuild_stops_at_the_written_extent_and_leaves_the_rest_unwritten() {
     rig.a().fail_device(0).unwrap();
     rig.a().fail_device(1).unwrap();
     rig.assert_matches_model();
+}
+
+/// Three members lagging at one stripe, every device back: a new member
+/// rebuilt part-way, and two members that went out during that rebuild
+/// (their region written while they were out), re-added after a reopen.
+/// At the rebuild's cursor fewer than k other members serve the stripe,
+/// and the re-added members' entries were not kept (they were out at the
+/// open), so every re-add and the rebuild paused there at every open, for
+/// good: the stripes from there on unreadable with every device back (the
+/// fault suite's rebuild-interrupted, PG 0 from stripe 720 on). The
+/// re-added members' own units, with the members in service, more than k
+/// and one codeword that a spare vouches for, are current: kept, and the
+/// re-adds and the rebuild go on to the end. A re-added member's unit
+/// that does not fit (stale) is never kept: the re-add stays paused, and
+/// the stripe reads right or as an I/O error.
+#[test]
+fn three_members_lagging_at_a_stripe_go_on_where_a_spare_vouches_for_their_own_units() {
+    for stale in [false, true] {
+        lagging_members_case(stale);
+    }
+}
+
+fn lagging_members_case(stale: bool) {
+    // Write-intent regions of 3 stripes: the rebuild's cursor (16, after
+    // its first window) shares one with stripe 15, below it.
+    let mut opts = options(6, 4, 2, 8192, 24 * 4 * 8192);
+    opts.intent_region_bytes = 3 * 4 * 8192;
+    let mut rig = Rig::from_options(opts);
+    rig.set_intent_clear_quiet_ms(0);
+    let len = rig.model.len();
+    rig.write(0, &pattern(1, len));
+    rig.a().flush().unwrap();
+    rig.a().flush().unwrap();
+    // Member 5 replaced blank and rebuilt part-way: members 0 and 1 die
+    // after the rebuild's first window.
+    rig.a().fail_device(5).unwrap();
+    let fresh = MemDevice::new("r5", rig.mems[5].size());
+    rig.mems[5] = fresh.clone();
+    rig.plans[5] = FaultPlan::new();
+    let dev = Arc::new(FaultyDevice::new(fresh, Arc::clone(&rig.plans[5])));
+    rig.a()
+        .install_replacement(5, dev, Path::new("/nonexistent/new5"))
+        .unwrap();
+    let dying = [Arc::clone(&rig.plans[0]), Arc::clone(&rig.plans[1])];
+    let progress: ProgressFn = Arc::new(move |_, done, _| {
+        if done > 0 {
+            for p in &dying {
+                p.dead.store(true, Ordering::SeqCst);
+            }
+        }
+    });
+    assert!(rig.a().rebuild(Some(progress)).is_err(), "paused below k");
+    let cursor = match rig.a().member_states()[5] {
+        MemberState::Rebuilding { cursor } => cursor,
+        s => panic!("member 5 is {s:?}"),
+    };
+    assert_eq!(cursor, 16, "paused after the first window");
+    // A write below the cursor while 0 and 1 are out: their region is
+    // written, so they must reconstruct it.
+    let g = *rig.a().geometry();
+    rig.write((cursor - 1) * g.stripe_data_bytes(), &pattern(2, 4096));
+    rig.a().flush().unwrap();
+    for p in [0, 1] {
+        rig.plans[p].dead.store(false, Ordering::SeqCst);
+    }
+    let role_on_0 = g.role_on(cursor, 0).expect("every member holds a unit");
+    if stale {
+        // Member 0's unit at the cursor no longer fits the others.
+        let at = g.device_offset(g.place(cursor, role_on_0).row, 0) as usize + 100;
+        rig.mems[0].with_bytes(|b| b[at] ^= 0x5a);
+    }
+    rig.restart();
+    let devs = rig.devices();
+    for d in [0, 1] {
+        // Each may pause where the others lag: `rebuild` goes on with it.
+        let _ = rig.a().re_add_device(d, devs[d].clone().unwrap());
+    }
+    let rebuilt = rig.a().rebuild(None);
+    if !stale {
+        rebuilt.unwrap();
+        assert_eq!(rig.failed(), 0);
+        rig.assert_matches_model();
+        rig.assert_consistent();
+        return;
+    }
+    assert!(rebuilt.is_err(), "a unit that does not fit is not kept");
+    let mut got = vec![0u8; 4096];
+    for role in 0..g.k() {
+        let at = cursor * g.stripe_data_bytes() + role as u64 * g.unit_bytes();
+        if rig.a().read(&mut got, at).is_ok() {
+            assert!(
+                got[..] == rig.model[at as usize..at as usize + 4096],
+                "stale: role {role} of stripe {cursor} reads wrong"
+            );
+        }
+    }
 }
