@@ -104,7 +104,7 @@ pub fn start_pg(pg: u32, array: &Arc<Array>, ctx: &Context) -> Option<Running> {
                 ("pg", &pg),
                 ("shard", &shard),
                 ("from_stripe", &cursor),
-                ("stripes", &array.status().stripes),
+                ("stripes", &array.rebuild_extent()),
             ],
         );
     }
@@ -241,8 +241,9 @@ fn run(array: &Array, pg: u32, ctx: &Context) -> Result<u64> {
         })
     };
     let result = array.rebuild(Some(progress));
-    let status = array.status();
-    let total = status.stripes;
+    // The stripes the volume's size reaches (`Array::set_written_extent`),
+    // as the engine's own progress counts them.
+    let total = array.rebuild_extent();
     match &result {
         Ok(stripes) => {
             report(ctx, pg, total, total, true);
