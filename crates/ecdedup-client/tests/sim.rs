@@ -1965,6 +1965,18 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
         1502585,
         "plog beside parix: block 55 of volume 7 fails to read after a takeover (poisoned)",
     ),
+    // Found by the run 1,515,000 to 1,534,999 (2026-11-29, evening),
+    // both failing the same on 477da01 (same frames), both 1493177's arm
+    // by a printed trace; 1518837 with no power loss at all (a takeover,
+    // the unit's server not reached at the open).
+    (
+        1518837,
+        "plog with dedup beside rmw with parity dedup: block 116 of volume 7 fails to read after a takeover (poisoned)",
+    ),
+    (
+        1526137,
+        "plog beside replicate: block 32 of volume 7 fails to read after a takeover (poisoned)",
+    ),
 ];
 
 fn strict() -> bool {
