@@ -1860,6 +1860,17 @@ const KNOWN_SEEDS: &[(u64, &str)] = &[
     // passes since the degraded-write log grows in 64 KiB steps again
     // (2026-11-28: its frames moved, no fix of its own) and runs in
     // `REGRESSION_SEEDS`.
+    //
+    // 1540481 (plog), found by the run 1,535,000 to 1,554,999 (2026-11-29,
+    // evening), failing the same on 477da01 (same 2,885 frames): the
+    // shared story's 1493177 class in the first story (a printed trace: a
+    // parity changed since the last flush, an unflushed record of the
+    // lost unit, no journal's server restarted, the choice not
+    // unambiguous). An I/O error, never wrong data.
+    (
+        1540481,
+        "plog: block 103 fails to read after the takeover (poisoned)",
+    ),
 ];
 
 /// As [`KNOWN_SEEDS`] (whose seeds are of the first story: replay them
