@@ -14,6 +14,7 @@
 //!   whichever reads fewer blocks (ties go to RMW). A stripe with a member
 //!   out of service always takes RCW, which decodes what it cannot read.
 
+use super::logging::MarkParity;
 use super::store::{ChunkOp, ChunkReply, ChunkRequest, ChunkTransport};
 use super::{Array, IntentLog};
 use crate::counters::{bump, IoClass};
@@ -812,10 +813,8 @@ impl Array {
             self.intent_begin(stripe)?;
             let r = if n == sd {
                 // A discarded stripe's parity is zeroes.
-                let zero_unit = vec![0u8; self.geo.unit_bytes() as usize];
-                let parity = vec![zero_unit; self.geo.m()];
                 let rows = self.geo.blocks_per_unit();
-                self.journal_invalidate_before(stripe, 0, rows, Some(&parity))
+                self.journal_invalidate_before(stripe, 0, rows, MarkParity::Zeroes)
                     .and_then(|_| {
                         let _logged = self.log_discarded_missing_units(stripe)?;
                         self.discard_stripe(stripe)
@@ -964,7 +963,8 @@ impl Array {
                 // where the stripe's journals hold records).
                 let units: Vec<&[u8]> = bytes.chunks_exact(g.unit_bytes() as usize).collect();
                 let parity = self.encode_data(&units);
-                self.journal_invalidate_before(stripe, 0, g.blocks_per_unit(), Some(&parity))?;
+                let parity = MarkParity::Units(&parity);
+                self.journal_invalidate_before(stripe, 0, g.blocks_per_unit(), parity)?;
             } else {
                 self.replay_stripe(stripe)?;
             }

@@ -624,24 +624,26 @@ impl Array {
     /// stripe's region is pinned dirty, so a restart resyncs the stripe
     /// before it replays what the file still holds.
     pub(super) fn journal_invalidate(&self, stripe: u64, first: u64, count: u64) -> Result<()> {
-        self.journal_invalidate_before(stripe, first, count, None)
+        self.journal_invalidate_before(stripe, first, count, MarkParity::Unknown)
     }
 
-    /// [`Array::journal_invalidate`] before a write of the parity
-    /// `parity` (each parity unit's rows `[first, first+count)`, where
-    /// known): each mark carries its rows' checksums, so that an open
-    /// that finds the mark past its journal's sync tells from the parity
-    /// block whether the write landed.
+    /// [`Array::journal_invalidate`] before a write that leaves the parity
+    /// `parity` says: each mark carries its rows' checksums, so that an
+    /// open that finds the mark past its journal's sync tells from the
+    /// parity block whether the write landed.
     pub(super) fn journal_invalidate_before(
         &self,
         stripe: u64,
         first: u64,
         count: u64,
-        parity: Option<&[Vec<u8>]>,
+        parity: MarkParity<'_>,
     ) -> Result<()> {
         let before = journal::Mark::BeforeParity;
         for (j, p) in self.parity_devices(stripe) {
-            let after = parity.map(|units| units[j].as_slice());
+            let after = match parity {
+                MarkParity::Units(units) => MarkParity::Unit(&units[j]),
+                other => other,
+            };
             self.invalidate_in(p, stripe, first, count, before, after)?;
         }
         Ok(())
@@ -649,11 +651,12 @@ impl Array {
 
     /// Appends to device `p`'s journal the mark that ends what it logs for
     /// rows `[first, first+count)` of `stripe`; `mark`: before its parity
-    /// write, or after a fold's (docs/format.md). A fold's mark carries
-    /// its parity rows' checksums as the fold left them (the parity's
-    /// entries, set once its writes were answered): what the open's
-    /// resync tells a landed fold by where the mark outlived its sync
-    /// ([`journal::ParityJournal::deferred_mark_crcs`]).
+    /// write, or after a fold's (docs/format.md). The mark carries its
+    /// parity rows' checksums as `after` says the write leaves them (a
+    /// fold's: the parity's entries, set once its writes were answered),
+    /// worked out only where the journal holds the stripe and takes them:
+    /// what the open's resync tells a landed write by where the mark
+    /// outlived its sync ([`journal::ParityJournal::deferred_mark_crcs`]).
     pub(super) fn invalidate_in(
         &self,
         p: usize,
@@ -661,23 +664,29 @@ impl Array {
         first: u64,
         count: u64,
         mark: journal::Mark,
-        after: Option<&[u8]>,
+        after: MarkParity<'_>,
     ) -> Result<()> {
         let block = self.geo.block() as usize;
-        let crcs = match (after, mark) {
-            (Some(parity), _) => Some(
-                parity
-                    .chunks_exact(block)
-                    .take(count as usize)
-                    .map(crate::codec::crc32c)
-                    .collect::<Vec<u32>>(),
-            )
-            .filter(|c| c.len() == count as usize),
-            (None, journal::Mark::AfterFold) => self.parity_row_checksums(stripe, p, first, count),
-            (None, journal::Mark::BeforeParity) => None,
+        let crcs = || -> Option<Vec<u32>> {
+            match after {
+                MarkParity::Unknown | MarkParity::Units(_) => None,
+                MarkParity::Entries => self.parity_row_checksums(stripe, p, first, count),
+                MarkParity::Unit(parity) => Some(
+                    parity
+                        .chunks_exact(block)
+                        .take(count as usize)
+                        .map(crate::codec::crc32c)
+                        .collect::<Vec<u32>>(),
+                )
+                .filter(|c| c.len() == count as usize),
+                MarkParity::Zeroes => Some(vec![
+                    crate::codec::crc32c(&vec![0u8; block]);
+                    count as usize
+                ]),
+            }
         };
         let (first32, count32) = (first as u32, count as u32);
-        match self.stores[p].journal_invalidate(stripe, first32, count32, mark, crcs.as_deref()) {
+        match self.stores[p].journal_invalidate(stripe, first32, count32, mark, crcs) {
             Ok(()) => Ok(()),
             Err(e) => {
                 bump(&self.counters.array.journal_errors);
@@ -875,14 +884,8 @@ impl Array {
         for (row, parity) in folded {
             self.write_unit_blocks(stripe, g.k() + j, *row as u64, parity);
         }
-        self.invalidate_in(
-            p,
-            stripe,
-            0,
-            g.blocks_per_unit(),
-            journal::Mark::AfterFold,
-            None,
-        )?;
+        let fold = journal::Mark::AfterFold;
+        self.invalidate_in(p, stripe, 0, g.blocks_per_unit(), fold, MarkParity::Entries)?;
         self.counters
             .array
             .records_replayed
@@ -1910,4 +1913,22 @@ impl Array {
     pub fn replay_wanted(&self) -> bool {
         self.replay_wanted.load(Relaxed)
     }
+}
+
+/// What a journal mark says its parity rows hold after the write it goes
+/// with ([`Array::invalidate_in`]; docs/format.md, "Parity journals").
+#[derive(Clone, Copy)]
+pub(super) enum MarkParity<'a> {
+    /// Not known: the mark carries no checksums.
+    Unknown,
+    /// The parity's checksum entries (a fold's, once its writes were
+    /// answered).
+    Entries,
+    /// One parity unit per parity role, encoded before the mark (a
+    /// whole-stripe write's).
+    Units(&'a [Vec<u8>]),
+    /// This device's parity unit (one of [`MarkParity::Units`]).
+    Unit(&'a [u8]),
+    /// Zeroes (a discarded stripe's).
+    Zeroes,
 }

@@ -25,6 +25,7 @@
 //! resynchronises the stripe from its data before any replay.
 
 use super::journal::{ParityJournal, StripeLog};
+use super::logging::MarkParity;
 use super::store::{ChunkOp, ChunkReply, ChunkRequest, JournalGuard};
 use super::Array;
 use crate::counters::bump;
@@ -286,7 +287,8 @@ impl Array {
     /// logged), as after the fold in RAM's parity writes.
     fn drop_folded_records(&self, stripe: u64, p: usize, records: usize) -> Result<()> {
         let rows = self.geo.blocks_per_unit();
-        self.invalidate_in(p, stripe, 0, rows, super::journal::Mark::AfterFold, None)?;
+        let (fold, entries) = (super::journal::Mark::AfterFold, MarkParity::Entries);
+        self.invalidate_in(p, stripe, 0, rows, fold, entries)?;
         self.counters
             .array
             .records_replayed

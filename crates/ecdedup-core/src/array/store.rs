@@ -494,16 +494,22 @@ impl ChunkStore {
     /// When the mark cannot be appended the rows are forgotten in RAM and
     /// the error returned: the caller pins the stripe for a resync.
     /// `crcs`: each row's parity checksum after the write the mark goes
-    /// with, where known (one per row), carried where the journal takes
-    /// them ([`journal::encode_mark_with_crcs`]).
+    /// with, where known (one per row), asked for only where the journal
+    /// holds the stripe and takes them ([`journal::encode_mark_with_crcs`]),
+    /// and not under the journal's lock (an entry's page may be read).
     pub(super) fn journal_invalidate(
         &self,
         stripe: u64,
         first: u32,
         count: u32,
         mark: journal::Mark,
-        crcs: Option<&[u32]>,
+        crcs: impl FnOnce() -> Option<Vec<u32>>,
     ) -> std::io::Result<()> {
+        let wanted = match self.journal.lock().unwrap().as_ref() {
+            Some(j) if j.has_stripe(stripe) => j.takes_mark_crcs(),
+            _ => return Ok(()),
+        };
+        let crcs = wanted.then(crcs).flatten().unwrap_or_default();
         let mut guard = self.journal.lock().unwrap();
         let Some(j) = guard.as_mut() else {
             return Ok(());
@@ -512,8 +518,7 @@ impl ChunkStore {
             return Ok(());
         }
         let mut rec = Vec::new();
-        let crcs = crcs.filter(|_| j.takes_mark_crcs()).unwrap_or_default();
-        journal::encode_mark_with_crcs(&mut rec, stripe, first, count, mark, crcs);
+        journal::encode_mark_with_crcs(&mut rec, stripe, first, count, mark, &crcs);
         match j.append(&rec) {
             Ok(()) => {
                 self.counters.write(IoClass::Journal, rec.len());

@@ -242,15 +242,22 @@ impl Rig {
     }
 
     fn replace_and_rebuild(&mut self, d: usize) {
+        self.install_blank(d);
+        self.a().rebuild(None).unwrap();
+    }
+
+    /// Puts a blank device (returned) in failed member `d`'s place, left
+    /// rebuilding from stripe 0.
+    fn install_blank(&mut self, d: usize) -> MemDevice {
         let size = self.mems[d].size();
         let fresh = MemDevice::new(&format!("r{d}"), size);
         self.mems[d] = fresh.clone();
         self.plans[d] = FaultPlan::new();
-        let dev = Arc::new(FaultyDevice::new(fresh, Arc::clone(&self.plans[d])));
+        let dev = Arc::new(FaultyDevice::new(fresh.clone(), Arc::clone(&self.plans[d])));
         self.a()
             .install_replacement(d, dev, Path::new(&format!("/nonexistent/new{d}")))
             .unwrap();
-        self.a().rebuild(None).unwrap();
+        fresh
     }
 
     /// Writes the whole volume and makes it durable with every region
@@ -2063,14 +2070,7 @@ fn a_rebuild_stops_at_the_written_extent_and_leaves_the_rest_unwritten() {
     let tail = rig.a().write_zeroes(written * sd - 4096, 8192, false);
     assert!(matches!(tail, Err(Error::OutOfRange { .. })), "{tail:?}");
     rig.a().fail_device(2).unwrap();
-    let size = rig.mems[2].size();
-    let fresh = MemDevice::new("r2", size);
-    rig.mems[2] = fresh.clone();
-    rig.plans[2] = FaultPlan::new();
-    let dev = Arc::new(FaultyDevice::new(fresh.clone(), Arc::clone(&rig.plans[2])));
-    rig.a()
-        .install_replacement(2, dev, Path::new("/nonexistent/new2"))
-        .unwrap();
+    let fresh = rig.install_blank(2);
     let units = rig.a().rebuild(None).unwrap();
     let expected = (0..written).filter(|&s| g.role_on(s, 2).is_some()).count() as u64;
     assert_eq!(units, expected, "only the stripes within the extent");
@@ -2123,13 +2123,7 @@ fn lagging_members_case(stale: bool) {
     // Member 5 replaced blank and rebuilt part-way: members 0 and 1 die
     // after the rebuild's first window.
     rig.a().fail_device(5).unwrap();
-    let fresh = MemDevice::new("r5", rig.mems[5].size());
-    rig.mems[5] = fresh.clone();
-    rig.plans[5] = FaultPlan::new();
-    let dev = Arc::new(FaultyDevice::new(fresh, Arc::clone(&rig.plans[5])));
-    rig.a()
-        .install_replacement(5, dev, Path::new("/nonexistent/new5"))
-        .unwrap();
+    rig.install_blank(5);
     let dying = [Arc::clone(&rig.plans[0]), Arc::clone(&rig.plans[1])];
     let progress: ProgressFn = Arc::new(move |_, done, _| {
         if done > 0 {
