@@ -1862,15 +1862,9 @@ const KNOWN_SEEDS: &[(u64, &str)] = &[
     // `REGRESSION_SEEDS`.
     //
     // 1540481 (plog), found by the run 1,535,000 to 1,554,999 (2026-11-29,
-    // evening), failing the same on 477da01 (same 2,885 frames): the
-    // shared story's 1493177 class in the first story (a printed trace: a
-    // parity changed since the last flush, an unflushed record of the
-    // lost unit, no journal's server restarted, the choice not
-    // unambiguous). An I/O error, never wrong data.
-    (
-        1540481,
-        "plog: block 103 fails to read after the takeover (poisoned)",
-    ),
+    // evening; 1493177's class in the first story, below in
+    // `KNOWN_SHARED_SEEDS`), passes since records carry their rows' bases
+    // and runs in `REGRESSION_SEEDS`.
 ];
 
 /// As [`KNOWN_SEEDS`] (whose seeds are of the first story: replay them
@@ -1933,61 +1927,25 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     // 1,374,999 on the block-wide choice) with it. Both run in
     // `REGRESSION_SHARED_SEEDS`.
     //
-    // Found by the same run as 1316745, passing on f91c932 (other
-    // frames): the fold's story again, the second member lost during the
-    // open, and the record is of that member's unit (plog: a delta, not a
-    // value, and the unit's entry went with its member). One parity's
-    // fold write is torn: in a sector where one parity is new and the
-    // other old, "both hold the records" and "neither does" are each one
-    // codeword, decoding the unit as its new or its old bytes. Taking the
-    // parity's own checksum entry as the tie-break (the choice whose
-    // sectors make up the entry being "without the records") made it
-    // pass, and was withdrawn the same day: a parity changed by a write
-    // the records then undid looks the same, and read the undone write
-    // (unit test
-    // `a_parity_whose_folded_value_is_its_entry_is_not_taken_to_hold_the_records`;
-    // docs/write-hole.md, "A fold that landed on one parity"). An I/O
-    // error, never wrong data.
-    (
-        1333799,
-        "replicate with parity dedup beside plog: block 109 of volume 8 fails to read after the takeover (poisoned)",
-    ),
-    // Found by the run 1,475,000 to 1,494,999 (2026-11-29, evening),
-    // failing the same on 477da01 (same frames). Traced (prints that do
-    // no device I/O): a takeover with no power loss, the unit's server
-    // not reached at the open, a parity of the row changed since the last
-    // flush and an unflushed record of the lost unit's write. The
-    // boot-stamp arm takes such a row only where the folded-or-as-read
-    // choice is unambiguous (against a fold whose marks were never
-    // appended, which leaves the same members), and a record of the lost
-    // unit gives two rows. An I/O error, never wrong data; a record that
-    // carried the checksum of the parity it was appended against would
-    // tell the two apart (not built).
-    (
-        1493177,
-        "plog beside replicate: block 95 of volume 7 fails to read after a takeover with no power loss (poisoned)",
-    ),
-    // Found by the run 1,495,000 to 1,514,999 (2026-11-29, evening),
-    // failing the same on 477da01 and 7b0c79f (same 3,871 frames); the
-    // same arm as 1493177 (a printed trace: a parity changed since the
-    // last flush, an unflushed record of the lost unit, no journal's
-    // server restarted, the choice not unambiguous).
-    (
-        1502585,
-        "plog beside parix: block 55 of volume 7 fails to read after a takeover (poisoned)",
-    ),
-    // Found by the run 1,515,000 to 1,534,999 (2026-11-29, evening),
-    // both failing the same on 477da01 (same frames), both 1493177's arm
-    // by a printed trace; 1518837 with no power loss at all (a takeover,
-    // the unit's server not reached at the open).
-    (
-        1518837,
-        "plog with dedup beside rmw with parity dedup: block 116 of volume 7 fails to read after a takeover (poisoned)",
-    ),
-    (
-        1526137,
-        "plog beside replicate: block 32 of volume 7 fails to read after a takeover (poisoned)",
-    ),
+    // Found by the same run as 1316745: the fold's story again, the
+    // second member lost during the open, the record of that member's
+    // unit, and one parity's fold write torn (some sectors new): in a
+    // sector where one parity is new and the other old, "both hold the
+    // records" and "neither does" are each one codeword. 1333799 (replicate
+    // with parity dedup beside plog) was known until 2026-11-29 (evening)
+    // and passes since records carry their rows' bases, by moved frames
+    // (no base told a row in its run: a torn parity is neither its base
+    // nor its base with the records in it); its class stays open
+    // (docs/write-hole.md, "A fold that landed on one parity"). It runs in
+    // `REGRESSION_SHARED_SEEDS`.
+    //
+    // 1493177, 1502585, 1518837 and 1526137 (plog, found by the runs
+    // 1,475,000 to 1,534,999 on 2026-11-29, evening; I/O errors after a
+    // takeover, one with no power loss: a parity changed since the last
+    // flush, an unflushed record of the lost unit, no journal's server
+    // restarted, and folding it or not gave two rows) pass since records
+    // carry their rows' bases, and run in `REGRESSION_SHARED_SEEDS`
+    // (see there for which were shown fixed).
 ];
 
 fn strict() -> bool {
@@ -2368,8 +2326,15 @@ fn run_seed_list(seeds: Vec<u64>, shape: fn(u64) -> Shape) {
 ///   they pass with the degraded replay's two decodes of a torn row
 ///   (docs/write-hole.md, "Two decodes a row the members disagree on can
 ///   still take").
+/// - 1540481 (plog, known from 2026-11-29): a takeover that stopped a
+///   fold between its parity writes and its marks, an unflushed record of
+///   the unit lost; the refolded row was poisoned (folding the record or
+///   not gave two rows). Passes since records carry their rows' bases
+///   (`told_by_bases`); without that rule, on the same code, it fails as
+///   before in the same 2,885 frames.
 const REGRESSION_SEEDS: &[u64] = &[
     127, 144, 551, 910, 1079, 1253, 1460, 1921, 3425, 4364, 341353, 360849, 7481, 443625, 326461,
+    1540481,
 ];
 
 /// Seeds of the shared story ([`Shape::of`]) that found bugs, each run
@@ -2759,6 +2724,15 @@ const REGRESSION_SEEDS: &[u64] = &[
 ///   896033, traced on 2026-11-28 (no power loss; fold marks past the
 ///   sync deferred at a takeover, the records folded again into parity
 ///   that held them), is the case the rule was built for.
+/// - 1518837 (plog with dedup beside rmw with parity dedup; known from
+///   2026-11-29, a takeover with no power loss): a parity changed since
+///   the last flush under an unflushed record of the lost unit, poisoned.
+///   Passes since records carry their rows' bases (`told_by_bases`, the
+///   parity told as holding the record); without that rule, on the same
+///   code, it fails as before (4,718 frames). 1493177, 1502585 and
+///   1526137 (the same class by printed traces) and 1333799 (a torn fold,
+///   not this class) pass on the same code by moved frames (a record is
+///   32 bytes longer), with or without the rule: no proof by themselves.
 const REGRESSION_SHARED_SEEDS: &[u64] = &[
     1, 29, 65, 110, 119, 316, 322, 359, 453, 728, 767, 789, 970, 971, 990, 1116, 1157, 1169, 1220,
     1221, 1603, 1653, 1712, 2111, 2461, 2885, 3029, 3190, 3582, 3586, 3658, 3671, 3790, 3911, 4012,
@@ -2771,7 +2745,8 @@ const REGRESSION_SHARED_SEEDS: &[u64] = &[
     349450, 391288, 402584, 521235, 531565, 536966, 550149, 569516, 569626, 655184, 616164, 664700,
     699593, 739109, 488505, 628645, 769941, 230181, 481191, 687623, 857610, 905356, 962841, 819743,
     847277, 896033, 993641, 1023612, 1023501, 948909, 1107907, 1167141, 1165605, 1177955, 1241874,
-    1323488, 845757, 868189, 1067701, 1277558, 1316745, 1356124,
+    1323488, 845757, 868189, 1067701, 1277558, 1316745, 1356124, 1518837, 1493177, 1502585,
+    1526137, 1333799,
 ];
 
 #[test]

@@ -137,6 +137,7 @@ array_counters! {
     torn_journal_records: "parity journal records whose d(r) survived a power cut without its d(0) (a write never flushed): left out of the fold",
     degraded_replay_unknown_rows: "stripes whose degraded journal replay after an unclean stop found block rows of a missing unit that no decode vouched for (left unlogged: they read as I/O errors, never as a guess)",
     degraded_replay_vouched_rows: "block rows of a degraded journal replay after an unclean stop whose members left disagree, logged from the decode that leaves out the fewest members and matches the missing units' known checksums",
+    degraded_replay_rows_told_by_base: "block rows of a degraded journal replay at open whose parity changed since the last flush under records folded into it, where the records' bases told whether the parity held them already (journal version 4)",
     degraded_replay_unflushed_rows: "stripes whose degraded journal replay after an unclean stop marked the parity of such rows unreadable because their fold took a record appended after the last flush (format 2), or a member changed since then (a write in flight, or a parity that may hold the folded records already)",
     poisoned_blocks: "data blocks an unclean stop made unknowable, recorded in the poison list (their row's parity recomputed with a placeholder, so the rest of the row keeps its redundancy; docs/write-hole.md)",
     poisoned_reads: "reads refused because they touched a poisoned block (an I/O error until the block is written)",

@@ -218,6 +218,8 @@ mod seeds {
         let mut records = Vec::new();
         journal::encode(&mut records, Kind::Original, 3, 1, 0, &[1; 4096]);
         journal::encode(&mut records, Kind::Value, 3, 1, 0, &[2; 4096]);
+        let bases = [Some(0x9abc), None];
+        journal::encode_with_bases(&mut records, Kind::Delta, 3, 4, 0, &[3; 8192], &bases);
         journal::encode_invalidate(&mut records, 9, 0, 1);
         let fold = journal::Mark::AfterFold;
         journal::encode_mark_with_crcs(&mut records, 3, 0, 2, fold, &[0x1234, 0x5678]);

@@ -20,12 +20,22 @@
 //! 8   u64 stripe
 //! 16  u32 first block (in the unit)
 //! 20  u32 block count
-//! 24  u32 payload bytes (= count * 4096; for invalidate 0, or the
-//!         parity rows' CRC32C after the write it goes with, version 3)
+//! 24  u32 payload bytes (= count * 4096, and for a data value or a
+//!         parity delta of version 4 its rows' bases after them; for
+//!         invalidate 0, or the parity rows' CRC32C after the write it
+//!         goes with, version 3)
 //! 28  u32 CRC32C of bytes 4..28 (the header alone; version 2 files)
 //! ```
-//! The file starts with a 32-byte header (magic `ECDDPJ01`, u32 version 3,
-//! CRC32C at 28). Records start at multiples of 32 bytes. An invalidation
+//! The file starts with a 32-byte header (magic `ECDDPJ01`, u32 version 4,
+//! CRC32C at 28). Records start at multiples of 32 bytes. A data value
+//! d(r) or a parity delta of version 4 carries, after its blocks, each
+//! row's base: the CRC32C of the journal's parity block of that row when
+//! the record was appended (u32), then u32 1 where it was known and 0
+//! where not, padded with zeroes to a multiple of 32 bytes. Records of a
+//! row that share one known base tell, at open, whether the parity block
+//! holds them (it is their base with them folded in) or not (it is their
+//! base) where the checksum table cannot ([`ParityJournal::row_base`]).
+//! An invalidation
 //! of version 3 may carry, as its payload, the CRC32C of each parity row
 //! it ends as the fold (or write) it goes with left it (u32 each, the
 //! payload padded with zeroes to a multiple of 32 bytes): found past the
@@ -69,9 +79,10 @@ use std::sync::Arc;
 
 const MAGIC: [u8; 8] = *b"ECDDPJ01";
 /// Version 1 files carry no header checksum in their records; version 2
-/// no parity checksums in their invalidation marks (read, and written
-/// without them, until the file is emptied or compacted).
-const VERSION: u32 = 3;
+/// no parity checksums in their invalidation marks; version 3 no bases in
+/// their data values and parity deltas (each read, and written without
+/// them, until the file is emptied or compacted).
+const VERSION: u32 = 4;
 pub const HEADER_BYTES: u64 = 32;
 const RECORD_HEADER_BYTES: usize = 32;
 const BLOCK: usize = 4096;
@@ -109,6 +120,11 @@ pub struct BlockLog {
     pub latest: Option<u64>,
     /// File offsets of parity deltas, in order (plog).
     pub deltas: Vec<u64>,
+    /// The base of the latest d(r) (the parity block's CRC32C when it was
+    /// appended), where its record carries a known one (version 4).
+    pub latest_base: Option<u32>,
+    /// The base of each delta of `deltas`, as `latest_base`.
+    pub delta_bases: Vec<Option<u32>>,
 }
 
 /// Everything logged for one stripe: (role, block) → log. Ordered, so
@@ -230,10 +246,12 @@ pub struct ParityJournal {
     records: u64,
     /// Whether the header checksum of records is written and checked.
     header_crc: bool,
-    /// Whether marks carry their parity rows' checksums (version 3: an
-    /// older file takes them only once emptied or compacted, so that a
-    /// binary of its version still reads it).
-    mark_crcs: bool,
+    /// The version the file's records are written in: marks carry their
+    /// parity rows' checksums from version 3 on, data values and parity
+    /// deltas their rows' bases from version 4 on (an older file takes
+    /// them only once emptied or compacted, so that a binary of its
+    /// version still reads it).
+    version: u32,
     /// Whether disk space up to the bound is reserved (preallocated).
     reserved: bool,
     lost: LostRecords,
@@ -440,7 +458,33 @@ pub fn encode_mark(out: &mut Vec<u8>, stripe: u64, first_block: u32, count: u32,
 /// The payload bytes of a mark carrying the CRC32C of `count` parity rows:
 /// 4 a row, padded to a multiple of 32 (records start at such offsets).
 fn mark_crcs_bytes(count: u32) -> u64 {
-    (u64::from(count) * 4).next_multiple_of(RECORD_HEADER_BYTES as u64)
+    row_fields_bytes(count, 4)
+}
+
+/// `bytes` a row of `count` rows, padded to a multiple of 32 (records
+/// start at such offsets).
+fn row_fields_bytes(count: u32, bytes: u64) -> u64 {
+    (u64::from(count) * bytes).next_multiple_of(RECORD_HEADER_BYTES as u64)
+}
+
+/// Puts a record's header (its checksums zero, for `seal`) in `out`.
+fn put_header(
+    out: &mut Vec<u8>,
+    kind: Kind,
+    flag: u8,
+    role: u16,
+    (stripe, first, count): (u64, u32, u32),
+    payload: usize,
+) {
+    out.extend_from_slice(&[0; 4]);
+    out.push(kind as u8);
+    out.push(flag);
+    out.extend_from_slice(&role.to_le_bytes());
+    out.extend_from_slice(&stripe.to_le_bytes());
+    out.extend_from_slice(&first.to_le_bytes());
+    out.extend_from_slice(&count.to_le_bytes());
+    out.extend_from_slice(&(payload as u32).to_le_bytes());
+    out.extend_from_slice(&[0; 4]);
 }
 
 /// [`encode_mark`], carrying `crcs` (empty, or one per row ended): the
@@ -460,15 +504,9 @@ pub fn encode_mark_with_crcs(
         false => mark_crcs_bytes(count) as usize,
     };
     let start = out.len();
-    out.extend_from_slice(&[0; 4]);
-    out.push(Kind::Invalidate as u8);
-    out.push((mark == Mark::AfterFold) as u8);
-    out.extend_from_slice(&u16::MAX.to_le_bytes());
-    out.extend_from_slice(&stripe.to_le_bytes());
-    out.extend_from_slice(&first_block.to_le_bytes());
-    out.extend_from_slice(&count.to_le_bytes());
-    out.extend_from_slice(&(payload as u32).to_le_bytes());
-    out.extend_from_slice(&[0; 4]);
+    let flag = (mark == Mark::AfterFold) as u8;
+    let at = (stripe, first_block, count);
+    put_header(out, Kind::Invalidate, flag, u16::MAX, at, payload);
     let body = out.len();
     for crc in crcs {
         out.extend_from_slice(&crc.to_le_bytes());
@@ -486,18 +524,48 @@ pub fn encode(
     first_block: u32,
     payload: &[u8],
 ) {
+    encode_with_bases(out, kind, stripe, role, first_block, payload, &[]);
+}
+
+/// The bytes after the blocks of a data value or parity delta carrying the
+/// bases of `count` rows: 8 a row, padded to a multiple of 32.
+fn bases_bytes(count: u32) -> u64 {
+    row_fields_bytes(count, 8)
+}
+
+/// [`encode`], a data value or parity delta carrying `bases` (empty, or
+/// one per block): the CRC32C of the journal's parity block of each row
+/// as the record is appended, where known (a version 4 journal;
+/// [`ParityJournal::row_base`]).
+pub fn encode_with_bases(
+    out: &mut Vec<u8>,
+    kind: Kind,
+    stripe: u64,
+    role: u16,
+    first_block: u32,
+    payload: &[u8],
+    bases: &[Option<u32>],
+) {
     assert!(kind != Kind::Invalidate && payload.len().is_multiple_of(BLOCK));
+    let count = (payload.len() / BLOCK) as u32;
+    assert!(
+        bases.is_empty() || (bases.len() == count as usize && kind != Kind::Original),
+        "a base per row of a data value or a parity delta"
+    );
+    let extra = match bases.is_empty() {
+        true => 0,
+        false => bases_bytes(count) as usize,
+    };
     let start = out.len();
-    out.extend_from_slice(&[0; 4]);
-    out.push(kind as u8);
-    out.push(0);
-    out.extend_from_slice(&role.to_le_bytes());
-    out.extend_from_slice(&stripe.to_le_bytes());
-    out.extend_from_slice(&first_block.to_le_bytes());
-    out.extend_from_slice(&((payload.len() / BLOCK) as u32).to_le_bytes());
-    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    out.extend_from_slice(&[0; 4]);
+    let bytes = payload.len() + extra;
+    put_header(out, kind, 0, role, (stripe, first_block, count), bytes);
     out.extend_from_slice(payload);
+    let tail = out.len();
+    for base in bases {
+        out.extend_from_slice(&base.unwrap_or(0).to_le_bytes());
+        out.extend_from_slice(&u32::from(base.is_some()).to_le_bytes());
+    }
+    out.resize(tail + extra, 0);
     seal(&mut out[start..]);
 }
 
@@ -508,6 +576,9 @@ struct Parsed {
     first_block: u32,
     count: u32,
     len: usize,
+    /// Where the rows' bases begin in the record (a data value or parity
+    /// delta of version 4), if it carries them.
+    bases_at: Option<usize>,
 }
 
 /// Why a record did not parse.
@@ -543,7 +614,10 @@ fn parse_checking(
     let kind = Kind::from_u8(b[4]).ok_or(Bad::Header)?;
     let invalidate = kind == Kind::Invalidate;
     let mark_ok = payload == 0 || payload as u64 == mark_crcs_bytes(count);
-    if (!invalidate && payload != count as usize * BLOCK) || (invalidate && !mark_ok) {
+    let blocks = count as usize * BLOCK;
+    let with_bases = matches!(kind, Kind::Value | Kind::Delta)
+        && payload as u64 == blocks as u64 + bases_bytes(count);
+    if (!invalidate && payload != blocks && !with_bases) || (invalidate && !mark_ok) {
         return Err(Bad::Header);
     }
     // The blocks `first..first + count` are numbered in u32.
@@ -569,10 +643,13 @@ fn parse_checking(
         first_block: u32_at(16),
         count,
         len,
+        bases_at: with_bases.then_some(RECORD_HEADER_BYTES + blocks),
     })
 }
 
-fn index_record(index: &mut HashMap<u64, StripeLog>, p: &Parsed, offset: u64) {
+/// Indexes the record `p`, parsed from `record` (its bytes, from its
+/// header on), which lies at file offset `offset`.
+fn index_record(index: &mut HashMap<u64, StripeLog>, p: &Parsed, offset: u64, record: &[u8]) {
     if p.kind == Kind::Invalidate {
         forget_in(index, p.stripe, p.first_block, p.count);
         return;
@@ -580,15 +657,26 @@ fn index_record(index: &mut HashMap<u64, StripeLog>, p: &Parsed, offset: u64) {
     let log = index.entry(p.stripe).or_default();
     for i in 0..p.count {
         let at = offset + RECORD_HEADER_BYTES as u64 + i as u64 * BLOCK as u64;
+        let base = p.bases_at.and_then(|from| {
+            let from = from + 8 * i as usize;
+            let u32_at = |at: usize| u32::from_le_bytes(record[at..at + 4].try_into().unwrap());
+            (u32_at(from + 4) == 1).then(|| u32_at(from))
+        });
         let e = log.entry((p.role, p.first_block + i)).or_default();
         match p.kind {
-            Kind::Value => e.latest = Some(at),
+            Kind::Value => {
+                e.latest = Some(at);
+                e.latest_base = base;
+            }
             Kind::Original => {
                 if e.original.is_none() {
                     e.original = Some(at);
                 }
             }
-            Kind::Delta => e.deltas.push(at),
+            Kind::Delta => {
+                e.deltas.push(at);
+                e.delta_bases.push(base);
+            }
             Kind::Invalidate => unreachable!(),
         }
     }
@@ -885,7 +973,7 @@ fn scan_with(
     let end = walk(bytes, header_crc, torn_past, |at, parsed| match parsed {
         Ok(p) => {
             out.records += 1;
-            index_record(&mut out.index, p, at as u64);
+            index_record(&mut out.index, p, at as u64, &bytes[at..]);
             if deferred_mark(at, p) {
                 let range = p.first_block..p.first_block.saturating_add(p.count);
                 deferred_rows
@@ -916,7 +1004,7 @@ fn scan_with(
         walk(bytes, header_crc, torn_past, |at, parsed| {
             if let Ok(p) = parsed {
                 if deferred_rows.contains_key(&p.stripe) && !deferred_mark(at, p) {
-                    index_record(&mut unmarked, p, at as u64);
+                    index_record(&mut unmarked, p, at as u64, &bytes[at..]);
                 }
             }
         });
@@ -1049,7 +1137,7 @@ impl ParityJournal {
             unsynced_at_open,
             records: scan.records,
             header_crc,
-            mark_crcs: version >= 3,
+            version,
             reserved: false,
             lost: scan.lost,
             faults: FaultHooks::default(),
@@ -1162,7 +1250,7 @@ impl ParityJournal {
             let p = parse_checking(&w.records[at..], true, cfg!(debug_assertions))
                 .unwrap_or_else(|_| panic!("records we encoded parse"));
             self.records += 1;
-            index_record(&mut self.index, &p, w.offset + at as u64);
+            index_record(&mut self.index, &p, w.offset + at as u64, &w.records[at..]);
             if p.kind == Kind::Invalidate {
                 self.forget_unsynced(p.stripe, p.first_block, p.count);
             }
@@ -1297,7 +1385,37 @@ impl ParityJournal {
     /// Whether marks appended to this journal carry their parity rows'
     /// checksums ([`encode_mark_with_crcs`]; version 3 files).
     pub fn takes_mark_crcs(&self) -> bool {
-        self.mark_crcs
+        self.version >= 3
+    }
+
+    /// Whether data values and parity deltas appended to this journal
+    /// carry their rows' bases ([`encode_with_bases`]; version 4 files).
+    pub fn takes_record_bases(&self) -> bool {
+        self.version >= 4
+    }
+
+    /// The base of block row `row` of `stripe`: the CRC32C of this
+    /// journal's parity block of the row when its live records were
+    /// appended, where every one of them (the latest d(r) of each data
+    /// block, every delta) carries a known base and all are the same.
+    /// Records are appended only while the parity holds none of the
+    /// row's live records, and a fold or a rewrite of the parity ends
+    /// them with a mark, so the parity block holds them where it is the
+    /// base with them folded in, and lacks them where it is the base.
+    /// None where a record carries none (an older file, a parity whose
+    /// checksum was not known) or two differ (the parity changed in place
+    /// under them: a degraded write).
+    pub fn row_base(&self, stripe: u64, row: u32) -> Option<u32> {
+        let log = self.index.get(&stripe)?;
+        let mut bases = log
+            .iter()
+            .filter(|((_, r), _)| *r == row)
+            .flat_map(|(_, e)| {
+                let latest = e.latest.map(|_| e.latest_base);
+                latest.into_iter().chain(e.delta_bases.iter().copied())
+            });
+        let first = bases.next()??;
+        bases.all(|b| b == Some(first)).then_some(first)
     }
 
     /// Gives `rows` of `stripe` back the records a deferred fold mark ended
@@ -1603,7 +1721,7 @@ impl ParityJournal {
         if self.latched.is_some()
             || !self.in_flight_at.is_empty()
             || !self.index.is_empty()
-            || (self.end == HEADER_BYTES && self.mark_crcs)
+            || (self.end == HEADER_BYTES && self.version == VERSION)
         {
             return Ok(false);
         }
@@ -1611,7 +1729,7 @@ impl ParityJournal {
         self.file.write_at(&header(), 0)?;
         self.file.sync()?;
         self.header_crc = true;
-        self.mark_crcs = true;
+        self.version = VERSION;
         self.end = HEADER_BYTES;
         self.file_epoch += 1;
         self.record_synced(HEADER_BYTES)?;
@@ -1649,7 +1767,7 @@ impl ParityJournal {
         self.end = end;
         self.index = index;
         self.header_crc = true;
-        self.mark_crcs = true;
+        self.version = VERSION;
         self.reserved = false;
         self.file_epoch += 1;
         // Format 1: the live records may include some appended after the
@@ -1684,23 +1802,31 @@ impl ParityJournal {
             keys.sort_unstable();
             for &(role, b) in keys {
                 let e = &log[&(role, b)];
-                let mut put = |kind: Kind, at: u64, out: &mut Vec<u8>| -> std::io::Result<()> {
+                let mut put = |kind: Kind,
+                               at: u64,
+                               base: Option<Option<u32>>,
+                               out: &mut Vec<u8>|
+                 -> std::io::Result<()> {
                     self.read_block(at, &mut block)?;
                     let start = out.len();
-                    encode(out, kind, stripe, role, b, &block);
+                    // A base not known is carried as none.
+                    let bases: Vec<Option<u32>> =
+                        base.filter(|b| b.is_some()).into_iter().collect();
+                    encode_with_bases(out, kind, stripe, role, b, &block, &bases);
                     let p = parse(&out[start..], true)
                         .unwrap_or_else(|_| panic!("records we encoded parse"));
-                    index_record(&mut index, &p, end + start as u64);
+                    index_record(&mut index, &p, end + start as u64, &out[start..]);
                     Ok(())
                 };
                 if let Some(o) = e.original {
-                    put(Kind::Original, o, &mut out)?;
+                    put(Kind::Original, o, None, &mut out)?;
                 }
                 if let Some(l) = e.latest {
-                    put(Kind::Value, l, &mut out)?;
+                    put(Kind::Value, l, Some(e.latest_base), &mut out)?;
                 }
-                for &d in &e.deltas {
-                    put(Kind::Delta, d, &mut out)?;
+                for (i, &d) in e.deltas.iter().enumerate() {
+                    let base = e.delta_bases.get(i).copied().flatten();
+                    put(Kind::Delta, d, Some(base), &mut out)?;
                 }
                 if out.len() >= COMPACT_WRITE_BYTES {
                     write_out(&mut out, &mut end)?;
@@ -1937,30 +2063,119 @@ mod tests {
     }
 
     /// A version 2 journal is read as it is and its marks go without
-    /// checksums (a binary of that version reads the file still) until it
-    /// is emptied, when it takes version 3's header.
+    /// checksums, a version 3 journal's records without bases (a binary of
+    /// that version reads the file still), until it is emptied, when it
+    /// takes version 4's header.
     #[test]
-    fn a_version_2_journal_takes_mark_checksums_once_emptied() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("j");
-        let mut bytes = header_version(2).to_vec();
-        encode(&mut bytes, Kind::Delta, 5, 4, 0, &[7u8; 4096]);
-        std::fs::write(&path, &bytes).unwrap();
-        let mut j = ParityJournal::open(&path).unwrap();
-        assert!(!j.takes_mark_crcs());
-        assert_eq!(j.stripe_log(5).unwrap().len(), 1);
-        j.forget(5, 0, 1);
-        assert!(j.reset_if_empty().unwrap(), "emptied");
-        assert!(j.takes_mark_crcs());
-        assert_eq!(std::fs::read(&path).unwrap(), header().to_vec());
-        assert_eq!(header_version_of(&header()), Some(3));
+    fn an_older_journal_takes_the_new_fields_once_emptied() {
+        for version in [2, 3] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("j");
+            let mut bytes = header_version(version).to_vec();
+            encode(&mut bytes, Kind::Delta, 5, 4, 0, &[7u8; 4096]);
+            std::fs::write(&path, &bytes).unwrap();
+            let mut j = ParityJournal::open(&path).unwrap();
+            assert_eq!(j.takes_mark_crcs(), version == 3);
+            assert!(!j.takes_record_bases());
+            assert_eq!(j.stripe_log(5).unwrap().len(), 1);
+            assert_eq!(j.row_base(5, 0), None, "a record without a base");
+            j.forget(5, 0, 1);
+            assert!(j.reset_if_empty().unwrap(), "emptied");
+            assert!(j.takes_mark_crcs() && j.takes_record_bases());
+            assert_eq!(std::fs::read(&path).unwrap(), header().to_vec());
+        }
+        assert_eq!(header_version_of(&header()), Some(4));
         assert_eq!(header_kind(&header_version(2)), Some(true));
         assert_eq!(header_kind(&header_version(1)), Some(false));
         assert_eq!(
-            header_version_of(&header_version(4)),
+            header_version_of(&header_version(5)),
             None,
             "a newer version is refused"
         );
+    }
+
+    /// Records carry each row's base (the parity block's checksum as they
+    /// were appended); a row's base is known where every live record of
+    /// it carries one and all agree, and it survives a reopen and a
+    /// compaction, and ends with the records.
+    #[test]
+    fn a_rows_base_is_known_where_its_live_records_agree() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        let mut j = ParityJournal::open(&path).unwrap();
+        let mut r = Vec::new();
+        // Stripe 5 (plog): rows 0 and 1 on base 7; row 1 again, on 7.
+        encode_with_bases(
+            &mut r,
+            Kind::Delta,
+            5,
+            4,
+            0,
+            &[1u8; 8192],
+            &[Some(7), Some(7)],
+        );
+        encode_with_bases(&mut r, Kind::Delta, 5, 4, 1, &[2u8; 4096], &[Some(7)]);
+        // Row 2: two deltas on different bases (the parity changed in
+        // place under them); row 3: a base not known.
+        encode_with_bases(&mut r, Kind::Delta, 5, 4, 2, &[3u8; 4096], &[Some(7)]);
+        encode_with_bases(&mut r, Kind::Delta, 5, 4, 2, &[4u8; 4096], &[Some(8)]);
+        encode_with_bases(&mut r, Kind::Delta, 5, 4, 3, &[5u8; 4096], &[None]);
+        // Stripe 6 (parix): d(0) carries none; the latest d(r) of each
+        // block counts, of every data role in the row.
+        encode(&mut r, Kind::Original, 6, 0, 0, &[6u8; 4096]);
+        encode_with_bases(&mut r, Kind::Value, 6, 0, 0, &[7u8; 4096], &[Some(3)]);
+        encode_with_bases(&mut r, Kind::Value, 6, 0, 0, &[8u8; 4096], &[Some(9)]);
+        encode_with_bases(&mut r, Kind::Value, 6, 1, 0, &[9u8; 4096], &[Some(9)]);
+        // Stripe 8: a record without bases (as an older binary's).
+        encode(&mut r, Kind::Delta, 8, 4, 0, &[1u8; 4096]);
+        j.append(&r).unwrap();
+        let expect = |j: &ParityJournal, when: &str| {
+            assert_eq!(j.row_base(5, 0), Some(7), "{when}");
+            assert_eq!(j.row_base(5, 1), Some(7), "{when}");
+            assert_eq!(j.row_base(5, 2), None, "{when}: two bases");
+            assert_eq!(j.row_base(5, 3), None, "{when}: not known");
+            assert_eq!(j.row_base(5, 4), None, "{when}: no record");
+            assert_eq!(j.row_base(6, 0), Some(9), "{when}: the latest d(r)");
+            assert_eq!(j.row_base(8, 0), None, "{when}: none carried");
+        };
+        expect(&j, "appended");
+        // The payload of a record with bases: its blocks, then 8 bytes a
+        // row padded to 32.
+        let mut one = Vec::new();
+        encode_with_bases(
+            &mut one,
+            Kind::Delta,
+            5,
+            4,
+            0,
+            &[1u8; 8192],
+            &[Some(7), None],
+        );
+        assert_eq!(one.len(), 32 + 8192 + 32);
+        assert_eq!(
+            &one[32 + 8192..32 + 8192 + 16],
+            &[7, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+        );
+        flush(&mut j);
+        drop(j);
+        let mut j = ParityJournal::open(&path).unwrap();
+        expect(&j, "reopened");
+        j.compact().unwrap();
+        expect(&j, "compacted");
+        drop(j);
+        let mut j = ParityJournal::open(&path).unwrap();
+        expect(&j, "reopened after the compaction");
+        // A mark ends the row's records and their base; a record appended
+        // after it carries the parity's new checksum.
+        let mut r = Vec::new();
+        encode_mark(&mut r, 5, 0, 1, Mark::AfterFold);
+        j.append(&r).unwrap();
+        assert_eq!(j.row_base(5, 0), None);
+        let mut r = Vec::new();
+        encode_with_bases(&mut r, Kind::Delta, 5, 4, 0, &[1u8; 4096], &[Some(11)]);
+        j.append(&r).unwrap();
+        assert_eq!(j.row_base(5, 0), Some(11));
+        assert_eq!(j.row_base(5, 1), Some(7));
     }
 
     /// Where the journal's chunk server never restarted since its marks

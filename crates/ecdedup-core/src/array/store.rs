@@ -531,6 +531,25 @@ impl ChunkStore {
         }
     }
 
+    /// Whether this device's journal takes the rows' bases in its data
+    /// values and parity deltas ([`journal::encode_with_bases`]).
+    pub(super) fn journal_takes_bases(&self) -> bool {
+        self.journal
+            .lock()
+            .unwrap()
+            .as_ref()
+            .is_some_and(|j| j.takes_record_bases())
+    }
+
+    /// [`journal::ParityJournal::row_base`] of this device's journal.
+    pub(super) fn journal_row_base(&self, stripe: u64, row: u32) -> Option<u32> {
+        self.journal
+            .lock()
+            .unwrap()
+            .as_ref()
+            .and_then(|j| j.row_base(stripe, row))
+    }
+
     /// [`journal::ParityJournal::deferred_rows`] of this device's journal.
     pub(super) fn journal_deferred_rows(&self, stripe: u64) -> BTreeSet<u32> {
         self.journal

@@ -194,8 +194,8 @@ fn a_parix_overwrite_writes_its_data_and_journal_appends_in_one_batch() {
     let journal_bytes = |s: &Stats| s.devices.iter().map(|d| d.write_bytes.journal).sum::<u64>();
     assert_eq!(
         journal_bytes(&s) - journal_bytes(&before),
-        2 * (32 + 4096),
-        "d(r) in both parity journals"
+        2 * (32 + 4096 + 32),
+        "d(r) in both parity journals, each with its row's base (32 bytes)"
     );
     assert_eq!(
         s.array.device_submissions - before.array.device_submissions,

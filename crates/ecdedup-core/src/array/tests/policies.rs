@@ -1443,9 +1443,11 @@ fn a_parity_whose_folded_value_is_its_entry_is_not_taken_to_hold_the_records() {
 /// lost a data member. The records are live and the parity holds them:
 /// folded again, a record of the lost unit moves every parity alike and
 /// the spare vouches for the unit's bytes before its write (plog read it
-/// wrong, without an error, until 2026-11-29). Every block reads its
-/// flushed bytes or, where the row cannot be told, an I/O error; never
-/// other bytes.
+/// wrong, without an error, until 2026-11-29). Then a record of the
+/// unit lost left its row unknowable (an I/O error) until records carried
+/// their rows' bases (2026-11-29, evening): each parity block is its
+/// records' base with them folded in, so it holds them, and every block
+/// reads its flushed bytes (without that rule it fails here).
 #[test]
 fn a_fold_whose_marks_were_never_appended_never_reads_wrong() {
     for policy in POLICIES {
@@ -1461,13 +1463,17 @@ fn a_fold_whose_marks_were_never_appended_never_reads_wrong() {
             let array = rig.crash_and_reopen_without(&[g.place(stripe, lost_role).device]);
             let mut got = vec![0u8; 4096];
             for (role, &at) in offsets.iter().enumerate() {
-                if array.read(&mut got, at).is_ok() {
-                    assert!(
-                        got[..] == rig.model[at as usize..at as usize + 4096],
-                        "{policy:?}, unit {lost_role} lost: unit {role} reads wrong: {:?}",
-                        array.warnings()
-                    );
-                }
+                let read = array.read(&mut got, at);
+                assert!(
+                    read.is_ok(),
+                    "{policy:?}, unit {lost_role} lost: unit {role}: {read:?}, {:?}",
+                    array.warnings()
+                );
+                assert!(
+                    got[..] == rig.model[at as usize..at as usize + 4096],
+                    "{policy:?}, unit {lost_role} lost: unit {role} reads wrong: {:?}",
+                    array.warnings()
+                );
             }
         }
     }
