@@ -1934,10 +1934,9 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     // records" and "neither does" are each one codeword. 1333799 (replicate
     // with parity dedup beside plog) was known until 2026-11-29 (evening)
     // and passes since records carry their rows' bases, by moved frames
-    // (no base told a row in its run: a torn parity is neither its base
-    // nor its base with the records in it); its class stays open
-    // (docs/write-hole.md, "A fold that landed on one parity"). It runs in
-    // `REGRESSION_SHARED_SEEDS`.
+    // (no base told a row in its run); its class is told since by the
+    // bases, sector by sector (docs/write-hole.md, "A record's base").
+    // It runs in `REGRESSION_SHARED_SEEDS`.
     //
     // 1493177, 1502585, 1518837 and 1526137 (plog, found by the runs
     // 1,475,000 to 1,534,999 on 2026-11-29, evening; I/O errors after a

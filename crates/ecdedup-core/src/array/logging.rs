@@ -133,6 +133,56 @@ type FoldedParity = (
     usize,
 );
 
+/// The parity a row's records leave, told by their base (see
+/// `Array::told_by_bases`): `before`, the parity block as read, holds the
+/// records in some of its 512-byte sectors (a cut may tear a fold's
+/// write) and lacks them in the others; `folded` is `before` with the
+/// records folded into every sector. The one choice of sectors that,
+/// unfolded, gives the base's checksum says which: the parity then is the
+/// base with the records folded in once, in every sector. None where no
+/// choice, or more than one, gives it (a parity changed otherwise, or a
+/// checksum that two choices share). Every choice is tried where at most
+/// 8 sectors differ (a 4 KiB block: 256 checksums of it), else only
+/// "none" and "all". A choice matches by chance with odds of 2^-32 each.
+fn parity_told_by_base(before: &[u8], folded: &[u8], base: u32) -> Option<Vec<u8>> {
+    let moving: Vec<std::ops::Range<usize>> = (0..before.len())
+        .step_by(SECTOR_BYTES)
+        .map(|from| from..(from + SECTOR_BYTES).min(before.len()))
+        .filter(|r| before[r.clone()] != folded[r.clone()])
+        .collect();
+    let all = (1u32 << moving.len().min(31)) - 1;
+    let choices: Vec<u32> = match moving.len() <= 8 {
+        true => (0..=all).collect(),
+        false => vec![0, all],
+    };
+    let mut found: Option<Vec<u8>> = None;
+    for choice in choices {
+        // The block with the sectors of `choice` unfolded: the parity
+        // without the records, if they were in just those sectors.
+        let mut without = before.to_vec();
+        for (i, r) in moving.iter().enumerate() {
+            if choice & (1 << i) != 0 {
+                without[r.clone()].copy_from_slice(&folded[r.clone()]);
+            }
+        }
+        if crate::codec::crc32c(&without) != base {
+            continue;
+        }
+        if found.is_some() {
+            return None;
+        }
+        // Folded into every sector once.
+        let mut told = before.to_vec();
+        for (i, r) in moving.iter().enumerate() {
+            if choice & (1 << i) == 0 {
+                told[r.clone()].copy_from_slice(&folded[r.clone()]);
+            }
+        }
+        found = Some(told);
+    }
+    found
+}
+
 impl Array {
     pub(super) fn parity_devices(&self, stripe: u64) -> Vec<(usize, usize)> {
         let g = &self.geo;
@@ -1668,12 +1718,12 @@ impl Array {
             if self.stores[*p].block_matches(index, before) || before == parity.as_slice() {
                 continue;
             }
-            match self.stores[*p].journal_row_base(stripe, row) {
-                Some(base) if crate::codec::crc32c(before) == base => {}
-                Some(base) if crate::codec::crc32c(parity) == base => {
-                    parity.copy_from_slice(before);
-                }
-                _ => told = false,
+            let told_parity = self.stores[*p]
+                .journal_row_base(stripe, row)
+                .and_then(|base| parity_told_by_base(before, parity, base));
+            match told_parity {
+                Some(told) => parity.copy_from_slice(&told),
+                None => told = false,
             }
         }
         told
@@ -2028,4 +2078,39 @@ pub(super) enum MarkParity<'a> {
     Unit(&'a [u8]),
     /// Zeroes (a discarded stripe's).
     Zeroes,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A parity block as read is told against its records' base: lacking
+    /// them, holding them, holding them in some sectors only (a torn
+    /// fold); changed otherwise, it is not told.
+    #[test]
+    fn a_parity_is_told_by_its_records_base_sector_by_sector() {
+        let base: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 3) as u8).collect();
+        // The records' contribution moves sectors 1, 2, 5 and 7 only.
+        let mut contrib = vec![0u8; 4096];
+        for s in [1usize, 2, 5, 7] {
+            contrib[s * 512..(s + 1) * 512].fill(0x5a ^ s as u8);
+        }
+        let xor = |a: &[u8], b: &[u8]| -> Vec<u8> { a.iter().zip(b).map(|(x, y)| x ^ y).collect() };
+        let right = xor(&base, &contrib);
+        let crc = crate::codec::crc32c(&base);
+        // As read, and folded (the records folded into it once more).
+        let tell = |before: &[u8]| parity_told_by_base(before, &xor(before, &contrib), crc);
+        assert_eq!(tell(&base), Some(right.clone()), "lacks them: folded");
+        assert_eq!(tell(&right), Some(right.clone()), "holds them: as read");
+        for held in [vec![1usize], vec![2, 7], vec![1, 2, 5]] {
+            let mut torn = base.clone();
+            for s in &held {
+                torn[s * 512..(s + 1) * 512].copy_from_slice(&right[s * 512..(s + 1) * 512]);
+            }
+            assert_eq!(tell(&torn), Some(right.clone()), "held in sectors {held:?}");
+        }
+        let mut other = right.clone();
+        other[100] ^= 1;
+        assert_eq!(tell(&other), None, "changed otherwise");
+    }
 }

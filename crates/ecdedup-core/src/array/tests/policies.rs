@@ -1328,8 +1328,17 @@ fn a_lost_mark_over_records_not_flushed_never_decodes_through_a_second_fold() {
 fn a_fold_that_landed_on_one_parity_is_not_folded_again_when_a_second_member_is_lost() {
     for policy in POLICIES {
         // The record on the member lost at the open or on one left, parity
-        // 1's write dropped or torn (its first half old, the rest new).
-        for (record_role, torn) in [(0usize, false), (0, true), (2, false), (2, true)] {
+        // 1's write dropped or torn (its first half old, the rest new), and
+        // in `both`, parity 0's torn too (its first quarter old).
+        let cases = [
+            (0usize, false, false),
+            (0, true, false),
+            (0, true, true),
+            (2, false, false),
+            (2, true, false),
+            (2, true, true),
+        ];
+        for (record_role, torn, both) in cases {
             let mut rig = Rig::filled_on_devices(policy, 16);
             let g = rig.geo();
             let stripe = 1;
@@ -1342,6 +1351,9 @@ fn a_fold_that_landed_on_one_parity_is_not_folded_again_when_a_second_member_is_
             let p1_at = g.device_offset(g.place(stripe, g.k() + 1).row, 0);
             let kept = if torn { 2048 } else { g.unit_bytes() as usize };
             let p1_block = rig.mems[p1].with_bytes(|b| b[p1_at as usize..][..kept].to_vec());
+            let p0 = rig.parity_device(stripe, 0);
+            let p0_at = g.device_offset(g.place(stripe, g.k()).row, 0);
+            let p0_block = rig.mems[p0].with_bytes(|b| b[p0_at as usize..][..1024].to_vec());
             rig.a().replay_stripe(stripe).unwrap();
             assert!(
                 !rig.pending(stripe),
@@ -1353,26 +1365,29 @@ fn a_fold_that_landed_on_one_parity_is_not_folded_again_when_a_second_member_is_
             // those stripes).
             rig.put_back(&journals);
             rig.put_back(&[(p1, p1_at, p1_block)]);
+            if both {
+                rig.put_back(&[(p0, p0_at, p0_block)]);
+            }
             let offsets = rig.row_offsets(stripe);
             let array = rig.crash_and_reopen_without(&[out, g.place(stripe, 0).device]);
             let mut got = vec![0u8; 4096];
             for (role, &at) in offsets.iter().enumerate() {
-                // The torn case with the record on the member lost: two
-                // choices are codewords (its old and its new bytes), and
-                // nothing left tells which (`decode_folded_or_not`).
-                let unknowable = torn && record_role == 0 && role == 0;
+                // The torn cases with the record on the member lost: two
+                // choices are codewords (its old and its new bytes) in the
+                // sectors where the parities disagree, or where both are
+                // old, which `decode_folded_or_not` cannot tell; the
+                // records' base tells each parity, sector by sector.
                 if let Err(e) = array.read(&mut got, at) {
-                    assert!(
-                        unknowable,
-                        "{policy:?}, record of role {record_role}, torn {torn}: role {role} \
-                         (flushed) fails to read: {e}: {:?}",
+                    panic!(
+                        "{policy:?}, record of role {record_role}, torn {torn}, both {both}: \
+                         role {role} (flushed) fails to read: {e}: {:?}",
                         array.warnings()
                     );
-                    continue;
                 }
                 assert!(
                     got[..] == rig.model[at as usize..at as usize + 4096],
-                    "{policy:?}, record of role {record_role}, torn {torn}: role {role} reads wrong"
+                    "{policy:?}, record of role {record_role}, torn {torn}, both {both}: role \
+                     {role} reads wrong"
                 );
             }
         }
