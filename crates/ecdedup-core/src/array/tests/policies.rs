@@ -777,6 +777,18 @@ impl Rig {
 
     /// The first MiB of each parity journal of `stripe` as it lies on its
     /// device (format 2): (device, offset, bytes), for [`Rig::put_back`].
+    /// Stripe 1 of a filled rig with a flushed partial write of unit
+    /// `record_role` in its parity journals, then unit 3's member failed
+    /// (where a fold while serving logs that unit's value); returns the
+    /// rig and that member's device.
+    fn journaled_with_unit_3_out(policy: WritePolicy, record_role: usize) -> (Rig, usize) {
+        let mut rig = Rig::filled_on_devices(policy, 16);
+        rig.write_journaled(1, record_role, 90);
+        let out = rig.geo().place(1, 3).device;
+        rig.a().fail_device(out).unwrap();
+        (rig, out)
+    }
+
     fn parity_journals_on_devices(&self, stripe: u64) -> Vec<(usize, u64, Vec<u8>)> {
         (0..self.geo().m())
             .map(|j| {
@@ -1339,12 +1351,9 @@ fn a_fold_that_landed_on_one_parity_is_not_folded_again_when_a_second_member_is_
             (2, true, true),
         ];
         for (record_role, torn, both) in cases {
-            let mut rig = Rig::filled_on_devices(policy, 16);
+            let (mut rig, out) = Rig::journaled_with_unit_3_out(policy, record_role);
             let g = rig.geo();
             let stripe = 1;
-            rig.write_journaled(stripe, record_role, 90);
-            let out = g.place(stripe, 3).device;
-            rig.a().fail_device(out).unwrap();
             // Before the fold: each parity journal, and parity 1's block.
             let journals = rig.parity_journals_on_devices(stripe);
             let p1 = rig.parity_device(stripe, 1);
@@ -1387,6 +1396,58 @@ fn a_fold_that_landed_on_one_parity_is_not_folded_again_when_a_second_member_is_
                 assert!(
                     got[..] == rig.model[at as usize..at as usize + 4096],
                     "{policy:?}, record of role {record_role}, torn {torn}, both {both}: role \
+                     {role} reads wrong"
+                );
+            }
+        }
+    }
+}
+
+/// The cluster simulator's seed 1177955 (plog; docs/write-hole.md, "A
+/// fold whose mark the cut lost"): a flushed partial write left records
+/// in both parity journals; a fold while serving, a data member out,
+/// wrote both parities and appended both marks; the cut kept both parity
+/// writes and parity 0's mark and dropped parity 1's, so parity 1's
+/// journal still held the records its parity had taken. The next open
+/// lost a second data member and folded them into parity 1 again: the
+/// parities disagreed and the row was poisoned (an I/O error on a
+/// flushed block). That case reads right since the replay also weighs a
+/// changed parity as read (`decode_folded_or_not`: parity 0, its records
+/// ended, pins the row). With both marks lost and the record's own unit
+/// lost, "both parities hold the records" and "neither does" are both
+/// codewords: an I/O error until records carried their rows' base (each
+/// parity block is its base with them folded in: it holds them). Every
+/// block reads its flushed bytes.
+#[test]
+fn a_fold_whose_marks_the_cut_lost_is_not_folded_again() {
+    for policy in POLICIES {
+        for (record_role, both) in [(0usize, false), (2, false), (0, true), (2, true)] {
+            let (mut rig, out) = Rig::journaled_with_unit_3_out(policy, record_role);
+            let g = rig.geo();
+            let stripe = 1;
+            let journals = rig.parity_journals_on_devices(stripe);
+            rig.a().replay_stripe(stripe).unwrap();
+            assert!(
+                !rig.pending(stripe),
+                "{policy:?}: the fold ended the records"
+            );
+            // The cut: parity 1's mark dropped (or both), everything
+            // else kept.
+            rig.put_back(&journals[if both { 0 } else { 1 }..]);
+            let offsets = rig.row_offsets(stripe);
+            let array = rig.crash_and_reopen_without(&[out, g.place(stripe, 0).device]);
+            let mut got = vec![0u8; 4096];
+            for (role, &at) in offsets.iter().enumerate() {
+                let read = array.read(&mut got, at);
+                assert!(
+                    read.is_ok(),
+                    "{policy:?}, record of role {record_role}, both marks lost {both}: role \
+                     {role} (flushed): {read:?}, {:?}",
+                    array.warnings()
+                );
+                assert!(
+                    got[..] == rig.model[at as usize..at as usize + 4096],
+                    "{policy:?}, record of role {record_role}, both marks lost {both}: role \
                      {role} reads wrong"
                 );
             }
