@@ -1216,7 +1216,9 @@ fn a_replicated_or_deduplicating_member_is_re_added_with_only_what_it_missed() {
             stripes,
             dedup(dedup_policy),
             policy,
-            JOURNAL_BYTES_DEFAULT,
+            // Journals of a few records: 4 MiB each, not the default 256
+            // (six memory devices of it are 1.5 GiB zeroed per case).
+            4 << 20,
             placement,
         );
         let d = 1;

@@ -33,13 +33,11 @@ impl Rig {
     /// As [`Rig::filled`], the metadata on the devices (format 2): the
     /// parity journals beside the parity, so a replay folds them at the
     /// device (`array/replay_fold.rs`).
+    /// Metadata on the devices, each journal bounded at 4 MiB (the
+    /// default 256 MiB made every rig of six memory devices zero 1.5 GiB:
+    /// most of these tests' time, for journals that hold a few records).
     fn filled_on_devices(policy: WritePolicy, stripes: u64) -> Rig {
-        Rig::filled_with(
-            policy,
-            stripes,
-            JOURNAL_BYTES_DEFAULT,
-            MetadataPlacement::Devices,
-        )
+        Rig::filled_with(policy, stripes, 4 << 20, MetadataPlacement::Devices)
     }
 
     fn filled_with(
@@ -1833,13 +1831,8 @@ fn a_whole_stripe_writes_mark_survives_a_cut_after_a_fua_write_synced_its_parity
             policy: crate::dedup::Policy::Parity,
             ..DedupConfig::default()
         };
-        let mut rig = Rig::filled_with_dedup(
-            policy,
-            16,
-            JOURNAL_BYTES_DEFAULT,
-            MetadataPlacement::Devices,
-            dedup,
-        );
+        let mut rig =
+            Rig::filled_with_dedup(policy, 16, 4 << 20, MetadataPlacement::Devices, dedup);
         let g = rig.geo();
         let stripe = 1;
         let sd = g.stripe_data_bytes();
