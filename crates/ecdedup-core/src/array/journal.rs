@@ -1802,17 +1802,19 @@ impl ParityJournal {
             keys.sort_unstable();
             for &(role, b) in keys {
                 let e = &log[&(role, b)];
+                // A base not known is carried as none.
                 let mut put = |kind: Kind,
                                at: u64,
-                               base: Option<Option<u32>>,
+                               base: Option<u32>,
                                out: &mut Vec<u8>|
                  -> std::io::Result<()> {
                     self.read_block(at, &mut block)?;
                     let start = out.len();
-                    // A base not known is carried as none.
-                    let bases: Vec<Option<u32>> =
-                        base.filter(|b| b.is_some()).into_iter().collect();
-                    encode_with_bases(out, kind, stripe, role, b, &block, &bases);
+                    let bases: &[Option<u32>] = match base {
+                        Some(_) => &[base],
+                        None => &[],
+                    };
+                    encode_with_bases(out, kind, stripe, role, b, &block, bases);
                     let p = parse(&out[start..], true)
                         .unwrap_or_else(|_| panic!("records we encoded parse"));
                     index_record(&mut index, &p, end + start as u64, &out[start..]);
@@ -1822,11 +1824,11 @@ impl ParityJournal {
                     put(Kind::Original, o, None, &mut out)?;
                 }
                 if let Some(l) = e.latest {
-                    put(Kind::Value, l, Some(e.latest_base), &mut out)?;
+                    put(Kind::Value, l, e.latest_base, &mut out)?;
                 }
                 for (i, &d) in e.deltas.iter().enumerate() {
                     let base = e.delta_bases.get(i).copied().flatten();
-                    put(Kind::Delta, d, Some(base), &mut out)?;
+                    put(Kind::Delta, d, base, &mut out)?;
                 }
                 if out.len() >= COMPACT_WRITE_BYTES {
                     write_out(&mut out, &mut end)?;

@@ -22,6 +22,7 @@
 //! - a journal never grows past its bound: a write that does not fit falls
 //!   back to read-modify-write (counted) and triggers replay.
 
+use super::checksum::zero_block_crc;
 use super::io::UnitWrite;
 use super::journal::{self, Kind};
 use super::replay_fold::DeviceFold;
@@ -767,10 +768,7 @@ impl Array {
                         .collect::<Vec<u32>>(),
                 )
                 .filter(|c| c.len() == count as usize),
-                MarkParity::Zeroes => Some(vec![
-                    crate::codec::crc32c(&vec![0u8; block]);
-                    count as usize
-                ]),
+                MarkParity::Zeroes => Some(vec![zero_block_crc(block); count as usize]),
             }
         };
         let (first32, count32) = (first as u32, count as u32);
@@ -1272,9 +1270,11 @@ impl Array {
         // takeover that stopped a fold between its parity writes and its
         // marks left rows the spare could not tell: the cluster
         // simulator's seeds 1493177, 1502585, 1518837, 1526137, 1540481,
-        // each a record of the unit lost). A parity torn by a cut, or
-        // changed otherwise (a whole-stripe write whose mark a cut lost),
-        // is neither, and the row stays refolded.
+        // each a record of the unit lost). A parity a cut tore is the
+        // base with them folded into some of its sectors
+        // (`parity_told_by_base`); one changed otherwise (a whole-stripe
+        // write whose mark a cut lost) is none of these, and the row
+        // stays refolded.
         let mut refolded = refolded;
         for (row, refolded_row) in refolded.iter_mut().enumerate() {
             if *refolded_row && self.told_by_bases(stripe, row as u32, &raw, &mut folds) {
@@ -1702,22 +1702,16 @@ impl Array {
         raw: &[Option<Vec<u8>>],
         folds: &mut [FoldedParity],
     ) -> bool {
-        let g = &self.geo;
-        let block = g.block() as usize;
-        let at = row as usize * block;
         let mut told = true;
         for (j, p, folded, _) in folds.iter_mut() {
             let Some(parity) = folded.get_mut(&row) else {
                 continue;
             };
-            let Some(unit) = raw.get(g.k() + *j).and_then(|u| u.as_ref()) else {
+            let at = u64::from(row);
+            let Some(before) = self.parity_changed_under_fold(stripe, at, (*j, *p), raw, parity)
+            else {
                 continue;
             };
-            let before = &unit[at..at + block];
-            let index = g.checksum_index(g.place(stripe, g.k() + *j).row, u64::from(row));
-            if self.stores[*p].block_matches(index, before) || before == parity.as_slice() {
-                continue;
-            }
             let told_parity = self.stores[*p]
                 .journal_row_base(stripe, row)
                 .and_then(|base| parity_told_by_base(before, parity, base));
@@ -1727,6 +1721,29 @@ impl Array {
             }
         }
         told
+    }
+
+    /// Parity `j`'s block of row `row` (on device `p`) as read before the
+    /// fold (`raw`, the stripe's units), where it no longer matches its
+    /// checksum entry (it changed since the last flush) and differs from
+    /// `folded`, its fold: a parity that may hold the records already.
+    /// None where it was not read, did not change, or the fold moves
+    /// nothing.
+    fn parity_changed_under_fold<'r>(
+        &self,
+        stripe: u64,
+        row: u64,
+        (j, p): (usize, usize),
+        raw: &'r [Option<Vec<u8>>],
+        folded: &[u8],
+    ) -> Option<&'r [u8]> {
+        let g = &self.geo;
+        let block = g.block() as usize;
+        let at = row as usize * block;
+        let before = &raw.get(g.k() + j)?.as_ref()?[at..at + block];
+        let index = g.checksum_index(g.place(stripe, g.k() + j).row, row);
+        let changed = !self.stores[p].block_matches(index, before);
+        (changed && before != folded).then_some(before)
     }
 
     /// The data of block row `row` of a refolded row (a parity changed
@@ -1762,16 +1779,12 @@ impl Array {
     ) -> Option<Vec<Vec<u8>>> {
         let g = &self.geo;
         let block = g.block() as usize;
-        let at = row as usize * block;
         let varying: Vec<(usize, Vec<u8>)> = folds
             .iter()
             .filter_map(|(j, p, _, _)| {
                 let folded = known[g.k() + j].as_ref()?;
-                let unit = raw.get(g.k() + j)?.as_ref()?;
-                let before = &unit[at..at + block];
-                let index = g.checksum_index(g.place(stripe, g.k() + j).row, row);
-                let changed = !self.stores[*p].block_matches(index, before);
-                (changed && before != folded.as_slice()).then(|| (*j, before.to_vec()))
+                let before = self.parity_changed_under_fold(stripe, row, (*j, *p), raw, folded)?;
+                Some((*j, before.to_vec()))
             })
             .collect();
         // Sector by sector: a cut may tear a parity write (some sectors
