@@ -1905,7 +1905,10 @@ const KNOWN_SHARED_SEEDS: &[(u64, &str)] = &[
     // replaced whole in a metadata area is one durable write and a commit
     // (2026-11-29): their frames moved, no fix of their own; they run in
     // `REGRESSION_SHARED_SEEDS`. The same change moved 845757's and
-    // 868189's frames back onto failures (below).
+    // 868189's frames back onto failures (below). Both holes are closed
+    // since (2026-11-29: the records' bases, and a parix d(r) taken as a
+    // member of the degraded replay's decode), each by a unit test that
+    // fails without its change.
     //
     // 845757, 868189 and 1277558 (I/O errors after a takeover, known
     // from 2026-11-29's first changes on) pass since the degraded replay
@@ -2695,11 +2698,12 @@ const REGRESSION_SEEDS: &[u64] = &[
 ///   not traced. Both pass on the code kept (the superblock writes as
 ///   before, the members' sync on every failure).
 /// - 1177955 (plog beside replicate) and 1241874 (parix beside
-///   replicate), known from 2026-11-28 and traced to holes still open
+///   replicate), known from 2026-11-28 and traced to holes
 ///   (docs/write-hole.md, "A fold whose mark the cut lost" and "A torn
 ///   parity left out"), pass since a file replaced whole in a metadata
 ///   area is one durable write and a commit (2026-11-29): their frames
-///   moved, no fix. 845757 and 868189 left this list then, and 1067701
+///   moved, no fix then; both holes closed later that day, each with a
+///   unit test. 845757 and 868189 left this list then, and 1067701
 ///   when an open's area zeroing became one batch (known again:
 ///   `KNOWN_SHARED_SEEDS`). Every seed that left was one that had passed
 ///   by moved frames; every seed whose fix was shown (a same-frames A/B)

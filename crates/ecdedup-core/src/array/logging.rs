@@ -1383,18 +1383,24 @@ impl Array {
                     }
                 }
             }
-            // Some missing units' values in the degraded-write log, not
-            // all: with them more than k members may be known, and a
-            // decode of the others is taken where they are one codeword
-            // (a spare vouches), as the resync takes it. Never a decode
-            // that leaves a logged value out (seed 845757, above): where
-            // none is vouched, the row's members disagree with the log,
-            // and it is left unknown, its present parity marked (its
-            // missing blocks read as I/O errors until rewritten).
-            if missing
-                .iter()
-                .any(|&role| degraded_values.contains_key(&(role as u16, row as u32)))
-            {
+            // Some missing units' values known, not all (in the
+            // degraded-write log, or a parix journal's latest d(r)): with
+            // them more than k members may be known, and a decode of the
+            // others is taken where they are one codeword (a spare
+            // vouches), as the resync takes it. Never a decode that leaves
+            // a logged value out (seed 845757, above): where none is
+            // vouched, the row's members disagree with the log, and it is
+            // left unknown, its present parity marked (its missing blocks
+            // read as I/O errors until rewritten). A d(r) taken here as a
+            // member, not only where every missing unit has one: a fold
+            // while serving with that unit out, one parity's write lost to
+            // a cut, and a second data member lost at the open left
+            // exactly k members and nothing to vouch for them, and the row
+            // was poisoned though the records' bases told both parities
+            // (the cluster simulator's seed 1241874, parix; unit test
+            // `a_fold_that_landed_on_one_parity_is_not_folded_again_when_a_second_member_is_lost`,
+            // its cases with the record of role 3).
+            if missing.iter().any(|&role| value_of(role).is_some()) {
                 let mut known = known_members(&shards, &present);
                 for &role in missing {
                     if let Some(value) = value_of(role) {

@@ -1337,16 +1337,22 @@ fn a_lost_mark_over_records_not_flushed_never_decodes_through_a_second_fold() {
 #[test]
 fn a_fold_that_landed_on_one_parity_is_not_folded_again_when_a_second_member_is_lost() {
     for policy in POLICIES {
-        // The record on the member lost at the open or on one left, parity
-        // 1's write dropped or torn (its first half old, the rest new), and
-        // in `both`, parity 0's torn too (its first quarter old: with the
-        // record's unit lost, only the records' base tells it).
+        // The record on the member lost at the open, on one left, or on
+        // the member out while serving (role 3: under parix its latest
+        // d(r), its value, is a member of the decode, without which the
+        // row is exactly k members with nothing to vouch: seed 1241874),
+        // parity 1's write dropped or torn (its first half old, the rest
+        // new), and in `both`, parity 0's torn too (its first quarter old:
+        // with the record's unit lost, only the records' base tells it).
         let cases = [
             (0usize, false, false),
             (0, true, false),
             (0, true, true),
             (2, false, false),
             (2, true, false),
+            (3, false, false),
+            (3, true, false),
+            (3, true, true),
         ];
         for (record_role, torn, both) in cases {
             let (mut rig, out) = Rig::journaled_with_unit_3_out(policy, record_role);
