@@ -162,6 +162,7 @@ array_counters! {
     device_syscalls: "system calls those batches made: io_uring_enter calls, or one per pread, pwrite and fdatasync where io_uring is unavailable or the device is not a plain file",
     device_ring_entries: "io_uring entries those batches submitted: one per device read, write or sync, except that adjacent reads (or writes) of one device share one vectored entry; none where a batch loops",
     fua_syncs: "FUA requests made durable by syncing only the devices and journals they touched",
+    table_page_syncs: "syncs of every device made because a checksum table was over its bound with only dirty pages whose writes were not yet durable (a page is written only after the syncs that cover its entries)",
 }
 
 impl ArrayCounters {

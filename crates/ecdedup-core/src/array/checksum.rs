@@ -14,10 +14,11 @@
 //! before it is written. Resident pages are kept in shards (a mutex each,
 //! held across the page's device I/O), each bounded by its share of the
 //! configured bytes and evicted by CLOCK. A dirty page is written when
-//! evicted, or at `flush`; never dropped unwritten. A page written before
-//! the flush is covered, like one written at the flush (which orders
-//! nothing against the data either), by the write-intent log until that
-//! flush completes (see docs/format.md). After an I/O error on the table the error is latched:
+//! evicted, or at `flush`; never dropped unwritten; and either way only
+//! once a sync of every device that began after its entries were set has
+//! completed ([`SyncEpochs`]: an eviction passes over a page no such sync
+//! covers and asks for one). Until that flush completes, its stripes are
+//! covered by the write-intent log (see docs/format.md). After an I/O error on the table the error is latched:
 //! every later `flush` returns it (the array then fails the device), no
 //! page is evicted any more, and entries that are not resident read as
 //! unknown.
@@ -85,6 +86,17 @@ struct Page {
     known: Option<Box<[u64; MASK_WORDS]>>,
     dirty: bool,
     referenced: bool,
+    /// The [`SyncEpochs`] epoch of the entry set last (while dirty): the
+    /// page may be written ahead of a flush once the devices' syncs made
+    /// every write of that epoch durable.
+    epoch: u64,
+    /// Bumped by every `set`: a flush's write of the page as encoded
+    /// before leaves it clean only where no entry changed since.
+    version: u64,
+    /// A flush's write of the page, encoded, is on its way
+    /// ([`DirtyPages`]): no eviction writes it meanwhile (an older copy
+    /// could land over a newer one).
+    in_flight: bool,
 }
 
 impl Page {
@@ -94,6 +106,9 @@ impl Page {
             known: None,
             dirty: false,
             referenced: true,
+            epoch: 0,
+            version: 0,
+            in_flight: false,
         }
     }
 
@@ -151,42 +166,130 @@ struct Shard {
 }
 
 /// A table's dirty pages, encoded for a batched write
-/// ([`ChecksumTable::dirty_pages`]), its shards held meanwhile.
+/// ([`ChecksumTable::dirty_pages`]): each marked in flight, so that no
+/// eviction writes it meanwhile; the table's shards are not held, so
+/// entries may change (their pages then stay dirty).
 pub struct DirtyPages<'t> {
     table: &'t ChecksumTable,
-    shards: Vec<std::sync::MutexGuard<'t, Shard>>,
-    /// (shard, page number, device offset, bytes).
-    pages: Vec<(usize, u64, u64, Vec<u8>)>,
+    /// (page number, device offset, bytes, the page's version encoded).
+    pages: Vec<(u64, u64, Vec<u8>, u64)>,
 }
 
 impl DirtyPages<'_> {
     /// The writes to make: (device offset, bytes).
     pub fn writes(&self) -> impl Iterator<Item = (u64, &[u8])> {
-        self.pages.iter().map(|(_, _, at, b)| (*at, b.as_slice()))
+        self.pages.iter().map(|(_, at, b, _)| (*at, b.as_slice()))
     }
 
     /// The pages' writes ended with `outcome` (the first error among
-    /// them): on success the pages are clean; an error other than a full
-    /// file system is latched, as [`ChecksumTable::flush`] latches it, and
-    /// the pages stay dirty.
-    pub fn finish(mut self, outcome: io::Result<()>, counters: &DeviceCounters) -> io::Result<()> {
+    /// them): on success each page whose entries did not change since its
+    /// encoding is clean; an error other than a full file system is
+    /// latched, as [`ChecksumTable::flush`] latches it, and the pages stay
+    /// dirty.
+    pub fn finish(self, outcome: io::Result<()>, counters: &DeviceCounters) -> io::Result<()> {
+        let ok = outcome.is_ok();
+        for (number, _, bytes, version) in &self.pages {
+            if ok {
+                counters.write(IoClass::Metadata, bytes.len());
+            }
+            let mut shard = self.table.shard(*number);
+            if let Some(page) = shard.pages.get_mut(number) {
+                page.in_flight = false;
+                if ok && page.version == *version {
+                    page.dirty = false;
+                }
+            }
+        }
         if let Err(e) = outcome {
             if !super::Array::is_space_error(&e) {
                 self.table.latch(&e);
             }
             return Err(e);
         }
-        for (i, number, _, bytes) in &self.pages {
-            counters.write(IoClass::Metadata, bytes.len());
-            if let Some(page) = self.shards[*i].pages.get_mut(number) {
-                page.dirty = false;
-            }
-        }
         Ok(())
     }
 }
 
+/// When a table page may be written ahead of a flush, shared by the
+/// tables of one array. An entry is set once its block's write was taken
+/// by its device, and says the block holds it; written durably while
+/// another member's write of the same row was still unsynced, it outlived
+/// a cut that dropped that other write, and each member left matched its
+/// entry though the row was not one codeword: after two members lost at
+/// the next open, the resync took the row for untouched
+/// ([`super::Array::rows_torn_unlogged`]) and the k left decoded the
+/// missing units as neither their old nor their new bytes (test
+/// `a_cut_between_a_flushs_table_pages_and_its_syncs_never_reads_wrong`).
+/// So a page is written only after every device's sync that began after
+/// its entries were set: a flush syncs every device first and writes the
+/// pages after ([`super::Array::sync_devices`]), and an eviction writes a
+/// dirty page only where such a sync has completed, asking for one
+/// (`wanted`) where none has.
+pub struct SyncEpochs {
+    /// Whether pages wait for the syncs at all (false: a table on its own,
+    /// as in the table's unit tests and benches, writes when it evicts).
+    strict: bool,
+    /// The epoch an entry set now takes.
+    current: std::sync::atomic::AtomicU64,
+    /// Every write whose entry took this epoch or an earlier one is durable
+    /// on every device in service.
+    durable: std::sync::atomic::AtomicU64,
+    /// An eviction found only pages it may not write yet.
+    wanted: std::sync::atomic::AtomicBool,
+}
+
+impl SyncEpochs {
+    /// The epochs of one array's tables.
+    pub fn new() -> Arc<SyncEpochs> {
+        Arc::new(SyncEpochs {
+            strict: true,
+            current: std::sync::atomic::AtomicU64::new(1),
+            durable: std::sync::atomic::AtomicU64::new(0),
+            wanted: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// No ordering: every page may be written at any time.
+    fn none() -> Arc<SyncEpochs> {
+        Arc::new(SyncEpochs {
+            strict: false,
+            current: std::sync::atomic::AtomicU64::new(1),
+            durable: std::sync::atomic::AtomicU64::new(0),
+            wanted: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    fn now(&self) -> u64 {
+        self.current.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Called before every device in service is synced: returns the epoch
+    /// that sync covers (every entry set before this call took it or an
+    /// earlier one, after its write was taken by its device).
+    pub fn begin_sync(&self) -> u64 {
+        self.current
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The sync begun at `epoch` completed on every device in service.
+    pub fn synced(&self, epoch: u64) {
+        self.durable
+            .fetch_max(epoch, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn may_write(&self, epoch: u64) -> bool {
+        !self.strict || epoch <= self.durable.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Whether an eviction asked for a sync since the last call (and
+    /// forgets it).
+    pub fn take_wanted(&self) -> bool {
+        self.wanted.swap(false, std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
 pub struct ChecksumTable {
+    epochs: Arc<SyncEpochs>,
     base: Base,
     shards: Vec<Mutex<Shard>>,
     pages_per_shard_max: usize,
@@ -217,6 +320,13 @@ impl ChecksumTable {
         )
     }
 
+    /// The table with its pages' writes ordered after the devices' syncs
+    /// by `epochs` (shared by the array's tables).
+    pub fn with_epochs(mut self, epochs: Arc<SyncEpochs>) -> ChecksumTable {
+        self.epochs = epochs;
+        self
+    }
+
     /// A table for `blocks` blocks, every entry describing a zero block,
     /// with no device behind it: pages it touches stay resident (flush
     /// writes the dirty ones to the device it is given).
@@ -234,6 +344,7 @@ impl ChecksumTable {
         let pages_max = (cache_bytes_max / PAGE_RAM_BYTES).clamp(1, 1 << 40) as usize;
         let shards = pages_max.min(SHARDS_MAX);
         ChecksumTable {
+            epochs: SyncEpochs::none(),
             base,
             shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
             pages_per_shard_max: pages_max / shards,
@@ -293,6 +404,8 @@ impl ChecksumTable {
         }
         page.dirty = true;
         page.referenced = true;
+        page.epoch = page.epoch.max(self.epochs.now());
+        page.version += 1;
     }
 
     pub fn set_zero(&self, index: u64) {
@@ -322,6 +435,7 @@ impl ChecksumTable {
     /// rewrites them. Entries not resident here read as unknown there.
     pub fn duplicate(&self) -> ChecksumTable {
         let copy = ChecksumTable {
+            epochs: SyncEpochs::none(),
             base: Base::Unknown,
             shards: (0..self.shards.len())
                 .map(|_| Mutex::new(Shard::default()))
@@ -341,6 +455,9 @@ impl ChecksumTable {
                     known: page.known.clone(),
                     dirty: false,
                     referenced: false,
+                    epoch: 0,
+                    version: 0,
+                    in_flight: false,
                 };
                 to.pages.insert(number, page);
                 to.clock.push_back(number);
@@ -403,9 +520,9 @@ impl ChecksumTable {
     /// The first half of a flush whose page writes go to the device in a
     /// batch with other devices' ([`Array::sync_devices`]: one round trip
     /// to remote chunks, not one per page): every dirty page encoded (a
-    /// partial one merged under the device's copy first, read here), the
-    /// table's shards held until [`DirtyPages::finish`], so that no page
-    /// changes or is evicted while its bytes are on their way.
+    /// partial one merged under the device's copy first, read here) and
+    /// marked in flight until [`DirtyPages::finish`]. Entries set after
+    /// this are not in the bytes, and leave their pages dirty.
     pub fn dirty_pages(
         &self,
         dev: &dyn Device,
@@ -414,10 +531,10 @@ impl ChecksumTable {
         self.check_latched()?;
         let mut held = DirtyPages {
             table: self,
-            shards: self.shards.iter().map(|s| s.lock().unwrap()).collect(),
             pages: Vec::new(),
         };
-        for (i, shard) in held.shards.iter_mut().enumerate() {
+        for shard in &self.shards {
+            let mut shard = shard.lock().unwrap();
             let mut numbers: Vec<u64> = shard
                 .pages
                 .iter()
@@ -428,12 +545,22 @@ impl ChecksumTable {
             for number in numbers {
                 let page = shard.pages.get_mut(&number).expect("listed above");
                 let mut buf = vec![0u8; PAGE_BYTES];
-                let at = self
-                    .encode_page(dev, counters, number, page, &mut buf)
-                    .inspect_err(|e| self.latch(e))?;
-                held.pages.push((i, number, at, buf));
+                let encoded = self.encode_page(dev, counters, number, page, &mut buf);
+                let at = match encoded {
+                    Ok(at) => at,
+                    Err(e) => {
+                        self.latch(&e);
+                        drop(shard);
+                        // The pages marked so far are no longer on their way.
+                        let _ = held.finish(Err(copy_of(&e)), counters);
+                        return Err(e);
+                    }
+                };
+                page.in_flight = true;
+                held.pages.push((number, at, buf, page.version));
             }
         }
+        held.pages.sort_by_key(|(_, at, _, _)| *at);
         Ok(held)
     }
 
@@ -546,7 +673,10 @@ impl ChecksumTable {
 
     /// CLOCK: passes over referenced pages (clearing the bit) and evicts
     /// until the shard has room for one page; a dirty page is written
-    /// first. Stops at an I/O error (latched; the page stays).
+    /// first, where the devices' syncs allow it ([`SyncEpochs`]): one they
+    /// do not yet is passed over, and where nothing else could go the
+    /// shard stays over its bound until the sync it asks for. Stops at an
+    /// I/O error (latched; the page stays).
     fn evict(&self, shard: &mut Shard, dev: &dyn Device, counters: &DeviceCounters) {
         let mut buf = vec![0u8; PAGE_BYTES];
         let mut steps = 2 * shard.clock.len() + 1;
@@ -564,6 +694,17 @@ impl ChecksumTable {
                 shard.clock.push_back(number);
                 continue;
             }
+            if page.in_flight {
+                shard.clock.push_back(number);
+                continue;
+            }
+            if page.dirty && !self.epochs.may_write(page.epoch) {
+                self.epochs
+                    .wanted
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+                shard.clock.push_back(number);
+                continue;
+            }
             if page.dirty {
                 if let Err(e) = self.write_page(dev, counters, number, page, &mut buf) {
                     self.latch(&e);
@@ -573,6 +714,15 @@ impl ChecksumTable {
             }
             shard.pages.remove(&number);
         }
+    }
+}
+
+/// A copy of `e` (an I/O error is not `Clone`): its OS error where it has
+/// one (a full file system stays one), else its kind and message.
+pub fn copy_of(e: &io::Error) -> io::Error {
+    match e.raw_os_error() {
+        Some(code) => io::Error::from_raw_os_error(code),
+        None => io::Error::new(e.kind(), e.to_string()),
     }
 }
 

@@ -680,6 +680,14 @@ impl Array {
         }
         if fua {
             self.make_durable()?;
+        } else if self.sync_epochs.take_wanted() {
+            // A checksum table over its bound could evict none of its
+            // dirty pages: their entries' writes are not yet durable on
+            // every device (`checksum::SyncEpochs`). Synced now, as a FUA
+            // write is, they may go; an error here is latched and told by
+            // the next flush.
+            bump(&self.counters.array.table_page_syncs);
+            let _ = self.make_everything_durable();
         }
         Ok(())
     }
@@ -1249,15 +1257,33 @@ impl Array {
         Ok(space)
     }
 
-    /// Makes the chosen devices durable: their dirty checksum pages written
-    /// (one batch across the devices), then the devices synced (one batch:
-    /// one sync's latency, not one per device). A device that fails either
-    /// step is latched, except for a full file system
-    /// ([`Array::note_flush_space_error`]): the device stays in service and
-    /// the first such error is returned, for the flush to fail with ENOSPC.
-    /// Also returns, per device, whether it was synced.
+    /// Makes the chosen devices durable: every chosen device synced (one
+    /// batch: one sync's latency, not one per device), then the dirty
+    /// checksum pages written, each device's as one append with FUA (one
+    /// batch). A device that fails either step is latched, except for a
+    /// full file system ([`Array::note_flush_space_error`]): the device
+    /// stays in service and the first such error is returned, for the
+    /// flush to fail with ENOSPC. Also returns, per device, whether it was
+    /// synced.
+    ///
+    /// The syncs come first: an entry says its block holds what the write
+    /// put there, and written durably while another member's write of the
+    /// same row was still unsynced, a cut between the two could keep it
+    /// and drop the other: each member left then matched its entry, the
+    /// row was not one codeword, and after two members lost at the next
+    /// open the k left decoded them as neither their old nor their new
+    /// bytes ([`checksum::SyncEpochs`]; test
+    /// `a_cut_between_a_flushs_table_pages_and_its_syncs_never_reads_wrong`).
+    /// The pages are encoded before the syncs, so every entry they carry
+    /// is of a write the syncs cover; an entry set meanwhile (a write
+    /// completing during the syncs, which no table lock holds up) leaves
+    /// its page dirty for the next flush. That costs a flush
+    /// with dirty pages a second round trip to remote chunks (their pages
+    /// and sync went in one message before) and a local device a second
+    /// sync.
     fn sync_devices(&self, chosen: &[bool]) -> (Option<std::io::Error>, Vec<bool>) {
-        let mut synced = vec![false; self.stores.len()];
+        let n = self.stores.len();
+        let mut synced = vec![false; n];
         let mut space = None;
         let mut flush_failed = |d: usize, e: std::io::Error| {
             if Self::is_space_error(&e) {
@@ -1267,73 +1293,56 @@ impl Array {
                 self.latch_failure(d, "flush", &e);
             }
         };
-        // Checksum pages first, every device's dirty pages in one batch
-        // (one round trip to remote chunks: written one by one, a flush
-        // after random writes cost a round trip per page), then every
-        // device synced in a second batch: the pages must be written
-        // before the sync that covers them, and a chunk may handle the
-        // frames of one batch in any order. A chunk across the network
-        // takes both in one message instead (its pages as one append
-        // with FUA: written in order, then the chunk synced, then the
-        // answer; a chunk without dirty pages its sync alone), so a
-        // flush waits for one round trip there, not two; a local device
-        // keeps the two batches (its page writes side by side in one
-        // io_uring submission, then the syncs in another).
         // A device's failure is handled (its superblocks written, its
-        // journals synced) only once no table's shards are held: the
-        // pages' batch holds every chosen table's shards from their
-        // encoding to their finish (across the chunk's sync where the
-        // two go in one message).
+        // journals synced) once every page is finished.
         let mut failed = Vec::new();
-        let mut held = Vec::with_capacity(self.stores.len());
-        for d in (0..self.stores.len()).filter(|&d| chosen[d]) {
+        let mut held = Vec::with_capacity(n);
+        for d in (0..n).filter(|&d| chosen[d]) {
             match self.stores[d].dirty_checksum_pages() {
                 Some((dev, Ok(pages))) => held.push((d, dev, pages)),
                 Some((_, Err(e))) => failed.push((d, e)),
                 None => {}
             }
         }
-        // Per held device, whether its sync goes in the first batch.
-        let one_message: Vec<bool> = held
+        // Every device in service is synced here (none out of the choice,
+        // none failing): the writes of every entry set before this point
+        // are then durable, and pages may be evicted with them.
+        let everyone = (0..n)
+            .all(|d| self.stores[d].device().is_none() || held.iter().any(|(h, _, _)| *h == d));
+        let epoch = self.sync_epochs.begin_sync();
+        let mut syncs: Vec<ChunkRequest> = held
             .iter()
-            .map(|(_, dev, _)| dev.link().is_some())
+            .map(|(d, _, _)| ChunkRequest::new(*d, ChunkOp::Sync))
             .collect();
-        let mut outcomes: Vec<std::io::Result<()>> = held.iter().map(|_| Ok(())).collect();
+        self.submit(&mut syncs);
+        let mut outcomes: Vec<std::io::Result<()>> = syncs
+            .into_iter()
+            .map(|req| match req.reply {
+                ChunkReply::Failed(e) => Err(e),
+                _ => Ok(()),
+            })
+            .collect();
+        if everyone && outcomes.iter().all(|o| o.is_ok()) {
+            self.sync_epochs.synced(epoch);
+        }
         {
             let hint = media::WriteHint::new(IoClass::Data);
             let mut ios = Vec::new();
             let mut owner = Vec::new();
             for (i, (_, dev, pages)) in held.iter().enumerate() {
-                if one_message[i] {
-                    let writes: Vec<(u64, &[u8])> = pages.writes().collect();
-                    let op = match writes.is_empty() {
-                        true => media::batch::Op::Sync,
-                        false => media::batch::Op::Append {
-                            writes,
-                            hint,
-                            fua: true,
-                        },
-                    };
-                    ios.push(media::DeviceIo {
-                        dev: dev.as_ref(),
-                        op,
-                    });
-                    owner.push(i);
+                let writes: Vec<(u64, &[u8])> = pages.writes().collect();
+                if writes.is_empty() || outcomes[i].is_err() {
                     continue;
                 }
-                for (offset, buf) in pages.writes() {
-                    ios.push(media::DeviceIo {
-                        dev: dev.as_ref(),
-                        // The hint `Device::write_at` gives.
-                        op: media::batch::Op::Write {
-                            buf,
-                            offset,
-                            hint,
-                            fua: false,
-                        },
-                    });
-                    owner.push(i);
-                }
+                ios.push(media::DeviceIo {
+                    dev: dev.as_ref(),
+                    op: media::batch::Op::Append {
+                        writes,
+                        hint,
+                        fua: true,
+                    },
+                });
+                owner.push(i);
             }
             if !ios.is_empty() {
                 let (results, cost) = within(Scope::Checksums, || media::submit(&mut ios));
@@ -1342,34 +1351,30 @@ impl Array {
                 a.add(&a.device_syscalls, cost.syscalls);
                 a.add(&a.device_ring_entries, cost.ring_entries);
                 for (r, i) in results.into_iter().zip(owner) {
-                    if let (Ok(()), Err(e)) = (&outcomes[i], r) {
+                    self.stores[held[i].0].note_sync();
+                    if let Err(e) = r {
                         outcomes[i] = Err(e);
                     }
                 }
             }
         }
-        let mut reqs: Vec<ChunkRequest> = Vec::with_capacity(self.stores.len());
-        for (((d, _, pages), outcome), one) in held.into_iter().zip(outcomes).zip(one_message) {
-            match self.stores[d].finish_checksum_pages(pages, outcome) {
-                Ok(()) if one => {
-                    self.stores[d].note_sync();
-                    synced[d] = true;
-                }
-                Ok(()) => reqs.push(ChunkRequest::new(d, ChunkOp::Sync)),
-                Err(e) => failed.push((d, e)),
+        for ((d, _, pages), outcome) in held.into_iter().zip(outcomes) {
+            // The table keeps its own copy of an error (latched there unless
+            // a full file system: its OS error is kept), the device's
+            // failure the original.
+            let (for_table, for_device) = match outcome {
+                Ok(()) => (Ok(()), None),
+                Err(e) => (Err(super::checksum::copy_of(&e)), Some(e)),
+            };
+            let finished = self.stores[d].finish_checksum_pages(pages, for_table);
+            match (for_device, finished) {
+                (Some(e), _) | (None, Err(e)) => failed.push((d, e)),
+                (None, Ok(())) => synced[d] = true,
             }
         }
         failed.sort_by_key(|(d, _)| *d);
         for (d, e) in failed {
             flush_failed(d, e);
-        }
-        self.submit(&mut reqs);
-        for req in reqs {
-            match req.reply {
-                ChunkReply::Failed(e) => flush_failed(req.store, e),
-                ChunkReply::Done => synced[req.store] = true,
-                _ => {}
-            }
         }
         (space, synced)
     }

@@ -492,6 +492,9 @@ pub struct Array {
     /// stripe count unless set.
     written_extent: AtomicU64,
     replay_wanted: std::sync::atomic::AtomicBool,
+    /// Orders the checksum tables' page writes after the devices' syncs
+    /// (shared by every table: [`checksum::SyncEpochs`]).
+    sync_epochs: Arc<checksum::SyncEpochs>,
     /// Device failures latched in RAM, and how many of them the superblocks
     /// record durably: a flush returns only once they are equal, so no
     /// write is acknowledged as durable while a power cut could bring a
@@ -1318,6 +1321,7 @@ impl Array {
             .map(|d| Arc::new(RwLock::new(d.clone())))
             .collect();
         let cache_bytes_per_device = cfg.checksum_cache_bytes_max / n as u64;
+        let sync_epochs = checksum::SyncEpochs::new();
         let tables: Vec<ChecksumTable> = (0..n)
             .map(|i| {
                 ChecksumTable::open(
@@ -1328,6 +1332,7 @@ impl Array {
                     geo.block() as usize,
                     cache_bytes_per_device,
                 )
+                .with_epochs(Arc::clone(&sync_epochs))
             })
             .collect();
         let spr = IntentLog::stripes_per_region(geo.stripe_data_bytes(), cfg.intent_region_bytes);
@@ -1545,6 +1550,7 @@ impl Array {
             write_policy: cfg_write_policy,
             journal_bytes_max: cfg_journal_bytes_max,
             replay_wanted: std::sync::atomic::AtomicBool::new(false),
+            sync_epochs,
             failures_latched: AtomicU64::new(0),
             failures_durable: AtomicU64::new(0),
             generation_written: AtomicU64::new(newest.generation),

@@ -45,7 +45,23 @@ pub struct FaultPlan {
     /// With `hold`, syncs wait too (a flush's device sync in flight while
     /// other requests complete, to stage races); `held` is set as well.
     pub hold_syncs: AtomicBool,
+    /// While `Some`, the bytes each write and discard replaced since the
+    /// device's last sync (offset, bytes before), for a cut
+    /// (`cut_on_write_range`).
+    pub unsynced: Mutex<Option<Vec<PreImage>>>,
+    /// A write overlapping this byte range cuts the power as it arrives:
+    /// every write of this device since its last sync is undone (from
+    /// `unsynced`, newest first) and it is not written; from then on
+    /// writes, discards and syncs of every device sharing `power` are
+    /// dropped while reported done (the test then stops the array as a
+    /// crash; the other devices keep what they took before).
+    pub cut_on_write_range: Mutex<Option<(u64, u64)>>,
+    /// Set once the power is cut; shared by the devices of one machine.
+    pub power: Mutex<Arc<AtomicBool>>,
 }
+
+/// The bytes a write replaced: (offset, bytes before).
+pub type PreImage = (u64, Vec<u8>);
 
 /// Whether `[offset, offset+len)` overlaps `range` (`[start, end)`).
 fn overlaps(range: &Mutex<Option<(u64, u64)>>, offset: u64, len: usize) -> bool {
@@ -57,6 +73,19 @@ impl FaultPlan {
         let p = FaultPlan::default();
         p.writes_before_crash.store(-1, Ordering::SeqCst);
         Arc::new(p)
+    }
+
+    /// Whether the power of this device's machine was cut
+    /// (`cut_on_write_range`).
+    pub fn is_cut(&self) -> bool {
+        self.power.lock().unwrap().load(Ordering::SeqCst)
+    }
+
+    /// Ends a cut and its tracking: the power is back (for the next open).
+    pub fn restore_power(&self) {
+        *self.cut_on_write_range.lock().unwrap() = None;
+        *self.unsynced.lock().unwrap() = None;
+        *self.power.lock().unwrap() = Arc::new(AtomicBool::new(false));
     }
 }
 
@@ -76,6 +105,33 @@ impl<D: Device> FaultyDevice<D> {
         } else {
             Ok(())
         }
+    }
+
+    /// Whether a write or discard of `len` bytes at `offset` is dropped by
+    /// a cut (one that arrives at the cut's range cuts the power first);
+    /// else its pre-image is kept where the test tracks them.
+    fn cut_at(&self, offset: u64, len: u64) -> io::Result<bool> {
+        if self.plan.is_cut() {
+            return Ok(true);
+        }
+        let mut unsynced = self.plan.unsynced.lock().unwrap();
+        if overlaps(&self.plan.cut_on_write_range, offset, len as usize) {
+            for (at, before) in unsynced.take().unwrap_or_default().into_iter().rev() {
+                self.inner.write_at(&before, at)?;
+            }
+            self.plan
+                .power
+                .lock()
+                .unwrap()
+                .store(true, Ordering::SeqCst);
+            return Ok(true);
+        }
+        if let Some(list) = unsynced.as_mut() {
+            let mut before = vec![0u8; len as usize];
+            self.inner.read_at(&mut before, offset)?;
+            list.push((offset, before));
+        }
+        Ok(false)
     }
 
     /// True when the write should be dropped (crash point passed).
@@ -127,7 +183,7 @@ impl<D: Device> Device for FaultyDevice<D> {
                 std::thread::sleep(std::time::Duration::from_millis(1));
             }
         }
-        if self.crashed() {
+        if self.crashed() || self.cut_at(offset, buf.len() as u64)? {
             return Ok(());
         }
         // Writing a sector that could not be read remaps it, as disks do.
@@ -145,7 +201,14 @@ impl<D: Device> Device for FaultyDevice<D> {
                 std::thread::sleep(std::time::Duration::from_millis(1));
             }
         }
-        self.inner.sync()
+        if self.plan.is_cut() {
+            return Ok(());
+        }
+        self.inner.sync()?;
+        if let Some(list) = self.plan.unsynced.lock().unwrap().as_mut() {
+            list.clear();
+        }
+        Ok(())
     }
 
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
@@ -153,7 +216,7 @@ impl<D: Device> Device for FaultyDevice<D> {
         if overlaps(&self.plan.bad_write_range, offset, len as usize) {
             return Err(io::Error::other("injected: bad sector (discard)"));
         }
-        if self.crashed() {
+        if self.crashed() || self.cut_at(offset, len)? {
             return Ok(());
         }
         self.inner.discard(offset, len)

@@ -650,19 +650,22 @@ fn flush_after(
 }
 
 /// A flush costs a fixed number of round trips, not one per dirty
-/// checksum page nor per parity journal: every chunk's dirty pages and
-/// its sync in one message (the pages as one append with FUA; since
-/// 2026-11-28, the pages' batch and the syncs' batch before, 2 round
-/// trips), and (format 2) each parity journal made durable by its
-/// chunk's sync, so that only the metadata area's directory commit of
-/// each journal that grew follows (one FUA write since 2026-11-28; a
-/// write and a sync before, 6 round trips for the parix flush below). On
-/// main before 2afe4b7 the rmw flush below took 13 round trips (its 12
-/// pages one at a time, then the syncs) and the parix one 14 (each
-/// journal synced on its own before the chunks). `-- --nocapture` prints
-/// both.
+/// checksum page nor per parity journal: every chunk synced (one batch),
+/// then every chunk's dirty pages in one message (one append with FUA),
+/// and (format 2) each parity journal made durable by its chunk's sync,
+/// so that only the metadata area's directory commit of each journal
+/// that grew follows (one FUA write since 2026-11-28; a write and a sync
+/// before, 6 round trips for the parix flush below). The syncs come
+/// before the pages since 2026-11-29 (an entry written ahead of another
+/// member's write of its row: `checksum::SyncEpochs`); from 2026-11-28
+/// each chunk's pages and its sync were one message, 1 round trip for
+/// the rmw flush below and 3 for the parix one, and before that the
+/// pages' batch and the syncs' batch, 2 and 4. On main before 2afe4b7
+/// the rmw flush below took 13 round trips (its 12 pages one at a time,
+/// then the syncs) and the parix one 14 (each journal synced on its own
+/// before the chunks). `-- --nocapture` prints both.
 #[test]
-fn a_flush_takes_a_round_trip_for_the_pages_and_syncs_and_one_per_grown_journal() {
+fn a_flush_takes_a_round_trip_for_the_syncs_one_for_the_pages_and_one_per_grown_journal() {
     let count = count_of;
     // rmw: blocks of stripes in each of the 3 checksum pages of a chunk
     // (512 stripes of 2 blocks a page), every chunk holding data and
@@ -679,19 +682,21 @@ fn a_flush_takes_a_round_trip_for_the_pages_and_syncs_and_one_per_grown_journal(
     }
     let (by, trips, began) = flush_after(WritePolicy::Rmw, 1536, &writes);
     eprintln!("rmw flush: {by:?}; {trips} round trips: {began:?}");
-    // One message per chunk, each carrying several pages.
+    // One message of pages per chunk, each carrying several, after one
+    // sync per chunk.
+    let of = |purpose: Purpose| by.iter().find(|(p, _)| *p == purpose).map(|(_, n)| *n);
     assert_eq!(
-        by.iter()
-            .find(|(p, _)| *p == Purpose::ChecksumPage)
-            .map(|(_, n)| *n),
+        of(Purpose::ChecksumPage),
         Some(6),
         "one message per chunk: {by:?}"
     );
-    assert!(
-        by.iter().all(|(p, _)| *p == Purpose::ChecksumPage),
-        "no sync of its own: {by:?}"
+    assert_eq!(of(Purpose::Flush), Some(6), "one sync per chunk: {by:?}");
+    assert_eq!(
+        began,
+        vec![Purpose::Flush, Purpose::ChecksumPage],
+        "the syncs, then the pages"
     );
-    assert_eq!(trips, 1, "pages and syncs together: {began:?}");
+    assert_eq!(trips, 2, "{began:?}");
     // parix: three blocks of stripe 0, each overwritten twice (so both
     // parity journals hold d(0) and d(r)), on six chunks.
     let mut writes = Vec::new();
@@ -701,15 +706,11 @@ fn a_flush_takes_a_round_trip_for_the_pages_and_syncs_and_one_per_grown_journal(
     }
     let (by, trips, began) = flush_after(WritePolicy::Parix, 8, &writes);
     eprintln!("parix flush: {by:?}; {trips} round trips: {began:?}");
-    assert_eq!(trips, 3, "{began:?}");
-    // The chunks' pages and syncs in one (the chunks without dirty
-    // pages their sync alone, in the same batch), then each of the 2
+    assert_eq!(trips, 4, "{began:?}");
+    // The chunks' syncs in one, their pages in one, then each of the 2
     // grown journals' directory commit: one FUA write each.
-    assert_eq!(
-        count(&began, Purpose::ChecksumPage) + count(&began, Purpose::Flush),
-        1,
-        "{began:?}"
-    );
+    assert_eq!(count(&began, Purpose::Flush), 1, "{began:?}");
+    assert_eq!(count(&began, Purpose::ChecksumPage), 1, "{began:?}");
     assert_eq!(count(&began, Purpose::Metadata), 2, "{began:?}");
 }
 
@@ -910,18 +911,20 @@ fn a_degraded_write_after_a_flush_appends_to_its_log_without_directory_commits()
 /// What a FUA write costs since it syncs every device with its parity
 /// journal, as a flush does (docs/benchmarks.md, "A FUA write syncs every
 /// device"): after partial writes to other stripes (every journal grown,
-/// none flushed), a one-block FUA write takes 9 round trips under plog
+/// none flushed), a one-block FUA write takes 10 round trips under plog
 /// and parix counted one sender at a time, as these links send (a
 /// directory commit, one FUA write since 2026-11-28, per device whose
 /// journal grew: six here; over the network the journals' commits go
-/// side by side); right after a flush, 5 under plog and 4 under parix
-/// (16, 8 and 7 when a commit was a write and a sync; 10, 6 and 5 before
-/// 2026-11-28, when a chunk's checksum pages and its sync were two round
-/// trips, not one message). `-- --nocapture` prints them.
+/// side by side); right after a flush, 6 under plog and 5 under parix.
+/// The chunks' syncs and their checksum pages are two round trips since
+/// 2026-11-29 (the syncs first: `checksum::SyncEpochs`), one message a
+/// chunk from 2026-11-28 (9, 5 and 4), two batches before (10, 6 and 5;
+/// 16, 8 and 7 when a commit was a write and a sync). `-- --nocapture`
+/// prints them.
 #[test]
 fn a_fua_write_costs_a_directory_commit_per_grown_journal_it_syncs() {
     for (policy, grown_trips, after_flush) in
-        [(WritePolicy::Plog, 9, 5), (WritePolicy::Parix, 9, 4)]
+        [(WritePolicy::Plog, 10, 6), (WritePolicy::Parix, 10, 5)]
     {
         let (_dir, array, tally) = over_links(policy, 8, true);
         grow_every_journal(&array, 40);
@@ -1213,10 +1216,12 @@ fn a_failure_starts_its_missed_map_with_two_fua_writes_per_copy() {
 /// cut may have left there) in one batch per area, its discards and edge
 /// writes sent before it waits, then syncs: before 2026-11-29 each edge
 /// and each discard was a round trip of its own, 4 to 6 an area here.
-/// RS(4,2), rmw, a reopen after a clean stop: 83 round trips counted one
-/// sender at a time, 107 before; parix 106 (146); plog with parity dedup
-/// 150 (206; its clean dedup layers' superblock writes one FUA write
-/// each too). The first open over freshly formatted members also creates
+/// RS(4,2), rmw, a reopen after a clean stop: 84 round trips counted one
+/// sender at a time, 107 before; parix 107 (146); plog with parity dedup
+/// 153 (206; its clean dedup layers' superblock writes one FUA write
+/// each too). (83, 106 and 150 from 2026-11-28 until the flushes in the
+/// open synced the chunks before writing their checksum pages, one more
+/// round trip a flush: `checksum::SyncEpochs`.) The first open over freshly formatted members also creates
 /// its files (intent map, journals, degraded-write log) each as one
 /// durable write and a commit (`AreaFs::replace_file`): rmw 109, parix
 /// 146 (169 and 248 before both changes). The figures before were counted
@@ -1225,9 +1230,9 @@ fn a_failure_starts_its_missed_map_with_two_fua_writes_per_copy() {
 #[test]
 fn an_open_zeroes_each_areas_file_tails_in_one_batch() {
     for (policy, dedup, reopen_trips) in [
-        (WritePolicy::Rmw, false, 83),
-        (WritePolicy::Parix, false, 106),
-        (WritePolicy::Plog, true, 150),
+        (WritePolicy::Rmw, false, 84),
+        (WritePolicy::Parix, false, 107),
+        (WritePolicy::Plog, true, 153),
     ] {
         let (dir, mems, tally) = formatted_for_links(policy, dedup);
         let devices = mems.iter().map(|m| Some(linked(m, &tally, true))).collect();
