@@ -176,6 +176,11 @@ pub struct DirtyPages<'t> {
 }
 
 impl DirtyPages<'_> {
+    /// Whether no page is dirty.
+    pub fn is_empty(&self) -> bool {
+        self.pages.is_empty()
+    }
+
     /// The writes to make: (device offset, bytes).
     pub fn writes(&self) -> impl Iterator<Item = (u64, &[u8])> {
         self.pages.iter().map(|(_, at, b, _)| (*at, b.as_slice()))

@@ -1325,36 +1325,71 @@ impl Array {
         if everyone && outcomes.iter().all(|o| o.is_ok()) {
             self.sync_epochs.synced(epoch);
         }
-        {
-            let hint = media::WriteHint::new(IoClass::Data);
+        // The pages, each device's made durable: a chunk across the network
+        // takes them as one append with FUA (written in order, then synced:
+        // one message); a local device as page writes side by side in one
+        // io_uring submission, then its sync in another (an append loops
+        // on the calling thread, one device's sync after another's).
+        let hint = media::WriteHint::new(IoClass::Data);
+        let mut local_syncs = Vec::new();
+        for pass in [0, 1] {
             let mut ios = Vec::new();
             let mut owner = Vec::new();
             for (i, (_, dev, pages)) in held.iter().enumerate() {
-                let writes: Vec<(u64, &[u8])> = pages.writes().collect();
-                if writes.is_empty() || outcomes[i].is_err() {
+                if pages.is_empty() || outcomes[i].is_err() {
                     continue;
                 }
-                ios.push(media::DeviceIo {
-                    dev: dev.as_ref(),
-                    op: media::batch::Op::Append {
-                        writes,
-                        hint,
-                        fua: true,
-                    },
-                });
+                match (pass, dev.link().is_some()) {
+                    (0, true) => ios.push(media::DeviceIo {
+                        dev: dev.as_ref(),
+                        op: media::batch::Op::Append {
+                            writes: pages.writes().collect(),
+                            hint,
+                            fua: true,
+                        },
+                    }),
+                    (0, false) => {
+                        for (offset, buf) in pages.writes() {
+                            ios.push(media::DeviceIo {
+                                dev: dev.as_ref(),
+                                op: media::batch::Op::Write {
+                                    buf,
+                                    offset,
+                                    hint,
+                                    fua: false,
+                                },
+                            });
+                            owner.push(i);
+                        }
+                        local_syncs.push(i);
+                        continue;
+                    }
+                    (_, true) => continue,
+                    (_, false) if local_syncs.contains(&i) => ios.push(media::DeviceIo {
+                        dev: dev.as_ref(),
+                        op: media::batch::Op::Sync,
+                    }),
+                    (_, false) => continue,
+                }
                 owner.push(i);
             }
-            if !ios.is_empty() {
-                let (results, cost) = within(Scope::Checksums, || media::submit(&mut ios));
-                let a = &self.counters.array;
-                a.add(&a.device_submissions, cost.submissions);
-                a.add(&a.device_syscalls, cost.syscalls);
-                a.add(&a.device_ring_entries, cost.ring_entries);
-                for (r, i) in results.into_iter().zip(owner) {
+            if ios.is_empty() {
+                continue;
+            }
+            let (results, cost) = within(Scope::Checksums, || media::submit(&mut ios));
+            let a = &self.counters.array;
+            a.add(&a.device_submissions, cost.submissions);
+            a.add(&a.device_syscalls, cost.syscalls);
+            a.add(&a.device_ring_entries, cost.ring_entries);
+            for ((r, i), io) in results.into_iter().zip(owner).zip(&ios) {
+                if matches!(
+                    io.op,
+                    media::batch::Op::Append { .. } | media::batch::Op::Sync
+                ) {
                     self.stores[held[i].0].note_sync();
-                    if let Err(e) = r {
-                        outcomes[i] = Err(e);
-                    }
+                }
+                if let (Ok(()), Err(e)) = (&outcomes[i], r) {
+                    outcomes[i] = Err(e);
                 }
             }
         }
