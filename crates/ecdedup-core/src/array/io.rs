@@ -154,8 +154,14 @@ impl Array {
             .array
             .add(&self.counters.array.client_read_bytes, buf.len() as u64);
         let pieces: Vec<(u64, u64, u64)> = self.pieces(offset, buf.len() as u64).collect();
+        let read = self.read_all_pieces(&pieces, buf);
+        self.sync_for_table_pages();
+        read
+    }
+
+    fn read_all_pieces(&self, pieces: &[(u64, u64, u64)], buf: &mut [u8]) -> Result<()> {
         if pieces.len() == 1 {
-            return self.read_pieces(&pieces, buf);
+            return self.read_pieces(pieces, buf);
         }
         // A request over several stripes (a sequential read) reads every
         // unit of a group of them in one batch, so each device has the
@@ -680,16 +686,23 @@ impl Array {
         }
         if fua {
             self.make_durable()?;
-        } else if self.sync_epochs.take_wanted() {
-            // A checksum table over its bound could evict none of its
-            // dirty pages: their entries' writes are not yet durable on
-            // every device (`checksum::SyncEpochs`). Synced now, as a FUA
-            // write is, they may go; an error here is latched and told by
-            // the next flush.
+        } else {
+            self.sync_for_table_pages();
+        }
+        Ok(())
+    }
+
+    /// Where a checksum table over its bound could evict none of its dirty
+    /// pages (their entries' writes not yet durable on every device:
+    /// `checksum::SyncEpochs`), every device synced now, as for a FUA
+    /// write, so that they may go; called at the end of a request (no
+    /// stripe lock held), a read's too (a read pages entries in). An error
+    /// here is latched and told by the next flush.
+    fn sync_for_table_pages(&self) {
+        if self.sync_epochs.take_wanted() {
             bump(&self.counters.array.table_page_syncs);
             let _ = self.make_everything_durable();
         }
-        Ok(())
     }
 
     /// Writes `bytes` at `within` of `stripe`, the stripe's lock held by
@@ -843,6 +856,8 @@ impl Array {
         }
         if fua {
             self.make_durable()?;
+        } else {
+            self.sync_for_table_pages();
         }
         Ok(())
     }
