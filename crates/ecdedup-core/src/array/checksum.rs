@@ -171,6 +171,11 @@ struct Shard {
 /// entries may change (their pages then stay dirty).
 pub struct DirtyPages<'t> {
     table: &'t ChecksumTable,
+    /// One flush's pages on their way per table at a time: a second flush
+    /// (a FUA write beside it) encodes after this one's are written, so an
+    /// older copy of a page never lands after a newer one that was taken
+    /// for written.
+    _writer: std::sync::MutexGuard<'t, ()>,
     /// (page number, device offset, bytes, the page's version encoded).
     pages: Vec<(u64, u64, Vec<u8>, u64)>,
 }
@@ -295,6 +300,8 @@ impl SyncEpochs {
 
 pub struct ChecksumTable {
     epochs: Arc<SyncEpochs>,
+    /// Held by a flush's [`DirtyPages`] from their encoding to their finish.
+    pages_writer: Mutex<()>,
     base: Base,
     shards: Vec<Mutex<Shard>>,
     pages_per_shard_max: usize,
@@ -350,6 +357,7 @@ impl ChecksumTable {
         let shards = pages_max.min(SHARDS_MAX);
         ChecksumTable {
             epochs: SyncEpochs::none(),
+            pages_writer: Mutex::new(()),
             base,
             shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
             pages_per_shard_max: pages_max / shards,
@@ -441,6 +449,7 @@ impl ChecksumTable {
     pub fn duplicate(&self) -> ChecksumTable {
         let copy = ChecksumTable {
             epochs: SyncEpochs::none(),
+            pages_writer: Mutex::new(()),
             base: Base::Unknown,
             shards: (0..self.shards.len())
                 .map(|_| Mutex::new(Shard::default()))
@@ -536,6 +545,7 @@ impl ChecksumTable {
         self.check_latched()?;
         let mut held = DirtyPages {
             table: self,
+            _writer: self.pages_writer.lock().unwrap(),
             pages: Vec::new(),
         };
         for shard in &self.shards {
