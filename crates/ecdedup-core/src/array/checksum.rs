@@ -251,18 +251,17 @@ pub struct SyncEpochs {
 impl SyncEpochs {
     /// The epochs of one array's tables.
     pub fn new() -> Arc<SyncEpochs> {
-        Arc::new(SyncEpochs {
-            strict: true,
-            current: std::sync::atomic::AtomicU64::new(1),
-            durable: std::sync::atomic::AtomicU64::new(0),
-            wanted: std::sync::atomic::AtomicBool::new(false),
-        })
+        SyncEpochs::with_strict(true)
     }
 
     /// No ordering: every page may be written at any time.
     fn none() -> Arc<SyncEpochs> {
+        SyncEpochs::with_strict(false)
+    }
+
+    fn with_strict(strict: bool) -> Arc<SyncEpochs> {
         Arc::new(SyncEpochs {
-            strict: false,
+            strict,
             current: std::sync::atomic::AtomicU64::new(1),
             durable: std::sync::atomic::AtomicU64::new(0),
             wanted: std::sync::atomic::AtomicBool::new(false),
@@ -292,9 +291,11 @@ impl SyncEpochs {
     }
 
     /// Whether an eviction asked for a sync since the last call (and
-    /// forgets it).
+    /// forgets it). Called at the end of every request: a load first, so
+    /// that requests do not each write the shared flag.
     pub fn take_wanted(&self) -> bool {
-        self.wanted.swap(false, std::sync::atomic::Ordering::SeqCst)
+        use std::sync::atomic::Ordering::SeqCst;
+        self.wanted.load(SeqCst) && self.wanted.swap(false, SeqCst)
     }
 }
 

@@ -1274,8 +1274,9 @@ impl Array {
 
     /// Makes the chosen devices durable: every chosen device synced (one
     /// batch: one sync's latency, not one per device), then the dirty
-    /// checksum pages written, each device's as one append with FUA (one
-    /// batch). A device that fails either step is latched, except for a
+    /// checksum pages written and made durable (a remote chunk's as one
+    /// append with FUA; a local device's writes in one batch, its sync in
+    /// another). A device that fails either step is latched, except for a
     /// full file system ([`Array::note_flush_space_error`]): the device
     /// stays in service and the first such error is returned, for the
     /// flush to fail with ENOSPC. Also returns, per device, whether it was
@@ -1346,68 +1347,54 @@ impl Array {
         // io_uring submission, then its sync in another (an append loops
         // on the calling thread, one device's sync after another's).
         let hint = media::WriteHint::new(IoClass::Data);
-        let mut local_syncs = Vec::new();
-        for pass in [0, 1] {
-            let mut ios = Vec::new();
-            let mut owner = Vec::new();
-            for (i, (_, dev, pages)) in held.iter().enumerate() {
-                if pages.is_empty() || outcomes[i].is_err() {
-                    continue;
-                }
-                match (pass, dev.link().is_some()) {
-                    (0, true) => ios.push(media::DeviceIo {
-                        dev: dev.as_ref(),
-                        op: media::batch::Op::Append {
-                            writes: pages.writes().collect(),
-                            hint,
-                            fua: true,
-                        },
-                    }),
-                    (0, false) => {
-                        for (offset, buf) in pages.writes() {
-                            ios.push(media::DeviceIo {
-                                dev: dev.as_ref(),
-                                op: media::batch::Op::Write {
-                                    buf,
-                                    offset,
-                                    hint,
-                                    fua: false,
-                                },
-                            });
-                            owner.push(i);
-                        }
-                        local_syncs.push(i);
-                        continue;
-                    }
-                    (_, true) => continue,
-                    (_, false) if local_syncs.contains(&i) => ios.push(media::DeviceIo {
-                        dev: dev.as_ref(),
-                        op: media::batch::Op::Sync,
-                    }),
-                    (_, false) => continue,
-                }
+        let to_write = |i: usize| !held[i].2.is_empty() && outcomes[i].is_ok();
+        let mut ios = Vec::new();
+        let mut owner = Vec::new();
+        for (i, (_, dev, pages)) in held.iter().enumerate().filter(|(i, _)| to_write(*i)) {
+            if dev.link().is_some() {
+                let writes = pages.writes().collect();
+                let op = media::batch::Op::Append {
+                    writes,
+                    hint,
+                    fua: true,
+                };
+                ios.push(media::DeviceIo {
+                    dev: dev.as_ref(),
+                    op,
+                });
                 owner.push(i);
-            }
-            if ios.is_empty() {
                 continue;
             }
-            let (results, cost) = within(Scope::Checksums, || media::submit(&mut ios));
-            let a = &self.counters.array;
-            a.add(&a.device_submissions, cost.submissions);
-            a.add(&a.device_syscalls, cost.syscalls);
-            a.add(&a.device_ring_entries, cost.ring_entries);
-            for ((r, i), io) in results.into_iter().zip(owner).zip(&ios) {
-                if matches!(
-                    io.op,
-                    media::batch::Op::Append { .. } | media::batch::Op::Sync
-                ) {
-                    self.stores[held[i].0].note_sync();
-                }
-                if let (Ok(()), Err(e)) = (&outcomes[i], r) {
-                    outcomes[i] = Err(e);
-                }
+            for (offset, buf) in pages.writes() {
+                let op = media::batch::Op::Write {
+                    buf,
+                    offset,
+                    hint,
+                    fua: false,
+                };
+                ios.push(media::DeviceIo {
+                    dev: dev.as_ref(),
+                    op,
+                });
+                owner.push(i);
             }
         }
+        let locals: Vec<usize> = (0..held.len())
+            .filter(|&i| to_write(i) && held[i].1.link().is_none())
+            .collect();
+        self.submit_table_pages(&mut ios, &owner, &held, &mut outcomes);
+        // Local devices whose page writes all went through: synced.
+        let mut ios = Vec::new();
+        let mut owner = Vec::new();
+        for i in locals.into_iter().filter(|&i| outcomes[i].is_ok()) {
+            let op = media::batch::Op::Sync;
+            ios.push(media::DeviceIo {
+                dev: held[i].1.as_ref(),
+                op,
+            });
+            owner.push(i);
+        }
+        self.submit_table_pages(&mut ios, &owner, &held, &mut outcomes);
         for ((d, _, pages), outcome) in held.into_iter().zip(outcomes) {
             // The table keeps its own copy of an error (latched there unless
             // a full file system: its OS error is kept), the device's
@@ -1427,6 +1414,41 @@ impl Array {
             flush_failed(d, e);
         }
         (space, synced)
+    }
+
+    /// Submits a batch of a flush's checksum-page I/O (`owner`: the index
+    /// in `held` of each operation's device), counting it and each sync
+    /// it made, and keeps each device's first error in `outcomes`.
+    fn submit_table_pages(
+        &self,
+        ios: &mut [media::DeviceIo<'_>],
+        owner: &[usize],
+        held: &[(
+            usize,
+            std::sync::Arc<dyn media::Device>,
+            super::checksum::DirtyPages<'_>,
+        )],
+        outcomes: &mut [std::io::Result<()>],
+    ) {
+        if ios.is_empty() {
+            return;
+        }
+        let (results, cost) = within(Scope::Checksums, || media::submit(ios));
+        let a = &self.counters.array;
+        a.add(&a.device_submissions, cost.submissions);
+        a.add(&a.device_syscalls, cost.syscalls);
+        a.add(&a.device_ring_entries, cost.ring_entries);
+        for ((r, &i), io) in results.into_iter().zip(owner).zip(ios.iter()) {
+            if matches!(
+                io.op,
+                media::batch::Op::Append { .. } | media::batch::Op::Sync
+            ) {
+                self.stores[held[i].0].note_sync();
+            }
+            if let (Ok(()), Err(e)) = (&outcomes[i], r) {
+                outcomes[i] = Err(e);
+            }
+        }
     }
 
     /// Stripes per intent region (for tests and tools).
