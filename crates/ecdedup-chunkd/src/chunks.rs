@@ -510,6 +510,13 @@ impl ChunkServer {
                 }
                 let what = || format!("{doing} {}", dev.describe());
                 for &(offset, buf) in &writes {
+                    if buf.is_empty() {
+                        // A barrier: what came before is durable before
+                        // anything after it is made.
+                        dev.sync().map_err(|e| io_refusal(&what(), &e))?;
+                        self.counters.syncs.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
                     dev.write_at(buf, offset)
                         .map_err(|e| io_refusal(&what(), &e))?;
                 }
@@ -873,6 +880,68 @@ mod tests {
         let (st, why) = call(&s, req(Op::LogAppend, 7, 5, 0, &[1, 2]), &[1, 2]);
         assert_eq!(st, Status::Invalid);
         assert!(String::from_utf8_lossy(&why).contains("cut short"));
+    }
+
+    /// A barrier in a `LogAppend` (a flush's pages, then a journal's
+    /// directory commit): the chunk syncs there, and a write after it is
+    /// made only once the writes before it are durable: where that sync
+    /// fails, nothing after it is written.
+    #[test]
+    fn a_log_append_barrier_syncs_before_the_writes_after_it() {
+        use ecdedup_core::media::batch::BARRIER;
+        use ecdedup_core::media::powerloss::PowerLossStorage;
+        use ecdedup_core::proto::frame::encode_append;
+        let media = PowerLossStorage::new();
+        let s = ChunkServer::new(
+            media.shared(),
+            ChunkServerConfig {
+                dirs: vec![PathBuf::from("/chunks/a")],
+                io: IoMode::Buffered,
+                open_chunks_max: 2,
+            },
+        )
+        .unwrap();
+        let size = (1u64 << 20).to_le_bytes();
+        assert_eq!(call(&s, req(Op::Open, 7, 5, 0, &size), &size).0, Status::Ok);
+        let read = |at: u64| {
+            let mut h = req(Op::Read, 7, 5, at, &[]);
+            h.length = 4096;
+            call(&s, h, &[]).1
+        };
+        let (page, slot) = ([0x44u8; 4096], [0x66u8; 4096]);
+        let append = encode_append(&[(65536, &page), BARRIER, (8192, &slot)]);
+        let mut h = req(Op::LogAppend, 7, 5, 65536, &append);
+        h.flags |= FLAG_FUA;
+        assert_eq!(call(&s, h, &append).0, Status::Ok);
+        assert_eq!(
+            s.counters.syncs.load(Ordering::Relaxed),
+            2,
+            "the barrier's and the FUA's"
+        );
+        assert_eq!(media.pending_writes(), 0);
+        assert_eq!((read(65536), read(8192)), (page.to_vec(), slot.to_vec()));
+        // The barrier's sync fails: the write after it is never made.
+        media.fail_next_sync("");
+        let (page, slot) = ([0x45u8; 4096], [0x67u8; 4096]);
+        let append = encode_append(&[(65536, &page), BARRIER, (8192, &slot)]);
+        let mut h = req(Op::LogAppend, 7, 5, 65536, &append);
+        h.flags |= FLAG_FUA;
+        assert_eq!(call(&s, h, &append).0, Status::Io);
+        assert_eq!(
+            read(8192),
+            [0x66u8; 4096].to_vec(),
+            "not written after a failed barrier"
+        );
+        // A barrier first, last, or at an offset: malformed.
+        for bad in [
+            encode_append(&[BARRIER, (0, &[1; 8])]),
+            encode_append(&[(0, &[1; 8]), BARRIER]),
+            encode_append(&[(0, &[1; 8]), (8, &[]), (16, &[1; 8])]),
+            encode_append(&[(0, &[1; 8]), BARRIER, BARRIER, (16, &[1; 8])]),
+        ] {
+            let (st, why) = call(&s, req(Op::LogAppend, 7, 5, 0, &bad), &bad);
+            assert_eq!(st, Status::Invalid, "{}", String::from_utf8_lossy(&why));
+        }
     }
 
     #[test]

@@ -452,10 +452,20 @@ pub fn link_frames(
                 // Larger than a frame (records of a 4 MiB unit with its
                 // d(0), or a flush's many checksum pages): each write as
                 // its own frames, which the chunk may handle in any order,
-                // so with `fua` each one durable before its answer.
+                // so with `fua` each one durable before its answer. An
+                // append with a barrier is never larger
+                // (`proto::frame::append_fits`, checked by its maker); its
+                // barrier would go as a sync in no order.
                 _ => {
+                    debug_assert!(
+                        writes.iter().all(|(_, b)| !b.is_empty()),
+                        "an append with a barrier over one frame"
+                    );
                     for &(offset, buf) in writes {
-                        write_frames(&mut frames, &header, offset, buf, fua);
+                        match buf.is_empty() {
+                            true => frames.push((header(Op::Flush, 0, 0), Vec::new())),
+                            false => write_frames(&mut frames, &header, offset, buf, fua),
+                        }
                     }
                 }
             }

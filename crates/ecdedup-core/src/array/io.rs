@@ -23,6 +23,11 @@ use crate::media;
 use crate::media::remote::{within, Scope};
 use crate::media::storage::ScratchBuf;
 use std::ops::Range;
+use std::sync::Arc;
+
+/// The outcome of a parity journal's sync, and on failure the stripes it
+/// holds records for.
+type JournalSynced = std::result::Result<(), (std::io::Error, Vec<u64>)>;
 
 /// One data unit's share of a stripe write.
 pub(super) struct UnitWrite<'a> {
@@ -1245,7 +1250,7 @@ impl Array {
                 })
                 .collect();
             self.sync_journals_of(devices)?;
-            let (space, synced) = self.sync_devices(devices);
+            let (space, synced, _) = self.sync_devices(devices, &[]);
             let chosen: Vec<bool> = (0..self.stores.len())
                 .map(|d| synced[d] && points[d].is_some())
                 .collect();
@@ -1264,11 +1269,21 @@ impl Array {
                     .flatten()
             })
             .collect();
-        let (space, synced) = self.sync_devices(devices);
-        let chosen: Vec<bool> = devices.iter().zip(&synced).map(|(j, s)| *j && *s).collect();
-        self.sync_journals_with(&chosen, |d, store| {
+        let (space, synced, finished) = self.sync_devices(devices, &points);
+        // The journals whose sync the pages' messages did not finish.
+        let chosen: Vec<bool> = (0..self.stores.len())
+            .map(|d| devices[d] && synced[d] && finished[d].is_none())
+            .collect();
+        let finished = self.journal_sync_outcomes(
+            finished
+                .into_iter()
+                .enumerate()
+                .filter_map(|(d, r)| Some((d, r?))),
+        );
+        let rest = self.sync_journals_with(&chosen, |d, store| {
             store.journal_sync_after_device_sync(points[d].clone(), true)
-        })?;
+        });
+        finished.and(rest)?;
         Ok(space)
     }
 
@@ -1280,7 +1295,8 @@ impl Array {
     /// full file system ([`Array::note_flush_space_error`]): the device
     /// stays in service and the first such error is returned, for the
     /// flush to fail with ENOSPC. Also returns, per device, whether it was
-    /// synced.
+    /// synced, and the outcome of its parity journal's sync where it was
+    /// finished here (below; None: the caller finishes it).
     ///
     /// The syncs come first: an entry says its block holds what the write
     /// put there, and written durably while another member's write of the
@@ -1297,9 +1313,33 @@ impl Array {
     /// with dirty pages a second round trip to remote chunks (their pages
     /// and sync went in one message before) and a local device a second
     /// sync.
-    fn sync_devices(&self, chosen: &[bool]) -> (Option<std::io::Error>, Vec<bool>) {
+    ///
+    /// `journals`: each device's parity-journal sync point, taken before
+    /// the syncs (empty: none). A chunk across the network whose journal
+    /// grew takes its metadata area's directory commit in the same message
+    /// as its pages, after a barrier (`proto::frame::encode_append`: the
+    /// chunk syncs the pages before it writes the directory, then syncs
+    /// again), so a committed length still never comes ahead of the pages
+    /// of the flush that made its records durable, and the commit costs no
+    /// round trip of its own (a parix flush on six chunks: 3 round trips
+    /// where it took 4, counted one sender at a time,
+    /// `array::tests::wire::a_flush_takes_...`). The journal is held from
+    /// the commit's encoding until its write is answered, as a commit
+    /// holds it across its own write. Anything else (a local device, a
+    /// journal in a dedup layer's or another device's area, pages and
+    /// directory over one frame) leaves the journal's sync to the caller.
+    fn sync_devices(
+        &self,
+        chosen: &[bool],
+        journals: &[Option<super::journal::JournalSyncPoint>],
+    ) -> (
+        Option<std::io::Error>,
+        Vec<bool>,
+        Vec<Option<JournalSynced>>,
+    ) {
         let n = self.stores.len();
         let mut synced = vec![false; n];
+        let mut journal_synced: Vec<Option<JournalSynced>> = (0..n).map(|_| None).collect();
         let mut space = None;
         let mut flush_failed = |d: usize, e: std::io::Error| {
             if Self::is_space_error(&e) {
@@ -1324,7 +1364,7 @@ impl Array {
         // none failing): the writes of every entry set before this point
         // are then durable, and pages may be evicted with them.
         let everyone = (0..n)
-            .all(|d| self.stores[d].device().is_none() || held.iter().any(|(h, _, _)| *h == d));
+            .all(|d| self.stores[d].device().is_some() || held.iter().any(|(h, _, _)| *h == d));
         let epoch = self.sync_epochs.begin_sync();
         let mut syncs: Vec<ChunkRequest> = held
             .iter()
@@ -1341,18 +1381,68 @@ impl Array {
         if everyone && outcomes.iter().all(|o| o.is_ok()) {
             self.sync_epochs.synced(epoch);
         }
+        // The grown journals of synced chunks across the network, held in
+        // device order (as a replay's fold holds them), their directory
+        // commits made ready.
+        let remote_journal = |i: usize| {
+            let (d, dev, _) = &held[i];
+            (outcomes[i].is_ok() && dev.link().is_some())
+                .then(|| journals.get(*d)?.as_ref())
+                .flatten()
+        };
+        let mut guards: Vec<(usize, super::store::JournalGuard)> = (0..held.len())
+            .filter(|&i| remote_journal(i).is_some())
+            .map(|i| (i, self.stores[held[i].0].journal_held()))
+            .collect();
+        let mut commits: Vec<Option<media::area::PreparedCommit>> =
+            (0..held.len()).map(|_| None).collect();
+        let mut prepare_failed: Vec<(usize, std::io::Error)> = Vec::new();
+        for (i, guard) in &guards {
+            let (d, dev, pages) = &held[*i];
+            let Some(journal) = guard.as_ref().filter(|j| !j.is_latched()) else {
+                // As the caller's sync finds it: nothing to do.
+                journal_synced[*d] = Some(Ok(()));
+                continue;
+            };
+            let point = remote_journal(*i).expect("chosen");
+            match journal.prepare_sync_after_device_sync(point) {
+                None => {}
+                Some(Err(e)) => prepare_failed.push((*i, e)),
+                Some(Ok(None)) => journal_synced[*d] = Some(Ok(())),
+                Some(Ok(Some(commit))) => {
+                    let mut writes: Vec<(u64, &[u8])> = pages.writes().collect();
+                    writes.push(media::batch::BARRIER);
+                    writes.push(commit.write());
+                    let alike = std::ptr::addr_eq(Arc::as_ptr(commit.device()), Arc::as_ptr(dev));
+                    if alike && crate::proto::frame::append_fits(&writes) {
+                        drop(writes);
+                        commits[*i] = Some(commit);
+                    }
+                    // Otherwise dropped unfinished: the caller's sync
+                    // commits the directory.
+                }
+            }
+        }
         // The pages, each device's made durable: a chunk across the network
         // takes them as one append with FUA (written in order, then synced:
-        // one message); a local device as page writes side by side in one
-        // io_uring submission, then its sync in another (an append loops
-        // on the calling thread, one device's sync after another's).
+        // one message), its directory commit after a barrier; a local
+        // device as page writes side by side in one io_uring submission,
+        // then its sync in another (an append loops on the calling thread,
+        // one device's sync after another's).
         let hint = media::WriteHint::new(IoClass::Data);
-        let to_write = |i: usize| !held[i].2.is_empty() && outcomes[i].is_ok();
+        let to_write =
+            |i: usize| (!held[i].2.is_empty() || commits[i].is_some()) && outcomes[i].is_ok();
         let mut ios = Vec::new();
         let mut owner = Vec::new();
         for (i, (_, dev, pages)) in held.iter().enumerate().filter(|(i, _)| to_write(*i)) {
             if dev.link().is_some() {
-                let writes = pages.writes().collect();
+                let mut writes: Vec<(u64, &[u8])> = pages.writes().collect();
+                if let Some(commit) = &commits[i] {
+                    if !writes.is_empty() {
+                        writes.push(media::batch::BARRIER);
+                    }
+                    writes.push(commit.write());
+                }
                 let op = media::batch::Op::Append {
                     writes,
                     hint,
@@ -1383,6 +1473,39 @@ impl Array {
             .filter(|&i| to_write(i) && held[i].1.link().is_none())
             .collect();
         self.submit_table_pages(&mut ios, &owner, &held, &mut outcomes);
+        drop(ios);
+        // Each directory commit finished with its message's outcome; one
+        // that never went (a full file system: the chunk stops at its
+        // first failed write) is dropped unfinished, nothing latched, its
+        // directory left for the next flush (as a commit after pages that
+        // failed so was never made).
+        let mut commit_outcomes: Vec<(usize, std::io::Result<()>)> = Vec::new();
+        for (i, commit) in commits.into_iter().enumerate() {
+            let Some(commit) = commit else { continue };
+            match &outcomes[i] {
+                Err(e) if Self::is_space_error(e) => {
+                    drop(commit);
+                    journal_synced[held[i].0] = Some(Ok(()));
+                }
+                outcome => {
+                    let written = outcome
+                        .as_ref()
+                        .map(|_| ())
+                        .map_err(super::checksum::copy_of);
+                    commit_outcomes.push((i, commit.finish(written)));
+                }
+            }
+        }
+        for (i, e) in prepare_failed {
+            commit_outcomes.push((i, Err(e)));
+        }
+        for (i, outcome) in commit_outcomes {
+            let g = &mut guards.iter_mut().find(|(h, _)| *h == i).expect("held").1;
+            let journal = g.as_mut().expect("prepared");
+            journal.note_prepared_sync(&outcome);
+            journal_synced[held[i].0] = Some(outcome.map_err(|e| (e, journal.stripes())));
+        }
+        drop(guards);
         // Local devices whose page writes all went through: synced.
         let mut ios = Vec::new();
         let mut owner = Vec::new();
@@ -1413,7 +1536,7 @@ impl Array {
         for (d, e) in failed {
             flush_failed(d, e);
         }
-        (space, synced)
+        (space, synced, journal_synced)
     }
 
     /// Submits a batch of a flush's checksum-page I/O (`owner`: the index

@@ -1683,6 +1683,38 @@ impl ParityJournal {
         }
     }
 
+    /// [`ParityJournal::sync_after_device_sync`] in two steps: the
+    /// metadata area's directory commit made ready, its durable write left
+    /// to the caller, who makes it beside other writes to the device (a
+    /// flush's checksum pages) and finishes it
+    /// ([`crate::media::area::PreparedCommit::finish`]), then passes the
+    /// outcome to [`ParityJournal::note_prepared_sync`]. Some(Ok(None)):
+    /// the sync is done (nothing of the directory changed). None: no such
+    /// step for this point (another file since, a truncation since, a
+    /// file outside an area, an injected sync failure): the caller calls
+    /// `sync_after_device_sync`.
+    pub fn prepare_sync_after_device_sync(
+        &self,
+        point: &JournalSyncPoint,
+    ) -> Option<std::io::Result<Option<crate::media::area::PreparedCommit<'_>>>> {
+        if let Some(why) = &self.latched {
+            return Some(Err(std::io::Error::other(why.clone())));
+        }
+        if !same_file(&point.file, &self.file) || self.faults.fail_syncs.load(Relaxed) {
+            return None;
+        }
+        self.file.prepare_sync_after_device_sync(point.point)
+    }
+
+    /// The outcome of a sync made ready by
+    /// [`ParityJournal::prepare_sync_after_device_sync`]: a failure latches
+    /// the journal as a failed sync does.
+    pub fn note_prepared_sync(&mut self, synced: &std::io::Result<()>) {
+        if let Err(e) = synced {
+            self.latch_sync_failure(e);
+        }
+    }
+
     fn sync_with(
         &mut self,
         sync: impl FnOnce(&dyn StorageFile) -> std::io::Result<()>,
@@ -1696,13 +1728,19 @@ impl ParityJournal {
             sync(self.file.as_ref())
         };
         if let Err(e) = &synced {
+            self.latch_sync_failure(e);
+        }
+        synced
+    }
+
+    fn latch_sync_failure(&mut self, e: &std::io::Error) {
+        if self.latched.is_none() {
             self.latched = Some(format!(
                 "parity journal {} failed to sync earlier ({e}); it takes no more records",
                 self.path.display()
             ));
-            self.reserved = false;
         }
-        synced
+        self.reserved = false;
     }
 
     /// Whether a sync failed: the records appended since the sync before it

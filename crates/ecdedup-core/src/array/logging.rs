@@ -247,8 +247,18 @@ impl Array {
             .collect();
         let parallel = self.journal_syncs_side_by_side(&journals);
         let synced = super::meta::side_by_side(&journals, parallel, |&d| sync(d, &self.stores[d]));
+        self.journal_sync_outcomes(journals.into_iter().zip(synced))
+    }
+
+    /// Handles each journal's sync outcome (device, outcome): a failed
+    /// one keeps its stripes dirty until a resync and fails the flush,
+    /// unless its device is failed for it (the flush goes on without it).
+    pub(super) fn journal_sync_outcomes(
+        &self,
+        outcomes: impl Iterator<Item = (usize, std::result::Result<(), (std::io::Error, Vec<u64>)>)>,
+    ) -> Result<()> {
         let mut first_error = None;
-        for (&d, result) in journals.iter().zip(synced) {
+        for (d, result) in outcomes {
             if let Err((e, stripes)) = result {
                 self.warn(format!(
                     "parity journal of device {d} failed to sync ({e}): its {} stripes \

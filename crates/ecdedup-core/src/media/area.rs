@@ -137,6 +137,51 @@ struct Inner {
     error: Option<String>,
 }
 
+/// A directory encoded for its slot ([`AreaFs::encode_commit`]).
+struct Slot {
+    seq: u64,
+    /// Where the slot lies on the device.
+    at: u64,
+    bytes: Vec<u8>,
+    /// The extents it names.
+    committed: Vec<Extent>,
+}
+
+/// A directory commit whose durable write the caller makes itself, beside
+/// its other writes to the device (a flush's checksum pages:
+/// `Array::sync_devices`), made ready by
+/// [`StorageFile::prepare_sync_after_device_sync`]. The area is held until
+/// [`PreparedCommit::finish`] (no other commit, no name changes), as a
+/// commit holds it across its own write; dropped unfinished (the write
+/// never made), the directory stays as it was, dirty, for the next
+/// commit, and nothing is latched.
+pub struct PreparedCommit<'a> {
+    fs: &'a AreaFs,
+    inner: std::sync::MutexGuard<'a, Inner>,
+    slot: Slot,
+}
+
+impl PreparedCommit<'_> {
+    /// The device the write goes to.
+    pub fn device(&self) -> &Arc<dyn Device> {
+        &self.fs.dev
+    }
+
+    /// The write to make durably (FUA, or a sync after it), and only
+    /// after every write the commit speaks of is durable: (device offset,
+    /// bytes).
+    pub fn write(&self) -> (u64, &[u8]) {
+        (self.slot.at, &self.slot.bytes)
+    }
+
+    /// The write made (`written`: its outcome, durable): the directory is
+    /// the committed one, or the area is latched as a failed commit
+    /// latches it.
+    pub fn finish(mut self, written: io::Result<()>) -> io::Result<()> {
+        self.fs.finish_commit(&mut self.inner, self.slot, written)
+    }
+}
+
 /// A file system in `[offset, offset + bytes)` of a device.
 pub struct AreaFs {
     dev: Arc<dyn Device>,
@@ -544,6 +589,20 @@ impl AreaFs {
     /// Writes the directory as it is in memory (with synced lengths) into
     /// the other slot and syncs. The caller synced file data first.
     fn commit_locked(&self, inner: &mut Inner) -> io::Result<()> {
+        let slot = self.encode_commit(inner);
+        // Durable before anything relies on it (the extents it frees may
+        // be written next): one FUA write, one round trip to a chunk
+        // across the network, where a write and a flush took two. What
+        // the files hold was synced before the commit (their `sync`, a
+        // truncation's own sync, a temporary copy's sync before its
+        // rename).
+        let written = self.dev.write_fua(&slot.bytes, slot.at);
+        self.finish_commit(inner, slot, written)
+    }
+
+    /// The directory as it is in memory (with synced lengths), encoded for
+    /// the slot of the next sequence.
+    fn encode_commit(&self, inner: &Inner) -> Slot {
         let seq = inner.seq + 1;
         let mut b = vec![0u8; DIR_SLOT_BYTES as usize];
         b[0..8].copy_from_slice(&MAGIC);
@@ -569,17 +628,27 @@ impl AreaFs {
         let crc = crc32c::crc32c(&b[..DIR_SLOT_BYTES as usize - 4]);
         b[DIR_SLOT_BYTES as usize - 4..].copy_from_slice(&crc.to_le_bytes());
         debug_assert!(decode_dir(&b, self.bytes, self.units).is_ok());
-        let at = self.offset + (seq % 2) * DIR_SLOT_BYTES;
-        // Durable before anything relies on it (the extents it frees may
-        // be written next): one FUA write, one round trip to a chunk
-        // across the network, where a write and a flush took two. What
-        // the files hold was synced before the commit (their `sync`, a
-        // truncation's own sync, a temporary copy's sync before its
-        // rename).
-        let r = self.dev.write_fua(&b, at);
-        if let Err(e) = r {
+        Slot {
+            seq,
+            at: self.offset + (seq % 2) * DIR_SLOT_BYTES,
+            bytes: b,
+            committed,
+        }
+    }
+
+    /// After the slot's durable write (`written`, its outcome): the
+    /// directory of `slot` is the committed one, or the area is latched.
+    /// `inner` was held since [`AreaFs::encode_commit`].
+    fn finish_commit(
+        &self,
+        inner: &mut Inner,
+        slot: Slot,
+        written: io::Result<()>,
+    ) -> io::Result<()> {
+        if let Err(e) = written {
             return Err(self.latch(inner, e));
         }
+        let seq = slot.seq;
         for (i, node) in inner.names.values().enumerate() {
             let mut n = node.lock().unwrap();
             n.hint = Some((i as u32, seq));
@@ -597,7 +666,7 @@ impl AreaFs {
             node.lock().unwrap().hint = None;
         }
         inner.seq = seq;
-        inner.committed = committed;
+        inner.committed = slot.committed;
         inner.dirty = false;
         Ok(())
     }
@@ -973,6 +1042,17 @@ impl AreaFile {
         mut inner: std::sync::MutexGuard<'_, Inner>,
         len: u64,
     ) -> io::Result<()> {
+        self.raise_synced(&mut inner, len);
+        if inner.dirty {
+            self.fs.commit_locked(&mut inner)?;
+        }
+        Ok(())
+    }
+
+    /// The file's bytes below `len` are durable (a sync of the device
+    /// began after they were written): its durable and synced lengths go
+    /// up to it; the directory is dirty where its durable length changed.
+    fn raise_synced(&self, inner: &mut Inner, len: u64) {
         let mut node = self.node.lock().unwrap();
         debug_assert!(
             len <= node.len,
@@ -983,11 +1063,6 @@ impl AreaFile {
             inner.dirty = true;
         }
         node.synced_len = node.synced_len.max(len);
-        drop(node);
-        if inner.dirty {
-            self.fs.commit_locked(&mut inner)?;
-        }
-        Ok(())
     }
 }
 
@@ -1086,6 +1161,32 @@ impl StorageFile for AreaFile {
     /// [`StorageFile::sync`] takes them to the length at its start. A point
     /// taken before a truncation of the file says nothing of its bytes
     /// now: a whole sync instead.
+    /// [`AreaFile::sync_after_device_sync`] with the commit's write left
+    /// to the caller; None where the point was taken before a truncation
+    /// (a whole sync is due: the caller's `sync_after_device_sync`).
+    fn prepare_sync_after_device_sync(
+        &self,
+        point: SyncPoint,
+    ) -> Option<io::Result<Option<PreparedCommit<'_>>>> {
+        let mut inner = self.fs.inner.lock().unwrap();
+        if let Err(e) = AreaFs::check(&inner) {
+            return Some(Err(e));
+        }
+        if self.node.lock().unwrap().truncations != point.truncations {
+            return None;
+        }
+        self.raise_synced(&mut inner, point.len);
+        if !inner.dirty {
+            return Some(Ok(None));
+        }
+        let slot = self.fs.encode_commit(&inner);
+        Some(Ok(Some(PreparedCommit {
+            fs: &self.fs,
+            inner,
+            slot,
+        })))
+    }
+
     fn sync_after_device_sync(&self, point: SyncPoint) -> io::Result<()> {
         let inner = self.fs.inner.lock().unwrap();
         AreaFs::check(&inner)?;

@@ -59,7 +59,11 @@ pub enum Op<'a> {
     /// answered together. Always on the calling thread (`pwrite`), or as
     /// one message to a chunk across the network. `fua`: the device synced
     /// after the writes, before the answer (a flush's checksum pages and
-    /// the chunk's sync in one message: `Array::sync_devices`).
+    /// the chunk's sync in one message: `Array::sync_devices`). A
+    /// [`BARRIER`] among the writes: the device synced there, so every
+    /// write before it is durable before any after it is made (a flush's
+    /// pages, then a journal's directory commit); across the network the
+    /// append must then fit one frame (`proto::frame::append_fits`).
     Append {
         writes: Vec<(u64, &'a [u8])>,
         hint: WriteHint,
@@ -75,6 +79,10 @@ pub enum Op<'a> {
         answers: &'a mut Vec<super::fold::RowAnswer>,
     },
 }
+
+/// A write of no bytes in an [`Op::Append`]: a sync between the writes
+/// before it and those after it.
+pub const BARRIER: (u64, &[u8]) = (0, &[]);
 
 /// One operation on one device.
 pub struct DeviceIo<'a> {
@@ -231,7 +239,11 @@ fn run_looped(io: &mut DeviceIo<'_>) -> (io::Result<()>, u64) {
         Op::Discard { offset, len } => (io.dev.discard(*offset, *len), 1),
         Op::Append { writes, hint, fua } => {
             for (n, (offset, buf)) in writes.iter().enumerate() {
-                if let Err(e) = io.dev.write_hinted(buf, *offset, *hint) {
+                let made = match buf.is_empty() {
+                    true => io.dev.sync(),
+                    false => io.dev.write_hinted(buf, *offset, *hint),
+                };
+                if let Err(e) = made {
                     return (Err(e), n as u64 + 1);
                 }
             }

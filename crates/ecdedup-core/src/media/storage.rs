@@ -154,6 +154,21 @@ pub trait StorageFile: Send + Sync {
         let _ = (offset, len);
         None
     }
+    /// [`StorageFile::sync_after_device_sync`] in two steps, for a file
+    /// inside a device's metadata area: the lengths raised and the
+    /// directory's commit made ready (None inside: nothing changed, the
+    /// sync is done), its durable write left to the caller, who makes it
+    /// beside other writes and then finishes it
+    /// ([`super::area::PreparedCommit`]). None (the default, and a point
+    /// the file cannot finish so): the caller calls
+    /// `sync_after_device_sync`.
+    fn prepare_sync_after_device_sync(
+        &self,
+        point: SyncPoint,
+    ) -> Option<io::Result<Option<super::area::PreparedCommit<'_>>>> {
+        let _ = point;
+        None
+    }
     /// Where this file lives, for messages.
     fn describe(&self) -> String;
 }

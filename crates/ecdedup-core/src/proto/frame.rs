@@ -195,7 +195,10 @@ impl std::error::Error for FrameError {}
 pub const APPEND_WRITE_HEADER_BYTES: usize = 12;
 
 /// The payload of a `LogAppend`: each write as its offset (u64 LE), its
-/// length (u32 LE) and its bytes, in the order they are made.
+/// length (u32 LE) and its bytes, in the order they are made. A write of
+/// no bytes at offset 0, between two others, is a barrier
+/// (`media::batch::BARRIER`): the chunk syncs there, so the writes before
+/// it are durable before any after it is made.
 pub fn encode_append(writes: &[(u64, &[u8])]) -> Vec<u8> {
     let bytes = writes
         .iter()
@@ -210,8 +213,20 @@ pub fn encode_append(writes: &[(u64, &[u8])]) -> Vec<u8> {
     out
 }
 
+/// Whether `writes` go as one `LogAppend` frame ([`encode_append`]); a
+/// larger append goes as a frame per write, in no order, so one with a
+/// barrier must fit.
+pub fn append_fits(writes: &[(u64, &[u8])]) -> bool {
+    let bytes: usize = writes
+        .iter()
+        .map(|(_, b)| APPEND_WRITE_HEADER_BYTES + b.len())
+        .sum();
+    bytes as u64 <= u64::from(PAYLOAD_BYTES_MAX)
+}
+
 /// The writes of a `LogAppend` payload, or why it is malformed (no write,
-/// an empty write, a length past the payload's end).
+/// an empty write other than a barrier between two writes, a length past
+/// the payload's end). A barrier comes back as a write of no bytes.
 pub fn decode_append(payload: &[u8]) -> Result<Vec<(u64, &[u8])>, String> {
     let mut writes = Vec::new();
     let mut rest = payload;
@@ -224,7 +239,12 @@ pub fn decode_append(payload: &[u8]) -> Result<Vec<(u64, &[u8])>, String> {
         };
         let offset = u64::from_le_bytes(head[..8].try_into().expect("8 bytes"));
         let len = u32::from_le_bytes(head[8..].try_into().expect("4 bytes")) as usize;
-        if len == 0 {
+        if len == 0
+            && (offset != 0
+                || writes
+                    .last()
+                    .is_none_or(|(_, b): &(u64, &[u8])| b.is_empty()))
+        {
             return Err(format!("an empty LogAppend write at {offset}"));
         }
         let Some((buf, tail)) = tail.split_at_checked(len) else {
@@ -236,10 +256,11 @@ pub fn decode_append(payload: &[u8]) -> Result<Vec<(u64, &[u8])>, String> {
         writes.push((offset, buf));
         rest = tail;
     }
-    if writes.is_empty() {
-        return Err("a LogAppend with no write".into());
+    match writes.last() {
+        None => Err("a LogAppend with no write".into()),
+        Some((_, [])) => Err("a LogAppend ending with a barrier".into()),
+        Some(_) => Ok(writes),
     }
-    Ok(writes)
 }
 
 /// Bytes before the rows of a `Replay` payload: u32 LE block bytes, u32 LE
@@ -815,6 +836,16 @@ mod tests {
         assert!(why(&payload[..5]).contains("cut short"));
         assert!(why(&payload[..payload.len() - 1]).contains("bytes left"));
         assert!(why(&encode_append(&[(8, b"")])).contains("empty"));
+        // A barrier: between two writes, at offset 0, one at a time.
+        let barred: Vec<(u64, &[u8])> = vec![(4096, b"pages"), (0, b""), (65536, b"directory")];
+        assert_eq!(decode_append(&encode_append(&barred)).unwrap(), barred);
+        assert!(why(&encode_append(&[(0, b""), (8, b"x")])).contains("empty"));
+        assert!(why(&encode_append(&[(8, b"x"), (0, b"")])).contains("ending with a barrier"));
+        assert!(why(&encode_append(&[(8, b"x"), (4, b""), (9, b"y")])).contains("empty"));
+        assert!(why(&encode_append(&[(8, b"x"), (0, b""), (0, b""), (9, b"y")])).contains("empty"));
+        assert!(append_fits(&barred));
+        let big = vec![0u8; PAYLOAD_BYTES_MAX as usize];
+        assert!(!append_fits(&[(0, &big[..])]));
     }
 
     fn a_fold() -> Fold {

@@ -19,6 +19,9 @@ struct Tally {
     waiting: AtomicBool,
     /// What `ChunkLink::side_by_side` says for every link of the tally.
     side_by_side: AtomicBool,
+    /// The bytes of each write of every `LogAppend` sent, in order (0: a
+    /// barrier, `media::batch::BARRIER`).
+    appends: Mutex<Vec<Vec<usize>>>,
     /// Where operations of one purpose meet ([`Tally::arm`]).
     meeting: Mutex<Meeting>,
     met: Condvar,
@@ -154,6 +157,10 @@ impl ChunkLink for CountingLink {
         }
         let purpose = Purpose::of(&op);
         t.sent.lock().unwrap().push(purpose);
+        if let LinkOp::Append { writes, .. } = &op {
+            let lens = writes.iter().map(|(_, b)| b.len()).collect();
+            t.appends.lock().unwrap().push(lens);
+        }
         let mem = &self.mem;
         let reply = t.meet(purpose, || match op {
             LinkOp::Read { offset, len } => {
@@ -163,7 +170,10 @@ impl ChunkLink for CountingLink {
             LinkOp::Write { offset, buf, .. } => mem.write_at(buf, offset).map(|()| Vec::new()),
             LinkOp::Append { writes, fua } => writes
                 .iter()
-                .try_for_each(|(offset, buf)| mem.write_at(buf, *offset))
+                .try_for_each(|(offset, buf)| match buf.is_empty() {
+                    true => mem.sync(),
+                    false => mem.write_at(buf, *offset),
+                })
                 .and_then(|()| if fua { mem.sync() } else { Ok(()) })
                 .map(|()| Vec::new()),
             LinkOp::Fold { fold, fua } if self.folds => crate::media::fold::run(mem, fold, fua)
@@ -653,20 +663,20 @@ fn flush_after(
 /// checksum page nor per parity journal: every chunk synced (one batch),
 /// then every chunk's dirty pages in one message (one append with FUA),
 /// and (format 2) each parity journal made durable by its chunk's sync,
-/// so that only the metadata area's directory commit of each journal
-/// that grew follows (one FUA write since 2026-11-28; a write and a sync
-/// before, 6 round trips for the parix flush below). The syncs come
-/// before the pages since 2026-11-29 (an entry written ahead of another
-/// member's write of its row: `checksum::SyncEpochs`); from 2026-11-28
-/// each chunk's pages and its sync were one message, 1 round trip for
-/// the rmw flush below and 3 for the parix one, and before that the
-/// pages' batch and the syncs' batch, 2 and 4. On main before 2afe4b7
-/// the rmw flush below took 13 round trips (its 12 pages one at a time,
-/// then the syncs) and the parix one 14 (each journal synced on its own
-/// before the chunks). `-- --nocapture` prints both.
+/// its metadata area's directory commit (where it grew) in its chunk's
+/// message of pages after a barrier since 2026-11-29 (the evening: each
+/// commit a FUA write after the pages' round trip before, 4 round trips
+/// for the parix flush below; a write and a sync before 2026-11-28, 6).
+/// The syncs come before the pages since 2026-11-29 (an entry written
+/// ahead of another member's write of its row: `checksum::SyncEpochs`);
+/// from 2026-11-28 each chunk's pages and its sync were one message, 1
+/// round trip for the rmw flush below and 3 for the parix one, and before
+/// that the pages' batch and the syncs' batch, 2 and 4. On main before
+/// 2afe4b7 the rmw flush below took 13 round trips (its 12 pages one at a
+/// time, then the syncs) and the parix one 14 (each journal synced on its
+/// own before the chunks). `-- --nocapture` prints both.
 #[test]
-fn a_flush_takes_a_round_trip_for_the_syncs_one_for_the_pages_and_one_per_grown_journal() {
-    let count = count_of;
+fn a_flush_takes_a_round_trip_for_the_syncs_and_one_for_the_pages_and_grown_journals() {
     // rmw: blocks of stripes in each of the 3 checksum pages of a chunk
     // (512 stripes of 2 blocks a page), every chunk holding data and
     // parity of some.
@@ -706,12 +716,62 @@ fn a_flush_takes_a_round_trip_for_the_syncs_one_for_the_pages_and_one_per_grown_
     }
     let (by, trips, began) = flush_after(WritePolicy::Parix, 8, &writes);
     eprintln!("parix flush: {by:?}; {trips} round trips: {began:?}");
-    assert_eq!(trips, 4, "{began:?}");
-    // The chunks' syncs in one, their pages in one, then each of the 2
-    // grown journals' directory commit: one FUA write each.
-    assert_eq!(count(&began, Purpose::Flush), 1, "{began:?}");
-    assert_eq!(count(&began, Purpose::ChecksumPage), 1, "{began:?}");
-    assert_eq!(count(&began, Purpose::Metadata), 2, "{began:?}");
+    assert_eq!(trips, 2, "{began:?}");
+    // The chunks' syncs in one, then their pages in one, the 2 grown
+    // journals' directory commits each in its chunk's message.
+    assert_eq!(
+        began,
+        vec![Purpose::Flush, Purpose::ChecksumPage],
+        "the syncs, then the pages and commits"
+    );
+    assert_eq!(of(Purpose::Metadata), None, "no commit alone: {by:?}");
+}
+
+/// A directory commit that goes in its chunk's message of checksum pages
+/// (`Array::sync_devices`) comes after a barrier: the chunk syncs the pages
+/// before it writes the directory (a committed length never ahead of
+/// the pages of the flush that made its records durable, as when the
+/// commit was a round trip after the pages'). Every append of a flush
+/// after partial writes to every chunk's journal: where one carries a
+/// directory slot (64 KiB) after pages, a barrier comes right before it,
+/// and nowhere else.
+#[test]
+fn a_directory_commit_in_a_pages_message_comes_after_a_barrier() {
+    let slot = crate::media::area::DIR_SLOT_BYTES as usize;
+    for policy in [WritePolicy::Plog, WritePolicy::Parix] {
+        let (_dir, array, tally) = over_links(policy, 8, true);
+        grow_every_journal(&array, 40);
+        tally.appends.lock().unwrap().clear();
+        tally.take();
+        array.flush().unwrap();
+        let (by, trips) = tally.take();
+        let appends = std::mem::take(&mut *tally.appends.lock().unwrap());
+        eprintln!("{policy:?} flush: {by:?} in {trips} round trips; appends {appends:?}");
+        let with_commit = appends.iter().filter(|a| a.last() == Some(&slot)).count();
+        assert_eq!(
+            with_commit, 6,
+            "{policy:?}: every grown journal's commit: {appends:?}"
+        );
+        for a in &appends {
+            for (i, &len) in a.iter().enumerate() {
+                let barrier_due = len == slot && i > 0;
+                assert_eq!(
+                    a.get(i.wrapping_sub(1)) == Some(&0),
+                    barrier_due,
+                    "{policy:?}: {a:?}"
+                );
+                if len == 0 {
+                    assert_eq!(
+                        a.get(i + 1),
+                        Some(&slot),
+                        "{policy:?}: a barrier only before a commit: {a:?}"
+                    );
+                }
+            }
+        }
+        assert_eq!(trips, 2, "{policy:?}: {by:?}");
+        assert_grown_reads_back(&array, 40, &format!("{policy:?}"));
+    }
 }
 
 /// A rebuild across the network reads the members of a window of stripes
@@ -911,20 +971,22 @@ fn a_degraded_write_after_a_flush_appends_to_its_log_without_directory_commits()
 /// What a FUA write costs since it syncs every device with its parity
 /// journal, as a flush does (docs/benchmarks.md, "A FUA write syncs every
 /// device"): after partial writes to other stripes (every journal grown,
-/// none flushed), a one-block FUA write takes 10 round trips under plog
-/// and parix counted one sender at a time, as these links send (a
-/// directory commit, one FUA write since 2026-11-28, per device whose
-/// journal grew: six here; over the network the journals' commits go
-/// side by side); right after a flush, 6 under plog and 5 under parix.
-/// The chunks' syncs and their checksum pages are two round trips since
+/// none flushed), a one-block FUA write takes 4 round trips under plog
+/// and parix counted one sender at a time, as these links send (its read,
+/// its writes, the chunks' syncs, their pages with the grown journals'
+/// directory commits); right after a flush, 4 under plog and 3 under
+/// parix. Since 2026-11-29 (the evening) each directory commit goes in its
+/// chunk's message of pages after a barrier; before, one FUA write each
+/// after the pages (10, then 6 and 5; over the network side by side). The
+/// chunks' syncs and their checksum pages are two round trips since
 /// 2026-11-29 (the syncs first: `checksum::SyncEpochs`), one message a
 /// chunk from 2026-11-28 (9, 5 and 4), two batches before (10, 6 and 5;
 /// 16, 8 and 7 when a commit was a write and a sync). `-- --nocapture`
 /// prints them.
 #[test]
-fn a_fua_write_costs_a_directory_commit_per_grown_journal_it_syncs() {
+fn a_fua_write_commits_the_grown_journals_with_its_pages() {
     for (policy, grown_trips, after_flush) in
-        [(WritePolicy::Plog, 10, 6), (WritePolicy::Parix, 10, 5)]
+        [(WritePolicy::Plog, 4, 4), (WritePolicy::Parix, 4, 3)]
     {
         let (_dir, array, tally) = over_links(policy, 8, true);
         grow_every_journal(&array, 40);
@@ -940,35 +1002,31 @@ fn a_fua_write_costs_a_directory_commit_per_grown_journal_it_syncs() {
     }
 }
 
-/// A flush, and a FUA write, make the grown parity journals durable side
-/// by side on chunks that take it (`Device::side_by_side`: across the
-/// network each journal's directory commit is a FUA write, a round trip
-/// of its own; a write and a sync, two, before 2026-11-28), so they wait
-/// for one journal's commit, not
-/// for one per journal (a first version, a thread per device, made an rmw
-/// flush 1.46 times slower on loopback: docs/benchmarks.md, "A FUA write
-/// syncs the journal of every device it syncs"). The counting links run
-/// each operation at once, so they cannot time it; here every metadata
-/// write (the commits) sent from a thread other than the caller's waits
-/// for another to arrive,
-/// and the most in flight at once are counted: were the journals synced
-/// one after another again, none would meet.
+/// A flush, and a FUA write, make the grown parity journals durable with
+/// the checksum pages: each journal's directory commit goes in its chunk's
+/// message of pages, after a barrier (`Array::sync_devices`), so none is a
+/// message of its own (before, each was a FUA write after the pages'
+/// round trip, the journals' side by side, a thread per chunk: one round
+/// trip more however many grew).
 #[test]
-fn a_flush_and_a_fua_write_sync_the_grown_journals_side_by_side() {
+fn a_flush_and_a_fua_write_send_no_directory_commit_of_their_own() {
     for policy in [WritePolicy::Plog, WritePolicy::Parix] {
         let (_dir, array, tally) = over_links(policy, 8, true);
-        tally.side_by_side.store(true, Ordering::SeqCst);
         grow_every_journal(&array, 40);
-        tally.arm(Purpose::Metadata, 6);
+        tally.take();
         array.flush().unwrap();
-        let flushed = tally.disarm();
+        let (flushed, _) = tally.take();
         grow_every_journal(&array, 60);
-        tally.arm(Purpose::Metadata, 6);
+        tally.take();
         array.write(&pattern(70, 4096), 0, true).unwrap();
-        let fua = tally.disarm();
-        eprintln!("{policy:?}: commits in flight at once: flush {flushed}, FUA {fua}");
-        assert!(flushed >= 2, "{policy:?} flush: {flushed}");
-        assert!(fua >= 2, "{policy:?} FUA write: {fua}");
+        let (fua, _) = tally.take();
+        eprintln!("{policy:?}: flush {flushed:?}; FUA write {fua:?}");
+        for by in [&flushed, &fua] {
+            assert!(
+                by.iter().all(|(p, _)| *p != Purpose::Metadata),
+                "{policy:?}: {by:?}"
+            );
+        }
         let mut back = vec![0u8; 4096];
         array.read(&mut back, 0).unwrap();
         assert_eq!(back, pattern(70, 4096));
@@ -1217,11 +1275,13 @@ fn a_failure_starts_its_missed_map_with_two_fua_writes_per_copy() {
 /// writes sent before it waits, then syncs: before 2026-11-29 each edge
 /// and each discard was a round trip of its own, 4 to 6 an area here.
 /// RS(4,2), rmw, a reopen after a clean stop: 84 round trips counted one
-/// sender at a time, 107 before; parix 107 (146); plog with parity dedup
+/// sender at a time, 107 before; parix 105 (146); plog with parity dedup
 /// 153 (206; its clean dedup layers' superblock writes one FUA write
 /// each too). (83, 106 and 150 from 2026-11-28 until the flushes in the
 /// open synced the chunks before writing their checksum pages, one more
-/// round trip a flush: `checksum::SyncEpochs`.) The first open over freshly formatted members also creates
+/// round trip a flush: `checksum::SyncEpochs`; parix 107 until the
+/// grown journals' directory commits went in the pages' messages,
+/// 2026-11-29 evening.) The first open over freshly formatted members also creates
 /// its files (intent map, journals, degraded-write log) each as one
 /// durable write and a commit (`AreaFs::replace_file`): rmw 109, parix
 /// 146 (169 and 248 before both changes). The figures before were counted
@@ -1231,7 +1291,7 @@ fn a_failure_starts_its_missed_map_with_two_fua_writes_per_copy() {
 fn an_open_zeroes_each_areas_file_tails_in_one_batch() {
     for (policy, dedup, reopen_trips) in [
         (WritePolicy::Rmw, false, 84),
-        (WritePolicy::Parix, false, 107),
+        (WritePolicy::Parix, false, 105),
         (WritePolicy::Plog, true, 153),
     ] {
         let (dir, mems, tally) = formatted_for_links(policy, dedup);
