@@ -940,7 +940,9 @@ fn a_shard_placed_back_on_a_server_that_kept_its_old_chunk_is_rebuilt_not_read()
 /// 90th percentile of a flush's time and the round trips of the flushes
 /// (the volume client's counter read around each). With `FLUSH_FUA=1` the
 /// round's sixth overwrite is a FUA write, timed instead of a flush (no
-/// flush). Run by hand:
+/// flush). With `FLUSH_DEDUP=all|parity` both pools deduplicate so. Also
+/// prints each policy's overwrites the same way (`POLICY_write`). Run by
+/// hand (`scripts/flush-ab.sh` runs two builds of it against each other):
 /// `cargo test -p ecdedup-client --test loopback -- --ignored flush_latency --nocapture`.
 #[test]
 #[ignore = "a measurement (about half a minute), not a check"]
@@ -951,10 +953,16 @@ fn flush_latency_after_overwrites() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(80);
     let fua = std::env::var("FLUSH_FUA").is_ok_and(|v| v == "1");
+    let dedup = match std::env::var("FLUSH_DEDUP").as_deref() {
+        Ok("all") => DedupPolicy::All,
+        Ok("parity") => DedupPolicy::Parity,
+        Ok("none") | Err(_) => DedupPolicy::None,
+        Ok(other) => panic!("FLUSH_DEDUP={other}: all, parity or none"),
+    };
     let name = "flush-rt";
     let c = Cluster::start_with(name, 6, Duration::from_secs(600));
     for (pool, policy) in [("parix", WritePolicy::Parix), ("rmw", WritePolicy::Rmw)] {
-        c.pool_with(name, pool, policy, (4, 2, 1), 64 << 10, DedupPolicy::None);
+        c.pool_with(name, pool, policy, (4, 2, 1), 64 << 10, dedup);
         c.volume(name, pool, "v", VOLUME_BYTES as u64);
         let v = ecdedup_client::open(&c.options(name, pool, "v", pool)).unwrap();
         let mut model = pattern(41, VOLUME_BYTES);
@@ -966,6 +974,8 @@ fn flush_latency_after_overwrites() {
             |v: &ClusterVolume| v.stats_json()["wire"]["round_trips"].as_u64().unwrap();
         let mut took = Vec::with_capacity(rounds);
         let mut trips = 0;
+        let mut writes = Vec::with_capacity(rounds * 6);
+        let mut write_trips = 0;
         let mut s = 7u64;
         for round in 0..rounds {
             for i in 0..6 {
@@ -981,6 +991,9 @@ fn flush_latency_after_overwrites() {
                 if timed {
                     took.push(began.elapsed().as_secs_f64() * 1e6);
                     trips += round_trips(&v) - before;
+                } else {
+                    writes.push(began.elapsed().as_secs_f64() * 1e6);
+                    write_trips += round_trips(&v) - before;
                 }
                 model[off as usize..off as usize + 4096].copy_from_slice(&data);
             }
@@ -1000,6 +1013,14 @@ fn flush_latency_after_overwrites() {
             took[rounds / 2],
             took[rounds * 9 / 10],
             trips as f64 / rounds as f64
+        );
+        writes.sort_by(f64::total_cmp);
+        println!(
+            "{pool}_write: write p50 {:.0} us, p90 {:.0} us over {}; {:.1} round trips each",
+            writes[writes.len() / 2],
+            writes[writes.len() * 9 / 10],
+            writes.len(),
+            write_trips as f64 / writes.len() as f64
         );
         check(&v, &model);
         v.close().unwrap();

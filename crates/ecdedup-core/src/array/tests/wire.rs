@@ -1323,3 +1323,37 @@ fn an_open_zeroes_each_areas_file_tails_in_one_batch() {
         assert_eq!(back, pattern(1, 4096));
     }
 }
+
+/// A batch over chunks behind a dedup layer (which has no link of its
+/// own, so its operations run on the caller's side: `media::batch`) goes a
+/// thread per chunk where the chunks take work side by side, as a
+/// batch's link operations all leave before any is waited for: a dedup
+/// volume's flush syncs its six chunks at once, where it synced one after
+/// another (24 round trips counted one sender at a time, each waited for
+/// in turn). Here every sync sent from a thread other than the caller's
+/// waits for another to arrive, and the most in flight at once are
+/// counted: one after another, none would meet.
+#[test]
+fn a_dedup_volumes_batch_goes_a_thread_per_chunk() {
+    for policy in [WritePolicy::Rmw, WritePolicy::Plog] {
+        let (dir, mems, tally) = formatted_for_links(policy, true);
+        let devices = mems.iter().map(|m| Some(linked(m, &tally, true))).collect();
+        let array = Array::open_with_devices(dir.path(), devices, None).unwrap();
+        tally.side_by_side.store(true, Ordering::SeqCst);
+        for i in 0..6u64 {
+            array
+                .write(&pattern(i + 80, 4096), i * 4 * 8192 + 8192, false)
+                .unwrap();
+        }
+        tally.arm(Purpose::Flush, 6);
+        array.flush().unwrap();
+        let most = tally.disarm();
+        eprintln!("{policy:?}: syncs in flight at once: {most}");
+        assert!(most >= 2, "{policy:?}: {most}");
+        let mut back = vec![0u8; 4096];
+        for i in 0..6u64 {
+            array.read(&mut back, i * 4 * 8192 + 8192).unwrap();
+            assert_eq!(back, pattern(i + 80, 4096), "{policy:?} stripe {i}");
+        }
+    }
+}
