@@ -1383,46 +1383,28 @@ impl Array {
         }
         // The grown journals of synced chunks across the network, held in
         // device order (as a replay's fold holds them), their directory
-        // commits made ready.
+        // commits made ready to go in the pages' messages.
         let remote_journal = |i: usize| {
             let (d, dev, _) = &held[i];
             (outcomes[i].is_ok() && dev.link().is_some())
                 .then(|| journals.get(*d)?.as_ref())
                 .flatten()
         };
-        let mut guards: Vec<(usize, super::store::JournalGuard)> = (0..held.len())
-            .filter(|&i| remote_journal(i).is_some())
-            .map(|i| (i, self.stores[held[i].0].journal_held()))
-            .collect();
-        let mut commits: Vec<Option<media::area::PreparedCommit>> =
-            (0..held.len()).map(|_| None).collect();
-        let mut prepare_failed: Vec<(usize, std::io::Error)> = Vec::new();
-        for (i, guard) in &guards {
-            let (d, dev, pages) = &held[*i];
-            let Some(journal) = guard.as_ref().filter(|j| !j.is_latched()) else {
-                // As the caller's sync finds it: nothing to do.
-                journal_synced[*d] = Some(Ok(()));
-                continue;
-            };
-            let point = remote_journal(*i).expect("chosen");
-            match journal.prepare_sync_after_device_sync(point) {
-                None => {}
-                Some(Err(e)) => prepare_failed.push((*i, e)),
-                Some(Ok(None)) => journal_synced[*d] = Some(Ok(())),
-                Some(Ok(Some(commit))) => {
-                    let mut writes: Vec<(u64, &[u8])> = pages.writes().collect();
-                    writes.push(media::batch::BARRIER);
-                    writes.push(commit.write());
-                    let alike = std::ptr::addr_eq(Arc::as_ptr(commit.device()), Arc::as_ptr(dev));
-                    if alike && crate::proto::frame::append_fits(&writes) {
-                        drop(writes);
-                        commits[*i] = Some(commit);
-                    }
-                    // Otherwise dropped unfinished: the caller's sync
-                    // commits the directory.
-                }
-            }
-        }
+        let mut guards = self.hold_journals(&held, &remote_journal);
+        let mut prepare_failed = Vec::new();
+        let commits = prepare_commits(
+            &guards,
+            &held,
+            &remote_journal,
+            &mut journal_synced,
+            &mut prepare_failed,
+            |i, commit| {
+                let mut writes: Vec<(u64, &[u8])> = held[i].2.writes().collect();
+                writes.push(media::batch::BARRIER);
+                writes.push(commit.write());
+                crate::proto::frame::append_fits(&writes)
+            },
+        );
         // The pages, each device's made durable: a chunk across the network
         // takes them as one append with FUA (written in order, then synced:
         // one message), its directory commit after a barrier; a local
@@ -1479,7 +1461,7 @@ impl Array {
         // first failed write) is dropped unfinished, nothing latched, its
         // directory left for the next flush (as a commit after pages that
         // failed so was never made).
-        let mut commit_outcomes: Vec<(usize, std::io::Result<()>)> = Vec::new();
+        let mut commit_outcomes = Vec::new();
         for (i, commit) in commits.into_iter().enumerate() {
             let Some(commit) = commit else { continue };
             match &outcomes[i] {
@@ -1496,15 +1478,8 @@ impl Array {
                 }
             }
         }
-        for (i, e) in prepare_failed {
-            commit_outcomes.push((i, Err(e)));
-        }
-        for (i, outcome) in commit_outcomes {
-            let g = &mut guards.iter_mut().find(|(h, _)| *h == i).expect("held").1;
-            let journal = g.as_mut().expect("prepared");
-            journal.note_prepared_sync(&outcome);
-            journal_synced[held[i].0] = Some(outcome.map_err(|e| (e, journal.stripes())));
-        }
+        commit_outcomes.extend(prepare_failed);
+        note_commits(&mut guards, &held, commit_outcomes, &mut journal_synced);
         drop(guards);
         // Local devices whose page writes all went through: synced.
         let mut ios = Vec::new();
@@ -1518,6 +1493,59 @@ impl Array {
             owner.push(i);
         }
         self.submit_table_pages(&mut ios, &owner, &held, &mut outcomes);
+        // The grown journals of local devices whose pages are durable:
+        // their directory commits as FUA writes side by side in one
+        // submission, where each was a FUA write in turn (an `fdatasync`
+        // each, one after another). Taken here, after the pages' syncs
+        // (a journal held no longer than its commit's write).
+        let unfinished: Vec<bool> = journal_synced.iter().map(Option::is_none).collect();
+        let local_journal = |i: usize| {
+            let (d, dev, _) = &held[i];
+            (outcomes[i].is_ok() && dev.link().is_none() && unfinished[*d])
+                .then(|| journals.get(*d)?.as_ref())
+                .flatten()
+        };
+        let mut guards = self.hold_journals(&held, &local_journal);
+        let mut commit_outcomes = Vec::new();
+        let commits = prepare_commits(
+            &guards,
+            &held,
+            &local_journal,
+            &mut journal_synced,
+            &mut commit_outcomes,
+            |_, _| true,
+        );
+        let commits: Vec<(usize, media::area::PreparedCommit)> = commits
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, c)| Some((i, c?)))
+            .collect();
+        let mut ios: Vec<media::DeviceIo> = commits
+            .iter()
+            .map(|(_, commit)| {
+                let (offset, buf) = commit.write();
+                media::DeviceIo {
+                    dev: commit.device().as_ref(),
+                    op: media::batch::Op::Write {
+                        buf,
+                        offset,
+                        hint: media::WriteHint::new(IoClass::Metadata),
+                        fua: true,
+                    },
+                }
+            })
+            .collect();
+        let (results, cost) = media::submit(&mut ios);
+        drop(ios);
+        let a = &self.counters.array;
+        a.add(&a.device_submissions, cost.submissions);
+        a.add(&a.device_syscalls, cost.syscalls);
+        a.add(&a.device_ring_entries, cost.ring_entries);
+        for ((i, commit), written) in commits.into_iter().zip(results) {
+            commit_outcomes.push((i, commit.finish(written)));
+        }
+        note_commits(&mut guards, &held, commit_outcomes, &mut journal_synced);
+        drop(guards);
         for ((d, _, pages), outcome) in held.into_iter().zip(outcomes) {
             // The table keeps its own copy of an error (latched there unless
             // a full file system: its OS error is kept), the device's
@@ -1537,6 +1565,19 @@ impl Array {
             flush_failed(d, e);
         }
         (space, synced, journal_synced)
+    }
+
+    /// The journals of the devices of `held` that `chosen` gives a sync
+    /// point, held, in device order (as a replay's fold holds them).
+    fn hold_journals<'s, 'p>(
+        &'s self,
+        held: &[HeldPages<'_>],
+        chosen: &dyn Fn(usize) -> Option<&'p super::journal::JournalSyncPoint>,
+    ) -> Vec<(usize, super::store::JournalGuard<'s>)> {
+        (0..held.len())
+            .filter(|&i| chosen(i).is_some())
+            .map(|i| (i, self.stores[held[i].0].journal_held()))
+            .collect()
     }
 
     /// Submits a batch of a flush's checksum-page I/O (`owner`: the index
@@ -1578,6 +1619,73 @@ impl Array {
     pub fn stripes_per_region(&self) -> u64 {
         let cfg = self.config.lock().unwrap();
         IntentLog::stripes_per_region(self.geo.stripe_data_bytes(), cfg.file.intent_region_bytes)
+    }
+}
+
+/// A device's dirty checksum pages, held for a flush: (device, its
+/// device handle, the pages).
+type HeldPages<'a> = (
+    usize,
+    Arc<dyn media::Device>,
+    super::checksum::DirtyPages<'a>,
+);
+
+/// The directory commits of the held journals `guards` (index into
+/// `held`, guard) made ready for the sync points `point_of` gives: by
+/// index into `held`, the commits whose write the caller makes (those on
+/// the device of the pages, which `keep` takes); a journal with nothing
+/// to commit, or latched, has its sync's outcome set in `synced` (Ok);
+/// one that cannot be prepared is pushed to `failed`; one whose commit
+/// is not kept or not preparable is left to the caller's sync.
+fn prepare_commits<'g, 'p>(
+    guards: &'g [(usize, super::store::JournalGuard<'_>)],
+    held: &[HeldPages<'_>],
+    point_of: &dyn Fn(usize) -> Option<&'p super::journal::JournalSyncPoint>,
+    synced: &mut [Option<JournalSynced>],
+    failed: &mut Vec<(usize, std::io::Result<()>)>,
+    keep: impl Fn(usize, &media::area::PreparedCommit<'_>) -> bool,
+) -> Vec<Option<media::area::PreparedCommit<'g>>> {
+    let mut commits: Vec<Option<media::area::PreparedCommit>> =
+        (0..held.len()).map(|_| None).collect();
+    for (i, guard) in guards {
+        let (d, dev, _) = &held[*i];
+        let Some(journal) = guard.as_ref().filter(|j| !j.is_latched()) else {
+            // As the caller's sync finds it: nothing to do.
+            synced[*d] = Some(Ok(()));
+            continue;
+        };
+        let point = point_of(*i).expect("chosen");
+        match journal.prepare_sync_after_device_sync(point) {
+            None => {}
+            Some(Err(e)) => failed.push((*i, Err(e))),
+            Some(Ok(None)) => synced[*d] = Some(Ok(())),
+            Some(Ok(Some(commit))) => {
+                let alike = std::ptr::addr_eq(Arc::as_ptr(commit.device()), Arc::as_ptr(dev));
+                if alike && keep(*i, &commit) {
+                    commits[*i] = Some(commit);
+                }
+                // Otherwise dropped unfinished: the caller's sync commits
+                // the directory.
+            }
+        }
+    }
+    commits
+}
+
+/// Each journal's prepared sync finished with `outcomes` (index into
+/// `held`, outcome): noted by the journal (a failure latches it) and set
+/// in `synced`.
+fn note_commits(
+    guards: &mut [(usize, super::store::JournalGuard<'_>)],
+    held: &[HeldPages<'_>],
+    outcomes: Vec<(usize, std::io::Result<()>)>,
+    synced: &mut [Option<JournalSynced>],
+) {
+    for (i, outcome) in outcomes {
+        let g = &mut guards.iter_mut().find(|(h, _)| *h == i).expect("held").1;
+        let journal = g.as_mut().expect("prepared");
+        journal.note_prepared_sync(&outcome);
+        synced[held[i].0] = Some(outcome.map_err(|e| (e, journal.stripes())));
     }
 }
 
