@@ -1364,7 +1364,7 @@ impl Array {
         // none failing): the writes of every entry set before this point
         // are then durable, and pages may be evicted with them.
         let everyone = (0..n)
-            .all(|d| self.stores[d].device().is_some() || held.iter().any(|(h, _, _)| *h == d));
+            .all(|d| self.stores[d].device().is_none() || held.iter().any(|(h, _, _)| *h == d));
         let epoch = self.sync_epochs.begin_sync();
         let mut syncs: Vec<ChunkRequest> = held
             .iter()
