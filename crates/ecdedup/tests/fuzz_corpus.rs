@@ -462,10 +462,17 @@ mod seeds {
             ],
         };
         let replay = ecdedup::proto::frame::encode_replay(&fold);
+        // A flush's pages, a barrier, then a journal's directory slot.
+        let barrier = ecdedup::proto::frame::encode_append(&[
+            (4096, &[0x44; 40]),
+            ecdedup::media::batch::BARRIER,
+            (65536, &[0x66; 36]),
+        ]);
         vec![
             ("write-and-reply", stream),
             ("read", read),
             ("log-append-payload", append),
+            ("log-append-barrier", barrier),
             ("replay-payload", replay),
         ]
     }
