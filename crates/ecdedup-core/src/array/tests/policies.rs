@@ -2145,3 +2145,58 @@ fn a_cut_between_a_flushs_table_pages_and_its_syncs_never_reads_wrong() {
         }
     }
 }
+
+/// On one machine a flush commits a grown parity journal's length (its
+/// metadata area's directory) only once the device's checksum pages are
+/// durable: the pages, their sync, then the commits (`Array::sync_devices`;
+/// across the network a barrier in the pages' message does the same). A
+/// device whose journal grew (it holds parity of a partially written
+/// stripe) and whose page is dirty (it holds data of another written
+/// stripe) loses its power as its directory commit reaches it, every write
+/// since its last sync undone: the page with the new entry must be there.
+#[test]
+fn a_local_flush_commits_a_grown_journal_only_after_its_pages_are_durable() {
+    for policy in [WritePolicy::Plog, WritePolicy::Parix] {
+        let mut rig = Rig::filled_on_devices(policy, 16);
+        let g = rig.geo();
+        let stripe = 1;
+        let p0 = g.place(stripe, g.k());
+        // A stripe with a data unit on that device.
+        let (other, role) = (2..16u64)
+            .find_map(|s| {
+                (0..g.k())
+                    .find(|&r| g.place(s, r).device == p0.device)
+                    .map(|r| (s, r))
+            })
+            .expect("a data unit on every device");
+        let unit = g.place(other, role);
+        let entry_at = crate::array::layout::CHECKSUM_OFFSET + g.checksum_index(unit.row, 0) * 4;
+        rig.write(rig.row_offsets(stripe)[1], &pattern(92, 4096));
+        let new = pattern(93, 4096);
+        rig.write(rig.row_offsets(other)[role], &new);
+        let plan = Arc::clone(&rig.plans[p0.device]);
+        let power = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        for p in &rig.plans {
+            *p.power.lock().unwrap() = Arc::clone(&power);
+        }
+        let slots = g.meta_area_offset();
+        *plan.unsynced.lock().unwrap() = Some(Vec::new());
+        *plan.cut_on_write_range.lock().unwrap() = Some((slots, slots + 2 * (64 << 10)));
+        let _ = rig.a().flush();
+        assert!(
+            plan.is_cut(),
+            "{policy:?}: the flush committed the grown journal's length"
+        );
+        // As the table stores it: XORed with a zero block's CRC.
+        let mut entry = [0u8; 4];
+        rig.mems[p0.device].read_at(&mut entry, entry_at).unwrap();
+        assert_eq!(
+            u32::from_le_bytes(entry) ^ crate::array::checksum::zero_block_crc(4096),
+            crc32c::crc32c(&new),
+            "{policy:?}: the page with the new entry was not durable before the commit"
+        );
+        for p in &rig.plans {
+            p.restore_power();
+        }
+    }
+}
