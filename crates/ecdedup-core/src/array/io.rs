@@ -1315,7 +1315,9 @@ impl Array {
     /// sync.
     ///
     /// `journals`: each device's parity-journal sync point, taken before
-    /// the syncs (empty: none). A chunk across the network whose journal
+    /// the syncs (empty: none). With [`Array::send_commits_with_pages`]
+    /// (off by default since the simulator's seed 1767634), a chunk
+    /// across the network whose journal
     /// grew takes its metadata area's directory commit in the same message
     /// as its pages, after a barrier (`proto::frame::encode_append`: the
     /// chunk syncs the pages before it writes the directory, then syncs
@@ -1403,6 +1405,9 @@ impl Array {
                 writes.push(media::batch::BARRIER);
                 writes.push(commit.write());
                 crate::proto::frame::append_fits(&writes)
+                    && self
+                        .commits_with_pages
+                        .load(std::sync::atomic::Ordering::Relaxed)
             },
         );
         // The pages, each device's made durable: a chunk across the network
@@ -1456,26 +1461,22 @@ impl Array {
             .collect();
         self.submit_table_pages(&mut ios, &owner, &held, &mut outcomes);
         drop(ios);
-        // Each directory commit finished with its message's outcome; one
-        // that never went (a full file system: the chunk stops at its
-        // first failed write) is dropped unfinished, nothing latched, its
-        // directory left for the next flush (as a commit after pages that
-        // failed so was never made).
+        // Each directory commit finished where its message went through;
+        // where it failed (the chunk stops at its first failed write, or
+        // the message's outcome is unknown) it is dropped unfinished,
+        // nothing latched, its directory left as it was, as when the
+        // commit followed the pages and was never sent after their
+        // failure: the device is failed for it (or, on a full file system,
+        // stays in service and the next flush commits it).
         let mut commit_outcomes = Vec::new();
         for (i, commit) in commits.into_iter().enumerate() {
             let Some(commit) = commit else { continue };
             match &outcomes[i] {
-                Err(e) if Self::is_space_error(e) => {
+                Err(_) => {
                     drop(commit);
                     journal_synced[held[i].0] = Some(Ok(()));
                 }
-                outcome => {
-                    let written = outcome
-                        .as_ref()
-                        .map(|_| ())
-                        .map_err(super::checksum::copy_of);
-                    commit_outcomes.push((i, commit.finish(written)));
-                }
+                Ok(()) => commit_outcomes.push((i, commit.finish(Ok(())))),
             }
         }
         commit_outcomes.extend(prepare_failed);
@@ -1565,6 +1566,13 @@ impl Array {
             flush_failed(d, e);
         }
         (space, synced, journal_synced)
+    }
+
+    /// Turns on the grown journals' directory commits in a remote chunk's
+    /// message of checksum pages (off by default: see the field's note).
+    pub fn send_commits_with_pages(&self, on: bool) {
+        self.commits_with_pages
+            .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The journals of the devices of `held` that `chosen` gives a sync

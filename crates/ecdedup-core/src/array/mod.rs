@@ -495,6 +495,13 @@ pub struct Array {
     /// Orders the checksum tables' page writes after the devices' syncs
     /// (shared by every table: [`checksum::SyncEpochs`]).
     sync_epochs: Arc<checksum::SyncEpochs>,
+    /// Whether a flush sends a remote chunk's grown-journal directory
+    /// commit in its message of checksum pages, after a barrier
+    /// (`Array::sync_devices`). Off: the cluster simulator's seed 1767634
+    /// (plog) read a block wrong with it on, and passes with it off; not
+    /// traced yet, so the commits follow the pages as before 2026-11-29's
+    /// evening. Tests turn it on ([`Array::send_commits_with_pages`]).
+    commits_with_pages: std::sync::atomic::AtomicBool,
     /// Device failures latched in RAM, and how many of them the superblocks
     /// record durably: a flush returns only once they are equal, so no
     /// write is acknowledged as durable while a power cut could bring a
@@ -1551,6 +1558,7 @@ impl Array {
             journal_bytes_max: cfg_journal_bytes_max,
             replay_wanted: std::sync::atomic::AtomicBool::new(false),
             sync_epochs,
+            commits_with_pages: std::sync::atomic::AtomicBool::new(false),
             failures_latched: AtomicU64::new(0),
             failures_durable: AtomicU64::new(0),
             generation_written: AtomicU64::new(newest.generation),
