@@ -456,6 +456,11 @@ impl Array {
     /// one submission) and counts what it cost.
     pub(super) fn submit(&self, reqs: &mut [ChunkRequest<'_>]) {
         let cost = self.stores.as_slice().submit(reqs);
+        self.count_batch(cost);
+    }
+
+    /// Counts a batch's submissions, system calls and ring entries.
+    fn count_batch(&self, cost: media::batch::BatchCost) {
         let a = &self.counters.array;
         a.add(&a.device_submissions, cost.submissions);
         a.add(&a.device_syscalls, cost.syscalls);
@@ -1538,10 +1543,7 @@ impl Array {
             .collect();
         let (results, cost) = media::submit(&mut ios);
         drop(ios);
-        let a = &self.counters.array;
-        a.add(&a.device_submissions, cost.submissions);
-        a.add(&a.device_syscalls, cost.syscalls);
-        a.add(&a.device_ring_entries, cost.ring_entries);
+        self.count_batch(cost);
         for ((i, commit), written) in commits.into_iter().zip(results) {
             commit_outcomes.push((i, commit.finish(written)));
         }
@@ -1606,10 +1608,7 @@ impl Array {
             return;
         }
         let (results, cost) = within(Scope::Checksums, || media::submit(ios));
-        let a = &self.counters.array;
-        a.add(&a.device_submissions, cost.submissions);
-        a.add(&a.device_syscalls, cost.syscalls);
-        a.add(&a.device_ring_entries, cost.ring_entries);
+        self.count_batch(cost);
         for ((r, &i), io) in results.into_iter().zip(owner).zip(ios.iter()) {
             if matches!(
                 io.op,
