@@ -2337,9 +2337,12 @@ fn run_seed_list(seeds: Vec<u64>, shape: fn(u64) -> Shape) {
 /// - 1767634 (plog beside parix, found 2026-11-29 evening): with a
 ///   flush's directory commits in the pages' messages
 ///   (`Array::send_commits_with_pages`) volume 8 read block 116 **wrong**
-///   after a takeover (5,529 frames); with them after the pages (the
-///   default since) it passes in 5,554 frames. Not traced: whether the
-///   change caused it or its schedule exposed an older hole is open.
+///   after a takeover (5,529 frames). Traced: an older hole its schedule
+///   reached, a whole-stripe write's mark counted synced by a device
+///   failure's sync before its parity write (docs/write-hole.md, "A mark
+///   counted synced before its parity write"); passes with the marks held
+///   (5,304 frames with the commits in the pages' messages, which moved
+///   them; 5,554 with them after).
 const REGRESSION_SEEDS: &[u64] = &[
     127, 144, 551, 910, 1079, 1253, 1460, 1921, 3425, 4364, 341353, 360849, 7481, 443625, 326461,
     1540481, 1767634,

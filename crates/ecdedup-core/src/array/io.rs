@@ -845,8 +845,9 @@ impl Array {
             let r = if n == sd {
                 // A discarded stripe's parity is zeroes.
                 let rows = self.geo.blocks_per_unit();
+                // The marks held until the discards are answered.
                 self.journal_invalidate_before(stripe, 0, rows, MarkParity::Zeroes)
-                    .and_then(|_| {
+                    .and_then(|_held| {
                         let _logged = self.log_discarded_missing_units(stripe)?;
                         self.discard_stripe(stripe)
                     })
@@ -988,6 +989,9 @@ impl Array {
         // A member may have failed during the journal's attempt (at its
         // reads), which then left the write to the degraded path.
         let degraded = degraded || self.degraded(stripe);
+        // The marks of a whole-stripe write, held out of every journal sync
+        // until its writes below are answered.
+        let mut _held = None;
         if self.journal_pending(stripe) {
             let whole = within == 0 && bytes.len() as u64 == g.stripe_data_bytes();
             if whole && !degraded {
@@ -997,7 +1001,8 @@ impl Array {
                 let units: Vec<&[u8]> = bytes.chunks_exact(g.unit_bytes() as usize).collect();
                 let parity = self.encode_data(&units);
                 let parity = MarkParity::Units(&parity);
-                self.journal_invalidate_before(stripe, 0, g.blocks_per_unit(), parity)?;
+                _held =
+                    Some(self.journal_invalidate_before(stripe, 0, g.blocks_per_unit(), parity)?);
             } else {
                 self.replay_stripe(stripe)?;
             }

@@ -215,6 +215,19 @@ pub struct ParityJournal {
     /// cut, emptied nor compacted, and a sync covers the bytes below the
     /// first of them (those above may not have reached the file).
     in_flight_at: BTreeSet<u64>,
+    /// Where each invalidation mark appended before its parity write (a
+    /// whole-stripe write's, a discard's) begins, until the caller's
+    /// writes that the mark stands for are answered
+    /// ([`ParityJournal::append_held`], [`ParityJournal::release_mark`]):
+    /// a sync covers no byte from the first of them on, as it covers none
+    /// of an append in flight. Made durable and counted synced before its
+    /// parity write, a mark outlived a cut that dropped that write and
+    /// ended for good the records the parity as it was lacked (the cluster
+    /// simulator's seed 1767634: the failure of the other parity's device
+    /// synced every device between the marks' appends and the parity
+    /// writes); past the synced length at open, the mark is weighed
+    /// against the parity block ([`ParityJournal::deferred_rows`]).
+    held_marks: BTreeSet<u64>,
     /// A journal in a file of its own (format 1): the record of its synced
     /// length beside it. None where the storage tells it (format 2).
     synced_record: Option<SyncedRecord>,
@@ -265,6 +278,16 @@ pub struct FlushPoint {
     journal: u64,
     file_epoch: u64,
     len: u64,
+}
+
+/// A mark appended before the writes it stands for, held out of every
+/// sync until given back ([`ParityJournal::append_held`]).
+#[derive(Debug)]
+#[must_use = "a hold never given back keeps every later record from being counted synced"]
+pub struct MarkHold {
+    journal: u64,
+    file_epoch: u64,
+    offset: u64,
 }
 
 /// What a device's sync makes durable of a journal on it
@@ -1127,6 +1150,7 @@ impl ParityJournal {
             path: path.to_owned(),
             end: at as u64,
             in_flight_at: BTreeSet::new(),
+            held_marks: BTreeSet::new(),
             synced_record,
             file_epoch: 0,
             id: NEXT_JOURNAL_ID.fetch_add(1, Relaxed),
@@ -1167,13 +1191,51 @@ impl ParityJournal {
     /// nothing is indexed, and the bytes written past the old end are cut
     /// (best effort: whatever stays is a tail that open reports as lost).
     pub fn append(&mut self, records: &[u8]) -> std::io::Result<()> {
+        self.append_at(records).map(|_| ())
+    }
+
+    /// [`ParityJournal::append`] of an invalidation mark that comes before
+    /// the writes it stands for: no sync counts it synced until the
+    /// returned hold is given back ([`ParityJournal::release_mark`]) once
+    /// those writes are answered.
+    pub fn append_held(&mut self, records: &[u8]) -> std::io::Result<MarkHold> {
+        let offset = self.append_at(records)?;
+        self.held_marks.insert(offset);
+        Ok(MarkHold {
+            journal: self.id,
+            file_epoch: self.file_epoch,
+            offset,
+        })
+    }
+
+    /// Ends a hold of [`ParityJournal::append_held`]: the mark is synced
+    /// with the next sync of the device. Nothing for a hold of a journal
+    /// or file since replaced.
+    pub fn release_mark(&mut self, hold: MarkHold) {
+        if hold.journal == self.id && hold.file_epoch == self.file_epoch {
+            self.held_marks.remove(&hold.offset);
+        }
+    }
+
+    /// Where the bytes a sync may count synced end: below the first append
+    /// in flight and the first mark held.
+    fn sync_bound(&self) -> u64 {
+        let first = |set: &BTreeSet<u64>| set.first().copied().unwrap_or(u64::MAX);
+        self.end
+            .min(first(&self.in_flight_at))
+            .min(first(&self.held_marks))
+    }
+
+    fn append_at(&mut self, records: &[u8]) -> std::io::Result<u64> {
         let w = self.begin_append(records.to_vec())?;
+        let offset = w.offset;
         let written = {
             let mut ios = w.device_ios();
             let (results, _) = crate::media::submit(&mut ios);
             results.into_iter().collect::<std::io::Result<Vec<()>>>()
         };
-        self.finish_append(w, written.map(|_| ()))
+        self.finish_append(w, written.map(|_| ()))?;
+        Ok(offset)
     }
 
     /// Begins an append of encoded records: reserves their place at the
@@ -1273,9 +1335,10 @@ impl ParityJournal {
         e
     }
 
-    /// Whether an append is begun and not finished.
+    /// Whether an append is begun and not finished, or a mark held
+    /// ([`ParityJournal::append_held`]): the file stays as it is.
     pub fn appends_in_flight(&self) -> bool {
-        !self.in_flight_at.is_empty()
+        !self.in_flight_at.is_empty() || !self.held_marks.is_empty()
     }
 
     pub fn has_original(&self, stripe: u64, role: u16, block: u32) -> bool {
@@ -1611,7 +1674,7 @@ impl ParityJournal {
         Some(FlushPoint {
             journal: self.id,
             file_epoch: self.file_epoch,
-            len: self.in_flight_at.first().copied().unwrap_or(self.end),
+            len: self.sync_bound(),
         })
     }
 
@@ -1654,9 +1717,7 @@ impl ParityJournal {
         // finished raised the file's length over its bytes, which the
         // device may not hold yet (format 1 takes the same bound:
         // [`ParityJournal::flush_point`]).
-        if let Some(&first) = self.in_flight_at.first() {
-            point.len = point.len.min(first);
-        }
+        point.len = point.len.min(self.sync_bound());
         Some(JournalSyncPoint {
             point,
             file: Arc::clone(&self.file),
@@ -1757,7 +1818,7 @@ impl ParityJournal {
             return Ok(false);
         }
         if self.latched.is_some()
-            || !self.in_flight_at.is_empty()
+            || self.appends_in_flight()
             || !self.index.is_empty()
             || (self.end == HEADER_BYTES && self.version == VERSION)
         {
@@ -1787,7 +1848,7 @@ impl ParityJournal {
         // holds, so their records are gone from the file after it.
         self.deferred.clear();
         assert!(
-            self.in_flight_at.is_empty(),
+            !self.appends_in_flight(),
             "compacting under appends in flight"
         );
         let tmp_path = compact_path(&self.path);

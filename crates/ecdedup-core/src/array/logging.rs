@@ -724,28 +724,34 @@ impl Array {
     /// before it replays what the file still holds.
     pub(super) fn journal_invalidate(&self, stripe: u64, first: u64, count: u64) -> Result<()> {
         self.journal_invalidate_before(stripe, first, count, MarkParity::Unknown)
+            .map(drop)
     }
 
     /// [`Array::journal_invalidate`] before a write that leaves the parity
     /// `parity` says: each mark carries its rows' checksums, so that an
     /// open that finds the mark past its journal's sync tells from the
-    /// parity block whether the write landed.
+    /// parity block whether the write landed. The marks are held out of
+    /// every sync until the returned guard is dropped: the caller keeps it
+    /// until the writes the marks stand for are answered
+    /// ([`journal::ParityJournal::append_held`]; test
+    /// `a_whole_stripe_writes_mark_synced_by_a_failure_before_its_parity_write_never_reads_wrong`).
     pub(super) fn journal_invalidate_before(
         &self,
         stripe: u64,
         first: u64,
         count: u64,
         parity: MarkParity<'_>,
-    ) -> Result<()> {
+    ) -> Result<MarksHeld<'_>> {
         let before = journal::Mark::BeforeParity;
+        let mut held = MarksHeld::none(self);
         for (j, p) in self.parity_devices(stripe) {
             let after = match parity {
                 MarkParity::Units(units) => MarkParity::Unit(&units[j]),
                 other => other,
             };
-            self.invalidate_in(p, stripe, first, count, before, after)?;
+            held.take(self.invalidate_in(p, stripe, first, count, before, after)?);
         }
-        Ok(())
+        Ok(held)
     }
 
     /// Appends to device `p`'s journal the mark that ends what it logs for
@@ -764,7 +770,7 @@ impl Array {
         count: u64,
         mark: journal::Mark,
         after: MarkParity<'_>,
-    ) -> Result<()> {
+    ) -> Result<MarksHeld<'_>> {
         let block = self.geo.block() as usize;
         let crcs = || -> Option<Vec<u32>> {
             match after {
@@ -783,7 +789,10 @@ impl Array {
         };
         let (first32, count32) = (first as u32, count as u32);
         match self.stores[p].journal_invalidate(stripe, first32, count32, mark, crcs) {
-            Ok(()) => Ok(()),
+            Ok(hold) => Ok(MarksHeld {
+                array: self,
+                holds: hold.map(|h| (p, h)).into_iter().collect(),
+            }),
             Err(e) => {
                 bump(&self.counters.array.journal_errors);
                 self.warn(format!(
@@ -800,7 +809,8 @@ impl Array {
                 self.journal_on_device_failed(p, "parity journal invalidation", &e);
                 self.intent
                     .pin(stripe)
-                    .map_err(|e| Error::io("marking the write-intent log", e))
+                    .map_err(|e| Error::io("marking the write-intent log", e))?;
+                Ok(MarksHeld::none(self))
             }
         }
     }
@@ -2088,6 +2098,35 @@ impl Array {
     /// Whether a replay is due (a journal passed half its bound, or a write fell back).
     pub fn replay_wanted(&self) -> bool {
         self.replay_wanted.load(Relaxed)
+    }
+}
+
+/// Invalidation marks appended before the writes they stand for, held out
+/// of every journal sync until dropped ([`Array::journal_invalidate_before`]).
+pub(super) struct MarksHeld<'a> {
+    array: &'a Array,
+    holds: Vec<(usize, journal::MarkHold)>,
+}
+
+impl<'a> MarksHeld<'a> {
+    fn none(array: &'a Array) -> Self {
+        MarksHeld {
+            array,
+            holds: Vec::new(),
+        }
+    }
+
+    /// Takes over the holds of `other`.
+    fn take(&mut self, mut other: MarksHeld<'_>) {
+        self.holds.append(&mut other.holds);
+    }
+}
+
+impl Drop for MarksHeld<'_> {
+    fn drop(&mut self) {
+        for (p, hold) in self.holds.drain(..) {
+            self.array.stores[p].journal_release_mark(hold);
+        }
     }
 }
 

@@ -504,30 +504,44 @@ impl ChunkStore {
         count: u32,
         mark: journal::Mark,
         crcs: impl FnOnce() -> Option<Vec<u32>>,
-    ) -> std::io::Result<()> {
+    ) -> std::io::Result<Option<journal::MarkHold>> {
         let wanted = match self.journal.lock().unwrap().as_ref() {
             Some(j) if j.has_stripe(stripe) => j.takes_mark_crcs(),
-            _ => return Ok(()),
+            _ => return Ok(None),
         };
         let crcs = wanted.then(crcs).flatten().unwrap_or_default();
         let mut guard = self.journal.lock().unwrap();
         let Some(j) = guard.as_mut() else {
-            return Ok(());
+            return Ok(None);
         };
         if !j.has_stripe(stripe) {
-            return Ok(());
+            return Ok(None);
         }
         let mut rec = Vec::new();
         journal::encode_mark_with_crcs(&mut rec, stripe, first, count, mark, &crcs);
-        match j.append(&rec) {
-            Ok(()) => {
+        // A mark before its parity write is held out of every sync until
+        // the caller's writes are answered (`ParityJournal::held_marks`).
+        let appended = match mark {
+            journal::Mark::BeforeParity => j.append_held(&rec).map(Some),
+            _ => j.append(&rec).map(|()| None),
+        };
+        match appended {
+            Ok(hold) => {
                 self.counters.write(IoClass::Journal, rec.len());
-                Ok(())
+                Ok(hold)
             }
             Err(e) => {
                 j.forget(stripe, first, count);
                 Err(e)
             }
+        }
+    }
+
+    /// Gives back a hold of [`ChunkStore::journal_invalidate`] once the
+    /// writes its mark stands for are answered.
+    pub(super) fn journal_release_mark(&self, hold: journal::MarkHold) {
+        if let Some(j) = self.journal.lock().unwrap().as_mut() {
+            j.release_mark(hold);
         }
     }
 

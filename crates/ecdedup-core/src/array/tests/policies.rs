@@ -843,6 +843,39 @@ impl Rig {
         Array::open_with_devices(self.dir.path(), devs, None).unwrap()
     }
 
+    /// Stops without a close, opens again without the member of
+    /// `stripe`'s data role 0 (`role_0`), and checks that each data role's
+    /// first block reads as `old` or `new` (the stripe's data before and
+    /// after a write that was not flushed), role 0 also as an I/O error.
+    fn assert_reopened_without_reads_old_or_new(
+        &mut self,
+        stripe: u64,
+        role_0: usize,
+        old: &[u8],
+        new: &[u8],
+        policy: WritePolicy,
+    ) {
+        let sd = self.geo().stripe_data_bytes();
+        let offsets = self.row_offsets(stripe);
+        let array = self.crash_and_reopen_without(&[role_0]);
+        for (role, &at) in offsets.iter().enumerate() {
+            let mut got = vec![0u8; 4096];
+            if let Err(e) = array.read(&mut got, at) {
+                assert!(
+                    role == 0,
+                    "{policy:?}: role {role} (left) fails to read: {e}"
+                );
+                continue;
+            }
+            let within = (at - stripe * sd) as usize;
+            assert!(
+                got[..] == old[within..within + 4096] || got[..] == new[within..within + 4096],
+                "{policy:?}: role {role} reads neither its flushed nor its new bytes: {:?}",
+                array.warnings()
+            );
+        }
+    }
+
     fn assert_reopened_without_reads_right(
         &mut self,
         stripe: u64,
@@ -989,6 +1022,111 @@ fn an_invalidation_that_cannot_be_appended_on_the_device_fails_the_device() {
         *rig.plans[p].bad_write_range.lock().unwrap() = None;
         rig.a().flush().unwrap();
         rig.assert_reopened_without_role_0_reads_right(stripe, p, &format!("{policy:?}"));
+    }
+}
+
+/// The cluster simulator's seed 1767634 (plog, traced 2026-11-29 on a
+/// build with a flush's directory commits in the pages' messages): a
+/// partial write of a unit left records in both parity journals, flushed;
+/// a whole-stripe write of the stripe appended its invalidation marks
+/// (before its parity writes, unsynced), and the append on one parity's
+/// device failed. That device's failure synced every device and committed
+/// the journals' lengths, so the other parity's mark became durable and
+/// *within* its journal's synced length, before the parity write it
+/// stands for was issued. A power cut then dropped the whole write's data
+/// and parity writes (the members left all matching their entries, as
+/// untouched), and the next open lost a data member in service at the
+/// stop: the mark ended the records for good, the parity as it was
+/// lacked them, and the lost unit decoded from it as neither its flushed
+/// nor its new bytes.
+#[test]
+fn a_whole_stripe_writes_mark_synced_by_a_failure_before_its_parity_write_never_reads_wrong() {
+    for policy in POLICIES {
+        let mut rig = Rig::filled_on_devices(policy, 16);
+        let g = rig.geo();
+        let stripe = 1;
+        let sd = g.stripe_data_bytes();
+        rig.write_journaled(stripe, 0, 62);
+        // The marks go to parity 0's journal, then parity 1's: the second
+        // append fails, after the first one.
+        let q = rig.parity_device(stripe, 0);
+        let p = rig.parity_device(stripe, 1);
+        // Every unit of the stripe but the failing parity's as it lies on
+        // its device: the cut drops what the whole write puts there.
+        let units: Vec<(usize, usize, Vec<u8>)> = (0..g.width())
+            .filter(|&role| g.place(stripe, role).device != p)
+            .map(|role| {
+                let place = g.place(stripe, role);
+                let at = g.device_offset(place.row, 0) as usize;
+                let len = g.unit_bytes() as usize;
+                let bytes = rig.mems[place.device].with_bytes(|b| b[at..at + len].to_vec());
+                (place.device, at, bytes)
+            })
+            .collect();
+        let old: Vec<u8> = rig.model[(stripe * sd) as usize..((stripe + 1) * sd) as usize].to_vec();
+        let journal = rig.journal_range_on_device(p, 1 << 20);
+        *rig.plans[p].bad_write_range.lock().unwrap() = Some(journal);
+        let whole = pattern(63, sd as usize);
+        rig.a().write(&whole, stripe * sd, false).unwrap();
+        *rig.plans[p].bad_write_range.lock().unwrap() = None;
+        assert_eq!(
+            rig.a().member_states()[p],
+            MemberState::Failed,
+            "{policy:?}: the failed append fails its device"
+        );
+        assert!(
+            !rig.pending(stripe),
+            "{policy:?}: {q}'s mark ended the records"
+        );
+        for (d, at, bytes) in &units {
+            rig.mems[*d].with_bytes(|b| b[*at..*at + bytes.len()].copy_from_slice(bytes));
+        }
+        let role_0 = g.place(stripe, 0).device;
+        rig.assert_reopened_without_reads_old_or_new(stripe, role_0, &old, &whole, policy);
+    }
+}
+
+/// The same hole with no device failing: a flush (another request's,
+/// which takes no stripe lock) syncs every device between a whole-stripe
+/// write's marks and its data and parity writes; a cut drops those
+/// writes. Counted synced by that flush, the marks ended the records for
+/// good, both parities lacked them alike, and with one data member lost
+/// at the next open its unit decoded, a spare vouching, as it was before
+/// its flushed partial write.
+#[test]
+fn a_flush_between_a_whole_stripe_writes_marks_and_its_writes_never_reads_wrong() {
+    for policy in POLICIES {
+        let mut rig = Rig::filled_on_devices(policy, 16);
+        let g = rig.geo();
+        let stripe = 1;
+        let sd = g.stripe_data_bytes();
+        rig.write_journaled(stripe, 0, 64);
+        let old: Vec<u8> = rig.model[(stripe * sd) as usize..((stripe + 1) * sd) as usize].to_vec();
+        let role_0 = g.place(stripe, 0).device;
+        // The whole write's batch waits at its first write, role 0's unit,
+        // after its marks.
+        rig.hold_unit_writes(role_0, stripe);
+        let whole = pattern(65, sd as usize);
+        std::thread::scope(|s| {
+            let a = rig.array.as_ref().unwrap();
+            let plan = &rig.plans[role_0];
+            let write = s.spawn(|| a.write(&whole, stripe * sd, false));
+            while !plan.held.load(SeqCst) {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            a.flush().unwrap();
+            // The cut: nothing written from now on reaches a device.
+            for plan in &rig.plans {
+                plan.writes_before_crash.store(0, SeqCst);
+            }
+            plan.hold.store(false, SeqCst);
+            write.join().unwrap().unwrap();
+        });
+        for plan in &rig.plans {
+            plan.writes_before_crash.store(-1, SeqCst);
+            *plan.hold_range.lock().unwrap() = None;
+        }
+        rig.assert_reopened_without_reads_old_or_new(stripe, role_0, &old, &whole, policy);
     }
 }
 
