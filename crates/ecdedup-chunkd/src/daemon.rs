@@ -217,6 +217,10 @@ pub async fn run(config: ChunkdConfig) -> Result<i32, String> {
                 bytes: 0,
             })
             .collect(),
+        features: ecdedup_cluster::keys::FEATURES
+            .iter()
+            .map(|f| f.to_string())
+            .collect(),
     };
     let registration =
         match register_server(&etcd, ServerId(config.id), &info, config.lease_ttl).await {

@@ -40,7 +40,7 @@
 //! (`WATCH_QUEUE_EVENTS`).
 
 use crate::link::{Addresses, PgEpoch, Wire};
-use crate::open::{chunk_name, open_chunks, wire_pg_epoch};
+use crate::open::{chunk_name, open_chunks, peer_of, wire_pg_epoch};
 use crate::rebuild::{self, Running};
 use ecdedup_cluster::keys::{decode, Key, PgRecord, ServerInfo};
 use ecdedup_cluster::watch::Kv;
@@ -310,14 +310,10 @@ impl Follow {
     /// Opens `shards` of PG `pg` on server `id` (registered as `kv` says)
     /// and starts their re-adds.
     fn re_add_on(&self, pg: u32, id: ServerId, kv: &Kv, shards: &[usize]) {
-        let addr = decode::<ServerInfo>(&kv.key, &kv.value)
-            .map_err(|e| e.to_string())
-            .and_then(|info| {
-                info.address
-                    .parse::<SocketAddr>()
-                    .map_err(|e| e.to_string())
-            });
-        let Ok(addr) = addr else {
+        let peer = decode::<ServerInfo>(&kv.key, &kv.value)
+            .ok()
+            .and_then(|info| peer_of(&info));
+        let Some(peer) = peer else {
             return;
         };
         let record = &self.records[pg as usize];
@@ -331,7 +327,7 @@ impl Follow {
                 at,
                 &self.pg_epochs[pg as usize],
                 self.chunk_bytes,
-                &|server| (server == id).then_some(addr),
+                &|server| (server == id).then_some(peer),
             )
         });
         let opened = match opened {
@@ -373,8 +369,7 @@ impl Follow {
             .rt
             .block_on(ecdedup_cluster::list_servers(&self.etcd))
             .map_err(|e| Error::Unavailable(format!("listing the servers: {e}")))?;
-        let addr_of =
-            |id: ServerId| -> Option<SocketAddr> { servers.get(&id)?.info.address.parse().ok() };
+        let peer = |id: ServerId| peer_of(&servers.get(&id)?.info);
         let kept: Vec<usize> = (0..record.servers.len())
             .filter(|s| !moved.contains(s))
             .collect();
@@ -392,7 +387,7 @@ impl Follow {
                     to,
                     pg_epoch,
                     self.chunk_bytes,
-                    &addr_of,
+                    &peer,
                 )
             };
             for (shard, pushed) in open(&kept)? {
@@ -448,6 +443,7 @@ mod tests {
             address: address.into(),
             host: "h".into(),
             devices: vec![],
+            features: vec![],
         };
         Kv {
             key: keys.server_state(ServerId(id)),

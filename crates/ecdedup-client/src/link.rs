@@ -553,6 +553,9 @@ pub struct NetLink {
     size: u64,
     /// The server's boot id when the chunk was opened.
     boot_id: u64,
+    /// The server's registration says it takes a barrier in a
+    /// `LogAppend` ([`ChunkLink::takes_barrier`]).
+    takes_barrier: bool,
     /// A request of this link ended without its reply
     /// ([`ChunkLink::unanswered`]).
     unanswered: Arc<AtomicBool>,
@@ -576,8 +579,16 @@ impl NetLink {
             pg_epoch,
             size,
             boot_id,
+            takes_barrier: false,
             unanswered: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// Whether the server takes a barrier ([`ChunkLink::takes_barrier`]:
+    /// its registration says so). False unless set.
+    pub fn taking_barriers(mut self, takes: bool) -> NetLink {
+        self.takes_barrier = takes;
+        self
     }
 
     fn addr(&self) -> SocketAddr {
@@ -744,6 +755,10 @@ impl ChunkLink for NetLink {
 
     fn boot_id(&self) -> Option<u64> {
         Some(self.boot_id)
+    }
+
+    fn takes_barrier(&self) -> bool {
+        self.takes_barrier
     }
 }
 

@@ -21,7 +21,10 @@
 
 use crate::link::{NetLink, PgEpoch, Wire};
 use crate::volume::ClusterVolume;
-use ecdedup_cluster::keys::{DedupPolicy, PgRecord, PoolSpec, WritePolicy as PoolPolicy};
+use ecdedup_cluster::keys::{
+    DedupPolicy, PgRecord, PoolSpec, ServerInfo, WritePolicy as PoolPolicy,
+    FEATURE_LOG_APPEND_BARRIER,
+};
 use ecdedup_cluster::{Etcd, EtcdConfig, ServerId};
 use ecdedup_core::array::{self, Array, ConfigFile, CreateOptions, MetadataPlacement, WritePolicy};
 use ecdedup_core::dedup::{DedupConfig, Policy};
@@ -274,7 +277,7 @@ pub fn open(opts: &ClusterOptions) -> Result<ClusterVolume> {
     // last writer left, round trip after round trip: one after another,
     // four PGs took most of a takeover's 10 s in the fault suite), at most
     // `PG_OPENS_AT_ONCE` at a time.
-    let reachable = |id| addr_of(id).filter(|_| reached.contains_key(&id));
+    let reachable = |id| peer_of(&servers.get(&id)?.info).filter(|_| reached.contains_key(&id));
     let next = std::sync::atomic::AtomicUsize::new(0);
     let mut opened: Vec<Option<Result<(Array, u64)>>> = (0..pgs.len()).map(|_| None).collect();
     std::thread::scope(|scope| {
@@ -408,7 +411,7 @@ fn open_pg(
     record: &PgRecord,
     pg_epoch: &Arc<PgEpoch>,
     pg_bytes: u64,
-    addr_of: &(dyn Fn(ServerId) -> Option<SocketAddr> + Sync),
+    peer: &(dyn Fn(ServerId) -> Option<Peer> + Sync),
 ) -> Result<(Array, u64)> {
     let names: Vec<PathBuf> = record
         .servers
@@ -436,7 +439,7 @@ fn open_pg(
         pg_epoch.get(),
         pg_epoch,
         chunk_bytes,
-        addr_of,
+        peer,
     )? {
         if let Err(e) = &opened {
             line(
@@ -486,6 +489,23 @@ pub(crate) fn chunk_name(id: ServerId, volume_id: u64, pg: u32, shard: usize) ->
     ))
 }
 
+/// Where a chunk server is reached, and what of the protocol it takes.
+#[derive(Clone, Copy)]
+pub(crate) struct Peer {
+    pub addr: SocketAddr,
+    /// Its registration names [`FEATURE_LOG_APPEND_BARRIER`].
+    pub takes_barrier: bool,
+}
+
+/// The peer a server's registration describes (None: its address does
+/// not parse).
+pub(crate) fn peer_of(info: &ServerInfo) -> Option<Peer> {
+    Some(Peer {
+        addr: info.address.parse().ok()?,
+        takes_barrier: info.takes(FEATURE_LOG_APPEND_BARRIER),
+    })
+}
+
 /// A chunk's device, or why it could not be opened.
 pub(crate) type OpenedChunk = std::io::Result<Arc<dyn Device>>;
 
@@ -502,23 +522,33 @@ pub(crate) fn open_chunks(
     open_at: u32,
     pg_epoch: &Arc<PgEpoch>,
     chunk_bytes: u64,
-    addr_of: &dyn Fn(ServerId) -> Option<SocketAddr>,
+    peer_of: &dyn Fn(ServerId) -> Option<Peer>,
 ) -> Result<Vec<(usize, OpenedChunk)>> {
     let opens: Vec<_> = shards
         .iter()
         .map(|&shard| {
             let id = servers[shard];
             let code = chunk_code(pg, shard as u32);
-            let sent = addr_of(id).map(|addr| {
+            let sent = peer_of(id).map(|peer| {
                 let h = wire.header(Op::Open, code, open_at, 0, 8);
-                (addr, wire.call(addr, h, chunk_bytes.to_le_bytes().to_vec()))
+                (
+                    peer,
+                    wire.call(peer.addr, h, chunk_bytes.to_le_bytes().to_vec()),
+                )
             });
             (shard, id, code, sent)
         })
         .collect();
     let mut out = Vec::with_capacity(opens.len());
     for (shard, id, code, sent) in opens {
-        let Some((addr, rx)) = sent else {
+        let Some((
+            Peer {
+                addr,
+                takes_barrier,
+            },
+            rx,
+        )) = sent
+        else {
             let why =
                 format!("server {id} is not reachable (not registered, or its epoch push failed)");
             out.push((shard, Err(std::io::Error::other(why))));
@@ -535,7 +565,8 @@ pub(crate) fn open_chunks(
                     Arc::clone(pg_epoch),
                     chunk_bytes,
                     boot_id,
-                );
+                )
+                .taking_barriers(takes_barrier);
                 Ok(Arc::new(RemoteDevice::new(Arc::new(link))) as Arc<dyn Device>)
             }
             Ok(reply) => {

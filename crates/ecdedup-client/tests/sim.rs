@@ -717,6 +717,11 @@ impl ChunkLink for SimLink {
     fn unanswered(&self) -> bool {
         self.unanswered.load(SeqCst)
     }
+
+    /// The simulated servers are this build's `ChunkServer`.
+    fn takes_barrier(&self) -> bool {
+        true
+    }
 }
 
 /// The replies of one op's frames, queued: the first wait handles every

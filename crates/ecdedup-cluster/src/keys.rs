@@ -267,6 +267,25 @@ pub struct ServerInfo {
     /// The failure domain `host` of placement (a host name).
     pub host: String,
     pub devices: Vec<DeviceInfo>,
+    /// What of the data protocol it takes beyond the first version
+    /// ([`FEATURES`]); absent in a record from a server before 2026-11-29
+    /// (evening), which takes none of them. A writer uses a feature only
+    /// with a server whose record names it.
+    #[serde(default)]
+    pub features: Vec<String>,
+}
+
+/// A `LogAppend` may carry barriers (`proto::frame::encode_append`).
+pub const FEATURE_LOG_APPEND_BARRIER: &str = "log-append-barrier";
+
+/// The features this build's chunk server takes ([`ServerInfo::features`]).
+pub const FEATURES: &[&str] = &[FEATURE_LOG_APPEND_BARRIER];
+
+impl ServerInfo {
+    /// Whether the server's record names `feature`.
+    pub fn takes(&self, feature: &str) -> bool {
+        self.features.iter().any(|f| f == feature)
+    }
 }
 
 /// Space of one device, as its chunk server last reported it.

@@ -74,6 +74,7 @@ fn info(address: &str, host: &str) -> ServerInfo {
         address: address.to_string(),
         host: host.to_string(),
         devices: vec![],
+        features: vec![],
     }
 }
 

@@ -203,6 +203,7 @@ mod tests {
                     address: format!("127.0.0.1:{id}"),
                     host: "h".into(),
                     devices: vec![],
+                    features: vec![],
                 };
                 servers.push(
                     ecdedup_cluster::register_server(

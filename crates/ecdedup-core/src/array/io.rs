@@ -1325,9 +1325,9 @@ impl Array {
     /// sync.
     ///
     /// `journals`: each device's parity-journal sync point, taken before
-    /// the syncs (empty: none). With [`Array::send_commits_with_pages`]
-    /// (off by default since the simulator's seed 1767634), a chunk
-    /// across the network whose journal
+    /// the syncs (empty: none). A chunk across the network whose server
+    /// takes barriers (`ChunkLink::takes_barrier`: its registration says
+    /// so) and whose journal
     /// grew takes its metadata area's directory commit in the same message
     /// as its pages, after a barrier (`proto::frame::encode_append`: the
     /// chunk syncs the pages before it writes the directory, then syncs
@@ -1397,10 +1397,8 @@ impl Array {
         // device order (as a replay's fold holds them), their directory
         // commits made ready to go in the pages' messages.
         let remote_journal = |i: usize| {
-            let (d, dev, _) = &held[i];
-            (outcomes[i].is_ok() && dev.link().is_some())
-                .then(|| journals.get(*d)?.as_ref())
-                .flatten()
+            let wanted = outcomes[i].is_ok() && held[i].1.link().is_some();
+            point_if(wanted, journals, held[i].0)
         };
         let mut guards = self.hold_journals(&held, &remote_journal);
         let mut prepare_failed = Vec::new();
@@ -1415,6 +1413,7 @@ impl Array {
                 writes.push(media::batch::BARRIER);
                 writes.push(commit.write());
                 crate::proto::frame::append_fits(&writes)
+                    && held[i].1.link().is_some_and(|l| l.takes_barrier())
                     && self
                         .commits_with_pages
                         .load(std::sync::atomic::Ordering::Relaxed)
@@ -1512,9 +1511,11 @@ impl Array {
         let unfinished: Vec<bool> = journal_synced.iter().map(Option::is_none).collect();
         let local_journal = |i: usize| {
             let (d, dev, _) = &held[i];
-            (outcomes[i].is_ok() && dev.link().is_none() && unfinished[*d])
-                .then(|| journals.get(*d)?.as_ref())
-                .flatten()
+            point_if(
+                outcomes[i].is_ok() && dev.link().is_none() && unfinished[*d],
+                journals,
+                *d,
+            )
         };
         let mut guards = self.hold_journals(&held, &local_journal);
         let mut commit_outcomes = Vec::new();
@@ -1575,8 +1576,9 @@ impl Array {
         (space, synced, journal_synced)
     }
 
-    /// Turns on the grown journals' directory commits in a remote chunk's
-    /// message of checksum pages (off by default: see the field's note).
+    /// Turns the grown journals' directory commits in a remote chunk's
+    /// message of checksum pages on (the default) or off (they follow the
+    /// pages: the field's note).
     pub fn send_commits_with_pages(&self, on: bool) {
         self.commits_with_pages
             .store(on, std::sync::atomic::Ordering::Relaxed);
@@ -1641,6 +1643,15 @@ type HeldPages<'a> = (
     Arc<dyn media::Device>,
     super::checksum::DirtyPages<'a>,
 );
+
+/// Device `d`'s journal sync point in `journals`, where `wanted`.
+fn point_if(
+    wanted: bool,
+    journals: &[Option<super::journal::JournalSyncPoint>],
+    d: usize,
+) -> Option<&super::journal::JournalSyncPoint> {
+    wanted.then(|| journals.get(d)?.as_ref()).flatten()
+}
 
 /// The directory commits of the held journals `guards` (index into
 /// `held`, guard) made ready for the sync points `point_of` gives: by

@@ -241,6 +241,14 @@ pub trait ChunkLink: Send + Sync {
     fn side_by_side(&self) -> bool {
         true
     }
+    /// Whether the chunk's server takes a barrier inside a `LogAppend`
+    /// (`proto::frame::encode_append`; a server from before 2026-11-29
+    /// refuses one as `Invalid`): only then does a flush put a grown
+    /// journal's directory commit in the message of the chunk's checksum
+    /// pages. Default: false.
+    fn takes_barrier(&self) -> bool {
+        false
+    }
     /// Whether a change (a write, an append, a discard, a fold) sent on
     /// this link ended without its reply (no reply in time, or the
     /// connection lost after sending): its frame may still reach the
