@@ -994,6 +994,7 @@ fn status(dir: &Path, json: bool) -> Result<()> {
                     "pid": s.pid,
                     "state": if entry.is_some() { "up" } else { "down" },
                     "address": entry.map(|e| e.info.address.clone()),
+                    "features": entry.map(|e| e.info.features.clone()),
                 })
             })
             .collect();
@@ -1020,12 +1021,23 @@ fn status(dir: &Path, json: bool) -> Result<()> {
         None => println!("coordinator none elected"),
     }
     for s in report["servers"].as_array().into_iter().flatten() {
+        let features: Vec<&str> = s["features"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|f| f.as_str())
+            .collect();
         println!(
-            "server {}\t{}\tpid {}\t{}",
+            "server {}\t{}\tpid {}\t{}\tfeatures {}",
             s["id"],
             s["state"].as_str().unwrap_or(""),
             s["pid"],
-            s["address"].as_str().unwrap_or("-")
+            s["address"].as_str().unwrap_or("-"),
+            if features.is_empty() {
+                "-".to_string()
+            } else {
+                features.join(",")
+            }
         );
     }
     for p in report["pools"].as_array().into_iter().flatten() {

@@ -155,6 +155,18 @@ fn a_cluster_serves_volumes_through_faults_and_takeovers() {
         c.cli_ok(&refs)
     };
 
+    // 0. Every server registered what of the protocol it takes (a writer
+    // sends a barrier only to a server that names it).
+    let status: Value =
+        serde_json::from_str(&c.cli_ok(&["cluster", "status", "--json"]).stdout).unwrap();
+    for s in status["servers"].as_array().unwrap() {
+        assert_eq!(
+            s["features"],
+            serde_json::json!(["log-append-barrier"]),
+            "step 0: {s}"
+        );
+    }
+
     // 1. The rmw volume `cluster up` made: fio verifies through NBD.
     let w1 = c
         .serve("pool0/vol0", "w1")
