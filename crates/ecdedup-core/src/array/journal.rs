@@ -296,6 +296,9 @@ pub struct MarkHold {
 pub struct JournalSyncPoint {
     /// The journal's file when the point was taken.
     file: Arc<dyn StorageFile>,
+    /// Its epoch then: emptied since (a reset keeps the file), the point
+    /// speaks of bytes it no longer holds.
+    file_epoch: u64,
     point: crate::media::storage::SyncPoint,
 }
 
@@ -1644,9 +1647,13 @@ impl ParityJournal {
     }
 
     /// Makes every appended record durable. A failure is latched: see
-    /// [`ParityJournal::is_latched`].
+    /// [`ParityJournal::is_latched`]. The synced length it records stops
+    /// below the first append in flight and the first mark held
+    /// ([`ParityJournal::append_held`]): a whole sync of the file counted
+    /// a held mark synced before its parity write.
     pub fn sync(&mut self) -> std::io::Result<()> {
-        self.sync_with(|f| f.sync())
+        let bound = self.sync_bound();
+        self.sync_with(|f| f.sync_below(bound))
     }
 
     /// Format 1: records that the journal's first `len` bytes are durable
@@ -1720,6 +1727,7 @@ impl ParityJournal {
         point.len = point.len.min(self.sync_bound());
         Some(JournalSyncPoint {
             point,
+            file_epoch: self.file_epoch,
             file: Arc::clone(&self.file),
         })
     }
@@ -1730,14 +1738,14 @@ impl ParityJournal {
     /// directory, where the journal's length in it changed). The records
     /// counted durable are those of the point, not those finished since
     /// (they may have reached the device after its sync). Without a point,
-    /// or with one of a file a compaction has since replaced: the whole
-    /// sync.
+    /// or with one of a file a compaction or a reset has since replaced or
+    /// emptied: the journal's own sync ([`ParityJournal::sync`]).
     pub fn sync_after_device_sync(
         &mut self,
         point: Option<JournalSyncPoint>,
     ) -> std::io::Result<()> {
         match point {
-            Some(p) if same_file(&p.file, &self.file) => {
+            Some(p) if same_file(&p.file, &self.file) && p.file_epoch == self.file_epoch => {
                 self.sync_with(|f| f.sync_after_device_sync(p.point))
             }
             _ => self.sync(),
@@ -1761,7 +1769,10 @@ impl ParityJournal {
         if let Some(why) = &self.latched {
             return Some(Err(std::io::Error::other(why.clone())));
         }
-        if !same_file(&point.file, &self.file) || self.faults.fail_syncs.load(Relaxed) {
+        if !same_file(&point.file, &self.file)
+            || point.file_epoch != self.file_epoch
+            || self.faults.fail_syncs.load(Relaxed)
+        {
             return None;
         }
         self.file.prepare_sync_after_device_sync(point.point)
@@ -2539,19 +2550,7 @@ mod tests {
     #[test]
     fn a_sync_point_stops_below_an_append_still_in_flight() {
         let dir = tempfile::tempdir().unwrap();
-        let dev: Arc<dyn Device> = Arc::new(crate::media::MemDevice::new("d0", 8 << 20));
-        let area = Arc::new(
-            crate::media::area::AreaFs::format(Arc::clone(&dev), 1 << 20, 4 << 20).unwrap(),
-        );
-        let meta = super::super::meta::MetaStorage::new(
-            OsStorage::shared(),
-            dir.path(),
-            vec![Some(area)],
-            vec![0],
-        );
-        std::fs::create_dir_all(dir.path().join("journal")).unwrap();
-        let path = dir.path().join("journal/dev0.jrnl");
-        let storage: Arc<dyn Storage> = Arc::new(meta);
+        let (dev, storage, path) = journal_in_an_area(dir.path());
         let mut j = ParityJournal::open_in(Arc::clone(&storage), &path).unwrap();
         let a = j.begin_append(value(1, 0xa1)).unwrap();
         let a_at = a.offset;
@@ -2583,6 +2582,129 @@ mod tests {
         assert_eq!(j.flush_point().unwrap().len, a.offset);
         run(&a).unwrap();
         j.finish_append(a, Ok(())).unwrap();
+    }
+
+    /// A mark held until the writes it stands for are answered
+    /// ([`ParityJournal::append_held`]) is counted synced by no sync: not
+    /// by a device's sync point, not by the journal's own sync, not by a
+    /// sync without a point (a flush's fallback), not by one whose point
+    /// came before a reset; found past the synced length at the next
+    /// open, it is deferred (weighed against the parity block). Released,
+    /// the next sync counts it.
+    #[test]
+    fn a_held_mark_is_counted_synced_by_no_sync_until_released() {
+        let dir = tempfile::tempdir().unwrap();
+        let (dev, storage, path) = journal_in_an_area(dir.path());
+        let mark = |stripe: u64| {
+            let mut r = Vec::new();
+            encode_mark(&mut r, stripe, 0, 1, Mark::BeforeParity);
+            r
+        };
+        type Sync<'a> = &'a dyn Fn(&mut ParityJournal);
+        let syncs: [(&str, Sync); 4] = [
+            ("the journal's sync", &|j| j.sync().unwrap()),
+            ("a sync without a point", &|j| {
+                j.sync_after_device_sync(None).unwrap()
+            }),
+            ("a device's sync point", &|j| {
+                let point = j.sync_point().unwrap();
+                dev.sync().unwrap();
+                j.sync_after_device_sync(Some(point)).unwrap();
+            }),
+            ("the prepared commit of a point", &|j| {
+                let point = j.sync_point().unwrap();
+                dev.sync().unwrap();
+                let done = match j.prepare_sync_after_device_sync(&point) {
+                    Some(Ok(Some(commit))) => {
+                        let (at, bytes) = commit.write();
+                        commit.device().write_at(bytes, at).unwrap();
+                        commit.device().sync().unwrap();
+                        Some(commit.finish(Ok(())))
+                    }
+                    Some(Ok(None)) => None,
+                    _ => panic!("a point of this file prepares"),
+                };
+                if let Some(done) = done {
+                    j.note_prepared_sync(&done);
+                }
+            }),
+        ];
+        for (i, (how, sync)) in syncs.iter().enumerate() {
+            let stripe = i as u64 + 1;
+            let mut j = ParityJournal::open_in(Arc::clone(&storage), &path).unwrap();
+            j.append(&value(stripe, 0xa0 + i as u8)).unwrap();
+            j.sync().unwrap();
+            let hold = j.append_held(&mark(stripe)).unwrap();
+            sync(&mut j);
+            drop(j);
+            let mut j = ParityJournal::open_in(Arc::clone(&storage), &path).unwrap();
+            assert_eq!(
+                j.deferred_rows(stripe),
+                BTreeSet::from([0]),
+                "{how}: the held mark is past the synced length"
+            );
+            drop(hold);
+            // The mark stands from now on (as the caller's resync at open
+            // decides); a new mark of the stripe, released, is synced.
+            j.settle_all_deferred();
+            j.append(&value(stripe, 0xb0 + i as u8)).unwrap();
+            let hold = j.append_held(&mark(stripe)).unwrap();
+            j.release_mark(hold);
+            sync(&mut j);
+            drop(j);
+            let j = ParityJournal::open_in(Arc::clone(&storage), &path).unwrap();
+            assert!(
+                j.deferred_rows(stripe).is_empty(),
+                "{how}: released, the mark is synced"
+            );
+        }
+
+        // A point taken before a reset (the journal emptied) and finished
+        // after a held mark was appended to the emptied file.
+        let mut j = ParityJournal::open_in(Arc::clone(&storage), &path).unwrap();
+        j.settle_all_deferred();
+        for stripe in 1..=4 {
+            let mut end = Vec::new();
+            encode_mark(&mut end, stripe, 0, 1, Mark::AfterFold);
+            j.append(&end).unwrap();
+        }
+        assert!(j.is_empty(), "every stripe ended");
+        j.append(&value(9, 0xc0)).unwrap();
+        j.append(&value(9, 0xc1)).unwrap();
+        let mut end = Vec::new();
+        encode_mark(&mut end, 9, 0, 1, Mark::AfterFold);
+        j.append(&end).unwrap();
+        let point = j.sync_point().unwrap();
+        assert!(j.reset_if_empty().unwrap(), "emptied");
+        j.append(&value(9, 0xc2)).unwrap();
+        let _hold = j.append_held(&mark(9)).unwrap();
+        dev.sync().unwrap();
+        j.sync_after_device_sync(Some(point)).unwrap();
+        drop(j);
+        let j = ParityJournal::open_in(Arc::clone(&storage), &path).unwrap();
+        assert_eq!(
+            j.deferred_rows(9),
+            BTreeSet::from([0]),
+            "a point from before a reset: the held mark is past the synced length"
+        );
+    }
+
+    /// A memory device whose metadata area holds a parity journal (format
+    /// 2), seen through the array's metadata storage rooted at `dir`: the
+    /// device, the storage and the journal's path.
+    fn journal_in_an_area(dir: &Path) -> (Arc<dyn Device>, Arc<dyn Storage>, PathBuf) {
+        let dev: Arc<dyn Device> = Arc::new(crate::media::MemDevice::new("d0", 8 << 20));
+        let area = Arc::new(
+            crate::media::area::AreaFs::format(Arc::clone(&dev), 1 << 20, 4 << 20).unwrap(),
+        );
+        let meta = super::super::meta::MetaStorage::new(
+            OsStorage::shared(),
+            dir,
+            vec![Some(area)],
+            vec![0],
+        );
+        std::fs::create_dir_all(dir.join("journal")).unwrap();
+        (dev, Arc::new(meta), dir.join("journal/dev0.jrnl"))
     }
 
     fn run(w: &JournalWrite) -> std::io::Result<()> {

@@ -343,8 +343,13 @@ impl Array {
             .filter(|&d| self.stores[d].device().is_some())
             .collect();
         let parallel = self.on_chunks_side_by_side(&in_service);
-        let synced = super::meta::side_by_side(&all, parallel, |&d| {
-            self.stores[d].journal_sync_after_device_sync(points[d].clone(), false)
+        // A journal busy in another thread when its point was to be taken
+        // is skipped: a sync of it without a point would commit records
+        // whose data writes on other members the syncs above may not have
+        // covered, and a mark held before its parity write.
+        let synced = super::meta::side_by_side(&all, parallel, |&d| match &points[d] {
+            Some(point) => self.stores[d].journal_sync_after_device_sync(point.clone(), false),
+            None => Ok(()),
         });
         for (d, result) in synced.into_iter().enumerate() {
             if let Err((e, stripes)) = result {

@@ -540,8 +540,12 @@ impl ChunkStore {
     /// Gives back a hold of [`ChunkStore::journal_invalidate`] once the
     /// writes its mark stands for are answered.
     pub(super) fn journal_release_mark(&self, hold: journal::MarkHold) {
-        if let Some(j) = self.journal.lock().unwrap().as_mut() {
-            j.release_mark(hold);
+        // A poisoned lock (a panic elsewhere, which aborts the server) is
+        // left as it is: this runs in a guard's drop.
+        if let Ok(mut guard) = self.journal.lock() {
+            if let Some(j) = guard.as_mut() {
+                j.release_mark(hold);
+            }
         }
     }
 
@@ -637,13 +641,15 @@ impl ChunkStore {
         self.journal.lock().unwrap().as_ref()?.sync_point()
     }
 
-    /// [`ChunkStore::journal_sync_point`] without waiting: None also where
+    /// [`ChunkStore::journal_sync_point`] without waiting: None where
     /// another thread holds the journal (a device failure's path never
-    /// waits on a lock: [`Array::sync_on_failure`]).
+    /// waits on a lock: [`Array::sync_on_failure`]), Some(None) without a
+    /// journal or a point.
     ///
     /// [`Array::sync_on_failure`]: super::Array::sync_on_failure
-    pub(super) fn journal_sync_point_now(&self) -> Option<JournalSyncPoint> {
-        self.journal.try_lock().ok()?.as_ref()?.sync_point()
+    pub(super) fn journal_sync_point_now(&self) -> Option<Option<JournalSyncPoint>> {
+        let guard = self.journal.try_lock().ok()?;
+        Some(guard.as_ref().and_then(|j| j.sync_point()))
     }
 
     /// Format 1: what a sync of this store's journal file, issued from

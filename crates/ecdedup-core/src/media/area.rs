@@ -153,12 +153,31 @@ struct Slot {
 /// [`StorageFile::prepare_sync_after_device_sync`]. The area is held until
 /// [`PreparedCommit::finish`] (no other commit, no name changes), as a
 /// commit holds it across its own write; dropped unfinished (the write
-/// never made), the directory stays as it was, dirty, for the next
-/// commit, and nothing is latched.
+/// never made, or not wanted), the directory stays as it was and nothing
+/// is latched, and the lengths the preparation raised are put back: left
+/// raised, the next commit of any file of the area (another thread's)
+/// recorded them, ahead of the writes the caller had still to make
+/// durable before this commit (a flush's checksum pages).
 pub struct PreparedCommit<'a> {
     fs: &'a AreaFs,
     inner: std::sync::MutexGuard<'a, Inner>,
-    slot: Slot,
+    /// Taken by [`PreparedCommit::finish`].
+    slot: Option<Slot>,
+    /// What the preparation changed, put back where the commit is dropped
+    /// unfinished: the file, its durable and synced lengths before, and
+    /// whether the directory was dirty before.
+    undo: Option<(Arc<Mutex<Node>>, u64, u64, bool)>,
+}
+
+impl Drop for PreparedCommit<'_> {
+    fn drop(&mut self) {
+        if let Some((node, durable_len, synced_len, dirty)) = self.undo.take() {
+            let mut node = node.lock().unwrap();
+            node.durable_len = durable_len;
+            node.synced_len = synced_len;
+            self.inner.dirty = dirty;
+        }
+    }
 }
 
 impl PreparedCommit<'_> {
@@ -171,14 +190,17 @@ impl PreparedCommit<'_> {
     /// after every write the commit speaks of is durable: (device offset,
     /// bytes).
     pub fn write(&self) -> (u64, &[u8]) {
-        (self.slot.at, &self.slot.bytes)
+        let slot = self.slot.as_ref().expect("taken only by finish");
+        (slot.at, &slot.bytes)
     }
 
     /// The write made (`written`: its outcome, durable): the directory is
     /// the committed one, or the area is latched as a failed commit
     /// latches it.
     pub fn finish(mut self, written: io::Result<()>) -> io::Result<()> {
-        self.fs.finish_commit(&mut self.inner, self.slot, written)
+        self.undo = None;
+        let slot = self.slot.take().expect("finished once");
+        self.fs.finish_commit(&mut self.inner, slot, written)
     }
 }
 
@@ -1110,16 +1132,9 @@ impl StorageFile for AreaFile {
     }
 
     fn sync(&self) -> io::Result<()> {
-        let mut inner = self.fs.inner.lock().unwrap();
-        AreaFs::check(&inner)?;
         // The length before the device's sync (under `inner` the file is
         // not cut): a write that completes during it may not be covered.
-        let len = self.node.lock().unwrap().len;
-        self.fs
-            .dev
-            .sync()
-            .map_err(|e| self.fs.latch(&mut inner, e))?;
-        self.synced_up_to(inner, len)
+        self.sync_below(u64::MAX)
     }
 
     /// Below the file's durable length (its extents and length already
@@ -1172,9 +1187,14 @@ impl StorageFile for AreaFile {
         if let Err(e) = AreaFs::check(&inner) {
             return Some(Err(e));
         }
-        if self.node.lock().unwrap().truncations != point.truncations {
-            return None;
-        }
+        let before = {
+            let node = self.node.lock().unwrap();
+            if node.truncations != point.truncations {
+                return None;
+            }
+            (node.durable_len, node.synced_len)
+        };
+        let dirty = inner.dirty;
         self.raise_synced(&mut inner, point.len);
         if !inner.dirty {
             return Some(Ok(None));
@@ -1183,7 +1203,8 @@ impl StorageFile for AreaFile {
         Some(Ok(Some(PreparedCommit {
             fs: &self.fs,
             inner,
-            slot,
+            slot: Some(slot),
+            undo: Some((Arc::clone(&self.node), before.0, before.1, dirty)),
         })))
     }
 
@@ -1191,10 +1212,24 @@ impl StorageFile for AreaFile {
         let inner = self.fs.inner.lock().unwrap();
         AreaFs::check(&inner)?;
         if self.node.lock().unwrap().truncations != point.truncations {
+            // A truncation since cut only bytes at or past the point's
+            // length (a failed append's, or all but a header): a sync of
+            // its own, counting durable nothing the point did not cover.
             drop(inner);
-            return self.sync();
+            return self.sync_below(point.len);
         }
         self.synced_up_to(inner, point.len)
+    }
+
+    fn sync_below(&self, bound: u64) -> io::Result<()> {
+        let mut inner = self.fs.inner.lock().unwrap();
+        AreaFs::check(&inner)?;
+        let len = self.node.lock().unwrap().len.min(bound);
+        self.fs
+            .dev
+            .sync()
+            .map_err(|e| self.fs.latch(&mut inner, e))?;
+        self.synced_up_to(inner, len)
     }
 
     fn reserve(&self, len: u64) -> io::Result<()> {
@@ -1271,6 +1306,33 @@ mod tests {
         b
     }
 
+    /// An area with file `j`: 100 bytes synced, 50 more written, a sync
+    /// point taken of those 150 and the device synced: the device, the
+    /// area, the file and the point.
+    fn synced_100_then_50_more() -> (
+        Arc<dyn Device>,
+        Arc<AreaFs>,
+        Arc<dyn StorageFile>,
+        SyncPoint,
+    ) {
+        let dev: Arc<dyn Device> = Arc::new(MemDevice::new("m", 8 << 20));
+        let fs = Arc::new(AreaFs::format(Arc::clone(&dev), 0, AREA).unwrap());
+        let f = fs.create_file("j", false).unwrap();
+        f.write_at(&[1u8; 100], 0).unwrap();
+        f.sync().unwrap();
+        f.write_at(&[2u8; 50], 100).unwrap();
+        let point = f.sync_point().unwrap();
+        dev.sync().unwrap();
+        (dev, fs, f, point)
+    }
+
+    /// The synced length of file `j` in `dev`'s committed directory (what
+    /// an open takes as synced).
+    fn committed(dev: &Arc<dyn Device>) -> u64 {
+        let fs = Arc::new(AreaFs::open_read_only(Arc::clone(dev), 0, AREA).unwrap());
+        fs.open_file("j").unwrap().synced_len().unwrap()
+    }
+
     /// Replaces `name` as `write_atomic` does on a real file system.
     fn replace(fs: &Arc<AreaFs>, name: &str, bytes: &[u8]) -> io::Result<()> {
         let tmp = format!("{name}.tmp");
@@ -1339,36 +1401,53 @@ mod tests {
     /// A sync finished by the caller's device sync (a flush's batch)
     /// counts durable what the file held when its point was taken, never
     /// what was appended between the point and the bookkeeping, in the
-    /// directory (what an open takes as synced) as in memory; a point
-    /// from before a truncation is worth nothing, and a whole sync
-    /// happens instead.
+    /// directory (what an open takes as synced) as in memory; after a
+    /// truncation since the point, a sync of its own counts no more than
+    /// the point's length (a truncation cuts only bytes past a point a
+    /// parity journal takes; bytes past it wait for the next sync).
     #[test]
     fn a_sync_after_the_devices_sync_counts_what_the_file_held_at_its_point() {
-        let dev: Arc<dyn Device> = Arc::new(MemDevice::new("m", 8 << 20));
-        let fs = Arc::new(AreaFs::format(Arc::clone(&dev), 0, AREA).unwrap());
-        let f = fs.create_file("j", false).unwrap();
-        f.write_at(&[1u8; 100], 0).unwrap();
-        f.sync().unwrap();
-        f.write_at(&[2u8; 50], 100).unwrap();
-        let point = f.sync_point().unwrap();
-        dev.sync().unwrap();
+        let (dev, _fs, f, point) = synced_100_then_50_more();
         // Finished after the device's sync was issued.
         f.write_at(&[3u8; 70], 150).unwrap();
         f.sync_after_device_sync(point).unwrap();
         assert_eq!(f.synced_len(), Some(150));
-        let committed = |dev: &Arc<dyn Device>| {
-            let fs = Arc::new(AreaFs::open_read_only(Arc::clone(dev), 0, AREA).unwrap());
-            fs.open_file("j").unwrap().synced_len().unwrap()
-        };
         assert_eq!(committed(&dev), 150);
         f.sync().unwrap();
         assert_eq!((f.synced_len(), committed(&dev)), (Some(220), 220));
-        // Cut and grown again past the point's length: its bytes are new.
+        // Cut and grown again past the point's length: a sync of its own,
+        // up to the point's length.
         let point = f.sync_point().unwrap();
         f.set_len(10).unwrap();
         f.write_at(&[4u8; 300], 10).unwrap();
         f.sync_after_device_sync(point).unwrap();
+        assert_eq!((f.synced_len(), committed(&dev)), (Some(220), 220));
+        f.sync().unwrap();
         assert_eq!((f.synced_len(), committed(&dev)), (Some(310), 310));
+    }
+
+    /// A commit made ready and dropped unfinished (not wanted in the
+    /// message it was made for: the flush sends it after the pages
+    /// instead) puts back the lengths it raised: another file's commit
+    /// meanwhile records the file as it was, never the length the caller
+    /// had still to order behind its other writes.
+    #[test]
+    fn a_prepared_commit_dropped_unfinished_leaves_no_raised_length_behind() {
+        let (dev, fs, f, point) = synced_100_then_50_more();
+        let commit = f.prepare_sync_after_device_sync(point);
+        assert!(matches!(commit, Some(Ok(Some(_)))), "the length changed");
+        drop(commit);
+        assert_eq!(f.synced_len(), Some(100), "put back in memory");
+        let g = fs.create_file("other", false).unwrap();
+        g.write_at(b"x", 0).unwrap();
+        g.sync().unwrap();
+        assert_eq!(
+            committed(&dev),
+            100,
+            "another file's commit records j as it was"
+        );
+        f.sync_after_device_sync(point).unwrap();
+        assert_eq!((f.synced_len(), committed(&dev)), (Some(150), 150));
     }
 
     /// Appends written in a batch beside other device I/O: placed while

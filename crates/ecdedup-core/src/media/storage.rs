@@ -87,6 +87,15 @@ pub trait StorageFile: Send + Sync {
         let _ = point;
         self.sync()
     }
+    /// [`StorageFile::sync`] that counts durable no byte at or past `bound`
+    /// (a parity journal's mark held until the writes it stands for are
+    /// answered): the bytes past it are made durable all the same, but
+    /// the file's synced length (a metadata area's directory) stops
+    /// there. Default: the whole sync (a file that records no length).
+    fn sync_below(&self, bound: u64) -> io::Result<()> {
+        let _ = bound;
+        self.sync()
+    }
     /// Reserves space for `len` bytes without changing the length
     /// (`fallocate(KEEP_SIZE)`), so later writes below it cannot hit a full
     /// file system.
