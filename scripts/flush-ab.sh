@@ -11,9 +11,14 @@
 # median B/A ratio of the p50s with its range, the A/A ratio the same
 # way, and the round trips a flush on each side.
 #
-# Usage: A=/path/to/loopback-A B=/path/to/loopback-B scripts/flush-ab.sh
-#   (each a copy of target/debug/deps/loopback-* built from one commit:
-#   `cargo test -p ecdedup-client --test loopback --no-run`)
+# Usage: A=SIDE B=SIDE scripts/flush-ab.sh
+#   where each SIDE is a loopback test binary (a copy of
+#   target/debug/deps/loopback-* built from one commit: `cargo test -p
+#   ecdedup-client --test loopback --no-run`) or a git revision of this
+#   repository (A=7f7061f B=HEAD), which the script builds in a worktree
+#   of its own, ${TMPDIR:-/tmp}/flush-ab-wt-<commit>, its target folder
+#   seeded from this checkout's target/debug (kept for the next run:
+#   `git worktree remove --force DIR` removes one).
 # Environment [defaults]: PAIRS [5], AA_PAIRS [3], ROUNDS [1000] flushes a
 #   run, FUA [0] (1: time a FUA write instead of a flush), FLUSH_DEDUP
 #   [none] (all | parity: the pools deduplicate; a binary from before
@@ -22,14 +27,46 @@
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
-A=${A:?A=loopback test binary of the build before}
-B=${B:?B=loopback test binary of the build after}
+A=${A:?A=loopback test binary or git revision of the build before}
+B=${B:?B=loopback test binary or git revision of the build after}
 PAIRS=${PAIRS:-5}
 AA_PAIRS=${AA_PAIRS:-3}
 ROUNDS=${ROUNDS:-1000}
 FUA=${FUA:-0}
 out=$(mktemp -d "${TMPDIR:-/tmp}/flush-ab.XXXXXX")
 trap 'rm -rf "$out"' EXIT
+
+# The loopback test binary of side $1 (a file, or a revision built in a
+# worktree), copied to $2.
+binary_of() {
+    if [ -f "$1" ]; then
+        cp "$1" "$2"
+        return
+    fi
+    local sha wt exe
+    sha=$(git -C "$repo" rev-parse --verify --quiet "$1^{commit}") ||
+        { echo "$1: neither a file nor a revision of $repo" >&2; exit 2; }
+    wt="${TMPDIR:-/tmp}/flush-ab-wt-${sha:0:12}"
+    if [ ! -d "$wt" ]; then
+        git -C "$repo" worktree add --detach -f "$wt" "$sha" >&2
+    fi
+    if [ ! -d "$wt/target/debug" ] && [ -d "$repo/target/debug" ]; then
+        echo "seeding $wt/target from $repo/target/debug" >&2
+        mkdir -p "$wt/target"
+        cp -a "$repo/target/debug" "$wt/target/"
+    fi
+    echo "building the loopback test of $1 ($sha) in $wt" >&2
+    exe=$(cd "$wt" && CARGO_TARGET_DIR="$wt/target" cargo test -p ecdedup-client \
+        --test loopback --no-run 2>&1 | tee /dev/stderr |
+        sed -n 's/.*Executable tests\/loopback.rs (\(.*\))$/\1/p' | tail -1)
+    [ -n "$exe" ] || { echo "no loopback test binary built for $1" >&2; exit 1; }
+    case "$exe" in /*) ;; *) exe="$wt/$exe" ;; esac
+    cp "$exe" "$2"
+}
+binary_of "$A" "$out/loopback-A"
+binary_of "$B" "$out/loopback-B"
+A="$out/loopback-A"
+B="$out/loopback-B"
 
 # One run of side $1 (a binary) into file $2: "policy p50 trips" lines.
 run() {
