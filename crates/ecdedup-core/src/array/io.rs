@@ -1396,8 +1396,15 @@ impl Array {
         // The grown journals of synced chunks across the network, held in
         // device order (as a replay's fold holds them), their directory
         // commits made ready to go in the pages' messages.
+        // Only where the commit may go so: the server takes barriers and
+        // the merge is on (elsewhere the journal is neither held across
+        // the pages' round trip nor made ready for nothing).
+        let merge = self
+            .commits_with_pages
+            .load(std::sync::atomic::Ordering::Relaxed);
         let remote_journal = |i: usize| {
-            let wanted = outcomes[i].is_ok() && held[i].1.link().is_some();
+            let link = held[i].1.link();
+            let wanted = outcomes[i].is_ok() && merge && link.is_some_and(|l| l.takes_barrier());
             point_if(wanted, journals, held[i].0)
         };
         let mut guards = self.hold_journals(&held, &remote_journal);
@@ -1413,10 +1420,6 @@ impl Array {
                 writes.push(media::batch::BARRIER);
                 writes.push(commit.write());
                 crate::proto::frame::append_fits(&writes)
-                    && held[i].1.link().is_some_and(|l| l.takes_barrier())
-                    && self
-                        .commits_with_pages
-                        .load(std::sync::atomic::Ordering::Relaxed)
             },
         );
         // The pages, each device's made durable: a chunk across the network
