@@ -2341,7 +2341,7 @@ fn run_seed_list(seeds: Vec<u64>, shape: fn(u64) -> Shape) {
 ///   before in the same 2,885 frames.
 /// - 1767634 (plog beside parix, found 2026-11-29 evening): with a
 ///   flush's directory commits in the pages' messages
-///   (`Array::send_commits_with_pages`) volume 8 read block 116 **wrong**
+///   volume 8 read block 116 **wrong**
 ///   after a takeover (5,529 frames). Traced: an older hole its schedule
 ///   reached, a whole-stripe write's mark counted synced by a device
 ///   failure's sync before its parity write (docs/write-hole.md, "A mark

@@ -1396,15 +1396,12 @@ impl Array {
         // The grown journals of synced chunks across the network, held in
         // device order (as a replay's fold holds them), their directory
         // commits made ready to go in the pages' messages.
-        // Only where the commit may go so: the server takes barriers and
-        // the merge is on (elsewhere the journal is neither held across
-        // the pages' round trip nor made ready for nothing).
-        let merge = self
-            .commits_with_pages
-            .load(std::sync::atomic::Ordering::Relaxed);
+        // Only where the commit may go so: the chunk's server takes
+        // barriers (elsewhere the journal is neither held across the
+        // pages' round trip nor made ready for nothing).
         let remote_journal = |i: usize| {
             let link = held[i].1.link();
-            let wanted = outcomes[i].is_ok() && merge && link.is_some_and(|l| l.takes_barrier());
+            let wanted = outcomes[i].is_ok() && link.is_some_and(|l| l.takes_barrier());
             point_if(wanted, journals, held[i].0)
         };
         let mut guards = self.hold_journals(&held, &remote_journal);
@@ -1579,14 +1576,6 @@ impl Array {
         (space, synced, journal_synced)
     }
 
-    /// Turns the grown journals' directory commits in a remote chunk's
-    /// message of checksum pages on (the default) or off (they follow the
-    /// pages: the field's note).
-    pub fn send_commits_with_pages(&self, on: bool) {
-        self.commits_with_pages
-            .store(on, std::sync::atomic::Ordering::Relaxed);
-    }
-
     /// The journals of the devices of `held` that `chosen` gives a sync
     /// point, held, in device order (as a replay's fold holds them).
     fn hold_journals<'s, 'p>(
@@ -1607,11 +1596,7 @@ impl Array {
         &self,
         ios: &mut [media::DeviceIo<'_>],
         owner: &[usize],
-        held: &[(
-            usize,
-            std::sync::Arc<dyn media::Device>,
-            super::checksum::DirtyPages<'_>,
-        )],
+        held: &[HeldPages<'_>],
         outcomes: &mut [std::io::Result<()>],
     ) {
         if ios.is_empty() {

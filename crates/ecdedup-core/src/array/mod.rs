@@ -495,15 +495,6 @@ pub struct Array {
     /// Orders the checksum tables' page writes after the devices' syncs
     /// (shared by every table: [`checksum::SyncEpochs`]).
     sync_epochs: Arc<checksum::SyncEpochs>,
-    /// Whether a flush sends a remote chunk's grown-journal directory
-    /// commit in its message of checksum pages, after a barrier
-    /// (`Array::sync_devices`), where the chunk's server takes barriers
-    /// (`ChunkLink::takes_barrier`). On by default; off (a test's choice,
-    /// [`Array::send_commits_with_pages`]), the commits follow the pages.
-    /// Off from its first day until the simulator's seed 1767634, which
-    /// read a block wrong with it on, was traced to an older hole (a mark
-    /// counted synced before its parity write: `journal::MarkHold`).
-    commits_with_pages: std::sync::atomic::AtomicBool,
     /// Device failures latched in RAM, and how many of them the superblocks
     /// record durably: a flush returns only once they are equal, so no
     /// write is acknowledged as durable while a power cut could bring a
@@ -1560,7 +1551,6 @@ impl Array {
             journal_bytes_max: cfg_journal_bytes_max,
             replay_wanted: std::sync::atomic::AtomicBool::new(false),
             sync_epochs,
-            commits_with_pages: std::sync::atomic::AtomicBool::new(true),
             failures_latched: AtomicU64::new(0),
             failures_durable: AtomicU64::new(0),
             generation_written: AtomicU64::new(newest.generation),

@@ -734,6 +734,32 @@ fn a_flush_takes_a_round_trip_for_the_syncs_and_one_for_the_pages_and_grown_jour
     assert_eq!(of(Purpose::Metadata), None, "no commit alone: {by:?}");
 }
 
+/// What a flush after partial writes grew every chunk's journal (six
+/// chunks, counting links whose servers take barriers or not) sends:
+/// the array, the round trips by purpose and in all (one sender at a
+/// time), and the writes of each `LogAppend` (0: a barrier).
+#[allow(clippy::type_complexity)]
+fn flush_after_growing_every_journal(
+    policy: WritePolicy,
+    barriers: bool,
+) -> (
+    tempfile::TempDir,
+    Array,
+    Vec<(Purpose, usize)>,
+    u64,
+    Vec<Vec<usize>>,
+) {
+    let (dir, array, tally) = over_links(policy, 8, true);
+    tally.no_barrier.store(!barriers, Ordering::SeqCst);
+    grow_every_journal(&array, 40);
+    tally.appends.lock().unwrap().clear();
+    tally.take();
+    array.flush().unwrap();
+    let (by, trips) = tally.take();
+    let appends = std::mem::take(&mut *tally.appends.lock().unwrap());
+    (dir, array, by, trips, appends)
+}
+
 /// A directory commit that goes in its chunk's message of checksum pages
 /// (`Array::sync_devices`) comes after a barrier: the chunk syncs the pages
 /// before it writes the directory (a committed length never ahead of
@@ -746,13 +772,7 @@ fn a_flush_takes_a_round_trip_for_the_syncs_and_one_for_the_pages_and_grown_jour
 fn a_directory_commit_in_a_pages_message_comes_after_a_barrier() {
     let slot = crate::media::area::DIR_SLOT_BYTES as usize;
     for policy in [WritePolicy::Plog, WritePolicy::Parix] {
-        let (_dir, array, tally) = over_links(policy, 8, true);
-        grow_every_journal(&array, 40);
-        tally.appends.lock().unwrap().clear();
-        tally.take();
-        array.flush().unwrap();
-        let (by, trips) = tally.take();
-        let appends = std::mem::take(&mut *tally.appends.lock().unwrap());
+        let (_dir, array, by, trips, appends) = flush_after_growing_every_journal(policy, true);
         eprintln!("{policy:?} flush: {by:?} in {trips} round trips; appends {appends:?}");
         let with_commit = appends.iter().filter(|a| a.last() == Some(&slot)).count();
         assert_eq!(
@@ -789,14 +809,7 @@ fn a_directory_commit_in_a_pages_message_comes_after_a_barrier() {
 fn a_server_that_takes_no_barrier_gets_its_commit_after_its_pages() {
     let slot = crate::media::area::DIR_SLOT_BYTES as usize;
     for policy in [WritePolicy::Plog, WritePolicy::Parix] {
-        let (_dir, array, tally) = over_links(policy, 8, true);
-        tally.no_barrier.store(true, Ordering::SeqCst);
-        grow_every_journal(&array, 40);
-        tally.appends.lock().unwrap().clear();
-        tally.take();
-        array.flush().unwrap();
-        let (by, trips) = tally.take();
-        let appends = std::mem::take(&mut *tally.appends.lock().unwrap());
+        let (_dir, array, by, trips, appends) = flush_after_growing_every_journal(policy, false);
         assert!(
             appends
                 .iter()
@@ -1092,7 +1105,7 @@ fn a_flush_and_a_fua_write_sync_the_grown_journals_side_by_side() {
         let (_dir, array, tally) = over_links(policy, 8, true);
         // As a flush sends them where the server takes no barrier: each
         // commit after the pages.
-        array.send_commits_with_pages(false);
+        tally.no_barrier.store(true, Ordering::SeqCst);
         tally.side_by_side.store(true, Ordering::SeqCst);
         grow_every_journal(&array, 40);
         tally.arm(Purpose::Metadata, 6);
