@@ -26,12 +26,26 @@
 //!   renewed), every request is refused with `Io`: nothing more is
 //!   acknowledged;
 //! - open chunks are bounded by [`ChunkServerConfig::open_chunks_max`]
-//!   (the least recently used is closed; an open is cheap).
+//!   (the least recently used is closed; an open is cheap);
+//! - a chunk with a dedup layer (`Op::Layer`, since 2026-11-30) is read
+//!   and written through it, always: its spec is stored beside the chunk
+//!   (`pg<PG>-s<SHARD>.layer`) before the layer's first answer, and every
+//!   open of the chunk opens the layer from its maps beside it
+//!   (`pg<PG>-s<SHARD>.map.log`, `.map.snap`); one layer object per chunk
+//!   at a time (opened under the open-chunk lock, closed only when no
+//!   request holds it, after its sync); a range across the start of its
+//!   data area is refused (`Invalid`), never passed to it.
 
+use ecdedup_core::counters::{DedupStats, IoClass};
+use ecdedup_core::dedup::DedupDevice;
+use ecdedup_core::fingerprint::{CpuBackend, FingerprintBackend};
 use ecdedup_core::media::fold;
 use ecdedup_core::media::storage::{read_all, write_atomic};
-use ecdedup_core::media::{Device, DeviceOptions, FileDevice, IoMode, Storage};
-use ecdedup_core::proto::frame::{decode_append, decode_replay, encode_replay_answers, FLAG_FUA};
+use ecdedup_core::media::{Device, DeviceOptions, FileDevice, IoMode, Storage, WriteHint};
+use ecdedup_core::proto::frame::{
+    decode_append, decode_layer, decode_replay, encode_replay_answers, LayerSpec, FLAG_FUA,
+    FLAG_METADATA, FLAG_PARITY, FLAG_REPAIR,
+};
 use ecdedup_core::proto::{chunk_parts, Header, Op, Status};
 use std::collections::{BTreeSet, HashMap};
 use std::io;
@@ -51,7 +65,17 @@ pub struct ChunkServerConfig {
     pub io: IoMode,
     /// Chunks kept open at once.
     pub open_chunks_max: usize,
+    /// RAM the dedup layers of the open chunks may hold together (their
+    /// maps and fingerprint indexes: about 8 bytes per dedup block of a
+    /// chunk's data area, plus the index); past it the least recently
+    /// used layered chunk is closed (synced first). One layer over the
+    /// bound is still opened, alone.
+    pub layers_ram_max: u64,
 }
+
+/// [`ChunkServerConfig::layers_ram_max`] by default: 4 GiB (the layers of
+/// about 60 chunks of 64 GiB, a 256 GiB PG of RS(4,2)'s data share).
+pub const LAYERS_RAM_MAX_DEFAULT: u64 = 4 << 30;
 
 /// Counts for the server's status and tests.
 #[derive(Debug, Default)]
@@ -72,6 +96,12 @@ pub struct ChunkCounters {
     pub volumes_removed: AtomicU64,
     /// Chunk files deleted with them.
     pub chunks_removed: AtomicU64,
+    /// Dedup layers started (`Op::Layer` with `fresh`).
+    pub layers_started: AtomicU64,
+    /// Dedup layers closed (the open-chunk bounds, a new start).
+    pub layers_closed: AtomicU64,
+    /// Open chunks kept over the bound because their layer's sync failed.
+    pub layer_sync_failures: AtomicU64,
 }
 
 /// The epoch stored for a removed volume: above every writer's, so every
@@ -99,12 +129,54 @@ pub struct ChunkServer {
     /// requests.
     boot_id: u64,
     pub counters: ChunkCounters,
+    /// The fingerprint backend of the dedup layers (made at the first).
+    backend: std::sync::OnceLock<Arc<dyn FingerprintBackend>>,
+    /// The counters of the dedup layers closed since the server started.
+    closed_dedup: Mutex<ecdedup_cluster::keys::ServerDedup>,
 }
 
 #[derive(Default)]
 struct OpenChunks {
-    by_name: HashMap<(u64, u32), (Arc<FileDevice>, u64)>,
+    by_name: HashMap<(u64, u32), (Arc<Chunk>, u64)>,
     clock: u64,
+}
+
+/// An open chunk: its file, and the dedup layer over it where it has one
+/// (with the spec it was made with).
+struct Chunk {
+    file: Arc<FileDevice>,
+    layer: Option<(Arc<DedupDevice>, LayerSpec)>,
+}
+
+impl Chunk {
+    /// RAM its dedup layer holds (0 without one).
+    fn layer_ram(&self) -> u64 {
+        self.layer.as_ref().map_or(0, |(l, _)| l.ram_bytes())
+    }
+
+    /// What requests read and write: the layer where there is one.
+    fn dev(&self) -> &dyn Device {
+        match &self.layer {
+            Some((layer, _)) => layer.as_ref(),
+            None => self.file.as_ref(),
+        }
+    }
+
+    /// Checks `[offset, offset + len)` against the chunk's size and, with
+    /// a layer, that it lies on one side of the layer's data area start.
+    fn check_range(&self, offset: u64, len: u64) -> Result<(), Refusal> {
+        check_range(self.file.as_ref(), offset, len)?;
+        match &self.layer {
+            Some((_, spec)) if !spec.takes_range(offset, len) => Err(invalid(format!(
+                "[{offset}, +{len}) crosses the edge of the dedup layer's data area \
+                 ([{}, +{})) on {}",
+                spec.data_offset,
+                spec.data_bytes,
+                self.file.describe()
+            ))),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// What an epoch fences: a volume's writers (the frame's `epoch`), or the
@@ -175,6 +247,8 @@ impl ChunkServer {
                     | 1
             },
             counters: ChunkCounters::default(),
+            backend: std::sync::OnceLock::new(),
+            closed_dedup: Mutex::new(Default::default()),
         })
     }
 
@@ -337,14 +411,76 @@ impl ChunkServer {
         }
     }
 
-    /// The open chunk, opened from its file if it exists.
-    fn chunk(&self, volume: u64, code: u32) -> Result<Arc<FileDevice>, Refusal> {
+    /// Where the dedup layer of a chunk keeps its spec, and the name its
+    /// maps take beside the chunk.
+    fn layer_paths(&self, volume: u64, code: u32) -> (PathBuf, PathBuf, String) {
+        let chunk = self.chunk_path(volume, code);
+        let folder = chunk
+            .parent()
+            .expect("a chunk path has a folder")
+            .to_owned();
+        let stem = chunk
+            .file_stem()
+            .expect("a chunk path has a name")
+            .to_string_lossy()
+            .into_owned();
+        (
+            folder.join(format!("{stem}.layer")),
+            folder,
+            format!("{stem}.map"),
+        )
+    }
+
+    /// The fingerprint backend of every layer (made at the first layer's
+    /// open; one thread: the request's own).
+    fn backend(&self) -> Result<Arc<dyn FingerprintBackend>, Refusal> {
+        if let Some(b) = self.backend.get() {
+            return Ok(Arc::clone(b));
+        }
+        let cpu = CpuBackend::new(Some(1))
+            .map_err(|e| (Status::Io, format!("starting the fingerprint backend: {e}")))?;
+        Ok(Arc::clone(self.backend.get_or_init(|| Arc::new(cpu))))
+    }
+
+    /// Opens the dedup layer of `spec` over `file` (`spec.fresh`: empty,
+    /// its maps reset).
+    fn open_layer(
+        &self,
+        volume: u64,
+        code: u32,
+        file: &Arc<FileDevice>,
+        spec: &LayerSpec,
+    ) -> Result<Arc<DedupDevice>, Refusal> {
+        let (_, folder, name) = self.layer_paths(volume, code);
+        let layer = DedupDevice::open(
+            Arc::clone(&self.storage),
+            Arc::clone(file) as Arc<dyn Device>,
+            spec.config.clone(),
+            self.backend()?,
+            spec.data_offset,
+            spec.data_bytes,
+            &folder,
+            &name,
+            spec.fresh,
+        )
+        .map_err(|e| {
+            (
+                Status::Io,
+                format!("opening the dedup layer of {}: {e}", file.describe()),
+            )
+        })?;
+        Ok(Arc::new(layer))
+    }
+
+    /// The open chunk, opened from its file if it exists (with its dedup
+    /// layer, where its spec is stored beside it).
+    fn chunk(&self, volume: u64, code: u32) -> Result<Arc<Chunk>, Refusal> {
         let mut open = self.open.lock().unwrap();
         open.clock += 1;
         let clock = open.clock;
-        if let Some((dev, used)) = open.by_name.get_mut(&(volume, code)) {
+        if let Some((chunk, used)) = open.by_name.get_mut(&(volume, code)) {
             *used = clock;
-            return Ok(Arc::clone(dev));
+            return Ok(Arc::clone(chunk));
         }
         let path = self.chunk_path(volume, code);
         if !self.storage.exists(&path) {
@@ -354,34 +490,176 @@ impl ChunkServer {
                 format!("no chunk of volume {volume} PG {pg} shard {shard} here"),
             ));
         }
-        let dev = FileDevice::open_with(self.storage.as_ref(), &path, self.options())
-            .map_err(|e| io_refusal(&format!("opening {}", path.display()), &e))?;
-        Ok(self.keep_open(&mut open, volume, code, dev, clock))
+        let file = Arc::new(
+            FileDevice::open_with(self.storage.as_ref(), &path, self.options())
+                .map_err(|e| io_refusal(&format!("opening {}", path.display()), &e))?,
+        );
+        let (spec_path, _, _) = self.layer_paths(volume, code);
+        let layer = match self.storage.exists(&spec_path) {
+            false => None,
+            true => {
+                let bytes = read_all(self.storage.as_ref(), &spec_path)
+                    .map_err(|e| io_refusal(&format!("reading {}", spec_path.display()), &e))?;
+                let spec = decode_layer(&bytes)
+                    .and_then(|spec| spec.check(file.size()).map(|()| spec))
+                    .map_err(|why| (Status::Io, format!("{}: {why}", spec_path.display())))?;
+                Some((self.open_layer(volume, code, &file, &spec)?, spec))
+            }
+        };
+        let chunk = Arc::new(Chunk { file, layer });
+        self.keep_open(&mut open, volume, code, Arc::clone(&chunk), clock);
+        Ok(chunk)
     }
 
+    /// Puts `chunk` in the open table, closing the least recently used
+    /// while the table is full or, for a chunk with a dedup layer, while
+    /// the layers' RAM would pass its bound (then layered chunks only). A
+    /// chunk some request still holds is not closed, nor one whose
+    /// layer's sync fails (closing it then would drop what the layer
+    /// acknowledged): the table then holds more than its bound until
+    /// they can be.
     fn keep_open(
         &self,
         open: &mut OpenChunks,
         volume: u64,
         code: u32,
-        dev: FileDevice,
+        chunk: Arc<Chunk>,
         clock: u64,
-    ) -> Arc<FileDevice> {
-        while open.by_name.len() >= self.config.open_chunks_max.max(1) {
-            let oldest = open
-                .by_name
-                .iter()
-                .min_by_key(|(_, (_, used))| *used)
-                .map(|(name, _)| *name);
-            match oldest {
-                Some(name) => open.by_name.remove(&name),
-                None => break,
+    ) {
+        let mut by_age: Vec<((u64, u32), u64, u64)> = open
+            .by_name
+            .iter()
+            .map(|(name, (c, used))| (*name, *used, c.layer_ram()))
+            .collect();
+        by_age.sort_by_key(|&(_, used, _)| used);
+        let need = chunk.layer_ram();
+        let mut ram: u64 = by_age.iter().map(|&(_, _, r)| r).sum();
+        for (name, _, held_ram) in by_age {
+            let over_count = open.by_name.len() >= self.config.open_chunks_max.max(1);
+            let over_ram = need > 0 && ram + need > self.config.layers_ram_max;
+            if !over_count && !over_ram {
+                break;
+            }
+            if !over_count && held_ram == 0 {
+                continue;
+            }
+            let (held, _) = &open.by_name[&name];
+            if Arc::strong_count(held) > 1 {
+                continue;
+            }
+            if let Some((layer, _)) = &held.layer {
+                if layer.sync().is_err() {
+                    self.counters
+                        .layer_sync_failures
+                        .fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                self.note_closed(layer);
+            }
+            ram -= held_ram;
+            open.by_name.remove(&name);
+        }
+        open.by_name.insert((volume, code), (chunk, clock));
+    }
+
+    /// Adds a closing layer's counters to the server's totals.
+    fn note_closed(&self, layer: &DedupDevice) {
+        add_dedup(&mut self.closed_dedup.lock().unwrap(), layer.write_counts());
+        self.counters.layers_closed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Runs a dedup layer over a chunk (`Op::Layer`): `spec.fresh` makes
+    /// it empty (its maps reset, then its spec stored: a cut between
+    /// leaves the spec before, over empty maps, and the writer that asked
+    /// asks again); otherwise the chunk's own layer must be the one
+    /// asked for. Returns whether the chunk's layer runs here (false: it
+    /// has none, and none was asked made).
+    fn attach_layer(&self, volume: u64, code: u32, spec: &LayerSpec) -> Result<bool, Refusal> {
+        let chunk = self.chunk(volume, code)?;
+        spec.check(chunk.file.size()).map_err(invalid)?;
+        if !spec.fresh {
+            return match &chunk.layer {
+                None => Ok(false),
+                Some((_, stored)) if stored.same_layer(spec) => Ok(true),
+                Some((_, stored)) => Err(invalid(format!(
+                    "the dedup layer of {} is {stored:?}, not the one asked for ({spec:?})",
+                    chunk.file.describe()
+                ))),
             };
         }
-        let dev = Arc::new(dev);
-        open.by_name
-            .insert((volume, code), (Arc::clone(&dev), clock));
-        dev
+        let mut open = self.open.lock().unwrap();
+        // The table's and (where it is the same) ours: nothing else may
+        // hold the layer this replaces.
+        let busy = open
+            .by_name
+            .get(&(volume, code))
+            .is_some_and(|(c, _)| Arc::strong_count(c) > 1 + usize::from(Arc::ptr_eq(c, &chunk)));
+        if busy {
+            return Err((
+                Status::Io,
+                format!(
+                    "{} has requests in flight; a new dedup layer waits for none",
+                    chunk.file.describe()
+                ),
+            ));
+        }
+        let layer = self.open_layer(volume, code, &chunk.file, spec)?;
+        let (spec_path, _, _) = self.layer_paths(volume, code);
+        let stored = LayerSpec {
+            fresh: false,
+            ..spec.clone()
+        };
+        write_atomic(
+            self.storage.as_ref(),
+            &spec_path,
+            &ecdedup_core::proto::frame::encode_layer(&stored),
+        )
+        .map_err(|e| io_refusal(&format!("writing {}", spec_path.display()), &e))?;
+        open.clock += 1;
+        let clock = open.clock;
+        let fresh = Arc::new(Chunk {
+            file: Arc::clone(&chunk.file),
+            layer: Some((layer, stored)),
+        });
+        if let Some((old, _)) = open.by_name.remove(&(volume, code)) {
+            if let Some((layer, _)) = &old.layer {
+                self.note_closed(layer);
+            }
+        }
+        self.keep_open(&mut open, volume, code, fresh, clock);
+        self.counters.layers_started.fetch_add(1, Ordering::Relaxed);
+        Ok(true)
+    }
+
+    /// The dedup layers' counters since the server started: every open
+    /// layer's, and those of the layers closed before.
+    pub fn dedup_totals(&self) -> ecdedup_cluster::keys::ServerDedup {
+        let layers: Vec<Arc<DedupDevice>> = {
+            let open = self.open.lock().unwrap();
+            open.by_name
+                .values()
+                .filter_map(|(c, _)| Some(Arc::clone(&c.layer.as_ref()?.0)))
+                .collect()
+        };
+        let mut t = self.closed_dedup.lock().unwrap().clone();
+        t.layers_open = layers.len() as u64;
+        for layer in &layers {
+            add_dedup(&mut t, layer.write_counts());
+            t.layers_ram_bytes += layer.ram_bytes();
+        }
+        t
+    }
+
+    /// The counters of every dedup layer open now, by (volume, chunk).
+    pub fn dedup_stats(&self) -> Vec<((u64, u32), DedupStats)> {
+        let open = self.open.lock().unwrap();
+        let mut out: Vec<_> = open
+            .by_name
+            .iter()
+            .filter_map(|(name, (chunk, _))| Some((*name, chunk.layer.as_ref()?.0.stats())))
+            .collect();
+        out.sort_by_key(|(name, _)| *name);
+        out
     }
 
     /// Opens (creating, sparse, if absent) a chunk of `size` bytes;
@@ -393,12 +671,12 @@ impl ChunkServer {
             )));
         }
         match self.chunk(volume, code) {
-            Ok(dev) if dev.size() == size => return Ok(false),
-            Ok(dev) => {
+            Ok(chunk) if chunk.file.size() == size => return Ok(false),
+            Ok(chunk) => {
                 return Err(invalid(format!(
                     "{} is {} bytes, asked for {size}",
-                    dev.describe(),
-                    dev.size()
+                    chunk.file.describe(),
+                    chunk.file.size()
                 )))
             }
             Err((Status::NotHere, _)) => {}
@@ -409,6 +687,21 @@ impl ChunkServer {
         self.storage
             .create_dir_all(parent)
             .map_err(|e| io_refusal(&format!("creating {}", parent.display()), &e))?;
+        // A new chunk has no dedup layer: what a chunk of the same name
+        // left (none should: ids are never reused) goes first, made
+        // durable with the chunk's name below.
+        let (spec_path, folder, name) = self.layer_paths(volume, code);
+        for stale in [
+            spec_path,
+            folder.join(format!("{name}.log")),
+            folder.join(format!("{name}.snap")),
+        ] {
+            if self.storage.exists(&stale) {
+                self.storage
+                    .remove(&stale)
+                    .map_err(|e| io_refusal(&format!("removing {}", stale.display()), &e))?;
+            }
+        }
         let made = FileDevice::create_with(self.storage.as_ref(), &path, size, self.options())
             .and_then(|dev| {
                 dev.sync()?;
@@ -419,7 +712,11 @@ impl ChunkServer {
         let mut open = self.open.lock().unwrap();
         open.clock += 1;
         let clock = open.clock;
-        self.keep_open(&mut open, volume, code, made, clock);
+        let chunk = Arc::new(Chunk {
+            file: Arc::new(made),
+            layer: None,
+        });
+        self.keep_open(&mut open, volume, code, chunk, clock);
         Ok(true)
     }
 
@@ -452,6 +749,7 @@ impl ChunkServer {
             | Op::Replay
             | Op::Flush
             | Op::Discard
+            | Op::Layer
             | Op::SetEpoch => {}
             other => {
                 return Err(invalid(format!(
@@ -476,9 +774,10 @@ impl ChunkServer {
                 Ok(reply)
             }
             Op::Read => {
-                let dev = self.chunk(volume, code)?;
+                let chunk = self.chunk(volume, code)?;
                 let len = u64::from(h.length);
-                check_range(dev.as_ref(), h.offset, len)?;
+                chunk.check_range(h.offset, len)?;
+                let dev = chunk.dev();
                 let mut buf = vec![0u8; h.length as usize];
                 dev.read_at(&mut buf, h.offset)
                     .map_err(|e| io_refusal(&format!("reading {}", dev.describe()), &e))?;
@@ -491,8 +790,8 @@ impl ChunkServer {
                 // then the journal's length hint): every write checked
                 // before any is made, then made in order, answered
                 // together.
-                let dev = self.chunk(volume, code)?;
-                let (writes, doing) = if h.op == Op::Write {
+                let chunk = self.chunk(volume, code)?;
+                let (writes, doing, hint) = if h.op == Op::Write {
                     if h.length as usize != payload.len() {
                         return Err(invalid(format!(
                             "a write of length {} with {} bytes of payload",
@@ -500,14 +799,16 @@ impl ChunkServer {
                             payload.len()
                         )));
                     }
-                    (vec![(h.offset, payload)], "writing")
+                    (vec![(h.offset, payload)], "writing", write_hint(h.flags)?)
                 } else {
                     let writes = decode_append(payload).map_err(invalid)?;
-                    (writes, "appending to the parity journal on")
+                    let hint = WriteHint::new(IoClass::Journal);
+                    (writes, "appending to the parity journal on", hint)
                 };
                 for &(offset, buf) in &writes {
-                    check_range(dev.as_ref(), offset, buf.len() as u64)?;
+                    chunk.check_range(offset, buf.len() as u64)?;
                 }
+                let dev = chunk.dev();
                 let what = || format!("{doing} {}", dev.describe());
                 for &(offset, buf) in &writes {
                     if buf.is_empty() {
@@ -517,7 +818,7 @@ impl ChunkServer {
                         self.counters.syncs.fetch_add(1, Ordering::Relaxed);
                         continue;
                     }
-                    dev.write_at(buf, offset)
+                    dev.write_hinted(buf, offset, hint)
                         .map_err(|e| io_refusal(&what(), &e))?;
                 }
                 if h.flags & FLAG_FUA != 0 {
@@ -535,11 +836,22 @@ impl ChunkServer {
                 // against the chunk before any byte is read; rows whose
                 // parity is not the checksum the writer expects are
                 // answered so and left as they are.
-                let dev = self.chunk(volume, code)?;
+                let chunk = self.chunk(volume, code)?;
                 let fold = decode_replay(payload).map_err(invalid)?;
-                fold.check(dev.size()).map_err(invalid)?;
+                fold.check(chunk.file.size()).map_err(invalid)?;
+                let block = u64::from(fold.block_bytes);
+                for row in &fold.rows {
+                    chunk.check_range(row.parity, block)?;
+                    for t in &row.terms {
+                        chunk.check_range(t.a, u64::from(t.len))?;
+                        if let Some(b) = t.b {
+                            chunk.check_range(b, u64::from(t.len))?;
+                        }
+                    }
+                }
+                let dev = chunk.dev();
                 let fua = h.flags & FLAG_FUA != 0;
-                let answers = fold::run(dev.as_ref(), &fold, fua).map_err(|e| {
+                let answers = fold::run(dev, &fold, fua).map_err(|e| {
                     io_refusal(&format!("folding parity on {}", dev.describe()), &e)
                 })?;
                 let folded = answers
@@ -558,19 +870,29 @@ impl ChunkServer {
                 Ok(reply)
             }
             Op::Flush => {
-                let dev = self.chunk(volume, code)?;
+                let chunk = self.chunk(volume, code)?;
+                let dev = chunk.dev();
                 dev.sync()
                     .map_err(|e| io_refusal(&format!("syncing {}", dev.describe()), &e))?;
                 self.counters.syncs.fetch_add(1, Ordering::Relaxed);
                 Ok(self.boot_id.to_le_bytes().to_vec())
             }
             Op::Discard => {
-                let dev = self.chunk(volume, code)?;
+                // A layer takes a discard across its data area's start.
+                let chunk = self.chunk(volume, code)?;
                 let len = u64_payload(payload, "Discard")?;
-                check_range(dev.as_ref(), h.offset, len)?;
+                check_range(chunk.file.as_ref(), h.offset, len)?;
+                let dev = chunk.dev();
                 dev.discard(h.offset, len)
                     .map_err(|e| io_refusal(&format!("discarding on {}", dev.describe()), &e))?;
                 Ok(self.boot_id.to_le_bytes().to_vec())
+            }
+            Op::Layer => {
+                let spec = decode_layer(payload).map_err(invalid)?;
+                let here = self.attach_layer(volume, code, &spec)?;
+                let mut reply = self.boot_id.to_le_bytes().to_vec();
+                reply.push(u8::from(here));
+                Ok(reply)
             }
             _ => unreachable!("ops checked above"),
         }
@@ -639,9 +961,10 @@ impl ChunkServer {
                 Err(e) => return Err(e),
             };
             removed.bytes += du(&folder);
+            // The chunks and their dedup layers' files.
             for name in names {
-                self.storage.remove(&folder.join(name))?;
-                removed.chunks += 1;
+                self.storage.remove(&folder.join(&name))?;
+                removed.chunks += u64::from(name.ends_with(".chunk"));
             }
             match self.storage.remove_dir(&folder) {
                 Ok(()) => {}
@@ -731,6 +1054,31 @@ fn parse_epoch(bytes: &[u8]) -> Option<u64> {
     line.parse().ok()
 }
 
+/// Adds a layer's write counts ([`DedupDevice::write_counts`]) to a
+/// server's totals.
+fn add_dedup(t: &mut ecdedup_cluster::keys::ServerDedup, counts: [u64; 5]) {
+    let [physical, references, parity_references, hashed, log] = counts;
+    t.physical_writes += physical;
+    t.reference_writes += references;
+    t.reference_parity_writes += parity_references;
+    t.hash_ops += hashed;
+    t.log_bytes += log;
+}
+
+/// What a `Write`'s flags say of its bytes, for a dedup layer.
+fn write_hint(flags: u16) -> Result<WriteHint, Refusal> {
+    let class = match (flags & FLAG_PARITY != 0, flags & FLAG_METADATA != 0) {
+        (false, false) => IoClass::Data,
+        (true, false) => IoClass::Parity,
+        (false, true) => IoClass::Metadata,
+        (true, true) => return Err(invalid("a write flagged both parity and metadata")),
+    };
+    Ok(WriteHint {
+        repair: flags & FLAG_REPAIR != 0,
+        ..WriteHint::new(class)
+    })
+}
+
 fn check_range(dev: &dyn Device, offset: u64, len: u64) -> Result<(), Refusal> {
     match offset.checked_add(len) {
         Some(end) if end <= dev.size() => Ok(()),
@@ -785,6 +1133,7 @@ mod tests {
                 dirs: vec![dir.join("a"), dir.join("b")],
                 io: IoMode::Buffered,
                 open_chunks_max: 2,
+                layers_ram_max: LAYERS_RAM_MAX_DEFAULT,
             },
         )
         .unwrap()
@@ -898,6 +1247,7 @@ mod tests {
                 dirs: vec![PathBuf::from("/chunks/a")],
                 io: IoMode::Buffered,
                 open_chunks_max: 2,
+                layers_ram_max: LAYERS_RAM_MAX_DEFAULT,
             },
         )
         .unwrap();
@@ -1215,5 +1565,167 @@ mod tests {
             let (st, got) = call(&s, h, &[]);
             assert_eq!((st, got), (Status::Ok, vec![v as u8; 4096]));
         }
+    }
+
+    /// Layer spec of the tests: parity-only dedup over a 1 MiB chunk's
+    /// bytes from 64 KiB on.
+    fn parity_layer(fresh: bool) -> LayerSpec {
+        LayerSpec {
+            config: ecdedup_core::dedup::DedupConfig {
+                policy: ecdedup_core::dedup::Policy::Parity,
+                ..Default::default()
+            },
+            data_offset: 64 << 10,
+            data_bytes: (1 << 20) - (64 << 10),
+            fresh,
+        }
+    }
+
+    fn layer(s: &ChunkServer, volume: u64, spec: &LayerSpec) -> (Status, Vec<u8>) {
+        let payload = ecdedup_core::proto::frame::encode_layer(spec);
+        call(s, req(Op::Layer, volume, 1, 0, &payload), &payload)
+    }
+
+    fn write(s: &ChunkServer, volume: u64, at: u64, data: &[u8], flags: u16) -> Status {
+        let mut h = req(Op::Write, volume, 1, at, data);
+        h.flags |= flags;
+        call(s, h, data).0
+    }
+
+    fn read(s: &ChunkServer, volume: u64, at: u64, len: u32) -> (Status, Vec<u8>) {
+        let mut h = req(Op::Read, volume, 1, at, &[]);
+        h.length = len;
+        call(s, h, &[])
+    }
+
+    /// Block `at` of chunk `volume` reads as 4 KiB of `byte`.
+    fn assert_block(s: &ChunkServer, volume: u64, at: u64, byte: u8) {
+        let (st, got) = read(s, volume, at, 4096);
+        assert_eq!(st, Status::Ok, "{}", String::from_utf8_lossy(&got));
+        let wrong = got.iter().filter(|b| **b != byte).count();
+        assert_eq!(
+            wrong, 0,
+            "block {at}: {wrong} bytes are not {byte:#x} (the first is {:#x})",
+            got[0]
+        );
+    }
+
+    /// The layers' RAM bound closes the least recently used layered chunk
+    /// (its maps synced first) and the next use opens it again from them.
+    #[test]
+    fn dedup_layers_past_their_ram_bound_are_closed_and_reopen_on_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = ChunkServer::new(
+            OsStorage::shared(),
+            ChunkServerConfig {
+                dirs: vec![dir.path().join("a")],
+                io: IoMode::Buffered,
+                open_chunks_max: 16,
+                layers_ram_max: 1,
+            },
+        )
+        .unwrap();
+        let size = (1u64 << 20).to_le_bytes();
+        for v in [7, 8, 9] {
+            assert_eq!(call(&s, req(Op::Open, v, 1, 0, &size), &size).0, Status::Ok);
+            assert_eq!(layer(&s, v, &parity_layer(true)).0, Status::Ok);
+            let block = vec![v as u8; 4096];
+            assert_eq!(write(&s, v, 64 << 10, &block, FLAG_PARITY), Status::Ok);
+            assert_eq!(write(&s, v, 128 << 10, &block, FLAG_PARITY), Status::Ok);
+        }
+        let t = s.dedup_totals();
+        assert_eq!(t.layers_open, 1, "{t:?}");
+        assert!(t.layers_ram_bytes > 0, "{t:?}");
+        assert_eq!(
+            t.reference_parity_writes, 3,
+            "closed layers' counts kept: {t:?}"
+        );
+        for v in [7, 8, 9, 7] {
+            assert_block(&s, v, 64 << 10, v as u8);
+            assert_block(&s, v, 128 << 10, v as u8);
+        }
+        assert!(s.counters.layers_closed.load(Ordering::Relaxed) >= 5);
+        assert_eq!(s.dedup_totals().layers_open, 1);
+    }
+
+    /// A chunk's dedup layer runs at its server: parity with the same
+    /// bytes is stored once, data never fingerprinted (parity-only
+    /// dedup); its maps outlive the chunk's close (the open-chunk bound)
+    /// and the server's restart, every open of the chunk reads through
+    /// them; a second start must ask for the same layer, a chunk without
+    /// one says so; a range across the data area's start is refused.
+    #[test]
+    fn a_dedup_layer_runs_at_the_chunk_and_outlives_its_close_and_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let size = (1u64 << 20).to_le_bytes();
+        let parity = vec![0x5au8; 4096];
+        let data = vec![0x5au8; 4096];
+        {
+            let s = server(dir.path());
+            for v in [7, 8] {
+                assert_eq!(call(&s, req(Op::Open, v, 1, 0, &size), &size).0, Status::Ok);
+            }
+            let (st, reply) = layer(&s, 7, &parity_layer(true));
+            assert_eq!((st, &reply[8..]), (Status::Ok, &[1u8][..]));
+            assert_eq!(&reply[..8], s.boot_id().to_le_bytes());
+            // A chunk without a layer, not asked to make one: none.
+            let (st, reply) = layer(&s, 8, &parity_layer(false));
+            assert_eq!((st, &reply[8..]), (Status::Ok, &[0u8][..]));
+            for at in [64 << 10, 128 << 10] {
+                assert_eq!(write(&s, 7, at, &parity, FLAG_PARITY), Status::Ok);
+            }
+            assert_eq!(write(&s, 7, 192 << 10, &data, 0), Status::Ok);
+            // Below the data area, passed through (a journal's bytes).
+            assert_eq!(write(&s, 7, 8192, &data, FLAG_METADATA), Status::Ok);
+            let stats = s.dedup_stats();
+            assert_eq!(stats.len(), 1, "{stats:?}");
+            let st = &stats[0].1;
+            assert_eq!(
+                (st.reference_parity_writes, st.hash_ops, st.physical_writes),
+                (1, 2, 2),
+                "the second parity block refers to the first; data is not fingerprinted"
+            );
+            // Across the data area's start: refused, nothing written.
+            let two = vec![1u8; 8192];
+            assert_eq!(write(&s, 7, (64 << 10) - 4096, &two, 0), Status::Invalid);
+            let (st, _) = read(&s, 7, (64 << 10) - 4096, 8192);
+            assert_eq!(st, Status::Invalid);
+            // Another layer than the chunk's: refused.
+            let mut other = parity_layer(false);
+            other.config.block_bytes = 8192;
+            assert_eq!(layer(&s, 7, &other).0, Status::Invalid);
+            // A malformed spec: refused.
+            let (st, why) = call(&s, req(Op::Layer, 7, 1, 0, b"{"), b"{");
+            assert_eq!(st, Status::Invalid, "{}", String::from_utf8_lossy(&why));
+            assert_eq!(call(&s, req(Op::Flush, 7, 1, 0, &[]), &[]).0, Status::Ok);
+            // Two more chunks close chunk 7 (the bound is 2).
+            for v in [9, 10] {
+                assert_eq!(call(&s, req(Op::Open, v, 1, 0, &size), &size).0, Status::Ok);
+            }
+            assert!(!s
+                .open
+                .lock()
+                .unwrap()
+                .by_name
+                .contains_key(&(7, chunk_code(3, 1))));
+            // Its counters outlive it in the server's totals.
+            let t = s.dedup_totals();
+            assert_eq!(
+                (t.layers_open, t.reference_parity_writes, t.hash_ops),
+                (0, 1, 2)
+            );
+            for at in [64 << 10, 128 << 10, 192 << 10] {
+                assert_block(&s, 7, at, 0x5a);
+            }
+        }
+        let s = server(dir.path());
+        assert_eq!(layer(&s, 7, &parity_layer(false)).0, Status::Ok);
+        for at in [64 << 10, 128 << 10, 192 << 10, 8192] {
+            assert_block(&s, 7, at, 0x5a);
+        }
+        assert_block(&s, 7, 256 << 10, 0);
+        // Started afresh: empty.
+        assert_eq!(layer(&s, 7, &parity_layer(true)).0, Status::Ok);
+        assert_block(&s, 7, 64 << 10, 0);
     }
 }

@@ -41,6 +41,8 @@ pub struct ChunkdConfig {
     /// How long a server is down before the coordinator (if this server
     /// is elected) re-places its PGs ([`ecdedup_cluster::coordinator`]).
     pub out_after: Duration,
+    /// [`ChunkServerConfig::layers_ram_max`].
+    pub layers_ram_max: u64,
 }
 
 /// How often a coordinator candidate campaigns, and the elected one looks
@@ -187,6 +189,7 @@ pub async fn run(config: ChunkdConfig) -> Result<i32, String> {
                 dirs: config.dirs.clone(),
                 io: config.io,
                 open_chunks_max: 4096,
+                layers_ram_max: config.layers_ram_max,
             },
         )
         .map_err(|e| format!("data folders: {e}"))?,
@@ -277,8 +280,11 @@ pub async fn run(config: ChunkdConfig) -> Result<i32, String> {
             _ = space_tick.tick() => {
                 remove_deleted_volumes(&etcd, &server, config.id).await;
                 let s = Arc::clone(&server);
-                let space = tokio::task::spawn_blocking(move || s.space()).await.unwrap_or_default();
+                let (space, dedup) = tokio::task::spawn_blocking(move || (s.space(), s.dedup_totals()))
+                    .await
+                    .unwrap_or_default();
                 let report = ServerSpace {
+                    dedup,
                     devices: space
                         .into_iter()
                         .map(|(path, free, used)| DeviceSpace {

@@ -25,10 +25,13 @@
 //! trip is counted for the purpose of the first frame of its group.
 
 use ecdedup_cluster::ServerId;
+use ecdedup_core::counters::IoClass;
 use ecdedup_core::media::remote::{
     changes_chunk, outcome_unknown, ChunkLink, LinkOp, PendingReply, Purpose, Ready,
 };
-use ecdedup_core::proto::frame::{encode_append, encode_replay, FLAG_FUA};
+use ecdedup_core::proto::frame::{
+    encode_append, encode_layer, encode_replay, FLAG_FUA, FLAG_METADATA, FLAG_PARITY, FLAG_REPAIR,
+};
 use ecdedup_core::proto::{Header, Op, Status, PAYLOAD_BYTES_MAX};
 use ecdedup_transport::Peers;
 use std::cell::Cell;
@@ -412,7 +415,11 @@ pub fn request_header(
 /// The frames (header, payload) that carry `op` on chunk `code`: one per
 /// [`FRAME_DATA_BYTES`] of a read or write, one for a sync or discard, one
 /// `LogAppend` for a journal append (its runs and its length hint) that
-/// fits a frame.
+/// fits a frame, one `Layer` for a dedup layer's start.
+/// With `classes` (the server takes a dedup layer:
+/// [`ChunkLink::takes_dedup`]), a write's frames say its class and
+/// whether it repairs ([`FLAG_PARITY`], [`FLAG_METADATA`],
+/// [`FLAG_REPAIR`]), which a server from before would refuse.
 /// The same for every link (the network's and the cluster simulator's).
 pub fn link_frames(
     volume_id: u64,
@@ -420,6 +427,7 @@ pub fn link_frames(
     pg_epoch: u32,
     code: u32,
     op: LinkOp<'_>,
+    classes: bool,
 ) -> Vec<(Header, Vec<u8>)> {
     let header =
         |op, offset, length| request_header(volume_id, epoch, pg_epoch, op, code, offset, length);
@@ -437,8 +445,25 @@ pub fn link_frames(
             }
         }
         LinkOp::Write {
-            offset, buf, fua, ..
-        } => write_frames(&mut frames, &header, offset, buf, fua),
+            offset,
+            buf,
+            fua,
+            class,
+            repair,
+        } => {
+            let mut flags = if fua { FLAG_FUA } else { 0 };
+            if classes {
+                flags |= match class {
+                    IoClass::Parity => FLAG_PARITY,
+                    IoClass::Metadata => FLAG_METADATA,
+                    IoClass::Data | IoClass::Journal => 0,
+                };
+                if repair {
+                    flags |= FLAG_REPAIR;
+                }
+            }
+            write_frames(&mut frames, &header, offset, buf, flags)
+        }
         LinkOp::Append { writes, fua } => {
             let payload = encode_append(writes);
             match u32::try_from(payload.len()) {
@@ -461,10 +486,11 @@ pub fn link_frames(
                         writes.iter().all(|(_, b)| !b.is_empty()),
                         "an append with a barrier over one frame"
                     );
+                    let flags = if fua { FLAG_FUA } else { 0 };
                     for &(offset, buf) in writes {
                         match buf.is_empty() {
                             true => frames.push((header(Op::Flush, 0, 0), Vec::new())),
-                            false => write_frames(&mut frames, &header, offset, buf, fua),
+                            false => write_frames(&mut frames, &header, offset, buf, flags),
                         }
                     }
                 }
@@ -484,25 +510,28 @@ pub fn link_frames(
         LinkOp::Discard { offset, len } => {
             frames.push((header(Op::Discard, offset, 8), len.to_le_bytes().to_vec()))
         }
+        LinkOp::Layer { spec } => {
+            let payload = encode_layer(spec);
+            frames.push((header(Op::Layer, 0, payload.len() as u32), payload))
+        }
     }
     debug_assert!(FRAME_DATA_BYTES as u32 <= PAYLOAD_BYTES_MAX);
     frames
 }
 
-/// The `Write` frames of `buf` at `offset`, one per [`FRAME_DATA_BYTES`].
+/// The `Write` frames of `buf` at `offset`, one per [`FRAME_DATA_BYTES`],
+/// each with `flags`.
 fn write_frames(
     frames: &mut Vec<(Header, Vec<u8>)>,
     header: &dyn Fn(Op, u64, u32) -> Header,
     offset: u64,
     buf: &[u8],
-    fua: bool,
+    flags: u16,
 ) {
     for (i, piece) in buf.chunks(FRAME_DATA_BYTES).enumerate() {
         let at = offset + (i * FRAME_DATA_BYTES) as u64;
         let mut h = header(Op::Write, at, piece.len() as u32);
-        if fua {
-            h.flags |= FLAG_FUA;
-        }
+        h.flags |= flags;
         frames.push((h, piece.to_vec()));
     }
 }
@@ -556,6 +585,9 @@ pub struct NetLink {
     /// The server's registration says it takes a barrier in a
     /// `LogAppend` ([`ChunkLink::takes_barrier`]).
     takes_barrier: bool,
+    /// The server's registration says it runs a dedup layer over a chunk
+    /// ([`ChunkLink::takes_dedup`]).
+    takes_dedup: bool,
     /// A request of this link ended without its reply
     /// ([`ChunkLink::unanswered`]).
     unanswered: Arc<AtomicBool>,
@@ -580,6 +612,7 @@ impl NetLink {
             size,
             boot_id,
             takes_barrier: false,
+            takes_dedup: false,
             unanswered: Arc::new(AtomicBool::new(false)),
         }
     }
@@ -588,6 +621,14 @@ impl NetLink {
     /// its registration says so). False unless set.
     pub fn taking_barriers(mut self, takes: bool) -> NetLink {
         self.takes_barrier = takes;
+        self
+    }
+
+    /// Whether the server runs a dedup layer over a chunk
+    /// ([`ChunkLink::takes_dedup`]: its registration says so). False
+    /// unless set.
+    pub fn taking_dedup(mut self, takes: bool) -> NetLink {
+        self.takes_dedup = takes;
         self
     }
 
@@ -612,7 +653,7 @@ impl ReplyKind {
     pub fn of(op: &LinkOp<'_>) -> ReplyKind {
         match op {
             LinkOp::Read { .. } => ReplyKind::Data,
-            LinkOp::Fold { .. } => ReplyKind::ChangeAndAnswer,
+            LinkOp::Fold { .. } | LinkOp::Layer { .. } => ReplyKind::ChangeAndAnswer,
             _ => ReplyKind::Change,
         }
     }
@@ -720,12 +761,17 @@ impl ChunkLink for NetLink {
         let changes = changes_chunk(&op);
         let (pg_epoch, in_flight) = self.pg_epoch.begin();
         let addr = self.addr();
-        let rxs = link_frames(w.volume_id, w.epoch, pg_epoch, self.code, op)
-            .into_iter()
-            .map(|(h, payload)| {
-                w.send_frame(purpose, addr, h, payload, Some(Arc::clone(&in_flight)))
-            })
-            .collect();
+        let rxs = link_frames(
+            w.volume_id,
+            w.epoch,
+            pg_epoch,
+            self.code,
+            op,
+            self.takes_dedup,
+        )
+        .into_iter()
+        .map(|(h, payload)| w.send_frame(purpose, addr, h, payload, Some(Arc::clone(&in_flight))))
+        .collect();
         Box::new(Frames {
             rxs,
             kind,
@@ -760,6 +806,10 @@ impl ChunkLink for NetLink {
     fn takes_barrier(&self) -> bool {
         self.takes_barrier
     }
+
+    fn takes_dedup(&self) -> bool {
+        self.takes_dedup
+    }
 }
 
 #[cfg(test)]
@@ -783,6 +833,7 @@ mod tests {
                 writes: &writes,
                 fua: true,
             },
+            false,
         );
         assert_eq!(frames.len(), 1);
         assert_eq!(frames[0].0.op, Op::LogAppend);
@@ -796,6 +847,7 @@ mod tests {
                 writes: &writes,
                 fua: false,
             },
+            false,
         );
         assert_eq!(plain[0].0.flags & FLAG_FUA, 0);
         let many: Vec<(u64, &[u8])> = (0..1100u64).map(|i| (i * 4096, &page[..])).collect();
@@ -808,6 +860,7 @@ mod tests {
                 writes: &many,
                 fua: true,
             },
+            false,
         );
         assert_eq!(frames.len(), 1100);
         assert!(frames
@@ -836,7 +889,7 @@ mod tests {
             fold: &fold,
             fua: true,
         };
-        let frames = link_frames(7, 5, 1, 0x301, op);
+        let frames = link_frames(7, 5, 1, 0x301, op, false);
         assert_eq!(frames.len(), 1);
         let (h, payload) = &frames[0];
         assert_eq!(

@@ -22,7 +22,7 @@
 use crate::link::{NetLink, PgEpoch, Wire};
 use crate::volume::ClusterVolume;
 use ecdedup_cluster::keys::{
-    DedupPolicy, PgRecord, PoolSpec, ServerInfo, WritePolicy as PoolPolicy,
+    DedupPolicy, PgRecord, PoolSpec, ServerInfo, WritePolicy as PoolPolicy, FEATURE_DEDUP_LAYER,
     FEATURE_LOG_APPEND_BARRIER,
 };
 use ecdedup_cluster::{Etcd, EtcdConfig, ServerId};
@@ -495,6 +495,8 @@ pub(crate) struct Peer {
     pub addr: SocketAddr,
     /// Its registration names [`FEATURE_LOG_APPEND_BARRIER`].
     pub takes_barrier: bool,
+    /// Its registration names [`FEATURE_DEDUP_LAYER`].
+    pub takes_dedup: bool,
 }
 
 /// The peer a server's registration describes (None: its address does
@@ -503,6 +505,7 @@ pub(crate) fn peer_of(info: &ServerInfo) -> Option<Peer> {
     Some(Peer {
         addr: info.address.parse().ok()?,
         takes_barrier: info.takes(FEATURE_LOG_APPEND_BARRIER),
+        takes_dedup: info.takes(FEATURE_DEDUP_LAYER),
     })
 }
 
@@ -545,6 +548,7 @@ pub(crate) fn open_chunks(
             Peer {
                 addr,
                 takes_barrier,
+                takes_dedup,
             },
             rx,
         )) = sent
@@ -566,7 +570,8 @@ pub(crate) fn open_chunks(
                     chunk_bytes,
                     boot_id,
                 )
-                .taking_barriers(takes_barrier);
+                .taking_barriers(takes_barrier)
+                .taking_dedup(takes_dedup);
                 Ok(Arc::new(RemoteDevice::new(Arc::new(link))) as Arc<dyn Device>)
             }
             Ok(reply) => {

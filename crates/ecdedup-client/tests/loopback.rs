@@ -95,6 +95,7 @@ impl Cluster {
             lease_ttl: Duration::from_secs(5),
             space_every: Duration::from_secs(10),
             out_after: self.out_after,
+            layers_ram_max: ecdedup_chunkd::chunks::LAYERS_RAM_MAX_DEFAULT,
         };
         self.rt.spawn(ecdedup_chunkd::run(config))
     }

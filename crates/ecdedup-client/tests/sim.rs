@@ -167,6 +167,12 @@ struct Tally {
     two_volume_seeds: u64,
     /// Volumes formatted with dedup on.
     dedup_volumes: u64,
+    /// Dedup layers started at a chunk server (the others run at the
+    /// writer: `SimLink::takes_dedup`).
+    layers_at_servers: u64,
+    /// Of those, closed and opened again from their maps (the server's
+    /// RAM bound: one layer open at a time).
+    layers_closed: u64,
     /// Requests the server handled twice in a row.
     duplicated_frames: u64,
     /// Requests the client gave up on (a timeout) that reached the server
@@ -211,6 +217,8 @@ impl Tally {
         self.double_fault_unreadable += o.double_fault_unreadable;
         self.two_volume_seeds += o.two_volume_seeds;
         self.dedup_volumes += o.dedup_volumes;
+        self.layers_at_servers += o.layers_at_servers;
+        self.layers_closed += o.layers_closed;
         self.duplicated_frames += o.duplicated_frames;
         self.late_frames += o.late_frames;
         self.late_landed += o.late_landed;
@@ -321,6 +329,9 @@ fn server_config(s: usize) -> ChunkServerConfig {
         dirs: vec![PathBuf::from(format!("/server{s}"))],
         io: IoMode::Buffered,
         open_chunks_max: 16,
+        // One dedup layer open at a time: every other layered chunk is
+        // closed (synced) and opened again from its maps as it is used.
+        layers_ram_max: 1,
     }
 }
 
@@ -507,6 +518,8 @@ impl NetState {
         let server = &mut self.servers[s];
         if let Some(live) = server.live.take() {
             self.tally.epoch_refusals += live.counters.epoch_refusals.load(SeqCst);
+            self.tally.layers_at_servers += live.counters.layers_started.load(SeqCst);
+            self.tally.layers_closed += live.counters.layers_closed.load(SeqCst);
         }
         let report = server.storage.crash(seed);
         self.down_since[s].get_or_insert(self.tally.frames);
@@ -653,6 +666,7 @@ impl ChunkLink for SimLink {
             PG_EPOCH,
             self.code,
             op,
+            self.takes_dedup(),
         );
         if self.net.with(|st| st.deferred) {
             // In flight until the first wait, as `NetLink`'s frames are.
@@ -721,6 +735,21 @@ impl ChunkLink for SimLink {
     /// The simulated servers are this build's `ChunkServer`.
     fn takes_barrier(&self) -> bool {
         true
+    }
+
+    /// The even servers run a dedup volume's layers over their chunks,
+    /// the odd ones leave them to the writer (as servers from before
+    /// 2026-11-30 do), so a dedup PG has both kinds of chunk;
+    /// `ECDEDUP_SIM_DEDUP_AT=server` or `=writer` makes every server
+    /// one kind.
+    fn takes_dedup(&self) -> bool {
+        static AT: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+        let every = *AT.get_or_init(|| match std::env::var("ECDEDUP_SIM_DEDUP_AT").as_deref() {
+            Ok("server") => Some(true),
+            Ok("writer") => Some(false),
+            _ => None,
+        });
+        every.unwrap_or(self.server.is_multiple_of(2))
     }
 }
 
@@ -2005,6 +2034,8 @@ fn run_seed(seed: u64, verbose: bool, shape: Shape) -> Tally {
         let mut t = st.tally.clone();
         for s in st.servers.iter().filter_map(|s| s.live.as_ref()) {
             t.epoch_refusals += s.counters.epoch_refusals.load(SeqCst);
+            t.layers_at_servers += s.counters.layers_started.load(SeqCst);
+            t.layers_closed += s.counters.layers_closed.load(SeqCst);
         }
         t
     });
@@ -2234,7 +2265,7 @@ fn run_seed_list(seeds: Vec<u64>, shape: fn(u64) -> Shape) {
         "cluster sim: seeds={} failed_seeds={} frames={} requests_dropped={} replies_dropped={} \
          partitioned_frames={} power_losses={} unsynced_writes_at_loss={} unseen_restarts={} \
          takeovers={} epoch_refusals={} fenced_ops_refused={} devices_failed={} \
-         double_fault_unreadable={} two_volume_seeds={} dedup_volumes={} \
+         double_fault_unreadable={} two_volume_seeds={} dedup_volumes={} layers_at_servers={} layers_closed={} \
          duplicated_frames={} late_frames={} late_landed={} late_refused={} late_lost={} \
          reordered_groups={} stale_changes_landed={} servers_down={} servers_out={} shards_replaced={} \
          shards_unplaceable={} stripes_rebuilt={} rebuilds_stopped={} seconds={:.1}",
@@ -2254,6 +2285,8 @@ fn run_seed_list(seeds: Vec<u64>, shape: fn(u64) -> Shape) {
         total.double_fault_unreadable,
         total.two_volume_seeds,
         total.dedup_volumes,
+        total.layers_at_servers,
+        total.layers_closed,
         total.duplicated_frames,
         total.late_frames,
         total.late_landed,

@@ -278,8 +278,12 @@ pub struct ServerInfo {
 /// A `LogAppend` may carry barriers (`proto::frame::encode_append`).
 pub const FEATURE_LOG_APPEND_BARRIER: &str = "log-append-barrier";
 
+/// The server runs a chunk's dedup layer when asked (`Op::Layer`), and a
+/// `Write` may say its class (`proto::frame::FLAG_PARITY` and the rest).
+pub const FEATURE_DEDUP_LAYER: &str = "dedup-layer";
+
 /// The features this build's chunk server takes ([`ServerInfo::features`]).
-pub const FEATURES: &[&str] = &[FEATURE_LOG_APPEND_BARRIER];
+pub const FEATURES: &[&str] = &[FEATURE_LOG_APPEND_BARRIER, FEATURE_DEDUP_LAYER];
 
 impl ServerInfo {
     /// Whether the server's record names `feature`.
@@ -300,6 +304,30 @@ pub struct DeviceSpace {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServerSpace {
     pub devices: Vec<DeviceSpace>,
+    /// The dedup layers the server runs over its chunks (since
+    /// 2026-11-30; absent from an older server's report).
+    #[serde(default)]
+    pub dedup: ServerDedup,
+}
+
+/// A chunk server's dedup layers: how many are open, and their counters
+/// summed since the server started (a layer's at its close included).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerDedup {
+    pub layers_open: u64,
+    /// RAM the open layers hold (maps, fingerprint indexes).
+    #[serde(default)]
+    pub layers_ram_bytes: u64,
+    /// Dedup blocks written to the chunks (slot writes).
+    pub physical_writes: u64,
+    /// Blocks stored as a reference to a slot already written; of those,
+    /// parity blocks.
+    pub reference_writes: u64,
+    pub reference_parity_writes: u64,
+    /// Blocks fingerprinted.
+    pub hash_ops: u64,
+    /// Bytes of map records and snapshots written.
+    pub log_bytes: u64,
 }
 
 /// A pool's partial-write policy (the engine's `WritePolicy`, with the

@@ -189,6 +189,11 @@ async fn a_second_server_with_the_same_id_is_refused_and_told_who_holds_it() {
             bytes_free: 10,
             bytes_used: 20,
         }],
+        dedup: ecdedup_cluster::keys::ServerDedup {
+            layers_open: 2,
+            reference_parity_writes: 5,
+            ..Default::default()
+        },
     };
     first.report_space(&space).await.unwrap();
     let servers = list_servers(&etcd).await.unwrap();
@@ -217,7 +222,10 @@ async fn a_revoked_lease_fences_the_server_and_frees_its_id() {
         .unwrap();
     let reason = within("the fence", fence.fenced()).await;
     assert!(reason.contains("gone"), "{reason}");
-    let space = ServerSpace { devices: vec![] };
+    let space = ServerSpace {
+        devices: vec![],
+        dedup: Default::default(),
+    };
     assert!(matches!(
         registration.report_space(&space).await,
         Err(Error::Fenced(_))

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use ecdedup_core::proto::frame::FLAG_FUA;
+use ecdedup_core::proto::frame::{FLAGS_KNOWN, FLAG_REPLY};
 use ecdedup_core::proto::{Header, Op, PAYLOAD_BYTES_MAX};
 use tokio::io::{AsyncRead, AsyncWrite, BufReader};
 use tokio::net::TcpStream;
@@ -275,7 +275,7 @@ impl Client {
     }
 
     /// Sends a request and waits for its reply. `request` gives the op,
-    /// flags ([`FLAG_FUA`] only), volume, epoch, PG, offset and length;
+    /// flags (any but [`FLAG_REPLY`]), volume, epoch, PG, offset and length;
     /// the request id, payload length and CRC are filled in here. A reply
     /// with an error status is a reply (`Ok`): what it means is the
     /// caller's business.
@@ -285,9 +285,9 @@ impl Client {
                 "Hello frames belong to the handshake".into(),
             ));
         }
-        if request.flags & !FLAG_FUA != 0 {
+        if request.flags & (FLAG_REPLY | !FLAGS_KNOWN) != 0 {
             return Err(Error::InvalidRequest(format!(
-                "flags {:#06x} (a request carries only FUA)",
+                "flags {:#06x} (a request carries no reply flag, and only known ones)",
                 request.flags
             )));
         }

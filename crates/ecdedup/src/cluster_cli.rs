@@ -31,6 +31,20 @@ pub fn ignore_sigpipe() {
     }
 }
 
+/// Writes a report to stdout. A reader that stopped reading (`cluster
+/// status | head -3`: a closed pipe, SIGPIPE ignored by [`runtime`]) ends
+/// the command quietly, as it ends `cat`; any other failure is an error.
+fn print_out(text: &str) -> Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(Error::io("writing to stdout", e))
+        }
+        _ => Ok(()),
+    }
+}
+
 fn cluster_error(e: ecdedup_cluster::Error) -> Error {
     Error::Other(e.to_string())
 }
@@ -127,6 +141,11 @@ pub struct ChunkdArgs {
     /// their writers rebuild them elsewhere. Give every server the same.
     #[arg(long, default_value_t = 600)]
     out_after: u64,
+    /// RAM the dedup layers of the open chunks may hold together (a
+    /// dedup pool's chunks: about 8 bytes per dedup block of a chunk, plus
+    /// its fingerprint index); past it the least recently used is closed.
+    #[arg(long, default_value = "4G")]
+    dedup_ram: String,
 }
 
 /// `ecdedup chunkd`: returns the process's exit status.
@@ -153,6 +172,8 @@ pub fn chunkd(args: ChunkdArgs) -> Result<i32> {
         lease_ttl: Duration::from_secs(args.lease_ttl),
         space_every: Duration::from_secs(10),
         out_after: Duration::from_secs(args.out_after),
+        layers_ram_max: ecdedup_core::units::parse_size(&args.dedup_ram)
+            .map_err(|e| Error::Config(format!("--dedup-ram {:?}: {e}", args.dedup_ram)))?,
     };
     runtime()?
         .block_on(ecdedup_chunkd::run(config))
@@ -703,8 +724,8 @@ pub fn cluster(dir: &Path, args: ClusterArgs) -> Result<()> {
             let mut text = String::new();
             s.read_to_string(&mut text)
                 .map_err(|e| Error::io("reading the counters", e))?;
-            println!("{text}");
-            Ok(())
+            text.push('\n');
+            print_out(&text)
         }
         ClusterCommand::RestartServer { id } => {
             let mut state = load_state(dir)?;
@@ -995,6 +1016,7 @@ fn status(dir: &Path, json: bool) -> Result<()> {
                     "state": if entry.is_some() { "up" } else { "down" },
                     "address": entry.map(|e| e.info.address.clone()),
                     "features": entry.map(|e| e.info.features.clone()),
+                    "dedup": entry.and_then(|e| e.space.as_ref()).map(|s| s.dedup.clone()),
                 })
             })
             .collect();
@@ -1012,13 +1034,22 @@ fn status(dir: &Path, json: bool) -> Result<()> {
         }))
     })?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&report).expect("json"));
-        return Ok(());
+        return print_out(&format!(
+            "{}\n",
+            serde_json::to_string_pretty(&report).expect("json")
+        ));
     }
-    println!("etcd {}", report["etcd"].as_str().unwrap_or(""));
+    let mut text = String::new();
+    macro_rules! say {
+        ($($arg:tt)*) => {{
+            use std::fmt::Write as _;
+            writeln!(text, $($arg)*).expect("a String takes it");
+        }};
+    }
+    say!("etcd {}", report["etcd"].as_str().unwrap_or(""));
     match report["coordinator"].as_object() {
-        Some(c) => println!("coordinator server {} term {}", c["server"], c["term"]),
-        None => println!("coordinator none elected"),
+        Some(c) => say!("coordinator server {} term {}", c["server"], c["term"]),
+        None => say!("coordinator none elected"),
     }
     for s in report["servers"].as_array().into_iter().flatten() {
         let features: Vec<&str> = s["features"]
@@ -1027,8 +1058,18 @@ fn status(dir: &Path, json: bool) -> Result<()> {
             .flatten()
             .filter_map(|f| f.as_str())
             .collect();
-        println!(
-            "server {}\t{}\tpid {}\t{}\tfeatures {}",
+        let dedup = match s["dedup"].as_object() {
+            Some(d) if d["layers_open"].as_u64().unwrap_or(0) > 0 => format!(
+                "\tdedup layers {} refs {} (parity {}) slots {}",
+                d["layers_open"],
+                d["reference_writes"],
+                d["reference_parity_writes"],
+                d["physical_writes"]
+            ),
+            _ => String::new(),
+        };
+        say!(
+            "server {}\t{}\tpid {}\t{}\tfeatures {}{dedup}",
             s["id"],
             s["state"].as_str().unwrap_or(""),
             s["pid"],
@@ -1041,7 +1082,7 @@ fn status(dir: &Path, json: bool) -> Result<()> {
         );
     }
     for p in report["pools"].as_array().into_iter().flatten() {
-        println!(
+        say!(
             "pool {} RS({},{}) {} min_size {} journal {}",
             p["name"].as_str().unwrap_or(""),
             p["k"],
@@ -1051,7 +1092,7 @@ fn status(dir: &Path, json: bool) -> Result<()> {
             format_size(p["journal_bytes"].as_u64().unwrap_or(0))
         );
         for pg in p["pgs"].as_array().into_iter().flatten() {
-            println!(
+            say!(
                 "  pg {}\t{}\tepoch {}\tservers {}\tdown {}",
                 pg["pg"],
                 pg["state"].as_str().unwrap_or(""),
@@ -1060,13 +1101,16 @@ fn status(dir: &Path, json: bool) -> Result<()> {
                 pg["down"]
             );
             for m in pg["rebuild"].as_array().into_iter().flatten() {
-                println!(
+                say!(
                     "    rebuild shard {} from server {} to server {} (epoch {})",
-                    m["shard"], m["from"], m["to"], m["epoch"]
+                    m["shard"],
+                    m["from"],
+                    m["to"],
+                    m["epoch"]
                 );
             }
             for r in pg["rebuild_progress"].as_array().into_iter().flatten() {
-                println!(
+                say!(
                     "    volume {} rebuilt {} of {} stripes{}",
                     r["volume_id"],
                     r["done"],
@@ -1080,7 +1124,7 @@ fn status(dir: &Path, json: bool) -> Result<()> {
             }
         }
         for v in p["volumes"].as_array().into_iter().flatten() {
-            println!(
+            say!(
                 "  volume {}\tid {}\t{}\twriter {}",
                 v["name"].as_str().unwrap_or(""),
                 v["id"],
@@ -1089,6 +1133,6 @@ fn status(dir: &Path, json: bool) -> Result<()> {
             );
         }
     }
-    println!("{}", report["nbd"].as_str().unwrap_or(""));
-    Ok(())
+    say!("{}", report["nbd"].as_str().unwrap_or(""));
+    print_out(&text)
 }

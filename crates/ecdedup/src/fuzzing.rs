@@ -470,6 +470,17 @@ pub fn frame(data: &[u8]) {
         let chunk = crate::media::MemDevice::new("fuzz", 1 << 16);
         let _ = crate::media::fold::run(&chunk, &fold, false);
     }
+    // A Layer's payload (a dedup layer's spec): parsing and checking it
+    // never panics, and one that passes the check runs over a small
+    // memory chunk: every range the check lets through is taken.
+    if let Ok(spec) = crate::proto::frame::decode_layer(data) {
+        if spec.check(1 << 20).is_ok() {
+            assert!(spec.takes_range(spec.data_offset, spec.data_bytes));
+            assert!(
+                !spec.takes_range(spec.data_offset.saturating_sub(1), 2) || spec.data_offset == 0
+            );
+        }
+    }
     let rows = data.len() / crate::proto::frame::REPLAY_ANSWER_BYTES;
     if let Ok(answers) = crate::proto::frame::decode_replay_answers(data, rows) {
         assert_eq!(crate::proto::frame::encode_replay_answers(&answers), data);

@@ -162,10 +162,27 @@ fn a_cluster_serves_volumes_through_faults_and_takeovers() {
     for s in status["servers"].as_array().unwrap() {
         assert_eq!(
             s["features"],
-            serde_json::json!(["log-append-barrier"]),
+            serde_json::json!(["log-append-barrier", "dedup-layer"]),
             "step 0: {s}"
         );
     }
+
+    // A reader that stopped reading ends `cluster status` quietly, as it
+    // ends `cat` (it panicked in `println!` before 2026-11-30). `true`
+    // exits at once: the pipe is closed long before the status is read
+    // from etcd.
+    let piped = run(
+        Command::new("sh").arg("-c").arg(format!(
+            "'{}' --dir '{}' cluster status | true",
+            ecdedup_bin().display(),
+            c.dir.display()
+        )),
+        CLI_TIMEOUT,
+    );
+    assert!(
+        piped.success() && !piped.stderr.contains("panic"),
+        "step 0: cluster status | true: {piped}"
+    );
 
     // 1. The rmw volume `cluster up` made: fio verifies through NBD.
     let w1 = c
@@ -289,7 +306,8 @@ fn a_cluster_serves_volumes_through_faults_and_takeovers() {
     w4.stop();
     drop(w3);
 
-    // 6. A parix pool and a replicated pool on the same servers.
+    // 6. A parix pool with parity-only dedup (its layers run at the chunk
+    //    servers) and a replicated pool on the same servers.
     cli(with_etcd(&[
         "pool",
         "create",
@@ -300,6 +318,8 @@ fn a_cluster_serves_volumes_through_faults_and_takeovers() {
         "2",
         "--stripe-unit",
         "32K",
+        "--dedup",
+        "parity",
     ]));
     cli(with_etcd(&[
         "pool",
@@ -348,6 +368,28 @@ fn a_cluster_serves_volumes_through_faults_and_takeovers() {
         }
         s.stop();
     }
+    // The px volumes' dedup layers ran at the servers, which report them
+    // with their space (every 10 s here).
+    let server_dedup = || -> (u64, u64) {
+        let status: Value =
+            serde_json::from_str(&c.cli_ok(&["cluster", "status", "--json"]).stdout).unwrap();
+        let servers = status["servers"].as_array().unwrap().clone();
+        let sum = |field: &str| -> u64 {
+            servers
+                .iter()
+                .filter_map(|s| s["dedup"][field].as_u64())
+                .sum()
+        };
+        (sum("layers_open"), sum("physical_writes"))
+    };
+    wait_until(
+        "step 6: the servers report the px volumes' dedup layers",
+        Duration::from_secs(120),
+        || {
+            let (layers, written) = server_dedup();
+            layers > 0 && written > 0
+        },
+    );
 
     // 7. `volume rm` frees the volume's chunks: each server deletes them at
     //    its next space report (every 10 s here).

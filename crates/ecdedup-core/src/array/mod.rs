@@ -581,6 +581,15 @@ pub fn lock_dir_in(storage: &dyn Storage, dir: &Path) -> Result<StorageLock> {
     }
 }
 
+/// A member's device with its dedup layer: where the layer runs in this
+/// process, `device` is the layer and `here` the same; where it runs at
+/// the chunk's server ([`layer_at_chunk`]), `device` is the chunk itself
+/// and `here` None.
+pub(super) struct Layered {
+    pub device: Arc<dyn Device>,
+    pub here: Option<Arc<DedupDevice>>,
+}
+
 #[allow(clippy::too_many_arguments)]
 fn wrap_dedup(
     storage: &Arc<dyn Storage>,
@@ -591,8 +600,14 @@ fn wrap_dedup(
     backend: Arc<dyn FingerprintBackend>,
     position: usize,
     fresh: bool,
-) -> Result<Arc<DedupDevice>> {
-    let layer = DedupDevice::open(
+) -> Result<Layered> {
+    if layer_at_chunk(config, geo, &raw, fresh)? {
+        return Ok(Layered {
+            device: raw,
+            here: None,
+        });
+    }
+    let layer = Arc::new(DedupDevice::open(
         Arc::clone(storage),
         raw,
         config.clone(),
@@ -602,8 +617,48 @@ fn wrap_dedup(
         &dir.join(DEDUP_DIR),
         &dedup_name(position),
         fresh,
-    )?;
-    Ok(Arc::new(layer))
+    )?);
+    Ok(Layered {
+        device: Arc::clone(&layer) as Arc<dyn Device>,
+        here: Some(layer),
+    })
+}
+
+/// Whether the dedup layer over `raw` runs at its chunk's server: asks a
+/// chunk whose link [takes it](crate::media::remote::ChunkLink::takes_dedup)
+/// to run it, empty where `fresh` (a new or blank member), otherwise as
+/// it left it. False for a local device, a server that takes no layer,
+/// and a chunk whose server has none (not `fresh`): a chunk whose layer
+/// ran at its writer before 2026-11-30, its maps in the chunk's metadata
+/// area, whose layer then runs here as before. The server's answer
+/// decides, so a chunk's layer is in one place only.
+fn layer_at_chunk(
+    config: &DedupConfig,
+    geo: &Geometry,
+    raw: &Arc<dyn Device>,
+    fresh: bool,
+) -> Result<bool> {
+    let Some(link) = raw.link().filter(|l| l.takes_dedup()) else {
+        return Ok(false);
+    };
+    let spec = crate::proto::frame::LayerSpec {
+        config: config.clone(),
+        data_offset: geo.data_offset(),
+        data_bytes: geo.rows_per_device() * geo.unit_bytes(),
+        fresh,
+    };
+    let answer = link
+        .send(crate::media::remote::LinkOp::Layer { spec: &spec })
+        .wait()
+        .map_err(|e| Error::io(format!("starting the dedup layer of {}", raw.describe()), e))?;
+    match answer.as_slice() {
+        [1] => Ok(true),
+        [0] if !fresh => Ok(false),
+        other => Err(Error::Corrupt(format!(
+            "{} answered a dedup layer's start with {other:?}",
+            raw.describe()
+        ))),
+    }
 }
 
 /// Opens a parity journal and reserves its space. A reservation that fails
@@ -909,8 +964,12 @@ pub fn format_in(
         spr,
     )?;
     if opts.dedup.policy != Policy::None {
-        for i in 0..devices.len() {
-            crate::dedup::reset_state(storage.as_ref(), &dir.join(DEDUP_DIR), &dedup_name(i))?;
+        for (i, dev) in devices.iter().enumerate() {
+            // Empty maps: at the chunk's server where it runs the layer,
+            // in the device's metadata area otherwise.
+            if !layer_at_chunk(&opts.dedup, &geo, dev, true)? {
+                crate::dedup::reset_state(storage.as_ref(), &dir.join(DEDUP_DIR), &dedup_name(i))?;
+            }
         }
     }
     let devices_abs = opts.devices.iter().map(|p| absolute_path(p)).collect();
@@ -1292,7 +1351,7 @@ impl Array {
                         i,
                         false,
                     ) {
-                        Ok(layer) => Some(layer),
+                        Ok(layered) => Some(layered),
                         Err(e) => {
                             warnings.push(format!(
                                 "device {i} treated as failed: {e}; `ecdedup replace {i}` and `rebuild` restore it from the other devices"
@@ -1305,9 +1364,10 @@ impl Array {
                 }
                 _ => None,
             };
-            if let Some(layer) = &layer {
-                *slot = Some(Arc::clone(layer) as Arc<dyn Device>);
-            }
+            let layer = layer.and_then(|Layered { device, here }| {
+                *slot = Some(device);
+                here
+            });
             dedup_layers.push(layer);
         }
         let unusable = states.iter().filter(|s| **s == MemberState::Failed).count();
@@ -2195,7 +2255,7 @@ impl Array {
             .map_err(|e| dev_err(format!("cannot write its metadata area: {e}")))?;
         let dev: Arc<dyn Device> = match &self.backend {
             Some(backend) => {
-                let layer = wrap_dedup(
+                let layered = wrap_dedup(
                     &self.storage,
                     &self.dir,
                     &cfg.file.dedup,
@@ -2205,8 +2265,8 @@ impl Array {
                     d,
                     true,
                 )?;
-                self.stores[d].set_dedup(Some(Arc::clone(&layer)));
-                layer
+                self.stores[d].set_dedup(layered.here);
+                layered.device
             }
             None => dev,
         };

@@ -659,8 +659,8 @@ impl Array {
                 layer(dev, true)?
             }
         };
-        self.stores[d].set_dedup(Some(Arc::clone(&layer)));
-        Ok(layer)
+        self.stores[d].set_dedup(layer.here);
+        Ok(layer.device)
     }
 
     /// The stripes member `d`'s parity journal held records for when it

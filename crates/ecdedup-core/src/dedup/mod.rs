@@ -1408,6 +1408,34 @@ impl DedupDevice {
         Ok(())
     }
 
+    /// RAM the layer holds now: its map, reference counts, free lists,
+    /// bitmaps, slot entries and fingerprint index (what
+    /// [`DedupStats::map_bytes`], `slot_entry_bytes` and `index_bytes`
+    /// add up to), without [`Self::stats`]'s walk over the map.
+    pub fn ram_bytes(&self) -> u64 {
+        let st = self.state.lock().unwrap();
+        (st.map.capacity() * 4 + st.refs.capacity() * 4) as u64
+            + (st.free.capacity() + st.pending_free.capacity()) as u64 * 4
+            + st.dropped.ram_bytes()
+            + st.logged.ram_bytes()
+            + st.slot_entry.capacity() as u64 * 4
+            + st.index.ram_bytes()
+    }
+
+    /// The write counters of [`Self::stats`] alone (no walk over the map):
+    /// (physical writes, reference writes, of those parity, blocks
+    /// fingerprinted, log bytes).
+    pub fn write_counts(&self) -> [u64; 5] {
+        let c = &self.counters;
+        [
+            c.physical_writes.load(Relaxed),
+            c.reference_writes.load(Relaxed),
+            c.reference_parity_writes.load(Relaxed),
+            c.hash_ops.load(Relaxed),
+            c.log_bytes.load(Relaxed),
+        ]
+    }
+
     pub fn stats(&self) -> DedupStats {
         let st = self.state.lock().unwrap();
         let c = &self.counters;

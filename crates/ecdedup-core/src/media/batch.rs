@@ -208,6 +208,7 @@ fn link_op<'a>(op: &'a Op<'_>) -> super::remote::LinkOp<'a> {
             buf,
             fua: *fua,
             class: hint.class,
+            repair: hint.repair,
         },
         Op::Sync => LinkOp::Sync,
         Op::Discard { offset, len } => LinkOp::Discard {

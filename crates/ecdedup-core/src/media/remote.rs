@@ -35,12 +35,15 @@ pub enum LinkOp<'a> {
     /// Reads `len` bytes at `offset`.
     Read { offset: u64, len: usize },
     /// Writes `buf` at `offset`; `fua`: durable before the reply. `class`:
-    /// what the bytes are (for the counters).
+    /// what the bytes are (for the counters, and for a dedup layer run at
+    /// the chunk's server); `repair`: the bytes replace content found
+    /// corrupt ([`WriteHint::repair`]).
     Write {
         offset: u64,
         buf: &'a [u8],
         fua: bool,
         class: IoClass,
+        repair: bool,
     },
     /// A parity-journal append: `writes` (the records' runs, then the
     /// journal's length hint) written in this order, answered together
@@ -62,6 +65,13 @@ pub enum LinkOp<'a> {
     Sync,
     /// `[offset, offset+len)` reads as zeroes from now on.
     Discard { offset: u64, len: u64 },
+    /// Runs the chunk's dedup layer at its server from now on
+    /// (`proto::frame::Op::Layer`; only on a link that
+    /// [`ChunkLink::takes_dedup`]): the reply's one byte says whether it
+    /// does (1), or has none and none was asked made (0).
+    Layer {
+        spec: &'a crate::proto::frame::LayerSpec,
+    },
 }
 
 /// Why an operation is sent: what the volume client counts messages and
@@ -96,7 +106,8 @@ pub enum Purpose {
     /// A sync of a chunk.
     Flush,
     Discard,
-    /// Chunk management (`Open`, `SetEpoch`): not sent through a link.
+    /// Chunk management (`Open`, `SetEpoch`, sent beside the links;
+    /// `Layer`, through one).
     Control,
 }
 
@@ -144,6 +155,7 @@ impl Purpose {
             (LinkOp::Sync, _) => Purpose::Flush,
             (LinkOp::Discard { .. }, _) => Purpose::Discard,
             (LinkOp::Fold { .. }, _) => Purpose::ReplayFold,
+            (LinkOp::Layer { .. }, _) => Purpose::Control,
             (LinkOp::Append { .. }, Some(Scope::Replay)) => Purpose::ReplayWrite,
             (LinkOp::Append { .. }, Some(Scope::Checksums)) => Purpose::ChecksumPage,
             (LinkOp::Append { .. }, _) => Purpose::JournalAppend,
@@ -249,6 +261,13 @@ pub trait ChunkLink: Send + Sync {
     fn takes_barrier(&self) -> bool {
         false
     }
+    /// Whether the chunk's server runs a dedup layer over the chunk when
+    /// asked ([`LinkOp::Layer`]; a server from before 2026-11-30 knows no
+    /// such op): then a dedup volume's layer over this chunk runs there,
+    /// and the writes sent say their class. Default: false.
+    fn takes_dedup(&self) -> bool {
+        false
+    }
     /// Whether a change (a write, an append, a discard, a fold) sent on
     /// this link ended without its reply (no reply in time, or the
     /// connection lost after sending): its frame may still reach the
@@ -336,6 +355,7 @@ impl Device for RemoteDevice {
                 buf,
                 fua: false,
                 class: hint.class,
+                repair: hint.repair,
             })
             .wait()
             .map(drop)
@@ -352,6 +372,7 @@ impl Device for RemoteDevice {
                 buf,
                 fua: true,
                 class: IoClass::Metadata,
+                repair: false,
             })
             .wait()
             .map(drop)

@@ -31,8 +31,19 @@ pub const PAYLOAD_BYTES_MAX: u32 = (4 << 20) + (64 << 10);
 pub const FLAG_FUA: u16 = 1 << 0;
 /// Flag: this frame is a reply to the request with the same `request_id`.
 pub const FLAG_REPLY: u16 = 1 << 1;
+/// Flag: a `Write` of parity (a dedup layer at the chunk fingerprints by
+/// class: [`crate::dedup::DedupConfig::hashes`]). Sent only to a server
+/// that takes a dedup layer (`dedup-layer` in its registration's
+/// features); a server from before refuses the bit (an unknown flag).
+pub const FLAG_PARITY: u16 = 1 << 2;
+/// Flag: a `Write` of metadata (never fingerprinted); as [`FLAG_PARITY`].
+pub const FLAG_METADATA: u16 = 1 << 3;
+/// Flag: a `Write` that replaces content found corrupt
+/// ([`crate::media::WriteHint::repair`]: a dedup layer restores the
+/// shared copy instead of referring to it); as [`FLAG_PARITY`].
+pub const FLAG_REPAIR: u16 = 1 << 4;
 /// Every flag this version knows; any other bit set is an error.
-pub const FLAGS_KNOWN: u16 = FLAG_FUA | FLAG_REPLY;
+pub const FLAGS_KNOWN: u16 = FLAG_FUA | FLAG_REPLY | FLAG_PARITY | FLAG_METADATA | FLAG_REPAIR;
 
 /// A field of the header that holds one of a closed set of codes: the enum,
 /// every value in code order (`ALL`), and the value of a code, if any.
@@ -95,6 +106,12 @@ wire_enum! {
         /// Make `[offset, offset + n)` of a chunk read as zeroes: the
         /// payload is n, 8 bytes LE (a discard may pass `length`'s bound).
         Discard = 11,
+        /// Run a dedup layer over a chunk at its server: the payload is a
+        /// [`LayerSpec`] ([`encode_layer`]); the reply is the boot id, then
+        /// one byte: 1 where the chunk's layer runs at the server from now
+        /// on, 0 where it has none and none was asked made (the writer
+        /// then runs the chunk's layer itself, as before 2026-11-30).
+        Layer = 12,
     }
 }
 
@@ -189,6 +206,86 @@ impl fmt::Display for FrameError {
 }
 
 impl std::error::Error for FrameError {}
+
+/// A chunk's dedup layer, run at its server (`Op::Layer`): the settings,
+/// where the layer's data area lies on the chunk (it remaps
+/// `[data_offset, data_offset + data_bytes)` and passes every other byte
+/// through), and whether it starts empty (`fresh`: a new or blank
+/// chunk; otherwise the server opens the layer it has, or answers that
+/// it has none).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LayerSpec {
+    pub config: crate::dedup::DedupConfig,
+    pub data_offset: u64,
+    pub data_bytes: u64,
+    pub fresh: bool,
+}
+
+/// Bytes a [`LayerSpec`] payload may take (JSON, a few hundred).
+pub const LAYER_SPEC_BYTES_MAX: usize = 4096;
+
+impl LayerSpec {
+    /// The spec as the server stores it: everything but `fresh`.
+    pub fn same_layer(&self, other: &LayerSpec) -> bool {
+        self.config == other.config
+            && self.data_offset == other.data_offset
+            && self.data_bytes == other.data_bytes
+    }
+
+    /// Whether the layer can run over a chunk of `size` bytes: a dedup
+    /// policy, a block the layer takes, its data area inside the chunk
+    /// on block bounds.
+    pub fn check(&self, size: u64) -> Result<(), String> {
+        let block = u64::from(self.config.block_bytes);
+        if self.config.policy == crate::dedup::Policy::None {
+            return Err("a dedup layer with policy none".into());
+        }
+        self.config
+            .validate(self.config.block_bytes)
+            .map_err(|e| e.to_string())?;
+        if !self.data_offset.is_multiple_of(block)
+            || !self.data_bytes.is_multiple_of(block)
+            || self.data_bytes == 0
+        {
+            return Err(format!(
+                "a data area at {} of {} bytes, not on {block}-byte blocks",
+                self.data_offset, self.data_bytes
+            ));
+        }
+        match self.data_offset.checked_add(self.data_bytes) {
+            Some(end) if end <= size => Ok(()),
+            _ => Err(format!(
+                "a data area at {} of {} bytes past the chunk's {size}",
+                self.data_offset, self.data_bytes
+            )),
+        }
+    }
+
+    /// Whether `[offset, offset + len)` lies wholly on one side of the
+    /// data area's start and, past it, inside the area (what the layer
+    /// takes: it refuses a range across its start).
+    pub fn takes_range(&self, offset: u64, len: u64) -> bool {
+        let Some(end) = offset.checked_add(len) else {
+            return false;
+        };
+        end <= self.data_offset
+            || (offset >= self.data_offset && end <= self.data_offset + self.data_bytes)
+    }
+}
+
+/// The payload of an `Op::Layer`.
+pub fn encode_layer(spec: &LayerSpec) -> Vec<u8> {
+    serde_json::to_vec(spec).expect("a layer spec encodes")
+}
+
+/// Reads an `Op::Layer` payload; a malformed one is an error, never a
+/// panic.
+pub fn decode_layer(payload: &[u8]) -> Result<LayerSpec, String> {
+    if payload.len() > LAYER_SPEC_BYTES_MAX {
+        return Err(format!("a layer spec of {} bytes", payload.len()));
+    }
+    serde_json::from_slice(payload).map_err(|e| format!("a malformed layer spec: {e}"))
+}
 
 /// Bytes before each write of a `LogAppend` payload: u64 LE chunk offset,
 /// u32 LE length.
@@ -824,6 +921,60 @@ mod tests {
         assert_eq!(b[36], 14, "a request's PG epoch");
         assert_eq!(b[40], 12);
         assert_eq!(b[48], 13);
+    }
+
+    #[test]
+    fn a_layer_spec_round_trips_and_a_malformed_or_misplaced_one_is_refused() {
+        let spec = LayerSpec {
+            config: crate::dedup::DedupConfig {
+                policy: crate::dedup::Policy::Parity,
+                ..Default::default()
+            },
+            data_offset: 64 << 10,
+            data_bytes: 960 << 10,
+            fresh: true,
+        };
+        let bytes = encode_layer(&spec);
+        assert_eq!(decode_layer(&bytes), Ok(spec.clone()));
+        assert_eq!(spec.check(1 << 20), Ok(()));
+        assert!(spec.same_layer(&LayerSpec {
+            fresh: false,
+            ..spec.clone()
+        }));
+        // Past the chunk, off the dedup block, no policy, a bad block:
+        // refused with the reason.
+        assert!(spec.check((1 << 20) - 4096).is_err());
+        for bad in [
+            LayerSpec {
+                data_offset: 1000,
+                ..spec.clone()
+            },
+            LayerSpec {
+                data_bytes: 0,
+                ..spec.clone()
+            },
+            LayerSpec {
+                data_bytes: u64::MAX - 4095,
+                ..spec.clone()
+            },
+        ] {
+            assert!(bad.check(1 << 20).is_err(), "{bad:?}");
+        }
+        let mut none = spec.clone();
+        none.config.policy = crate::dedup::Policy::None;
+        assert!(none.check(1 << 20).is_err());
+        let mut odd = spec.clone();
+        odd.config.block_bytes = 6000;
+        assert!(odd.check(1 << 20).is_err());
+        // Ranges: on one side of the data area's start, inside its end.
+        assert!(spec.takes_range(0, 64 << 10));
+        assert!(spec.takes_range(64 << 10, 4096));
+        assert!(!spec.takes_range((64 << 10) - 4096, 8192));
+        assert!(!spec.takes_range((1 << 20) - 4096, 8192));
+        assert!(!spec.takes_range(u64::MAX, 2));
+        for malformed in [&b"{"[..], b"", b"[]", &vec![b' '; LAYER_SPEC_BYTES_MAX + 1]] {
+            assert!(decode_layer(malformed).is_err());
+        }
     }
 
     #[test]

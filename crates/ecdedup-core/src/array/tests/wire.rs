@@ -185,6 +185,10 @@ impl ChunkLink for CountingLink {
                 std::io::ErrorKind::Unsupported,
                 "Replay is not served by this chunk",
             )),
+            LinkOp::Layer { .. } => Err(std::io::Error::new(
+                std::io::ErrorKind::Unsupported,
+                "Layer is not served by this chunk",
+            )),
             LinkOp::Sync => mem.sync().map(|()| Vec::new()),
             LinkOp::Discard { offset, len } => mem.discard(offset, len).map(|()| Vec::new()),
         });
