@@ -46,7 +46,8 @@
 #             takeover, rebuild-interrupted), `trials` (both series) or
 #             `writer-trials` (series 2 only).
 #   env: POOL_POLICY (the pool's write policy: rmw, the default, plog or
-#   parix), ECDEDUP_BIN (default target/release/ecdedup if built, else
+#   parix), POOL_DEDUP (the pool's dedup: none, the default, all or
+#   parity; the layers run at the chunk servers), ECDEDUP_BIN (default target/release/ecdedup if built, else
 #   target/debug), WORK_ROOT (/var/tmp), KEEP=1 keeps the work folder,
 #   SERVER_TTL (chunk servers' lease, s; 5 as `cluster up`), RATE (fio
 #   IOPS cap, 150), WRITER_LEASE_TTL (passed as `serve --lease-ttl` when
@@ -420,7 +421,7 @@ for i in 0 1 2; do start_etcd "$i"; done
 wait_until 120 etcd_healthy || die "etcd did not become healthy: $(tail -5 "$WORK/etcd0.log")"
 for i in $(seq 0 $((SERVERS - 1))); do start_server "$i" || die "server $i: $(tail -5 "$WORK/server$i.log")"; done
 nsx cl "$BIN" pool --etcd "$ETCD_EPS" create pool0 --policy "${POOL_POLICY:-rmw}" -k 4 -m 2 --pgs 4 \
-  --stripe-unit 32K >"$WORK/pool.log" 2>&1 || die "pool create: $(cat "$WORK/pool.log")"
+  --stripe-unit 32K --dedup "${POOL_DEDUP:-none}" >"$WORK/pool.log" 2>&1 || die "pool create: $(cat "$WORK/pool.log")"
 nsx cl "$BIN" volume --etcd "$ETCD_EPS" create pool0/vol0 --size 1G >>"$WORK/pool.log" 2>&1 ||
   die "volume create: $(cat "$WORK/pool.log")"
 W_GEN=1

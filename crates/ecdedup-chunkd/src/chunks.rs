@@ -31,10 +31,16 @@
 //!   and written through it, always: its spec is stored beside the chunk
 //!   (`pg<PG>-s<SHARD>.layer`) before the layer's first answer, and every
 //!   open of the chunk opens the layer from its maps beside it
-//!   (`pg<PG>-s<SHARD>.map.log`, `.map.snap`); one layer object per chunk
-//!   at a time (opened under the open-chunk lock, closed only when no
-//!   request holds it, after its sync); a range across the start of its
-//!   data area is refused (`Invalid`), never passed to it.
+//!   (`pg<PG>-s<SHARD>.map.log`, `.map.snap`), or refuses its data area
+//!   where they do not open; one layer object per chunk at a time
+//!   (opened under the open-chunk lock; closed by the open-chunk bounds
+//!   only when no request holds it and after its sync, a failed sync
+//!   leaving the chunk with a fault that refuses everything; replaced
+//!   only by a fresh start, which discards its content); a range across
+//!   the start of its data area, or past its end, is refused
+//!   (`Invalid`), never passed to it; a request whose `FLAG_LAYERED`
+//!   disagrees with the chunk's layer on its data area is refused
+//!   (`Io`).
 
 use ecdedup_core::counters::{DedupStats, IoClass};
 use ecdedup_core::dedup::DedupDevice;
@@ -44,7 +50,7 @@ use ecdedup_core::media::storage::{read_all, write_atomic};
 use ecdedup_core::media::{Device, DeviceOptions, FileDevice, IoMode, Storage, WriteHint};
 use ecdedup_core::proto::frame::{
     decode_append, decode_layer, decode_replay, encode_replay_answers, LayerSpec, FLAG_FUA,
-    FLAG_METADATA, FLAG_PARITY, FLAG_REPAIR,
+    FLAG_LAYERED, FLAG_METADATA, FLAG_PARITY, FLAG_REPAIR,
 };
 use ecdedup_core::proto::{chunk_parts, Header, Op, Status};
 use std::collections::{BTreeSet, HashMap};
@@ -133,6 +139,9 @@ pub struct ChunkServer {
     backend: std::sync::OnceLock<Arc<dyn FingerprintBackend>>,
     /// The counters of the dedup layers closed since the server started.
     closed_dedup: Mutex<ecdedup_cluster::keys::ServerDedup>,
+    /// Held while a chunk is made (`Open`) or its layer started
+    /// (`Layer`): neither runs beside another.
+    layout: Mutex<()>,
 }
 
 #[derive(Default)]
@@ -141,39 +150,173 @@ struct OpenChunks {
     clock: u64,
 }
 
-/// An open chunk: its file, and the dedup layer over it where it has one
-/// (with the spec it was made with).
+/// An open chunk: its file, and the dedup layer over it where it has one.
 struct Chunk {
     file: Arc<FileDevice>,
-    layer: Option<(Arc<DedupDevice>, LayerSpec)>,
+    layer: Layer,
+    /// Set when this chunk's layer may have lost what it acknowledged (its
+    /// sync failed as it was to be closed; a fresh start failed after its
+    /// maps were reset): every request but a fresh start (`Op::Layer`) is
+    /// refused with it, and the chunk stays open (a reopen would not know).
+    fault: Mutex<Option<String>>,
+}
+
+/// A chunk's dedup layer, as its files say.
+enum Layer {
+    /// No spec stored: the chunk is read and written as it is.
+    None,
+    Open {
+        layer: Arc<DedupDevice>,
+        spec: LayerSpec,
+        /// The layer's RAM when opened (its maps; its index grows within
+        /// its own bound).
+        ram: u64,
+    },
+    /// A spec is stored but the layer does not open (its maps, or the spec
+    /// itself, do not read back): its data area is refused (`Io`), bytes
+    /// before it pass through (where the spec is known), and a fresh start
+    /// makes it blank.
+    Unreadable {
+        spec: Option<LayerSpec>,
+        why: String,
+    },
 }
 
 impl Chunk {
-    /// RAM its dedup layer holds (0 without one).
+    fn new(file: Arc<FileDevice>, layer: Layer) -> Chunk {
+        Chunk {
+            file,
+            layer,
+            fault: Mutex::new(None),
+        }
+    }
+
+    /// The open layer, if any.
+    fn layer(&self) -> Option<&Arc<DedupDevice>> {
+        match &self.layer {
+            Layer::Open { layer, .. } => Some(layer),
+            _ => None,
+        }
+    }
+
+    /// Whether a layer's spec is stored for this chunk (open or not).
+    fn layered(&self) -> bool {
+        !matches!(self.layer, Layer::None)
+    }
+
+    /// RAM its dedup layer held when opened (0 without one).
     fn layer_ram(&self) -> u64 {
-        self.layer.as_ref().map_or(0, |(l, _)| l.ram_bytes())
+        match &self.layer {
+            Layer::Open { ram, .. } => *ram,
+            _ => 0,
+        }
     }
 
     /// What requests read and write: the layer where there is one.
     fn dev(&self) -> &dyn Device {
         match &self.layer {
-            Some((layer, _)) => layer.as_ref(),
-            None => self.file.as_ref(),
+            Layer::Open { layer, .. } => layer.as_ref(),
+            _ => self.file.as_ref(),
+        }
+    }
+
+    /// Refuses every request while the chunk has a fault.
+    fn check_fault(&self) -> Result<(), Refusal> {
+        match self.fault.lock().unwrap().as_ref() {
+            Some(why) => Err((Status::Io, format!("{}: {why}", self.file.describe()))),
+            None => Ok(()),
         }
     }
 
     /// Checks `[offset, offset + len)` against the chunk's size and, with
-    /// a layer, that it lies on one side of the layer's data area start.
+    /// a layer, that it lies before the layer's data area or inside it;
+    /// an unreadable layer's data area is refused.
     fn check_range(&self, offset: u64, len: u64) -> Result<(), Refusal> {
         check_range(self.file.as_ref(), offset, len)?;
-        match &self.layer {
-            Some((_, spec)) if !spec.takes_range(offset, len) => Err(invalid(format!(
+        let spec = match &self.layer {
+            Layer::None => return Ok(()),
+            Layer::Open { spec, .. } => spec,
+            Layer::Unreadable { spec: None, why } => {
+                return Err((Status::Io, format!("{}: {why}", self.file.describe())))
+            }
+            Layer::Unreadable {
+                spec: Some(spec),
+                why,
+            } => {
+                if offset.saturating_add(len) > spec.data_offset {
+                    return Err((Status::Io, format!("{}: {why}", self.file.describe())));
+                }
+                spec
+            }
+        };
+        match spec.takes_range(offset, len) {
+            true => Ok(()),
+            false => Err(invalid(format!(
                 "[{offset}, +{len}) crosses the edge of the dedup layer's data area \
                  ([{}, +{})) on {}",
                 spec.data_offset,
                 spec.data_bytes,
                 self.file.describe()
             ))),
+        }
+    }
+
+    /// [`Self::check_range`] and [`Self::check_layered`].
+    fn check(&self, layered: bool, offset: u64, len: u64) -> Result<(), Refusal> {
+        self.check_range(offset, len)?;
+        self.check_layered(layered, offset, len)
+    }
+
+    /// Checks a discard of `[offset, offset + len)`: as any range, except
+    /// that a layer takes one across its data area's start.
+    fn check_discard(&self, offset: u64, len: u64) -> Result<(), Refusal> {
+        check_range(self.file.as_ref(), offset, len)?;
+        let Layer::Open { spec, .. } = &self.layer else {
+            return self.check_range(offset, len);
+        };
+        match offset + len <= spec.data_offset + spec.data_bytes {
+            true => Ok(()),
+            false => Err(invalid(format!(
+                "a discard of [{offset}, +{len}) past the end of the dedup layer's data area \
+                 ([{}, +{})) on {}",
+                spec.data_offset,
+                spec.data_bytes,
+                self.file.describe()
+            ))),
+        }
+    }
+
+    /// Checks that a writer reaches `[offset, offset + len)` through a
+    /// layer here exactly when the chunk has one (`expected`: the frame's
+    /// `FLAG_LAYERED`): a writer that decided otherwise (a layer's spec
+    /// gone, or back, behind its back) must not read remapped bytes raw or
+    /// raw bytes through a map. Bytes before the data area are the same
+    /// either way (the layer passes them through), so a writer reads them
+    /// before it knows (its superblocks and metadata area, at open).
+    fn check_layered(&self, expected: bool, offset: u64, len: u64) -> Result<(), Refusal> {
+        let data_offset = match &self.layer {
+            Layer::Open { spec, .. }
+            | Layer::Unreadable {
+                spec: Some(spec), ..
+            } => Some(spec.data_offset),
+            _ => None,
+        };
+        let touches_data = data_offset.is_none_or(|at| offset.saturating_add(len) > at);
+        match (expected, self.layered()) {
+            (true, false) => Err((
+                Status::Io,
+                format!(
+                    "{} has no dedup layer here, but its writer reads it through one",
+                    self.file.describe()
+                ),
+            )),
+            (false, true) if touches_data => Err((
+                Status::Io,
+                format!(
+                    "{} has a dedup layer here, but its writer reads its data area without one",
+                    self.file.describe()
+                ),
+            )),
             _ => Ok(()),
         }
     }
@@ -249,6 +392,7 @@ impl ChunkServer {
             counters: ChunkCounters::default(),
             backend: std::sync::OnceLock::new(),
             closed_dedup: Mutex::new(Default::default()),
+            layout: Mutex::new(()),
         })
     }
 
@@ -472,6 +616,44 @@ impl ChunkServer {
         Ok(Arc::new(layer))
     }
 
+    /// The layer a chunk's files describe: none without a spec; open, or
+    /// unreadable with the reason (a spec that does not read back or
+    /// parse, maps that do not open). Only a spec that is absent means
+    /// no layer: an error reading it is not taken for its absence.
+    fn stored_layer(&self, volume: u64, code: u32, file: &Arc<FileDevice>) -> Layer {
+        let (spec_path, _, _) = self.layer_paths(volume, code);
+        let bytes = match read_all(self.storage.as_ref(), &spec_path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Layer::None,
+            Err(e) => {
+                return Layer::Unreadable {
+                    spec: None,
+                    why: format!("its dedup layer's spec {}: {e}", spec_path.display()),
+                }
+            }
+        };
+        let spec =
+            match decode_layer(&bytes).and_then(|spec| spec.check(file.size()).map(|()| spec)) {
+                Ok(spec) => spec,
+                Err(why) => {
+                    return Layer::Unreadable {
+                        spec: None,
+                        why: format!("its dedup layer's spec {}: {why}", spec_path.display()),
+                    }
+                }
+            };
+        match self.open_layer(volume, code, file, &spec) {
+            Ok(layer) => {
+                let ram = layer.ram_bytes();
+                Layer::Open { layer, spec, ram }
+            }
+            Err((_, why)) => Layer::Unreadable {
+                spec: Some(spec),
+                why,
+            },
+        }
+    }
+
     /// The open chunk, opened from its file if it exists (with its dedup
     /// layer, where its spec is stored beside it).
     fn chunk(&self, volume: u64, code: u32) -> Result<Arc<Chunk>, Refusal> {
@@ -494,30 +676,21 @@ impl ChunkServer {
             FileDevice::open_with(self.storage.as_ref(), &path, self.options())
                 .map_err(|e| io_refusal(&format!("opening {}", path.display()), &e))?,
         );
-        let (spec_path, _, _) = self.layer_paths(volume, code);
-        let layer = match self.storage.exists(&spec_path) {
-            false => None,
-            true => {
-                let bytes = read_all(self.storage.as_ref(), &spec_path)
-                    .map_err(|e| io_refusal(&format!("reading {}", spec_path.display()), &e))?;
-                let spec = decode_layer(&bytes)
-                    .and_then(|spec| spec.check(file.size()).map(|()| spec))
-                    .map_err(|why| (Status::Io, format!("{}: {why}", spec_path.display())))?;
-                Some((self.open_layer(volume, code, &file, &spec)?, spec))
-            }
-        };
-        let chunk = Arc::new(Chunk { file, layer });
+        let layer = self.stored_layer(volume, code, &file);
+        let chunk = Arc::new(Chunk::new(file, layer));
         self.keep_open(&mut open, volume, code, Arc::clone(&chunk), clock);
         Ok(chunk)
     }
 
-    /// Puts `chunk` in the open table, closing the least recently used
-    /// while the table is full or, for a chunk with a dedup layer, while
-    /// the layers' RAM would pass its bound (then layered chunks only). A
-    /// chunk some request still holds is not closed, nor one whose
-    /// layer's sync fails (closing it then would drop what the layer
-    /// acknowledged): the table then holds more than its bound until
-    /// they can be.
+    /// Puts `chunk` in the open table (where no other chunk of its name
+    /// is), closing the least recently used while the table is full or,
+    /// for a chunk with a dedup layer, while the layers' RAM would pass
+    /// its bound (then layered chunks only). A chunk some request still
+    /// holds is not closed, nor one with a fault; a layer whose sync fails
+    /// as it is closed gives its chunk a fault and stays (closing it then
+    /// would drop what it acknowledged, and the next flush, on a fresh
+    /// descriptor, would not hear of the failure). The table then holds
+    /// more than its bounds until they can be closed.
     fn keep_open(
         &self,
         open: &mut OpenChunks,
@@ -544,14 +717,18 @@ impl ChunkServer {
                 continue;
             }
             let (held, _) = &open.by_name[&name];
-            if Arc::strong_count(held) > 1 {
+            if Arc::strong_count(held) > 1 || held.fault.lock().unwrap().is_some() {
                 continue;
             }
-            if let Some((layer, _)) = &held.layer {
-                if layer.sync().is_err() {
+            if let Some(layer) = held.layer() {
+                if let Err(e) = layer.sync() {
                     self.counters
                         .layer_sync_failures
                         .fetch_add(1, Ordering::Relaxed);
+                    *held.fault.lock().unwrap() = Some(format!(
+                        "its dedup layer's sync failed as it was to be closed ({e}): what it \
+                         acknowledged since its last sync may be lost"
+                    ));
                     continue;
                 }
                 self.note_closed(layer);
@@ -559,7 +736,14 @@ impl ChunkServer {
             ram -= held_ram;
             open.by_name.remove(&name);
         }
-        open.by_name.insert((volume, code), (chunk, clock));
+        open.by_name.entry((volume, code)).or_insert((chunk, clock));
+    }
+
+    /// The chunk a request names, refused while it has a fault.
+    fn chunk_for(&self, h: &Header) -> Result<Arc<Chunk>, Refusal> {
+        let chunk = self.chunk(h.volume_id, h.pg)?;
+        chunk.check_fault()?;
+        Ok(chunk)
     }
 
     /// Adds a closing layer's counters to the server's totals.
@@ -571,20 +755,27 @@ impl ChunkServer {
     /// Runs a dedup layer over a chunk (`Op::Layer`): `spec.fresh` makes
     /// it empty (its maps reset, then its spec stored: a cut between
     /// leaves the spec before, over empty maps, and the writer that asked
-    /// asks again); otherwise the chunk's own layer must be the one
-    /// asked for. Returns whether the chunk's layer runs here (false: it
-    /// has none, and none was asked made).
+    /// asks again), whatever the chunk had (a layer whose maps do not
+    /// open, a fault); otherwise the chunk's own layer must be the one
+    /// asked for, and open. Returns whether the chunk's layer runs here
+    /// (false: it has none, and none was asked made). Under the server's
+    /// layout lock, so no `Open` of the chunk runs meanwhile.
     fn attach_layer(&self, volume: u64, code: u32, spec: &LayerSpec) -> Result<bool, Refusal> {
+        let _layout = self.layout.lock().unwrap();
         let chunk = self.chunk(volume, code)?;
         spec.check(chunk.file.size()).map_err(invalid)?;
         if !spec.fresh {
+            chunk.check_fault()?;
             return match &chunk.layer {
-                None => Ok(false),
-                Some((_, stored)) if stored.same_layer(spec) => Ok(true),
-                Some((_, stored)) => Err(invalid(format!(
+                Layer::None => Ok(false),
+                Layer::Open { spec: stored, .. } if stored.same_layer(spec) => Ok(true),
+                Layer::Open { spec: stored, .. } => Err(invalid(format!(
                     "the dedup layer of {} is {stored:?}, not the one asked for ({spec:?})",
                     chunk.file.describe()
                 ))),
+                Layer::Unreadable { why, .. } => {
+                    Err((Status::Io, format!("{}: {why}", chunk.file.describe())))
+                }
             };
         }
         let mut open = self.open.lock().unwrap();
@@ -603,26 +794,48 @@ impl ChunkServer {
                 ),
             ));
         }
-        let layer = self.open_layer(volume, code, &chunk.file, spec)?;
         let (spec_path, _, _) = self.layer_paths(volume, code);
         let stored = LayerSpec {
             fresh: false,
             ..spec.clone()
         };
-        write_atomic(
-            self.storage.as_ref(),
-            &spec_path,
-            &ecdedup_core::proto::frame::encode_layer(&stored),
-        )
-        .map_err(|e| io_refusal(&format!("writing {}", spec_path.display()), &e))?;
+        let started = self
+            .open_layer(volume, code, &chunk.file, spec)
+            .and_then(|layer| {
+                write_atomic(
+                    self.storage.as_ref(),
+                    &spec_path,
+                    &ecdedup_core::proto::frame::encode_layer(&stored),
+                )
+                .map_err(|e| io_refusal(&format!("writing {}", spec_path.display()), &e))?;
+                Ok(layer)
+            });
+        let layer = match started {
+            Ok(layer) => layer,
+            Err(refusal) => {
+                // Its maps may be reset under the layer in service: that
+                // layer must answer nothing more (the chunk stays open,
+                // with a fault, until a fresh start succeeds).
+                *chunk.fault.lock().unwrap() = Some(format!(
+                    "a fresh start of its dedup layer failed: {}",
+                    refusal.1
+                ));
+                return Err(refusal);
+            }
+        };
         open.clock += 1;
         let clock = open.clock;
-        let fresh = Arc::new(Chunk {
-            file: Arc::clone(&chunk.file),
-            layer: Some((layer, stored)),
-        });
+        let ram = layer.ram_bytes();
+        let fresh = Arc::new(Chunk::new(
+            Arc::clone(&chunk.file),
+            Layer::Open {
+                layer,
+                spec: stored,
+                ram,
+            },
+        ));
         if let Some((old, _)) = open.by_name.remove(&(volume, code)) {
-            if let Some((layer, _)) = &old.layer {
+            if let Some(layer) = old.layer() {
                 self.note_closed(layer);
             }
         }
@@ -638,7 +851,7 @@ impl ChunkServer {
             let open = self.open.lock().unwrap();
             open.by_name
                 .values()
-                .filter_map(|(c, _)| Some(Arc::clone(&c.layer.as_ref()?.0)))
+                .filter_map(|(c, _)| c.layer().cloned())
                 .collect()
         };
         let mut t = self.closed_dedup.lock().unwrap().clone();
@@ -652,11 +865,16 @@ impl ChunkServer {
 
     /// The counters of every dedup layer open now, by (volume, chunk).
     pub fn dedup_stats(&self) -> Vec<((u64, u32), DedupStats)> {
-        let open = self.open.lock().unwrap();
-        let mut out: Vec<_> = open
-            .by_name
-            .iter()
-            .filter_map(|(name, (chunk, _))| Some((*name, chunk.layer.as_ref()?.0.stats())))
+        let layers: Vec<((u64, u32), Arc<DedupDevice>)> = {
+            let open = self.open.lock().unwrap();
+            open.by_name
+                .iter()
+                .filter_map(|(name, (c, _))| Some((*name, c.layer()?.clone())))
+                .collect()
+        };
+        let mut out: Vec<_> = layers
+            .into_iter()
+            .map(|(name, l)| (name, l.stats()))
             .collect();
         out.sort_by_key(|(name, _)| *name);
         out
@@ -670,6 +888,9 @@ impl ChunkServer {
                 "a chunk of {size} bytes (a multiple of 4096 up to {CHUNK_BYTES_MAX})"
             )));
         }
+        // One chunk made at a time, and no layer started meanwhile: two
+        // `Open`s of a new chunk side by side make it once.
+        let _layout = self.layout.lock().unwrap();
         match self.chunk(volume, code) {
             Ok(chunk) if chunk.file.size() == size => return Ok(false),
             Ok(chunk) => {
@@ -712,10 +933,7 @@ impl ChunkServer {
         let mut open = self.open.lock().unwrap();
         open.clock += 1;
         let clock = open.clock;
-        let chunk = Arc::new(Chunk {
-            file: Arc::new(made),
-            layer: None,
-        });
+        let chunk = Arc::new(Chunk::new(Arc::new(made), Layer::None));
         self.keep_open(&mut open, volume, code, chunk, clock);
         Ok(true)
     }
@@ -763,6 +981,8 @@ impl ChunkServer {
         if h.op != Op::SetEpoch {
             self.admit_pg_epoch(volume, chunk_parts(code).0, h.pg_epoch)?;
         }
+        // The writer reaches this chunk through a layer here.
+        let layered = h.flags & FLAG_LAYERED != 0;
         match h.op {
             Op::SetEpoch => Ok(self.boot_id.to_le_bytes().to_vec()),
             Op::Open => {
@@ -774,9 +994,9 @@ impl ChunkServer {
                 Ok(reply)
             }
             Op::Read => {
-                let chunk = self.chunk(volume, code)?;
+                let chunk = self.chunk_for(h)?;
                 let len = u64::from(h.length);
-                chunk.check_range(h.offset, len)?;
+                chunk.check(layered, h.offset, len)?;
                 let dev = chunk.dev();
                 let mut buf = vec![0u8; h.length as usize];
                 dev.read_at(&mut buf, h.offset)
@@ -790,7 +1010,7 @@ impl ChunkServer {
                 // then the journal's length hint): every write checked
                 // before any is made, then made in order, answered
                 // together.
-                let chunk = self.chunk(volume, code)?;
+                let chunk = self.chunk_for(h)?;
                 let (writes, doing, hint) = if h.op == Op::Write {
                     if h.length as usize != payload.len() {
                         return Err(invalid(format!(
@@ -806,7 +1026,7 @@ impl ChunkServer {
                     (writes, "appending to the parity journal on", hint)
                 };
                 for &(offset, buf) in &writes {
-                    chunk.check_range(offset, buf.len() as u64)?;
+                    chunk.check(layered, offset, buf.len() as u64)?;
                 }
                 let dev = chunk.dev();
                 let what = || format!("{doing} {}", dev.describe());
@@ -836,16 +1056,16 @@ impl ChunkServer {
                 // against the chunk before any byte is read; rows whose
                 // parity is not the checksum the writer expects are
                 // answered so and left as they are.
-                let chunk = self.chunk(volume, code)?;
+                let chunk = self.chunk_for(h)?;
                 let fold = decode_replay(payload).map_err(invalid)?;
                 fold.check(chunk.file.size()).map_err(invalid)?;
                 let block = u64::from(fold.block_bytes);
                 for row in &fold.rows {
-                    chunk.check_range(row.parity, block)?;
+                    chunk.check(layered, row.parity, block)?;
                     for t in &row.terms {
-                        chunk.check_range(t.a, u64::from(t.len))?;
+                        chunk.check(layered, t.a, u64::from(t.len))?;
                         if let Some(b) = t.b {
-                            chunk.check_range(b, u64::from(t.len))?;
+                            chunk.check(layered, b, u64::from(t.len))?;
                         }
                     }
                 }
@@ -870,7 +1090,8 @@ impl ChunkServer {
                 Ok(reply)
             }
             Op::Flush => {
-                let chunk = self.chunk(volume, code)?;
+                let chunk = self.chunk_for(h)?;
+                chunk.check_layered(layered, 0, 0)?;
                 let dev = chunk.dev();
                 dev.sync()
                     .map_err(|e| io_refusal(&format!("syncing {}", dev.describe()), &e))?;
@@ -879,9 +1100,10 @@ impl ChunkServer {
             }
             Op::Discard => {
                 // A layer takes a discard across its data area's start.
-                let chunk = self.chunk(volume, code)?;
+                let chunk = self.chunk_for(h)?;
                 let len = u64_payload(payload, "Discard")?;
-                check_range(chunk.file.as_ref(), h.offset, len)?;
+                chunk.check_discard(h.offset, len)?;
+                chunk.check_layered(layered, h.offset, len)?;
                 let dev = chunk.dev();
                 dev.discard(h.offset, len)
                     .map_err(|e| io_refusal(&format!("discarding on {}", dev.describe()), &e))?;
@@ -934,11 +1156,15 @@ impl ChunkServer {
                 true
             }
         };
-        self.open
-            .lock()
-            .unwrap()
-            .by_name
-            .retain(|(v, _), _| *v != volume);
+        {
+            let mut open = self.open.lock().unwrap();
+            for (_, (chunk, _)) in open.by_name.iter().filter(|((v, _), _)| *v == volume) {
+                if let Some(layer) = chunk.layer() {
+                    self.note_closed(layer);
+                }
+            }
+            open.by_name.retain(|(v, _), _| *v != volume);
+        }
         // Its PG epochs: no request for it is served any more.
         let epochs = self.config.dirs[0].join("epochs");
         let pg_files = format!("v{volume}.pg");
@@ -1592,15 +1818,19 @@ mod tests {
         call(s, h, data).0
     }
 
-    fn read(s: &ChunkServer, volume: u64, at: u64, len: u32) -> (Status, Vec<u8>) {
+    fn read(s: &ChunkServer, volume: u64, at: u64, len: u32, flags: u16) -> (Status, Vec<u8>) {
         let mut h = req(Op::Read, volume, 1, at, &[]);
         h.length = len;
+        h.flags |= flags;
         call(s, h, &[])
     }
 
+    /// A writer that reaches the chunk through a layer at its server.
+    const L: u16 = FLAG_LAYERED;
+
     /// Block `at` of chunk `volume` reads as 4 KiB of `byte`.
     fn assert_block(s: &ChunkServer, volume: u64, at: u64, byte: u8) {
-        let (st, got) = read(s, volume, at, 4096);
+        let (st, got) = read(s, volume, at, 4096, L);
         assert_eq!(st, Status::Ok, "{}", String::from_utf8_lossy(&got));
         let wrong = got.iter().filter(|b| **b != byte).count();
         assert_eq!(
@@ -1630,8 +1860,8 @@ mod tests {
             assert_eq!(call(&s, req(Op::Open, v, 1, 0, &size), &size).0, Status::Ok);
             assert_eq!(layer(&s, v, &parity_layer(true)).0, Status::Ok);
             let block = vec![v as u8; 4096];
-            assert_eq!(write(&s, v, 64 << 10, &block, FLAG_PARITY), Status::Ok);
-            assert_eq!(write(&s, v, 128 << 10, &block, FLAG_PARITY), Status::Ok);
+            assert_eq!(write(&s, v, 64 << 10, &block, FLAG_PARITY | L), Status::Ok);
+            assert_eq!(write(&s, v, 128 << 10, &block, FLAG_PARITY | L), Status::Ok);
         }
         let t = s.dedup_totals();
         assert_eq!(t.layers_open, 1, "{t:?}");
@@ -1672,11 +1902,16 @@ mod tests {
             let (st, reply) = layer(&s, 8, &parity_layer(false));
             assert_eq!((st, &reply[8..]), (Status::Ok, &[0u8][..]));
             for at in [64 << 10, 128 << 10] {
-                assert_eq!(write(&s, 7, at, &parity, FLAG_PARITY), Status::Ok);
+                assert_eq!(write(&s, 7, at, &parity, FLAG_PARITY | L), Status::Ok);
             }
-            assert_eq!(write(&s, 7, 192 << 10, &data, 0), Status::Ok);
+            assert_eq!(write(&s, 7, 192 << 10, &data, L), Status::Ok);
             // Below the data area, passed through (a journal's bytes).
-            assert_eq!(write(&s, 7, 8192, &data, FLAG_METADATA), Status::Ok);
+            assert_eq!(write(&s, 7, 8192, &data, FLAG_METADATA | L), Status::Ok);
+            // A writer that disagrees on the layer: refused in the data
+            // area, both ways; below it the bytes are the same either way.
+            assert_eq!(write(&s, 7, 256 << 10, &data, 0), Status::Io);
+            assert_eq!(read(&s, 8, 64 << 10, 4096, L).0, Status::Io);
+            assert_eq!(read(&s, 7, 8192, 4096, 0), (Status::Ok, data.clone()));
             let stats = s.dedup_stats();
             assert_eq!(stats.len(), 1, "{stats:?}");
             let st = &stats[0].1;
@@ -1687,8 +1922,8 @@ mod tests {
             );
             // Across the data area's start: refused, nothing written.
             let two = vec![1u8; 8192];
-            assert_eq!(write(&s, 7, (64 << 10) - 4096, &two, 0), Status::Invalid);
-            let (st, _) = read(&s, 7, (64 << 10) - 4096, 8192);
+            assert_eq!(write(&s, 7, (64 << 10) - 4096, &two, L), Status::Invalid);
+            let (st, _) = read(&s, 7, (64 << 10) - 4096, 8192, L);
             assert_eq!(st, Status::Invalid);
             // Another layer than the chunk's: refused.
             let mut other = parity_layer(false);
@@ -1697,7 +1932,9 @@ mod tests {
             // A malformed spec: refused.
             let (st, why) = call(&s, req(Op::Layer, 7, 1, 0, b"{"), b"{");
             assert_eq!(st, Status::Invalid, "{}", String::from_utf8_lossy(&why));
-            assert_eq!(call(&s, req(Op::Flush, 7, 1, 0, &[]), &[]).0, Status::Ok);
+            let mut flush = req(Op::Flush, 7, 1, 0, &[]);
+            flush.flags |= L;
+            assert_eq!(call(&s, flush, &[]).0, Status::Ok);
             // Two more chunks close chunk 7 (the bound is 2).
             for v in [9, 10] {
                 assert_eq!(call(&s, req(Op::Open, v, 1, 0, &size), &size).0, Status::Ok);
@@ -1726,6 +1963,71 @@ mod tests {
         assert_block(&s, 7, 256 << 10, 0);
         // Started afresh: empty.
         assert_eq!(layer(&s, 7, &parity_layer(true)).0, Status::Ok);
+        assert_block(&s, 7, 64 << 10, 0);
+    }
+
+    /// A layer whose maps do not read back refuses its data area (never
+    /// read raw) and passes the bytes before it through, until a fresh
+    /// start makes it blank; a discard past the data area's end and a
+    /// range across its start never reach the layer.
+    #[test]
+    fn an_unreadable_layer_is_refused_until_started_afresh() {
+        let dir = tempfile::tempdir().unwrap();
+        let size = (1u64 << 20).to_le_bytes();
+        let half = LayerSpec {
+            data_bytes: 512 << 10,
+            ..parity_layer(true)
+        };
+        let block = vec![0x77u8; 4096];
+        {
+            let s = server(dir.path());
+            assert_eq!(call(&s, req(Op::Open, 7, 1, 0, &size), &size).0, Status::Ok);
+            assert_eq!(layer(&s, 7, &half).0, Status::Ok);
+            let discard = |at: u64, len: u64| {
+                let n = len.to_le_bytes();
+                let mut h = req(Op::Discard, 7, 1, at, &n);
+                h.flags |= L;
+                call(&s, h, &n).0
+            };
+            assert_eq!(
+                discard(640 << 10, 64 << 10),
+                Status::Invalid,
+                "past the end"
+            );
+            assert_eq!(discard((64 << 10) + 4096, 512 << 10), Status::Invalid);
+            assert_eq!(discard(0, 576 << 10), Status::Ok, "across the start");
+            assert_eq!(write(&s, 7, 64 << 10, &block, L), Status::Ok);
+            assert_eq!(write(&s, 7, 8192, &block, FLAG_METADATA | L), Status::Ok);
+            let mut flush = req(Op::Flush, 7, 1, 0, &[]);
+            flush.flags |= L;
+            assert_eq!(call(&s, flush, &[]).0, Status::Ok);
+        }
+        let maps = ["a", "b"]
+            .iter()
+            .filter_map(|d| std::fs::read_dir(dir.path().join(d).join("chunks/v7")).ok())
+            .flatten()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.to_string_lossy().ends_with(".map.log"))
+            .expect("the layer's map log beside the chunk");
+        std::fs::write(&maps, b"not a map log").unwrap();
+        let s = server(dir.path());
+        let (st, why) = read(&s, 7, 64 << 10, 4096, L);
+        assert_eq!(st, Status::Io, "{}", String::from_utf8_lossy(&why));
+        assert_eq!(read(&s, 7, 8192, 4096, L), (Status::Ok, block.clone()));
+        assert_eq!(read(&s, 7, 8192, 4096, 0), (Status::Ok, block.clone()));
+        assert_eq!(
+            layer(
+                &s,
+                7,
+                &LayerSpec {
+                    fresh: false,
+                    ..half.clone()
+                }
+            )
+            .0,
+            Status::Io
+        );
+        assert_eq!(layer(&s, 7, &half).0, Status::Ok);
         assert_block(&s, 7, 64 << 10, 0);
     }
 }

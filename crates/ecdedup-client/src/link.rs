@@ -30,7 +30,8 @@ use ecdedup_core::media::remote::{
     changes_chunk, outcome_unknown, ChunkLink, LinkOp, PendingReply, Purpose, Ready,
 };
 use ecdedup_core::proto::frame::{
-    encode_append, encode_layer, encode_replay, FLAG_FUA, FLAG_METADATA, FLAG_PARITY, FLAG_REPAIR,
+    encode_append, encode_layer, encode_replay, FLAG_FUA, FLAG_LAYERED, FLAG_METADATA, FLAG_PARITY,
+    FLAG_REPAIR,
 };
 use ecdedup_core::proto::{Header, Op, Status, PAYLOAD_BYTES_MAX};
 use ecdedup_transport::Peers;
@@ -419,7 +420,10 @@ pub fn request_header(
 /// With `classes` (the server takes a dedup layer:
 /// [`ChunkLink::takes_dedup`]), a write's frames say its class and
 /// whether it repairs ([`FLAG_PARITY`], [`FLAG_METADATA`],
-/// [`FLAG_REPAIR`]), which a server from before would refuse.
+/// [`FLAG_REPAIR`]), which a server from before would refuse; with
+/// `layered` too (the writer started the chunk's layer there:
+/// [`ChunkLink::set_layered`]), every frame but a `Layer` carries
+/// [`FLAG_LAYERED`].
 /// The same for every link (the network's and the cluster simulator's).
 pub fn link_frames(
     volume_id: u64,
@@ -428,9 +432,15 @@ pub fn link_frames(
     code: u32,
     op: LinkOp<'_>,
     classes: bool,
+    layered: bool,
 ) -> Vec<(Header, Vec<u8>)> {
-    let header =
-        |op, offset, length| request_header(volume_id, epoch, pg_epoch, op, code, offset, length);
+    let header = |op, offset, length| {
+        let mut h = request_header(volume_id, epoch, pg_epoch, op, code, offset, length);
+        if classes && layered && op != Op::Layer {
+            h.flags |= FLAG_LAYERED;
+        }
+        h
+    };
     let mut frames = Vec::new();
     match op {
         LinkOp::Read { offset, len } => {
@@ -588,6 +598,9 @@ pub struct NetLink {
     /// The server's registration says it runs a dedup layer over a chunk
     /// ([`ChunkLink::takes_dedup`]).
     takes_dedup: bool,
+    /// The writer reaches the chunk through a layer at its server
+    /// ([`ChunkLink::set_layered`]).
+    layered: AtomicBool,
     /// A request of this link ended without its reply
     /// ([`ChunkLink::unanswered`]).
     unanswered: Arc<AtomicBool>,
@@ -613,6 +626,7 @@ impl NetLink {
             boot_id,
             takes_barrier: false,
             takes_dedup: false,
+            layered: AtomicBool::new(false),
             unanswered: Arc::new(AtomicBool::new(false)),
         }
     }
@@ -768,6 +782,7 @@ impl ChunkLink for NetLink {
             self.code,
             op,
             self.takes_dedup,
+            self.layered.load(SeqCst),
         )
         .into_iter()
         .map(|(h, payload)| w.send_frame(purpose, addr, h, payload, Some(Arc::clone(&in_flight))))
@@ -810,6 +825,10 @@ impl ChunkLink for NetLink {
     fn takes_dedup(&self) -> bool {
         self.takes_dedup
     }
+
+    fn set_layered(&self, layered: bool) {
+        self.layered.store(layered, SeqCst);
+    }
 }
 
 #[cfg(test)]
@@ -834,6 +853,7 @@ mod tests {
                 fua: true,
             },
             false,
+            false,
         );
         assert_eq!(frames.len(), 1);
         assert_eq!(frames[0].0.op, Op::LogAppend);
@@ -848,6 +868,7 @@ mod tests {
                 fua: false,
             },
             false,
+            false,
         );
         assert_eq!(plain[0].0.flags & FLAG_FUA, 0);
         let many: Vec<(u64, &[u8])> = (0..1100u64).map(|i| (i * 4096, &page[..])).collect();
@@ -860,6 +881,7 @@ mod tests {
                 writes: &many,
                 fua: true,
             },
+            false,
             false,
         );
         assert_eq!(frames.len(), 1100);
@@ -889,7 +911,7 @@ mod tests {
             fold: &fold,
             fua: true,
         };
-        let frames = link_frames(7, 5, 1, 0x301, op, false);
+        let frames = link_frames(7, 5, 1, 0x301, op, false, false);
         assert_eq!(frames.len(), 1);
         let (h, payload) = &frames[0];
         assert_eq!(

@@ -648,6 +648,8 @@ struct SimLink {
     /// `NetLink`): every simulated loss reads as a timeout, as it would
     /// on the network, where a lost frame and a late one look alike.
     unanswered: Arc<AtomicBool>,
+    /// `ChunkLink::set_layered`, as `NetLink`.
+    layered: AtomicBool,
 }
 
 impl ChunkLink for SimLink {
@@ -667,6 +669,7 @@ impl ChunkLink for SimLink {
             self.code,
             op,
             self.takes_dedup(),
+            self.layered.load(SeqCst),
         );
         if self.net.with(|st| st.deferred) {
             // In flight until the first wait, as `NetLink`'s frames are.
@@ -750,6 +753,10 @@ impl ChunkLink for SimLink {
             _ => None,
         });
         every.unwrap_or(self.server.is_multiple_of(2))
+    }
+
+    fn set_layered(&self, layered: bool) {
+        self.layered.store(layered, SeqCst);
     }
 }
 
@@ -922,6 +929,7 @@ fn take_over(
                 size: pg.chunk_bytes,
                 boot_id: u64::from_le_bytes(reply[9..17].try_into().unwrap()),
                 unanswered: Arc::new(AtomicBool::new(false)),
+                layered: AtomicBool::new(false),
             };
             Arc::new(RemoteDevice::new(Arc::new(link))) as Arc<dyn Device>
         }));

@@ -601,7 +601,7 @@ fn wrap_dedup(
     position: usize,
     fresh: bool,
 ) -> Result<Layered> {
-    if layer_at_chunk(config, geo, &raw, fresh)? {
+    if layer_at_chunk(storage, dir, position, config, geo, &raw, fresh)? {
         return Ok(Layered {
             device: raw,
             here: None,
@@ -624,15 +624,25 @@ fn wrap_dedup(
     })
 }
 
-/// Whether the dedup layer over `raw` runs at its chunk's server: asks a
-/// chunk whose link [takes it](crate::media::remote::ChunkLink::takes_dedup)
-/// to run it, empty where `fresh` (a new or blank member), otherwise as
-/// it left it. False for a local device, a server that takes no layer,
-/// and a chunk whose server has none (not `fresh`): a chunk whose layer
-/// ran at its writer before 2026-11-30, its maps in the chunk's metadata
-/// area, whose layer then runs here as before. The server's answer
-/// decides, so a chunk's layer is in one place only.
+/// Whether the dedup layer over `raw` (member `position`) runs at its
+/// chunk's server: asks a chunk whose link
+/// [takes it](crate::media::remote::ChunkLink::takes_dedup) to run it,
+/// empty where `fresh` (a new or blank member), otherwise as it left it.
+/// False for a local device, a server that takes no layer, and a chunk
+/// whose server has none (not `fresh`): a chunk whose layer ran at its
+/// writer before 2026-11-30, its maps in the chunk's metadata area, whose
+/// layer then runs here as before. The server's answer decides, so a
+/// chunk's layer is in one place only; the link marks its requests with
+/// the answer (`set_layered`), which the server checks against what it
+/// holds. Where both places hold maps (a server downgraded and upgraded
+/// again around a blank re-add made here), neither is trusted: an error,
+/// and the member is re-added blank. A fresh start at the server removes
+/// the member's maps here after it (a cut between leaves both: that
+/// error, never the stale ones).
 fn layer_at_chunk(
+    storage: &Arc<dyn Storage>,
+    dir: &Path,
+    position: usize,
     config: &DedupConfig,
     geo: &Geometry,
     raw: &Arc<dyn Device>,
@@ -651,14 +661,40 @@ fn layer_at_chunk(
         .send(crate::media::remote::LinkOp::Layer { spec: &spec })
         .wait()
         .map_err(|e| Error::io(format!("starting the dedup layer of {}", raw.describe()), e))?;
-    match answer.as_slice() {
-        [1] => Ok(true),
-        [0] if !fresh => Ok(false),
-        other => Err(Error::Corrupt(format!(
-            "{} answered a dedup layer's start with {other:?}",
-            raw.describe()
-        ))),
+    let at_chunk = match answer.as_slice() {
+        [1] => true,
+        [0] if !fresh => false,
+        other => {
+            return Err(Error::Corrupt(format!(
+                "{} answered a dedup layer's start with {other:?}",
+                raw.describe()
+            )))
+        }
+    };
+    link.set_layered(at_chunk);
+    if at_chunk {
+        let maps = dir.join(DEDUP_DIR);
+        let here: Vec<PathBuf> = ["log", "snap"]
+            .iter()
+            .map(|ext| maps.join(format!("{}.{ext}", dedup_name(position))))
+            .filter(|p| storage.exists(p))
+            .collect();
+        if !here.is_empty() && !fresh {
+            link.set_layered(false);
+            return Err(Error::Corrupt(format!(
+                "{} runs its dedup layer at its server, and its metadata area holds dedup \
+                 maps of its own ({}): which is current cannot be told",
+                raw.describe(),
+                here[0].display()
+            )));
+        }
+        for p in here {
+            storage
+                .remove(&p)
+                .map_err(|e| Error::io(format!("removing {}", p.display()), e))?;
+        }
     }
+    Ok(at_chunk)
 }
 
 /// Opens a parity journal and reserves its space. A reservation that fails
@@ -967,7 +1003,7 @@ pub fn format_in(
         for (i, dev) in devices.iter().enumerate() {
             // Empty maps: at the chunk's server where it runs the layer,
             // in the device's metadata area otherwise.
-            if !layer_at_chunk(&opts.dedup, &geo, dev, true)? {
+            if !layer_at_chunk(storage, dir, i, &opts.dedup, &geo, dev, true)? {
                 crate::dedup::reset_state(storage.as_ref(), &dir.join(DEDUP_DIR), &dedup_name(i))?;
             }
         }

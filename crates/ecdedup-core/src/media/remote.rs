@@ -268,6 +268,14 @@ pub trait ChunkLink: Send + Sync {
     fn takes_dedup(&self) -> bool {
         false
     }
+    /// Says whether this writer reaches the chunk through a dedup layer at
+    /// its server (after [`LinkOp::Layer`]'s answer): a link that
+    /// [takes dedup](Self::takes_dedup) then marks every request so
+    /// (`proto::frame::FLAG_LAYERED`), and the server refuses one that
+    /// disagrees with what it holds. Default: nothing.
+    fn set_layered(&self, layered: bool) {
+        let _ = layered;
+    }
     /// Whether a change (a write, an append, a discard, a fold) sent on
     /// this link ended without its reply (no reply in time, or the
     /// connection lost after sending): its frame may still reach the

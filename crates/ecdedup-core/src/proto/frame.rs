@@ -42,8 +42,16 @@ pub const FLAG_METADATA: u16 = 1 << 3;
 /// ([`crate::media::WriteHint::repair`]: a dedup layer restores the
 /// shared copy instead of referring to it); as [`FLAG_PARITY`].
 pub const FLAG_REPAIR: u16 = 1 << 4;
+/// Flag: the sender reaches this chunk through a dedup layer at its
+/// server (it started one there: `Op::Layer` answered 1). A server
+/// refuses a request whose flag and the chunk's layer disagree on a range
+/// of the layer's data area (a spec gone, or back, behind the writer's
+/// back: remapped bytes must not be read raw, nor raw bytes through a
+/// map); as [`FLAG_PARITY`].
+pub const FLAG_LAYERED: u16 = 1 << 5;
 /// Every flag this version knows; any other bit set is an error.
-pub const FLAGS_KNOWN: u16 = FLAG_FUA | FLAG_REPLY | FLAG_PARITY | FLAG_METADATA | FLAG_REPAIR;
+pub const FLAGS_KNOWN: u16 =
+    FLAG_FUA | FLAG_REPLY | FLAG_PARITY | FLAG_METADATA | FLAG_REPAIR | FLAG_LAYERED;
 
 /// A field of the header that holds one of a closed set of codes: the enum,
 /// every value in code order (`ALL`), and the value of a code, if any.
@@ -209,10 +217,10 @@ impl std::error::Error for FrameError {}
 
 /// A chunk's dedup layer, run at its server (`Op::Layer`): the settings,
 /// where the layer's data area lies on the chunk (it remaps
-/// `[data_offset, data_offset + data_bytes)` and passes every other byte
-/// through), and whether it starts empty (`fresh`: a new or blank
-/// chunk; otherwise the server opens the layer it has, or answers that
-/// it has none).
+/// `[data_offset, data_offset + data_bytes)`, passes the bytes before it
+/// through and takes none past its end), and whether it starts empty
+/// (`fresh`: a new or blank chunk; otherwise the server opens the layer
+/// it has, or answers that it has none).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LayerSpec {
     pub config: crate::dedup::DedupConfig,
