@@ -140,6 +140,49 @@ struct CountingLink {
     unanswered: bool,
     /// What `ChunkLink::boot_id` says.
     boot: Option<u64>,
+    /// A dedup layer run at the chunk, as a chunk server runs one
+    /// (`LinkOp::Layer`); None: the chunk takes none.
+    at_chunk: Option<Arc<ChunkLayer>>,
+}
+
+/// The dedup layer a chunk runs (`LinkOp::Layer`), as a chunk server's:
+/// its maps in a folder of its own, kept across the links made to the
+/// chunk.
+#[derive(Default)]
+struct ChunkLayer {
+    maps: Mutex<Option<tempfile::TempDir>>,
+    layer: Mutex<Option<Arc<crate::dedup::DedupDevice>>>,
+}
+
+impl ChunkLayer {
+    /// Starts (or opens) the layer of `spec` over `mem`: 1, or 0 where
+    /// none was asked made and there is none.
+    fn start(
+        &self,
+        mem: &MemDevice,
+        spec: &crate::proto::frame::LayerSpec,
+    ) -> std::io::Result<Vec<u8>> {
+        let mut layer = self.layer.lock().unwrap();
+        if !spec.fresh {
+            return Ok(vec![u8::from(layer.is_some())]);
+        }
+        let mut maps = self.maps.lock().unwrap();
+        let dir = maps.get_or_insert_with(|| tempfile::tempdir().unwrap());
+        let opened = crate::dedup::DedupDevice::open(
+            crate::media::OsStorage::shared(),
+            Arc::new(mem.clone()),
+            spec.config.clone(),
+            Arc::new(crate::fingerprint::CpuBackend::new(Some(1)).unwrap()),
+            spec.data_offset,
+            spec.data_bytes,
+            dir.path(),
+            "map",
+            true,
+        )
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+        *layer = Some(Arc::new(opened));
+        Ok(vec![1])
+    }
 }
 
 struct Answered(std::io::Result<Vec<u8>>, Arc<Tally>);
@@ -164,13 +207,34 @@ impl ChunkLink for CountingLink {
             let lens = writes.iter().map(|(_, b)| b.len()).collect();
             t.appends.lock().unwrap().push(lens);
         }
-        let mem = &self.mem;
+        let layer = self
+            .at_chunk
+            .as_ref()
+            .and_then(|c| c.layer.lock().unwrap().clone());
+        let mem: &dyn Device = match &layer {
+            Some(layer) => layer.as_ref(),
+            None => &self.mem,
+        };
         let reply = t.meet(purpose, || match op {
             LinkOp::Read { offset, len } => {
                 let mut buf = vec![0u8; len];
                 mem.read_at(&mut buf, offset).map(|()| buf)
             }
-            LinkOp::Write { offset, buf, .. } => mem.write_at(buf, offset).map(|()| Vec::new()),
+            LinkOp::Write {
+                offset,
+                buf,
+                class,
+                repair,
+                fua,
+            } => {
+                let hint = crate::media::WriteHint {
+                    repair,
+                    ..crate::media::WriteHint::new(class)
+                };
+                mem.write_hinted(buf, offset, hint)
+                    .and_then(|()| if fua { mem.sync() } else { Ok(()) })
+                    .map(|()| Vec::new())
+            }
             LinkOp::Append { writes, fua } => writes
                 .iter()
                 .try_for_each(|(offset, buf)| match buf.is_empty() {
@@ -185,10 +249,13 @@ impl ChunkLink for CountingLink {
                 std::io::ErrorKind::Unsupported,
                 "Replay is not served by this chunk",
             )),
-            LinkOp::Layer { .. } => Err(std::io::Error::new(
-                std::io::ErrorKind::Unsupported,
-                "Layer is not served by this chunk",
-            )),
+            LinkOp::Layer { spec } => match &self.at_chunk {
+                Some(c) => c.start(&self.mem, spec),
+                None => Err(std::io::Error::new(
+                    std::io::ErrorKind::Unsupported,
+                    "Layer is not served by this chunk",
+                )),
+            },
             LinkOp::Sync => mem.sync().map(|()| Vec::new()),
             LinkOp::Discard { offset, len } => mem.discard(offset, len).map(|()| Vec::new()),
         });
@@ -219,6 +286,10 @@ impl ChunkLink for CountingLink {
 
     fn boot_id(&self) -> Option<u64> {
         self.boot
+    }
+
+    fn takes_dedup(&self) -> bool {
+        self.at_chunk.is_some()
     }
 }
 
@@ -251,6 +322,7 @@ fn linked_as(
         folds,
         unanswered,
         boot: None,
+        at_chunk: None,
     };
     Arc::new(RemoteDevice::new(Arc::new(link)))
 }
@@ -263,6 +335,7 @@ fn linked_booted(mem: &MemDevice, tally: &Arc<Tally>, boot: u64) -> Arc<dyn Devi
         folds: true,
         unanswered: false,
         boot: Some(boot),
+        at_chunk: None,
     };
     Arc::new(RemoteDevice::new(Arc::new(link)))
 }
@@ -1428,6 +1501,183 @@ fn an_open_zeroes_each_areas_file_tails_in_one_batch() {
 /// in turn). Here every sync sent from a thread other than the caller's
 /// waits for another to arrive, and the most in flight at once are
 /// counted: one after another, none would meet.
+/// Round trips, one sender at a time, of a write-through sequence on
+/// an RS(4,2) array of format 2 over counting links: writing the volume
+/// whole and a flush, then for each of 4 rounds two 4 KiB overwrites
+/// and a flush; and the read back. Returns (the rounds' round trips, the
+/// chunks' layers where they ran there, whether the writer keeps dedup
+/// maps of its own in a chunk's metadata area).
+fn round_trips_of_overwrites(
+    policy: WritePolicy,
+    dedup: crate::dedup::Policy,
+    layers_at_chunks: bool,
+) -> (u64, Vec<Arc<ChunkLayer>>, bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = options(6, 4, 2, 8192, 8 * 4 * 8192);
+    opts.metadata = MetadataPlacement::Devices;
+    opts.write_policy = policy;
+    opts.journal_bytes_max = 4 << 20;
+    opts.dedup = DedupConfig {
+        policy: dedup,
+        ..DedupConfig::default()
+    };
+    let geo = geometry_for(&opts).unwrap();
+    let mems: Vec<MemDevice> = (0..6)
+        .map(|i| MemDevice::new(&format!("d{i}"), geo.device_bytes_min()))
+        .collect();
+    let layers: Vec<Arc<ChunkLayer>> = (0..6).map(|_| Arc::default()).collect();
+    let tally = Arc::new(Tally::default());
+    let devices: Vec<Arc<dyn Device>> = mems
+        .iter()
+        .zip(&layers)
+        .map(|(mem, layer)| {
+            let link = CountingLink {
+                mem: mem.clone(),
+                tally: Arc::clone(&tally),
+                folds: true,
+                unanswered: false,
+                boot: None,
+                at_chunk: layers_at_chunks.then(|| Arc::clone(layer)),
+            };
+            Arc::new(RemoteDevice::new(Arc::new(link))) as Arc<dyn Device>
+        })
+        .collect();
+    format(dir.path(), &opts, devices.clone()).unwrap();
+    let array = Array::open_with_devices(dir.path(), devices.into_iter().map(Some).collect(), None)
+        .unwrap();
+    let volume = (geo.stripes * geo.stripe_data_bytes()) as usize;
+    let mut model = pattern(5, volume);
+    array.write(&model, 0, false).unwrap();
+    array.flush().unwrap();
+    tally.take();
+    for round in 0..4u64 {
+        for i in 0..2u64 {
+            let at = ((round * 5 + i * 3) % 8) * 4 * 8192 + (i + 1) * 8192;
+            let data = pattern(100 + round * 2 + i, 4096);
+            array.write(&data, at, false).unwrap();
+            model[at as usize..at as usize + 4096].copy_from_slice(&data);
+        }
+        array.flush().unwrap();
+    }
+    let (_, round_trips) = tally.take();
+    let mut back = vec![0u8; volume];
+    array.read(&mut back, 0).unwrap();
+    assert!(back == model, "{policy:?} {dedup}: the volume reads back");
+    let maps_here = array.storage.exists(
+        &dir.path()
+            .join(DEDUP_DIR)
+            .join(format!("{}.log", dedup_name(0))),
+    );
+    drop(array);
+    (round_trips, layers, maps_here)
+}
+
+/// A dedup volume whose layers run at its chunks (`LinkOp::Layer`, as
+/// chunk servers since 2026-11-30 run them) takes the round trips of a
+/// volume without dedup: the layer's map records and syncs no longer
+/// cross the network (loopback: an rmw overwrite 24 round trips with
+/// the layer at the writer, 2 at the chunk; a flush 40, 2). Its layers
+/// deduplicate there, and the writer keeps no maps of its own.
+#[test]
+fn a_dedup_volume_whose_layers_run_at_its_chunks_takes_the_round_trips_of_one_without() {
+    use crate::dedup::Policy;
+    for policy in [WritePolicy::Rmw, WritePolicy::Parix] {
+        let (plain, _, _) = round_trips_of_overwrites(policy, Policy::None, false);
+        let (at_writer, _, maps_at_writer) =
+            round_trips_of_overwrites(policy, Policy::Parity, false);
+        let (at_chunks, layers, maps_here) =
+            round_trips_of_overwrites(policy, Policy::Parity, true);
+        assert!(
+            maps_at_writer && !maps_here,
+            "{policy:?}: the maps at the chunks only"
+        );
+        eprintln!(
+            "{policy:?}: round trips without dedup {plain}, layers at the writer {at_writer}, \
+             at the chunks {at_chunks}"
+        );
+        assert_eq!(at_chunks, plain, "{policy:?}");
+        assert!(at_writer > plain, "{policy:?}: {at_writer} vs {plain}");
+        let hashed: u64 = layers
+            .iter()
+            .map(|l| {
+                l.layer
+                    .lock()
+                    .unwrap()
+                    .as_ref()
+                    .expect("a layer at each chunk")
+                    .stats()
+                    .hash_ops
+            })
+            .sum();
+        assert!(
+            hashed > 0,
+            "{policy:?}: the chunks' layers fingerprinted parity"
+        );
+    }
+}
+
+/// A member whose chunk's server runs a dedup layer while its metadata
+/// area holds maps of the writer's own (a server downgraded and upgraded
+/// again around a blank re-add: which is current cannot be told) is
+/// trusted in neither: failed at the open, with the reason; the others
+/// open as they are (the server of each answers it has no layer, and
+/// their layers run at the writer from their areas' maps).
+#[test]
+fn a_member_with_dedup_maps_both_at_its_chunk_and_in_its_area_is_trusted_in_neither() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = options(6, 4, 2, 8192, 8 * 4 * 8192);
+    opts.metadata = MetadataPlacement::Devices;
+    opts.dedup = DedupConfig {
+        policy: crate::dedup::Policy::Parity,
+        ..DedupConfig::default()
+    };
+    let (geo, mems) = format_on_memory(dir.path(), &opts);
+    let stale = Arc::new(ChunkLayer::default());
+    let spec = crate::proto::frame::LayerSpec {
+        config: opts.dedup.clone(),
+        data_offset: geo.data_offset(),
+        data_bytes: geo.rows_per_device() * geo.unit_bytes(),
+        fresh: true,
+    };
+    assert_eq!(stale.start(&mems[0], &spec).unwrap(), vec![1]);
+    let tally = Arc::new(Tally::default());
+    let devices = mems
+        .iter()
+        .enumerate()
+        .map(|(i, mem)| {
+            let link = CountingLink {
+                mem: mem.clone(),
+                tally: Arc::clone(&tally),
+                folds: true,
+                unanswered: false,
+                boot: None,
+                at_chunk: Some(match i {
+                    0 => Arc::clone(&stale),
+                    _ => Arc::default(),
+                }),
+            };
+            Some(Arc::new(RemoteDevice::new(Arc::new(link))) as Arc<dyn Device>)
+        })
+        .collect();
+    let array = Array::open_with_devices(dir.path(), devices, None).unwrap();
+    let states = array.member_states();
+    assert_eq!(states[0], MemberState::Failed, "{:?}", array.warnings());
+    assert!(
+        states[1..].iter().all(|s| *s == MemberState::Active),
+        "{states:?}"
+    );
+    assert!(
+        array
+            .warnings()
+            .iter()
+            .any(|w| w.contains("cannot be told")),
+        "{:?}",
+        array.warnings()
+    );
+    let mut back = vec![0u8; 4096];
+    array.read(&mut back, 8192).unwrap();
+}
+
 #[test]
 fn a_dedup_volumes_batch_goes_a_thread_per_chunk() {
     for policy in [WritePolicy::Rmw, WritePolicy::Plog] {
