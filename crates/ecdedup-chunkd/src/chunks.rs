@@ -57,7 +57,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 /// Largest chunk the server creates (1 PiB: a bound, not a reservation).
 pub const CHUNK_BYTES_MAX: u64 = 1 << 50;
@@ -142,6 +142,16 @@ pub struct ChunkServer {
     /// Held while a chunk is made (`Open`) or its layer started
     /// (`Layer`): neither runs beside another.
     layout: Mutex<()>,
+    /// Per volume: requests being served hold it shared, a raise of the
+    /// volume's epoch alone (`serve`).
+    gates: Mutex<HashMap<u64, Arc<RwLock<()>>>>,
+}
+
+/// A request's hold on its volume's gate (one of the two), released
+/// when it is dropped.
+struct Turn<'a> {
+    _shared: Option<std::sync::RwLockReadGuard<'a, ()>>,
+    _alone: Option<std::sync::RwLockWriteGuard<'a, ()>>,
 }
 
 #[derive(Default)]
@@ -393,6 +403,7 @@ impl ChunkServer {
             backend: std::sync::OnceLock::new(),
             closed_dedup: Mutex::new(Default::default()),
             layout: Mutex::new(()),
+            gates: Mutex::new(HashMap::new()),
         })
     }
 
@@ -739,6 +750,12 @@ impl ChunkServer {
         open.by_name.entry((volume, code)).or_insert((chunk, clock));
     }
 
+    /// Volume `volume`'s gate (see `serve`).
+    fn gate(&self, volume: u64) -> Arc<RwLock<()>> {
+        let mut gates = self.gates.lock().unwrap();
+        Arc::clone(gates.entry(volume).or_default())
+    }
+
     /// The chunk a request names, refused while it has a fault.
     fn chunk_for(&self, h: &Header) -> Result<Arc<Chunk>, Refusal> {
         let chunk = self.chunk(h.volume_id, h.pg)?;
@@ -976,6 +993,26 @@ impl ChunkServer {
                 )))
             }
         }
+        // Served under its volume's gate, shared; a request that raises
+        // the volume's epoch (a new writer's `SetEpoch`, or its first
+        // request where the push missed this server) takes it alone, so
+        // every request admitted at the lower epoch has finished before
+        // the raise is answered, and none of them lands after the new
+        // writer's first change (docs/cluster.md, "Fencing").
+        let gate = self.gate(h.volume_id);
+        let raises = self
+            .stored(Fenced::Volume(h.volume_id))
+            .map_or(true, |stored| h.epoch > stored);
+        let _turn = match raises {
+            true => Turn {
+                _shared: None,
+                _alone: Some(gate.write().unwrap_or_else(|p| p.into_inner())),
+            },
+            false => Turn {
+                _shared: Some(gate.read().unwrap_or_else(|p| p.into_inner())),
+                _alone: None,
+            },
+        };
         self.admit_epoch(h.volume_id, h.epoch)?;
         let (volume, code) = (h.volume_id, h.pg);
         if h.op != Op::SetEpoch {
@@ -1838,6 +1875,41 @@ mod tests {
             "block {at}: {wrong} bytes are not {byte:#x} (the first is {:#x})",
             got[0]
         );
+    }
+
+    /// A new writer's epoch push waits for the requests the server
+    /// admitted at the older epoch: once it is answered, none of them
+    /// can still land (they ran before it). A request in flight is
+    /// played here by holding the volume's gate as a request holds it.
+    #[test]
+    fn an_epoch_push_waits_for_the_requests_admitted_before_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Arc::new(server(dir.path()));
+        let size = (1u64 << 20).to_le_bytes();
+        assert_eq!(call(&s, req(Op::Open, 7, 5, 0, &size), &size).0, Status::Ok);
+        let gate = s.gate(7);
+        let in_flight = gate.read().unwrap();
+        let pushed = Arc::new(AtomicBool::new(false));
+        let push = {
+            let (s, pushed) = (Arc::clone(&s), Arc::clone(&pushed));
+            std::thread::spawn(move || {
+                let st = call(&s, req(Op::SetEpoch, 7, 6, 0, &[]), &[]).0;
+                pushed.store(true, Ordering::SeqCst);
+                st
+            })
+        };
+        // Time for the push to run, were it not to wait.
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert!(
+            !pushed.load(Ordering::SeqCst),
+            "the push waited for the request in flight"
+        );
+        drop(in_flight);
+        assert_eq!(push.join().unwrap(), Status::Ok);
+        assert_eq!(s.epoch(7).unwrap(), 6);
+        let data = vec![1u8; 4096];
+        let (st, _) = call(&s, req(Op::Write, 7, 5, 0, &data), &data);
+        assert_eq!(st, Status::EpochTooOld);
     }
 
     /// The layers' RAM bound closes the least recently used layered chunk
