@@ -797,7 +797,8 @@ impl ChunkServer {
         }
         let mut open = self.open.lock().unwrap();
         // The table's and (where it is the same) ours: nothing else may
-        // hold the layer this replaces.
+        // hold the layer this replaces (none can: the volume's gate is
+        // this request's alone, `serve`).
         let busy = open
             .by_name
             .get(&(volume, code))
@@ -998,12 +999,16 @@ impl ChunkServer {
         // request where the push missed this server) takes it alone, so
         // every request admitted at the lower epoch has finished before
         // the raise is answered, and none of them lands after the new
-        // writer's first change (docs/cluster.md, "Fencing").
+        // writer's first change (docs/cluster.md, "Fencing"). A fresh
+        // start of a chunk's dedup layer takes it alone too: no request
+        // may hold the layer it replaces (a member being set up while the
+        // writer serves takes its mirrored metadata writes meanwhile).
         let gate = self.gate(h.volume_id);
         let raises = self
             .stored(Fenced::Volume(h.volume_id))
             .map_or(true, |stored| h.epoch > stored);
-        let _turn = match raises {
+        let starts_layer = h.op == Op::Layer && decode_layer(payload).is_ok_and(|spec| spec.fresh);
+        let _turn = match raises || starts_layer {
             true => Turn {
                 _shared: None,
                 _alone: Some(gate.write().unwrap_or_else(|p| p.into_inner())),
@@ -1910,6 +1915,31 @@ mod tests {
         let data = vec![1u8; 4096];
         let (st, _) = call(&s, req(Op::Write, 7, 5, 0, &data), &data);
         assert_eq!(st, Status::EpochTooOld);
+    }
+
+    /// A fresh start of a chunk's layer waits for the requests of its
+    /// volume in flight (the writer's mirrored metadata writes reach a
+    /// member being set up while it serves), where it refused before.
+    #[test]
+    fn a_fresh_layer_start_waits_for_the_requests_in_flight() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Arc::new(server(dir.path()));
+        let size = (1u64 << 20).to_le_bytes();
+        assert_eq!(call(&s, req(Op::Open, 7, 1, 0, &size), &size).0, Status::Ok);
+        assert_eq!(layer(&s, 7, &parity_layer(true)).0, Status::Ok);
+        // A request in flight: its turn at the gate, and the chunk it
+        // holds (released in that order's reverse, as `serve` does).
+        let gate = s.gate(7);
+        let turn = gate.read().unwrap();
+        let held = s.chunk(7, chunk_code(3, 1)).unwrap();
+        let started = {
+            let s = Arc::clone(&s);
+            std::thread::spawn(move || layer(&s, 7, &parity_layer(true)).0)
+        };
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        drop(held);
+        drop(turn);
+        assert_eq!(started.join().unwrap(), Status::Ok);
     }
 
     /// The layers' RAM bound closes the least recently used layered chunk
