@@ -72,7 +72,7 @@ pub struct ChunkServerConfig {
     /// Chunks kept open at once.
     pub open_chunks_max: usize,
     /// RAM the dedup layers of the open chunks may hold together (their
-    /// maps and fingerprint indexes: about 8 bytes per dedup block of a
+    /// maps and fingerprint indexes: about 16 bytes per dedup block of a
     /// chunk's data area, plus the index); past it the least recently
     /// used layered chunk is closed (synced first). One layer over the
     /// bound is still opened, alone.
@@ -80,7 +80,8 @@ pub struct ChunkServerConfig {
 }
 
 /// [`ChunkServerConfig::layers_ram_max`] by default: 4 GiB (the layers of
-/// about 60 chunks of 64 GiB, a 256 GiB PG of RS(4,2)'s data share).
+/// about 15 chunks of 64 GiB, the data share of a 256 GiB PG of RS(4,2):
+/// a server holding more of them at once closes and reopens layers).
 pub const LAYERS_RAM_MAX_DEFAULT: u64 = 4 << 30;
 
 /// Counts for the server's status and tests.

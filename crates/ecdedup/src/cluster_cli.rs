@@ -142,7 +142,7 @@ pub struct ChunkdArgs {
     #[arg(long, default_value_t = 600)]
     out_after: u64,
     /// RAM the dedup layers of the open chunks may hold together (a
-    /// dedup pool's chunks: about 8 bytes per dedup block of a chunk, plus
+    /// dedup pool's chunks: about 16 bytes per dedup block of a chunk, plus
     /// its fingerprint index); past it the least recently used is closed.
     #[arg(long, default_value = "4G")]
     dedup_ram: String,
