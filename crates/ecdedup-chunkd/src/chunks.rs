@@ -27,7 +27,7 @@
 //!   acknowledged;
 //! - open chunks are bounded by [`ChunkServerConfig::open_chunks_max`]
 //!   (the least recently used is closed; an open is cheap);
-//! - a chunk with a dedup layer (`Op::Layer`, since 2026-11-30) is read
+//! - a chunk with a dedup layer (`Op::Layer`, since the late evening of 2026-11-29) is read
 //!   and written through it, always: its spec is stored beside the chunk
 //!   (`pg<PG>-s<SHARD>.layer`) before the layer's first answer, and every
 //!   open of the chunk opens the layer from its maps beside it
@@ -35,12 +35,14 @@
 //!   where they do not open; one layer object per chunk at a time
 //!   (opened under the open-chunk lock; closed by the open-chunk bounds
 //!   only when no request holds it and after its sync, a failed sync
-//!   leaving the chunk with a fault that refuses everything; replaced
-//!   only by a fresh start, which discards its content); a range across
-//!   the start of its data area, or past its end, is refused
-//!   (`Invalid`), never passed to it; a request whose `FLAG_LAYERED`
-//!   disagrees with the chunk's layer on its data area is refused
-//!   (`Io`).
+//!   leaving the chunk with a fault that refuses every request but its
+//!   `Open`; replaced only by a fresh start, which waits for the
+//!   volume's requests in flight and discards the layer's content); a
+//!   read or write across the start of its data area, or any request
+//!   past its end, is refused (`Invalid`), never passed to it (a
+//!   discard across the start is the layer's to take); a request marked
+//!   `FLAG_LAYERED` for a chunk without a layer, or unmarked on the data
+//!   area of a chunk with one, is refused (`Io`).
 
 use ecdedup_core::counters::{DedupStats, IoClass};
 use ecdedup_core::dedup::DedupDevice;
@@ -73,15 +75,17 @@ pub struct ChunkServerConfig {
     pub open_chunks_max: usize,
     /// RAM the dedup layers of the open chunks may hold together (their
     /// maps and fingerprint indexes: about 16 bytes per dedup block of a
-    /// chunk's data area, plus the index); past it the least recently
-    /// used layered chunk is closed (synced first). One layer over the
-    /// bound is still opened, alone.
+    /// chunk's data area, plus the index; each counted as it was when
+    /// opened, its index growing after within its own bound); past it
+    /// the least recently used layered chunk is closed (synced first).
+    /// One layer over the bound is still opened, alone.
     pub layers_ram_max: u64,
 }
 
-/// [`ChunkServerConfig::layers_ram_max`] by default: 4 GiB (the layers of
-/// about 15 chunks of 64 GiB, the data share of a 256 GiB PG of RS(4,2):
-/// a server holding more of them at once closes and reopens layers).
+/// [`ChunkServerConfig::layers_ram_max`] by default: 4 GiB (the maps of
+/// about 15 chunks of 64 GiB, the data share of a 256 GiB PG of RS(4,2),
+/// fewer with full indexes: a server holding more of them at once closes
+/// and reopens layers).
 pub const LAYERS_RAM_MAX_DEFAULT: u64 = 4 << 30;
 
 /// Counts for the server's status and tests.
@@ -144,7 +148,7 @@ pub struct ChunkServer {
     /// (`Layer`): neither runs beside another.
     layout: Mutex<()>,
     /// Per volume: requests being served hold it shared, a raise of the
-    /// volume's epoch alone (`serve`).
+    /// volume's epoch or a fresh start of a layer alone (`serve`).
     gates: Mutex<HashMap<u64, Arc<RwLock<()>>>>,
 }
 
@@ -166,9 +170,10 @@ struct Chunk {
     file: Arc<FileDevice>,
     layer: Layer,
     /// Set when this chunk's layer may have lost what it acknowledged (its
-    /// sync failed as it was to be closed; a fresh start failed after its
-    /// maps were reset): every request but a fresh start (`Op::Layer`) is
-    /// refused with it, and the chunk stays open (a reopen would not know).
+    /// sync failed as it was to be closed; a fresh start failed, maybe
+    /// after its maps were reset): every request but its `Open` and a
+    /// fresh start (`Op::Layer`) is refused with it, and the chunk stays
+    /// open (a reopen would not know).
     fault: Mutex<Option<String>>,
 }
 
@@ -808,7 +813,7 @@ impl ChunkServer {
             return Err((
                 Status::Io,
                 format!(
-                    "{} has requests in flight; a new dedup layer waits for none",
+                    "{} is still held by a request (none should be: a fresh start waits for them)",
                     chunk.file.describe()
                 ),
             ));

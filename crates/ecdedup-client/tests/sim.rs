@@ -742,7 +742,7 @@ impl ChunkLink for SimLink {
 
     /// The even servers run a dedup volume's layers over their chunks,
     /// the odd ones leave them to the writer (as servers from before
-    /// 2026-11-30 do), so a dedup PG has both kinds of chunk;
+    /// the late evening of 2026-11-29 do), so a dedup PG has both kinds of chunk;
     /// `ECDEDUP_SIM_DEDUP_AT=server` or `=writer` makes every server
     /// one kind.
     fn takes_dedup(&self) -> bool {

@@ -305,7 +305,7 @@ pub struct DeviceSpace {
 pub struct ServerSpace {
     pub devices: Vec<DeviceSpace>,
     /// The dedup layers the server runs over its chunks (since
-    /// 2026-11-30; absent from an older server's report).
+    /// the late evening of 2026-11-29; absent from an older server's report).
     #[serde(default)]
     pub dedup: ServerDedup,
 }

@@ -168,7 +168,7 @@ fn a_cluster_serves_volumes_through_faults_and_takeovers() {
     }
 
     // A reader that stopped reading ends `cluster status` quietly, as it
-    // ends `cat` (it panicked in `println!` before 2026-11-30). `true`
+    // ends `cat` (it panicked in `println!` before the late evening of 2026-11-29). `true`
     // exits at once: the pipe is closed long before the status is read
     // from etcd.
     let piped = run(

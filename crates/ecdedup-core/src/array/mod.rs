@@ -630,7 +630,7 @@ fn wrap_dedup(
 /// empty where `fresh` (a new or blank member), otherwise as it left it.
 /// False for a local device, a server that takes no layer, and a chunk
 /// whose server has none (not `fresh`): a chunk whose layer ran at its
-/// writer before 2026-11-30, its maps in the chunk's metadata area, whose
+/// writer before the late evening of 2026-11-29, its maps in the chunk's metadata area, whose
 /// layer then runs here as before. The server's answer decides, so a
 /// chunk's layer is in one place only; the link marks its requests with
 /// the answer (`set_layered`), which the server checks against what it

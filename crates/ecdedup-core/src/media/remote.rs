@@ -262,17 +262,21 @@ pub trait ChunkLink: Send + Sync {
         false
     }
     /// Whether the chunk's server runs a dedup layer over the chunk when
-    /// asked ([`LinkOp::Layer`]; a server from before 2026-11-30 knows no
-    /// such op): then a dedup volume's layer over this chunk runs there,
-    /// and the writes sent say their class. Default: false.
+    /// asked ([`LinkOp::Layer`]; a server from before the late evening of
+    /// 2026-11-29 knows no such op): then a dedup volume asks it (the
+    /// server's answer decides where the layer runs: a chunk whose layer
+    /// ran at its writer before keeps it there), and the writes sent say
+    /// their class (parity, metadata; data and journal alike). Default:
+    /// false.
     fn takes_dedup(&self) -> bool {
         false
     }
     /// Says whether this writer reaches the chunk through a dedup layer at
     /// its server (after [`LinkOp::Layer`]'s answer): a link that
-    /// [takes dedup](Self::takes_dedup) then marks every request so
-    /// (`proto::frame::FLAG_LAYERED`), and the server refuses one that
-    /// disagrees with what it holds. Default: nothing.
+    /// [takes dedup](Self::takes_dedup) then marks every request it
+    /// sends but a `Layer` so (`proto::frame::FLAG_LAYERED`), and the
+    /// server refuses one that disagrees with what it holds. Default:
+    /// nothing.
     fn set_layered(&self, layered: bool) {
         let _ = layered;
     }

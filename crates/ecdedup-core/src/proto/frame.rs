@@ -44,10 +44,10 @@ pub const FLAG_METADATA: u16 = 1 << 3;
 pub const FLAG_REPAIR: u16 = 1 << 4;
 /// Flag: the sender reaches this chunk through a dedup layer at its
 /// server (it started one there: `Op::Layer` answered 1). A server
-/// refuses a request whose flag and the chunk's layer disagree on a range
-/// of the layer's data area (a spec gone, or back, behind the writer's
-/// back: remapped bytes must not be read raw, nor raw bytes through a
-/// map); as [`FLAG_PARITY`].
+/// refuses a request with the flag for a chunk that has no layer (any
+/// range), and one without it on the data area of a chunk that has one
+/// (a spec gone, or back, behind the writer's back: remapped bytes must
+/// not be read raw, nor raw bytes through a map); as [`FLAG_PARITY`].
 pub const FLAG_LAYERED: u16 = 1 << 5;
 /// Every flag this version knows; any other bit set is an error.
 pub const FLAGS_KNOWN: u16 =
@@ -118,7 +118,7 @@ wire_enum! {
         /// [`LayerSpec`] ([`encode_layer`]); the reply is the boot id, then
         /// one byte: 1 where the chunk's layer runs at the server from now
         /// on, 0 where it has none and none was asked made (the writer
-        /// then runs the chunk's layer itself, as before 2026-11-30).
+        /// then runs the chunk's layer itself, as before the late evening of 2026-11-29).
         Layer = 12,
     }
 }

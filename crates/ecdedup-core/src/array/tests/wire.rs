@@ -1573,7 +1573,7 @@ fn round_trips_of_overwrites(
 }
 
 /// A dedup volume whose layers run at its chunks (`LinkOp::Layer`, as
-/// chunk servers since 2026-11-30 run them) takes the round trips of a
+/// chunk servers since the late evening of 2026-11-29 run them) takes the round trips of a
 /// volume without dedup: the layer's map records and syncs no longer
 /// cross the network (loopback: an rmw overwrite 24 round trips with
 /// the layer at the writer, 2 at the chunk; a flush 40, 2). Its layers
