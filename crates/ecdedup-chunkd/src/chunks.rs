@@ -801,23 +801,9 @@ impl ChunkServer {
                 }
             };
         }
+        // No request holds the layer this replaces: the volume's gate is
+        // this request's alone (`serve`), and only requests hold chunks.
         let mut open = self.open.lock().unwrap();
-        // The table's and (where it is the same) ours: nothing else may
-        // hold the layer this replaces (none can: the volume's gate is
-        // this request's alone, `serve`).
-        let busy = open
-            .by_name
-            .get(&(volume, code))
-            .is_some_and(|(c, _)| Arc::strong_count(c) > 1 + usize::from(Arc::ptr_eq(c, &chunk)));
-        if busy {
-            return Err((
-                Status::Io,
-                format!(
-                    "{} is still held by a request (none should be: a fresh start waits for them)",
-                    chunk.file.describe()
-                ),
-            ));
-        }
         let (spec_path, _, _) = self.layer_paths(volume, code);
         let stored = LayerSpec {
             fresh: false,
@@ -936,11 +922,8 @@ impl ChunkServer {
         // left (none should: ids are never reused) goes first, made
         // durable with the chunk's name below.
         let (spec_path, folder, name) = self.layer_paths(volume, code);
-        for stale in [
-            spec_path,
-            folder.join(format!("{name}.log")),
-            folder.join(format!("{name}.snap")),
-        ] {
+        let [log, snapshot] = ecdedup_core::dedup::state_files(&folder, &name);
+        for stale in [spec_path, log, snapshot] {
             if self.storage.exists(&stale) {
                 self.storage
                     .remove(&stale)
@@ -1013,7 +996,9 @@ impl ChunkServer {
         let raises = self
             .stored(Fenced::Volume(h.volume_id))
             .map_or(true, |stored| h.epoch > stored);
-        let starts_layer = h.op == Op::Layer && decode_layer(payload).is_ok_and(|spec| spec.fresh);
+        // A `Layer`'s spec, read once.
+        let layer_spec = (h.op == Op::Layer).then(|| decode_layer(payload));
+        let starts_layer = matches!(&layer_spec, Some(Ok(spec)) if spec.fresh);
         let _turn = match raises || starts_layer {
             true => Turn {
                 _shared: None,
@@ -1158,7 +1143,7 @@ impl ChunkServer {
                 Ok(self.boot_id.to_le_bytes().to_vec())
             }
             Op::Layer => {
-                let spec = decode_layer(payload).map_err(invalid)?;
+                let spec = layer_spec.expect("read for a Layer").map_err(invalid)?;
                 let here = self.attach_layer(volume, code, &spec)?;
                 let mut reply = self.boot_id.to_le_bytes().to_vec();
                 reply.push(u8::from(here));
@@ -1972,6 +1957,11 @@ mod tests {
             assert_eq!(write(&s, v, 128 << 10, &block, FLAG_PARITY | L), Status::Ok);
         }
         let t = s.dedup_totals();
+        eprintln!(
+            "one open layer over a 1 MiB chunk's {} dedup blocks: {} bytes of RAM",
+            (960u64 << 10) / 4096,
+            t.layers_ram_bytes
+        );
         assert_eq!(t.layers_open, 1, "{t:?}");
         assert!(t.layers_ram_bytes > 0, "{t:?}");
         assert_eq!(

@@ -673,12 +673,11 @@ fn layer_at_chunk(
     };
     link.set_layered(at_chunk);
     if at_chunk {
-        let maps = dir.join(DEDUP_DIR);
-        let here: Vec<PathBuf> = ["log", "snap"]
-            .iter()
-            .map(|ext| maps.join(format!("{}.{ext}", dedup_name(position))))
-            .filter(|p| storage.exists(p))
-            .collect();
+        let here: Vec<PathBuf> =
+            crate::dedup::state_files(&dir.join(DEDUP_DIR), &dedup_name(position))
+                .into_iter()
+                .filter(|p| storage.exists(p))
+                .collect();
         if !here.is_empty() && !fresh {
             link.set_layered(false);
             return Err(Error::Corrupt(format!(

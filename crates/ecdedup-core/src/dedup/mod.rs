@@ -456,19 +456,28 @@ pub fn reset_state(storage: &dyn Storage, state_dir: &Path, name: &str) -> Resul
     Ok(())
 }
 
+/// The files a layer's map lives in (`state_dir` of its storage, the
+/// name it was opened with): its log, then its snapshot.
+pub fn state_files(state_dir: &Path, name: &str) -> [PathBuf; 2] {
+    [
+        state_dir.join(format!("{name}.log")),
+        state_dir.join(format!("{name}.snap")),
+    ]
+}
+
 /// Removes `<name>.snap` and replaces `<name>.log` by an empty log.
 fn reset_files(
     storage: &dyn Storage,
     state_dir: &Path,
     name: &str,
 ) -> Result<Arc<dyn StorageFile>> {
-    let snapshot = state_dir.join(format!("{name}.snap"));
+    let [log_path, snapshot] = state_files(state_dir, name);
     if storage.exists(&snapshot) {
         storage
             .remove(&snapshot)
             .map_err(|e| Error::io(format!("removing {}", snapshot.display()), e))?;
     }
-    log::reset_log(storage, &state_dir.join(format!("{name}.log")))
+    log::reset_log(storage, &log_path)
 }
 
 /// The content checksum a map record carries: CRC32C of the block's bytes,
@@ -516,8 +525,7 @@ impl DedupDevice {
         storage
             .create_dir_all(state_dir)
             .map_err(|e| Error::io(format!("creating {}", state_dir.display()), e))?;
-        let log_path = state_dir.join(format!("{name}.log"));
-        let snapshot_path = state_dir.join(format!("{name}.snap"));
+        let [log_path, snapshot_path] = state_files(state_dir, name);
         let (map, fps, records, log_end, log_version) = if fresh {
             reset_files(storage.as_ref(), state_dir, name)?;
             (

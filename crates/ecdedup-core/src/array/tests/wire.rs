@@ -194,6 +194,26 @@ impl PendingReply for Answered {
     }
 }
 
+impl CountingLink {
+    /// A link to `mem` counted in `tally`: the chunk folds, answers every
+    /// request, gives no boot id and runs no dedup layer.
+    fn new(mem: &MemDevice, tally: &Arc<Tally>) -> CountingLink {
+        CountingLink {
+            mem: mem.clone(),
+            tally: Arc::clone(tally),
+            folds: true,
+            unanswered: false,
+            boot: None,
+            at_chunk: None,
+        }
+    }
+
+    /// The chunk as the array's device.
+    fn device(self) -> Arc<dyn Device> {
+        Arc::new(RemoteDevice::new(Arc::new(self)))
+    }
+}
+
 impl ChunkLink for CountingLink {
     fn send(&self, op: LinkOp<'_>) -> Box<dyn PendingReply> {
         let t = &self.tally;
@@ -316,28 +336,21 @@ fn linked_as(
     folds: bool,
     unanswered: bool,
 ) -> Arc<dyn Device> {
-    let link = CountingLink {
-        mem: mem.clone(),
-        tally: Arc::clone(tally),
+    CountingLink {
         folds,
         unanswered,
-        boot: None,
-        at_chunk: None,
-    };
-    Arc::new(RemoteDevice::new(Arc::new(link)))
+        ..CountingLink::new(mem, tally)
+    }
+    .device()
 }
 
 /// As [`linked`], the link giving its chunk server's boot id.
 fn linked_booted(mem: &MemDevice, tally: &Arc<Tally>, boot: u64) -> Arc<dyn Device> {
-    let link = CountingLink {
-        mem: mem.clone(),
-        tally: Arc::clone(tally),
-        folds: true,
-        unanswered: false,
+    CountingLink {
         boot: Some(boot),
-        at_chunk: None,
-    };
-    Arc::new(RemoteDevice::new(Arc::new(link)))
+        ..CountingLink::new(mem, tally)
+    }
+    .device()
 }
 
 /// A writer's open stamps each chunk's superblock with its server's boot
@@ -1531,15 +1544,11 @@ fn round_trips_of_overwrites(
         .iter()
         .zip(&layers)
         .map(|(mem, layer)| {
-            let link = CountingLink {
-                mem: mem.clone(),
-                tally: Arc::clone(&tally),
-                folds: true,
-                unanswered: false,
-                boot: None,
+            CountingLink {
                 at_chunk: layers_at_chunks.then(|| Arc::clone(layer)),
-            };
-            Arc::new(RemoteDevice::new(Arc::new(link))) as Arc<dyn Device>
+                ..CountingLink::new(mem, &tally)
+            }
+            .device()
         })
         .collect();
     format(dir.path(), &opts, devices.clone()).unwrap();
@@ -1645,18 +1654,15 @@ fn a_member_with_dedup_maps_both_at_its_chunk_and_in_its_area_is_trusted_in_neit
         .iter()
         .enumerate()
         .map(|(i, mem)| {
-            let link = CountingLink {
-                mem: mem.clone(),
-                tally: Arc::clone(&tally),
-                folds: true,
-                unanswered: false,
-                boot: None,
-                at_chunk: Some(match i {
-                    0 => Arc::clone(&stale),
-                    _ => Arc::default(),
-                }),
+            let at_chunk = match i {
+                0 => Arc::clone(&stale),
+                _ => Arc::default(),
             };
-            Some(Arc::new(RemoteDevice::new(Arc::new(link))) as Arc<dyn Device>)
+            let link = CountingLink {
+                at_chunk: Some(at_chunk),
+                ..CountingLink::new(mem, &tally)
+            };
+            Some(link.device())
         })
         .collect();
     let array = Array::open_with_devices(dir.path(), devices, None).unwrap();
