@@ -8,7 +8,9 @@
 //! first data folder, written atomically before anything acts on a higher
 //! epoch), and refuses any request with a lower one: `EpochTooOld`. A
 //! writer that has been taken over can therefore land nothing on a server
-//! that has heard from its successor (docs/cluster.md, "Fencing").
+//! that has heard from its successor: by its push, or from etcd through
+//! the daemon's follower of the writer keys ([`ChunkServer::raise_epoch`];
+//! docs/cluster.md, "Fencing").
 //!
 //! A request for a chunk also carries the epoch of its PG's record in
 //! etcd that its sender acts on (`pg_epoch`; bumped by every re-placement
@@ -435,6 +437,28 @@ impl ChunkServer {
     /// The highest PG epoch stored for PG `pg` of `volume` (0: none).
     pub fn pg_epoch(&self, volume: u64, pg: u32) -> io::Result<u64> {
         self.stored(Fenced::Pg(volume, pg))
+    }
+
+    /// Stores writer epoch `epoch` of `volume` as a `SetEpoch` at that
+    /// epoch would, without a request: the daemon's follower of the
+    /// writer keys in etcd calls it for each new writer (and at the
+    /// start, for every writer key) before it says so in etcd, so a
+    /// server that a new writer's push missed refuses the old writer as
+    /// soon as it has heard of the new one from etcd (docs/cluster.md,
+    /// "Fencing"). Takes the volume's gate alone: returns once every
+    /// request admitted at a lower epoch has finished. Returns whether the
+    /// stored epoch rose; a removed volume stays removed.
+    pub fn raise_epoch(&self, volume: u64, epoch: u64) -> io::Result<bool> {
+        if epoch == 0 || self.stored(Fenced::Volume(volume))? >= epoch {
+            return Ok(false);
+        }
+        let gate = self.gate(volume);
+        let _alone = gate.write().unwrap_or_else(|p| p.into_inner());
+        let before = self.stored(Fenced::Volume(volume))?;
+        let now = self
+            .raise(Fenced::Volume(volume), epoch)
+            .map_err(|(_, reason)| io::Error::other(reason))?;
+        Ok(now > before)
     }
 
     fn stored(&self, key: Fenced) -> io::Result<u64> {
@@ -1873,39 +1897,92 @@ mod tests {
         );
     }
 
-    /// A new writer's epoch push waits for the requests the server
-    /// admitted at the older epoch: once it is answered, none of them
-    /// can still land (they ran before it). A request in flight is
-    /// played here by holding the volume's gate as a request holds it.
-    #[test]
-    fn an_epoch_push_waits_for_the_requests_admitted_before_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let s = Arc::new(server(dir.path()));
+    /// A server with a chunk of volume 7 open at epoch 5, a request of
+    /// that volume in flight (played by holding the volume's gate as a
+    /// request holds it), and `raise` run beside it: asserts that `raise`
+    /// waits for the request, then returns its result and the server.
+    fn waits_for_a_request_in_flight<T: Send + 'static>(
+        dir: &Path,
+        raise: impl FnOnce(&ChunkServer) -> T + Send + 'static,
+    ) -> (T, Arc<ChunkServer>) {
+        let s = Arc::new(server(dir));
         let size = (1u64 << 20).to_le_bytes();
         assert_eq!(call(&s, req(Op::Open, 7, 5, 0, &size), &size).0, Status::Ok);
         let gate = s.gate(7);
         let in_flight = gate.read().unwrap();
-        let pushed = Arc::new(AtomicBool::new(false));
-        let push = {
-            let (s, pushed) = (Arc::clone(&s), Arc::clone(&pushed));
+        let done = Arc::new(AtomicBool::new(false));
+        let raising = {
+            let (s, done) = (Arc::clone(&s), Arc::clone(&done));
             std::thread::spawn(move || {
-                let st = call(&s, req(Op::SetEpoch, 7, 6, 0, &[]), &[]).0;
-                pushed.store(true, Ordering::SeqCst);
-                st
+                let r = raise(&s);
+                done.store(true, Ordering::SeqCst);
+                r
             })
         };
-        // Time for the push to run, were it not to wait.
+        // Time for the raise to run, were it not to wait.
         std::thread::sleep(std::time::Duration::from_millis(200));
         assert!(
-            !pushed.load(Ordering::SeqCst),
-            "the push waited for the request in flight"
+            !done.load(Ordering::SeqCst),
+            "the raise waited for the request in flight"
         );
         drop(in_flight);
-        assert_eq!(push.join().unwrap(), Status::Ok);
+        (raising.join().unwrap(), s)
+    }
+
+    /// A new writer's epoch push waits for the requests the server
+    /// admitted at the older epoch: once it is answered, none of them
+    /// can still land (they ran before it).
+    #[test]
+    fn an_epoch_push_waits_for_the_requests_admitted_before_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (st, s) = waits_for_a_request_in_flight(dir.path(), |s| {
+            call(s, req(Op::SetEpoch, 7, 6, 0, &[]), &[]).0
+        });
+        assert_eq!(st, Status::Ok);
         assert_eq!(s.epoch(7).unwrap(), 6);
         let data = vec![1u8; 4096];
         let (st, _) = call(&s, req(Op::Write, 7, 5, 0, &data), &data);
         assert_eq!(st, Status::EpochTooOld);
+    }
+
+    /// An epoch heard of from etcd (`raise_epoch`, no request) fences the
+    /// old writer as a push does: after the requests it admitted, durably
+    /// (across a restart), never lowering, never reviving a removed volume.
+    #[test]
+    fn an_epoch_raised_from_etcd_fences_the_old_writer_as_a_push_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let (rose, s) = waits_for_a_request_in_flight(dir.path(), |s| s.raise_epoch(7, 9).unwrap());
+        assert!(rose, "the epoch rose");
+        let size = (1u64 << 20).to_le_bytes();
+        let data = vec![1u8; 4096];
+        let (st, why) = call(&s, req(Op::Write, 7, 5, 0, &data), &data);
+        assert_eq!(st, Status::EpochTooOld, "{}", String::from_utf8_lossy(&why));
+        // Never lowered; idempotent.
+        assert!(!s.raise_epoch(7, 8).unwrap());
+        assert!(!s.raise_epoch(7, 9).unwrap());
+        assert_eq!(s.epoch(7).unwrap(), 9);
+        // Stored: a restart still refuses the old writer.
+        drop(s);
+        let s = server(dir.path());
+        assert_eq!(s.epoch(7).unwrap(), 9);
+        assert_eq!(
+            call(&s, req(Op::Write, 7, 5, 0, &data), &data).0,
+            Status::EpochTooOld
+        );
+        assert_eq!(
+            call(&s, req(Op::Write, 7, 9, 0, &data), &data).0,
+            Status::Ok
+        );
+        // A volume heard of first from etcd is fenced as well.
+        assert!(s.raise_epoch(8, 4).unwrap());
+        assert_eq!(
+            call(&s, req(Op::Open, 8, 3, 0, &size), &size).0,
+            Status::EpochTooOld
+        );
+        // A removed volume stays removed.
+        s.remove_volume(7).unwrap();
+        assert!(!s.raise_epoch(7, 12).unwrap());
+        assert_eq!(s.epoch(7).unwrap(), REMOVED_EPOCH);
     }
 
     /// A fresh start of a chunk's layer waits for the requests of its

@@ -128,6 +128,130 @@ impl Handler for Adapter {
     }
 }
 
+/// A task stopped when its handle goes.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Stores every volume's writer epoch as etcd holds it now; returns the
+/// revision of that read.
+async fn stored_writer_epochs(etcd: &Etcd, server: &Arc<ChunkServer>) -> Result<u64, String> {
+    let (revision, epochs) = ecdedup_cluster::writer_epochs(etcd)
+        .await
+        .map_err(|e| e.to_string())?;
+    let volumes = epochs.len();
+    let raised = store_epochs(server, epochs, false).await?;
+    line(
+        COMPONENT,
+        "writer-epochs-stored",
+        &[
+            ("revision", &revision),
+            ("volumes", &volumes),
+            ("raised", &raised),
+        ],
+    );
+    Ok(revision.max(0) as u64)
+}
+
+/// Stores `(volume, epoch)` pairs on the server (off the async threads:
+/// each waits for the volume's requests admitted at a lower epoch);
+/// returns how many rose, each logged if `log_each`.
+async fn store_epochs(
+    server: &Arc<ChunkServer>,
+    epochs: Vec<(u64, u64)>,
+    log_each: bool,
+) -> Result<usize, String> {
+    let s = Arc::clone(server);
+    tokio::task::spawn_blocking(move || {
+        let mut raised = 0;
+        for (volume, epoch) in epochs {
+            if s.raise_epoch(volume, epoch)
+                .map_err(|e| format!("volume {volume} epoch {epoch}: {e}"))?
+            {
+                raised += 1;
+                if log_each {
+                    line(
+                        COMPONENT,
+                        "epoch-from-etcd",
+                        &[("volume", &volume), ("epoch", &epoch)],
+                    );
+                }
+            }
+        }
+        Ok(raised)
+    })
+    .await
+    .map_err(|e| e.to_string())?
+}
+
+/// Follows the writer keys from revision `after` + 1: stores each new
+/// writer's epoch, then sends the revision applied. Returns why it
+/// stopped (an epoch that could not be stored: the server must not go on
+/// acknowledging an old writer).
+async fn follow_writer_epochs(
+    etcd: Etcd,
+    server: Arc<ChunkServer>,
+    after: u64,
+    applied: tokio::sync::watch::Sender<u64>,
+) -> String {
+    use ecdedup_cluster::WatchEvent;
+    let mut watch = ecdedup_cluster::Watcher::start(
+        &etcd,
+        etcd.keys().volume_writers(),
+        Some(after as i64 + 1),
+    );
+    loop {
+        let Some(event) = watch.next().await else {
+            return "the watch of the writer keys stopped".into();
+        };
+        let (epochs, revision) = match event {
+            WatchEvent::Reset { revision, kvs } => (
+                kvs.iter()
+                    .filter_map(|kv| {
+                        ecdedup_cluster::writer_epoch(&etcd, &kv.key, kv.create_revision)
+                    })
+                    .collect(),
+                revision,
+            ),
+            WatchEvent::Put(kv) => (
+                ecdedup_cluster::writer_epoch(&etcd, &kv.key, kv.create_revision)
+                    .into_iter()
+                    .collect(),
+                kv.mod_revision,
+            ),
+            WatchEvent::Delete { revision, .. } => (Vec::new(), revision),
+        };
+        if let Err(e) = store_epochs(&server, epochs, true).await {
+            return e;
+        }
+        applied.send_replace(revision.max(0) as u64);
+    }
+}
+
+/// Says in `server/<id>/epochs` that the writer epochs up to `through`
+/// are stored, unless already said; a failure is logged and `reported`
+/// left behind, for the next try.
+async fn report_epochs(
+    registration: &ecdedup_cluster::Registration,
+    reported: &mut u64,
+    through: u64,
+) {
+    if through <= *reported {
+        return;
+    }
+    match registration.report_epochs(through).await {
+        Ok(()) => *reported = through,
+        Err(e) => line(COMPONENT, "epochs-report-failed", &[("reason", &e)]),
+    }
+}
+
+/// How often a failed `server/<id>/epochs` report is tried again.
+const EPOCHS_RETRY: Duration = Duration::from_secs(1);
+
 /// Tells systemd (`Type=notify`) the server is ready, when started by it.
 fn notify_ready() {
     let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
@@ -194,6 +318,15 @@ pub async fn run(config: ChunkdConfig) -> Result<i32, String> {
         )
         .map_err(|e| format!("data folders: {e}"))?,
     );
+    let etcd = Etcd::connect(config.etcd.clone())
+        .await
+        .map_err(|e| format!("etcd: {e}"))?;
+    // Every volume's writer epoch, stored before the listener takes a
+    // request: an old writer that a new one's push missed while this
+    // server was down is refused from the first request on.
+    let epochs_read = stored_writer_epochs(&etcd, &server)
+        .await
+        .map_err(|e| format!("storing the volumes' writer epochs: {e}"))?;
     let listener = Server::bind(
         config.listen,
         key,
@@ -206,9 +339,6 @@ pub async fn run(config: ChunkdConfig) -> Result<i32, String> {
         .advertise
         .clone()
         .unwrap_or_else(|| listener.local_addr().to_string());
-    let etcd = Etcd::connect(config.etcd.clone())
-        .await
-        .map_err(|e| format!("etcd: {e}"))?;
     let info = ServerInfo {
         address: address.clone(),
         host: config.host.clone(),
@@ -244,6 +374,18 @@ pub async fn run(config: ChunkdConfig) -> Result<i32, String> {
             ("lease", &registration.lease_id()),
         ],
     );
+    // What this server says of the writer epochs it stored
+    // (`server/<id>/epochs`): the revision it read them at, then each
+    // writer key the follower applies.
+    let (applied_tx, mut applied_rx) = tokio::sync::watch::channel(epochs_read);
+    let follower = AbortOnDrop(tokio::spawn(follow_writer_epochs(
+        etcd.clone(),
+        Arc::clone(&server),
+        epochs_read,
+        applied_tx,
+    )));
+    let mut reported = 0;
+    report_epochs(&registration, &mut reported, epochs_read).await;
     notify_ready();
     // Every server is a coordinator candidate under its registration's
     // lease: the coordinator goes with the server that runs it.
@@ -256,15 +398,11 @@ pub async fn run(config: ChunkdConfig) -> Result<i32, String> {
             out_after: config.out_after,
         },
     ));
-    struct AbortOnDrop(tokio::task::JoinHandle<()>);
-    impl Drop for AbortOnDrop {
-        fn drop(&mut self) {
-            self.0.abort();
-        }
-    }
     let _coordinator = AbortOnDrop(coordinator);
     let mut fence = registration.fence();
     let mut space_tick = tokio::time::interval(config.space_every);
+    let mut epochs_retry = tokio::time::interval(EPOCHS_RETRY);
+    let mut follower = follower;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| e.to_string())?;
     loop {
@@ -274,6 +412,20 @@ pub async fn run(config: ChunkdConfig) -> Result<i32, String> {
                 server.fence();
                 line(COMPONENT, "fenced", &[("id", &config.id), ("reason", &reason)]);
                 return Ok(EXIT_FENCED);
+            }
+            reason = &mut follower.0 => {
+                let reason = reason.unwrap_or_else(|e| format!("the follower task failed: {e}"));
+                server.fence();
+                line(COMPONENT, "fenced", &[("id", &config.id), ("reason", &format!("writer epochs: {reason}"))]);
+                return Ok(EXIT_FENCED);
+            }
+            Ok(()) = applied_rx.changed() => {
+                let through = *applied_rx.borrow_and_update();
+                report_epochs(&registration, &mut reported, through).await;
+            }
+            _ = epochs_retry.tick() => {
+                let through = *applied_rx.borrow();
+                report_epochs(&registration, &mut reported, through).await;
             }
             _ = tokio::signal::ctrl_c() => break,
             _ = term.recv() => break,

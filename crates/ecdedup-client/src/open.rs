@@ -82,7 +82,16 @@ pub struct ClusterOptions {
     /// waiting for that writer's lease to expire (`serve --take-over`;
     /// `ecdedup_cluster::acquire_writer` says why that is safe).
     pub take_over: bool,
+    /// The longest the open waits, for each server its epoch push missed,
+    /// until the server says in etcd that it stored the epoch or its
+    /// registration ends ([`EPOCH_WAIT_DEFAULT`]; then the open fails).
+    pub epoch_wait: Duration,
 }
+
+/// [`ClusterOptions::epoch_wait`] by default: a server cut off from etcd
+/// fences itself within its lease's TTL and its registration goes at the
+/// TTL, so this outlasts leases of up to about 25 s.
+pub const EPOCH_WAIT_DEFAULT: Duration = Duration::from_secs(30);
 
 /// What the volume keeps alive while it serves: the runtime, the etcd
 /// session and the writer's lease.
@@ -261,6 +270,38 @@ pub fn open(opts: &ClusterOptions) -> Result<ClusterVolume> {
         return Err(Error::Busy(format!(
             "a newer writer holds the volume: {reason}"
         )));
+    }
+    // 3b. A server the push missed may still be reachable by the old
+    // writer: wait until it says in etcd that it stored our epoch (it
+    // follows the writer keys) or its registration ends (it fenced itself
+    // first), so that nothing of the old writer lands after the open
+    // (docs/cluster.md, "Fencing").
+    let missed: Vec<ServerId> = all
+        .iter()
+        .copied()
+        .filter(|id| !reached.contains_key(id))
+        .collect();
+    if !missed.is_empty() {
+        let stands = rt
+            .block_on(ecdedup_cluster::await_epoch_stored(
+                &etcd,
+                volume_id,
+                &missed,
+                epoch,
+                opts.epoch_wait,
+            ))
+            .map_err(cluster_error("epoch"))?;
+        for (id, stand) in stands {
+            line(
+                COMPONENT,
+                "epoch-missed-push",
+                &[
+                    ("server", &id),
+                    ("epoch", &epoch),
+                    ("stand", &format!("{stand:?}").to_lowercase()),
+                ],
+            );
+        }
     }
     // 4. Every PG's array.
     let stripe_bytes = u64::from(spec.k) * u64::from(spec.stripe_unit_bytes);

@@ -10,6 +10,7 @@ use ecdedup_client::{ClusterOptions, ClusterVolume};
 use ecdedup_cluster::keys::{DedupPolicy, FailureDomain, PoolSpec, WritePolicy};
 use ecdedup_cluster::{Etcd, EtcdConfig, LocalEtcd};
 use ecdedup_core::media::IoMode;
+use ecdedup_core::proto::{Op, Status};
 use ecdedup_transport::ClusterKey;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -160,6 +161,7 @@ impl Cluster {
             capacity_bytes_min: 16 << 20,
             rebuild_bytes_per_s: 0,
             take_over: false,
+            epoch_wait: ecdedup_client::open::EPOCH_WAIT_DEFAULT,
         }
     }
 
@@ -1026,4 +1028,74 @@ fn flush_latency_after_overwrites() {
         check(&v, &model);
         v.close().unwrap();
     }
+}
+
+/// Sends a `SetEpoch` of `volume` at `epoch` straight to the server at
+/// `addr` (an old writer's late frame, without changing a chunk); its
+/// reply's status.
+fn set_epoch_at(c: &Cluster, addr: std::net::SocketAddr, volume: u64, epoch: u64) -> Status {
+    let key = ClusterKey::load(&c.key).unwrap();
+    c.rt.block_on(async {
+        let client = ecdedup_transport::Client::connect(addr, &key, &Default::default())
+            .await
+            .unwrap();
+        let h = ecdedup_client::link::request_header(volume, epoch, 0, Op::SetEpoch, 0, 0, 0);
+        client.call(&h, Vec::new()).await.unwrap().header.status
+    })
+}
+
+/// A server the new writer's epoch push misses (its registered address
+/// rewritten to a dead port: the push is refused, while the server runs,
+/// follows etcd, and the old writer's connections still reach it) stores
+/// the new epoch from the writer key in etcd, and says so, before the new
+/// writer serves: the old writer's frame is refused there from then on.
+#[test]
+fn a_server_the_new_writers_push_misses_stores_the_epoch_from_etcd_before_it_serves() {
+    let name = "missed";
+    let (c, a, mut model) = one_pg_volume(name, "rmw", WritePolicy::Rmw);
+    let (volume, old_epoch) = (a.wire().volume_id, a.wire().epoch);
+    let missed = pgs(&c, name, "rmw")[0].servers[2];
+    let real = a
+        .wire()
+        .addresses
+        .get(missed)
+        .expect("a link to the server");
+    // The control: the old writer's epoch is the server's.
+    assert_eq!(set_epoch_at(&c, real, volume, old_epoch), Status::Ok);
+    // Its registration now names a dead port (under its own lease).
+    c.rt.block_on(async {
+        let etcd = Etcd::connect(c.etcd_config(name)).await.unwrap();
+        let key = etcd.keys().server_state(missed);
+        let kv = etcd.client().get(key.as_str(), None).await.unwrap();
+        let kv = &kv.kvs()[0];
+        let mut info: ecdedup_cluster::keys::ServerInfo =
+            ecdedup_cluster::keys::decode(&key, kv.value()).unwrap();
+        info.address = "127.0.0.1:9".into();
+        let put = etcd_client::PutOptions::new().with_lease(kv.lease());
+        etcd.client()
+            .put(
+                key.as_str(),
+                ecdedup_cluster::keys::encode(&info),
+                Some(put),
+            )
+            .await
+            .unwrap();
+    });
+    let mut opts = c.options(name, "rmw", "v", "w2");
+    opts.take_over = true;
+    opts.request_timeout = Duration::from_secs(5);
+    let b = ecdedup_client::open(&opts).unwrap();
+    assert!(b.wire().epoch > old_epoch);
+    // The server the push missed refuses the old writer already.
+    assert_eq!(
+        set_epoch_at(&c, real, volume, old_epoch),
+        Status::EpochTooOld,
+        "the old writer's frame is refused where the push missed"
+    );
+    // The new writer serves (degraded: it never reached that server).
+    assert_eq!(shards_not_active(&b), 1);
+    check(&b, &model);
+    write_and_check(&b, &mut model, 2);
+    drop(a);
+    b.close().unwrap();
 }

@@ -184,10 +184,16 @@ struct Tally {
     late_lost: u64,
     /// Groups of frames in flight together handled in a shuffled order.
     reordered_groups: u64,
-    /// Changes (writes, discards) of a writer older than its volume's
-    /// newest that a server applied: a server that missed the newest
-    /// writer's epoch push still takes them (the fencing gap).
+    /// Changes (writes, discards, replays) of a writer older than its
+    /// volume's newest that a server applied before the newest writer's
+    /// handover ended: a server that its epoch push missed takes them
+    /// until it hears of the new writer key from etcd (the watch's lag;
+    /// [`take_over`] models the watch as delivered at the end of the
+    /// push).
     stale_changes_landed: u64,
+    /// Such changes applied after the handover: none may land (each fails
+    /// its seed).
+    stale_changes_after_handover: u64,
     /// Servers whose lease expired (down), and those then out.
     servers_down: u64,
     servers_out: u64,
@@ -226,6 +232,7 @@ impl Tally {
         self.late_lost += o.late_lost;
         self.reordered_groups += o.reordered_groups;
         self.stale_changes_landed += o.stale_changes_landed;
+        self.stale_changes_after_handover += o.stale_changes_after_handover;
         self.servers_down += o.servers_down;
         self.servers_out += o.servers_out;
         self.shards_replaced += o.shards_replaced;
@@ -309,6 +316,9 @@ struct NetState {
     restart_at: Option<(u64, usize)>,
     /// Per volume: the epoch of its newest writer.
     newest_epoch: BTreeMap<u64, u64>,
+    /// Per volume: the newest writer epoch whose handover (the push, and
+    /// the wait for the servers it missed) has ended.
+    handed_over: BTreeMap<u64, u64>,
     /// Per server: the frame it lost power at, while it is down (its
     /// lease runs out [`LEASE_TTL_FRAMES`] later).
     down_since: [Option<u64>; SERVERS],
@@ -394,7 +404,11 @@ impl NetState {
         let newest = self.newest_epoch.get(&h.volume_id).copied().unwrap_or(0);
         let change = matches!(h.op, Op::Write | Op::Discard | Op::Replay);
         if status == Status::Ok && change && h.epoch < newest {
-            self.tally.stale_changes_landed += 1;
+            if self.handed_over.get(&h.volume_id) == Some(&newest) {
+                self.tally.stale_changes_after_handover += 1;
+            } else {
+                self.tally.stale_changes_landed += 1;
+            }
             self.log(|| {
                 format!(
                     "server {s} applies a stale {} (newest {newest})",
@@ -538,6 +552,14 @@ impl NetState {
             let storage = server.storage.shared();
             let live = ChunkServer::new(storage, server_config(s))
                 .unwrap_or_else(|e| panic!("server {s} does not restart: {e}"));
+            // `chunkd` reads every writer key from etcd before it takes a
+            // request.
+            if epoch_watch() {
+                for (&volume, &epoch) in &self.newest_epoch {
+                    live.raise_epoch(volume, epoch)
+                        .unwrap_or_else(|e| panic!("server {s} stores no epoch: {e}"));
+                }
+            }
             server.live = Some(Arc::new(live));
             self.log(|| format!("server {s} restarts"));
         }
@@ -571,6 +593,7 @@ impl Net {
                 parked: Vec::new(),
                 cut: BTreeSet::new(),
                 newest_epoch: BTreeMap::new(),
+                handed_over: BTreeMap::new(),
                 down_since: [None; SERVERS],
                 loss: None,
                 restart_at: None,
@@ -887,6 +910,14 @@ struct Holder {
     _dir: tempfile::TempDir,
 }
 
+/// Whether the servers follow the writer keys in etcd (a `chunkd` that
+/// registers `epoch-watch`); `ECDEDUP_SIM_NO_EPOCH_WATCH=1` models the
+/// servers before it, which only a new writer's push fences.
+fn epoch_watch() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("ECDEDUP_SIM_NO_EPOCH_WATCH").is_none())
+}
+
 /// Takes the volume over at epoch `epoch` (`open.rs`'s handover): the
 /// epoch to every server, then the chunks of the servers that took it,
 /// then the PG's array, formatted or opened (and replayed).
@@ -910,6 +941,21 @@ fn take_over(
             reached.insert(s);
         }
     }
+    // The servers the push missed hear of the new writer key from etcd
+    // (`chunkd`'s follower; modelled as delivered now) and store its
+    // epoch, and the writer waits for that (`open.rs`); a server that is
+    // down reads the writer keys before it serves again (`power_on`).
+    net.with(|st| {
+        if epoch_watch() {
+            for s in (0..SERVERS).filter(|s| !reached.contains(s)) {
+                if let Some(live) = &st.servers[s].live {
+                    live.raise_epoch(volume, epoch)
+                        .unwrap_or_else(|e| panic!("server {s} stores no epoch: {e}"));
+                }
+            }
+        }
+        st.handed_over.insert(volume, epoch);
+    });
     let mut devices: Vec<Option<Arc<dyn Device>>> = Vec::new();
     for (shard, &s) in pg.servers.iter().enumerate() {
         let code = chunk_code(0, shard as u32);
@@ -2038,6 +2084,13 @@ fn run_seed(seed: u64, verbose: bool, shape: Shape) -> Tally {
         }
     }
     let devices_failed = run_story(&mut run);
+    let after = run.net.with(|st| st.tally.stale_changes_after_handover);
+    if after > 0 {
+        run.fail(format!(
+            "{after} change(s) of a taken-over writer landed on a server after the new \
+             writer's handover (see \"applies a stale\" in the seed's log)"
+        ));
+    }
     let mut tally = run.net.with(|st| {
         let mut t = st.tally.clone();
         for s in st.servers.iter().filter_map(|s| s.live.as_ref()) {
@@ -2275,7 +2328,7 @@ fn run_seed_list(seeds: Vec<u64>, shape: fn(u64) -> Shape) {
          takeovers={} epoch_refusals={} fenced_ops_refused={} devices_failed={} \
          double_fault_unreadable={} two_volume_seeds={} dedup_volumes={} layers_at_servers={} layers_closed={} \
          duplicated_frames={} late_frames={} late_landed={} late_refused={} late_lost={} \
-         reordered_groups={} stale_changes_landed={} servers_down={} servers_out={} shards_replaced={} \
+         reordered_groups={} stale_changes_landed={} stale_changes_after_handover={} servers_down={} servers_out={} shards_replaced={} \
          shards_unplaceable={} stripes_rebuilt={} rebuilds_stopped={} seconds={:.1}",
         total.seeds,
         failed_seeds.len(),
@@ -2302,6 +2355,7 @@ fn run_seed_list(seeds: Vec<u64>, shape: fn(u64) -> Shape) {
         total.late_lost,
         total.reordered_groups,
         total.stale_changes_landed,
+        total.stale_changes_after_handover,
         total.servers_down,
         total.servers_out,
         total.shards_replaced,

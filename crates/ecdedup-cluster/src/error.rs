@@ -72,6 +72,22 @@ pub enum Error {
     /// Placement cannot give every PG its servers on distinct failure domains.
     #[error("placement: {0}")]
     Placement(String),
+    /// A new writer's epoch is neither stored on these servers (their
+    /// `server/<id>/epochs`) nor are their registrations gone, after the
+    /// wait (`writer::await_epoch_stored`): an old writer might still land
+    /// changes there, so the new one does not serve.
+    #[error(
+        "epoch {epoch} of volume {volume_id} is not known to be stored on chunk server(s) \
+         {servers} after {waited_ms} ms: each is registered (its lease lives) but has not said \
+         it applied the writer key (server/<id>/epochs); the volume is not served until it \
+         does or its lease ends (check that server's link to etcd)"
+    )]
+    EpochUnconfirmed {
+        volume_id: u64,
+        epoch: u64,
+        servers: String,
+        waited_ms: u64,
+    },
     /// The lease under which the caller acts is lost (see `lease.rs`).
     #[error("fenced: {0}")]
     Fenced(String),

@@ -54,6 +54,7 @@ pub fn check_name(what: &'static str, name: &str) -> Result<()> {
 pub enum Key {
     ServerState(ServerId),
     ServerSpace(ServerId),
+    ServerEpochs(ServerId),
     Pool(String),
     Pg {
         pool: String,
@@ -108,6 +109,22 @@ impl Keys {
     /// under the same lease as its state key (gone with it).
     pub fn server_space(&self, id: ServerId) -> String {
         format!("{}server/{id}/space", self.prefix)
+    }
+
+    /// `server/<id>/epochs` ([`EpochsSeen`]). Written by the chunk server,
+    /// under the same lease as its state key (gone with it), each time it
+    /// has applied the volumes' writer keys up to a newer revision: every
+    /// writer epoch created at or below `through` is stored on the server,
+    /// which refuses the older writers from then on. A new writer waits
+    /// for it on every server its epoch push did not reach
+    /// (docs/cluster.md, "Fencing").
+    pub fn server_epochs(&self, id: ServerId) -> String {
+        format!("{}server/{id}/epochs", self.prefix)
+    }
+
+    /// The prefix of one server's keys.
+    pub fn server(&self, id: ServerId) -> String {
+        format!("{}server/{id}/", self.prefix)
     }
 
     /// The prefix of every server key.
@@ -173,6 +190,11 @@ impl Keys {
         format!("{}volume-writer/{volume_id}", self.prefix)
     }
 
+    /// The prefix of every writer key.
+    pub fn volume_writers(&self) -> String {
+        format!("{}volume-writer/", self.prefix)
+    }
+
     /// `coordinator` ([`CoordinatorRecord`]). Written by the chunk server
     /// elected coordinator, under its registration lease, created with
     /// `create_revision == 0`: its creation revision is the coordinator's
@@ -224,6 +246,7 @@ impl Keys {
         match parts.as_slice() {
             ["server", id, "state"] => server(id).map(Key::ServerState),
             ["server", id, "space"] => server(id).map(Key::ServerSpace),
+            ["server", id, "epochs"] => server(id).map(Key::ServerEpochs),
             ["pool", pool] => name(pool).map(Key::Pool),
             ["pg", pool, pg] => Some(Key::Pg {
                 pool: name(pool)?,
@@ -282,8 +305,18 @@ pub const FEATURE_LOG_APPEND_BARRIER: &str = "log-append-barrier";
 /// `Write` may say its class (`proto::frame::FLAG_PARITY` and the rest).
 pub const FEATURE_DEDUP_LAYER: &str = "dedup-layer";
 
+/// The server follows the volumes' writer keys in etcd and stores each new
+/// epoch before it says so in `server/<id>/epochs` ([`EpochsSeen`]): a
+/// new writer whose push misses it waits for that, or for its lease to
+/// end, before it serves.
+pub const FEATURE_EPOCH_WATCH: &str = "epoch-watch";
+
 /// The features this build's chunk server takes ([`ServerInfo::features`]).
-pub const FEATURES: &[&str] = &[FEATURE_LOG_APPEND_BARRIER, FEATURE_DEDUP_LAYER];
+pub const FEATURES: &[&str] = &[
+    FEATURE_LOG_APPEND_BARRIER,
+    FEATURE_DEDUP_LAYER,
+    FEATURE_EPOCH_WATCH,
+];
 
 impl ServerInfo {
     /// Whether the server's record names `feature`.
@@ -522,6 +555,15 @@ pub struct VolumeRecord {
     pub size_bytes: u64,
 }
 
+/// `server/<id>/epochs`: how far the server has applied the volumes'
+/// writer keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EpochsSeen {
+    /// Every writer key created at or below this etcd revision has its
+    /// epoch (its creation revision) stored on the server.
+    pub through: u64,
+}
+
 /// `volume-writer/<id>`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WriterRecord {
@@ -595,6 +637,10 @@ mod tests {
             (
                 keys.server_space(ServerId(7)),
                 Key::ServerSpace(ServerId(7)),
+            ),
+            (
+                keys.server_epochs(ServerId(7)),
+                Key::ServerEpochs(ServerId(7)),
             ),
             (keys.pool("p"), Key::Pool("p".into())),
             (

@@ -51,4 +51,7 @@ pub use volume::{
     resize_volume_at, volume_ids, VolumeIds,
 };
 pub use watch::{WatchEvent, Watcher};
-pub use writer::{acquire_writer, current_writer, TakenFrom, Writer};
+pub use writer::{
+    acquire_writer, await_epoch_stored, current_writer, writer_epoch, writer_epochs, EpochStand,
+    TakenFrom, Writer,
+};

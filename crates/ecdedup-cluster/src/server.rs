@@ -10,7 +10,7 @@
 //! own lease clock before that moment, has stopped acknowledging writes.
 
 use crate::error::{Error, Result};
-use crate::keys::{decode, encode, Key, ServerId, ServerInfo, ServerSpace};
+use crate::keys::{decode, encode, EpochsSeen, Key, ServerId, ServerInfo, ServerSpace};
 use crate::lease::{Fence, Lease};
 use crate::session::Etcd;
 use crate::txn;
@@ -108,6 +108,25 @@ impl Registration {
             )
             .await
             .map_err(Error::etcd("report space"))?;
+        Ok(())
+    }
+
+    /// Writes `server/<id>/epochs` under the registration's lease: every
+    /// writer key created at or below revision `through` has its epoch
+    /// stored on this server.
+    pub async fn report_epochs(&self, through: u64) -> Result<()> {
+        if let Some(reason) = self.fence().reason() {
+            return Err(Error::Fenced(reason));
+        }
+        self.etcd
+            .client()
+            .put(
+                self.etcd.keys().server_epochs(self.id),
+                encode(&EpochsSeen { through }),
+                Some(PutOptions::new().with_lease(self.lease.id())),
+            )
+            .await
+            .map_err(Error::etcd("report epochs"))?;
         Ok(())
     }
 

@@ -11,13 +11,15 @@
 //! paused past its expiry; the epoch does.
 
 use crate::error::{Error, Result};
-use crate::keys::{decode, encode, WriterRecord};
+use crate::keys::{
+    decode, encode, EpochsSeen, Key, ServerId, ServerInfo, WriterRecord, FEATURE_EPOCH_WATCH,
+};
 use crate::lease::{Fence, Lease};
 use crate::server::holder_address;
 use crate::session::Etcd;
 use crate::txn;
 use crate::volume::get_volume;
-use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 use std::time::Duration;
 
 /// A held writer key.
@@ -179,4 +181,129 @@ pub async fn current_writer(etcd: &Etcd, volume_id: u64) -> Result<Option<(u64, 
         .await?
         .map(|kv| Ok((kv.create_revision() as u64, decode(&key, kv.value())?)))
         .transpose()
+}
+
+/// Every volume's writer epoch now: (volume id, epoch) for each writer key
+/// that exists, and the revision of the read (a watch of the writer keys
+/// goes on from that revision plus one).
+pub async fn writer_epochs(etcd: &Etcd) -> Result<(i64, Vec<(u64, u64)>)> {
+    let prefix = etcd.keys().volume_writers();
+    let answer = etcd
+        .client()
+        .get(prefix, Some(GetOptions::new().with_prefix()))
+        .await
+        .map_err(Error::etcd("writer epochs"))?;
+    let revision = answer.header().map(|h| h.revision()).unwrap_or(0);
+    let epochs = answer
+        .kvs()
+        .iter()
+        .filter_map(|kv| {
+            writer_epoch(
+                etcd,
+                &String::from_utf8_lossy(kv.key()),
+                kv.create_revision(),
+            )
+        })
+        .collect();
+    Ok((revision, epochs))
+}
+
+/// (volume id, epoch) of writer key `key` created at `create_revision`;
+/// `None` for a key outside the writer keys.
+pub fn writer_epoch(etcd: &Etcd, key: &str, create_revision: i64) -> Option<(u64, u64)> {
+    match etcd.keys().parse(key)? {
+        Key::VolumeWriter(volume_id) if create_revision > 0 => {
+            Some((volume_id, create_revision as u64))
+        }
+        _ => None,
+    }
+}
+
+/// Where a server stands with a new writer's epoch
+/// ([`await_epoch_stored`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EpochStand {
+    /// Its `server/<id>/epochs` says the epoch is stored there.
+    Stored,
+    /// It is not registered: its lease ended (it fenced itself before
+    /// that), or it never came up; once back, it reads every writer key
+    /// before it serves.
+    Gone,
+    /// Registered by a build that does not follow the writer keys
+    /// (`FEATURE_EPOCH_WATCH` absent): nothing to wait for; it refuses the
+    /// old writer once the new writer's first request reaches it.
+    Unconfirmable,
+}
+
+/// How often [`await_epoch_stored`] looks again.
+const EPOCH_POLL: Duration = Duration::from_millis(100);
+
+/// Waits until epoch `epoch` of volume `volume_id` is stored on each
+/// server of `ids` or the server is gone ([`EpochStand`]), looking every
+/// 100 ms for up to `within`; then fails with `EpochUnconfirmed`, naming
+/// the servers still registered without it.
+pub async fn await_epoch_stored(
+    etcd: &Etcd,
+    volume_id: u64,
+    ids: &[ServerId],
+    epoch: u64,
+    within: Duration,
+) -> Result<Vec<(ServerId, EpochStand)>> {
+    let start = tokio::time::Instant::now();
+    let mut done = Vec::new();
+    let mut pending: Vec<ServerId> = ids.to_vec();
+    loop {
+        let mut still = Vec::new();
+        for &id in &pending {
+            match epoch_stand(etcd, id, epoch).await? {
+                Some(stand) => done.push((id, stand)),
+                None => still.push(id),
+            }
+        }
+        pending = still;
+        if pending.is_empty() {
+            done.sort_by_key(|(id, _)| *id);
+            return Ok(done);
+        }
+        if start.elapsed() >= within {
+            return Err(Error::EpochUnconfirmed {
+                volume_id,
+                epoch,
+                servers: pending
+                    .iter()
+                    .map(|id| id.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                waited_ms: start.elapsed().as_millis() as u64,
+            });
+        }
+        tokio::time::sleep(EPOCH_POLL).await;
+    }
+}
+
+/// Where server `id` stands with `epoch` now (`None`: not yet stored).
+async fn epoch_stand(etcd: &Etcd, id: ServerId, epoch: u64) -> Result<Option<EpochStand>> {
+    let answer = etcd
+        .client()
+        .get(
+            etcd.keys().server(id),
+            Some(GetOptions::new().with_prefix()),
+        )
+        .await
+        .map_err(Error::etcd("server epochs"))?;
+    let (mut info, mut seen) = (None, None);
+    for kv in answer.kvs() {
+        let key = String::from_utf8_lossy(kv.key()).into_owned();
+        match etcd.keys().parse(&key) {
+            Some(Key::ServerState(_)) => info = Some(decode::<ServerInfo>(&key, kv.value())?),
+            Some(Key::ServerEpochs(_)) => seen = Some(decode::<EpochsSeen>(&key, kv.value())?),
+            _ => {}
+        }
+    }
+    Ok(match (info, seen) {
+        (None, _) => Some(EpochStand::Gone),
+        (Some(info), _) if !info.takes(FEATURE_EPOCH_WATCH) => Some(EpochStand::Unconfirmable),
+        (Some(_), Some(seen)) if seen.through >= epoch => Some(EpochStand::Stored),
+        (Some(_), _) => None,
+    })
 }

@@ -233,6 +233,81 @@ async fn a_revoked_lease_fences_the_server_and_frees_its_id() {
     register(&other, 5, "10.0.0.6:7000", "b").await.unwrap();
 }
 
+/// A new writer's wait on the servers its epoch push missed: until each
+/// says it stored the epoch (`server/<id>/epochs`), or is gone (its
+/// registration ended), or never follows the writer keys (an older
+/// build); else it fails naming the servers it still waits for.
+#[tokio::test]
+async fn a_new_writer_waits_until_each_missed_server_stored_its_epoch_or_is_gone() {
+    let (_process, etcd) = shared_cluster("epoch-wait").await;
+    let mut follows = info("10.0.0.1:7000", "a");
+    follows.features = vec![keys::FEATURE_EPOCH_WATCH.to_string()];
+    let one = register_server(&etcd, ServerId(1), &follows, TTL)
+        .await
+        .unwrap();
+    let two = register_server(&etcd, ServerId(2), &follows, TTL)
+        .await
+        .unwrap();
+    let _older = register(&etcd, 3, "10.0.0.3:7000", "c").await.unwrap();
+    // The writer keys, as a chunk server reads them at its start.
+    create_pool(&etcd, "p", &spec(2, 1, 1, FailureDomain::Device))
+        .await
+        .unwrap();
+    create_volume(&etcd, "p", "v", 1 << 20).await.unwrap();
+    let writer = acquire_writer(&etcd, "p", "v", "w", TTL, false)
+        .await
+        .unwrap();
+    let (read_at, epochs) = writer_epochs(&etcd).await.unwrap();
+    assert_eq!(epochs, vec![(writer.volume_id(), writer.epoch())]);
+    assert!(read_at as u64 >= writer.epoch());
+    let (volume, epoch) = (writer.volume_id(), writer.epoch());
+    let ids = [ServerId(1), ServerId(2), ServerId(3), ServerId(4)];
+    let short = Duration::from_millis(300);
+    // Nobody said anything yet: 1 and 2 are waited for.
+    match await_epoch_stored(&etcd, volume, &ids, epoch, short).await {
+        Err(Error::EpochUnconfirmed { servers, .. }) => assert_eq!(servers, "1, 2"),
+        other => panic!("expected EpochUnconfirmed, got {other:?}"),
+    }
+    // An older epoch said is not enough.
+    one.report_epochs(epoch - 1).await.unwrap();
+    two.report_epochs(epoch).await.unwrap();
+    match await_epoch_stored(&etcd, volume, &ids, epoch, short).await {
+        Err(Error::EpochUnconfirmed { servers, .. }) => assert_eq!(servers, "1"),
+        other => panic!("expected EpochUnconfirmed, got {other:?}"),
+    }
+    // Server 1's registration ends (its lease revoked): gone, as 4 is.
+    one.close().await.unwrap();
+    let stands = await_epoch_stored(&etcd, volume, &ids, epoch, short)
+        .await
+        .unwrap();
+    assert_eq!(
+        stands,
+        vec![
+            (ServerId(1), EpochStand::Gone),
+            (ServerId(2), EpochStand::Stored),
+            (ServerId(3), EpochStand::Unconfirmable),
+            (ServerId(4), EpochStand::Gone),
+        ]
+    );
+    // A server that says it only after the wait began is waited for.
+    let three = register_server(&etcd, ServerId(5), &follows, TTL)
+        .await
+        .unwrap();
+    let late = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        three.report_epochs(epoch).await.unwrap();
+        three
+    });
+    let stands = within(
+        "the wait",
+        await_epoch_stored(&etcd, volume, &[ServerId(5)], epoch, WAIT),
+    )
+    .await
+    .unwrap();
+    assert_eq!(stands, vec![(ServerId(5), EpochStand::Stored)]);
+    late.await.unwrap();
+}
+
 #[tokio::test]
 async fn a_server_cut_off_from_etcd_fences_itself() {
     let process = shared_etcd();

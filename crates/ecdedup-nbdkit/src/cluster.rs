@@ -223,6 +223,7 @@ pub fn open(params: &Params, state: &str) -> nbdkit::Result<Served> {
         capacity_bytes_min: ecdedup_client::open::CAPACITY_BYTES_MIN,
         rebuild_bytes_per_s: params.rebuild_rate()?,
         take_over: params.take_over()?,
+        epoch_wait: ecdedup_client::open::EPOCH_WAIT_DEFAULT,
     };
     let c =
         ecdedup_client::open(&opts).map_err(|e| nbdkit::Error::new(e.errno(), e.to_string()))?;

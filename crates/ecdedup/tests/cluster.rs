@@ -162,7 +162,7 @@ fn a_cluster_serves_volumes_through_faults_and_takeovers() {
     for s in status["servers"].as_array().unwrap() {
         assert_eq!(
             s["features"],
-            serde_json::json!(["log-append-barrier", "dedup-layer"]),
+            serde_json::json!(["log-append-barrier", "dedup-layer", "epoch-watch"]),
             "step 0: {s}"
         );
     }
