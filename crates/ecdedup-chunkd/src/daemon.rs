@@ -113,18 +113,56 @@ async fn coordinate(etcd: ecdedup_cluster::Etcd, config: ecdedup_cluster::Coordi
     }
 }
 
-struct Adapter(Arc<ChunkServer>);
+struct Adapter {
+    server: Arc<ChunkServer>,
+    /// The registration's lease, once registered: a request is taken,
+    /// and answered `Ok`, only while it may still count as live
+    /// ([`ecdedup_cluster::Fence::live_now`]), so a server paused past its
+    /// lease (SIGSTOP) acknowledges nothing when it resumes, even before
+    /// its lease keeper has run and fenced it.
+    lease: Arc<std::sync::OnceLock<ecdedup_cluster::Fence>>,
+}
+
+impl Adapter {
+    /// Whether the lease (if registered yet) has run out; latches the
+    /// server's fence when it has.
+    fn lease_lost(&self) -> bool {
+        let lost = self.lease.get().is_some_and(|f| !f.live_now());
+        if lost {
+            self.server.fence();
+        }
+        lost
+    }
+}
+
+/// The answer to a request a server whose lease ran out takes or ends.
+fn lease_lost_reply() -> (Status, Vec<u8>) {
+    (
+        Status::Io,
+        b"this chunk server's etcd lease ran out: it acknowledges nothing more and stops".to_vec(),
+    )
+}
 
 impl Handler for Adapter {
     async fn handle(&self, request: Header, payload: Vec<u8>) -> (Status, Vec<u8>) {
-        let server = Arc::clone(&self.0);
-        match tokio::task::spawn_blocking(move || server.handle(&request, &payload)).await {
-            Ok(reply) => reply,
-            Err(e) => (
-                Status::Io,
-                format!("the request's task failed: {e}").into_bytes(),
-            ),
+        if self.lease_lost() {
+            return lease_lost_reply();
         }
+        let server = Arc::clone(&self.server);
+        let reply =
+            match tokio::task::spawn_blocking(move || server.handle(&request, &payload)).await {
+                Ok(reply) => reply,
+                Err(e) => (
+                    Status::Io,
+                    format!("the request's task failed: {e}").into_bytes(),
+                ),
+            };
+        // Not acknowledged if the lease ran out meanwhile (what it changed
+        // may have landed, as a write in flight at a crash may).
+        if reply.0 == Status::Ok && self.lease_lost() {
+            return lease_lost_reply();
+        }
+        reply
     }
 }
 
@@ -327,10 +365,14 @@ pub async fn run(config: ChunkdConfig) -> Result<i32, String> {
     let epochs_read = stored_writer_epochs(&etcd, &server)
         .await
         .map_err(|e| format!("storing the volumes' writer epochs: {e}"))?;
+    let lease = Arc::new(std::sync::OnceLock::new());
     let listener = Server::bind(
         config.listen,
         key,
-        Arc::new(Adapter(Arc::clone(&server))),
+        Arc::new(Adapter {
+            server: Arc::clone(&server),
+            lease: Arc::clone(&lease),
+        }),
         ServerConfig::default(),
     )
     .await
@@ -374,6 +416,7 @@ pub async fn run(config: ChunkdConfig) -> Result<i32, String> {
             ("lease", &registration.lease_id()),
         ],
     );
+    let _ = lease.set(registration.fence());
     // What this server says of the writer epochs it stored
     // (`server/<id>/epochs`): the revision it read them at, then each
     // writer key the follower applies.

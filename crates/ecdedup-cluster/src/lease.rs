@@ -24,6 +24,8 @@
 
 use crate::error::{Error, Result};
 use crate::session::{Etcd, Failover};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -107,9 +109,23 @@ impl LeaseClock {
 #[derive(Clone, Debug)]
 pub struct Fence {
     rx: watch::Receiver<LeaseState>,
+    /// The clock's fence time ([`LeaseClock::fence_at_ms`]), in ms since
+    /// `origin`, as the keeper last moved it: read at each use, so a
+    /// holder that was paused past it (SIGSTOP, a stalled VM) sees the
+    /// lease as lost before its keeper task has run again.
+    fence_at_ms: Arc<AtomicU64>,
+    origin: Instant,
 }
 
 impl Fence {
+    /// Whether the lease may still be counted live at this instant: not
+    /// fenced, and the keeper's last fence time not yet passed. A holder
+    /// checks it before it acknowledges a write (`chunkd`).
+    pub fn live_now(&self) -> bool {
+        self.reason().is_none()
+            && (self.origin.elapsed().as_millis() as u64) < self.fence_at_ms.load(Ordering::SeqCst)
+    }
+
     /// Why the holder is fenced, or `None` while the lease is live.
     pub fn reason(&self) -> Option<String> {
         match &*self.rx.borrow() {
@@ -165,11 +181,23 @@ impl Lease {
         let ttl_s = granted.ttl().max(0) as u64;
         let clock = LeaseClock::granted(sent_ms, ttl_s);
         let (tx, rx) = watch::channel(LeaseState::Live);
-        let keeper = tokio::spawn(keep(etcd.clone(), granted.id(), clock, origin, tx));
+        let fence_at_ms = Arc::new(AtomicU64::new(clock.fence_at_ms()));
+        let keeper = tokio::spawn(keep(
+            etcd.clone(),
+            granted.id(),
+            clock,
+            origin,
+            tx,
+            Arc::clone(&fence_at_ms),
+        ));
         Ok(Lease {
             id: granted.id(),
             ttl_s,
-            fence: Fence { rx },
+            fence: Fence {
+                rx,
+                fence_at_ms,
+                origin,
+            },
             keeper,
             etcd: etcd.clone(),
         })
@@ -232,6 +260,7 @@ async fn keep(
     mut clock: LeaseClock,
     origin: Instant,
     tx: watch::Sender<LeaseState>,
+    fence_at_ms: Arc<AtomicU64>,
 ) {
     let now_ms = || origin.elapsed().as_millis() as u64;
     let at = |ms: u64| origin + Duration::from_millis(ms);
@@ -278,6 +307,7 @@ async fn keep(
                 if let LeaseState::Fenced(reason) = clock.on_renewed(sent_ms, answer.ttl()) {
                     break reason;
                 }
+                fence_at_ms.store(clock.fence_at_ms(), Ordering::SeqCst);
             }
             Ok(Ok(None)) | Ok(Err(_)) => {
                 // The stream broke: find a live endpoint and open a new one.
@@ -297,6 +327,7 @@ async fn keep(
             }
         }
     };
+    fence_at_ms.store(0, Ordering::SeqCst);
     let _ = tx.send(LeaseState::Fenced(fenced));
 }
 
@@ -328,6 +359,29 @@ mod tests {
         clock.on_renewed(4_000, 6);
         clock.on_renewed(2_000, 6);
         assert_eq!(clock.fence_at_ms(), 8_500);
+    }
+
+    /// A holder paused past its fence time (its keeper task not run
+    /// since) sees the lease lost at its next check.
+    #[test]
+    fn a_fence_time_passed_counts_as_lost_before_the_keeper_runs() {
+        let (_tx, rx) = watch::channel(LeaseState::Live);
+        let origin = Instant::now() - Duration::from_secs(10);
+        let fence = |at_ms: u64| Fence {
+            rx: rx.clone(),
+            fence_at_ms: Arc::new(AtomicU64::new(at_ms)),
+            origin,
+        };
+        assert!(fence(60_000).live_now());
+        assert!(!fence(9_000).live_now(), "past its fence time");
+        let (tx, rx) = watch::channel(LeaseState::Live);
+        let fenced = Fence {
+            rx,
+            fence_at_ms: Arc::new(AtomicU64::new(60_000)),
+            origin,
+        };
+        tx.send(LeaseState::Fenced("gone".into())).unwrap();
+        assert!(!fenced.live_now(), "fenced");
     }
 
     #[test]
