@@ -46,6 +46,7 @@
 //!   `FLAG_LAYERED` for a chunk without a layer, or unmarked on the data
 //!   area of a chunk with one, is refused (`Io`).
 
+use ecdedup_cluster::keys::VolumeDedup;
 use ecdedup_core::counters::{DedupStats, IoClass};
 use ecdedup_core::dedup::DedupDevice;
 use ecdedup_core::fingerprint::{CpuBackend, FingerprintBackend};
@@ -57,7 +58,7 @@ use ecdedup_core::proto::frame::{
     FLAG_LAYERED, FLAG_METADATA, FLAG_PARITY, FLAG_REPAIR,
 };
 use ecdedup_core::proto::{chunk_parts, Header, Op, Status};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -146,6 +147,10 @@ pub struct ChunkServer {
     backend: std::sync::OnceLock<Arc<dyn FingerprintBackend>>,
     /// The counters of the dedup layers closed since the server started.
     closed_dedup: Mutex<ecdedup_cluster::keys::ServerDedup>,
+    /// Per layered chunk closed since the start: its write counts summed
+    /// over its closes, and its space at the last one (mapped blocks,
+    /// slots used); one entry per chunk, dropped with its volume.
+    closed_chunks: Mutex<HashMap<(u64, u32), ClosedLayer>>,
     /// Held while a chunk is made (`Open`) or its layer started
     /// (`Layer`): neither runs beside another.
     layout: Mutex<()>,
@@ -410,6 +415,7 @@ impl ChunkServer {
             counters: ChunkCounters::default(),
             backend: std::sync::OnceLock::new(),
             closed_dedup: Mutex::new(Default::default()),
+            closed_chunks: Mutex::new(HashMap::new()),
             layout: Mutex::new(()),
             gates: Mutex::new(HashMap::new()),
         })
@@ -772,7 +778,7 @@ impl ChunkServer {
                     ));
                     continue;
                 }
-                self.note_closed(layer);
+                self.note_closed(name, layer);
             }
             ram -= held_ram;
             open.by_name.remove(&name);
@@ -793,9 +799,17 @@ impl ChunkServer {
         Ok(chunk)
     }
 
-    /// Adds a closing layer's counters to the server's totals.
-    fn note_closed(&self, layer: &DedupDevice) {
-        add_dedup(&mut self.closed_dedup.lock().unwrap(), layer.write_counts());
+    /// Adds a closing layer's counters to the server's totals, and to
+    /// its chunk's (`name`: volume, chunk code), with its space now.
+    fn note_closed(&self, name: (u64, u32), layer: &DedupDevice) {
+        let counts = layer.write_counts();
+        add_dedup(&mut self.closed_dedup.lock().unwrap(), counts);
+        let mut closed = self.closed_chunks.lock().unwrap();
+        let c = closed.entry(name).or_default();
+        for (sum, n) in c.counts.iter_mut().zip(counts) {
+            *sum += n;
+        }
+        c.space = layer.space();
         self.counters.layers_closed.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -870,7 +884,7 @@ impl ChunkServer {
         ));
         if let Some((old, _)) = open.by_name.remove(&(volume, code)) {
             if let Some(layer) = old.layer() {
-                self.note_closed(layer);
+                self.note_closed((volume, code), layer);
             }
         }
         self.keep_open(&mut open, volume, code, fresh, clock);
@@ -881,31 +895,54 @@ impl ChunkServer {
     /// The dedup layers' counters since the server started: every open
     /// layer's, and those of the layers closed before.
     pub fn dedup_totals(&self) -> ecdedup_cluster::keys::ServerDedup {
-        let layers: Vec<Arc<DedupDevice>> = {
-            let open = self.open.lock().unwrap();
-            open.by_name
-                .values()
-                .filter_map(|(c, _)| c.layer().cloned())
-                .collect()
-        };
+        let layers = self.open_layers();
         let mut t = self.closed_dedup.lock().unwrap().clone();
         t.layers_open = layers.len() as u64;
-        for layer in &layers {
+        for (_, layer) in &layers {
             add_dedup(&mut t, layer.write_counts());
             t.layers_ram_bytes += layer.ram_bytes();
         }
         t
     }
 
+    /// Every dedup layer open now, by (volume, chunk).
+    fn open_layers(&self) -> Vec<((u64, u32), Arc<DedupDevice>)> {
+        let open = self.open.lock().unwrap();
+        open.by_name
+            .iter()
+            .filter_map(|(name, (c, _))| Some((*name, c.layer()?.clone())))
+            .collect()
+    }
+
+    /// The dedup layers of each volume: those open now, and those closed
+    /// since the start as they were at their close.
+    pub fn dedup_by_volume(&self) -> BTreeMap<u64, VolumeDedup> {
+        let layers = self.open_layers();
+        let mut chunks = self.closed_chunks.lock().unwrap().clone();
+        for (name, layer) in layers {
+            let c = chunks.entry(name).or_default();
+            for (sum, n) in c.counts.iter_mut().zip(layer.write_counts()) {
+                *sum += n;
+            }
+            c.space = layer.space();
+        }
+        let mut out: BTreeMap<u64, VolumeDedup> = BTreeMap::new();
+        for ((volume, _), c) in chunks {
+            let v = out.entry(volume).or_default();
+            let [physical, references, parity_references, _, _] = c.counts;
+            v.chunks += 1;
+            v.mapped_blocks += c.space.0;
+            v.slots_used += c.space.1;
+            v.physical_writes += physical;
+            v.reference_writes += references;
+            v.reference_parity_writes += parity_references;
+        }
+        out
+    }
+
     /// The counters of every dedup layer open now, by (volume, chunk).
     pub fn dedup_stats(&self) -> Vec<((u64, u32), DedupStats)> {
-        let layers: Vec<((u64, u32), Arc<DedupDevice>)> = {
-            let open = self.open.lock().unwrap();
-            open.by_name
-                .iter()
-                .filter_map(|(name, (c, _))| Some((*name, c.layer()?.clone())))
-                .collect()
-        };
+        let layers = self.open_layers();
         let mut out: Vec<_> = layers
             .into_iter()
             .map(|(name, l)| (name, l.stats()))
@@ -1215,12 +1252,18 @@ impl ChunkServer {
         };
         {
             let mut open = self.open.lock().unwrap();
-            for (_, (chunk, _)) in open.by_name.iter().filter(|((v, _), _)| *v == volume) {
+            for (name, (chunk, _)) in open.by_name.iter().filter(|((v, _), _)| *v == volume) {
                 if let Some(layer) = chunk.layer() {
-                    self.note_closed(layer);
+                    self.note_closed(*name, layer);
                 }
             }
             open.by_name.retain(|(v, _), _| *v != volume);
+            // Its layers are gone: not counted for it any more (the
+            // server's totals keep what they did).
+            self.closed_chunks
+                .lock()
+                .unwrap()
+                .retain(|(v, _), _| *v != volume);
         }
         // Its PG epochs: no request for it is served any more.
         let epochs = self.config.dirs[0].join("epochs");
@@ -1335,6 +1378,15 @@ fn parse_epoch(bytes: &[u8]) -> Option<u64> {
         return None;
     }
     line.parse().ok()
+}
+
+/// A layered chunk's counts over its closes ([`ChunkServer::note_closed`]).
+#[derive(Clone, Copy, Debug, Default)]
+struct ClosedLayer {
+    /// [`DedupDevice::write_counts`], summed.
+    counts: [u64; 5],
+    /// [`DedupDevice::space`] at the last close.
+    space: (u64, u64),
 }
 
 /// Adds a layer's write counts ([`DedupDevice::write_counts`]) to a
@@ -2051,6 +2103,23 @@ mod tests {
         }
         assert!(s.counters.layers_closed.load(Ordering::Relaxed) >= 5);
         assert_eq!(s.dedup_totals().layers_open, 1);
+        // Per volume: each volume's one chunk, open or closed, with its
+        // two blocks mapped to one slot; a removed volume is dropped.
+        let per = s.dedup_by_volume();
+        assert_eq!(per.keys().copied().collect::<Vec<_>>(), vec![7, 8, 9]);
+        for v in per.values() {
+            assert_eq!(
+                (v.chunks, v.mapped_blocks, v.slots_used),
+                (1, 2, 1),
+                "{per:?}"
+            );
+            assert_eq!((v.physical_writes, v.reference_parity_writes), (1, 1));
+        }
+        s.remove_volume(8).unwrap();
+        assert_eq!(
+            s.dedup_by_volume().keys().copied().collect::<Vec<_>>(),
+            vec![7, 9]
+        );
     }
 
     /// A chunk's dedup layer runs at its server: parity with the same

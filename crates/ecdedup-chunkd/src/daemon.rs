@@ -475,11 +475,14 @@ pub async fn run(config: ChunkdConfig) -> Result<i32, String> {
             _ = space_tick.tick() => {
                 remove_deleted_volumes(&etcd, &server, config.id).await;
                 let s = Arc::clone(&server);
-                let (space, dedup) = tokio::task::spawn_blocking(move || (s.space(), s.dedup_totals()))
-                    .await
-                    .unwrap_or_default();
+                let (space, dedup, volumes) = tokio::task::spawn_blocking(move || {
+                    (s.space(), s.dedup_totals(), s.dedup_by_volume())
+                })
+                .await
+                .unwrap_or_default();
                 let report = ServerSpace {
                     dedup,
+                    volumes,
                     devices: space
                         .into_iter()
                         .map(|(path, free, used)| DeviceSpace {

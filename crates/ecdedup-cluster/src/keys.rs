@@ -12,6 +12,7 @@
 
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// The root under which every cluster's keys live.
 pub const ROOT: &str = "/ecdedup/";
@@ -341,6 +342,28 @@ pub struct ServerSpace {
     /// the late evening of 2026-11-29; absent from an older server's report).
     #[serde(default)]
     pub dedup: ServerDedup,
+    /// The same, per volume (since the night of 2026-11-29 to 30; absent
+    /// from an older server's report): `cluster status` sums them over
+    /// the servers into each volume's dedup ratio.
+    #[serde(default)]
+    pub volumes: BTreeMap<u64, VolumeDedup>,
+}
+
+/// A chunk server's dedup layers of one volume.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeDedup {
+    /// Chunks whose layer's space is counted: those open now, and those
+    /// closed since the server started (as they were at their close).
+    pub chunks: u64,
+    /// Blocks of those chunks' data areas mapped (written, not
+    /// discarded), and the slots they use: the layers save the difference.
+    pub mapped_blocks: u64,
+    pub slots_used: u64,
+    /// Since the server started: dedup blocks written (slot writes), and
+    /// blocks stored as a reference; of those, parity blocks.
+    pub physical_writes: u64,
+    pub reference_writes: u64,
+    pub reference_parity_writes: u64,
 }
 
 /// A chunk server's dedup layers: how many are open, and their counters

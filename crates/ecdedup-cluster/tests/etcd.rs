@@ -194,6 +194,16 @@ async fn a_second_server_with_the_same_id_is_refused_and_told_who_holds_it() {
             reference_parity_writes: 5,
             ..Default::default()
         },
+        volumes: [(
+            3,
+            ecdedup_cluster::keys::VolumeDedup {
+                chunks: 2,
+                mapped_blocks: 100,
+                slots_used: 60,
+                ..Default::default()
+            },
+        )]
+        .into(),
     };
     first.report_space(&space).await.unwrap();
     let servers = list_servers(&etcd).await.unwrap();
@@ -225,6 +235,7 @@ async fn a_revoked_lease_fences_the_server_and_frees_its_id() {
     let space = ServerSpace {
         devices: vec![],
         dedup: Default::default(),
+        volumes: Default::default(),
     };
     assert!(matches!(
         registration.report_space(&space).await,

@@ -946,11 +946,24 @@ fn status(dir: &Path, json: bool) -> Result<()> {
                 let writer = ecdedup_cluster::current_writer(&etcd, v.record.id)
                     .await
                     .map_err(cluster_error)?;
+                // Its dedup layers at the servers, summed over the live ones.
+                let mut dedup = ecdedup_cluster::keys::VolumeDedup::default();
+                for space in live.values().filter_map(|e| e.space.as_ref()) {
+                    if let Some(d) = space.volumes.get(&v.record.id) {
+                        dedup.chunks += d.chunks;
+                        dedup.mapped_blocks += d.mapped_blocks;
+                        dedup.slots_used += d.slots_used;
+                        dedup.physical_writes += d.physical_writes;
+                        dedup.reference_writes += d.reference_writes;
+                        dedup.reference_parity_writes += d.reference_parity_writes;
+                    }
+                }
                 vols.push(serde_json::json!({
                     "name": vname,
                     "id": v.record.id,
                     "size_bytes": v.record.size_bytes,
                     "writer": writer.map(|(epoch, w)| serde_json::json!({"address": w.address, "epoch": epoch})),
+                    "dedup": (dedup.chunks > 0).then_some(dedup),
                 }));
             }
             let pg_rows: Vec<serde_json::Value> = pgs
@@ -1124,8 +1137,23 @@ fn status(dir: &Path, json: bool) -> Result<()> {
             }
         }
         for v in p["volumes"].as_array().into_iter().flatten() {
+            let dedup = match v["dedup"].as_object() {
+                Some(d) => {
+                    let n = |k: &str| d[k].as_u64().unwrap_or(0);
+                    format!(
+                        "\tdedup at servers: {} blocks in {} slots ({:.2}x) over {} chunks, refs {} (parity {})",
+                        n("mapped_blocks"),
+                        n("slots_used"),
+                        n("mapped_blocks") as f64 / n("slots_used").max(1) as f64,
+                        n("chunks"),
+                        n("reference_writes"),
+                        n("reference_parity_writes")
+                    )
+                }
+                None => String::new(),
+            };
             say!(
-                "  volume {}\tid {}\t{}\twriter {}",
+                "  volume {}\tid {}\t{}\twriter {}{dedup}",
                 v["name"].as_str().unwrap_or(""),
                 v["id"],
                 format_size(v["size_bytes"].as_u64().unwrap_or(0)),

@@ -390,6 +390,42 @@ fn a_cluster_serves_volumes_through_faults_and_takeovers() {
             layers > 0 && written > 0
         },
     );
+    // And per volume, summed over the servers: px/v's parity blocks,
+    // mapped to no more slots than blocks.
+    wait_until(
+        "step 6: cluster status shows px/v's dedup at the servers",
+        Duration::from_secs(120),
+        || {
+            let status: Value =
+                serde_json::from_str(&c.cli_ok(&["cluster", "status", "--json"]).stdout).unwrap();
+            let px = status["pools"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["name"] == "px")
+                .cloned()
+                .unwrap();
+            let v = px["volumes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|v| v["name"] == "v")
+                .cloned()
+                .unwrap();
+            let d = &v["dedup"];
+            let (mapped, slots) = (
+                d["mapped_blocks"].as_u64().unwrap_or(0),
+                d["slots_used"].as_u64().unwrap_or(0),
+            );
+            assert!(mapped >= slots, "step 6: {d}");
+            slots > 0 && d["chunks"].as_u64().unwrap_or(0) > 0
+        },
+    );
+    let text = c.cli_ok(&["cluster", "status"]).stdout;
+    assert!(
+        text.contains("dedup at servers:"),
+        "step 6: the text status shows it: {text}"
+    );
 
     // 7. `volume rm` frees the volume's chunks: each server deletes them at
     //    its next space report (every 10 s here).

@@ -274,6 +274,16 @@ const NOT_FINGERPRINTED: u32 = u32::MAX;
 const EVICTED: u32 = u32::MAX - 1;
 
 impl State {
+    /// Blocks of the data area mapped.
+    fn mapped_blocks(&self) -> u64 {
+        self.map.iter().filter(|s| **s != UNMAPPED).count() as u64
+    }
+
+    /// Slots holding at least one block's content.
+    fn slots_used(&self) -> u64 {
+        self.refs.iter().filter(|r| **r > 0).count() as u64
+    }
+
     fn decref(&mut self, slot: u32) {
         let r = &mut self.refs[slot as usize];
         assert!(*r > 0, "slot {slot} released more often than referenced");
@@ -1444,6 +1454,14 @@ impl DedupDevice {
         ]
     }
 
+    /// Blocks of the data area mapped (written and not discarded), and
+    /// slots they use: what the layer saves is their difference (one scan
+    /// of the maps).
+    pub fn space(&self) -> (u64, u64) {
+        let st = self.state.lock().unwrap();
+        (st.mapped_blocks(), st.slots_used())
+    }
+
     pub fn stats(&self) -> DedupStats {
         let st = self.state.lock().unwrap();
         let c = &self.counters;
@@ -1476,8 +1494,8 @@ impl DedupDevice {
             refused_records: c.refused_records.load(Relaxed),
             snapshots: c.snapshots.load(Relaxed),
             log_syncs: c.log_syncs.load(Relaxed),
-            mapped_blocks: st.map.iter().filter(|s| **s != UNMAPPED).count() as u64,
-            slots_used: st.refs.iter().filter(|r| **r > 0).count() as u64,
+            mapped_blocks: st.mapped_blocks(),
+            slots_used: st.slots_used(),
             index_entries: entries,
             index_capacity: st.index.capacity() as u64,
             index_evictions: st.index.evictions(),
