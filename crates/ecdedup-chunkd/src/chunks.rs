@@ -151,6 +151,9 @@ pub struct ChunkServer {
     /// over its closes, and its space at the last one (mapped blocks,
     /// slots used); one entry per chunk, dropped with its volume.
     closed_chunks: Mutex<HashMap<(u64, u32), ClosedLayer>>,
+    /// Volumes whose epoch was raised in memory only ([`Self::raise_epoch`]
+    /// for a volume without a file): their first request stores it.
+    epochs_unsaved: Mutex<BTreeSet<u64>>,
     /// Held while a chunk is made (`Open`) or its layer started
     /// (`Layer`): neither runs beside another.
     layout: Mutex<()>,
@@ -416,6 +419,7 @@ impl ChunkServer {
             backend: std::sync::OnceLock::new(),
             closed_dedup: Mutex::new(Default::default()),
             closed_chunks: Mutex::new(HashMap::new()),
+            epochs_unsaved: Mutex::new(BTreeSet::new()),
             layout: Mutex::new(()),
             gates: Mutex::new(HashMap::new()),
         })
@@ -445,26 +449,39 @@ impl ChunkServer {
         self.stored(Fenced::Pg(volume, pg))
     }
 
-    /// Stores writer epoch `epoch` of `volume` as a `SetEpoch` at that
+    /// Raises writer epoch `epoch` of `volume` as a `SetEpoch` at that
     /// epoch would, without a request: the daemon's follower of the
     /// writer keys in etcd calls it for each new writer (and at the
     /// start, for every writer key) before it says so in etcd, so a
     /// server that a new writer's push missed refuses the old writer as
     /// soon as it has heard of the new one from etcd (docs/cluster.md,
     /// "Fencing"). Takes the volume's gate alone: returns once every
-    /// request admitted at a lower epoch has finished. Returns whether the
-    /// stored epoch rose; a removed volume stays removed.
+    /// request admitted at a lower epoch has finished. Stored durably for
+    /// a volume this server has an epoch of; for any other (most of a big
+    /// cluster's volumes, on a given server) in memory only, where the
+    /// daemon's read of every writer key before it serves stands in for
+    /// the file after a restart, and a request at that epoch stores it.
+    /// Returns whether the epoch rose; a removed volume stays removed.
     pub fn raise_epoch(&self, volume: u64, epoch: u64) -> io::Result<bool> {
-        if epoch == 0 || self.stored(Fenced::Volume(volume))? >= epoch {
+        let key = Fenced::Volume(volume);
+        if epoch == 0 || self.stored(key)? >= epoch {
             return Ok(false);
         }
         let gate = self.gate(volume);
         let _alone = gate.write().unwrap_or_else(|p| p.into_inner());
-        let before = self.stored(Fenced::Volume(volume))?;
-        let now = self
-            .raise(Fenced::Volume(volume), epoch)
+        let before = self.stored(key)?;
+        if before >= epoch {
+            return Ok(false);
+        }
+        if before == 0 {
+            // No file (`stored` read none).
+            self.epochs.lock().unwrap().insert(key, epoch);
+            self.epochs_unsaved.lock().unwrap().insert(volume);
+            return Ok(true);
+        }
+        self.raise(key, epoch)
             .map_err(|(_, reason)| io::Error::other(reason))?;
-        Ok(now > before)
+        Ok(true)
     }
 
     fn stored(&self, key: Fenced) -> io::Result<u64> {
@@ -506,12 +523,17 @@ impl ChunkServer {
         let stored = self
             .stored(key)
             .map_err(|e| io_refusal(&format!("reading the epoch of {key}"), &e))?;
-        if epoch <= stored {
+        let unsaved = |key: Fenced| match key {
+            Fenced::Volume(v) => self.epochs_unsaved.lock().unwrap().contains(&v),
+            Fenced::Pg(..) => false,
+        };
+        if epoch < stored || (epoch == stored && !unsaved(key)) {
             return Ok(stored);
         }
         let mut epochs = self.epochs.lock().unwrap();
         let now = epochs.get(&key).copied().unwrap_or(stored);
-        if epoch > now {
+        // An epoch raised in memory only is stored at its first request.
+        if epoch > now || (epoch == now && unsaved(key)) {
             write_atomic(
                 self.storage.as_ref(),
                 &self.epoch_path(key),
@@ -519,6 +541,9 @@ impl ChunkServer {
             )
             .map_err(|e| io_refusal(&format!("storing the epoch of {key}"), &e))?;
             epochs.insert(key, epoch);
+            if let Fenced::Volume(v) = key {
+                self.epochs_unsaved.lock().unwrap().remove(&v);
+            }
             return Ok(epoch);
         }
         Ok(now)
@@ -1247,6 +1272,7 @@ impl ChunkServer {
                     format!("{REMOVED_EPOCH}\n").as_bytes(),
                 )?;
                 epochs.insert(key, REMOVED_EPOCH);
+                self.epochs_unsaved.lock().unwrap().remove(&volume);
                 true
             }
         };
@@ -2025,8 +2051,17 @@ mod tests {
             call(&s, req(Op::Write, 7, 9, 0, &data), &data).0,
             Status::Ok
         );
-        // A volume heard of first from etcd is fenced as well.
+        // A volume heard of first from etcd is fenced as well, in memory
+        // only (no file per volume of the cluster on every server).
         assert!(s.raise_epoch(8, 4).unwrap());
+        assert!(!dir.path().join("a/epochs/v8").exists());
+        // Its first request at that epoch stores it (the volume's chunks
+        // are found, and freed at its removal, by that file).
+        assert_eq!(call(&s, req(Op::Open, 8, 4, 0, &size), &size).0, Status::Ok);
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("a/epochs/v8")).unwrap(),
+            "4\n"
+        );
         assert_eq!(
             call(&s, req(Op::Open, 8, 3, 0, &size), &size).0,
             Status::EpochTooOld
