@@ -154,6 +154,14 @@ pub struct ChunkServer {
     /// Volumes whose epoch was raised in memory only ([`Self::raise_epoch`]
     /// for a volume without a file): their first request stores it.
     epochs_unsaved: Mutex<BTreeSet<u64>>,
+    /// Per open layered chunk: its [`DedupDevice::changes`] at its last
+    /// space scan, and that scan's result.
+    space_scans: Mutex<HashMap<(u64, u32), (u64, Space)>>,
+    /// The etcd revision of the last whole read of the writer keys
+    /// ([`Self::apply_writer_keys`]): a volume this server holds no epoch
+    /// of had no writer then, so a request for it at an epoch up to this
+    /// is refused (0: no read, as in tests and the simulator).
+    epoch_floor: AtomicU64,
     /// Held while a chunk is made (`Open`) or its layer started
     /// (`Layer`): neither runs beside another.
     layout: Mutex<()>,
@@ -420,6 +428,8 @@ impl ChunkServer {
             closed_dedup: Mutex::new(Default::default()),
             closed_chunks: Mutex::new(HashMap::new()),
             epochs_unsaved: Mutex::new(BTreeSet::new()),
+            space_scans: Mutex::new(HashMap::new()),
+            epoch_floor: AtomicU64::new(0),
             layout: Mutex::new(()),
             gates: Mutex::new(HashMap::new()),
         })
@@ -462,14 +472,21 @@ impl ChunkServer {
     /// daemon's read of every writer key before it serves stands in for
     /// the file after a restart, and a request at that epoch stores it.
     /// Returns whether the epoch rose; a removed volume stays removed.
+    /// A damaged epoch file leaves the volume as it is: refused whole
+    /// (every request's admission reads the file), which fences any old
+    /// writer as well; the others go on.
     pub fn raise_epoch(&self, volume: u64, epoch: u64) -> io::Result<bool> {
         let key = Fenced::Volume(volume);
-        if epoch == 0 || self.stored(key)? >= epoch {
+        let stored = |key| match self.stored(key) {
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => Ok(u64::MAX),
+            other => other,
+        };
+        if epoch == 0 || stored(key)? >= epoch {
             return Ok(false);
         }
         let gate = self.gate(volume);
         let _alone = gate.write().unwrap_or_else(|p| p.into_inner());
-        let before = self.stored(key)?;
+        let before = stored(key)?;
         if before >= epoch {
             return Ok(false);
         }
@@ -482,6 +499,41 @@ impl ChunkServer {
         self.raise(key, epoch)
             .map_err(|(_, reason)| io::Error::other(reason))?;
         Ok(true)
+    }
+
+    /// The writer keys as etcd held them at `revision`, read whole (at
+    /// the daemon's start, after its registration, and again when its
+    /// watch reloads after a compaction): `keys` gives each volume that
+    /// has a writer then, with its epoch (its key's creation revision),
+    /// raised to it. No other volume had a writer at `revision`, so any
+    /// writer of it at an epoch up to `revision` has lost its key (taken
+    /// over, expired, released) and is refused: every other volume this
+    /// server knows of is raised to `revision`, and so is, as a floor,
+    /// every volume it does not know yet ([`Self::raise_epoch`] each).
+    /// Returns how many epochs rose.
+    pub fn apply_writer_keys(&self, revision: u64, keys: &[(u64, u64)]) -> io::Result<usize> {
+        let mut raised = 0;
+        let keyed: BTreeSet<u64> = keys.iter().map(|&(v, _)| v).collect();
+        for &(volume, epoch) in keys {
+            raised += usize::from(self.raise_epoch(volume, epoch)?);
+        }
+        self.epoch_floor.fetch_max(revision, Ordering::SeqCst);
+        for volume in self.known_volumes()? {
+            if !keyed.contains(&volume) {
+                raised += usize::from(self.raise_epoch(volume, revision)?);
+            }
+        }
+        Ok(raised)
+    }
+
+    /// Every volume this server holds an epoch of, stored or in memory.
+    fn known_volumes(&self) -> io::Result<BTreeSet<u64>> {
+        let mut known: BTreeSet<u64> = self.volumes_here()?.into_iter().collect();
+        known.extend(self.epochs.lock().unwrap().keys().filter_map(|k| match k {
+            Fenced::Volume(v) => Some(*v),
+            Fenced::Pg(..) => None,
+        }));
+        Ok(known)
     }
 
     fn stored(&self, key: Fenced) -> io::Result<u64> {
@@ -562,6 +614,18 @@ impl ChunkServer {
                 format!(
                     "EPOCH_TOO_OLD: volume {volume} was removed (volume rm); this server \
                      deleted its chunks"
+                ),
+            ));
+        }
+        let floor = self.epoch_floor.load(Ordering::SeqCst);
+        if epoch <= floor && self.stored(Fenced::Volume(volume)).ok() == Some(0) {
+            self.counters.epoch_refusals.fetch_add(1, Ordering::Relaxed);
+            return Err((
+                Status::EpochTooOld,
+                format!(
+                    "EPOCH_TOO_OLD: volume {volume} had no writer at etcd revision {floor}, \
+                     when this server read the writer keys, and this request carries epoch \
+                     {epoch}, created before that (its writer's key is gone)"
                 ),
             ));
         }
@@ -829,13 +893,33 @@ impl ChunkServer {
     fn note_closed(&self, name: (u64, u32), layer: &DedupDevice) {
         let counts = layer.write_counts();
         add_dedup(&mut self.closed_dedup.lock().unwrap(), counts);
+        let space = self.layer_space(name, layer);
+        self.space_scans.lock().unwrap().remove(&name);
         let mut closed = self.closed_chunks.lock().unwrap();
         let c = closed.entry(name).or_default();
         for (sum, n) in c.counts.iter_mut().zip(counts) {
             *sum += n;
         }
-        c.space = layer.space();
+        c.space = space;
         self.counters.layers_closed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The open layer `layer`'s space ([`DedupDevice::space`]), scanned
+    /// again only if its mapping may have changed since the last scan
+    /// ([`DedupDevice::changes`]): an idle layer costs no scan.
+    fn layer_space(&self, name: (u64, u32), layer: &DedupDevice) -> (u64, u64) {
+        let changes = layer.changes();
+        if let Some(&(at, space)) = self.space_scans.lock().unwrap().get(&name) {
+            if at == changes {
+                return space;
+            }
+        }
+        let space = layer.space();
+        self.space_scans
+            .lock()
+            .unwrap()
+            .insert(name, (changes, space));
+        space
     }
 
     /// Runs a dedup layer over a chunk (`Op::Layer`): `spec.fresh` makes
@@ -932,24 +1016,24 @@ impl ChunkServer {
 
     /// Every dedup layer open now, by (volume, chunk).
     fn open_layers(&self) -> Vec<((u64, u32), Arc<DedupDevice>)> {
-        let open = self.open.lock().unwrap();
-        open.by_name
-            .iter()
-            .filter_map(|(name, (c, _))| Some((*name, c.layer()?.clone())))
-            .collect()
+        layers_in(&self.open.lock().unwrap())
     }
 
     /// The dedup layers of each volume: those open now, and those closed
     /// since the start as they were at their close.
     pub fn dedup_by_volume(&self) -> BTreeMap<u64, VolumeDedup> {
-        let layers = self.open_layers();
-        let mut chunks = self.closed_chunks.lock().unwrap().clone();
+        // The open layers and the closed ones' counts at one moment (a
+        // layer closes under the open-chunk lock).
+        let (layers, mut chunks) = {
+            let open = self.open.lock().unwrap();
+            (layers_in(&open), self.closed_chunks.lock().unwrap().clone())
+        };
         for (name, layer) in layers {
             let c = chunks.entry(name).or_default();
             for (sum, n) in c.counts.iter_mut().zip(layer.write_counts()) {
                 *sum += n;
             }
-            c.space = layer.space();
+            c.space = self.layer_space(name, &layer);
         }
         let mut out: BTreeMap<u64, VolumeDedup> = BTreeMap::new();
         for ((volume, _), c) in chunks {
@@ -1404,6 +1488,17 @@ fn parse_epoch(bytes: &[u8]) -> Option<u64> {
         return None;
     }
     line.parse().ok()
+}
+
+/// A layer's blocks mapped and slots used ([`DedupDevice::space`]).
+type Space = (u64, u64);
+
+/// The dedup layers of the chunks open in `open`, by (volume, chunk).
+fn layers_in(open: &OpenChunks) -> Vec<((u64, u32), Arc<DedupDevice>)> {
+    open.by_name
+        .iter()
+        .filter_map(|(name, (c, _))| Some((*name, c.layer()?.clone())))
+        .collect()
 }
 
 /// A layered chunk's counts over its closes ([`ChunkServer::note_closed`]).
@@ -2070,6 +2165,48 @@ mod tests {
         s.remove_volume(7).unwrap();
         assert!(!s.raise_epoch(7, 12).unwrap());
         assert_eq!(s.epoch(7).unwrap(), REMOVED_EPOCH);
+    }
+
+    /// A whole read of the writer keys (`apply_writer_keys`): a volume
+    /// with a key gets its epoch; a known volume without one, and as a
+    /// floor every volume not known yet, refuses any writer of an epoch
+    /// up to the read (its key is gone); a damaged epoch file leaves its
+    /// volume refused and the others applied.
+    #[test]
+    fn a_read_of_the_writer_keys_fences_every_writer_whose_key_is_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = server(dir.path());
+        let size = (1u64 << 20).to_le_bytes();
+        // Volume 7 written at epoch 5, volume 8 at epoch 6.
+        assert_eq!(call(&s, req(Op::Open, 7, 5, 0, &size), &size).0, Status::Ok);
+        assert_eq!(call(&s, req(Op::Open, 8, 6, 0, &size), &size).0, Status::Ok);
+        // Volume 9's epoch file is damaged.
+        std::fs::write(dir.path().join("a/epochs/v9"), b"garbage").unwrap();
+        // At revision 40 only volume 8 has a writer, of epoch 30.
+        assert!(s.apply_writer_keys(40, &[(8, 30)]).unwrap() >= 2);
+        let refused = |v: u64, epoch: u64| call(&s, req(Op::Open, v, epoch, 0, &size), &size).0;
+        assert_eq!(
+            refused(7, 5),
+            Status::EpochTooOld,
+            "volume 7's writer lost its key"
+        );
+        assert_eq!(
+            refused(7, 40),
+            Status::Ok,
+            "a writer created at the read's revision"
+        );
+        assert_eq!(refused(8, 6), Status::EpochTooOld);
+        assert_eq!(refused(8, 30), Status::Ok);
+        // A volume unknown here: its writers of epochs up to 40 are gone.
+        assert_eq!(refused(10, 39), Status::EpochTooOld);
+        assert_eq!(
+            refused(10, 41),
+            Status::Ok,
+            "a writer created after the read"
+        );
+        // The damaged file: still refused whole, nothing else held back.
+        assert_eq!(refused(9, 50), Status::Io);
+        assert!(s.apply_writer_keys(60, &[(9, 55)]).is_ok());
     }
 
     /// A fresh start of a chunk's layer waits for the requests of its

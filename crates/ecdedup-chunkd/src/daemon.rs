@@ -121,6 +121,9 @@ struct Adapter {
     /// lease (SIGSTOP) acknowledges nothing when it resumes, even before
     /// its lease keeper has run and fenced it.
     lease: Arc<std::sync::OnceLock<ecdedup_cluster::Fence>>,
+    /// False until the writer keys are applied after the registration:
+    /// a request waits for it.
+    ready: tokio::sync::watch::Receiver<bool>,
 }
 
 impl Adapter {
@@ -145,6 +148,13 @@ fn lease_lost_reply() -> (Status, Vec<u8>) {
 
 impl Handler for Adapter {
     async fn handle(&self, request: Header, payload: Vec<u8>) -> (Status, Vec<u8>) {
+        if !*self.ready.borrow() && self.ready.clone().wait_for(|r| *r).await.is_err() {
+            return (
+                Status::Io,
+                b"this chunk server did not finish starting (the writer keys were not read)"
+                    .to_vec(),
+            );
+        }
         if self.lease_lost() {
             return lease_lost_reply();
         }
@@ -175,14 +185,16 @@ impl<T> Drop for AbortOnDrop<T> {
     }
 }
 
-/// Stores every volume's writer epoch as etcd holds it now; returns the
-/// revision of that read.
+/// Reads every writer key and applies them whole
+/// ([`ChunkServer::apply_writer_keys`]); returns the revision of that
+/// read.
 async fn stored_writer_epochs(etcd: &Etcd, server: &Arc<ChunkServer>) -> Result<u64, String> {
     let (revision, epochs) = ecdedup_cluster::writer_epochs(etcd)
         .await
         .map_err(|e| e.to_string())?;
+    let revision = revision.max(0) as u64;
     let volumes = epochs.len();
-    let raised = store_epochs(server, epochs, false).await?;
+    let raised = apply_writer_keys(server, revision, epochs).await?;
     line(
         COMPONENT,
         "writer-epochs-stored",
@@ -192,7 +204,20 @@ async fn stored_writer_epochs(etcd: &Etcd, server: &Arc<ChunkServer>) -> Result<
             ("raised", &raised),
         ],
     );
-    Ok(revision.max(0) as u64)
+    Ok(revision)
+}
+
+/// [`ChunkServer::apply_writer_keys`] off the async threads.
+async fn apply_writer_keys(
+    server: &Arc<ChunkServer>,
+    revision: u64,
+    keys: Vec<(u64, u64)>,
+) -> Result<usize, String> {
+    let s = Arc::clone(server);
+    tokio::task::spawn_blocking(move || s.apply_writer_keys(revision, &keys))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("writer keys at revision {revision}: {e}"))
 }
 
 /// Stores `(volume, epoch)` pairs on the server (off the async threads:
@@ -246,27 +271,46 @@ async fn follow_writer_epochs(
         let Some(event) = watch.next().await else {
             return "the watch of the writer keys stopped".into();
         };
-        let (epochs, revision) = match event {
-            WatchEvent::Reset { revision, kvs } => (
-                kvs.iter()
+        let applied_now = match event {
+            // A reload after a compaction: applied whole, as at the start.
+            WatchEvent::Reset { revision, kvs } => {
+                let keys = kvs
+                    .iter()
                     .filter_map(|kv| {
                         ecdedup_cluster::writer_epoch(&etcd, &kv.key, kv.create_revision)
                     })
-                    .collect(),
-                revision,
-            ),
-            WatchEvent::Put(kv) => (
-                ecdedup_cluster::writer_epoch(&etcd, &kv.key, kv.create_revision)
+                    .collect();
+                let revision = revision.max(0) as u64;
+                apply_writer_keys(&server, revision, keys)
+                    .await
+                    .map(|_| revision)
+            }
+            // A new writer: its epoch is its key's creation revision.
+            WatchEvent::Put(kv) => {
+                let epochs = ecdedup_cluster::writer_epoch(&etcd, &kv.key, kv.create_revision)
                     .into_iter()
-                    .collect(),
-                kv.mod_revision,
-            ),
-            WatchEvent::Delete { revision, .. } => (Vec::new(), revision),
+                    .collect();
+                store_epochs(&server, epochs, true)
+                    .await
+                    .map(|_| kv.mod_revision.max(0) as u64)
+            }
+            // A writer gone (taken over, expired, released): no writer of
+            // an epoch up to the deletion may write any more.
+            WatchEvent::Delete { key, revision } => {
+                let epochs = ecdedup_cluster::writer_epoch(&etcd, &key, revision)
+                    .into_iter()
+                    .collect();
+                store_epochs(&server, epochs, true)
+                    .await
+                    .map(|_| revision.max(0) as u64)
+            }
         };
-        if let Err(e) = store_epochs(&server, epochs, true).await {
-            return e;
+        match applied_now {
+            Ok(revision) => {
+                applied.send_replace(revision);
+            }
+            Err(e) => return e,
         }
-        applied.send_replace(revision.max(0) as u64);
     }
 }
 
@@ -359,19 +403,16 @@ pub async fn run(config: ChunkdConfig) -> Result<i32, String> {
     let etcd = Etcd::connect(config.etcd.clone())
         .await
         .map_err(|e| format!("etcd: {e}"))?;
-    // Every volume's writer epoch, stored before the listener takes a
-    // request: an old writer that a new one's push missed while this
-    // server was down is refused from the first request on.
-    let epochs_read = stored_writer_epochs(&etcd, &server)
-        .await
-        .map_err(|e| format!("storing the volumes' writer epochs: {e}"))?;
     let lease = Arc::new(std::sync::OnceLock::new());
+    // Requests wait until the writer keys are applied (below).
+    let (ready_tx, ready_rx) = tokio::sync::watch::channel(false);
     let listener = Server::bind(
         config.listen,
         key,
         Arc::new(Adapter {
             server: Arc::clone(&server),
             lease: Arc::clone(&lease),
+            ready: ready_rx,
         }),
         ServerConfig::default(),
     )
@@ -406,6 +447,20 @@ pub async fn run(config: ChunkdConfig) -> Result<i32, String> {
             }
             Err(e) => return Err(format!("registering in etcd: {e}")),
         };
+    let _ = lease.set(registration.fence());
+    // Every writer key, read after the registration and applied before
+    // the first request is taken: a new writer whose push missed this
+    // server either saw it registered (and waits for its
+    // `server/<id>/epochs`) or not (and counted it gone), in which case
+    // its key is older than this read and is in it.
+    let epochs_read = match stored_writer_epochs(&etcd, &server).await {
+        Ok(revision) => revision,
+        Err(e) => {
+            let _ = registration.close().await;
+            return Err(format!("storing the volumes' writer epochs: {e}"));
+        }
+    };
+    ready_tx.send_replace(true);
     line(
         COMPONENT,
         "ready",
@@ -416,7 +471,6 @@ pub async fn run(config: ChunkdConfig) -> Result<i32, String> {
             ("lease", &registration.lease_id()),
         ],
     );
-    let _ = lease.set(registration.fence());
     // What this server says of the writer epochs it stored
     // (`server/<id>/epochs`): the revision it read them at, then each
     // writer key the follower applies.
@@ -480,9 +534,10 @@ pub async fn run(config: ChunkdConfig) -> Result<i32, String> {
                 })
                 .await
                 .unwrap_or_default();
-                let report = ServerSpace {
+                let mut report = ServerSpace {
                     dedup,
                     volumes,
+                    volumes_left_out: 0,
                     devices: space
                         .into_iter()
                         .map(|(path, free, used)| DeviceSpace {
@@ -492,6 +547,7 @@ pub async fn run(config: ChunkdConfig) -> Result<i32, String> {
                         })
                         .collect(),
                 };
+                report.bound_volumes();
                 if let Err(e) = registration.report_space(&report).await {
                     line(COMPONENT, "space-report-failed", &[("reason", &e)]);
                 }

@@ -1099,3 +1099,39 @@ fn a_server_the_new_writers_push_misses_stores_the_epoch_from_etcd_before_it_ser
     drop(a);
     b.close().unwrap();
 }
+
+/// A server down when a new writer takes over (killed: its registration
+/// lives on until its lease ends, so the new writer waits for that) reads
+/// the writer keys when it is back, after it registers and before it
+/// takes a request: the old writer's frame is refused there at once, even
+/// with the new writer gone too (its key released: no writer holds the
+/// volume at the server's read, so every epoch up to it is refused), and
+/// with no writer to re-add the server and push the epoch itself.
+#[test]
+fn a_server_down_at_a_takeover_refuses_the_old_writer_when_it_is_back() {
+    let name = "downat";
+    let (mut c, a, mut model) = one_pg_volume(name, "rmw", WritePolicy::Rmw);
+    let (volume, old_epoch) = (a.wire().volume_id, a.wire().epoch);
+    let down = pgs(&c, name, "rmw")[0].servers[1];
+    c.kill_server(down.0);
+    let mut opts = c.options(name, "rmw", "v", "w2");
+    opts.take_over = true;
+    opts.request_timeout = Duration::from_secs(5);
+    let b = ecdedup_client::open(&opts).unwrap();
+    assert!(b.wire().epoch > old_epoch);
+    check(&b, &model);
+    write_and_check(&b, &mut model, 3);
+    b.close().unwrap();
+    c.restart_server(name, down.0);
+    let back = c.rt.block_on(async {
+        let etcd = Etcd::connect(c.etcd_config(name)).await.unwrap();
+        let servers = ecdedup_cluster::list_servers(&etcd).await.unwrap();
+        servers[&down].info.address.parse().unwrap()
+    });
+    assert_eq!(
+        set_epoch_at(&c, back, volume, old_epoch),
+        Status::EpochTooOld,
+        "the old writer's frame is refused by the server back"
+    );
+    drop(a);
+}

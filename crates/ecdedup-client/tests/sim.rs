@@ -553,12 +553,15 @@ impl NetState {
             let live = ChunkServer::new(storage, server_config(s))
                 .unwrap_or_else(|e| panic!("server {s} does not restart: {e}"));
             // `chunkd` reads every writer key from etcd before it takes a
-            // request.
+            // request (each volume's newest writer holds its key; the
+            // simulator's epochs stand for revisions, the newest for the
+            // read's).
             if epoch_watch() {
-                for (&volume, &epoch) in &self.newest_epoch {
-                    live.raise_epoch(volume, epoch)
-                        .unwrap_or_else(|e| panic!("server {s} stores no epoch: {e}"));
-                }
+                let keys: Vec<(u64, u64)> =
+                    self.newest_epoch.iter().map(|(&v, &e)| (v, e)).collect();
+                let revision = keys.iter().map(|&(_, e)| e).max().unwrap_or(0);
+                live.apply_writer_keys(revision, &keys)
+                    .unwrap_or_else(|e| panic!("server {s} stores no epoch: {e}"));
             }
             server.live = Some(Arc::new(live));
             self.log(|| format!("server {s} restarts"));

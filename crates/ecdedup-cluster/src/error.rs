@@ -80,13 +80,15 @@ pub enum Error {
         "epoch {epoch} of volume {volume_id} is not known to be stored on chunk server(s) \
          {servers} after {waited_ms} ms: each is registered (its lease lives) but has not said \
          it applied the writer key (server/<id>/epochs); the volume is not served until it \
-         does or its lease ends (check that server's link to etcd)"
+         does or its lease ends (check that server's link to etcd; last etcd error: \
+         {last_error})"
     )]
     EpochUnconfirmed {
         volume_id: u64,
         epoch: u64,
         servers: String,
         waited_ms: u64,
+        last_error: String,
     },
     /// The lease under which the caller acts is lost (see `lease.rs`).
     #[error("fenced: {0}")]

@@ -347,6 +347,35 @@ pub struct ServerSpace {
     /// the servers into each volume's dedup ratio.
     #[serde(default)]
     pub volumes: BTreeMap<u64, VolumeDedup>,
+    /// Volumes left out of `volumes` (past [`VOLUMES_REPORTED_MAX`], the
+    /// fewest blocks mapped first), so the report stays far below etcd's
+    /// request size limit.
+    #[serde(default)]
+    pub volumes_left_out: u64,
+}
+
+/// The most volumes a server's space report names in `volumes` (about
+/// 200 bytes of JSON each).
+pub const VOLUMES_REPORTED_MAX: usize = 1024;
+
+impl ServerSpace {
+    /// Keeps the [`VOLUMES_REPORTED_MAX`] volumes with the most blocks
+    /// mapped in `volumes`, counting the others in `volumes_left_out`.
+    pub fn bound_volumes(&mut self) {
+        if self.volumes.len() <= VOLUMES_REPORTED_MAX {
+            return;
+        }
+        let mut by_size: Vec<(u64, u64)> = self
+            .volumes
+            .iter()
+            .map(|(&id, v)| (v.mapped_blocks, id))
+            .collect();
+        by_size.sort_unstable_by(|a, b| b.cmp(a));
+        for &(_, id) in &by_size[VOLUMES_REPORTED_MAX..] {
+            self.volumes.remove(&id);
+            self.volumes_left_out += 1;
+        }
+    }
 }
 
 /// A chunk server's dedup layers of one volume.
@@ -703,6 +732,29 @@ mod tests {
             assert!(key.starts_with("/ecdedup/c1/"), "{key}");
             assert_eq!(keys.parse(&key), Some(named), "{key}");
         }
+    }
+
+    #[test]
+    fn a_space_report_names_at_most_its_bound_of_volumes_the_largest_kept() {
+        let mut space = ServerSpace {
+            devices: vec![],
+            dedup: ServerDedup::default(),
+            volumes: (0..VOLUMES_REPORTED_MAX as u64 + 3)
+                .map(|id| {
+                    let v = VolumeDedup {
+                        mapped_blocks: id,
+                        ..VolumeDedup::default()
+                    };
+                    (id, v)
+                })
+                .collect(),
+            volumes_left_out: 0,
+        };
+        space.bound_volumes();
+        assert_eq!(space.volumes.len(), VOLUMES_REPORTED_MAX);
+        assert_eq!(space.volumes_left_out, 3);
+        assert!(!space.volumes.contains_key(&2) && space.volumes.contains_key(&3));
+        assert!(encode(&space).len() < 300 * VOLUMES_REPORTED_MAX);
     }
 
     #[test]

@@ -109,12 +109,33 @@ impl LeaseClock {
 #[derive(Clone, Debug)]
 pub struct Fence {
     rx: watch::Receiver<LeaseState>,
-    /// The clock's fence time ([`LeaseClock::fence_at_ms`]), in ms since
-    /// `origin`, as the keeper last moved it: read at each use, so a
-    /// holder that was paused past it (SIGSTOP, a stalled VM) sees the
-    /// lease as lost before its keeper task has run again.
-    fence_at_ms: Arc<AtomicU64>,
-    origin: Instant,
+    /// The clock's fence time ([`LeaseClock::fence_at_ms`]) as the keeper
+    /// last moved it, on the boot clock ([`boot_ms`]): read at each use,
+    /// so a holder paused past it (SIGSTOP, or a host suspended, which
+    /// stops the monotonic clock the keeper sleeps on but not this one)
+    /// sees the lease as lost before its keeper task has run again.
+    fence_at_boot_ms: Arc<AtomicU64>,
+}
+
+/// Milliseconds of `CLOCK_BOOTTIME`: monotonic, and counting a suspend.
+fn boot_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given; CLOCK_BOOTTIME
+    // exists on every Linux this builds for.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    if rc != 0 {
+        return u64::MAX; // no clock: count the lease as lost
+    }
+    (ts.tv_sec as u64) * 1000 + (ts.tv_nsec as u64) / 1_000_000
+}
+
+/// The boot-clock time of the lease clock's `fence_at_ms`, its clock
+/// being at `now_ms` now.
+fn fence_at_boot(fence_at_ms: u64, now_ms: u64) -> u64 {
+    boot_ms().saturating_add(fence_at_ms.saturating_sub(now_ms))
 }
 
 impl Fence {
@@ -122,8 +143,7 @@ impl Fence {
     /// fenced, and the keeper's last fence time not yet passed. A holder
     /// checks it before it acknowledges a write (`chunkd`).
     pub fn live_now(&self) -> bool {
-        self.reason().is_none()
-            && (self.origin.elapsed().as_millis() as u64) < self.fence_at_ms.load(Ordering::SeqCst)
+        self.reason().is_none() && boot_ms() < self.fence_at_boot_ms.load(Ordering::SeqCst)
     }
 
     /// Why the holder is fenced, or `None` while the lease is live.
@@ -181,22 +201,24 @@ impl Lease {
         let ttl_s = granted.ttl().max(0) as u64;
         let clock = LeaseClock::granted(sent_ms, ttl_s);
         let (tx, rx) = watch::channel(LeaseState::Live);
-        let fence_at_ms = Arc::new(AtomicU64::new(clock.fence_at_ms()));
+        let fence_at_boot_ms = Arc::new(AtomicU64::new(fence_at_boot(
+            clock.fence_at_ms(),
+            origin.elapsed().as_millis() as u64,
+        )));
         let keeper = tokio::spawn(keep(
             etcd.clone(),
             granted.id(),
             clock,
             origin,
             tx,
-            Arc::clone(&fence_at_ms),
+            Arc::clone(&fence_at_boot_ms),
         ));
         Ok(Lease {
             id: granted.id(),
             ttl_s,
             fence: Fence {
                 rx,
-                fence_at_ms,
-                origin,
+                fence_at_boot_ms,
             },
             keeper,
             etcd: etcd.clone(),
@@ -260,7 +282,7 @@ async fn keep(
     mut clock: LeaseClock,
     origin: Instant,
     tx: watch::Sender<LeaseState>,
-    fence_at_ms: Arc<AtomicU64>,
+    fence_at_boot_ms: Arc<AtomicU64>,
 ) {
     let now_ms = || origin.elapsed().as_millis() as u64;
     let at = |ms: u64| origin + Duration::from_millis(ms);
@@ -307,7 +329,10 @@ async fn keep(
                 if let LeaseState::Fenced(reason) = clock.on_renewed(sent_ms, answer.ttl()) {
                     break reason;
                 }
-                fence_at_ms.store(clock.fence_at_ms(), Ordering::SeqCst);
+                fence_at_boot_ms.store(
+                    fence_at_boot(clock.fence_at_ms(), now_ms()),
+                    Ordering::SeqCst,
+                );
             }
             Ok(Ok(None)) | Ok(Err(_)) => {
                 // The stream broke: find a live endpoint and open a new one.
@@ -327,7 +352,7 @@ async fn keep(
             }
         }
     };
-    fence_at_ms.store(0, Ordering::SeqCst);
+    fence_at_boot_ms.store(0, Ordering::SeqCst);
     let _ = tx.send(LeaseState::Fenced(fenced));
 }
 
@@ -366,19 +391,24 @@ mod tests {
     #[test]
     fn a_fence_time_passed_counts_as_lost_before_the_keeper_runs() {
         let (_tx, rx) = watch::channel(LeaseState::Live);
-        let origin = Instant::now() - Duration::from_secs(10);
-        let fence = |at_ms: u64| Fence {
+        let fence = |at_boot_ms: u64| Fence {
             rx: rx.clone(),
-            fence_at_ms: Arc::new(AtomicU64::new(at_ms)),
-            origin,
+            fence_at_boot_ms: Arc::new(AtomicU64::new(at_boot_ms)),
         };
-        assert!(fence(60_000).live_now());
-        assert!(!fence(9_000).live_now(), "past its fence time");
+        let now = boot_ms();
+        assert!(fence(now + 60_000).live_now());
+        assert!(!fence(now - 1).live_now(), "past its fence time");
+        // A fence time 50 s ahead on the lease clock, whose clock reads
+        // 10 s now: 40 s ahead on the boot clock.
+        let ahead = fence_at_boot(50_000, 10_000);
+        assert!(
+            (now + 40_000..=boot_ms() + 40_000).contains(&ahead),
+            "{ahead}"
+        );
         let (tx, rx) = watch::channel(LeaseState::Live);
         let fenced = Fence {
             rx,
-            fence_at_ms: Arc::new(AtomicU64::new(60_000)),
-            origin,
+            fence_at_boot_ms: Arc::new(AtomicU64::new(now + 60_000)),
         };
         tx.send(LeaseState::Fenced("gone".into())).unwrap();
         assert!(!fenced.live_now(), "fenced");

@@ -238,10 +238,22 @@ pub enum EpochStand {
 /// How often [`await_epoch_stored`] looks again.
 const EPOCH_POLL: Duration = Duration::from_millis(100);
 
+/// How long [`await_epoch_stored`] waits at least for the registration
+/// of a server under a lease of `ttl` to go: a dead server's lease ends
+/// within its TTL of its last renewal (before the wait began), plus
+/// etcd's granularity in expiring it: half the TTL more, at least 1 s.
+fn lease_wait(ttl: Duration) -> Duration {
+    ttl + (ttl / 2).max(Duration::from_secs(1))
+}
+
 /// Waits until epoch `epoch` of volume `volume_id` is stored on each
 /// server of `ids` or the server is gone ([`EpochStand`]), looking every
-/// 100 ms for up to `within`; then fails with `EpochUnconfirmed`, naming
-/// the servers still registered without it.
+/// 100 ms for up to `within`, or longer where a pending server's lease
+/// has a longer TTL (a server killed just before is gone within its TTL;
+/// one alive and following etcd says so at once); then fails with
+/// `EpochUnconfirmed`, naming the servers still registered without it.
+/// An etcd request that fails is tried again at the next look, and named
+/// in that error if the wait runs out.
 pub async fn await_epoch_stored(
     etcd: &Etcd,
     volume_id: u64,
@@ -250,14 +262,26 @@ pub async fn await_epoch_stored(
     within: Duration,
 ) -> Result<Vec<(ServerId, EpochStand)>> {
     let start = tokio::time::Instant::now();
+    let mut deadline = start + within;
     let mut done = Vec::new();
     let mut pending: Vec<ServerId> = ids.to_vec();
+    let mut last_error = None;
     loop {
         let mut still = Vec::new();
         for &id in &pending {
-            match epoch_stand(etcd, id, epoch).await? {
-                Some(stand) => done.push((id, stand)),
-                None => still.push(id),
+            match epoch_stand(etcd, id, epoch).await {
+                Ok(Ok(stand)) => done.push((id, stand)),
+                Ok(Err(lease)) => {
+                    if let Ok(ttl) = etcd.client().lease_time_to_live(lease, None).await {
+                        let ttl = Duration::from_secs(ttl.granted_ttl().max(0) as u64);
+                        deadline = deadline.max(start + lease_wait(ttl));
+                    }
+                    still.push(id);
+                }
+                Err(e) => {
+                    last_error = Some(e.to_string());
+                    still.push(id);
+                }
             }
         }
         pending = still;
@@ -265,7 +289,7 @@ pub async fn await_epoch_stored(
             done.sort_by_key(|(id, _)| *id);
             return Ok(done);
         }
-        if start.elapsed() >= within {
+        if tokio::time::Instant::now() >= deadline {
             return Err(Error::EpochUnconfirmed {
                 volume_id,
                 epoch,
@@ -275,14 +299,20 @@ pub async fn await_epoch_stored(
                     .collect::<Vec<_>>()
                     .join(", "),
                 waited_ms: start.elapsed().as_millis() as u64,
+                last_error: last_error.unwrap_or_else(|| "none".into()),
             });
         }
         tokio::time::sleep(EPOCH_POLL).await;
     }
 }
 
-/// Where server `id` stands with `epoch` now (`None`: not yet stored).
-async fn epoch_stand(etcd: &Etcd, id: ServerId, epoch: u64) -> Result<Option<EpochStand>> {
+/// Where server `id` stands with `epoch` now, or the lease of its
+/// registration while it has not stored it.
+async fn epoch_stand(
+    etcd: &Etcd,
+    id: ServerId,
+    epoch: u64,
+) -> Result<std::result::Result<EpochStand, i64>> {
     let answer = etcd
         .client()
         .get(
@@ -295,15 +325,17 @@ async fn epoch_stand(etcd: &Etcd, id: ServerId, epoch: u64) -> Result<Option<Epo
     for kv in answer.kvs() {
         let key = String::from_utf8_lossy(kv.key()).into_owned();
         match etcd.keys().parse(&key) {
-            Some(Key::ServerState(_)) => info = Some(decode::<ServerInfo>(&key, kv.value())?),
+            Some(Key::ServerState(_)) => {
+                info = Some((decode::<ServerInfo>(&key, kv.value())?, kv.lease()))
+            }
             Some(Key::ServerEpochs(_)) => seen = Some(decode::<EpochsSeen>(&key, kv.value())?),
             _ => {}
         }
     }
     Ok(match (info, seen) {
-        (None, _) => Some(EpochStand::Gone),
-        (Some(info), _) if !info.takes(FEATURE_EPOCH_WATCH) => Some(EpochStand::Unconfirmable),
-        (Some(_), Some(seen)) if seen.through >= epoch => Some(EpochStand::Stored),
-        (Some(_), _) => None,
+        (None, _) => Ok(EpochStand::Gone),
+        (Some((info, _)), _) if !info.takes(FEATURE_EPOCH_WATCH) => Ok(EpochStand::Unconfirmable),
+        (Some(_), Some(seen)) if seen.through >= epoch => Ok(EpochStand::Stored),
+        (Some((_, lease)), _) => Err(lease),
     })
 }

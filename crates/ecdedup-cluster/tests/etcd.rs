@@ -204,6 +204,7 @@ async fn a_second_server_with_the_same_id_is_refused_and_told_who_holds_it() {
             },
         )]
         .into(),
+        volumes_left_out: 0,
     };
     first.report_space(&space).await.unwrap();
     let servers = list_servers(&etcd).await.unwrap();
@@ -236,6 +237,7 @@ async fn a_revoked_lease_fences_the_server_and_frees_its_id() {
         devices: vec![],
         dedup: Default::default(),
         volumes: Default::default(),
+        volumes_left_out: 0,
     };
     assert!(matches!(
         registration.report_space(&space).await,
@@ -253,10 +255,12 @@ async fn a_new_writer_waits_until_each_missed_server_stored_its_epoch_or_is_gone
     let (_process, etcd) = shared_cluster("epoch-wait").await;
     let mut follows = info("10.0.0.1:7000", "a");
     follows.features = vec![keys::FEATURE_EPOCH_WATCH.to_string()];
-    let one = register_server(&etcd, ServerId(1), &follows, TTL)
+    // Short leases: the wait outlasts a pending server's TTL by half.
+    let ttl = Duration::from_secs(2);
+    let one = register_server(&etcd, ServerId(1), &follows, ttl)
         .await
         .unwrap();
-    let two = register_server(&etcd, ServerId(2), &follows, TTL)
+    let two = register_server(&etcd, ServerId(2), &follows, ttl)
         .await
         .unwrap();
     let _older = register(&etcd, 3, "10.0.0.3:7000", "c").await.unwrap();
@@ -274,11 +278,18 @@ async fn a_new_writer_waits_until_each_missed_server_stored_its_epoch_or_is_gone
     let (volume, epoch) = (writer.volume_id(), writer.epoch());
     let ids = [ServerId(1), ServerId(2), ServerId(3), ServerId(4)];
     let short = Duration::from_millis(300);
-    // Nobody said anything yet: 1 and 2 are waited for.
+    // Nobody said anything yet: 1 and 2 are waited for, past `short`, for
+    // their leases' TTL and half more (3 s).
+    let began = std::time::Instant::now();
     match await_epoch_stored(&etcd, volume, &ids, epoch, short).await {
         Err(Error::EpochUnconfirmed { servers, .. }) => assert_eq!(servers, "1, 2"),
         other => panic!("expected EpochUnconfirmed, got {other:?}"),
     }
+    assert!(
+        began.elapsed() >= Duration::from_secs(3),
+        "waited {:?}: the pending servers' leases were not waited out",
+        began.elapsed()
+    );
     // An older epoch said is not enough.
     one.report_epochs(epoch - 1).await.unwrap();
     two.report_epochs(epoch).await.unwrap();

@@ -1454,6 +1454,14 @@ impl DedupDevice {
         ]
     }
 
+    /// A count that moves whenever the layer's mapping may have changed
+    /// (blocks written, by slot or by reference, and unmapped): a cheap
+    /// check of whether [`Self::space`] needs a new scan.
+    pub fn changes(&self) -> u64 {
+        let c = &self.counters;
+        c.physical_writes.load(Relaxed) + c.reference_writes.load(Relaxed) + c.unmaps.load(Relaxed)
+    }
+
     /// Blocks of the data area mapped (written and not discarded), and
     /// slots they use: what the layer saves is their difference (one scan
     /// of the maps).
