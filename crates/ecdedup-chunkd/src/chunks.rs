@@ -154,9 +154,6 @@ pub struct ChunkServer {
     /// Volumes whose epoch was raised in memory only ([`Self::raise_epoch`]
     /// for a volume without a file): their first request stores it.
     epochs_unsaved: Mutex<BTreeSet<u64>>,
-    /// Per open layered chunk: its [`DedupDevice::changes`] at its last
-    /// space scan, and that scan's result.
-    space_scans: Mutex<HashMap<(u64, u32), (u64, Space)>>,
     /// The etcd revision of the last whole read of the writer keys
     /// ([`Self::apply_writer_keys`]): a volume this server holds no epoch
     /// of had no writer then, so a request for it at an epoch up to this
@@ -428,7 +425,6 @@ impl ChunkServer {
             closed_dedup: Mutex::new(Default::default()),
             closed_chunks: Mutex::new(HashMap::new()),
             epochs_unsaved: Mutex::new(BTreeSet::new()),
-            space_scans: Mutex::new(HashMap::new()),
             epoch_floor: AtomicU64::new(0),
             layout: Mutex::new(()),
             gates: Mutex::new(HashMap::new()),
@@ -476,6 +472,12 @@ impl ChunkServer {
     /// (every request's admission reads the file), which fences any old
     /// writer as well; the others go on.
     pub fn raise_epoch(&self, volume: u64, epoch: u64) -> io::Result<bool> {
+        self.raise_epoch_as(volume, epoch, true)
+    }
+
+    /// [`Self::raise_epoch`], in memory only unless `durable` (and the
+    /// volume has an epoch file).
+    fn raise_epoch_as(&self, volume: u64, epoch: u64, durable: bool) -> io::Result<bool> {
         let key = Fenced::Volume(volume);
         let stored = |key| match self.stored(key) {
             Err(e) if e.kind() == io::ErrorKind::InvalidData => Ok(u64::MAX),
@@ -490,8 +492,8 @@ impl ChunkServer {
         if before >= epoch {
             return Ok(false);
         }
-        if before == 0 {
-            // No file (`stored` read none).
+        if before == 0 || !durable {
+            // No file (`stored` read none), or not asked for one.
             self.epochs.lock().unwrap().insert(key, epoch);
             self.epochs_unsaved.lock().unwrap().insert(volume);
             return Ok(true);
@@ -518,9 +520,12 @@ impl ChunkServer {
             raised += usize::from(self.raise_epoch(volume, epoch)?);
         }
         self.epoch_floor.fetch_max(revision, Ordering::SeqCst);
+        // In memory: every whole read (each start, each reload) raises
+        // them again, and a file written per idle volume at each start
+        // would hold requests back (they wait for this).
         for volume in self.known_volumes()? {
             if !keyed.contains(&volume) {
-                raised += usize::from(self.raise_epoch(volume, revision)?);
+                raised += usize::from(self.raise_epoch_as(volume, revision, false)?);
             }
         }
         Ok(raised)
@@ -893,8 +898,7 @@ impl ChunkServer {
     fn note_closed(&self, name: (u64, u32), layer: &DedupDevice) {
         let counts = layer.write_counts();
         add_dedup(&mut self.closed_dedup.lock().unwrap(), counts);
-        let space = self.layer_space(name, layer);
-        self.space_scans.lock().unwrap().remove(&name);
+        let space = layer.space();
         let mut closed = self.closed_chunks.lock().unwrap();
         let c = closed.entry(name).or_default();
         for (sum, n) in c.counts.iter_mut().zip(counts) {
@@ -902,24 +906,6 @@ impl ChunkServer {
         }
         c.space = space;
         self.counters.layers_closed.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// The open layer `layer`'s space ([`DedupDevice::space`]), scanned
-    /// again only if its mapping may have changed since the last scan
-    /// ([`DedupDevice::changes`]): an idle layer costs no scan.
-    fn layer_space(&self, name: (u64, u32), layer: &DedupDevice) -> (u64, u64) {
-        let changes = layer.changes();
-        if let Some(&(at, space)) = self.space_scans.lock().unwrap().get(&name) {
-            if at == changes {
-                return space;
-            }
-        }
-        let space = layer.space();
-        self.space_scans
-            .lock()
-            .unwrap()
-            .insert(name, (changes, space));
-        space
     }
 
     /// Runs a dedup layer over a chunk (`Op::Layer`): `spec.fresh` makes
@@ -1033,7 +1019,7 @@ impl ChunkServer {
             for (sum, n) in c.counts.iter_mut().zip(layer.write_counts()) {
                 *sum += n;
             }
-            c.space = self.layer_space(name, &layer);
+            c.space = layer.space();
         }
         let mut out: BTreeMap<u64, VolumeDedup> = BTreeMap::new();
         for ((volume, _), c) in chunks {
@@ -1489,9 +1475,6 @@ fn parse_epoch(bytes: &[u8]) -> Option<u64> {
     }
     line.parse().ok()
 }
-
-/// A layer's blocks mapped and slots used ([`DedupDevice::space`]).
-type Space = (u64, u64);
 
 /// The dedup layers of the chunks open in `open`, by (volume, chunk).
 fn layers_in(open: &OpenChunks) -> Vec<((u64, u32), Arc<DedupDevice>)> {
@@ -2190,11 +2173,14 @@ mod tests {
             Status::EpochTooOld,
             "volume 7's writer lost its key"
         );
+        let file7 = || std::fs::read_to_string(dir.path().join("a/epochs/v7")).unwrap();
+        assert_eq!(file7(), "5\n", "a whole read's raise is kept in memory");
         assert_eq!(
             refused(7, 40),
             Status::Ok,
             "a writer created at the read's revision"
         );
+        assert_eq!(file7(), "40\n", "stored at its first request");
         assert_eq!(refused(8, 6), Status::EpochTooOld);
         assert_eq!(refused(8, 30), Status::Ok);
         // A volume unknown here: its writers of epochs up to 40 are gone.

@@ -124,6 +124,11 @@ struct Adapter {
     /// False until the writer keys are applied after the registration:
     /// a request waits for it.
     ready: tokio::sync::watch::Receiver<bool>,
+    /// Told when a request finds the lease's fence time passed: the
+    /// server then exits fenced, as when its keeper fences it (it would
+    /// otherwise stay registered, refusing every request, if the keeper
+    /// renewed the lease after the pause).
+    lost: Arc<tokio::sync::Notify>,
 }
 
 impl Adapter {
@@ -133,6 +138,7 @@ impl Adapter {
         let lost = self.lease.get().is_some_and(|f| !f.live_now());
         if lost {
             self.server.fence();
+            self.lost.notify_one();
         }
         lost
     }
@@ -404,6 +410,7 @@ pub async fn run(config: ChunkdConfig) -> Result<i32, String> {
         .await
         .map_err(|e| format!("etcd: {e}"))?;
     let lease = Arc::new(std::sync::OnceLock::new());
+    let lost = Arc::new(tokio::sync::Notify::new());
     // Requests wait until the writer keys are applied (below).
     let (ready_tx, ready_rx) = tokio::sync::watch::channel(false);
     let listener = Server::bind(
@@ -413,6 +420,7 @@ pub async fn run(config: ChunkdConfig) -> Result<i32, String> {
             server: Arc::clone(&server),
             lease: Arc::clone(&lease),
             ready: ready_rx,
+            lost: Arc::clone(&lost),
         }),
         ServerConfig::default(),
     )
@@ -508,6 +516,10 @@ pub async fn run(config: ChunkdConfig) -> Result<i32, String> {
                 // Nothing more is acknowledged from here on.
                 server.fence();
                 line(COMPONENT, "fenced", &[("id", &config.id), ("reason", &reason)]);
+                return Ok(EXIT_FENCED);
+            }
+            _ = lost.notified() => {
+                line(COMPONENT, "fenced", &[("id", &config.id), ("reason", &"a request found the lease's fence time passed (the process was paused, or the host suspended)")]);
                 return Ok(EXIT_FENCED);
             }
             reason = &mut follower.0 => {

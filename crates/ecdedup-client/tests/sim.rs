@@ -553,14 +553,14 @@ impl NetState {
             let live = ChunkServer::new(storage, server_config(s))
                 .unwrap_or_else(|e| panic!("server {s} does not restart: {e}"));
             // `chunkd` reads every writer key from etcd before it takes a
-            // request (each volume's newest writer holds its key; the
-            // simulator's epochs stand for revisions, the newest for the
-            // read's).
+            // request (each volume's newest writer holds its key). The
+            // simulator's epochs are counters per volume, not etcd
+            // revisions, so the read names no revision (0: no floor for
+            // the volumes without a key, of which it has none).
             if epoch_watch() {
                 let keys: Vec<(u64, u64)> =
                     self.newest_epoch.iter().map(|(&v, &e)| (v, e)).collect();
-                let revision = keys.iter().map(|&(_, e)| e).max().unwrap_or(0);
-                live.apply_writer_keys(revision, &keys)
+                live.apply_writer_keys(0, &keys)
                     .unwrap_or_else(|e| panic!("server {s} stores no epoch: {e}"));
             }
             server.live = Some(Arc::new(live));

@@ -117,8 +117,9 @@ pub struct Fence {
     fence_at_boot_ms: Arc<AtomicU64>,
 }
 
-/// Milliseconds of `CLOCK_BOOTTIME`: monotonic, and counting a suspend.
-fn boot_ms() -> u64 {
+/// Milliseconds of `CLOCK_BOOTTIME`: monotonic, and counting a suspend
+/// (`None` if the clock cannot be read).
+fn boot_ms() -> Option<u64> {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -127,15 +128,20 @@ fn boot_ms() -> u64 {
     // exists on every Linux this builds for.
     let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
     if rc != 0 {
-        return u64::MAX; // no clock: count the lease as lost
+        return None;
     }
-    (ts.tv_sec as u64) * 1000 + (ts.tv_nsec as u64) / 1_000_000
+    Some((ts.tv_sec as u64) * 1000 + (ts.tv_nsec as u64) / 1_000_000)
 }
 
-/// The boot-clock time of the lease clock's `fence_at_ms`, its clock
-/// being at `now_ms` now.
-fn fence_at_boot(fence_at_ms: u64, now_ms: u64) -> u64 {
-    boot_ms().saturating_add(fence_at_ms.saturating_sub(now_ms))
+/// The boot-clock time of the lease clock's `fence_at_ms`, for a renewal
+/// (or grant) sent at `sent_ms` on the lease clock and `sent_boot` on the
+/// boot clock (both read before the request went out, so a suspend while
+/// it was in flight counts against the lease); 0 (lost) without a boot
+/// clock.
+fn fence_at_boot(fence_at_ms: u64, sent_ms: u64, sent_boot: Option<u64>) -> u64 {
+    sent_boot.map_or(0, |boot| {
+        boot.saturating_add(fence_at_ms.saturating_sub(sent_ms))
+    })
 }
 
 impl Fence {
@@ -143,7 +149,8 @@ impl Fence {
     /// fenced, and the keeper's last fence time not yet passed. A holder
     /// checks it before it acknowledges a write (`chunkd`).
     pub fn live_now(&self) -> bool {
-        self.reason().is_none() && boot_ms() < self.fence_at_boot_ms.load(Ordering::SeqCst)
+        self.reason().is_none()
+            && boot_ms().is_some_and(|now| now < self.fence_at_boot_ms.load(Ordering::SeqCst))
     }
 
     /// Why the holder is fenced, or `None` while the lease is live.
@@ -193,6 +200,7 @@ impl Lease {
         }
         let origin = Instant::now();
         let sent_ms = 0;
+        let sent_boot = boot_ms();
         let granted = etcd
             .client()
             .lease_grant(ttl.as_secs() as i64, None)
@@ -203,7 +211,8 @@ impl Lease {
         let (tx, rx) = watch::channel(LeaseState::Live);
         let fence_at_boot_ms = Arc::new(AtomicU64::new(fence_at_boot(
             clock.fence_at_ms(),
-            origin.elapsed().as_millis() as u64,
+            sent_ms,
+            sent_boot,
         )));
         let keeper = tokio::spawn(keep(
             etcd.clone(),
@@ -319,6 +328,7 @@ async fn keep(
             continue;
         };
         let sent_ms = now_ms();
+        let sent_boot = boot_ms();
         let renewal = async {
             keeper.keep_alive().await?;
             responses.message().await
@@ -329,8 +339,10 @@ async fn keep(
                 if let LeaseState::Fenced(reason) = clock.on_renewed(sent_ms, answer.ttl()) {
                     break reason;
                 }
-                fence_at_boot_ms.store(
-                    fence_at_boot(clock.fence_at_ms(), now_ms()),
+                // The clock's fence time may come from an earlier renewal
+                // (an answer out of order): never moved back.
+                fence_at_boot_ms.fetch_max(
+                    fence_at_boot(clock.fence_at_ms(), sent_ms, sent_boot),
                     Ordering::SeqCst,
                 );
             }
@@ -395,16 +407,15 @@ mod tests {
             rx: rx.clone(),
             fence_at_boot_ms: Arc::new(AtomicU64::new(at_boot_ms)),
         };
-        let now = boot_ms();
+        let now = boot_ms().expect("a boot clock");
         assert!(fence(now + 60_000).live_now());
         assert!(!fence(now - 1).live_now(), "past its fence time");
-        // A fence time 50 s ahead on the lease clock, whose clock reads
-        // 10 s now: 40 s ahead on the boot clock.
-        let ahead = fence_at_boot(50_000, 10_000);
-        assert!(
-            (now + 40_000..=boot_ms() + 40_000).contains(&ahead),
-            "{ahead}"
-        );
+        // A fence time 50 s ahead of a renewal sent at 10 s on the lease
+        // clock and at `now` on the boot clock: 40 s after `now`.
+        assert_eq!(fence_at_boot(50_000, 10_000, Some(now)), now + 40_000);
+        // No boot clock: lost.
+        assert_eq!(fence_at_boot(50_000, 10_000, None), 0);
+        assert!(!fence(0).live_now());
         let (tx, rx) = watch::channel(LeaseState::Live);
         let fenced = Fence {
             rx,

@@ -238,6 +238,9 @@ pub enum EpochStand {
 /// How often [`await_epoch_stored`] looks again.
 const EPOCH_POLL: Duration = Duration::from_millis(100);
 
+/// The longest lease TTL [`await_epoch_stored`] waits out (an hour).
+const LEASE_TTL_WAITED_MAX_S: i64 = 3600;
+
 /// How long [`await_epoch_stored`] waits at least for the registration
 /// of a server under a lease of `ttl` to go: a dead server's lease ends
 /// within its TTL of its last renewal (before the wait began), plus
@@ -272,9 +275,12 @@ pub async fn await_epoch_stored(
             match epoch_stand(etcd, id, epoch).await {
                 Ok(Ok(stand)) => done.push((id, stand)),
                 Ok(Err(lease)) => {
-                    if let Ok(ttl) = etcd.client().lease_time_to_live(lease, None).await {
-                        let ttl = Duration::from_secs(ttl.granted_ttl().max(0) as u64);
-                        deadline = deadline.max(start + lease_wait(ttl));
+                    match etcd.client().lease_time_to_live(lease, None).await {
+                        Ok(ttl) => {
+                            let ttl = ttl.granted_ttl().clamp(0, LEASE_TTL_WAITED_MAX_S) as u64;
+                            deadline = deadline.max(start + lease_wait(Duration::from_secs(ttl)));
+                        }
+                        Err(e) => last_error = Some(format!("lease time to live: {e}")),
                     }
                     still.push(id);
                 }

@@ -230,6 +230,11 @@ struct State {
     /// the log's fdatasync.
     log_synced: u64,
     log: Arc<dyn StorageFile>,
+    /// Moves at every change of the map or of a slot's count
+    /// ([`State::assign`], [`State::decref`]): the key of `space_seen`.
+    generation: u64,
+    /// The last [`DedupDevice::space`] scan, with the generation it saw.
+    space_seen: Option<(u64, (u64, u64))>,
 }
 
 /// One bit per slot or block, all cleared at once (at a sync).
@@ -285,6 +290,7 @@ impl State {
     }
 
     fn decref(&mut self, slot: u32) {
+        self.generation += 1;
         let r = &mut self.refs[slot as usize];
         assert!(*r > 0, "slot {slot} released more often than referenced");
         *r -= 1;
@@ -358,6 +364,7 @@ impl State {
 
     /// Points `block` at `slot` (which the caller has already counted).
     fn assign(&mut self, block: u64, slot: u32) {
+        self.generation += 1;
         let old = std::mem::replace(&mut self.map[block as usize], slot);
         if old != UNMAPPED {
             self.decref(old);
@@ -674,6 +681,8 @@ impl DedupDevice {
             log_end,
             log_synced: log_end,
             log,
+            generation: 0,
+            space_seen: None,
         };
         let parity = config.policy == Policy::Parity;
         for slot in recency {
@@ -1454,20 +1463,20 @@ impl DedupDevice {
         ]
     }
 
-    /// A count that moves whenever the layer's mapping may have changed
-    /// (blocks written, by slot or by reference, and unmapped): a cheap
-    /// check of whether [`Self::space`] needs a new scan.
-    pub fn changes(&self) -> u64 {
-        let c = &self.counters;
-        c.physical_writes.load(Relaxed) + c.reference_writes.load(Relaxed) + c.unmaps.load(Relaxed)
-    }
-
     /// Blocks of the data area mapped (written and not discarded), and
-    /// slots they use: what the layer saves is their difference (one scan
-    /// of the maps).
+    /// slots they use: what the layer saves is their difference. One scan
+    /// of the maps, made again only after they changed (a block pointed
+    /// elsewhere, a slot's count dropped): an idle layer's costs nothing.
     pub fn space(&self) -> (u64, u64) {
-        let st = self.state.lock().unwrap();
-        (st.mapped_blocks(), st.slots_used())
+        let mut st = self.state.lock().unwrap();
+        if let Some((seen, space)) = st.space_seen {
+            if seen == st.generation {
+                return space;
+            }
+        }
+        let space = (st.mapped_blocks(), st.slots_used());
+        st.space_seen = Some((st.generation, space));
+        space
     }
 
     pub fn stats(&self) -> DedupStats {
