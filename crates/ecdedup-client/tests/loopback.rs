@@ -1117,7 +1117,14 @@ fn a_server_down_at_a_takeover_refuses_the_old_writer_when_it_is_back() {
     let mut opts = c.options(name, "rmw", "v", "w2");
     opts.take_over = true;
     opts.request_timeout = Duration::from_secs(5);
+    let began = std::time::Instant::now();
     let b = ecdedup_client::open(&opts).unwrap();
+    // A measurement, not a check: the takeover waited for the killed
+    // server's registration to go (its 5 s lease).
+    eprintln!(
+        "takeover with a server killed just before: {:.2} s",
+        began.elapsed().as_secs_f64()
+    );
     assert!(b.wire().epoch > old_epoch);
     check(&b, &model);
     write_and_check(&b, &mut model, 3);
