@@ -493,8 +493,14 @@ impl ChunkServer {
             return Ok(false);
         }
         if before == 0 || !durable {
-            // No file (`stored` read none), or not asked for one.
-            self.epochs.lock().unwrap().insert(key, epoch);
+            // No file (`stored` read none), or not asked for one. Checked
+            // again under the map's lock: a removal (which takes no gate)
+            // may have stored REMOVED_EPOCH since.
+            let mut epochs = self.epochs.lock().unwrap();
+            if epochs.get(&key).copied().unwrap_or(before) >= epoch {
+                return Ok(false);
+            }
+            epochs.insert(key, epoch);
             self.epochs_unsaved.lock().unwrap().insert(volume);
             return Ok(true);
         }

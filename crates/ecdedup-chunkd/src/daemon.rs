@@ -567,6 +567,9 @@ pub async fn run(config: ChunkdConfig) -> Result<i32, String> {
         }
     }
     line(COMPONENT, "stopping", &[("id", &config.id)]);
+    // Nothing more is acknowledged once the registration goes (a request
+    // still in a handler's task would be answered after it).
+    server.fence();
     drop(listener);
     if let Err(e) = registration.close().await {
         line(COMPONENT, "deregister-failed", &[("reason", &e)]);

@@ -785,6 +785,7 @@ impl DedupDevice {
                 if let Err(e) = written {
                     let mut st = self.state.lock().unwrap();
                     st.refs[slot as usize] = 0;
+                    st.generation += 1;
                     st.free.push(slot);
                     return Err(e);
                 }
@@ -1177,6 +1178,7 @@ impl DedupDevice {
                     match *plan {
                         Plan::Fresh(s) => {
                             st.refs[s as usize] = 0;
+                            st.generation += 1;
                             st.free.push(s);
                         }
                         Plan::Reference(s) => st.decref(s),
