@@ -337,6 +337,10 @@ async fn report_epochs(
     }
 }
 
+/// The longest a server fenced by a passed fence time waits to give its
+/// lease back before it exits.
+const LEASE_GIVE_BACK: Duration = Duration::from_secs(2);
+
 /// How often a failed `server/<id>/epochs` report is tried again.
 const EPOCHS_RETRY: Duration = Duration::from_secs(1);
 
@@ -520,6 +524,11 @@ pub async fn run(config: ChunkdConfig) -> Result<i32, String> {
             }
             _ = lost.notified() => {
                 line(COMPONENT, "fenced", &[("id", &config.id), ("reason", &"a request found the lease's fence time passed (the process was paused, or the host suspended)")]);
+                // The keeper may have renewed the lease since (a short
+                // suspend): give it back, so the id (and the coordinator
+                // key, if this server held it) is free at once; a lease
+                // already gone makes this fail, quickly.
+                let _ = tokio::time::timeout(LEASE_GIVE_BACK, registration.close()).await;
                 return Ok(EXIT_FENCED);
             }
             reason = &mut follower.0 => {
