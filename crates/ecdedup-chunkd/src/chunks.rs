@@ -618,7 +618,9 @@ impl ChunkServer {
         if epoch == 0 {
             return Err(invalid("epoch 0: a writer's epoch is at least 1"));
         }
-        if self.stored(Fenced::Volume(volume)).ok() == Some(REMOVED_EPOCH) {
+        // One read for both checks below (every request passes here).
+        let known = self.stored(Fenced::Volume(volume)).ok();
+        if known == Some(REMOVED_EPOCH) {
             self.counters.epoch_refusals.fetch_add(1, Ordering::Relaxed);
             return Err((
                 Status::EpochTooOld,
@@ -629,7 +631,7 @@ impl ChunkServer {
             ));
         }
         let floor = self.epoch_floor.load(Ordering::SeqCst);
-        if epoch <= floor && self.stored(Fenced::Volume(volume)).ok() == Some(0) {
+        if epoch <= floor && known == Some(0) {
             self.counters.epoch_refusals.fetch_add(1, Ordering::Relaxed);
             return Err((
                 Status::EpochTooOld,
@@ -906,11 +908,7 @@ impl ChunkServer {
         add_dedup(&mut self.closed_dedup.lock().unwrap(), counts);
         let space = layer.space();
         let mut closed = self.closed_chunks.lock().unwrap();
-        let c = closed.entry(name).or_default();
-        for (sum, n) in c.counts.iter_mut().zip(counts) {
-            *sum += n;
-        }
-        c.space = space;
+        closed.entry(name).or_default().add(counts, space);
         self.counters.layers_closed.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -1021,11 +1019,10 @@ impl ChunkServer {
             (layers_in(&open), self.closed_chunks.lock().unwrap().clone())
         };
         for (name, layer) in layers {
-            let c = chunks.entry(name).or_default();
-            for (sum, n) in c.counts.iter_mut().zip(layer.write_counts()) {
-                *sum += n;
-            }
-            c.space = layer.space();
+            chunks
+                .entry(name)
+                .or_default()
+                .add(layer.write_counts(), layer.space());
         }
         let mut out: BTreeMap<u64, VolumeDedup> = BTreeMap::new();
         for ((volume, _), c) in chunks {
@@ -1497,6 +1494,17 @@ struct ClosedLayer {
     counts: [u64; 5],
     /// [`DedupDevice::space`] at the last close.
     space: (u64, u64),
+}
+
+impl ClosedLayer {
+    /// One more instance of the chunk's layer: its write counts added,
+    /// its space the chunk's now.
+    fn add(&mut self, counts: [u64; 5], space: (u64, u64)) {
+        for (sum, n) in self.counts.iter_mut().zip(counts) {
+            *sum += n;
+        }
+        self.space = space;
+    }
 }
 
 /// Adds a layer's write counts ([`DedupDevice::write_counts`]) to a

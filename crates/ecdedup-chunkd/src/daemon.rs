@@ -226,35 +226,36 @@ async fn apply_writer_keys(
         .map_err(|e| format!("writer keys at revision {revision}: {e}"))
 }
 
-/// Stores `(volume, epoch)` pairs on the server (off the async threads:
-/// each waits for the volume's requests admitted at a lower epoch);
-/// returns how many rose, each logged if `log_each`.
-async fn store_epochs(
-    server: &Arc<ChunkServer>,
-    epochs: Vec<(u64, u64)>,
-    log_each: bool,
-) -> Result<usize, String> {
+/// Raises `volume` to `epoch` on the server (off the async threads: it
+/// waits for the volume's requests admitted at a lower epoch); logged if
+/// it rose.
+async fn store_epoch(server: &Arc<ChunkServer>, volume: u64, epoch: u64) -> Result<(), String> {
     let s = Arc::clone(server);
-    tokio::task::spawn_blocking(move || {
-        let mut raised = 0;
-        for (volume, epoch) in epochs {
-            if s.raise_epoch(volume, epoch)
-                .map_err(|e| format!("volume {volume} epoch {epoch}: {e}"))?
-            {
-                raised += 1;
-                if log_each {
-                    line(
-                        COMPONENT,
-                        "epoch-from-etcd",
-                        &[("volume", &volume), ("epoch", &epoch)],
-                    );
-                }
-            }
-        }
-        Ok(raised)
-    })
-    .await
-    .map_err(|e| e.to_string())?
+    let rose = tokio::task::spawn_blocking(move || s.raise_epoch(volume, epoch))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("volume {volume} epoch {epoch}: {e}"))?;
+    if rose {
+        line(
+            COMPONENT,
+            "epoch-from-etcd",
+            &[("volume", &volume), ("epoch", &epoch)],
+        );
+    }
+    Ok(())
+}
+
+/// [`store_epoch`] for a writer key's event at `revision` (a key outside
+/// the writer keys raises nothing); the revision applied.
+async fn raise_to(
+    server: &Arc<ChunkServer>,
+    raise: Option<(u64, u64)>,
+    revision: i64,
+) -> Result<u64, String> {
+    if let Some((volume, epoch)) = raise {
+        store_epoch(server, volume, epoch).await?;
+    }
+    Ok(revision.max(0) as u64)
 }
 
 /// Follows the writer keys from revision `after` + 1: stores each new
@@ -291,24 +292,16 @@ async fn follow_writer_epochs(
                     .await
                     .map(|_| revision)
             }
-            // A new writer: its epoch is its key's creation revision.
+            // A new writer: its epoch is its key's creation revision. A
+            // writer gone (taken over, expired, released): no writer of an
+            // epoch up to the deletion may write any more.
             WatchEvent::Put(kv) => {
-                let epochs = ecdedup_cluster::writer_epoch(&etcd, &kv.key, kv.create_revision)
-                    .into_iter()
-                    .collect();
-                store_epochs(&server, epochs, true)
-                    .await
-                    .map(|_| kv.mod_revision.max(0) as u64)
+                let raise = ecdedup_cluster::writer_epoch(&etcd, &kv.key, kv.create_revision);
+                raise_to(&server, raise, kv.mod_revision).await
             }
-            // A writer gone (taken over, expired, released): no writer of
-            // an epoch up to the deletion may write any more.
             WatchEvent::Delete { key, revision } => {
-                let epochs = ecdedup_cluster::writer_epoch(&etcd, &key, revision)
-                    .into_iter()
-                    .collect();
-                store_epochs(&server, epochs, true)
-                    .await
-                    .map(|_| revision.max(0) as u64)
+                let raise = ecdedup_cluster::writer_epoch(&etcd, &key, revision);
+                raise_to(&server, raise, revision).await
             }
         };
         match applied_now {
@@ -487,7 +480,7 @@ pub async fn run(config: ChunkdConfig) -> Result<i32, String> {
     // (`server/<id>/epochs`): the revision it read them at, then each
     // writer key the follower applies.
     let (applied_tx, mut applied_rx) = tokio::sync::watch::channel(epochs_read);
-    let follower = AbortOnDrop(tokio::spawn(follow_writer_epochs(
+    let mut follower = AbortOnDrop(tokio::spawn(follow_writer_epochs(
         etcd.clone(),
         Arc::clone(&server),
         epochs_read,
@@ -511,7 +504,6 @@ pub async fn run(config: ChunkdConfig) -> Result<i32, String> {
     let mut fence = registration.fence();
     let mut space_tick = tokio::time::interval(config.space_every);
     let mut epochs_retry = tokio::time::interval(EPOCHS_RETRY);
-    let mut follower = follower;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| e.to_string())?;
     loop {
