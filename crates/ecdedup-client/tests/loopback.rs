@@ -567,9 +567,13 @@ fn a_server_out_is_replaced_rebuilt_elsewhere_and_never_read_again() {
     c.pool(name, "rs42", WritePolicy::Parix, 4, 2, 2);
     c.volume(name, "rs42", "a", 8 << 20);
     let mut model = vec![0u8; 8 << 20];
-    // The writer serves throughout the re-placement, its rebuild throttled.
+    // The writer serves throughout the re-placement, its rebuild throttled
+    // so that it cannot end before the writer is closed part-way: 16 KiB/s
+    // is 4 s per 64 KiB stripe unit, about a minute for the shard's 16
+    // stripes (at 128 KiB/s a loaded CI machine once took longer from the
+    // first progress to the close than the whole rebuild, 6.3 s).
     let mut slow = c.options(name, "rs42", "a", "w1");
-    slow.rebuild_bytes_per_s = 128 << 10;
+    slow.rebuild_bytes_per_s = 16 << 10;
     let v = ecdedup_client::open(&slow).unwrap();
     write_and_check(&v, &mut model, 21);
     assert!(v.rebuild_starts().is_empty());
@@ -654,6 +658,11 @@ fn a_server_out_is_replaced_rebuilt_elsewhere_and_never_read_again() {
     // The writer after it resumes from the durable cursor, not from 0.
     let v = ecdedup_client::open(&c.options(name, "rs42", "a", "w2")).unwrap();
     let starts = v.rebuild_starts();
+    assert!(
+        !starts.is_empty(),
+        "no rebuild left to resume: the first writer's throttled rebuild \
+         ended before its close (this machine took too long in between)"
+    );
     assert!(
         starts.iter().map(|s| s.2).max().unwrap() >= reached,
         "resumed at {starts:?}, had reached {reached}"
