@@ -77,10 +77,12 @@ while [ $# -gt 0 ]; do
   shift
 done
 # The CI subset: smaller jobs, shorter holds, no trials.
-# Chunk servers on chunkd's default 10 s lease there: with `cluster up`'s
+# Chunk servers and the writer on 15 s leases there: with `cluster up`'s
 # 5 s, an etcd leader election fenced a server in 2 of 3 runs on a loaded
-# 2-core machine (docs/benchmarks.md, "Cluster fault suite").
-[ "$SHORT" = 1 ] && { TRIALS=0; JOB_SIZE=${JOB_SIZE:-4M}; HOLD_MAX=6; SERVER_TTL=${SERVER_TTL:-10}; }
+# 2-core machine (docs/benchmarks.md, "Cluster fault suite"); 10 s (chunkd's
+# and serve's default) passed 3 of 3, with about 4 s of slack per renewal
+# while CI's tests and clippy run beside the suite.
+[ "$SHORT" = 1 ] && { TRIALS=0; JOB_SIZE=${JOB_SIZE:-4M}; HOLD_MAX=6; SERVER_TTL=${SERVER_TTL:-15}; WRITER_LEASE_TTL=${WRITER_LEASE_TTL:-15}; }
 
 die() { echo "cluster-faults: $*" >&2; exit 1; }
 log() { echo "[$(date +%H:%M:%S)] $*" >&2; }

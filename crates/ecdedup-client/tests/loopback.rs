@@ -169,23 +169,14 @@ impl Cluster {
     /// TTL (the id is refused meanwhile), so it retries until registered.
     fn restart_server(&mut self, name: &str, id: u32) {
         let etcd = self.etcd_config(name);
-        // The killed server's registration goes with its lease (TTL 5 s).
-        self.rt.block_on(async {
-            let etcd = Etcd::connect(etcd.clone()).await.unwrap();
-            for _ in 0..600 {
-                let live = ecdedup_cluster::list_servers(&etcd).await.unwrap();
-                if !live.contains_key(&ecdedup_cluster::ServerId(id)) {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            panic!("server {id}'s old registration did not expire within 60 s");
-        });
+        self.wait_registration_gone(name, id);
         for _ in 0..60 {
             let h = self.start_server(name, id);
             let registered = self.rt.block_on(async {
                 let etcd = Etcd::connect(etcd.clone()).await.unwrap();
-                for _ in 0..100 {
+                // 60 s: a start aborted while it registers, on a loaded
+                // machine, could register just after the last look.
+                for _ in 0..600 {
                     if h.is_finished() {
                         return false;
                     }
@@ -205,6 +196,23 @@ impl Cluster {
             std::thread::sleep(Duration::from_millis(500));
         }
         panic!("server {id} did not register again");
+    }
+
+    /// Waits until killed server `id`'s registration went with its lease
+    /// (TTL 5 s).
+    fn wait_registration_gone(&self, name: &str, id: u32) {
+        let etcd = self.etcd_config(name);
+        self.rt.block_on(async {
+            let etcd = Etcd::connect(etcd).await.unwrap();
+            for _ in 0..600 {
+                let live = ecdedup_cluster::list_servers(&etcd).await.unwrap();
+                if !live.contains_key(&ecdedup_cluster::ServerId(id)) {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            panic!("server {id}'s old registration did not expire within 60 s");
+        });
     }
 
     fn kill_server(&mut self, id: u32) {
@@ -568,10 +576,11 @@ fn a_server_out_is_replaced_rebuilt_elsewhere_and_never_read_again() {
     c.volume(name, "rs42", "a", 8 << 20);
     let mut model = vec![0u8; 8 << 20];
     // The writer serves throughout the re-placement, its rebuild throttled
-    // so that it cannot end before the writer is closed part-way: 16 KiB/s
-    // is 4 s per 64 KiB stripe unit, about a minute for the shard's 16
-    // stripes (at 128 KiB/s a loaded CI machine once took longer from the
-    // first progress to the close than the whole rebuild, 6.3 s).
+    // so that it cannot end before the writer is closed part-way: at
+    // 16 KiB/s each window of 16 stripes after the first waits 16 s, about
+    // 48 s from the first progress to the end (at 128 KiB/s a loaded CI
+    // machine once took longer from the first progress to the close than
+    // the whole rebuild, 6.3 s).
     let mut slow = c.options(name, "rs42", "a", "w1");
     slow.rebuild_bytes_per_s = 16 << 10;
     let v = ecdedup_client::open(&slow).unwrap();
@@ -690,7 +699,13 @@ fn a_server_out_is_replaced_rebuilt_elsewhere_and_never_read_again() {
     }
     // Two more servers of PG 0 lost (not the new one): the rebuilt shard
     // is one of the k that remain, and everything reads back; writes are
-    // refused below min_size.
+    // refused below min_size. The returned server goes first, so that no
+    // host is left to re-place a lost shard on (a loaded machine once took
+    // 6.3 s over a check and a close: enough for the coordinator to
+    // re-place one on it and for this writer to rebuild it, 1 MiB, and
+    // take the writes below).
+    c.kill_server(gone.0);
+    c.wait_registration_gone(name, gone.0);
     let now = pgs(&c, name, "rs42");
     for &id in now[0]
         .servers
@@ -1092,7 +1107,6 @@ fn a_server_the_new_writers_push_misses_stores_the_epoch_from_etcd_before_it_ser
     });
     let mut opts = c.options(name, "rmw", "v", "w2");
     opts.take_over = true;
-    opts.request_timeout = Duration::from_secs(5);
     let b = ecdedup_client::open(&opts).unwrap();
     assert!(b.wire().epoch > old_epoch);
     // The server the push missed refuses the old writer already.
@@ -1125,7 +1139,6 @@ fn a_server_down_at_a_takeover_refuses_the_old_writer_when_it_is_back() {
     c.kill_server(down.0);
     let mut opts = c.options(name, "rmw", "v", "w2");
     opts.take_over = true;
-    opts.request_timeout = Duration::from_secs(5);
     let began = std::time::Instant::now();
     let b = ecdedup_client::open(&opts).unwrap();
     // A measurement, not a check: the takeover waited for the killed

@@ -255,8 +255,11 @@ async fn a_new_writer_waits_until_each_missed_server_stored_its_epoch_or_is_gone
     let (_process, etcd) = shared_cluster("epoch-wait").await;
     let mut follows = info("10.0.0.1:7000", "a");
     follows.features = vec![keys::FEATURE_EPOCH_WATCH.to_string()];
-    // Short leases: the wait outlasts a pending server's TTL by half.
-    let ttl = Duration::from_secs(2);
+    // Leases short enough to wait out, long enough that a loaded
+    // machine's keepers renew them across both waits (2 s fenced one in
+    // review's reckoning: 0.83 s of slack per renewal); the wait outlasts
+    // a pending server's TTL by half.
+    let ttl = Duration::from_secs(5);
     let one = register_server(&etcd, ServerId(1), &follows, ttl)
         .await
         .unwrap();
@@ -279,14 +282,14 @@ async fn a_new_writer_waits_until_each_missed_server_stored_its_epoch_or_is_gone
     let ids = [ServerId(1), ServerId(2), ServerId(3), ServerId(4)];
     let short = Duration::from_millis(300);
     // Nobody said anything yet: 1 and 2 are waited for, past `short`, for
-    // their leases' TTL and half more (3 s).
+    // their leases' TTL and half more (7.5 s).
     let began = std::time::Instant::now();
     match await_epoch_stored(&etcd, volume, &ids, epoch, short).await {
         Err(Error::EpochUnconfirmed { servers, .. }) => assert_eq!(servers, "1, 2"),
         other => panic!("expected EpochUnconfirmed, got {other:?}"),
     }
     assert!(
-        began.elapsed() >= Duration::from_secs(3),
+        began.elapsed() >= ttl * 3 / 2,
         "waited {:?}: the pending servers' leases were not waited out",
         began.elapsed()
     );

@@ -748,21 +748,33 @@ pub fn cluster(dir: &Path, args: ClusterArgs) -> Result<()> {
                 &log,
                 || !registered(&rt, &etcd).contains(&id),
             )?;
-            let port = state.servers[slot].port;
-            let pid = start_server(dir, &state, id, port)?;
-            state.servers[slot].pid = pid;
-            save_state(dir, &state)?;
-            wait_for(&format!("server {id}"), &log, || {
-                registered(&rt, &etcd).contains(&id) || !alive(pid)
-            })?;
-            if !alive(pid) {
+            // Its old port first; where another process took it while
+            // the server was down, a fresh one (the writer follows the
+            // new address, docs/cluster.md).
+            let mut port = state.servers[slot].port;
+            let mut retries = 0;
+            loop {
+                let pid = start_server(dir, &state, id, port)?;
+                state.servers[slot].pid = pid;
+                state.servers[slot].port = port;
+                save_state(dir, &state)?;
+                wait_for(&format!("server {id}"), &log, || {
+                    registered(&rt, &etcd).contains(&id) || !alive(pid)
+                })?;
+                if alive(pid) {
+                    println!("server {id} restarted (pid {pid}, port {port})");
+                    return Ok(());
+                }
+                if log_tail(&log).contains("in use") && retries < PORT_RETRIES {
+                    retries += 1;
+                    port = free_port()?;
+                    continue;
+                }
                 return Err(Error::Other(format!(
                     "server {id} exited at start; see {}",
                     log.display()
                 )));
             }
-            println!("server {id} restarted (pid {pid})");
-            Ok(())
         }
         ClusterCommand::Down => {
             let state = load_state(dir)?;

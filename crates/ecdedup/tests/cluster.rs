@@ -227,8 +227,26 @@ fn a_cluster_serves_volumes_through_faults_and_takeovers() {
     );
 
     // 4. It comes back; the writer still serving resynchronises only what
-    //    its shards missed, without a reopen.
-    c.cli_ok(&["cluster", "restart-server", "2"]);
+    //    its shards missed, without a reopen. Its old port was taken
+    //    meanwhile (as by another process's bind): it comes back on
+    //    another, which the writer follows.
+    let old_port = c.state()["servers"][2]["port"].as_u64().unwrap() as u16;
+    let taken = std::net::TcpListener::bind(("127.0.0.1", old_port));
+    let out = c.cli_ok(&["cluster", "restart-server", "2"]);
+    let new_port = c.state()["servers"][2]["port"].as_u64().unwrap() as u16;
+    if taken.is_ok() {
+        assert_ne!(new_port, old_port, "step 4: {}", out.stdout);
+        assert!(
+            out.stdout.contains(&format!("port {new_port}")),
+            "step 4: {}",
+            out.stdout
+        );
+    } else {
+        eprintln!(
+            "SKIPPED (part of step 4): port {old_port} was taken before the test could hold it"
+        );
+    }
+    drop(taken);
     let resynced_while_serving = |log: &str| {
         let started = log.matches("event=shard-re-add-start").count();
         let done = log
