@@ -1054,6 +1054,71 @@ fn flush_latency_after_overwrites() {
     }
 }
 
+/// How long a writer's open takes (a planned handover: the writer before
+/// it closed cleanly), for docs/benchmarks.md ("A writer's open"): six
+/// chunk servers, one RS(4,2) pool of `OPEN_PGS` PGs (8) under
+/// `OPEN_POLICY` (parix; or rmw, plog), 64 KiB units, a 32 MiB volume
+/// written whole; then `OPEN_ROUNDS` (12) times: open, one 4 KiB write
+/// and a flush, close. Prints the opens' median, spread and round trips.
+/// With `ECDEDUP_SIMULATED_RTT_US=N` each of the writer's round trips
+/// costs N µs more (docs/cluster.md). `ECDEDUP_SIMULATED_RTT_US=500 cargo
+/// test -p ecdedup-client --test loopback -- --ignored open_time --nocapture`.
+#[test]
+#[ignore = "a measurement (about half a minute), not a check"]
+fn open_time_of_a_volume() {
+    const VOLUME_BYTES: usize = 32 << 20;
+    let env = |name: &str, default: u32| -> u32 {
+        std::env::var(name)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(default)
+    };
+    let (pgs, rounds) = (env("OPEN_PGS", 8), env("OPEN_ROUNDS", 12) as usize);
+    let policy = match std::env::var("OPEN_POLICY").as_deref() {
+        Ok("rmw") => WritePolicy::Rmw,
+        Ok("plog") => WritePolicy::Plog,
+        Ok("parix") | Err(_) => WritePolicy::Parix,
+        Ok(other) => panic!("OPEN_POLICY={other}: rmw, plog or parix"),
+    };
+    let name = "open-time";
+    let c = Cluster::start_with(name, 6, Duration::from_secs(600));
+    c.pool_with(name, "p", policy, (4, 2, pgs), 64 << 10, DedupPolicy::None);
+    c.volume(name, "p", "v", VOLUME_BYTES as u64);
+    let v = ecdedup_client::open(&c.options(name, "p", "v", "w")).unwrap();
+    let mut model = pattern(5, VOLUME_BYTES);
+    for (i, piece) in model.chunks(1 << 20).enumerate() {
+        v.write(piece, (i << 20) as u64, false).unwrap();
+    }
+    v.flush().unwrap();
+    v.close().unwrap();
+    drop(v);
+    let mut took = Vec::with_capacity(rounds);
+    let mut trips = 0;
+    for round in 0..rounds {
+        let began = std::time::Instant::now();
+        let v = ecdedup_client::open(&c.options(name, "p", "v", "w")).unwrap();
+        took.push(began.elapsed().as_secs_f64() * 1e3);
+        trips += v.stats_json()["wire"]["round_trips"].as_u64().unwrap();
+        let off = (round * 97 % (VOLUME_BYTES / 4096)) * 4096;
+        let data = pattern(100 + round as u64, 4096);
+        v.write(&data, off as u64, false).unwrap();
+        v.flush().unwrap();
+        model[off..off + 4096].copy_from_slice(&data);
+        v.close().unwrap();
+    }
+    let v = ecdedup_client::open(&c.options(name, "p", "v", "w")).unwrap();
+    check(&v, &model);
+    v.close().unwrap();
+    took.sort_by(f64::total_cmp);
+    println!(
+        "open of {pgs} PGs ({policy:?}): p50 {:.1} ms (min {:.1}, max {:.1}) over {rounds}; {:.0} round trips each",
+        took[rounds / 2],
+        took[0],
+        took[rounds - 1],
+        trips as f64 / rounds as f64
+    );
+}
+
 /// Sends a `SetEpoch` of `volume` at `epoch` straight to the server at
 /// `addr` (an old writer's late frame, without changing a chunk); its
 /// reply's status.
