@@ -23,6 +23,14 @@
 //!   and in three quarters of these seeds the network also duplicates,
 //!   delays and reorders (below).
 //!
+//! In a quarter of the numbered seeds (CI's and the long runs': plog or
+//! parix first volumes, [`Shape::numbered`]) the array's background replay
+//! runs a pass between steps, one step in eight ([`Run::maybe_idle_replay`];
+//! `ECDEDUP_SIM_IDLE_REPLAY=1` for every seed, `=0` for none): journals
+//! folded, invalidated and reclaimed while the writer serves. Not beside
+//! requests, as its thread runs in production: the seed keeps the frames'
+//! order.
+//!
 //! `ECDEDUP_SIM_SEED=S` replays one seed and prints every fault and op;
 //! with `ECDEDUP_SIM_TRACE_FRAMES=1`, every frame a server handles too.
 //!
@@ -203,6 +211,12 @@ struct Tally {
     shards_unplaceable: u64,
     stripes_rebuilt: u64,
     rebuilds_stopped: u64,
+    /// The background replay's passes run between two steps
+    /// (`ECDEDUP_SIM_IDLE_REPLAY=1`), and those that returned an error.
+    idle_replays: u64,
+    idle_replay_errors: u64,
+    /// The stripes those passes replayed.
+    idle_replay_stripes: u64,
     failures: Vec<String>,
 }
 
@@ -239,6 +253,9 @@ impl Tally {
         self.shards_unplaceable += o.shards_unplaceable;
         self.stripes_rebuilt += o.stripes_rebuilt;
         self.rebuilds_stopped += o.rebuilds_stopped;
+        self.idle_replays += o.idle_replays;
+        self.idle_replay_errors += o.idle_replay_errors;
+        self.idle_replay_stripes += o.idle_replay_stripes;
         self.failures.extend(o.failures.iter().cloned());
     }
 }
@@ -913,6 +930,21 @@ struct Holder {
     _dir: tempfile::TempDir,
 }
 
+/// What `ECDEDUP_SIM_IDLE_REPLAY` says of the background replay between
+/// steps ([`Run::maybe_idle_replay`]): 1 for every seed, 0 for none,
+/// unset for the shape's choice ([`Shape::numbered`]).
+fn idle_replay() -> Option<bool> {
+    static ON: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    *ON.get_or_init(
+        || match std::env::var("ECDEDUP_SIM_IDLE_REPLAY").as_deref() {
+            Ok("1") => Some(true),
+            Ok("0") => Some(false),
+            Ok(other) => panic!("ECDEDUP_SIM_IDLE_REPLAY={other}: 1 or 0"),
+            Err(_) => None,
+        },
+    )
+}
+
 /// Whether the servers follow the writer keys in etcd (a `chunkd` that
 /// registers `epoch-watch`); `ECDEDUP_SIM_NO_EPOCH_WATCH=1` models the
 /// servers before it, which only a new writer's push fences.
@@ -1217,6 +1249,9 @@ struct Shape {
     /// The chance that the frames in flight together are handled in a
     /// shuffled order.
     reorder_chance: f64,
+    /// Whether the background replay runs between steps
+    /// ([`Run::maybe_idle_replay`]).
+    idle_replay: bool,
 }
 
 impl Shape {
@@ -1228,6 +1263,7 @@ impl Shape {
             dup_chance: 0.0,
             late_chance: 0.0,
             reorder_chance: 0.0,
+            idle_replay: idle_replay() == Some(true),
         }
     }
 
@@ -1254,6 +1290,20 @@ impl Shape {
             dup_chance: if network { 0.02 } else { 0.0 },
             late_chance: if network { 0.02 } else { 0.0 },
             reorder_chance: if network { 0.3 } else { 0.0 },
+            idle_replay: idle_replay() == Some(true),
+        }
+    }
+
+    /// A numbered run's shape ([`run_seeds`]: the CI's seeds and the long
+    /// runs): [`Shape::of`], with the background replay between steps in
+    /// a quarter of the seeds, half of those whose first volume keeps
+    /// parity journals (plog or parix: `seed % 8` is 5 or 6), unless
+    /// `ECDEDUP_SIM_IDLE_REPLAY` says for every seed (1) or none (0). The
+    /// lists of regression seeds keep their stories ([`Shape::of`]).
+    fn numbered(seed: u64) -> Shape {
+        Shape {
+            idle_replay: idle_replay().unwrap_or(matches!(seed % 8, 5 | 6)),
+            ..Shape::of(seed)
         }
     }
 
@@ -1267,7 +1317,10 @@ impl Shape {
                 d => format!("volume {} {policy:?} dedup {d:?}", VOLUME_ID + v as u64),
             })
             .collect();
-        vols.join(", ")
+        match self.idle_replay {
+            true => format!("{}, background replay between steps", vols.join(", ")),
+            false => vols.join(", "),
+        }
     }
 }
 
@@ -1301,6 +1354,12 @@ struct Run {
     unplaceable: BTreeSet<(usize, usize)>,
     /// Whether every server lost power before the takeover under way.
     outage: bool,
+    /// Where the background replay runs between steps
+    /// (`ECDEDUP_SIM_IDLE_REPLAY=1`): its draws, from a stream of their own.
+    idle_replay: Option<StdRng>,
+    idle_replays: u64,
+    idle_replay_errors: u64,
+    idle_replay_stripes: u64,
 }
 
 /// What a replay prints beyond the faults (`ECDEDUP_SIM_TRACE_FRAMES=1`:
@@ -1865,8 +1924,38 @@ impl Run {
             1 => format!("writer {} step {step}", vol.epoch),
             _ => format!("volume {} writer {} step {step}", vol.id, vol.epoch),
         };
+        self.maybe_idle_replay(&holders[v], &label);
         self.step(v, &holders[v], &label);
         true
+    }
+
+    /// With `ECDEDUP_SIM_IDLE_REPLAY=1`, one step in eight is preceded by
+    /// a pass of the background replay over the volume's array, as
+    /// `Array::start_background_replay`'s thread runs it once the writer
+    /// was idle for a second (in production beside the requests; here
+    /// between two, so the seed still fixes the frames' order): the
+    /// journals are folded, invalidated and reclaimed while the writer
+    /// serves, and the steps after it write, read, lose power and take
+    /// over on what that left. An error is the production's warning, not
+    /// a failure (a server down, a fenced writer): what it left is
+    /// checked by the reads.
+    fn maybe_idle_replay(&mut self, h: &Holder, label: &str) {
+        let Some(draws) = self.idle_replay.as_mut() else {
+            return;
+        };
+        if !draws.gen_ratio(1, 8) {
+            return;
+        }
+        let r = h.vol.array().replay_all(None);
+        self.net
+            .with(|st| st.log(|| format!("{label}: background replay: {r:?}")));
+        match r {
+            Ok(stripes) => {
+                self.idle_replays += 1;
+                self.idle_replay_stripes += stripes;
+            }
+            Err(_) => self.idle_replay_errors += 1,
+        }
     }
 
     fn failed_members(h: &Holder) -> u64 {
@@ -2076,6 +2165,9 @@ fn run_seed(seed: u64, verbose: bool, shape: Shape) -> Tally {
         .collect();
     let net = Arc::new(Net::new(seed, verbose));
     net.with(|st| st.deferred = !shape.first && !st.inert.contains("defer"));
+    let idle_draws = shape
+        .idle_replay
+        .then(|| StdRng::seed_from_u64(seed ^ SHAPE_SALT ^ 0x1d1e));
     let mut run = Run {
         seed,
         rng,
@@ -2090,6 +2182,10 @@ fn run_seed(seed: u64, verbose: bool, shape: Shape) -> Tally {
         out_clock: OutClock::default(),
         unplaceable: BTreeSet::new(),
         outage: false,
+        idle_replay: idle_draws,
+        idle_replays: 0,
+        idle_replay_errors: 0,
+        idle_replay_stripes: 0,
     };
     if verbose {
         for vol in &run.vols {
@@ -2127,6 +2223,9 @@ fn run_seed(seed: u64, verbose: bool, shape: Shape) -> Tally {
     tally.fenced_ops_refused = run.fenced_ops_refused;
     tally.devices_failed = devices_failed;
     tally.double_fault_unreadable = run.double_fault_unreadable;
+    tally.idle_replays = run.idle_replays;
+    tally.idle_replay_errors = run.idle_replay_errors;
+    tally.idle_replay_stripes = run.idle_replay_stripes;
     tally.failures = run.failures;
     tally
 }
@@ -2252,7 +2351,10 @@ fn run_seeds(count: u64) {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
-    run_seed_list((first..first.saturating_add(count)).collect(), Shape::of);
+    run_seed_list(
+        (first..first.saturating_add(count)).collect(),
+        Shape::numbered,
+    );
 }
 
 /// As [`run_seeds`], over the seeds given (or the one of `ECDEDUP_SIM_SEED`),
@@ -2345,7 +2447,8 @@ fn run_seed_list(seeds: Vec<u64>, shape: fn(u64) -> Shape) {
          double_fault_unreadable={} two_volume_seeds={} dedup_volumes={} layers_at_servers={} layers_closed={} \
          duplicated_frames={} late_frames={} late_landed={} late_refused={} late_lost={} \
          reordered_groups={} stale_changes_landed={} stale_changes_after_handover={} servers_down={} servers_out={} shards_replaced={} \
-         shards_unplaceable={} stripes_rebuilt={} rebuilds_stopped={} seconds={:.1}",
+         shards_unplaceable={} stripes_rebuilt={} rebuilds_stopped={} idle_replays={} \
+         idle_replay_errors={} idle_replay_stripes={} seconds={:.1}",
         total.seeds,
         failed_seeds.len(),
         total.frames,
@@ -2378,6 +2481,9 @@ fn run_seed_list(seeds: Vec<u64>, shape: fn(u64) -> Shape) {
         total.shards_unplaceable,
         total.stripes_rebuilt,
         total.rebuilds_stopped,
+        total.idle_replays,
+        total.idle_replay_errors,
+        total.idle_replay_stripes,
         started.elapsed().as_secs_f64()
     );
     for f in &known {
