@@ -254,21 +254,35 @@ pub fn open(opts: &ClusterOptions) -> Result<ClusterVolume> {
         })
         .collect();
     let mut reached = BTreeMap::new();
+    let mut failed = Vec::new();
     for (id, rx) in pushes {
         match Wire::wait(rx) {
             Ok(_) => {
                 reached.insert(id, ());
             }
-            Err(e) => line(
-                COMPONENT,
-                "epoch-push-failed",
-                &[("server", &id), ("reason", &e)],
-            ),
+            Err(e) => {
+                line(
+                    COMPONENT,
+                    "epoch-push-failed",
+                    &[("server", &id), ("reason", &e)],
+                );
+                failed.push(format!("server {id}: {e}"));
+            }
         }
     }
     if let Some(reason) = wire.fenced() {
         return Err(Error::Busy(format!(
             "a newer writer holds the volume: {reason}"
+        )));
+    }
+    // Not one server answered (a wrong cluster key, say, or the writer cut
+    // off): said now, with why, rather than after waiting for each of
+    // them in etcd and failing the PGs' opens for want of servers.
+    if reached.is_empty() && !failed.is_empty() {
+        return Err(Error::Unavailable(format!(
+            "no chunk server of volume {} answered the writer's epoch: {}",
+            opts.volume,
+            failed.join("; ")
         )));
     }
     // 3b. A server the push missed may still be reachable by the old

@@ -392,6 +392,20 @@ fn a_server_restarted_on_another_address_is_read_there_without_a_reopen() {
         .sum();
     assert_eq!(decoded, 0, "no read went around the moved server");
     v.close().unwrap();
+
+    // A writer with another cluster's key reaches no server: its open
+    // fails at the epoch push, saying why (it waited for each server in
+    // etcd, then blamed the PG's reachability, before 2026-11-30).
+    c.volume(name, "rmw", "v2", 1 << 20);
+    let mut other = c.options(name, "rmw", "v2", "w-other-key");
+    other.key = c.root.join("other.key");
+    ClusterKey::generate().write_new(&other.key).unwrap();
+    let err = ecdedup_client::open(&other).err().expect("refused");
+    let why = err.to_string();
+    assert!(
+        why.contains("answered the writer's epoch") && why.contains("cluster key"),
+        "{why}"
+    );
 }
 
 #[test]

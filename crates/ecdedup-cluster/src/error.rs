@@ -49,8 +49,11 @@ pub enum Error {
     #[error("pool {0} does not exist")]
     PoolNotFound(String),
     /// A pool whose creation did not finish (its PG records are incomplete).
-    #[error("pool {0} is not ready: its creation did not finish (remove it and create it again)")]
+    #[error("pool {0} is not ready: its creation did not finish (remove it with `pool rm` and create it again)")]
     PoolNotReady(String),
+    /// A pool that still holds volumes cannot be removed.
+    #[error("pool {name} holds volumes ({volumes}): remove them first (`volume rm`)")]
+    PoolInUse { name: String, volumes: String },
     #[error("volume {pool}/{name} already exists")]
     VolumeExists { pool: String, name: String },
     #[error("volume {pool}/{name} does not exist")]

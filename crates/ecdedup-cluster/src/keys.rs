@@ -213,6 +213,16 @@ impl Keys {
         format!("{}rebuild/{pool}/{pg}", self.prefix)
     }
 
+    /// The prefix of pool `pool`'s rebuild records.
+    pub fn pool_rebuilds(&self, pool: &str) -> String {
+        format!("{}rebuild/{pool}/", self.prefix)
+    }
+
+    /// The prefix of pool `pool`'s rebuild progress records.
+    pub fn pool_rebuild_progresses(&self, pool: &str) -> String {
+        format!("{}rebuild-progress/{pool}/", self.prefix)
+    }
+
     /// The prefix of every rebuild record.
     pub fn rebuilds(&self) -> String {
         format!("{}rebuild/", self.prefix)
@@ -516,6 +526,42 @@ impl PoolSpec {
     /// The bound of each shard's parity journal (plog, parix).
     pub fn journal_bytes(&self) -> u64 {
         self.journal_bytes.unwrap_or(JOURNAL_BYTES_DEFAULT)
+    }
+
+    /// The largest volume the pool can serve: each PG's array holds at
+    /// most 2^40 stripes and under 2^63 bytes (the engine's
+    /// `Geometry::validate`), and a volume's stripes go round its PGs;
+    /// at most [`crate::volume::VOLUME_BYTES_MAX`].
+    pub fn volume_bytes_max(&self) -> u64 {
+        let stripe = u64::from(self.k) * u64::from(self.stripe_unit_bytes);
+        if stripe == 0 {
+            return 0;
+        }
+        let per_pg = (1u64 << 40).min((u64::MAX / 2) / stripe);
+        per_pg
+            .saturating_mul(u64::from(self.pg_count))
+            .saturating_mul(stripe)
+            .min(crate::volume::VOLUME_BYTES_MAX)
+    }
+
+    /// Checks a new pool's settings: [`PoolSpec::check`], and a stripe
+    /// unit the engine can open (a power of two: `Geometry::validate`).
+    /// Not part of `check`, which every read of a pool record runs: a pool
+    /// an older build created with, say, 12K units is refused by `serve`
+    /// and still listed (and removable: `remove_pool`), where failing its
+    /// read would fail every listing of the pools.
+    pub fn check_new(&self) -> Result<()> {
+        self.check()?;
+        if !self.stripe_unit_bytes.is_power_of_two() {
+            return Err(Error::invalid(
+                "pool settings",
+                format!(
+                    "stripe unit {} bytes must be a power of two (4K, 8K, ... 4M)",
+                    self.stripe_unit_bytes
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Checks the settings: the bounds above, `replicate(n)` stored as
@@ -865,6 +911,16 @@ mod tests {
             let err = bad.check().unwrap_err();
             assert!(matches!(err, Error::Invalid { .. }), "{bad:?}: {err}");
         }
+        // A stripe unit the engine cannot open (not a power of two): a new
+        // pool is refused; one already stored still reads.
+        let twelve = PoolSpec {
+            stripe_unit_bytes: 12 << 10,
+            ..good.clone()
+        };
+        twelve.check().unwrap();
+        let err = twelve.check_new().unwrap_err();
+        assert!(err.to_string().contains("power of two"), "{err}");
+        good.check_new().unwrap();
     }
 
     #[test]

@@ -42,7 +42,7 @@ pub use error::{Error, Result};
 pub use keys::{Keys, ServerId};
 pub use lease::{Fence, Lease};
 pub use local_etcd::{LocalEtcd, PeerTls, ServerTls, PEER_COMMON_NAME};
-pub use pool::{create_pool, get_pool, list_pools, pool_pgs, pool_pgs_at};
+pub use pool::{create_pool, get_pool, list_pools, pool_pgs, pool_pgs_at, remove_pool};
 pub use server::{list_servers, register_server, Registration};
 pub use session::{Etcd, EtcdConfig, Failover};
 pub use tls::EtcdTls;

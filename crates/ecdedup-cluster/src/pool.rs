@@ -27,7 +27,7 @@ pub const PG_WRITES_PER_TXN: usize = 100;
 /// returns them (index = PG number).
 pub async fn create_pool(etcd: &Etcd, name: &str, spec: &PoolSpec) -> Result<Vec<PgRecord>> {
     check_name("pool name", name)?;
-    spec.check()?;
+    spec.check_new()?;
     let candidates: Vec<Candidate> = list_servers(etcd)
         .await?
         .into_iter()
@@ -66,6 +66,74 @@ pub async fn create_pool(etcd: &Etcd, name: &str, spec: &PoolSpec) -> Result<Vec
     let ready = vec![TxnOp::put(key.as_str(), encode(&record), None)];
     txn::run_or_changed(etcd, guarded(ready), &key, "pool create: ready").await?;
     Ok(pgs)
+}
+
+/// Removes pool `name`, which holds no volume: its record, its PG records
+/// and its rebuild records, in one transaction that compares the pool
+/// key's and the volume id counter's `mod_revision` as read with the
+/// volumes (every `volume create` moves the counter, so a volume created
+/// in between fails it: `Changed`). A pool that is not ready (its
+/// creation stopped half-way) is removed the same way.
+pub async fn remove_pool(etcd: &Etcd, name: &str) -> Result<()> {
+    check_name("pool name", name)?;
+    let keys = etcd.keys();
+    let key = keys.pool(name);
+    let counter = keys.volume_id_next();
+    let read = Txn::new().and_then([
+        TxnOp::get(key.as_str(), None),
+        TxnOp::get(keys.volumes(name), Some(GetOptions::new().with_prefix())),
+        TxnOp::get(counter.as_str(), None),
+    ]);
+    let answer = etcd
+        .client()
+        .txn(read)
+        .await
+        .map_err(Error::etcd("pool rm"))?;
+    let mut gets = answer.op_responses().into_iter().filter_map(|op| match op {
+        etcd_client::TxnOpResponse::Get(get) => Some(get),
+        _ => None,
+    });
+    let (Some(pool), Some(volumes), Some(next)) = (gets.next(), gets.next(), gets.next()) else {
+        return Err(Error::invalid(
+            "pool rm",
+            "etcd answered a read of three keys with fewer",
+        ));
+    };
+    let Some(pool) = pool.kvs().first() else {
+        return Err(Error::PoolNotFound(name.to_string()));
+    };
+    if !volumes.kvs().is_empty() {
+        let names: Vec<String> = volumes
+            .kvs()
+            .iter()
+            .filter_map(|kv| match keys.parse(&String::from_utf8_lossy(kv.key())) {
+                Some(Key::Volume { name, .. }) => Some(name),
+                _ => None,
+            })
+            .collect();
+        return Err(Error::PoolInUse {
+            name: name.to_string(),
+            volumes: names.join(", "),
+        });
+    }
+    let counter_as_read = match next.kvs().first() {
+        Some(kv) => Compare::mod_revision(counter.as_str(), CompareOp::Equal, kv.mod_revision()),
+        None => Compare::version(counter.as_str(), CompareOp::Equal, 0),
+    };
+    let prefix = || Some(etcd_client::DeleteOptions::new().with_prefix());
+    let remove = Txn::new()
+        .when([
+            Compare::mod_revision(key.as_str(), CompareOp::Equal, pool.mod_revision()),
+            counter_as_read,
+        ])
+        .and_then([
+            TxnOp::delete(key.as_str(), None),
+            TxnOp::delete(keys.pgs(name), prefix()),
+            TxnOp::delete(keys.pool_rebuilds(name), prefix()),
+            TxnOp::delete(keys.pool_rebuild_progresses(name), prefix()),
+        ]);
+    txn::run_or_changed(etcd, remove, &key, "pool rm").await?;
+    Ok(())
 }
 
 /// Decodes a pool record and checks its settings: a record that another

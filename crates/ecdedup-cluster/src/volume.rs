@@ -10,7 +10,9 @@
 //! volume (`volume-writer/<id>` absent).
 
 use crate::error::{Error, Result};
-use crate::keys::{check_name, decode, encode, Key, VolumeRecord, WriterRecord, BLOCK_BYTES};
+use crate::keys::{
+    check_name, decode, encode, Key, PoolSpec, VolumeRecord, WriterRecord, BLOCK_BYTES,
+};
 use crate::pool::get_pool;
 use crate::server::holder_address;
 use crate::session::Etcd;
@@ -46,6 +48,23 @@ fn check_size(size_bytes: u64) -> Result<()> {
     Ok(())
 }
 
+/// Refuses a size the pool's PGs cannot hold (`serve` would refuse it).
+fn check_fits(pool: &str, spec: &PoolSpec, size_bytes: u64) -> Result<()> {
+    let max = spec.volume_bytes_max();
+    if size_bytes > max {
+        return Err(Error::invalid(
+            "volume size",
+            format!(
+                "{size_bytes} bytes is past what pool {pool} can serve: at most {max} \
+                 ({} PGs, each at most 2^40 stripes of {} data bytes)",
+                spec.pg_count,
+                u64::from(spec.k) * u64::from(spec.stripe_unit_bytes)
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Creates volume `pool/name` of `size_bytes` with the next free id.
 pub async fn create_volume(
     etcd: &Etcd,
@@ -63,6 +82,7 @@ pub async fn create_volume(
         if !pool_entry.record.ready {
             return Err(Error::PoolNotReady(pool.to_string()));
         }
+        check_fits(pool, &pool_entry.record.spec, size_bytes)?;
         let read = txn::get_one(etcd, &counter, "volume create: id counter").await?;
         let (id, counter_revision) = match &read {
             Some(kv) => (decode::<u64>(&counter, kv.value())?, kv.mod_revision()),
@@ -234,6 +254,7 @@ pub async fn resize_volume_at(
             ),
         ));
     }
+    check_fits(pool, &get_pool(etcd, pool).await?.record.spec, size_bytes)?;
     let key = etcd.keys().volume(pool, name);
     let record = VolumeRecord {
         size_bytes,

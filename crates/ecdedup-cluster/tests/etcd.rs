@@ -457,6 +457,31 @@ async fn pools_and_volumes_are_created_listed_resized_and_removed_under_their_gu
         "{nowhere:?}"
     );
     assert!(create_volume(&etcd, "p", "odd", 1000).await.is_err());
+    // Past what the pool's PGs can hold (2^40 stripes each, here 150 PGs
+    // of 2 x 64 KiB stripes: about 20 EiB, so the 4 EiB bound of every
+    // volume first; "wide", 4 PGs of 4 x 64 KiB: 1 EiB).
+    let max = get_pool(&etcd, "wide")
+        .await
+        .unwrap()
+        .record
+        .spec
+        .volume_bytes_max();
+    assert_eq!(max, (1u64 << 40) * 4 * 4 * (64 << 10));
+    let huge = create_volume(&etcd, "wide", "huge", max + 4096).await;
+    assert!(
+        huge.as_ref()
+            .is_err_and(|e| e.to_string().contains("past what pool wide can serve")),
+        "{huge:?}"
+    );
+    assert_eq!(
+        get_pool(&etcd, "p")
+            .await
+            .unwrap()
+            .record
+            .spec
+            .volume_bytes_max(),
+        1u64 << 62
+    );
     assert_eq!(
         list_volumes(&etcd, "p")
             .await
@@ -473,6 +498,8 @@ async fn pools_and_volumes_are_created_listed_resized_and_removed_under_their_gu
     assert!(matches!(late, Err(Error::Changed { .. })), "{late:?}");
     let late = remove_volume_at(&etcd, "p", "a", &stale).await;
     assert!(matches!(late, Err(Error::Changed { .. })), "{late:?}");
+    let past = resize_volume(&etcd, "p", "a", (1u64 << 62) + 4096).await;
+    assert!(matches!(past, Err(Error::Invalid { .. })), "{past:?}");
     let shrink = resize_volume(&etcd, "p", "a", gib).await;
     assert!(matches!(shrink, Err(Error::Invalid { .. })), "{shrink:?}");
     assert_eq!(
@@ -514,6 +541,84 @@ async fn pools_and_volumes_are_created_listed_resized_and_removed_under_their_gu
         .unwrap();
     assert_corrupt(get_pool(&etcd, "bad").await, "pool/bad");
     assert_corrupt(pool_pgs(&etcd, "p").await, "pg/p/7");
+}
+
+/// A pool is removed only once it holds no volume, with its PG and
+/// rebuild records and nothing else's; a pool an older build created with a stripe
+/// unit `serve` cannot open (12K) is listed and removable, and no new one
+/// is created so.
+#[tokio::test]
+async fn a_pool_is_removed_once_empty_with_its_records_and_nothing_else() {
+    let (_process, etcd) = shared_cluster("pool-rm").await;
+    let _servers = register_many(&etcd, 3, 3).await;
+    for name in ["p", "p2"] {
+        create_pool(&etcd, name, &spec(2, 1, 4, FailureDomain::Host))
+            .await
+            .unwrap();
+    }
+    create_volume(&etcd, "p", "a", 1 << 30).await.unwrap();
+    match remove_pool(&etcd, "p").await {
+        Err(Error::PoolInUse { volumes, .. }) => assert_eq!(volumes, "a"),
+        other => panic!("expected PoolInUse, got {other:?}"),
+    }
+    let mut client = etcd.client();
+    // A rebuild record of each pool (as the coordinator writes them).
+    for name in ["p", "p2"] {
+        client
+            .put(etcd.keys().rebuild(name, 0), "{}", None)
+            .await
+            .unwrap();
+    }
+    remove_volume(&etcd, "p", "a").await.unwrap();
+    remove_pool(&etcd, "p").await.unwrap();
+    assert!(matches!(
+        get_pool(&etcd, "p").await,
+        Err(Error::PoolNotFound(_))
+    ));
+    let left = |prefix: String| {
+        let mut client = etcd.client();
+        async move {
+            client
+                .get(prefix, Some(etcd_client::GetOptions::new().with_prefix()))
+                .await
+                .unwrap()
+                .kvs()
+                .len()
+        }
+    };
+    assert_eq!(left(etcd.keys().pgs("p")).await, 0);
+    assert_eq!(left(etcd.keys().pool_rebuilds("p")).await, 0);
+    // The other pool keeps everything.
+    assert_eq!(pool_pgs(&etcd, "p2").await.unwrap().len(), 4);
+    assert_eq!(left(etcd.keys().pool_rebuilds("p2")).await, 1);
+    let again = remove_pool(&etcd, "p").await;
+    assert!(matches!(again, Err(Error::PoolNotFound(_))), "{again:?}");
+    // The same name can be created again.
+    create_pool(&etcd, "p", &spec(2, 1, 4, FailureDomain::Host))
+        .await
+        .unwrap();
+
+    // 12K units: refused for a new pool; an old record still lists and goes.
+    let twelve = PoolSpec {
+        stripe_unit_bytes: 12 << 10,
+        ..spec(2, 1, 4, FailureDomain::Host)
+    };
+    let refused = create_pool(&etcd, "twelve", &twelve).await;
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("power of two")),
+        "{refused:?}"
+    );
+    let old = r#"{"k":2,"m":1,"stripe_unit_bytes":12288,"policy":"rmw","dedup":"none",
+        "pg_count":1,"failure_domain":"host","ready":true}"#;
+    client
+        .put(etcd.keys().pool("twelve"), old, None)
+        .await
+        .unwrap();
+    assert!(list_pools(&etcd).await.unwrap().contains_key("twelve"));
+    remove_pool(&etcd, "twelve").await.unwrap();
+    assert!(!list_pools(&etcd).await.unwrap().contains_key("twelve"));
 }
 
 /// `result` is a refusal of the value of the key ending in `key_suffix`.

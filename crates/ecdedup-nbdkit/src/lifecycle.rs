@@ -213,10 +213,16 @@ fn stop_on_wake(read_fd: RawFd, close: CloseFn) {
     let deadline = Instant::now() + STOP_BOUND;
     STOPPING.store(true, Ordering::SeqCst);
     let mut lock = DRAIN_LOCK.lock().unwrap_or_else(PoisonError::into_inner);
+    let inside = INSIDE.load(Ordering::SeqCst);
     eprintln!(
-        "ecdedup: stopping: no new request is served; the {} in the array finish, then the array \
+        "ecdedup: stopping: no new request is served; {} in the array {} first, then the array \
          is flushed and closed and every connection ends",
-        INSIDE.load(Ordering::SeqCst)
+        match inside {
+            0 => "no request".to_string(),
+            1 => "the 1 request".to_string(),
+            n => format!("the {n} requests"),
+        },
+        if inside == 0 { "waits" } else { "finish" }
     );
     while INSIDE.load(Ordering::SeqCst) > 0 {
         let left = deadline.saturating_duration_since(Instant::now());

@@ -20,9 +20,12 @@ use std::time::Duration;
 )]
 struct Cli {
     /// The folder of the array (holds array.json, the intent log, sockets,
-    /// and by default the device files) or, for `archive`, of the archive
+    /// and by default the device files); for `archive`, of the archive
     /// (archive.json, catalog.json, maps/, staging/, and by default the
-    /// device folders dev0, dev1, ...).
+    /// device folders dev0, dev1, ...); for `cluster`, of the local
+    /// cluster (cluster.json, its etcd, servers and logs); for `serve
+    /// --cluster`, the volume client's state; `chunkd`, `pool` and
+    /// `volume` do not use it.
     #[arg(long, global = true, default_value = "data")]
     dir: PathBuf,
     #[command(subcommand)]

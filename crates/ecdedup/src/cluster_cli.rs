@@ -61,15 +61,21 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 }
 
 /// How a command reaches etcd: the endpoints, the cluster's name and TLS
-/// (every command that talks to etcd flattens this one struct).
+/// (every command that talks to etcd flattens this one struct; global, so
+/// `pool create --etcd URL` works as `pool --etcd URL create`).
 #[derive(Args)]
 pub struct EtcdArgs {
     /// etcd endpoints (comma-separated), tried in this order
     /// (https://... with --etcd-ca).
-    #[arg(long, value_delimiter = ',', default_value = "http://127.0.0.1:2379")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "http://127.0.0.1:2379",
+        global = true
+    )]
     pub etcd: Vec<String>,
     /// The cluster's name: its keys live under /ecdedup/<cluster>/.
-    #[arg(long, default_value = "default")]
+    #[arg(long, default_value = "default", global = true)]
     pub cluster: String,
     #[command(flatten)]
     pub tls: EtcdTlsArgs,
@@ -80,13 +86,13 @@ pub struct EtcdArgs {
 pub struct EtcdTlsArgs {
     /// CA file (PEM) that etcd's server certificate is verified against;
     /// needed by https:// endpoints.
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub etcd_ca: Option<PathBuf>,
     /// Client certificate (PEM) presented to etcd (--client-cert-auth).
-    #[arg(long, requires = "etcd_key")]
+    #[arg(long, requires = "etcd_key", global = true)]
     pub etcd_cert: Option<PathBuf>,
     /// The client certificate's private key (PEM).
-    #[arg(long, requires = "etcd_cert")]
+    #[arg(long, requires = "etcd_cert", global = true)]
     pub etcd_key: Option<PathBuf>,
 }
 
@@ -194,7 +200,7 @@ pub struct PoolSettings {
     k: u32,
     #[arg(short, long, default_value_t = 2)]
     m: u32,
-    /// Stripe unit (a multiple of 4K, up to 4M).
+    /// Stripe unit (a power of two from 4K to 4M).
     #[arg(long, default_value = "64K")]
     stripe_unit: String,
     /// Partial-write policy: rmw, plog, parix, or replicate (with --copies;
@@ -265,7 +271,7 @@ impl PoolSettings {
             min_size: self.min_size,
             journal_bytes: self.journal_max.as_deref().map(parse_size).transpose()?,
         };
-        spec.check().map_err(cluster_error)?;
+        spec.check_new().map_err(cluster_error)?;
         Ok(spec)
     }
 }
@@ -278,12 +284,19 @@ enum PoolCommand {
         #[command(flatten)]
         settings: PoolSettings,
     },
-    /// List the pools and their PGs' servers.
+    /// List the pools and their settings.
     Ls,
+    /// Remove a pool that holds no volume (its PG and rebuild records go
+    /// with it).
+    Rm { name: String },
 }
 
 /// `ecdedup pool ...`; what it prints goes to `out`.
 pub fn pool(args: PoolArgs, out: &mut dyn std::io::Write) -> Result<()> {
+    // Bad settings are refused before etcd is reached.
+    if let PoolCommand::Create { settings, .. } = &args.command {
+        settings.spec()?;
+    }
     let text = runtime()?.block_on(async {
         let etcd = Etcd::connect(args.etcd.config())
             .await
@@ -301,6 +314,12 @@ pub fn pool(args: PoolArgs, out: &mut dyn std::io::Write) -> Result<()> {
                     spec.policy,
                     pgs.len()
                 ))
+            }
+            PoolCommand::Rm { name } => {
+                ecdedup_cluster::remove_pool(&etcd, &name)
+                    .await
+                    .map_err(cluster_error)?;
+                Ok(format!("removed pool {name}\n"))
             }
             PoolCommand::Ls => {
                 let mut text = String::new();
@@ -777,20 +796,31 @@ pub fn cluster(dir: &Path, args: ClusterArgs) -> Result<()> {
             }
         }
         ClusterCommand::Down => {
-            let state = load_state(dir)?;
-            if let Some(pid) = state.serve_pid {
-                stop_pid(pid, Duration::from_secs(90));
+            if !dir.join(STATE_FILE).exists() {
+                println!(
+                    "no cluster runs in {} (no {STATE_FILE}): nothing to stop",
+                    dir.display()
+                );
+                return Ok(());
             }
-            for s in &state.servers {
-                stop_pid(s.pid, Duration::from_secs(30));
-            }
-            stop_pid(state.etcd_pid, Duration::from_secs(30));
-            std::fs::remove_file(dir.join(STATE_FILE))
-                .map_err(|e| Error::io("removing cluster.json", e))?;
+            stop_all(dir, &load_state(dir)?)?;
             println!("cluster in {} stopped", dir.display());
             Ok(())
         }
     }
+}
+
+/// Stops every process of `state` (the NBD server first, then the chunk
+/// servers, then etcd), and forgets them (`cluster.json` removed).
+fn stop_all(dir: &Path, state: &UpState) -> Result<()> {
+    if let Some(pid) = state.serve_pid {
+        stop_pid(pid, Duration::from_secs(90));
+    }
+    for s in &state.servers {
+        stop_pid(s.pid, Duration::from_secs(30));
+    }
+    stop_pid(state.etcd_pid, Duration::from_secs(30));
+    std::fs::remove_file(dir.join(STATE_FILE)).map_err(|e| Error::io("removing cluster.json", e))
 }
 
 fn up(dir: &Path, args: UpArgs) -> Result<()> {
@@ -851,7 +881,7 @@ fn up(dir: &Path, args: UpArgs) -> Result<()> {
         (ecdedup_cluster::LocalEtcd::start(&dir.join("etcd")), None)
     };
     let etcd = etcd.map_err(cluster_error)?;
-    let mut state = UpState {
+    let state = UpState {
         etcd: etcd.endpoint(),
         etcd_pid: etcd.detach(),
         key,
@@ -866,38 +896,90 @@ fn up(dir: &Path, args: UpArgs) -> Result<()> {
         etcd_tls: client_tls,
     };
     save_state(&dir, &state)?;
+    // From here on a failure stops what this command started (a failed
+    // `cluster up` leaves no process behind); the data stays in DIR.
+    let mut state = state;
+    match start_the_rest(
+        &dir, &mut state, servers, &pool, &volume, &spec, size_bytes, threads,
+    ) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let stopped = match stop_all(&dir, &state) {
+                Ok(()) => "every process it started is stopped".to_string(),
+                Err(s) => format!("stopping what it started: {s}"),
+            };
+            Err(Error::Other(format!("cluster up failed ({stopped}): {e}")))
+        }
+    }
+}
+
+/// `cluster up` once etcd runs: the chunk servers, the pool and the volume
+/// (kept where an earlier cluster of this folder made them), the NBD
+/// server; then what it prints.
+#[allow(clippy::too_many_arguments)]
+fn start_the_rest(
+    dir: &Path,
+    state: &mut UpState,
+    servers: u32,
+    pool: &str,
+    volume: &str,
+    spec: &PoolSpec,
+    size_bytes: u64,
+    threads: Option<u32>,
+) -> Result<()> {
     for id in 0..servers {
         let port = free_port()?;
-        let pid = start_server(&dir, &state, id, port)?;
+        let pid = start_server(dir, state, id, port)?;
         state.servers.push(ServerProc { id, pid, port });
-        save_state(&dir, &state)?;
+        save_state(dir, state)?;
     }
     let rt = runtime()?;
     let etcd_config = state.etcd_config();
-    wait_for_servers(&dir, &mut state, &rt, &etcd_config)?;
-    rt.block_on(async {
+    wait_for_servers(dir, state, &rt, &etcd_config)?;
+    // A pool or volume an earlier cluster of this folder made is kept as it
+    // is (its data is in the chunk servers' folders): what is printed is
+    // what is served, and a note says the settings given were not applied.
+    let (spec, size_bytes, kept) = rt.block_on(async {
         let etcd = Etcd::connect(etcd_config.clone())
             .await
             .map_err(cluster_error)?;
-        if ecdedup_cluster::get_pool(&etcd, &pool).await.is_err() {
-            ecdedup_cluster::create_pool(&etcd, &pool, &spec)
-                .await
-                .map_err(cluster_error)?;
-        }
-        if ecdedup_cluster::get_volume(&etcd, &pool, &volume)
-            .await
-            .is_err()
-        {
-            ecdedup_cluster::create_volume(&etcd, &pool, &volume, size_bytes)
-                .await
-                .map_err(cluster_error)?;
-        }
-        Ok::<_, Error>(())
+        let mut kept = Vec::new();
+        let spec = match ecdedup_cluster::get_pool(&etcd, pool).await {
+            Ok(entry) => {
+                if entry.record.spec != *spec {
+                    kept.push(format!("pool {pool}'s settings"));
+                }
+                entry.record.spec
+            }
+            Err(ecdedup_cluster::Error::PoolNotFound(_)) => {
+                ecdedup_cluster::create_pool(&etcd, pool, spec)
+                    .await
+                    .map_err(cluster_error)?;
+                spec.clone()
+            }
+            Err(e) => return Err(cluster_error(e)),
+        };
+        let size_bytes = match ecdedup_cluster::get_volume(&etcd, pool, volume).await {
+            Ok(entry) => {
+                if entry.record.size_bytes != size_bytes {
+                    kept.push(format!("volume {pool}/{volume}'s size"));
+                }
+                entry.record.size_bytes
+            }
+            Err(ecdedup_cluster::Error::VolumeNotFound { .. }) => {
+                ecdedup_cluster::create_volume(&etcd, pool, volume, size_bytes)
+                    .await
+                    .map_err(cluster_error)?;
+                size_bytes
+            }
+            Err(e) => return Err(cluster_error(e)),
+        };
+        Ok::<_, Error>((spec, size_bytes, kept))
     })?;
     if let Some(threads) = threads {
-        let pid = start_serve(&dir, &state, threads)?;
+        let pid = start_serve(dir, state, threads)?;
         state.serve_pid = Some(pid);
-        save_state(&dir, &state)?;
+        save_state(dir, state)?;
         let socket = state.socket.clone();
         wait_for("the volume's NBD server", &dir.join("serve.log"), || {
             std::os::unix::net::UnixStream::connect(&socket).is_ok() || !alive(pid)
@@ -920,6 +1002,12 @@ fn up(dir: &Path, args: UpArgs) -> Result<()> {
         spec.policy,
         format_size(size_bytes)
     );
+    if !kept.is_empty() {
+        println!(
+            "{} kept from an earlier cluster in this folder, as shown above, not those given",
+            kept.join(" and ")
+        );
+    }
     if threads.is_some() {
         println!("nbd+unix:///?socket={}", state.socket.display());
     }
@@ -988,12 +1076,17 @@ fn status(dir: &Path, json: bool) -> Result<()> {
                         .filter(|id| !live.contains_key(id))
                         .map(|id| id.0)
                         .collect();
+                    // Below min_size writes fail with EIO while reads
+                    // go on (k in service): said apart from degraded.
+                    let serving = record.spec.width() - down.len() as u32;
                     let state = if down.is_empty() {
                         "active"
-                    } else if down.len() as u32 <= record.spec.m {
-                        "degraded"
-                    } else {
+                    } else if serving < record.spec.k {
                         "unavailable"
+                    } else if serving < record.spec.min_size() {
+                        "read-only"
+                    } else {
+                        "degraded"
                     };
                     let (moves, progress) = rebuilds
                         .get(&(name.clone(), i as u32))

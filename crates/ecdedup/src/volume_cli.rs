@@ -103,6 +103,10 @@ async fn execute(args: VolumeArgs) -> Result<String> {
             format!("created {pool}/{name}: id {}, {size}\n", record.id)
         }
         VolumeCommand::Ls { pool, json } => {
+            // A pool that does not exist is said so, not listed as empty.
+            ecdedup_cluster::get_pool(&etcd, &pool)
+                .await
+                .map_err(cluster_error)?;
             let volumes = ecdedup_cluster::list_volumes(&etcd, &pool)
                 .await
                 .map_err(cluster_error)?;
@@ -134,7 +138,8 @@ async fn execute(args: VolumeArgs) -> Result<String> {
                 .await
                 .map_err(cluster_error)?;
             format!(
-                "resized {pool}/{name} to {}\n",
+                "resized {pool}/{name} to {} (a writer serving it sees the new size at its \
+                 next start)\n",
                 format_size(record.size_bytes)
             )
         }

@@ -464,6 +464,29 @@ fn a_cluster_serves_volumes_through_faults_and_takeovers() {
         Duration::from_secs(120),
         || chunk_folders().is_empty(),
     );
+    // Pools: one that holds volumes is not removed, an empty one is; a
+    // stripe unit serve could not open is refused at creation; a pool
+    // that does not exist is said so; the etcd options may follow the
+    // subcommand.
+    let refused = |args: Vec<String>, why: &str| {
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = c.cli(&refs);
+        assert!(!out.success(), "step 7: {args:?} succeeded: {out}");
+        assert!(out.stderr.contains(why), "step 7: {args:?}: {out}");
+    };
+    refused(with_etcd(&["pool", "rm", "px"]), "holds volumes (v)");
+    refused(
+        with_etcd(&["pool", "create", "twelve", "--stripe-unit", "12K"]),
+        "power of two",
+    );
+    refused(with_etcd(&["volume", "ls", "nopool"]), "does not exist");
+    cli(with_etcd(&["pool", "create", "empty", "--pgs", "1"]));
+    let mut after: Vec<String> = ["pool", "rm", "empty"].map(String::from).to_vec();
+    after.extend(etcd.iter().cloned());
+    let out = cli(after);
+    assert!(out.stdout.contains("removed pool empty"), "step 7: {out}");
+    let listed = cli(with_etcd(&["pool", "ls"])).stdout;
+    assert!(!listed.contains("empty"), "step 7: {listed}");
 
     // 8. ext4 on a volume (nbdfuse + loop: the kernel has no nbd module):
     //    a tree copied and synced, the writer's nbdkit and a chunk server

@@ -129,7 +129,12 @@ impl Geometry {
         // Stripes first: the volume's size is only computed once it fits.
         let volume_bytes = self.stripes.checked_mul(self.stripe_data_bytes());
         if self.stripes > (1u64 << 40) || volume_bytes.and_then(|v| v.checked_mul(2)).is_none() {
-            return bad("volume is too large".into());
+            return bad(format!(
+                "volume is too large: {} stripes of {} data bytes, where an array holds at \
+                 most 2^40 stripes and under 2^63 bytes",
+                self.stripes,
+                self.stripe_data_bytes()
+            ));
         }
         Ok(())
     }

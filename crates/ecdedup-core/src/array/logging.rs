@@ -2032,6 +2032,12 @@ impl Array {
     /// Failures are warnings: the journal stays unreserved, so writes fall
     /// back to read-modify-write until a later replay manages it.
     pub(super) fn reclaim_journal(&self, d: usize) {
+        // A failed member's journal waits for its re-add (which restarts
+        // it): trying it at each replay pass only repeated the device's
+        // error (1,262 times in one degraded run's log).
+        if self.stores[d].is_failed() {
+            return;
+        }
         let compact_above = self.journal_bytes_max / COMPACT_AT_FRACTION_OF_BOUND;
         let reclaimed = self.stores[d].journal_reclaim(compact_above, self.journal_bytes_max);
         let Some((compacted, result)) = reclaimed else {
