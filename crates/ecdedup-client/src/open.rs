@@ -379,13 +379,32 @@ pub fn open(opts: &ClusterOptions) -> Result<ClusterVolume> {
         })?;
         arrays.push(Arc::new(array));
     }
-    if volume.record.size_bytes > arrays[0].volume_bytes() * p {
+    let capacity = arrays[0].volume_bytes() * p;
+    if volume.record.size_bytes > capacity {
         return Err(Error::Config(format!(
-            "volume {} is {} bytes, its chunks were formatted for {}: it cannot grow past that",
-            opts.volume,
-            volume.record.size_bytes,
-            arrays[0].volume_bytes() * p
+            "volume {} is {} bytes, its chunks were formatted for {capacity}: it cannot grow \
+             past that",
+            opts.volume, volume.record.size_bytes,
         )));
+    }
+    // What the chunks were formatted for goes in the volume's record, so
+    // that `volume resize` refuses a size no serve could open (a failure
+    // here leaves the resize unguarded, not the volume: logged).
+    if volume.record.capacity_bytes != Some(capacity) {
+        let r = rt.block_on(ecdedup_cluster::record_capacity(
+            &etcd,
+            &opts.pool,
+            &opts.volume,
+            epoch,
+            capacity,
+        ));
+        if let Err(e) = r {
+            line(
+                COMPONENT,
+                "capacity-not-recorded",
+                &[("capacity", &capacity), ("reason", &e)],
+            );
+        }
     }
     // Each PG's stripes past those the volume's size reaches (which never
     // shrinks) were never written on any chunk: a rebuild stops there (a

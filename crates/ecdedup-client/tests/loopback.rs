@@ -393,6 +393,26 @@ fn a_server_restarted_on_another_address_is_read_there_without_a_reopen() {
     assert_eq!(decoded, 0, "no read went around the moved server");
     v.close().unwrap();
 
+    // The writer recorded what the chunks were formatted for (the test's
+    // 16 MiB minimum over 2 data shards' stripes), so a resize past it is
+    // refused before any serve would refuse the volume.
+    let (capacity, resized) = c.rt.block_on(async {
+        let etcd = Etcd::connect(c.etcd_config(name)).await.unwrap();
+        let v = ecdedup_cluster::get_volume(&etcd, "rmw", "v")
+            .await
+            .unwrap();
+        let capacity = v.record.capacity_bytes.expect("recorded at the open");
+        let resized = ecdedup_cluster::resize_volume(&etcd, "rmw", "v", capacity + 4096).await;
+        (capacity, resized)
+    });
+    assert!(capacity >= 16 << 20, "{capacity}");
+    assert!(
+        resized
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("formatted for")),
+        "{resized:?}"
+    );
+
     // A writer with another cluster's key reaches no server: its open
     // fails at the epoch push, saying why (it waited for each server in
     // etcd, then blamed the PG's reachability, before 2026-11-30).

@@ -651,6 +651,12 @@ pub struct VolumeRecord {
     /// the writer key use it.
     pub id: u64,
     pub size_bytes: u64,
+    /// The bytes its PGs' chunks were formatted for at its first serve
+    /// (`max(size, 256 GiB)`), recorded by that writer: `volume resize`
+    /// refuses to grow past it (serve would refuse the volume). Absent
+    /// before a first serve, and in records of older builds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity_bytes: Option<u64>,
 }
 
 /// `server/<id>/epochs`: how far the server has applied the volumes'

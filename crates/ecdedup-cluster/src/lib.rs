@@ -47,8 +47,8 @@ pub use server::{list_servers, register_server, Registration};
 pub use session::{Etcd, EtcdConfig, Failover};
 pub use tls::EtcdTls;
 pub use volume::{
-    create_volume, get_volume, list_volumes, remove_volume, remove_volume_at, resize_volume,
-    resize_volume_at, volume_ids, VolumeIds,
+    create_volume, get_volume, list_volumes, record_capacity, remove_volume, remove_volume_at,
+    resize_volume, resize_volume_at, volume_ids, VolumeIds,
 };
 pub use watch::{WatchEvent, Watcher};
 pub use writer::{

@@ -88,7 +88,11 @@ pub async fn create_volume(
             Some(kv) => (decode::<u64>(&counter, kv.value())?, kv.mod_revision()),
             None => (1, 0),
         };
-        let record = VolumeRecord { id, size_bytes };
+        let record = VolumeRecord {
+            id,
+            size_bytes,
+            capacity_bytes: None,
+        };
         let txn = Txn::new()
             .when([
                 Compare::version(key.as_str(), CompareOp::Equal, 0),
@@ -115,6 +119,53 @@ pub async fn create_volume(
     Err(Error::Changed {
         key: counter,
         operation: "volume create",
+    })
+}
+
+/// Records in volume `pool/name`'s record the bytes its chunks were
+/// formatted for (`capacity_bytes`), as its writer at `epoch` opened
+/// them: guarded by the record's `mod_revision` as read and by the writer
+/// key's creation revision (the epoch), so a fenced writer records
+/// nothing; a resize in between is read again (up to a few times).
+pub async fn record_capacity(
+    etcd: &Etcd,
+    pool: &str,
+    name: &str,
+    epoch: u64,
+    capacity_bytes: u64,
+) -> Result<()> {
+    let key = etcd.keys().volume(pool, name);
+    for _ in 0..CREATE_ATTEMPTS_MAX {
+        let entry = get_volume(etcd, pool, name).await?;
+        if entry.record.capacity_bytes == Some(capacity_bytes) {
+            return Ok(());
+        }
+        let writer = etcd.keys().volume_writer(entry.record.id);
+        let record = VolumeRecord {
+            capacity_bytes: Some(capacity_bytes),
+            ..entry.record
+        };
+        let guarded = Txn::new()
+            .when([
+                Compare::mod_revision(key.as_str(), CompareOp::Equal, entry.mod_revision),
+                Compare::create_revision(writer.as_str(), CompareOp::Equal, epoch as i64),
+            ])
+            .and_then([TxnOp::put(key.as_str(), encode(&record), None)])
+            .or_else([TxnOp::get(writer.as_str(), None)]);
+        match txn::run(etcd, guarded, "volume capacity").await? {
+            Ok(_) => return Ok(()),
+            Err(Some(kv)) if kv.create_revision() == epoch as i64 => continue,
+            Err(_) => {
+                return Err(Error::Changed {
+                    key: writer,
+                    operation: "volume capacity (another writer holds the volume)",
+                })
+            }
+        }
+    }
+    Err(Error::Changed {
+        key,
+        operation: "volume capacity",
     })
 }
 
@@ -255,6 +306,17 @@ pub async fn resize_volume_at(
         ));
     }
     check_fits(pool, &get_pool(etcd, pool).await?.record.spec, size_bytes)?;
+    if let Some(capacity) = entry.record.capacity_bytes {
+        if size_bytes > capacity {
+            return Err(Error::invalid(
+                "volume size",
+                format!(
+                    "{pool}/{name}'s chunks were formatted for {capacity} bytes at its first \
+                     serve: it cannot grow past that ({size_bytes} asked)"
+                ),
+            ));
+        }
+    }
     let key = etcd.keys().volume(pool, name);
     let record = VolumeRecord {
         size_bytes,

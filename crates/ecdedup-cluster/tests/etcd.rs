@@ -500,12 +500,39 @@ async fn pools_and_volumes_are_created_listed_resized_and_removed_under_their_gu
     assert!(matches!(late, Err(Error::Changed { .. })), "{late:?}");
     let past = resize_volume(&etcd, "p", "a", (1u64 << 62) + 4096).await;
     assert!(matches!(past, Err(Error::Invalid { .. })), "{past:?}");
+    // A writer records what its chunks were formatted for (only the
+    // writer holding the key: another epoch records nothing); a resize
+    // past it is refused, up to it allowed.
+    let writer = acquire_writer(&etcd, "p", "a", "w", TTL, false)
+        .await
+        .unwrap();
+    let stale = record_capacity(&etcd, "p", "a", writer.epoch() - 1, 4 * gib).await;
+    assert!(matches!(stale, Err(Error::Changed { .. })), "{stale:?}");
+    record_capacity(&etcd, "p", "a", writer.epoch(), 4 * gib)
+        .await
+        .unwrap();
+    assert_eq!(
+        get_volume(&etcd, "p", "a")
+            .await
+            .unwrap()
+            .record
+            .capacity_bytes,
+        Some(4 * gib)
+    );
+    drop(writer);
+    let past = resize_volume(&etcd, "p", "a", 5 * gib).await;
+    assert!(
+        past.as_ref()
+            .is_err_and(|e| e.to_string().contains("formatted for")),
+        "{past:?}"
+    );
     let shrink = resize_volume(&etcd, "p", "a", gib).await;
     assert!(matches!(shrink, Err(Error::Invalid { .. })), "{shrink:?}");
     assert_eq!(
         get_volume(&etcd, "p", "a").await.unwrap().record.size_bytes,
         2 * gib
     );
+    resize_volume(&etcd, "p", "a", 4 * gib).await.unwrap();
 
     // Ids are never reused.
     remove_volume(&etcd, "p", "b").await.unwrap();

@@ -796,7 +796,13 @@ pub fn cluster(dir: &Path, args: ClusterArgs) -> Result<()> {
             }
         }
         ClusterCommand::Down => {
-            if !dir.join(STATE_FILE).exists() {
+            // Only a state file that is not there means nothing runs (one
+            // that cannot be looked at is an error, not "nothing").
+            let state_file = dir.join(STATE_FILE);
+            let present = state_file
+                .try_exists()
+                .map_err(|e| Error::io(format!("looking at {}", state_file.display()), e))?;
+            if !present {
                 println!(
                     "no cluster runs in {} (no {STATE_FILE}): nothing to stop",
                     dir.display()
@@ -820,6 +826,19 @@ fn stop_all(dir: &Path, state: &UpState) -> Result<()> {
         stop_pid(s.pid, Duration::from_secs(30));
     }
     stop_pid(state.etcd_pid, Duration::from_secs(30));
+    // A process that outlived its kill (stuck in the kernel) stays listed.
+    let left: Vec<u32> = state
+        .serve_pid
+        .into_iter()
+        .chain(state.servers.iter().map(|s| s.pid))
+        .chain([state.etcd_pid])
+        .filter(|&pid| alive(pid))
+        .collect();
+    if !left.is_empty() {
+        return Err(Error::Other(format!(
+            "processes {left:?} did not stop; {STATE_FILE} is kept"
+        )));
+    }
     std::fs::remove_file(dir.join(STATE_FILE)).map_err(|e| Error::io("removing cluster.json", e))
 }
 
@@ -895,7 +914,11 @@ fn up(dir: &Path, args: UpArgs) -> Result<()> {
         out_after,
         etcd_tls: client_tls,
     };
-    save_state(&dir, &state)?;
+    if let Err(e) = save_state(&dir, &state) {
+        // Not recorded: stopped here, or nothing would know of it.
+        stop_pid(state.etcd_pid, Duration::from_secs(30));
+        return Err(e);
+    }
     // From here on a failure stops what this command started (a failed
     // `cluster up` leaves no process behind); the data stays in DIR.
     let mut state = state;
@@ -911,6 +934,36 @@ fn up(dir: &Path, args: UpArgs) -> Result<()> {
             Err(Error::Other(format!("cluster up failed ({stopped}): {e}")))
         }
     }
+}
+
+/// A pool's settings with the defaults filled in (`min_size`, the journal
+/// bound), for comparing what was kept with what was given.
+fn effective(spec: &PoolSpec) -> (PoolSpec, u32, u64) {
+    (
+        PoolSpec {
+            min_size: None,
+            journal_bytes: None,
+            ..spec.clone()
+        },
+        spec.min_size(),
+        spec.journal_bytes(),
+    )
+}
+
+/// A pool's settings in one line.
+fn describe_spec(s: &PoolSpec) -> String {
+    format!(
+        "RS({},{}) {:?}, unit {}, dedup {:?}, {} PGs, failure domain {:?}, min_size {}, journal {}",
+        s.k,
+        s.m,
+        s.policy,
+        format_size(u64::from(s.stripe_unit_bytes)),
+        s.dedup,
+        s.pg_count,
+        s.failure_domain,
+        s.min_size(),
+        format_size(s.journal_bytes())
+    )
 }
 
 /// `cluster up` once etcd runs: the chunk servers, the pool and the volume
@@ -946,10 +999,23 @@ fn start_the_rest(
         let mut kept = Vec::new();
         let spec = match ecdedup_cluster::get_pool(&etcd, pool).await {
             Ok(entry) => {
-                if entry.record.spec != *spec {
-                    kept.push(format!("pool {pool}'s settings"));
+                let kept_spec = entry.record.spec;
+                if effective(&kept_spec) != effective(spec) {
+                    kept.push(format!(
+                        "pool {pool}'s settings ({})",
+                        describe_spec(&kept_spec)
+                    ));
                 }
-                entry.record.spec
+                if servers < kept_spec.width() {
+                    return Err(Error::Config(format!(
+                        "pool {pool}, kept from an earlier cluster in this folder, is RS({},{}): \
+                         it needs {} servers on distinct hosts; --servers {servers}",
+                        kept_spec.k,
+                        kept_spec.m,
+                        kept_spec.width()
+                    )));
+                }
+                kept_spec
             }
             Err(ecdedup_cluster::Error::PoolNotFound(_)) => {
                 ecdedup_cluster::create_pool(&etcd, pool, spec)
@@ -1004,7 +1070,7 @@ fn start_the_rest(
     );
     if !kept.is_empty() {
         println!(
-            "{} kept from an earlier cluster in this folder, as shown above, not those given",
+            "{} kept from an earlier cluster in this folder, not those given",
             kept.join(" and ")
         );
     }

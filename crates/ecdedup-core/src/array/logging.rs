@@ -2074,7 +2074,9 @@ impl Array {
                 while !array.stopping.load(Relaxed) {
                     std::thread::sleep(std::time::Duration::from_millis(200));
                     let idle = array.idle_ms() >= IDLE_REPLAY_AFTER.as_millis() as u64;
-                    let (bytes, logged, _) = array.journal_usage();
+                    // A failed member's journal waits for its re-add: its
+                    // bytes would start a pass every 200 ms for nothing.
+                    let (bytes, logged) = array.journal_usage_in_service();
                     // Space left behind by replays that ran elsewhere (a
                     // rebuild, degraded reads) is given back when idle too.
                     if (logged > 0 && (idle || array.replay_wanted())) || (bytes > 0 && idle) {
@@ -2088,6 +2090,16 @@ impl Array {
             Ok(thread) => *slot = Some(thread),
             Err(e) => self.warn(format!("cannot start the background replay: {e}")),
         }
+    }
+
+    /// (bytes, logged blocks) of the journals of members not failed: what
+    /// the background replay has to give back.
+    fn journal_usage_in_service(&self) -> (u64, u64) {
+        self.stores
+            .iter()
+            .filter(|s| !s.is_failed())
+            .map(|s| s.journal_usage())
+            .fold((0, 0), |(b, l), (bytes, logged, _)| (b + bytes, l + logged))
     }
 
     /// Journal state for stats: (bytes, logged blocks, index RAM bytes).
