@@ -1332,6 +1332,11 @@ fn status(dir: &Path, json: bool) -> Result<()> {
             );
         }
     }
-    say!("{}", report["nbd"].as_str().unwrap_or(""));
+    // The URI only while the NBD server `cluster up` started runs (after
+    // a take-over by another `serve`, its socket serves nothing).
+    match report["serve_pid"].as_u64() {
+        Some(pid) => say!("{} (serve pid {pid})", report["nbd"].as_str().unwrap_or("")),
+        None => say!("no NBD server of this cluster runs (`cluster up` starts one; `serve --cluster` serves any volume)"),
+    }
     print_out(&text)
 }
