@@ -1668,6 +1668,15 @@ impl Array {
         // Always a new generation, whether anything changed or not: the
         // generation is the event counter of `re-add` (md's), so a device
         // image copied before this open is older than any failure after it.
+        // Twice, before any write of this open: a member one generation
+        // behind is taken for one a cut left in the middle of a superblock
+        // update (`inspect::stale_member`), and with one bump an image
+        // copied while the array was stopped was exactly one behind after
+        // a whole session of writes, and read as current (a probe, as a
+        // user would: a third of a volume read back old, no error). Now
+        // such an image is two behind; a cut between the two bumps leaves
+        // members at most one apart with no write made since.
+        array.persist_superblocks()?;
         array.persist_superblocks()?;
         // A poisoned block's mark (its member held it from the stop on)
         // holds only while that member stays out: one in service now (a
