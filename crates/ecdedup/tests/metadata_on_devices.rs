@@ -150,6 +150,44 @@ fn a_lost_folder_is_rebuilt_from_the_devices_and_every_byte_reads_back() {
     }
 }
 
+/// A folder's `array.json` edited by hand to another write policy and
+/// another dedup policy (not `set-policy`, which writes both it and the
+/// devices' copies) over a crashed parix array with dedup of every block:
+/// the open uses the devices' settings and says so, and every byte reads
+/// back. Before, the folder's were obeyed: the journals' records were
+/// never replayed, the layers' maps were read as none, and blocks read
+/// wrong (a probe, as a user would; this test, with the devices' copy
+/// ignored, read wrong bytes).
+#[test]
+fn a_hand_edited_write_or_dedup_policy_in_the_folder_gives_way_to_the_devices_copy() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_, dir) = parix_dedup_array(tmp.path(), MetadataPlacement::Devices);
+    let model = {
+        let vol = Volume::new(Arc::new(Array::open(&dir, None).unwrap()));
+        let model = fill(&vol, 11);
+        let array = Arc::clone(vol.array());
+        drop(vol);
+        Arc::into_inner(array).unwrap().simulate_crash();
+        model
+    };
+    let path = dir.join("array.json");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut cfg: serde_json::Value = serde_json::from_str(&text).unwrap();
+    cfg["write_policy"] = serde_json::json!("rmw");
+    cfg["dedup"]["policy"] = serde_json::json!("none");
+    std::fs::write(&path, serde_json::to_string_pretty(&cfg).unwrap()).unwrap();
+    let array = Array::open(&dir, None).unwrap();
+    let warnings = array.warnings().join("\n");
+    assert!(
+        warnings.contains("sets write policy Rmw, the devices' copy Parix"),
+        "{warnings}"
+    );
+    assert!(warnings.contains("sets dedup"), "{warnings}");
+    assert_eq!(array.write_policy(), WritePolicy::Parix);
+    let vol = Volume::new(Arc::new(array));
+    assert!(read_all(&vol) == model, "every byte reads back");
+}
+
 #[test]
 fn assemble_refuses_mixed_arrays_a_used_folder_and_format_1() {
     let tmp = tempfile::tempdir().unwrap();

@@ -1360,6 +1360,41 @@ impl Array {
                 shared
             }
         };
+        // Settings the data on the devices depends on come from the
+        // devices' copy of `array.json` where the folder's says otherwise
+        // (an edit by hand: `set-policy` writes both): under a folder that
+        // switched parix to rmw the journals' records were never replayed,
+        // and a dedup policy changed read the layers' maps as none (a
+        // probe, as a user: parity damaged, then blocks read wrong after
+        // two failures). Said, and `set-policy` changes the write policy.
+        if let Some(theirs) = meta.as_ref().and_then(|m| {
+            (0..n).find_map(|d| {
+                let bytes = read_area_file(&m.area(d)?, CONFIG_FILE)?;
+                serde_json::from_slice::<ConfigFile>(&bytes).ok()
+            })
+        }) {
+            if theirs.dedup != cfg.dedup {
+                warnings.push(format!(
+                    "{CONFIG_FILE} in {} sets dedup {:?}, the devices' copy {:?}: the devices' \
+                     is used (dedup is chosen at create)",
+                    dir.display(),
+                    cfg.dedup,
+                    theirs.dedup
+                ));
+                cfg.dedup = theirs.dedup.clone();
+            }
+            if theirs.write_policy != cfg.write_policy {
+                warnings.push(format!(
+                    "{CONFIG_FILE} in {} sets write policy {:?}, the devices' copy {:?}: the \
+                     devices' is used (`ecdedup set-policy` changes it, replaying the journals \
+                     first)",
+                    dir.display(),
+                    cfg.write_policy,
+                    theirs.write_policy
+                ));
+                cfg.write_policy = theirs.write_policy;
+            }
+        }
         let choice = fingerprint_backend.unwrap_or(cfg.fingerprint_backend);
         let (backend, backend_why) = if cfg.dedup.policy != Policy::None {
             cfg.dedup.validate(geo.stripe_unit_bytes)?;
