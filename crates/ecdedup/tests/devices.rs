@@ -135,10 +135,22 @@ fn create_refuses_a_device_named_twice_by_path_or_by_inode() {
     let link = tmp.path().join("link-to-disk2");
     std::os::unix::fs::symlink(&devices[2], &link).unwrap();
     devices[4] = link;
-    let err = array::create(&tmp.path().join("b"), &options(devices, false))
+    let err = array::create(&tmp.path().join("b"), &options(devices.clone(), false))
         .expect_err("a file named twice through a link");
     assert!(err.to_string().contains("positions 2 and 4"), "{err}");
     assert!(!tmp.path().join("b").join("array.json").exists());
+    // The same through a link to a file not made yet (create makes it):
+    // no inode to compare, the link's target is (a probe's create
+    // succeeded, and the array never opened).
+    let later = tmp.path().join("not-yet");
+    let link = tmp.path().join("link-to-not-yet");
+    std::os::unix::fs::symlink(&later, &link).unwrap();
+    devices[3] = later;
+    devices[4] = link;
+    let err = array::create(&tmp.path().join("c"), &options(devices, false))
+        .expect_err("a file not made yet named twice through a link");
+    assert!(err.to_string().contains("positions 3 and 4"), "{err}");
+    assert!(!tmp.path().join("c").join("array.json").exists());
 }
 
 /// Issue 18, item 9: a refused create removes the device files it made,

@@ -815,7 +815,7 @@ fn file_identity(path: &Path) -> Option<(u64, u64)> {
 fn refuse_duplicate_devices(paths: &[PathBuf], exists: impl Fn(&Path) -> bool) -> Result<()> {
     let mut seen: Vec<(PathBuf, Option<(u64, u64)>)> = Vec::new();
     for (i, path) in paths.iter().enumerate() {
-        let abs = absolute_path(path);
+        let abs = link_target(path);
         let id = if exists(path) {
             file_identity(path)
         } else {
@@ -1059,6 +1059,21 @@ pub fn set_fingerprint_backend(dir: &Path, choice: BackendChoice) -> Result<()> 
 /// gave (`/dev/disk/by-id/...`) stays that name when `/dev/sdX` moves.
 fn absolute_path(path: &Path) -> PathBuf {
     std::path::absolute(path).unwrap_or_else(|_| path.to_owned())
+}
+
+/// `path` made absolute, its symbolic links followed as far as they lead
+/// (at most 40): a link to a file not created yet names that file, which
+/// `file_identity` cannot tell (a probe named one file twice, once
+/// through such a link, and `create` made an array that never opened).
+fn link_target(path: &Path) -> PathBuf {
+    let mut p = absolute_path(path);
+    for _ in 0..40 {
+        let Ok(target) = std::fs::read_link(&p) else {
+            break;
+        };
+        p = absolute_path(&p.parent().map_or(target.clone(), |dir| dir.join(&target)));
+    }
+    p
 }
 
 /// Where the dedup maps live, inside the array folder.
