@@ -39,6 +39,26 @@ fn assert_mentions(out: &support::Out, words: &[&str]) {
     }
 }
 
+/// Every command given a folder that does not exist says it holds no
+/// array (`status` said "opening DIR/lock: No such file or directory").
+#[test]
+fn commands_on_a_folder_that_does_not_exist_say_it_holds_no_array() {
+    let a = TestArray::empty();
+    let missing = a.dir.join("not-here");
+    let missing = missing.to_str().unwrap();
+    for cmd in [&["status"][..], &["scrub", "--check-only"], &["stats"]] {
+        let out = support::run(
+            std::process::Command::new(support::ecdedup_bin())
+                .arg("--dir")
+                .arg(missing)
+                .args(cmd),
+            support::CLI_TIMEOUT,
+        )
+        .failed();
+        assert_mentions(&out, &["holds no array"]);
+    }
+}
+
 // --- create ---------------------------------------------------------------
 
 #[test]

@@ -577,6 +577,14 @@ pub fn lock_dir_in(storage: &dyn Storage, dir: &Path) -> Result<StorageLock> {
             "array {} is in use by another process (is a server running? use its control socket, or stop it)",
             dir.display()
         ))),
+        // A folder that is not there holds no array: said as an open says
+        // it (`status --dir` of a wrong folder said "opening DIR/lock").
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !storage.exists(dir) => {
+            Err(Error::Config(format!(
+                "{} holds no array (no such folder); run `ecdedup create` first",
+                dir.display()
+            )))
+        }
         Err(e) => Err(Error::io(format!("opening {}", path.display()), e)),
     }
 }
