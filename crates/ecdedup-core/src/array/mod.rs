@@ -1801,7 +1801,9 @@ impl Array {
     /// Format 2: the copy of `array.json` on each device in service, which
     /// `assemble` and a damaged folder copy are recovered from, is
     /// rewritten where it differs from the folder's (settings changed
-    /// offline go to the folder only; a device may hold an older copy).
+    /// offline go to the folder only; a device may hold an older copy),
+    /// except the write policy and the dedup settings, which the open took
+    /// from the devices' copy where they differed (`assemble`).
     /// Every copy is compared, and only the copies are written: the
     /// folder's file is not rewritten by an open (every rewrite is a
     /// window for a power cut).
