@@ -1365,12 +1365,6 @@ struct Run {
     /// Where the background replay runs between steps
     /// (`ECDEDUP_SIM_IDLE_REPLAY=1`): its draws, from a stream of their own.
     idle_replay: Option<StdRng>,
-    idle_replays: u64,
-    idle_replay_errors: u64,
-    idle_replay_stripes: u64,
-    end_scrubs: u64,
-    end_parity_mismatches: u64,
-    end_checksum_mismatches: u64,
 }
 
 /// What a replay prints beyond the faults (`ECDEDUP_SIM_TRACE_FRAMES=1`:
@@ -1958,9 +1952,11 @@ impl Run {
         self.net
             .with(|st| st.log(|| format!("volume {id}: the end's scrub: {r:?}")));
         if let Ok(report) = r {
-            self.end_scrubs += 1;
-            self.end_parity_mismatches += report.parity_mismatches;
-            self.end_checksum_mismatches += report.checksum_mismatches;
+            self.net.with(|st| {
+                st.tally.end_scrubs += 1;
+                st.tally.end_parity_mismatches += report.parity_mismatches;
+                st.tally.end_checksum_mismatches += report.checksum_mismatches;
+            });
             if report.parity_mismatches > 0 {
                 self.fail(format!(
                     "volume {id}: the end's scrub (every member in service) found {} stripes \
@@ -1998,15 +1994,16 @@ impl Run {
             return;
         }
         let r = h.vol.array().replay_all(None);
-        self.net
-            .with(|st| st.log(|| format!("{label}: background replay: {r:?}")));
-        match r {
-            Ok(stripes) => {
-                self.idle_replays += 1;
-                self.idle_replay_stripes += stripes;
+        self.net.with(|st| {
+            st.log(|| format!("{label}: background replay: {r:?}"));
+            match r {
+                Ok(stripes) => {
+                    st.tally.idle_replays += 1;
+                    st.tally.idle_replay_stripes += stripes;
+                }
+                Err(_) => st.tally.idle_replay_errors += 1,
             }
-            Err(_) => self.idle_replay_errors += 1,
-        }
+        });
     }
 
     fn failed_members(h: &Holder) -> u64 {
@@ -2234,12 +2231,6 @@ fn run_seed(seed: u64, verbose: bool, shape: Shape) -> Tally {
         unplaceable: BTreeSet::new(),
         outage: false,
         idle_replay: idle_draws,
-        idle_replays: 0,
-        idle_replay_errors: 0,
-        idle_replay_stripes: 0,
-        end_scrubs: 0,
-        end_parity_mismatches: 0,
-        end_checksum_mismatches: 0,
     };
     if verbose {
         for vol in &run.vols {
@@ -2277,12 +2268,6 @@ fn run_seed(seed: u64, verbose: bool, shape: Shape) -> Tally {
     tally.fenced_ops_refused = run.fenced_ops_refused;
     tally.devices_failed = devices_failed;
     tally.double_fault_unreadable = run.double_fault_unreadable;
-    tally.idle_replays = run.idle_replays;
-    tally.idle_replay_errors = run.idle_replay_errors;
-    tally.idle_replay_stripes = run.idle_replay_stripes;
-    tally.end_scrubs = run.end_scrubs;
-    tally.end_parity_mismatches = run.end_parity_mismatches;
-    tally.end_checksum_mismatches = run.end_checksum_mismatches;
     tally.failures = run.failures;
     tally
 }
