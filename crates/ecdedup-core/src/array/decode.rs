@@ -472,6 +472,20 @@ impl Array {
         Some((shards, vouched))
     }
 
+    /// Block row `row` of a stripe's units as read, a block of zeroes where
+    /// a unit is None (not held, or not read).
+    pub(super) fn row_blocks(&self, units: &[Option<Vec<u8>>], row: u64) -> Vec<Vec<u8>> {
+        let block = self.geo.block() as usize;
+        let at = row as usize * block;
+        units
+            .iter()
+            .map(|u| match u {
+                Some(u) => u[at..at + block].to_vec(),
+                None => vec![0u8; block],
+            })
+            .collect()
+    }
+
     /// Block row `row` of a stripe's units as read (None: not held), when
     /// the members read are one codeword and a spare member vouches for
     /// it: every member's block of the row, the missing ones decoded.

@@ -771,20 +771,12 @@ impl super::Array {
         logged: &[Option<u32>],
     ) {
         let g = &self.geo;
-        let block = g.block() as usize;
-        let at = row as usize * block;
         let present: Vec<bool> = units.iter().map(Option::is_some).collect();
         let have = present.iter().filter(|p| **p).count();
         if have < g.k() {
             return;
         }
-        let read: Vec<Vec<u8>> = units
-            .iter()
-            .map(|u| match u {
-                Some(u) => u[at..at + block].to_vec(),
-                None => vec![0u8; block],
-            })
-            .collect();
+        let read = self.row_blocks(units, row);
         if have == g.k() {
             self.mark_row_undecodable(stripe, row, &read, &present, torn, logged);
             return;

@@ -89,6 +89,7 @@ impl Array {
         let mut done = 0;
         let mut degraded = 0u64;
         let mismatches_before = self.counters.array.resync_checksum_mismatches.load(SeqCst);
+        let restored_before = self.counters.array.resync_blocks_restored.load(SeqCst);
         for &(start, end) in ranges {
             for stripe in start..end {
                 let _g = self.locks[Self::lock_index(stripe)].write().unwrap();
@@ -105,6 +106,14 @@ impl Array {
         }
         let mismatches =
             self.counters.array.resync_checksum_mismatches.load(SeqCst) - mismatches_before;
+        let restored = self.counters.array.resync_blocks_restored.load(SeqCst) - restored_before;
+        if restored > 0 {
+            self.warn(format!(
+                "resync: {restored} blocks of the dirty stripes had changed since their last sync \
+                 while the members around them had not, and decoded back to their recorded \
+                 checksums: corruption at rest, rewritten from the decode"
+            ));
+        }
         if mismatches > 0 {
             self.warn(format!(
                 "resync: {mismatches} blocks of the dirty stripes no longer matched their recorded \
@@ -186,6 +195,9 @@ impl Array {
             complete = units.iter().all(Option::is_some);
         }
         if complete {
+            if at_open {
+                self.restore_rotten_blocks(stripe, &mut units);
+            }
             let parity = self.encode_parity(&units);
             for (j, p) in parity.iter().enumerate() {
                 if units[g.k() + j].as_deref() != Some(p.as_slice()) {
@@ -221,6 +233,118 @@ impl Array {
             }
         }
         complete
+    }
+
+    /// The open's resync of a dirty stripe with every member read: a data
+    /// block whose content no longer matches its checksum entry is either
+    /// a write in flight at the stop (its entry is the one the last sync of
+    /// the devices wrote, older) or corruption at rest (bit rot, a stray
+    /// write). Taken as written, a block that rotted after its flush in a
+    /// region the stop left dirty became the truth, its parity recomputed
+    /// around it and its entry following it: wrong data for good,
+    /// invisible to scrub (a new user's probe, 2026-11-30: a byte flipped
+    /// with dd in a flushed block, then kill -9 while writing elsewhere in
+    /// its 64 MiB intent region). So before the entries follow the content,
+    /// a row where such a block is the only sign of change, every parity
+    /// member still matching its entry and no parity-journal record naming
+    /// the row (a write in flight changes parity with its data, or logs a
+    /// record for the row), has the block decoded from the other members
+    /// that still match their entries (one codeword where more than k);
+    /// where the decode gives back exactly what the block's entry records,
+    /// the block is rewritten with it. Elsewhere it is taken as written,
+    /// as before.
+    ///
+    /// Why this never undoes an acknowledged write: an entry on a device
+    /// is what its last sync wrote (table pages go with every sync of
+    /// their device: a flush, a FUA write, a sync for table pages, all of
+    /// every device at once), so it records the block's value at or after
+    /// its last durable write; a FUA or flushed write since would have
+    /// synced the entry with it. Putting the block back to that value rolls
+    /// back only writes no flush covered (a write whose data landed and
+    /// whose every parity write was lost), which a power cut may drop
+    /// anyway. Not tried where a member is missing (the degraded-write
+    /// log's rules decide there) nor while serving (entries in RAM are this
+    /// open's own). A row with fewer than k members matching their entries
+    /// besides the block is left as it is (more than m blocks changed); so
+    /// is rot in a row that journal records name (until the fold: the
+    /// background replay folds a stripe's records when the volume goes
+    /// idle). Returns how many blocks were restored.
+    fn restore_rotten_blocks(&self, stripe: u64, units: &mut [Option<Vec<u8>>]) -> u64 {
+        let g = &self.geo;
+        let (k, width) = (g.k(), g.width());
+        let block = g.block() as usize;
+        let mut restored = 0;
+        let logged_rows: std::collections::BTreeSet<u32> = self
+            .parity_devices(stripe)
+            .into_iter()
+            .filter_map(|(_, p)| self.stores[p].journal_stripe_log(stripe))
+            .flat_map(|log| log.into_keys().map(|(_, row)| row))
+            .collect();
+        for row in 0..g.blocks_per_unit() {
+            let at = row as usize * block;
+            let entries: Vec<Option<u32>> = (0..width)
+                .map(|role| {
+                    let place = g.place(stripe, role);
+                    self.expected_crc(place.device, stripe, g.checksum_index(place.row, row))
+                })
+                .collect();
+            let crcs: Vec<u32> = units
+                .iter()
+                .map(|u| {
+                    u.as_ref()
+                        .map_or(0, |u| crate::codec::crc32c(&u[at..at + block]))
+                })
+                .collect();
+            // A block matching its entry, or marked unreadable (the
+            // complement of its checksum: `Array::mark_unreadable`).
+            let matches: Vec<bool> = (0..width)
+                .map(|r| {
+                    units[r].is_some() && entries[r].is_some_and(|e| e == crcs[r] || e == !crcs[r])
+                })
+                .collect();
+            let clean: Vec<bool> = (0..width)
+                .map(|r| units[r].is_some() && entries[r] == Some(crcs[r]))
+                .collect();
+            // A write in flight changes parity with its data (rmw, a whole
+            // stripe, a replica) or logs records for the row (plog, parix):
+            // a row with either is taken as written, as before.
+            if (0..k).all(|r| units[r].is_none() || matches[r])
+                || (k..width).any(|r| !clean[r])
+                || logged_rows.contains(&(row as u32))
+            {
+                continue;
+            }
+            let read = self.row_blocks(units, row);
+            for role in 0..k {
+                let Some(entry) = entries[role] else { continue };
+                if units[role].is_none() || matches[role] {
+                    continue;
+                }
+                // The members that still match their entries: past k, they
+                // must be one codeword too.
+                let chosen: Vec<usize> = (0..width).filter(|&r| r != role && clean[r]).collect();
+                if chosen.len() < k {
+                    continue;
+                }
+                let mut use_ = vec![false; width];
+                for &r in &chosen {
+                    use_[r] = true;
+                }
+                let mut expected = vec![None; width];
+                expected[role] = Some(entry);
+                let Some((shards, _)) = self.try_decode(&read, &use_, &use_, &expected) else {
+                    continue;
+                };
+                if self.write_unit_blocks_as(stripe, role, row, &shards[role], true) {
+                    if let Some(unit) = units[role].as_mut() {
+                        unit[at..at + block].copy_from_slice(&shards[role]);
+                    }
+                    restored += 1;
+                    bump(&self.counters.array.resync_blocks_restored);
+                }
+            }
+        }
+        restored
     }
 
     /// Before the open's resync of `stripe`: the rows a mark found past
