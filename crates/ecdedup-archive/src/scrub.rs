@@ -31,6 +31,12 @@ pub struct ScrubReport {
     pub bad_parity_blocks: u64,
     /// Blocks that could not be decoded (more than m losses in a stripe).
     pub unrecoverable_blocks: u64,
+    /// Damaged files a repair left as they are because they hold an
+    /// unrecoverable block (a sub-file), or their parity cannot be
+    /// computed without one (a parity file); every other damaged file,
+    /// in any batch, is repaired.
+    #[serde(default)]
+    pub unrepaired_files: u64,
     pub files_rewritten: u64,
     pub devices_recreated: u64,
     /// Files on the devices that no map names (removed with repair).
@@ -86,6 +92,7 @@ impl ArchiveStore {
                     let stored = sub.stored_columns(map.layout);
                     let mut bytes = Vec::with_capacity(stored.len() * block);
                     let mut bad = 0;
+                    let mut lost = false;
                     for column in 0..sub.blocks.len() as u32 {
                         if sub.stored(map.layout, column) {
                             continue;
@@ -116,6 +123,7 @@ impl ArchiveStore {
                                     Ok(fixed) => bytes.extend_from_slice(&fixed),
                                     Err(_) => {
                                         report.unrecoverable_blocks += 1;
+                                        lost = true;
                                         bytes.resize(bytes.len() + block, 0);
                                     }
                                 }
@@ -131,20 +139,28 @@ impl ArchiveStore {
                     if bytes.is_empty() && !self.disk.read_at(&path, 0, &mut [])? {
                         bad += 1;
                     }
-                    if bad > 0 {
+                    // Never a file with a block not recovered: its zeroes
+                    // would pass for data. The batch's other files are.
+                    if bad > 0 && lost {
+                        report.unrepaired_files += 1;
+                    } else if bad > 0 {
                         rewrites.push((path, bytes));
                     }
                 }
             }
             for g in 0..map.groups.len() {
-                let (checked, bad, expected) = self.check_parity(map, g)?;
+                let (checked, bad, files, expected) = self.check_parity(map, g)?;
                 report.parity_blocks_checked += checked;
                 report.bad_parity_blocks += bad;
-                if bad > 0 {
-                    rewrites.extend(expected);
+                match expected {
+                    Some(expected) if bad > 0 => rewrites.extend(expected),
+                    Some(_) => {}
+                    None => report.unrepaired_files += files,
                 }
             }
-            if repair && report.unrecoverable_blocks == 0 {
+            // Each batch on its own: an unrecoverable block elsewhere once
+            // kept every later batch's damage unrepaired, unreported.
+            if repair {
                 for (path, bytes) in rewrites {
                     self.disk.write_durable(&path, &bytes)?;
                     report.files_rewritten += 1;
@@ -247,14 +263,17 @@ impl ArchiveStore {
         Ok(())
     }
 
-    /// Parity blocks checked and found wrong in group `g`, and the parity
-    /// files as they should be.
+    /// Parity blocks checked and found wrong in group `g`, the parity files
+    /// found wrong, and the parity files as they should be: None where a data block of the group
+    /// cannot be read or recovered (its stripes are not checked, and the
+    /// parity files are left as they are: they may be what recovers it
+    /// once a device comes back).
     #[allow(clippy::type_complexity)]
     fn check_parity(
         &self,
         map: &BatchMap,
         g: usize,
-    ) -> Result<(u64, u64, Vec<(PathBuf, Vec<u8>)>)> {
+    ) -> Result<(u64, u64, u64, Option<Vec<(PathBuf, Vec<u8>)>>)> {
         let (k, m) = (self.config.k, self.config.m);
         let block = self.config.block_bytes as usize;
         let group = &map.groups[g];
@@ -271,19 +290,31 @@ impl ArchiveStore {
             .collect::<Result<_>>()?;
         let mut fresh = vec![vec![0u8; encoded * block]; m];
         let mut bad = 0u64;
-        for position in 0..encoded {
+        let mut checked = 0u64;
+        let mut bad_files = vec![false; m];
+        let mut complete = true;
+        'positions: for position in 0..encoded {
             let mut data = Vec::with_capacity(k);
             for &(cid, j) in &group.members {
                 let c = map.container(cid).expect("decoded map");
                 match c.sub_files[j as usize].stripe_column(map.layout, position as u32) {
                     None => data.push(vec![0u8; block]),
-                    Some(column) => data.push(self.read_block(BlockAddress {
+                    Some(column) => match self.read_block(BlockAddress {
                         container: cid,
                         sub_file: j,
                         column,
-                    })?),
+                    }) {
+                        Ok(bytes) => data.push(bytes),
+                        // Counted by the caller's pass over the blocks.
+                        Err(ecdedup_core::error::Error::DataLoss(_)) => {
+                            complete = false;
+                            continue 'positions;
+                        }
+                        Err(e) => return Err(e),
+                    },
                 }
             }
+            checked += m as u64;
             let refs: Vec<&[u8]> = data.iter().map(|d| &d[..]).collect();
             let mut out: Vec<&mut [u8]> = fresh
                 .iter_mut()
@@ -296,19 +327,22 @@ impl ArchiveStore {
                     .and_then(|s| s.get(position * block..(position + 1) * block));
                 if on_disk != Some(&p[..]) {
                     bad += 1;
+                    bad_files[i] = true;
                 }
             }
         }
         // A file with trailing bytes, or a missing one of no stripes (the
         // per-block compare above sees neither): rewrite it.
-        for s in &stored {
+        for (i, s) in stored.iter().enumerate() {
             let wrong_length = match s {
                 None => encoded == 0,
                 Some(s) => s.len() > encoded * block,
             };
             bad += wrong_length as u64;
+            bad_files[i] |= wrong_length;
         }
-        let expected = paths.into_iter().zip(fresh).collect();
-        Ok(((m * encoded) as u64, bad, expected))
+        let files = bad_files.iter().filter(|b| **b).count() as u64;
+        let expected = complete.then(|| paths.into_iter().zip(fresh).collect());
+        Ok((checked, bad, files, expected))
     }
 }

@@ -795,8 +795,16 @@ fn run_archive(
                 + report.unrecoverable_blocks
                 + report.bad_metadata_copies;
             if report.unrecoverable_blocks > 0 {
+                let left = match repair {
+                    true => format!(
+                        "; {} damaged files that hold them were left as they are, \
+                         every other damaged file was repaired",
+                        report.unrepaired_files
+                    ),
+                    false => String::new(),
+                };
                 return Err(Error::DataLoss(format!(
-                    "{} blocks cannot be recovered",
+                    "{} blocks cannot be recovered (more than m of their stripe are lost){left}",
                     report.unrecoverable_blocks
                 )));
             }

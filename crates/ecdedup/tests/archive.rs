@@ -302,6 +302,77 @@ fn an_empty_folder_in_place_of_a_lost_device_is_a_missing_device_and_repair_fill
     assert_eq!(store.get("o").unwrap(), bytes);
 }
 
+/// `scrub --repair` over a batch with more than m files of one group
+/// damaged, and another batch with one: the second is repaired all the
+/// same (once, an unrecoverable block in any batch left every later
+/// batch's damage unrepaired, and the parity check's read of the lost
+/// block ended the scrub with an error and no report), and the report
+/// says which files were left.
+#[test]
+fn an_unrecoverable_batch_does_not_stop_the_repair_of_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(12);
+    let mut store = ArchiveStore::create(dir.path(), &options(0)).unwrap();
+    let mut objects = Vec::new();
+    for name in ["lost", "kept"] {
+        let mut bytes = vec![0u8; CONTAINER_BYTES as usize];
+        rng.fill(&mut bytes[..]);
+        store.put(name, &mut &bytes[..]).unwrap();
+        store.seal().unwrap();
+        objects.push(bytes);
+    }
+    drop(store);
+    let mut batches = maps(dir.path());
+    batches.sort_by_key(|m| m.batch);
+    assert_eq!(batches.len(), 2);
+    let file = |c: &ecdedup::archive::map::ContainerMap, j: usize| {
+        dir.path()
+            .join(format!("dev{}", c.sub_files[j].device))
+            .join(format!("c{:08x}.{j}", c.id))
+    };
+    let flip = |path: &Path| {
+        let mut bytes = std::fs::read(path).unwrap();
+        for b in bytes.iter_mut().step_by(BLOCK_BYTES) {
+            *b ^= 0xff;
+        }
+        std::fs::write(path, bytes).unwrap();
+    };
+    // Every data sub-file of the first batch's container: three of five
+    // members of each stripe, past m = 2.
+    let lost = &batches[0].containers[0];
+    for j in 0..lost.sub_files.len() {
+        flip(&file(lost, j));
+    }
+    let kept = &batches[1].containers[0];
+    let kept_file = file(kept, 1);
+    let good = std::fs::read(&kept_file).unwrap();
+    flip(&kept_file);
+    let mut store = ArchiveStore::open(dir.path()).unwrap();
+    let report = store.scrub(true).unwrap();
+    assert!(report.unrecoverable_blocks > 0, "{report:?}");
+    assert_eq!(
+        report.unrepaired_files,
+        lost.sub_files.len() as u64,
+        "{report:?}"
+    );
+    assert!(report.files_rewritten >= 1, "{report:?}");
+    assert_eq!(
+        std::fs::read(&kept_file).unwrap(),
+        good,
+        "the second batch's file was repaired"
+    );
+    assert_eq!(store.get("kept").unwrap(), objects[1]);
+    assert!(
+        store.get("lost").is_err(),
+        "the lost object fails, never wrong bytes"
+    );
+    let again = store.scrub(false).unwrap();
+    assert_eq!(
+        again.unrecoverable_blocks, report.unrecoverable_blocks,
+        "{again:?}"
+    );
+}
+
 /// Counts what the backend it wraps hashes.
 struct Counting {
     inner: ecdedup::fingerprint::gpu::KernelOnCpuBackend,
