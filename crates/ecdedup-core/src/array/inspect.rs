@@ -75,7 +75,13 @@ pub fn inspect(dir: &Path) -> Result<Status> {
                     ));
                     Ok(Some(sb))
                 }
-                Ok(sb) => check_member(&cfg, i, &sb).map(|()| Some(sb)),
+                Ok(sb) => match foreign_member(&cfg, i, &sb) {
+                    Some(why) => {
+                        warnings.push(why);
+                        Ok(None)
+                    }
+                    None => check_member(&cfg, i, &sb).map(|()| Some(sb)),
+                },
                 Err(why) => {
                     warnings.push(format!(
                         "device {i} ({}) treated as failed: {why}",
@@ -329,6 +335,24 @@ pub(super) fn member_uuids(newest: &Superblock, sbs: &[Option<Superblock>]) -> V
                 .unwrap_or([0; 16])
         })
         .collect()
+}
+
+/// Where the device found at position `i` belongs to another array: why
+/// it is left out. Open and status take such a device for a failed member
+/// (mdadm's assemble leaves a foreign superblock out the same way): never
+/// written, so the other array keeps its data, and `replace` puts a device
+/// in its place. Refused, it blocked every command of this array until
+/// its file was moved away (a new user's probe, 2026-11-30).
+pub(super) fn foreign_member(cfg: &ConfigFile, i: usize, sb: &Superblock) -> Option<String> {
+    (sb.array_uuid != *cfg.array_uuid.as_bytes()).then(|| {
+        format!(
+            "device {i} ({}) treated as failed: it belongs to another array ({}), not {}; \
+             it is left untouched (replace it, or list this array's device there)",
+            cfg.devices[i].display(),
+            uuid::Uuid::from_bytes(sb.array_uuid),
+            cfg.array_uuid
+        )
+    })
 }
 
 /// Refuses a device of another array, or one listed at another position.

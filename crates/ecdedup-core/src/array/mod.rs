@@ -1260,10 +1260,16 @@ impl Array {
         for (i, slot) in devices.iter_mut().enumerate() {
             let Some(dev) = slot else { continue };
             match read_superblock(dev.as_ref()) {
-                Ok(sb) => {
-                    inspect::check_member(&cfg, i, &sb)?;
-                    sbs[i] = Some(sb);
-                }
+                Ok(sb) => match inspect::foreign_member(&cfg, i, &sb) {
+                    Some(why) => {
+                        warnings.push(why);
+                        *slot = None;
+                    }
+                    None => {
+                        inspect::check_member(&cfg, i, &sb)?;
+                        sbs[i] = Some(sb);
+                    }
+                },
                 Err(e) => {
                     warnings.push(format!(
                         "device {i} ({}) treated as failed: {e}",
