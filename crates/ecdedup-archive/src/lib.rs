@@ -387,6 +387,10 @@ pub struct ArchiveStore {
     missing_devices: Vec<usize>,
     /// Set by a failed mutating call (see the module invariants).
     latched: Option<String>,
+    /// What this open recovered from the devices' copies (a folder file
+    /// that failed its checksum), one line each: said by the commands, so
+    /// damage to the folder is never mended unseen.
+    recovered: Vec<String>,
     /// The batch `gc` is rewriting: no new block takes a source from it.
     dying_batch: Option<u32>,
     progress: Option<ProgressFn>,
@@ -547,12 +551,21 @@ impl ArchiveStore {
         let disk = Disk::new(storage);
         let config_path = dir.join(CONFIG_FILE);
         let creating_path = dir.join(CREATING_FILE);
+        let mut recovered = Vec::new();
         let (config, legacy, config_recovered) = match meta::read(&disk, &config_path)? {
             Checked::Good(c) => (c, false, false),
             // Made before metadata checksums: its files are believed
             // without one until this open writes them again.
             Checked::Legacy(c) => (c, true, false),
-            Checked::Bad(why) => (recover_config(&disk, dir, &why)?, false, true),
+            Checked::Bad(why) => {
+                let config = recover_config(&disk, dir, &why)?;
+                recovered.push(format!(
+                    "{}: {why}; taken from the devices' copies (generation {}) and written again",
+                    config_path.display(),
+                    config.generation
+                ));
+                (config, false, true)
+            }
             Checked::Missing => {
                 let hint = if disk.exists(&creating_path) {
                     " (a create was interrupted: run create again)"
@@ -609,13 +622,21 @@ impl ArchiveStore {
             Arc::new(CpuBackend::new(None).map_err(|e| Error::Other(e.to_string()))?);
         let (mut catalog, catalog_recovered) =
             load_catalog(&disk, dir, &config, &missing_devices, legacy)?;
+        if let Some(why) = &catalog_recovered {
+            recovered.push(format!(
+                "{}: {why}; taken from the devices' copies (generation {}) and written again",
+                dir.join(CATALOG_FILE).display(),
+                catalog.generation
+            ));
+        }
+        let catalog_recovered = catalog_recovered.is_some();
         let mut batches = BTreeMap::new();
         let mut container_batch = HashMap::new();
         for name in disk.list_files(&dir.join(MAPS_DIR))?.unwrap_or_default() {
             if !name.ends_with(".map") || name.starts_with('.') {
                 continue;
             }
-            let map = load_map(&disk, dir, &config, &name)?;
+            let map = load_map(&disk, dir, &config, &name, &mut recovered)?;
             for c in &map.containers {
                 container_batch.insert(c.id, map.batch);
             }
@@ -687,6 +708,7 @@ impl ArchiveStore {
             cache,
             missing_devices,
             latched: None,
+            recovered,
             dying_batch: None,
             progress: None,
             timings: SealTimings::default(),
@@ -798,6 +820,12 @@ impl ArchiveStore {
     /// Device positions whose folder was missing at open.
     pub fn missing_devices(&self) -> &[usize] {
         &self.missing_devices
+    }
+
+    /// The folder's metadata files this open found damaged and took from
+    /// the devices' copies, one line each.
+    pub fn recovered(&self) -> &[String] {
+        &self.recovered
     }
 
     fn device_dir(&self, device: usize) -> PathBuf {
@@ -1354,18 +1382,19 @@ fn recover_config(disk: &Disk, dir: &Path, why: &str) -> Result<ArchiveConfig> {
 
 /// The committed catalog: the folder's, or when it fails its checksum
 /// (or is missing), the good copy of the highest generation on the devices
-/// in place (then `true`: it must be committed again).
+/// in place (then why the folder's was not taken: it must be committed
+/// again).
 fn load_catalog(
     disk: &Disk,
     dir: &Path,
     config: &ArchiveConfig,
     missing_devices: &[usize],
     legacy: bool,
-) -> Result<(Catalog, bool)> {
+) -> Result<(Catalog, Option<String>)> {
     let folder = dir.join(CATALOG_FILE);
     let checked = meta::read::<Catalog>(disk, &folder)?;
     let Some(why) = checked.fault(legacy) else {
-        return Ok((checked.usable(legacy).expect("no fault"), false));
+        return Ok((checked.usable(legacy).expect("no fault"), None));
     };
     let mut best: Option<Catalog> = None;
     for (position, device) in config.devices.iter().enumerate() {
@@ -1384,7 +1413,7 @@ fn load_catalog(
         }
     }
     match best {
-        Some(c) => Ok((c, true)),
+        Some(c) => Ok((c, Some(why.to_string()))),
         None => Err(Error::Corrupt(format!(
             "{}: {why}, and no device holds a good copy",
             folder.display()
@@ -1418,8 +1447,15 @@ fn check_map(config: &ArchiveConfig, bytes: &[u8], name: &str) -> Result<BatchMa
 }
 
 /// Map `name` of the folder; when it fails its checks, a good copy from
-/// the devices replaces it (the batch exists: its map is in the folder).
-fn load_map(disk: &Disk, dir: &Path, config: &ArchiveConfig, name: &str) -> Result<BatchMap> {
+/// the devices replaces it (the batch exists: its map is in the folder),
+/// said in `recovered`.
+fn load_map(
+    disk: &Disk,
+    dir: &Path,
+    config: &ArchiveConfig,
+    name: &str,
+    recovered: &mut Vec<String>,
+) -> Result<BatchMap> {
     let path = dir.join(MAPS_DIR).join(name);
     let bytes = disk.read_all(&path)?.unwrap_or_default();
     let folder_error = match check_map(config, &bytes, name) {
@@ -1436,6 +1472,11 @@ fn load_map(disk: &Disk, dir: &Path, config: &ArchiveConfig, name: &str) -> Resu
         };
         if let Ok(map) = check_map(config, &bytes, name) {
             disk.write_durable(&path, &bytes)?;
+            recovered.push(format!(
+                "{}: {folder_error}; taken from {} and written again",
+                path.display(),
+                copy.display()
+            ));
             return Ok(map);
         }
     }

@@ -887,6 +887,9 @@ fn open_archive(dir: &Path) -> Result<crate::archive::ArchiveStore> {
     for d in store.missing_devices() {
         eprintln!("ecdedup: warning: archive device {d} is missing; reads decode around it");
     }
+    for line in store.recovered() {
+        eprintln!("ecdedup: warning: {line}");
+    }
     Ok(store)
 }
 

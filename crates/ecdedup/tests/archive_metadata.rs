@@ -87,6 +87,13 @@ fn an_altered_catalog_is_never_used_or_copied_and_a_good_copy_replaces_it() {
     write_json(&folder, &with_extent_offset(read_json(&folder), 0, 1));
 
     let mut store = ArchiveStore::open(dir.path()).unwrap();
+    // Said, never mended unseen (the CLI prints each line as a warning).
+    assert_eq!(store.recovered().len(), 1, "{:?}", store.recovered());
+    assert!(
+        store.recovered()[0].contains("catalog.json"),
+        "{:?}",
+        store.recovered()
+    );
     assert_eq!(store.get("o").unwrap(), bytes);
     let scrub = store.scrub(false).unwrap();
     assert_eq!(
@@ -169,6 +176,12 @@ fn a_corrupt_map_anywhere_is_replaced_from_a_good_copy() {
     // The folder's map: replaced at open; every call works.
     std::fs::write(&map, &corrupt).unwrap();
     let mut store = ArchiveStore::open(dir.path()).unwrap();
+    assert_eq!(store.recovered().len(), 1, "{:?}", store.recovered());
+    assert!(
+        store.recovered()[0].contains(".map"),
+        "{:?}",
+        store.recovered()
+    );
     assert_eq!(std::fs::read(&map).unwrap(), good);
     assert_eq!(store.get("o").unwrap(), bytes);
     assert_eq!(store.list().len(), 1);
@@ -206,10 +219,21 @@ fn a_corrupt_config_in_the_folder_is_replaced_from_the_devices() {
     altered["exchange"] = 2.into();
     write_json(&config, &altered);
     let store = ArchiveStore::open(dir.path()).unwrap();
+    assert_eq!(store.recovered().len(), 1, "{:?}", store.recovered());
+    assert!(
+        store.recovered()[0].contains("archive.json"),
+        "{:?}",
+        store.recovered()
+    );
     assert_eq!(store.config().exchange, 0);
     assert_eq!(store.get("o").unwrap(), bytes);
     drop(store);
     assert_eq!(std::fs::read(&config).unwrap(), good);
+    // Mended once: the next open has nothing to say.
+    assert!(ArchiveStore::open(dir.path())
+        .unwrap()
+        .recovered()
+        .is_empty());
 }
 
 /// Removes the checksum from every metadata file, as an archive made
