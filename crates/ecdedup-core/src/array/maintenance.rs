@@ -25,6 +25,10 @@ pub struct ScrubReport {
     pub parity_mismatches: u64,
     /// Stripes that could not be checked fully because a member is out of service.
     pub degraded_stripes: u64,
+    /// Blocks a repairing scrub could not repair: in a stripe read whole,
+    /// every block of a row that failed its checksum where more failed
+    /// than the parity covers; in a degraded stripe, one per row that
+    /// does not decode.
     pub unrecoverable_blocks: u64,
     /// Block rows of degraded stripes decoded from exactly k members with
     /// no checksum known for the missing ones: nothing could check them.
@@ -651,7 +655,8 @@ impl Array {
                 }
                 continue;
             }
-            let mut bad_rows = std::collections::BTreeSet::new();
+            // Per row, the blocks that failed their checksum.
+            let mut bad_rows = std::collections::BTreeMap::<u64, u64>::new();
             let mut unrecoverable = false;
             for (role, unit) in units.iter().enumerate() {
                 let Some(unit) = unit else { continue };
@@ -661,12 +666,12 @@ impl Array {
                         .block_matches(g.checksum_index(place.row, b as u64), chunk)
                     {
                         report.checksum_mismatches += 1;
-                        bad_rows.insert(b as u64);
+                        *bad_rows.entry(b as u64).or_default() += 1;
                     }
                 }
             }
             if repair {
-                for &b in &bad_rows {
+                for (&b, &bad) in &bad_rows {
                     let before = self.counters.array.repaired_blocks.load(SeqCst);
                     match self.reconstruct_row(stripe, b) {
                         Ok(row) => {
@@ -680,7 +685,10 @@ impl Array {
                             }
                         }
                         Err(_) => {
-                            report.unrecoverable_blocks += 1;
+                            // Every block of the row that failed: the
+                            // row, counted once, said one block where
+                            // three read as I/O errors (a new user's probe).
+                            report.unrecoverable_blocks += bad;
                             unrecoverable = true;
                         }
                     }

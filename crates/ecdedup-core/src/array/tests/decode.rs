@@ -286,6 +286,24 @@ fn scrub_of_a_degraded_array_finds_a_stale_parity_and_repairs_it() {
     rig.assert_matches_model();
 }
 
+/// A row with three blocks rotten of RS(4,2): a repairing scrub counts
+/// the three as unrecoverable (it said one, the row), leaves them, and
+/// each reads as an I/O error, never as a guess.
+#[test]
+fn a_repairing_scrub_counts_every_block_of_a_row_it_cannot_repair() {
+    let rig = Rig::filled_rs42();
+    for role in [0, 1, 4] {
+        rig.rot(2, role, 1);
+    }
+    let report = rig.a().scrub(true, None).unwrap();
+    assert_eq!(report.checksum_mismatches, 3, "{report:?}");
+    assert_eq!(report.unrecoverable_blocks, 3, "{report:?}");
+    assert_eq!(report.repaired_blocks, 0, "{report:?}");
+    let blocks_per_unit = rig.a().geometry().blocks_per_unit();
+    let first = |role: u64| (2 * 4 + role) * blocks_per_unit + 1;
+    assert_eq!(rig.unreadable_blocks(), vec![first(0), first(1)]);
+}
+
 #[test]
 fn resync_keeps_matching_checksums_and_counts_the_blocks_that_do_not() {
     let mut rig = Rig::filled_rs42();
