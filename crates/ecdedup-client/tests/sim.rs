@@ -222,6 +222,10 @@ struct Tally {
     end_scrubs: u64,
     end_parity_mismatches: u64,
     end_checksum_mismatches: u64,
+    /// Blocks the writers' opens put back to their checksum entries'
+    /// value (`resync_blocks_restored`: a block changed alone in its row
+    /// since the last sync, its parity and the rest as they were).
+    resync_blocks_restored: u64,
     failures: Vec<String>,
 }
 
@@ -264,6 +268,7 @@ impl Tally {
         self.end_scrubs += o.end_scrubs;
         self.end_parity_mismatches += o.end_parity_mismatches;
         self.end_checksum_mismatches += o.end_checksum_mismatches;
+        self.resync_blocks_restored += o.resync_blocks_restored;
         self.failures.extend(o.failures.iter().cloned());
     }
 }
@@ -1053,6 +1058,8 @@ fn take_over(
         }
         false => open_pg_array(dir.path(), &pg.options, devices, &what)?,
     };
+    let restored = array.stats().array.resync_blocks_restored;
+    net.with(|st| st.tally.resync_blocks_restored += restored);
     Ok(Holder {
         writer,
         vol: Volume::new(Arc::new(array)),
@@ -2492,7 +2499,7 @@ fn run_seed_list(seeds: Vec<u64>, shape: fn(u64) -> Shape) {
          reordered_groups={} stale_changes_landed={} stale_changes_after_handover={} servers_down={} servers_out={} shards_replaced={} \
          shards_unplaceable={} stripes_rebuilt={} rebuilds_stopped={} idle_replays={} \
          idle_replay_errors={} idle_replay_stripes={} end_scrubs={} end_parity_mismatches={} \
-         end_checksum_mismatches={} seconds={:.1}",
+         end_checksum_mismatches={} resync_blocks_restored={} seconds={:.1}",
         total.seeds,
         failed_seeds.len(),
         total.frames,
@@ -2531,6 +2538,7 @@ fn run_seed_list(seeds: Vec<u64>, shape: fn(u64) -> Shape) {
         total.end_scrubs,
         total.end_parity_mismatches,
         total.end_checksum_mismatches,
+        total.resync_blocks_restored,
         started.elapsed().as_secs_f64()
     );
     for f in &known {
