@@ -144,7 +144,7 @@ array_counters! {
     poisoned_blocks_restored: "poisoned blocks a re-add took back from the returning member's own block, which its own checksum vouched for (the member held it from the stop on; the row's parity written around it)",
     unreadable_blocks: "block rows no combination of members decodes to their checksums (an I/O error, never wrong data)",
     resync_checksum_mismatches: "blocks of dirty stripes whose content no longer matched their recorded checksum at resync (a write in flight at the stop, or corruption)",
-    resync_blocks_restored: "data blocks of dirty stripes at resync that no longer matched their checksum while k members that still matched theirs decoded them back to it (corruption at rest, not a write in flight): rewritten from that decode",
+    resync_blocks_restored: "data blocks of dirty stripes at resync that no longer matched their checksum while k members that still matched theirs decoded them back to it (corruption at rest, or an unflushed write whose every parity write the stop lost): rewritten from that decode",
     resync_stripes: "stripes resynchronised after an unclean shutdown",
     scrubbed_stripes: "stripes checked by scrub",
     parity_mismatches: "stripes whose parity did not match their data",

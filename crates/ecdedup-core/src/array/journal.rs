@@ -1438,8 +1438,9 @@ impl ParityJournal {
     /// say its parity held after the write each went with (version 3),
     /// in the order they were appended. A mark is appended after its
     /// fold's parity write and before a whole-stripe write's, none
-    /// synced, and a flush writes every checksum page before the devices'
-    /// syncs, and commits the journal's length only after them: a cut
+    /// synced, and a flush writes every checksum page after the devices'
+    /// first syncs, then syncs again and commits the journal's length only
+    /// after that (io.rs, `Array::sync_devices`): a cut
     /// may keep a table page with the fold's entry and drop the fold's
     /// parity write, or keep everything but the length, so the checksum
     /// table cannot tell whether the parity holds the write; the parity
