@@ -1396,12 +1396,20 @@ impl Array {
         // and a dedup policy changed read the layers' maps as none (a
         // probe, as a user: parity damaged, then blocks read wrong after
         // two failures). Said, and `set-policy` changes the write policy.
-        if let Some(theirs) = meta.as_ref().and_then(|m| {
+        // The copy read, kept for `refresh_config_copy`'s comparison (one
+        // round trip to a remote chunk fewer).
+        let first_copy: Option<(usize, Vec<u8>)> = meta.as_ref().and_then(|m| {
             (0..n).find_map(|d| {
                 let bytes = read_area_file(&m.area(d)?, CONFIG_FILE)?;
-                serde_json::from_slice::<ConfigFile>(&bytes).ok()
+                serde_json::from_slice::<ConfigFile>(&bytes)
+                    .is_ok()
+                    .then_some((d, bytes))
             })
-        }) {
+        });
+        if let Some(theirs) = first_copy
+            .as_ref()
+            .and_then(|(_, bytes)| serde_json::from_slice::<ConfigFile>(bytes).ok())
+        {
             if theirs.dedup != cfg.dedup {
                 warnings.push(format!(
                     "{CONFIG_FILE} in {} sets dedup {:?}, the devices' copy {:?}: the devices' \
@@ -1772,7 +1780,7 @@ impl Array {
         if journal_unreadable {
             dirty = vec![(0, geo.stripes)];
         }
-        array.refresh_config_copy();
+        array.refresh_config_copy(first_copy);
         array.resume_missed_tracking();
         if !dirty.is_empty() {
             array.resync(&dirty, progress.as_ref())?;
@@ -1812,14 +1820,19 @@ impl Array {
     /// from the devices' copy where they differed (`assemble`).
     /// Every copy is compared, and only the copies are written: the
     /// folder's file is not rewritten by an open (every rewrite is a
-    /// window for a power cut).
-    fn refresh_config_copy(&self) {
+    /// window for a power cut). `known`: a device's copy the open read
+    /// already, not read again.
+    fn refresh_config_copy(&self, known: Option<(usize, Vec<u8>)>) {
         let Some(meta) = &self.meta else { return };
         let want = serde_json::to_string_pretty(&self.config.lock().unwrap().file)
             .expect("config serialises");
         for d in 0..self.geo.devices as usize {
             let Some(area) = meta.area(d) else { continue };
-            if read_area_file(&area, CONFIG_FILE).as_deref() == Some(want.as_bytes()) {
+            let copy = match &known {
+                Some((at, bytes)) if *at == d => Some(bytes.clone()),
+                _ => read_area_file(&area, CONFIG_FILE),
+            };
+            if copy.as_deref() == Some(want.as_bytes()) {
                 continue;
             }
             if let Err(e) = area.replace_file(CONFIG_FILE, want.as_bytes()) {
