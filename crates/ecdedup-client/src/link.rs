@@ -27,7 +27,7 @@
 use ecdedup_cluster::ServerId;
 use ecdedup_core::counters::IoClass;
 use ecdedup_core::media::remote::{
-    changes_chunk, outcome_unknown, ChunkLink, LinkOp, PendingReply, Purpose, Ready,
+    changes_chunk, outcome_unknown, ChunkLink, Fenced, LinkOp, PendingReply, Purpose, Ready,
 };
 use ecdedup_core::proto::frame::{
     encode_append, encode_layer, encode_replay, FLAG_FUA, FLAG_LAYERED, FLAG_METADATA, FLAG_PARITY,
@@ -362,12 +362,12 @@ impl Wire {
             Status::EpochTooOld => {
                 self.counters.epoch_refusals.fetch_add(1, Relaxed);
                 self.fence(msg.clone());
-                Err(io::Error::new(io::ErrorKind::PermissionDenied, msg))
+                Err(Fenced::error(msg))
             }
             Status::PgEpochTooOld => {
                 self.counters.pg_epoch_refusals.fetch_add(1, Relaxed);
                 self.fence(msg.clone());
-                Err(io::Error::new(io::ErrorKind::PermissionDenied, msg))
+                Err(Fenced::error(msg))
             }
             Status::NoSpace => Err(io::Error::from_raw_os_error(libc::ENOSPC)),
             // A fold the server refused before touching the chunk (a
@@ -764,10 +764,7 @@ pub fn join_replies(
 impl ChunkLink for NetLink {
     fn send(&self, op: LinkOp<'_>) -> Box<dyn PendingReply> {
         if let Some(reason) = self.wire.fenced() {
-            return Box::new(Ready(Err(io::Error::new(
-                io::ErrorKind::PermissionDenied,
-                reason,
-            ))));
+            return Box::new(Ready(Err(Fenced::error(reason))));
         }
         let w = &self.wire;
         let kind = ReplyKind::of(&op);

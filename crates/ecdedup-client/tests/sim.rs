@@ -97,7 +97,7 @@ use ecdedup_cluster::placement::{replace_shards, Candidate};
 use ecdedup_cluster::ServerId;
 use ecdedup_core::array::{self, CreateOptions, MemberState, MetadataPlacement, WritePolicy};
 use ecdedup_core::dedup::{DedupConfig, Policy};
-use ecdedup_core::media::remote::{changes_chunk, outcome_unknown, Ready};
+use ecdedup_core::media::remote::{changes_chunk, outcome_unknown, Fenced, Ready};
 use ecdedup_core::media::{
     ChunkLink, Device, IoMode, LinkOp, PendingReply, PowerLossStorage, RemoteDevice,
 };
@@ -545,10 +545,7 @@ impl NetState {
             Status::Ok => Ok(reply),
             Status::EpochTooOld => {
                 writer.fenced.store(true, SeqCst);
-                Err(io::Error::new(
-                    io::ErrorKind::PermissionDenied,
-                    String::from_utf8_lossy(&reply).into_owned(),
-                ))
+                Err(Fenced::error(String::from_utf8_lossy(&reply).into_owned()))
             }
             other => Err(io::Error::other(format!(
                 "server {s}: {other:?}: {}",
@@ -711,10 +708,7 @@ struct SimLink {
 impl ChunkLink for SimLink {
     fn send(&self, op: LinkOp<'_>) -> Box<dyn PendingReply> {
         if self.writer.fenced.load(SeqCst) {
-            return Box::new(Ready(Err(io::Error::new(
-                io::ErrorKind::PermissionDenied,
-                "this writer is fenced",
-            ))));
+            return Box::new(Ready(Err(Fenced::error("this writer is fenced".into()))));
         }
         let kind = ReplyKind::of(&op);
         let changes = changes_chunk(&op);

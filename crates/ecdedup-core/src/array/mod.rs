@@ -492,6 +492,9 @@ pub struct Array {
     /// stripe count unless set.
     written_extent: AtomicU64,
     replay_wanted: std::sync::atomic::AtomicBool,
+    /// A member's link refused this writer as fenced (`media::Fenced`):
+    /// said once (`latch_failure`).
+    fenced: std::sync::atomic::AtomicBool,
     /// Orders the checksum tables' page writes after the devices' syncs
     /// (shared by every table: [`checksum::SyncEpochs`]).
     sync_epochs: Arc<checksum::SyncEpochs>,
@@ -1717,6 +1720,7 @@ impl Array {
             write_policy: cfg_write_policy,
             journal_bytes_max: cfg_journal_bytes_max,
             replay_wanted: std::sync::atomic::AtomicBool::new(false),
+            fenced: std::sync::atomic::AtomicBool::new(false),
             sync_epochs,
             failures_latched: AtomicU64::new(0),
             failures_durable: AtomicU64::new(0),
@@ -2209,6 +2213,21 @@ impl Array {
         self.stores[d].drop_device();
         self.track_missed_writes(true);
         self.replay_wanted.store(true, SeqCst);
+        if crate::media::is_fenced(err) {
+            // A newer writer holds the volume: every member refuses this
+            // one from now on, and none of them failed. Said once; the
+            // syncs and the superblocks' record of the failure, refused
+            // too, are not tried (a fenced writer logged each of its
+            // devices failing, and a refused sync and superblock write
+            // after each: about 23 lines before it stopped).
+            if !self.fenced.swap(true, SeqCst) {
+                self.warn(format!(
+                    "fenced ({what}: {err}): a newer writer holds the volume; this writer \
+                     stops (its members are out of its service, not recorded failed)"
+                ));
+            }
+            return;
+        }
         self.warn(format!(
             "device {d} failed ({what}: {err}); continuing degraded"
         ));

@@ -30,7 +30,7 @@ pub use file::FileDevice;
 pub use mem::MemDevice;
 pub use placement::{PlacementDevice, PlacementFilter, Stream};
 pub use powerloss::PowerLossStorage;
-pub use remote::{ChunkLink, LinkOp, PendingReply, RemoteDevice};
+pub use remote::{is_fenced, ChunkLink, Fenced, LinkOp, PendingReply, RemoteDevice};
 pub use storage::{OsStorage, RingFile, Storage, StorageFile};
 
 use crate::counters::IoClass;

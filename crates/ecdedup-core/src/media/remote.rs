@@ -29,6 +29,34 @@ use std::cell::Cell;
 use std::io;
 use std::sync::Arc;
 
+/// The error a link gives once its writer is fenced (a newer writer of
+/// the volume, or a newer placement of the PG, was heard of): inside an
+/// `io::Error` of kind `PermissionDenied`, so the array tells it from a
+/// device's own failure ([`is_fenced`]).
+#[derive(Debug)]
+pub struct Fenced(pub String);
+
+impl std::fmt::Display for Fenced {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Fenced {}
+
+impl Fenced {
+    /// The `io::Error` a fenced link answers with.
+    pub fn error(reason: String) -> io::Error {
+        io::Error::new(io::ErrorKind::PermissionDenied, Fenced(reason))
+    }
+}
+
+/// Whether `e` is a fenced link's refusal ([`Fenced`]), not a device's
+/// failure.
+pub fn is_fenced(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|inner| inner.is::<Fenced>())
+}
+
 /// One operation on a chunk.
 #[derive(Clone, Copy, Debug)]
 pub enum LinkOp<'a> {
