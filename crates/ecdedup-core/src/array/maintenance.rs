@@ -250,11 +250,14 @@ impl Array {
     /// invisible to scrub (a new user's probe, 2026-11-30: a byte flipped
     /// with dd in a flushed block, then kill -9 while writing elsewhere in
     /// its 64 MiB intent region). So before the entries follow the content,
-    /// a row where such a block is the only sign of change, every parity
-    /// member still matching its entry and no parity-journal record naming
-    /// the row (a write in flight changes parity with its data, or logs a
-    /// record for the row), has the block decoded from the other members
-    /// that still match their entries (one codeword where more than k);
+    /// in a row no parity-journal record names (a partial write under plog
+    /// or parix logs one, its parity unchanged), such a block is decoded
+    /// from every other member where they are one codeword (more than k;
+    /// exactly k: unchecked but by the entry), as a write that landed
+    /// whole beside the rot leaves them (a second probe: a kill -9 with an
+    /// unflushed write in the rotten block's row kept the rot), else, where
+    /// every parity member still matches its entry, from the members that
+    /// match theirs (one codeword past k: more than one block rotten);
     /// where the decode gives back exactly what the block's entry records,
     /// the block is rewritten with it. Elsewhere it is taken as written,
     /// as before.
@@ -274,9 +277,10 @@ impl Array {
     /// simulator's 44 restores in 300 seeds (no rot injected there) are
     /// all the latter. Not tried where a member is missing (the degraded-write
     /// log's rules decide there) nor while serving (entries in RAM are this
-    /// open's own). A row with fewer than k members matching their entries
-    /// besides the block is left as it is (more than m blocks changed); so
-    /// is rot in a row that journal records name (until the fold: the
+    /// open's own). A row whose other members are not one codeword and
+    /// whose parity changed, or with fewer than k members matching their
+    /// entries besides the block, is left as it is; so is rot in a row
+    /// that journal records name (until the fold: the
     /// background replay folds a stripe's records when the volume goes
     /// idle).
     fn restore_rotten_blocks(&self, stripe: u64, units: &mut [Option<Vec<u8>>]) {
@@ -318,30 +322,41 @@ impl Array {
             // stripe, a replica) or logs records for the row (plog, parix):
             // a row with either is taken as written, as before.
             if (0..k).all(|r| units[r].is_none() || matches[r])
-                || (k..width).any(|r| !clean[r])
                 || logged_rows.contains(&(row as u32))
             {
                 continue;
             }
+            let parity_clean = (k..width).all(|r| clean[r]);
             let read = self.row_blocks(units, row);
             for role in 0..k {
                 let Some(entry) = entries[role] else { continue };
                 if units[role].is_none() || matches[role] {
                     continue;
                 }
-                // The members that still match their entries: past k, they
-                // must be one codeword too.
-                let chosen: Vec<usize> = (0..width).filter(|&r| r != role && clean[r]).collect();
-                if chosen.len() < k {
-                    continue;
-                }
-                let mut use_ = vec![false; width];
-                for &r in &chosen {
-                    use_[r] = true;
+                // Every other member, one codeword where more than k
+                // (what a write the stop let land whole leaves); else,
+                // where every parity member still matches its entry, the
+                // members that match theirs (one codeword past k: more
+                // than one block rotten in the row).
+                let others: Vec<usize> = (0..width).filter(|&r| r != role).collect();
+                let matching: Vec<usize> = others.iter().copied().filter(|&r| clean[r]).collect();
+                let mut tries = vec![others];
+                if parity_clean {
+                    tries.push(matching);
                 }
                 let mut expected = vec![None; width];
                 expected[role] = Some(entry);
-                let Some((shards, _)) = self.try_decode(&read, &use_, &use_, &expected) else {
+                let decoded = tries
+                    .into_iter()
+                    .filter(|chosen| chosen.len() >= k)
+                    .find_map(|chosen| {
+                        let mut use_ = vec![false; width];
+                        for &r in &chosen {
+                            use_[r] = true;
+                        }
+                        self.try_decode(&read, &use_, &use_, &expected)
+                    });
+                let Some((shards, _)) = decoded else {
                     continue;
                 };
                 // Parity and the entries follow the decode whether or not

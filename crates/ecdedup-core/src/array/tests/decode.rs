@@ -371,6 +371,32 @@ fn a_block_rotten_after_its_flush_in_a_dirty_stripe_is_restored_by_the_resync_no
     }
 }
 
+/// Rot in the row of a write the stop let land whole (a kill -9: data and
+/// parity on the devices, the entries from the last flush): the other
+/// members are one codeword around the rot and decode it back to its
+/// entry. With only the members that match their entries tried, the
+/// changed parity kept the rot for good (a second new user's probe). RS(4,2),
+/// and RS(2,1), where exactly k others are checked by the entry alone.
+#[test]
+fn rot_beside_a_write_that_landed_whole_before_a_kill_is_restored_by_the_resync() {
+    for (n, k, m) in [(6, 4, 2), (3, 2, 1)] {
+        let mut rig = Rig::new(n, k, m, 16 << 10, 8);
+        let vol = rig.model.len();
+        rig.write(0, &pattern(11, vol));
+        rig.a().flush().unwrap();
+        rig.write(rig.block_offset(3, 0, 2), &pattern(12, BLOCK));
+        rig.rot(3, 1, 2);
+        rig.crash_and_restart();
+        rig.assert_matches_model();
+        assert_eq!(
+            rig.a().stats().array.resync_blocks_restored,
+            1,
+            "RS({k},{m})"
+        );
+        rig.assert_consistent();
+    }
+}
+
 /// A FUA write is never rolled back by the resync's restore: its entry was
 /// synced with it, so a block written over it afterwards and torn by the
 /// cut goes back at most to the FUA write's bytes. Under rmw the later
