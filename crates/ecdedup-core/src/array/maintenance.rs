@@ -259,8 +259,13 @@ impl Array {
     /// every parity member still matches its entry, from the members that
     /// match theirs (one codeword past k: more than one block rotten);
     /// where the decode gives back exactly what the block's entry records,
-    /// the block is rewritten with it. Elsewhere it is taken as written,
-    /// as before.
+    /// the block is rewritten with it. In a row journal records name, the
+    /// parity lags the data, so no decode is tried: a parix journal's
+    /// latest value of the block, where one reads and its checksum is the
+    /// block's entry, is written back instead (a data block and one
+    /// journal's record of it damaged after a clean stop: the other
+    /// journal's record holds the value). Elsewhere the block is taken as
+    /// written, as before.
     ///
     /// The restore writes only a value whose checksum is the block's own
     /// entry, so it never undoes an acknowledged write: an entry on a
@@ -280,19 +285,33 @@ impl Array {
     /// open's own). A row whose other members are not one codeword and
     /// whose parity changed, or with fewer than k members matching their
     /// entries besides the block, is left as it is; so is rot in a row
-    /// that journal records name (until the fold: the
-    /// background replay folds a stripe's records when the volume goes
-    /// idle).
+    /// that journal records name with no parix record of the block (plog's
+    /// records are parity deltas) until the fold (the background replay
+    /// folds a stripe's records when the volume goes idle).
     fn restore_rotten_blocks(&self, stripe: u64, units: &mut [Option<Vec<u8>>]) {
         let g = &self.geo;
         let (k, width) = (g.k(), g.width());
         let block = g.block() as usize;
-        let logged_rows: std::collections::BTreeSet<u32> = self
+        let logs: Vec<(usize, crate::array::journal::StripeLog)> = self
             .parity_devices(stripe)
             .into_iter()
-            .filter_map(|(_, p)| self.stores[p].journal_stripe_log(stripe))
-            .flat_map(|log| log.into_keys().map(|(_, row)| row))
+            .filter_map(|(_, p)| Some((p, self.stores[p].journal_stripe_log(stripe)?)))
             .collect();
+        let logged_rows: std::collections::BTreeSet<u32> = logs
+            .iter()
+            .flat_map(|(_, log)| log.keys().map(|&(_, row)| row))
+            .collect();
+        // Parix: the latest value a journal holds for a data block, where
+        // one reads and its checksum is the block's entry (a journal whose
+        // record of it was lost, another's intact: a third probe, the data
+        // block and one journal's record damaged after a clean stop).
+        let logged_value = |role: usize, row: u64, entry: u32| -> Option<Vec<u8>> {
+            logs.iter().find_map(|(p, log)| {
+                let at = log.get(&(role as u16, row as u32))?.latest?;
+                let value = self.stores[*p].journal_logged_block(at, block)?;
+                (crate::codec::crc32c(&value) == entry).then_some(value)
+            })
+        };
         for row in 0..g.blocks_per_unit() {
             let at = row as usize * block;
             let entries: Vec<Option<u32>> = (0..width)
@@ -321,9 +340,19 @@ impl Array {
             // A write in flight changes parity with its data (rmw, a whole
             // stripe, a replica) or logs records for the row (plog, parix):
             // a row with either is taken as written, as before.
-            if (0..k).all(|r| units[r].is_none() || matches[r])
-                || logged_rows.contains(&(row as u32))
-            {
+            if (0..k).all(|r| units[r].is_none() || matches[r]) {
+                continue;
+            }
+            if logged_rows.contains(&(row as u32)) {
+                for role in 0..k {
+                    let Some(entry) = entries[role] else { continue };
+                    if units[role].is_none() || matches[role] {
+                        continue;
+                    }
+                    if let Some(value) = logged_value(role, row, entry) {
+                        self.restore_block(stripe, role, row, &value, units);
+                    }
+                }
                 continue;
             }
             let parity_clean = (k..width).all(|r| clean[r]);
@@ -359,17 +388,30 @@ impl Array {
                 let Some((shards, _)) = decoded else {
                     continue;
                 };
-                // Parity and the entries follow the decode whether or not
-                // the write lands: a failed write fails the device, and
-                // the row must then decode to the entry's value, not to
-                // the rot (a review's finding).
-                if let Some(unit) = units[role].as_mut() {
-                    unit[at..at + block].copy_from_slice(&shards[role]);
-                }
-                if self.write_unit_blocks_as(stripe, role, row, &shards[role], true) {
-                    bump(&self.counters.array.resync_blocks_restored);
-                }
+                self.restore_block(stripe, role, row, &shards[role], units);
             }
+        }
+    }
+
+    /// Rewrites block `row` of data unit `role` of `stripe` with `value`
+    /// (its entry's), and `units` with it: parity and the entries follow
+    /// it whether or not the write lands (a failed write fails the device,
+    /// and the row must then decode to the entry's value, not to the rot:
+    /// a review's finding).
+    fn restore_block(
+        &self,
+        stripe: u64,
+        role: usize,
+        row: u64,
+        value: &[u8],
+        units: &mut [Option<Vec<u8>>],
+    ) {
+        let at = row as usize * self.geo.block() as usize;
+        if let Some(unit) = units[role].as_mut() {
+            unit[at..at + value.len()].copy_from_slice(value);
+        }
+        if self.write_unit_blocks_as(stripe, role, row, value, true) {
+            bump(&self.counters.array.resync_blocks_restored);
         }
     }
 

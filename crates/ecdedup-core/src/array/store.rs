@@ -715,6 +715,15 @@ impl ChunkStore {
         self.journal.lock().unwrap().as_ref()?.stripe_log(stripe)
     }
 
+    /// One logged block of `len` bytes at journal offset `offset`, where
+    /// it reads.
+    pub(super) fn journal_logged_block(&self, offset: u64, len: usize) -> Option<Vec<u8>> {
+        let journal = self.journal.lock().unwrap();
+        let mut buf = vec![0u8; len];
+        journal.as_ref()?.read_block(offset, &mut buf).ok()?;
+        Some(buf)
+    }
+
     /// The journal, held: while a fold at the device reads its records
     /// where they lie, no compaction may move them (`journal_reclaim`
     /// waits for the guard).

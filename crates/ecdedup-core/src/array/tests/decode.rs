@@ -397,6 +397,43 @@ fn rot_beside_a_write_that_landed_whole_before_a_kill_is_restored_by_the_resync(
     }
 }
 
+/// Parix, a flushed partial write whose records both parity journals
+/// still hold after a clean stop: its data block rots and one journal's
+/// record of it is damaged. The open resyncs the stripe from its data
+/// (the damaged record lost it its account); the other journal's record
+/// holds the block's latest value, which its entry vouches for, and the
+/// block is put back from it. Taken as written, the rot became the data
+/// for good with only two members damaged (a third new user's probe).
+#[test]
+fn a_data_block_and_one_journals_record_of_it_damaged_come_back_from_the_other_record() {
+    let mut rig = Rig::with_policy(6, 4, 2, 16 << 10, 8, WritePolicy::Parix);
+    let vol = rig.model.len();
+    rig.write(0, &pattern(13, vol));
+    rig.a().flush().unwrap();
+    let value = pattern(14, BLOCK);
+    rig.write(rig.block_offset(3, 1, 1), &value);
+    rig.a().flush().unwrap();
+    rig.rot(3, 1, 1);
+    rig.array = None;
+    let mut damaged = 0;
+    for entry in std::fs::read_dir(rig.dir.path().join("journal")).unwrap() {
+        let path = entry.unwrap().path();
+        let mut bytes = std::fs::read(&path).unwrap();
+        if damaged == 0 {
+            if let Some(at) = bytes.windows(BLOCK).position(|w| w == &value[..]) {
+                bytes[at + 100] ^= 0x5a;
+                std::fs::write(&path, &bytes).unwrap();
+                damaged += 1;
+            }
+        }
+    }
+    assert_eq!(damaged, 1, "no journal held the record after a clean stop");
+    rig.open();
+    rig.assert_matches_model();
+    assert_eq!(rig.a().stats().array.resync_blocks_restored, 1);
+    rig.assert_consistent();
+}
+
 /// A FUA write is never rolled back by the resync's restore: its entry was
 /// synced with it, so a block written over it afterwards and torn by the
 /// cut goes back at most to the FUA write's bytes. Under rmw the later
