@@ -228,7 +228,7 @@ pub fn open(params: &Params, state: &str) -> nbdkit::Result<Served> {
     let c =
         ecdedup_client::open(&opts).map_err(|e| nbdkit::Error::new(e.errno(), e.to_string()))?;
     for (pg, a) in c.pg_arrays().iter().enumerate() {
-        for w in a.warnings() {
+        for w in a.open_warnings() {
             eprintln!("ecdedup: PG {pg}: warning: {w}");
         }
     }

@@ -132,7 +132,7 @@ impl Server for Handle {
             "ecdedup: fingerprint backend: {}",
             array.fingerprint_backend()
         );
-        for w in array.warnings() {
+        for w in array.open_warnings() {
             eprintln!("ecdedup: warning: {w}");
         }
         let array = Arc::new(array);

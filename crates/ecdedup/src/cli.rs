@@ -200,7 +200,8 @@ enum Command {
     Rebuild,
     /// Bring back a failed device whose data is still there (its failure
     /// was transient), reconstructing only the regions written while it was
-    /// out. Runs on a stopped array without dedup (rmw, plog or parix).
+    /// out. Runs on a stopped array, under every write policy and dedup
+    /// mode (README).
     ReAdd { position: usize },
     /// Open a stopped array with more than m devices marked failed whose
     /// data is still there (a transient fault took them out): the freshest
@@ -993,7 +994,7 @@ fn open_offline(dir: &Path) -> Result<Option<Array>> {
     match Array::open_with_backend(dir, Some(progress), backend) {
         Ok(a) => {
             bar.finish_and_clear();
-            for w in a.warnings() {
+            for w in a.open_warnings() {
                 eprintln!("ecdedup: warning: {w}");
             }
             Ok(Some(a))
@@ -1509,9 +1510,19 @@ fn print_status(s: &Status) {
     }
     println!("dirty intent regions: {}", s.dirty_regions);
     if let Some(n) = s.missed_regions {
-        println!(
-            "regions written while a device was failed: {n} (`re-add` reconstructs them on it)"
-        );
+        // The hint only where it applies: a re-add takes back a failed
+        // member whose data is still there; a rebuilding one is being
+        // written whole (a probe: `re-add` was pointed to after `replace`,
+        // and at a position holding another array's device).
+        let failed = s
+            .devices
+            .iter()
+            .any(|d| d.state == array::MemberState::Failed);
+        let hint = match failed {
+            true => " (`re-add` reconstructs them on a failed device whose data is still there)",
+            false => "",
+        };
+        println!("regions written while a device was failed: {n}{hint}");
     }
     if s.poisoned_blocks > 0 {
         println!(

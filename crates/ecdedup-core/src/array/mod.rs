@@ -456,6 +456,10 @@ pub struct Array {
     config: Mutex<ConfigState>,
     operation: Mutex<Option<OpProgress>>,
     warnings: Mutex<Vec<String>>,
+    /// How many of `warnings` the open gathered before the array existed:
+    /// those are not printed yet ([`Array::open_warnings`]); every later
+    /// one is printed as it is raised ([`Array::warn`]).
+    open_warnings: usize,
     backend: Option<Arc<dyn FingerprintBackend>>,
     /// Which fingerprint backend runs and why (for `status` and the log).
     backend_why: String,
@@ -1700,6 +1704,7 @@ impl Array {
                 device_uuids,
             }),
             operation: Mutex::new(None),
+            open_warnings: warnings.len(),
             warnings: Mutex::new(warnings),
             degraded_log,
             poison,
@@ -1867,6 +1872,15 @@ impl Array {
 
     pub fn warnings(&self) -> Vec<String> {
         self.warnings.lock().unwrap().clone()
+    }
+
+    /// The warnings the open gathered and did not print: what a caller
+    /// prints after the open. The others (the resync's, say) were printed
+    /// as they came; printed again from [`Array::warnings`], each showed
+    /// twice (a new user's probe).
+    pub fn open_warnings(&self) -> Vec<String> {
+        let w = self.warnings.lock().unwrap();
+        w[..self.open_warnings.min(w.len())].to_vec()
     }
 
     fn warn(&self, msg: String) {
